@@ -1,0 +1,238 @@
+"""The recipe flag: one nested ``cuda_graph`` block with a ``language`` and a ``vision`` part.
+
+These are *mutable* dataclasses on purpose: Megatron-Bridge applies YAML and Hydra-style overrides with a
+recursive ``setattr`` (``omegaconf_utils._apply_overrides``), so the block must accept assignment. What the
+user asked for lives here; what will actually be done (layers, static shapes, budgets, groups) is derived
+from it by :mod:`bridge_cudagraph.plan`, which is pure and frozen.
+
+Every field has an attribute docstring and a default that means "off" or "derive it" (``None``), never a
+tuned number: a unit test walks ``dataclasses.fields`` and fails on an undocumented one.
+
+Naming: classes are ``CudaGraph*``, fields ``cuda_graph*``; ``bridge_cudagraph`` is only the package name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Capture regions Megatron-Core's ``CudaGraphModule`` knows for transformer layers (megatron-core 0.19,
+#: ``transformer/enums.py``). ``mamba`` is left out: neither GPT nor Qwen3-VL has Mamba layers.
+GRAPHABLE_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+
+
+class CudaGraphConfigError(ValueError):
+    """A ``cuda_graph`` setting that cannot work; the message names the setting and the fix."""
+
+
+@dataclass
+class SubmoduleGraphConfig:
+    """Settings shared by the language and the vision part."""
+
+    enabled: bool = False
+    """Capture this submodule's transformer layers as per-layer CUDA graphs (Transformer Engine)."""
+
+    modules: list[str] | None = None
+    """Which part of each layer to capture: ``None`` captures whole layers; otherwise a subset of
+    ``attn``, ``mlp``, ``moe``, ``moe_router``, ``moe_preprocess`` (Megatron-Core's ``CudaGraphModule``)."""
+
+    warmup_steps: int | None = None
+    """Eager training steps before capture. ``None`` uses the model's ``cuda_graph_warmup_steps`` (3 in
+    Megatron-Core), so both submodules are captured in the same step."""
+
+    def _validate(self, where: str) -> None:
+        if self.modules is not None:
+            if isinstance(self.modules, str):
+                raise CudaGraphConfigError(
+                    f"{where}.modules must be a list, got the string {self.modules!r}; "
+                    f"write [{self.modules}] (or null for whole layers)"
+                )
+            unknown = [m for m in self.modules if m not in GRAPHABLE_MODULES]
+            if unknown:
+                raise CudaGraphConfigError(
+                    f"{where}.modules has unknown entries {unknown}; allowed: {list(GRAPHABLE_MODULES)} "
+                    "(or null to capture whole layers)"
+                )
+            if len(set(self.modules)) != len(self.modules):
+                raise CudaGraphConfigError(f"{where}.modules lists an entry twice: {self.modules}; list each once")
+            if "moe" in self.modules and "moe_router" in self.modules:
+                raise CudaGraphConfigError(
+                    f"{where}.modules has both 'moe' and 'moe_router'; 'moe' already contains the router: keep one"
+                )
+            if "moe_preprocess" in self.modules and "moe_router" not in self.modules:
+                raise CudaGraphConfigError(
+                    f"{where}.modules has 'moe_preprocess' without 'moe_router'; add 'moe_router' "
+                    "(Megatron-Core captures the preprocess step only together with the router)"
+                )
+            if not self.modules:
+                raise CudaGraphConfigError(
+                    f"{where}.modules is an empty list, which captures nothing; use null for whole layers "
+                    f"or set {where}.enabled=false"
+                )
+        if self.warmup_steps is not None and (not isinstance(self.warmup_steps, int) or self.warmup_steps < 0):
+            raise CudaGraphConfigError(
+                f"{where}.warmup_steps must be an integer >= 0 (or null for the model's cuda_graph_warmup_steps), "
+                f"got {self.warmup_steps!r}"
+            )
+
+
+@dataclass
+class LanguageGraphConfig(SubmoduleGraphConfig):
+    """The language model's per-layer graphs."""
+
+    def validate(self, where: str = "cuda_graph.language") -> None:
+        """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
+        self._validate(where)
+
+
+@dataclass
+class VisionGraphConfig(SubmoduleGraphConfig):
+    """The vision encoder's per-layer graphs and its own process groups."""
+
+    tensor_parallel_size: int = 1
+    """Tensor-parallel size of the vision encoder, independent of the language model's. The vision encoder
+    is small; 1 (replicated) avoids its all-reduces. It must divide the ranks of the language model's first
+    pipeline stage and the vision attention heads."""
+
+    token_budgets: list[int] | None = None
+    """Static lengths, in *patches* (the unit the vision layers run on, before the 2x2 merge), one graph set
+    per budget; a micro-batch uses the smallest budget that holds all its patches. ``None`` derives them
+    from the recipe's image sizes. Must be sorted ascending and multiples of ``spatial_merge_size**2``."""
+
+    max_images_per_microbatch: int | None = None
+    """Upper bound on images in one micro-batch: the static length of the padded per-image ``cu_seqlens``
+    captured with the graphs. ``None`` derives it from the budgets (the largest budget over the smallest
+    image). A micro-batch with more images runs eagerly and is counted."""
+
+    def validate(self, where: str = "cuda_graph.vision") -> None:
+        """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
+        self._validate(where)
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise CudaGraphConfigError(
+                f"{where}.tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}"
+            )
+        if self.token_budgets is not None:
+            budgets = self.token_budgets
+            if not budgets or not all(isinstance(b, int) and not isinstance(b, bool) for b in budgets):
+                raise CudaGraphConfigError(
+                    f"{where}.token_budgets must be a non-empty list of integers (patches), got {budgets!r}; "
+                    "or null to derive them from the recipe's image sizes"
+                )
+            if any(b <= 0 for b in budgets):
+                raise CudaGraphConfigError(f"{where}.token_budgets must be positive, got {budgets}")
+            if list(budgets) != sorted(set(budgets)):
+                raise CudaGraphConfigError(
+                    f"{where}.token_budgets must be strictly ascending without repeats, got {budgets}; "
+                    f"write {sorted(set(budgets))}"
+                )
+        if self.max_images_per_microbatch is not None and (
+            not isinstance(self.max_images_per_microbatch, int) or self.max_images_per_microbatch < 1
+        ):
+            raise CudaGraphConfigError(
+                f"{where}.max_images_per_microbatch must be an integer >= 1 (or null to derive it), "
+                f"got {self.max_images_per_microbatch!r}"
+            )
+
+
+@dataclass
+class CudaGraphConfig:
+    """The ``model.cuda_graph`` block of a recipe."""
+
+    language: LanguageGraphConfig = field(default_factory=LanguageGraphConfig)
+    """Per-layer graphs of the language model (GPT-family decoder, or Qwen3-VL's language model)."""
+
+    vision: VisionGraphConfig = field(default_factory=VisionGraphConfig)
+    """Per-layer graphs and process groups of the vision encoder (Qwen3-VL only)."""
+
+    num_microbatches: int | None = None
+    """Micro-batches per step, for the capture schedule under pipeline parallelism. ``None`` derives it
+    from the training config (global batch / (micro batch x data parallel)) instead of reading
+    Megatron's global micro-batch calculator."""
+
+    on_capture_error: str = "eager"
+    """What a failed capture does: ``eager`` logs one warning with the cause and trains on without graphs;
+    ``raise`` stops the run."""
+
+    @property
+    def any_enabled(self) -> bool:
+        """Whether either submodule asks for graphs."""
+        return self.language.enabled or self.vision.enabled
+
+    def validate(self, where: str = "cuda_graph") -> None:
+        """Raise :class:`CudaGraphConfigError` on a contradiction inside the block (model-independent checks).
+
+        Checks that need the model or the world size (heads, merge size, group sizes) live in
+        :func:`bridge_cudagraph.plan.build_plan`.
+        """
+        if not isinstance(self.language, LanguageGraphConfig) or not isinstance(self.vision, VisionGraphConfig):
+            raise CudaGraphConfigError(
+                f"{where}.language / {where}.vision must be mappings of their settings "
+                "(build the block with cuda_graph_config_from_dict)"
+            )
+        self.language.validate(f"{where}.language")
+        self.vision.validate(f"{where}.vision")
+        if self.num_microbatches is not None and (
+            not isinstance(self.num_microbatches, int) or self.num_microbatches < 1
+        ):
+            raise CudaGraphConfigError(
+                f"{where}.num_microbatches must be an integer >= 1 (or null to derive it), "
+                f"got {self.num_microbatches!r}"
+            )
+        if self.on_capture_error not in ("eager", "raise"):
+            raise CudaGraphConfigError(
+                f"{where}.on_capture_error must be 'eager' or 'raise', got {self.on_capture_error!r}"
+            )
+
+
+def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_graph") -> CudaGraphConfig:
+    """Build a :class:`CudaGraphConfig` from a plain mapping (a YAML block), strictly.
+
+    Unknown keys are an error that names the nearest valid key (Bridge itself would only log and skip them),
+    and values of the wrong type are reported with their setting path.
+    """
+    from bridge_cudagraph.strict import check_keys
+
+    data = dict(data or {})
+    check_keys(data, CudaGraphConfig, where)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ("language", "vision"):
+            sub_cls = LanguageGraphConfig if key == "language" else VisionGraphConfig
+            if value is None:
+                value = {}
+            if not isinstance(value, dict):
+                raise CudaGraphConfigError(
+                    f"{where}.{key} must be a mapping of settings, got {type(value).__name__} {value!r}"
+                )
+            check_keys(value, sub_cls, f"{where}.{key}")
+            kwargs[key] = sub_cls(**_coerced(value, sub_cls, f"{where}.{key}"))
+        else:
+            kwargs[key] = value
+    cfg = CudaGraphConfig(**_coerced(kwargs, CudaGraphConfig, where, skip=("language", "vision")))
+    cfg.validate(where)
+    return cfg
+
+
+def _coerced(values: dict[str, Any], cls: type, where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check scalar types of a block's values (YAML gives ``"3"`` or ``yes`` where an int or bool is meant)."""
+    out = dict(values)
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        if key in skip or value is None:
+            continue
+        expected = str(types[key])
+        if expected == "bool" and not isinstance(value, bool):
+            raise CudaGraphConfigError(f"{where}.{key} must be true or false, got {value!r}")
+        if expected.startswith("int") and (isinstance(value, bool) or not isinstance(value, int)):
+            raise CudaGraphConfigError(f"{where}.{key} must be an integer, got {type(value).__name__} {value!r}")
+        if expected.startswith("list") and not isinstance(value, list | tuple):
+            raise CudaGraphConfigError(f"{where}.{key} must be a list, got {type(value).__name__} {value!r}")
+        if isinstance(value, tuple):
+            out[key] = list(value)
+    return out
+
+
+def cuda_graph_config_to_dict(cfg: CudaGraphConfig) -> dict[str, Any]:
+    """The block as a plain mapping (for printing, YAML dumps and the plan)."""
+    return dataclasses.asdict(cfg)
