@@ -1,0 +1,142 @@
+"""What the language and the vision capture share: shape checks, the explicit micro-batch count,
+dtype, failure handling and the numbers a capture reports."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+logger = logging.getLogger("bridge_cudagraph")
+
+
+class CaptureError(RuntimeError):
+    """A configuration that cannot be captured as asked, found before any graph is built."""
+
+
+@dataclass
+class CaptureStats:
+    """What one submodule's capture did, for the rank-0 summary and the benchmark."""
+
+    submodule: str
+    graphs: int = 0
+    layers: int = 0
+    seconds: float = 0.0
+    graph_memory_bytes: int = 0
+    """Growth of the CUDA caching allocator's reserved memory across capture: the graphs' private pools
+    plus their static input/output buffers."""
+    replays: int = 0
+    eager_fallbacks: int = 0
+    failed: str | None = None
+    """The cause, when capture failed and the run went on eagerly."""
+    per_budget: dict[int, int] = field(default_factory=dict)
+    """Vision: graph memory per token budget (bytes)."""
+
+
+def activation_dtype(config) -> torch.dtype:
+    """The dtype activations have inside the layers: Float16Module casts to bf16/fp16, else fp32.
+
+    Megatron-Core's static inputs are hard-coded bf16 (``module.py`` ``get_layer_static_inputs``); TE then
+    converts fp16/fp32 activations into that buffer *silently* at replay, losing precision.
+    """
+    if getattr(config, "fp16", False):
+        return torch.float16
+    if getattr(config, "bf16", False):
+        return torch.bfloat16
+    return torch.float32
+
+
+def check_group_sizes(config, pg_collection, submodule: str) -> None:
+    """Static capture shapes come from ``config.*_parallel_size``; the kernels run on the collection's groups.
+
+    When the two disagree the captured buffers have the wrong shape and replay fails with a shape error
+    deep inside TE, or - worse - broadcasts. Say so before capture.
+    """
+    pairs = [
+        ("tensor_model_parallel_size", pg_collection.tp),
+        ("context_parallel_size", pg_collection.cp),
+        ("pipeline_model_parallel_size", pg_collection.pp),
+    ]
+    for attr, group in pairs:
+        want = int(getattr(config, attr, 1) or 1)
+        have = group.size() if group is not None else 1
+        if want != have:
+            raise CaptureError(
+                f"{submodule}: config.{attr} = {want} but its process-group collection has a group of size {have}; "
+                f"build the {submodule} groups from the same layout as the model config "
+                "(bridge_cudagraph.groups.build_collections) or set the config to match"
+            )
+    if pg_collection.dp_cp is None:
+        raise CaptureError(
+            f"{submodule}: the process-group collection has no dp_cp group; Megatron-Core's helper logs on it and "
+            "raises without it. Build the collection with bridge_cudagraph.groups, which sets every field"
+        )
+
+
+@contextlib.contextmanager
+def explicit_num_microbatches(count: int) -> Iterator[None]:
+    """Make megatron-core's TE helper see ``count`` micro-batches instead of the global calculator's.
+
+    ``TECudaGraphHelper._get_cuda_graph_input_data`` calls the module-level name ``get_num_microbatches``
+    (the process-global calculator of ``megatron.core.num_microbatches_calculator``) both for the PP schedule
+    and for TE's warmup-iteration count, even at PP=1. This rebinds that one name in that one module for
+    the duration of a capture, so no global calculator has to exist and the count is the plugin's.
+    """
+    from megatron.core.transformer import cuda_graphs
+
+    original = cuda_graphs.get_num_microbatches
+    cuda_graphs.get_num_microbatches = lambda: count
+    try:
+        yield
+    finally:
+        cuda_graphs.get_num_microbatches = original
+
+
+@contextlib.contextmanager
+def measure(stats: CaptureStats) -> Iterator[None]:
+    """Record capture wall time and the growth of reserved CUDA memory into ``stats``."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # so the baseline holds live tensors only, not blocks the capture will free anyway
+    reserved = torch.cuda.memory_reserved()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        stats.seconds = time.perf_counter() - start
+        stats.graph_memory_bytes = max(0, torch.cuda.memory_reserved() - reserved)
+
+
+def abandon_capture(layers, model_chunks, error: BaseException, submodule: str) -> str:
+    """Leave the model training eagerly after a failed capture, as if graphs had never been asked for.
+
+    Clears the global "capturing" flag megatron-core set, drops any half-made graphs from the layers,
+    and zeroes the gradient buffers the warmup iterations wrote into.
+    """
+    from megatron.core.transformer import cuda_graphs
+
+    cuda_graphs._set_capture_end()
+    for layer in layers:
+        for graph in getattr(layer, "cuda_graphs", []) or []:
+            reset = getattr(graph, "reset", None)
+            if reset is not None:
+                with contextlib.suppress(Exception):
+                    reset()
+        layer.cuda_graphs = []
+        layer.cuda_graph_manual_hooks = []
+    for chunk in model_chunks:
+        zero = getattr(chunk, "zero_grad_buffer", None)
+        if zero is not None:
+            zero()
+    with contextlib.suppress(Exception):
+        torch.cuda.synchronize()
+    cause = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+    logger.warning("bridge_cudagraph: %s capture failed, training on eagerly. Cause: %s", submodule, cause)
+    return cause

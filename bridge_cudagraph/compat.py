@@ -1,0 +1,62 @@
+"""Every version probe of the host stack, in one place.
+
+Each probe names the megatron-core / Megatron-Bridge / Transformer Engine version whose behaviour it
+works around, so a reader upgrading the stack knows what to re-check. Nothing else in the package looks
+at versions or signatures.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from importlib import metadata
+
+#: The stack this plugin is built and tested against (see pyproject.toml).
+TESTED_STACK = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"}
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of a distribution, or None (NGC containers may install from source)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def te_graph_has_reset() -> bool:
+    """TE >= 2.10 graphed callables have ``reset()``, which frees their graph state explicitly."""
+    from megatron.core.utils import is_te_min_version
+
+    return is_te_min_version("2.10.0")
+
+
+@functools.cache
+def helper_accepts_pg_collection() -> bool:
+    """megatron-core >= 0.17 (MLM PR #3137): ``TECudaGraphHelper.__init__`` takes ``pg_collection``.
+
+    Without it the helper reads ``parallel_state`` globals, which this plugin never initialises.
+    """
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+    return "pg_collection" in inspect.signature(TECudaGraphHelper.__init__).parameters
+
+
+@functools.cache
+def qwen3_vl_root_aliases_are_modules() -> bool:
+    """Megatron-Bridge 0.6.2 registers ``decoder``/``rotary_pos_emb`` of the language model as *child
+    modules* of the Qwen3-VL root when language graphs are on (``_expose_language_model_for_cuda_graph_helper``),
+    which adds alias keys to the state dict; Bridge #5089 (after 0.6.2) turned them into properties."""
+    try:
+        from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
+    except ImportError:
+        return False
+    src = inspect.getsource(Qwen3VLModel._expose_language_model_for_cuda_graph_helper)
+    return "self.decoder = " in src
+
+
+def bridge_train_module():
+    """Bridge's training-loop module (``megatron.bridge.training.train``), where it builds its helpers."""
+    from megatron.bridge.training import train
+
+    return train

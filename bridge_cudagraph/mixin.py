@@ -1,0 +1,162 @@
+"""``CudaGraphProviderMixin``: the ``cuda_graph`` recipe block on a Bridge model provider.
+
+Composed in front of any ``GPTModelProvider`` (Qwen3, Llama, ...) or the Qwen3-VL providers
+(:mod:`bridge_cudagraph.providers`). It is a dataclass field, so the YAML block and Hydra-style overrides
+(``model.cuda_graph.vision.token_budgets=[...]``) reach it through Bridge's own OmegaConf path without
+``+``. It
+
+* turns the block into Megatron-Core's switches at ``finalize()`` (``cuda_graph_impl``, modules, warmup,
+  the TE RNG tracker graphs need), refusing upstream's own switches so that exactly one owner captures;
+* builds the model with the collection Bridge hands ``provide_distributed_model`` and keeps the
+  checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.capture.language.drop_language_aliases`);
+* makes the language graph helper (:meth:`make_language_graph_helper`) under that collection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+
+
+@dataclass
+class CudaGraphProviderMixin:
+    """Adds the ``cuda_graph`` block to a Megatron-Bridge model provider (put it first in the bases)."""
+
+    cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
+    """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
+
+    # ------------------------------------------------------------------ config time
+    def finalize(self) -> None:
+        """Validate the block against this model and set Megatron-Core's switches, then finalize the host."""
+        self.apply_cuda_graph_settings()
+        super().finalize()
+
+    def apply_cuda_graph_settings(self) -> None:
+        """Translate ``cuda_graph`` into the provider's Megatron-Core fields; idempotent."""
+        from megatron.bridge.utils.cuda_graph import set_cuda_graph_modules
+
+        cfg = self.cuda_graph
+        if isinstance(cfg, dict):  # a plain mapping from a YAML/Hydra path that bypassed our loader
+            from bridge_cudagraph.config import cuda_graph_config_from_dict
+
+            cfg = self.cuda_graph = cuda_graph_config_from_dict(cfg, "model.cuda_graph")
+        cfg.validate("model.cuda_graph")
+        owned = getattr(self, "_bridge_cudagraph_owns_language", False)
+        if owned and not cfg.language.enabled:  # switched off after an earlier finalize()
+            self.cuda_graph_impl, owned = "none", False
+            self._bridge_cudagraph_owns_language = False
+        if self.cuda_graph_impl not in ("none", None) and not (owned and cfg.language.enabled):
+            raise CudaGraphConfigError(
+                f"model.cuda_graph_impl={self.cuda_graph_impl!r} is upstream's language-graph switch; with "
+                "bridge_cudagraph set model.cuda_graph.language.enabled=true and leave model.cuda_graph_impl "
+                "at 'none' (one owner captures each submodule)"
+            )
+        if getattr(self, "vision_cuda_graph_impl", "none") not in ("none", None):
+            raise CudaGraphConfigError(
+                f"model.vision_cuda_graph_impl={self.vision_cuda_graph_impl!r} selects upstream's vision graphs, "
+                "which attend across images and to padding; set model.cuda_graph.vision.enabled=true instead "
+                "and leave model.vision_cuda_graph_impl at 'none'"
+            )
+        if cfg.vision.enabled and not self.has_vision_encoder():
+            raise CudaGraphConfigError(
+                f"model.cuda_graph.vision.enabled=true but {type(self).__name__} has no vision encoder; "
+                "set it to false (vision graphs apply to Qwen3-VL providers)"
+            )
+        if cfg.language.enabled:
+            self._check_language_graphable()
+            self.cuda_graph_impl = "transformer_engine"
+            self._bridge_cudagraph_owns_language = True
+            set_cuda_graph_modules(self, list(cfg.language.modules or []))
+            if cfg.language.warmup_steps is not None:
+                self.cuda_graph_warmup_steps = cfg.language.warmup_steps
+        if cfg.any_enabled:
+            # Graph replay needs TE's graph-safe RNG tracker (else: "'Tensor' object has no attribute
+            # 'get_state'" at capture). Bridge keys its RNG set-up on the same flag.
+            self.use_te_rng_tracker = True
+
+    def has_vision_encoder(self) -> bool:
+        """Whether this provider builds a vision encoder (Qwen3-VL providers override this)."""
+        return False
+
+    def _check_language_graphable(self) -> None:
+        where = "model.cuda_graph.language"
+        if getattr(self, "recompute_granularity", None) == "full":
+            raise CudaGraphConfigError(
+                f"{where}.enabled=true with model.recompute_granularity='full': full activation recompute "
+                "re-runs whole layers outside the graphs; use recompute_granularity='selective' (or null) "
+                f"or set {where}.enabled=false"
+            )
+        if getattr(self, "variable_seq_lengths", False):
+            raise CudaGraphConfigError(
+                f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
+                "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
+            )
+        if (self.virtual_pipeline_model_parallel_size or 1) > 1 and self.has_vision_encoder():
+            raise CudaGraphConfigError(
+                "model.virtual_pipeline_model_parallel_size > 1 with Qwen3-VL: its provider ignores vp_stage, "
+                "so a virtual pipeline builds wrong chunks; set it to null"
+            )
+        modules = self.cuda_graph.language.modules
+        if getattr(self, "num_moe_experts", None) and (modules is None or "moe" in modules):
+            if getattr(self, "moe_expert_capacity_factor", None) is None or not getattr(
+                self, "moe_pad_expert_input_to_capacity", False
+            ):
+                raise CudaGraphConfigError(
+                    f"{where}.modules captures whole MoE layers, whose token counts per expert vary per batch; "
+                    f"capture [attn, moe_router, moe_preprocess] (or [attn]) instead, or set "
+                    "model.moe_expert_capacity_factor and model.moe_pad_expert_input_to_capacity=true"
+                )
+        if getattr(self, "fp16", False) and not getattr(self, "bf16", False):
+            # Megatron-Core's static inputs assume bf16; LanguageGraphHelper re-types them, so fp16 works,
+            # but the vision path of Bridge hard-codes bf16 embeddings (vision_model.py).
+            if self.cuda_graph.vision.enabled:
+                raise CudaGraphConfigError(
+                    "model.fp16=true with model.cuda_graph.vision.enabled=true: Qwen3-VL's vision path assumes "
+                    "bf16; train in bf16 (model.bf16=true) or disable vision graphs"
+                )
+
+    # ------------------------------------------------------------------ build time
+    def provide(self, pre_process=None, post_process=None, vp_stage=None):
+        """Build the host's model, then restore the checkpoint keys language graphs would change."""
+        from bridge_cudagraph.capture.language import drop_language_aliases
+
+        model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+        drop_language_aliases(model)
+        return model
+
+    def make_language_graph_helper(
+        self,
+        model: list[Any],
+        *,
+        seq_length: int | None = None,
+        micro_batch_size: int,
+        num_microbatches: int | None = None,
+        optimizers=(),
+        pg_collection=None,
+    ):
+        """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built).
+
+        The collection defaults to the one Bridge passed to ``provide_distributed_model``.
+        """
+        from bridge_cudagraph.capture.language import LanguageGraphHelper
+
+        pgc = pg_collection if pg_collection is not None else getattr(self, "_pg_collection", None)
+        count = num_microbatches or self.cuda_graph.num_microbatches or 1
+        return LanguageGraphHelper(
+            model,
+            self,
+            seq_length=seq_length or self.seq_length,
+            micro_batch_size=micro_batch_size,
+            num_microbatches=count,
+            pg_collection=pgc,
+            optimizers=optimizers,
+            on_capture_error=self.cuda_graph.on_capture_error,
+        )
+
+
+def provider_fields(provider: Any) -> dict[str, Any]:
+    """The ``init`` fields of a provider dataclass instance, for re-creating it as another class."""
+    return {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider) if f.init}

@@ -1,0 +1,169 @@
+"""Language graphs vs a graphs-off reference with identical weights, pure M4 groups, on one GPU.
+
+GPT, dense Qwen3-VL and MoE Qwen3-VL: per-token loss and every gradient before and after capture, with zero,
+one and several images of different sizes; 30 optimizer steps; state-dict keys; and upstream's helper on the
+same model for comparison (its error is recorded, not asserted away).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SEQ = 256
+MBS = 2
+
+# Images per sample of one micro-batch, grids (t, h, w) in patches: none, one, several of different sizes.
+IMAGE_SETS = {
+    "no_image": [[], []],
+    "one_image": [[(1, 8, 8)], []],
+    "several_sizes": [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]],
+}
+
+
+def _graph_config(modules=None):
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+
+    return CudaGraphConfig(language=LanguageGraphConfig(enabled=True, modules=modules))
+
+
+def _pair(kind: str, world, modules=None):
+    """(reference, graphed, graphed provider) with identical weights."""
+    from bridge_cudagraph.harness import tiny
+
+    make = {
+        "gpt": tiny.tiny_gpt_provider,
+        "qwen3_vl": tiny.tiny_qwen3_vl_provider,
+        "qwen3_vl_moe": lambda cg=None: tiny.tiny_qwen3_vl_provider(cg, moe=True),
+    }[kind]
+    graphed_provider = make(_graph_config(modules))
+    graphed = tiny.build(graphed_provider, world.language)
+    reference = tiny.build(make(None), world.language)
+    tiny.copy_weights(graphed, reference)
+    return reference, graphed, graphed_provider
+
+
+def _batches(kind: str):
+    from bridge_cudagraph.harness.data import gpt_batch, qwen3_vl_batch
+
+    if kind == "gpt":
+        return {f"text_{s}": gpt_batch(MBS, SEQ, seed=s) for s in range(3)}
+    return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_SETS.items()}
+
+
+CASES = [("gpt", None), ("qwen3_vl", None), ("qwen3_vl_moe", ["attn"])]
+
+
+@pytest.mark.parametrize(("kind", "modules"), CASES, ids=[c[0] for c in CASES])
+def test_language_graphs_match_reference(world, record, kind, modules):
+    from megatron.core import num_microbatches_calculator
+
+    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.harness.world import parallel_state_untouched
+
+    reference, graphed, provider = _pair(kind, world, modules)
+    assert sorted(graphed[0].state_dict()) == sorted(reference[0].state_dict())
+    batches = _batches(kind)
+
+    for name, batch in batches.items():
+        d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
+        record(kind=kind, phase="before_capture", batch=name, **d.as_dict())
+        assert d.loss_exact, f"{kind}/{name} differs before capture: {d}"
+
+    # No global micro-batch calculator and no parallel_state: the plugin supplies both.
+    assert num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES_CALCULATOR is None
+    helper = provider.make_language_graph_helper(graphed, micro_batch_size=MBS, num_microbatches=1)
+    helper.create_cudagraphs()
+    assert helper.graphs_created(), helper.stats.failed
+    layers = helper.flattened_callables
+    assert layers and all(len(layer.cuda_graphs) == 1 for layer in layers)
+    record(
+        kind=kind,
+        phase="capture",
+        graphs=helper.stats.graphs,
+        seconds=helper.stats.seconds,
+        graph_memory_mib=helper.stats.graph_memory_bytes / 2**20,
+    )
+
+    for name, batch in batches.items():
+        d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
+        record(kind=kind, phase="replay", batch=name, **d.as_dict())
+        assert d.within_bound(), f"{kind}/{name} after capture: {d}"
+    assert parallel_state_untouched()
+    helper.delete_cuda_graphs()
+    assert all(not layer.cuda_graphs for layer in layers)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
+def test_thirty_optimizer_steps_match(world, record, kind):
+    from bridge_cudagraph.harness.data import gpt_batch, qwen3_vl_batch
+    from bridge_cudagraph.harness.parity import LOSS_BOUND, megatron_optimizer, train_steps
+
+    reference, graphed, provider = _pair(kind, world)
+    sets = list(IMAGE_SETS.values())
+
+    def step_batches(step):
+        if kind == "gpt":
+            return [gpt_batch(MBS, SEQ, seed=100 + step)]
+        return [qwen3_vl_batch(sets[step % len(sets)], SEQ, seed=100 + step)]
+
+    steps = [step_batches(i) for i in range(30)]
+    helper = provider.make_language_graph_helper(graphed, micro_batch_size=MBS, num_microbatches=1)
+    warmup = provider.cuda_graph_warmup_steps
+
+    def capture_at_warmup(i):
+        if i == warmup:
+            helper.create_cudagraphs()
+            assert helper.graphs_created()
+
+    ref_losses = train_steps(
+        reference, megatron_optimizer(reference, world.language), steps, pg_collection=world.language
+    )
+    optimizer = megatron_optimizer(graphed, world.language)
+    helper.optimizers = [optimizer]
+    cg_losses = train_steps(graphed, optimizer, steps, pg_collection=world.language, on_step=capture_at_warmup)
+    diffs = [abs(a - b) for a, b in zip(cg_losses, ref_losses, strict=True)]
+    record(
+        kind=kind,
+        phase="train_30_steps",
+        capture_step=warmup,
+        max_abs_loss_diff=max(diffs),
+        exact_steps=sum(d == 0 for d in diffs),
+        ref_first=ref_losses[0],
+        ref_last=ref_losses[-1],
+    )
+    assert max(diffs) <= LOSS_BOUND, list(zip(cg_losses, ref_losses, strict=True))
+    helper.delete_cuda_graphs()
+
+
+def test_upstream_helper_on_the_same_qwen3_vl(world, record):
+    """Upstream's TECudaGraphHelper on the same weights and batches: its error is measured and recorded."""
+    import torch
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+
+    ours_ref = tiny.build(tiny.tiny_qwen3_vl_provider(), world.language)
+    upstream_provider = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
+    upstream = tiny.build(upstream_provider, world.language)
+    keys_up, keys_ref = len(upstream[0].state_dict()), len(ours_ref[0].state_dict())
+    upstream[0].load_state_dict(ours_ref[0].state_dict(), strict=False)
+    record(kind="qwen3_vl_upstream", phase="state_dict_keys", upstream=keys_up, graphs_off=keys_ref)
+
+    init_num_microbatches_calculator(0, None, MBS, MBS, 1)  # upstream needs Megatron's global calculator
+    try:
+        helper = TECudaGraphHelper(upstream, upstream_provider, SEQ, MBS, optimizers=[], pg_collection=world.language)
+        helper.create_cudagraphs()
+        for name, batch in _batches("qwen3_vl").items():
+            d = diff(loss_and_grads(upstream, batch), loss_and_grads(ours_ref, batch))
+            record(kind="qwen3_vl_upstream", phase="replay", batch=name, **d.as_dict())
+        helper.delete_cuda_graphs()
+    finally:
+        destroy_num_microbatches_calculator()
+    torch.cuda.synchronize()
