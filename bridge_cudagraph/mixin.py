@@ -28,6 +28,9 @@ class CudaGraphProviderMixin:
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
 
+    # Process groups stay shared references when Bridge deep-copies a provider (its __deepcopy__ honours this).
+    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection"})
+
     # ------------------------------------------------------------------ config time
     def finalize(self) -> None:
         """Validate the block against this model and set Megatron-Core's switches, then finalize the host."""
@@ -65,6 +68,8 @@ class CudaGraphProviderMixin:
                 f"model.cuda_graph.vision.enabled=true but {type(self).__name__} has no vision encoder; "
                 "set it to false (vision graphs apply to Qwen3-VL providers)"
             )
+        if self.has_vision_encoder():
+            self._check_vision()
         if cfg.language.enabled:
             self._check_language_graphable()
             self.cuda_graph_impl = "transformer_engine"
@@ -80,6 +85,41 @@ class CudaGraphProviderMixin:
     def has_vision_encoder(self) -> bool:
         """Whether this provider builds a vision encoder (Qwen3-VL providers override this)."""
         return False
+
+    def _check_vision(self) -> None:
+        where = "model.cuda_graph.vision"
+        vtp, tp = self.cuda_graph.vision.tensor_parallel_size, self.tensor_model_parallel_size or 1
+        heads = self.vision_config.num_heads
+        if heads % vtp:
+            raise CudaGraphConfigError(
+                f"{where}.tensor_parallel_size={vtp} does not divide the vision encoder's {heads} attention heads; "
+                f"use a divisor of {heads} (1 replicates the encoder)"
+            )
+        if tp % vtp:
+            raise CudaGraphConfigError(
+                f"{where}.tensor_parallel_size={vtp} does not divide model.tensor_model_parallel_size={tp}: vision "
+                f"replicas must line up with language tensor-parallel groups (grad norm); use 1 or a divisor of {tp}"
+            )
+        if self.cuda_graph.vision.enabled:
+            merge = self.vision_config.spatial_merge_size
+            budgets = self.cuda_graph.vision.token_budgets or []
+            small = [b for b in budgets if b < merge * merge]
+            if small:
+                raise CudaGraphConfigError(
+                    f"{where}.token_budgets {small} are smaller than the smallest image "
+                    f"(spatial_merge_size**2 = {merge * merge} patches); remove them"
+                )
+            odd = [b for b in budgets if b % (merge * merge)]
+            if odd:
+                raise CudaGraphConfigError(
+                    f"{where}.token_budgets {odd} are not multiples of spatial_merge_size**2 = {merge * merge}: "
+                    f"budgets count patches, not merged tokens (multiply merged-token counts by {merge * merge})"
+                )
+            if (self.pipeline_model_parallel_size or 1) > 1:
+                raise CudaGraphConfigError(
+                    f"{where}.enabled=true with model.pipeline_model_parallel_size > 1 is not supported yet: several "
+                    "in-flight micro-batches would share one graph's static buffers; disable vision graphs or use PP=1"
+                )
 
     def _check_language_graphable(self) -> None:
         where = "model.cuda_graph.language"
@@ -125,7 +165,27 @@ class CudaGraphProviderMixin:
 
         model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
         drop_language_aliases(model)
+        if self.has_vision_encoder():
+            from bridge_cudagraph.vision_encoder import rebuild_vision_encoder
+
+            rebuild_vision_encoder(model, self, self.vision_pg_collection())
         return model
+
+    def vision_pg_collection(self):
+        """The vision encoder's collection: one set by the caller (``_vision_pg_collection``), else derived from
+        the language collection Bridge passed (collective: every rank calls ``provide()``; None off stage 0)."""
+        if getattr(self, "_vision_pg_collection", None) is None:
+            from bridge_cudagraph.groups import derive_vision_collection
+
+            if getattr(self, "_pg_collection", None) is None:
+                raise RuntimeError("build the model with provide_distributed_model(pg_collection=...) first")
+            self._vision_pg_collection = derive_vision_collection(
+                self._pg_collection,
+                self.cuda_graph.vision.tensor_parallel_size,
+                num_attention_heads=self.vision_config.num_heads,
+                vision_dp_when_cp=getattr(self, "vision_dp_when_cp", False),
+            )
+        return self._vision_pg_collection
 
     def make_language_graph_helper(
         self,
@@ -155,6 +215,46 @@ class CudaGraphProviderMixin:
             optimizers=optimizers,
             on_capture_error=self.cuda_graph.on_capture_error,
         )
+
+    def make_graph_helpers(self, model: list[Any], *, micro_batch_size: int, num_microbatches: int, optimizers=()):
+        """Every helper this provider's ``cuda_graph`` block asks for, language first, for a lifecycle owner
+        (the Bridge callback, a test, the benchmark) to drive through the ``TECudaGraphHelper`` protocol:
+        ``create_cudagraphs()``, ``graphs_created()``, ``cuda_graph_set_manual_hooks()``,
+        ``delete_cuda_graphs()`` and ``stats``."""
+        helpers = []
+        if self.cuda_graph.language.enabled:
+            helpers.append(
+                self.make_language_graph_helper(
+                    model,
+                    micro_batch_size=micro_batch_size,
+                    num_microbatches=num_microbatches,
+                    optimizers=optimizers,
+                )
+            )
+        if self.cuda_graph.vision.enabled:
+            helpers.extend(self._make_vision_graph_helpers(model, micro_batch_size=micro_batch_size))
+        return helpers
+
+    def _make_vision_graph_helpers(self, model: list[Any], *, micro_batch_size: int) -> list[Any]:
+        from bridge_cudagraph.budgets import derive_max_segments, derive_token_budgets
+        from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel, VisionGraphHelper
+
+        encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
+        if not encoders:  # a later pipeline stage: no encoder here
+            return []
+        vision = self.cuda_graph.vision
+        merge = self.vision_config.spatial_merge_size
+        budgets = vision.token_budgets or derive_token_budgets(self.seq_length, micro_batch_size, merge)
+        segments = vision.max_images_per_microbatch or derive_max_segments(budgets, merge)
+        return [
+            VisionGraphHelper(
+                model,
+                encoders[0],
+                budgets=budgets,
+                max_segments=segments,
+                on_capture_error=self.cuda_graph.on_capture_error,
+            )
+        ]
 
 
 def provider_fields(provider: Any) -> dict[str, Any]:

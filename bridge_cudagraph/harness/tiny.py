@@ -125,6 +125,9 @@ def tiny_qwen3_vl_provider(cuda_graph: CudaGraphConfig | None = None, *, moe: bo
             moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=1e-3,
             moe_router_dtype="fp32",
+            # Bridge's MoE provider freezes both towers by default (qwen3_vl_provider.py); train everything here.
+            freeze_language_model=False,
+            freeze_vision_model=False,
         )
     fields.update(overrides)
     cls = CudaGraphQwen3VLMoEModelProvider if moe else CudaGraphQwen3VLModelProvider
@@ -146,10 +149,13 @@ def ddp_config(**overrides: Any):
     return DistributedDataParallelConfig(**fields)
 
 
-def build(provider, pg_collection, *, ddp=None) -> list[torch.nn.Module]:
-    """``finalize()`` and ``provide_distributed_model`` exactly as Bridge's ``setup`` does, under ``pg_collection``."""
+def build(provider, pg_collection, *, vision_pg_collection=None, ddp=None) -> list[torch.nn.Module]:
+    """``finalize()`` and ``provide_distributed_model`` exactly as Bridge's ``setup`` does, under ``pg_collection``
+    (and, for Qwen3-VL, the vision encoder under ``vision_pg_collection``; derived from the language one if None)."""
     import warnings
 
+    if vision_pg_collection is not None:
+        provider._vision_pg_collection = vision_pg_collection
     provider.finalize()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

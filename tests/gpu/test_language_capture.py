@@ -38,8 +38,8 @@ def _pair(kind: str, world, modules=None):
         "qwen3_vl_moe": lambda cg=None: tiny.tiny_qwen3_vl_provider(cg, moe=True),
     }[kind]
     graphed_provider = make(_graph_config(modules))
-    graphed = tiny.build(graphed_provider, world.language)
-    reference = tiny.build(make(None), world.language)
+    graphed = tiny.build(graphed_provider, world.language, vision_pg_collection=world.vision)
+    reference = tiny.build(make(None), world.language, vision_pg_collection=world.vision)
     tiny.copy_weights(graphed, reference)
     return reference, graphed, graphed_provider
 
@@ -149,7 +149,7 @@ def test_upstream_helper_on_the_same_qwen3_vl(world, record):
     from bridge_cudagraph.harness import tiny
     from bridge_cudagraph.harness.parity import diff, loss_and_grads
 
-    ours_ref = tiny.build(tiny.tiny_qwen3_vl_provider(), world.language)
+    ours_ref = tiny.build(tiny.tiny_qwen3_vl_provider(), world.language, vision_pg_collection=world.vision)
     upstream_provider = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
     upstream = tiny.build(upstream_provider, world.language)
     keys_up, keys_ref = len(upstream[0].state_dict()), len(ours_ref[0].state_dict())

@@ -1,0 +1,40 @@
+"""Vision token budgets: the static lengths (in patches) vision graphs are captured at. Pure integer math.
+
+Units: the vision transformer layers run on *patches* (``t * h * w`` per image, grid in patches), before the
+``spatial_merge_size**2`` merge into language tokens. Upstream's default (``num_position_embeddings //
+spatial_merge_size**2`` = 576) is in merged-token units, so any micro-batch above 576 patches fails there.
+"""
+
+from __future__ import annotations
+
+#: How many budgets a derived ladder has: the largest and three halvings.
+LADDER_STEPS = 4
+#: Smallest image assumed when deriving the per-micro-batch frame limit: 4 x 4 merged tokens.
+MIN_IMAGE_MERGED_TOKENS = 16
+
+
+def round_up(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple``."""
+    return -(-value // multiple) * multiple
+
+
+def max_patches_per_microbatch(seq_length: int, micro_batch_size: int, merge: int) -> int:
+    """Upper bound on the patches one micro-batch can carry: every image token of every sample is one merged
+    token, i.e. ``merge**2`` patches, and a sample holds at most ``seq_length`` tokens."""
+    return seq_length * micro_batch_size * merge * merge
+
+
+def derive_token_budgets(seq_length: int, micro_batch_size: int, merge: int) -> list[int]:
+    """A ladder of :data:`LADDER_STEPS` budgets: the bound of :func:`max_patches_per_microbatch` and its halvings,
+    each a multiple of ``merge**2``, ascending. Smaller micro-batches use a smaller graph (attention is
+    quadratic in the budget), anything up to the bound replays."""
+    unit = merge * merge
+    top = max_patches_per_microbatch(seq_length, micro_batch_size, merge)
+    ladder = {round_up(max(unit, top >> step), unit) for step in range(LADDER_STEPS)}
+    return sorted(ladder)
+
+
+def derive_max_segments(budgets: list[int], merge: int) -> int:
+    """Image frames a micro-batch may hold and still replay, when not configured: the largest budget filled
+    with images of :data:`MIN_IMAGE_MERGED_TOKENS` merged tokens. It sizes the static ``cu_seqlens``."""
+    return max(1, budgets[-1] // (merge * merge * MIN_IMAGE_MERGED_TOKENS))

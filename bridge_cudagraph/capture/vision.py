@@ -1,0 +1,285 @@
+"""Vision-encoder capture that keeps eager semantics, with token-budget buckets and an eager fallback.
+
+Upstream's vision graphs (Bridge ``vision_model.py``) pad every micro-batch to one length, drop the per-image
+``cu_seqlens`` and pass a padding mask that the encoder's ``no_mask`` attention ignores: images attend to each
+other and to padding, from step 0 (max abs per-token-loss difference 0.06 on a tiny model, DESIGN.md).
+
+Here each vision layer is captured in Qwen3-VL's own eager format - packed THD attention - with the per-image
+boundaries as a *static tensor input*:
+
+* the patches of a micro-batch (``N``) are padded to the smallest captured budget ``B >= N`` (in patches, the
+  unit the layers run on);
+* ``cu_seqlens`` lists every image frame (as ``build_packed_seq_params`` does), then one segment for the padding
+  ``[N, B)``, then zero-length segments up to the captured length ``max_segments + 2`` - the layout Bridge's own
+  packed-sequence graphs use (``data/packing/gpt_sft.py``, ``pad_cu_seqlens``): images attend only to
+  themselves and never to padding;
+* the 2-D rotary embedding is a static input (zeros on padding);
+* deepstack mergers and the final merger run eagerly on the unpadded rows, exactly as in eager mode.
+
+A micro-batch larger than the largest budget, or with more frames than ``max_segments``, runs eagerly and is
+counted (:attr:`CaptureStats.eager_fallbacks`), logged once. All budgets share one memory pool: only one budget
+runs per micro-batch, and at PP=1 a micro-batch's forward and backward finish before the next one starts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import gc
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+from megatron.core.packed_seq_params import PackedSeqParams
+
+from bridge_cudagraph.capture.common import CaptureError, CaptureStats, abandon_capture, measure
+
+logger = logging.getLogger("bridge_cudagraph")
+
+
+def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
+    """Patches per attention segment: every frame of every image is one segment (Bridge's eager layout)."""
+    return torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0])
+
+
+def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, length: int) -> torch.Tensor:
+    """``[0, l1, l1+l2, ..., N, B, B, ...]`` of exactly ``length`` int32 entries.
+
+    The segment ``[N, B)`` holds the padding, so real patches never attend to it; the rest are zero-length.
+    """
+    cu = F.pad(seqlens.cumsum(0), (1, 0)).to(torch.int32)
+    n = int(cu[-1])
+    if n > budget or cu.numel() + (n < budget) > length:
+        raise ValueError(f"{n} patches in {cu.numel() - 1} segments do not fit budget {budget} / length {length}")
+    return F.pad(cu, (0, length - cu.numel()), value=budget)
+
+
+class _PackedVisionLayer(torch.nn.Module):
+    """One vision layer as a graphable callable with tensor-only inputs: the packed-attention metadata is
+    rebuilt inside from the static ``cu_seqlens`` and the budget (the static ``max_seqlen``)."""
+
+    def __init__(self, layer: torch.nn.Module, budget: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.budget = budget
+
+    def forward(self, hidden_states: torch.Tensor, rotary_pos_emb: torch.Tensor, cu_seqlens: torch.Tensor):
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_kv=cu_seqlens,
+            max_seqlen_q=self.budget,
+            max_seqlen_kv=self.budget,
+        )
+        # layer.forward, not layer(...): megatron-core's TE-graph routing in GraphableMegatronModule.__call__
+        # must not see these layers (their config keeps cuda_graph_impl="none").
+        out, _ = self.layer.forward(
+            hidden_states=hidden_states, attention_mask=None, rotary_pos_emb=rotary_pos_emb, packed_seq_params=params
+        )
+        return out
+
+
+class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
+    """Bridge's Qwen3-VL vision encoder, built under the vision collection, whose transformer layers replay
+    the graphs of a :class:`VisionGraphHelper` when one is attached and a micro-batch fits a budget."""
+
+    graph_helper: VisionGraphHelper | None = None
+
+    def forward(self, hidden_states, grid_thw, inference_params=None, extra_block_kwargs=None):
+        helper = self.graph_helper
+        if helper is None or not helper.graphs_created() or not self.training or extra_block_kwargs:
+            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
+        assert inference_params is None and self.input_tensor is None
+        x = self.patch_embed(hidden_states) + self.fast_pos_embed_interpolate(grid_thw)
+        n = x.size(0)
+        seqlens = frame_seqlens(grid_thw)
+        budget = helper.budget_for(n, seqlens.numel())
+        if budget is None:
+            helper.count_fallback(n, seqlens.numel())
+            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
+        rotary = self.rot_pos_emb(grid_thw).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
+        h = F.pad(x, (0, 0, 0, budget - n))[:, None]
+        rotary = F.pad(rotary, (0, 0, 0, 0, 0, 0, 0, budget - n))
+        cu = padded_cu_seqlens(seqlens, budget, helper.cu_seqlens_length)
+        graphs = helper.graphs[budget]
+        deepstack = []
+        block = self.decoder
+        for index, layer in enumerate(block.layers):
+            for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
+                hook(*hook_args)
+            h = graphs[index](h, rotary, cu)
+            if index in block.deepstack_visual_indexes:
+                merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(index)]
+                deepstack.append(merger(h[:n]))
+        helper.stats.replays += 1
+        return self.merger(h[:n]), deepstack
+
+
+class VisionGraphHelper:
+    """Captures the vision layers once per token budget and serves the graphs to the encoder's forward.
+
+    Follows megatron-core's ``TECudaGraphHelper`` protocol (``create_cudagraphs``, ``graphs_created``,
+    ``cuda_graph_set_manual_hooks``, ``delete_cuda_graphs``), so one lifecycle owner drives both submodules.
+
+    Args:
+        model: The DDP-wrapped model chunks (to zero gradient buffers after capture and make DDP hooks).
+        vision_model: The :class:`GraphedQwen3VLVisionModel` inside ``model``.
+        budgets: Static lengths in patches, ascending; each a multiple of ``spatial_merge_size**2``.
+        max_segments: Most image frames a micro-batch may hold and still replay.
+        num_warmup_iters: TE warmup iterations per callable before capture.
+        on_capture_error: ``"eager"`` or ``"raise"``.
+    """
+
+    submodule = "vision"
+
+    def __init__(
+        self,
+        model: Sequence[torch.nn.Module],
+        vision_model: GraphedQwen3VLVisionModel,
+        *,
+        budgets: Sequence[int],
+        max_segments: int,
+        num_warmup_iters: int = 3,
+        on_capture_error: str = "eager",
+    ) -> None:
+        if not isinstance(vision_model, GraphedQwen3VLVisionModel):
+            raise CaptureError(
+                "vision graphs need the encoder built by a bridge_cudagraph provider "
+                "(CudaGraphQwen3VLModelProvider or with_cuda_graphs(provider)); got "
+                f"{type(vision_model).__name__}"
+            )
+        merge = vision_model.spatial_merge_unit
+        budgets = sorted(int(b) for b in budgets)
+        bad = [b for b in budgets if b % merge or b < merge]
+        if bad:
+            raise CaptureError(f"vision budgets {bad} are not positive multiples of spatial_merge_size**2 = {merge}")
+        self.model = list(model)
+        self.vision_model = vision_model
+        self.budgets = budgets
+        self.max_segments = int(max_segments)
+        self.cu_seqlens_length = self.max_segments + 2
+        self.num_warmup_iters = num_warmup_iters
+        self.on_capture_error = on_capture_error
+        self.graphs: dict[int, list] = {}
+        self.stats = CaptureStats(self.submodule, layers=len(vision_model.decoder.layers))
+        self._warned_fallback = False
+        self._pool = None
+        vision_model.graph_helper = self
+
+    # ------------------------------------------------------------------ selection
+    def budget_for(self, patches: int, segments: int) -> int | None:
+        """The smallest budget that holds ``patches`` (and a padding segment), or None (eager)."""
+        if segments > self.max_segments:
+            return None
+        i = bisect.bisect_left(self.budgets, patches)
+        return self.budgets[i] if i < len(self.budgets) else None
+
+    def count_fallback(self, patches: int, segments: int) -> None:
+        """Count an eager micro-batch; log the first one with the numbers and the fix."""
+        self.stats.eager_fallbacks += 1
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            logger.warning(
+                "bridge_cudagraph: a micro-batch with %d patches in %d image frames exceeds the vision graphs "
+                "(largest budget %d patches, at most %d frames); it runs eagerly (counted in stats). Raise "
+                "model.cuda_graph.vision.token_budgets / max_images_per_microbatch to graph such batches.",
+                patches,
+                segments,
+                self.budgets[-1],
+                self.max_segments,
+            )
+
+    # ------------------------------------------------------------------ capture
+    def _sample_inputs(self, budget: int):
+        vm = self.vision_model
+        device = torch.cuda.current_device()
+        dtype = next(vm.decoder.layers.parameters()).dtype
+        hidden = vm.config.hidden_size
+        # Two rows of merge blocks: a valid image grid for any budget that is a multiple of merge**2.
+        grid = torch.tensor([[1, vm.spatial_merge_size, budget // vm.spatial_merge_size]], device=device)
+        with torch.no_grad():
+            rotary = vm.rot_pos_emb(grid).reshape(budget, 1, 1, -1).repeat(1, 1, 1, 2).contiguous()
+        cu = padded_cu_seqlens(frame_seqlens(grid), budget, self.cu_seqlens_length)
+        layers = len(vm.decoder.layers)
+        hidden_states = [
+            (torch.randn(budget, 1, hidden, device=device, dtype=dtype) * 0.02).requires_grad_(True)
+            for _ in range(layers)
+        ]
+        return [(h, rotary, cu) for h in hidden_states]
+
+    def create_cudagraphs(self) -> None:
+        """Capture every layer for every budget into one shared pool; on failure, raise or run eagerly."""
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+        from transformer_engine.pytorch import make_graphed_callables
+
+        if self.graphs:
+            return
+        layers = list(self.vision_model.decoder.layers)
+        try:
+            with measure(self.stats):
+                self._pool = torch.cuda.graph_pool_handle()
+                for budget in self.budgets:
+                    before = torch.cuda.memory_reserved()
+                    callables = tuple(_PackedVisionLayer(layer, budget) for layer in layers)
+                    with (
+                        get_cuda_rng_tracker().fork()
+                        if self.vision_model.config.sequence_parallel
+                        else (contextlib.nullcontext())
+                    ):
+                        graphed = make_graphed_callables(
+                            callables,
+                            tuple(self._sample_inputs(budget)),
+                            num_warmup_iters=self.num_warmup_iters,
+                            allow_unused_input=True,
+                            pool=self._pool,
+                        )
+                    self.graphs[budget] = list(graphed)
+                    torch.cuda.synchronize()
+                    self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
+                self._reset_after_capture()
+        except Exception as error:
+            self.graphs = {}
+            if self.on_capture_error == "raise":
+                raise
+            self.stats.failed = abandon_capture(layers, self.model, error, self.submodule)
+            return
+        self.stats.graphs = sum(len(g) for g in self.graphs.values())
+
+    def _reset_after_capture(self) -> None:
+        """TE's warmup passes wrote gradients; clear them as megatron-core's helper does."""
+        for chunk in self.model:
+            zero = getattr(chunk, "zero_grad_buffer", None)
+            if zero is not None:
+                zero()
+        gc.collect()
+
+    def graphs_created(self) -> bool:
+        """Whether any vision graph exists."""
+        return bool(self.graphs)
+
+    def cuda_graph_set_manual_hooks(self) -> None:
+        """Re-create the DDP parameter all-gather pre-hooks that graph replay bypasses (overlap_param_gather):
+        the encoder runs them before each layer's replay. Upstream's vision helper makes this a no-op."""
+        chunk = next(c for c in self.model if _contains(c, self.vision_model))
+        for layer in self.vision_model.decoder.layers:
+            layer.setup_manual_hooks(chunk._make_forward_pre_hook)
+
+    def delete_cuda_graphs(self) -> None:
+        """Free every vision graph (TE ``reset()``) before process groups go away; allows re-capture."""
+        for graphs in self.graphs.values():
+            for graph in graphs:
+                reset = getattr(graph, "reset", None)
+                if reset is not None:
+                    reset()
+        self.graphs = {}
+        for layer in self.vision_model.decoder.layers:
+            layer.cuda_graph_manual_hooks = []
+        self._pool = None
+        self.stats.graphs = 0
+        gc.collect()
+
+
+def _contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
+    return any(m is module for m in root.modules())

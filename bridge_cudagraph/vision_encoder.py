@@ -1,0 +1,89 @@
+"""Rebuild Qwen3-VL's vision encoder under its own process groups.
+
+Bridge's ``Qwen3VLModel`` builds the encoder with the *language* collection, so vision tensor parallelism is
+tied to the language model's (``model.py`` ``Qwen3VLVisionModel(..., pg_collection=pg_collection)``, and
+``get_vision_model_config`` copies the language TP size). Layers are bound to their groups at construction,
+so handing a helper another collection later changes nothing; the encoder has to be built again. This module
+does that right after Bridge's ``provide()``, with:
+
+* the vision collection (its own ``HyperCommGrid`` on the language model's first pipeline stage, tensor
+  parallel size ``cuda_graph.vision.tensor_parallel_size``, 1 by default);
+* a copy of Bridge's vision config with that TP size, sequence parallelism off, and Megatron-Core's graph
+  routing off (``cuda_graph_impl="none"``): our :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper`
+  replays the layers itself, in eager semantics;
+* Bridge's freeze flags re-applied to the new encoder;
+* gradient-norm bookkeeping for replicas (:func:`mark_vision_replicas`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def vision_spec():
+    """Bridge's Qwen3-VL vision layer and patch-merger specs (``model.py``), TE layers throughout."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.attention import Qwen3VLSelfAttention
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.utils import PatchMergerSubmodules
+    from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
+    from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_transformer_engine_spec
+
+    layer_spec = get_vit_layer_with_transformer_engine_spec()
+    layer_spec.submodules.self_attention.module = Qwen3VLSelfAttention
+    merger_spec = PatchMergerSubmodules(
+        patch_norm=TENorm, linear_fc1=TEColumnParallelLinear, linear_fc2=TERowParallelLinear
+    )
+    return layer_spec, merger_spec
+
+
+def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
+    """Replace ``model.vision_model`` (built by Bridge with the language groups) with one built under
+    ``vision_pg_collection``; a no-op on ranks without an encoder (later pipeline stages)."""
+    from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel
+
+    old = getattr(model, "vision_model", None)
+    if old is None:
+        return
+    if vision_pg_collection is None:
+        raise RuntimeError("this rank holds the vision encoder but has no vision process-group collection")
+    config = copy.deepcopy(old.config)
+    config.tensor_model_parallel_size = vision_pg_collection.tp.size()
+    config.sequence_parallel = False
+    config.cuda_graph_impl = "none"
+    from megatron.bridge.utils.cuda_graph import clear_cuda_graph_modules
+
+    clear_cuda_graph_modules(config)
+    layer_spec, merger_spec = vision_spec()
+    new = GraphedQwen3VLVisionModel(
+        config, layer_spec, merger_spec, pre_process=True, post_process=True, pg_collection=vision_pg_collection
+    )
+    new.to(device=next(old.parameters()).device)
+    model.vision_model = new
+    del old
+    model.freeze(
+        freeze_language_model=False,
+        freeze_vision_model=provider.freeze_vision_model,
+        freeze_vision_projection=provider.freeze_vision_projection,
+    )
+    language_tp = model.pg_collection.tp
+    mark_vision_replicas(new, language_tp_rank=language_tp.rank(), vision_tp=config.tensor_model_parallel_size)
+
+
+def mark_vision_replicas(vision_model: torch.nn.Module, *, language_tp_rank: int, vision_tp: int) -> None:
+    """Make Megatron's gradient norm count each vision parameter once per language model-parallel group.
+
+    The optimizer's norm (``param_is_not_tensor_parallel_duplicate``) sums squared gradients over parameters
+    that are ``tensor_model_parallel`` or live on tensor-parallel rank 0 of the *language* group, then
+    all-reduces over the language model-parallel group.
+    With vision TP smaller than language TP, the language TP group holds ``language_tp / vision_tp`` replicas of
+    every vision shard, and TE marks even TP-1 weights ``tensor_model_parallel=True``: upstream would count them
+    ``language_tp / vision_tp`` times. Vision tensor-parallel groups are contiguous, so the language TP ranks
+    ``0 .. vision_tp-1`` hold exactly one copy of every shard: only they count.
+    """
+    holds_one_copy = language_tp_rank < vision_tp
+    for param in vision_model.parameters():
+        sharded = bool(getattr(param, "tensor_model_parallel", False)) and vision_tp > 1
+        # Sharded weights: counted on the ranks holding one copy of every shard. Replicated ones (norms, TP-1
+        # weights): left False, so the optimizer counts them on language TP rank 0 only.
+        param.tensor_model_parallel = sharded and holds_one_copy
