@@ -78,6 +78,9 @@ class CudaGraphProviderMixin:
             if cfg.language.warmup_steps is not None:
                 self.cuda_graph_warmup_steps = cfg.language.warmup_steps
         if cfg.any_enabled:
+            from bridge_cudagraph.validation import check_environment
+
+            check_environment()
             # Graph replay needs TE's graph-safe RNG tracker (else: "'Tensor' object has no attribute
             # 'get_state'" at capture). Bridge keys its RNG set-up on the same flag.
             self.use_te_rng_tracker = True

@@ -138,10 +138,12 @@ def train_steps(
     *,
     pg_collection,
     on_step=None,
+    grad_norms: list | None = None,
 ) -> list[float]:
     """Run optimizer steps through Megatron's real schedule; each item of ``steps`` is one step's micro-batches.
 
-    ``on_step(i)`` runs before step ``i`` (the place Bridge's loop captures graphs). Returns the loss per step.
+    ``on_step(i)`` runs before step ``i`` (the place Bridge's loop captures graphs). Returns the loss per step
+    (the last pipeline stage's; NaN elsewhere); ``grad_norms``, when a list, receives the optimizer's grad norms.
     """
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
@@ -150,6 +152,11 @@ def train_steps(
     config = get_model_config(model[0])
     config.finalize_model_grads_func = finalize_model_grads
     forward_backward = get_forward_backward_func(pp_size=pg_collection.pp.size())
+    extra = {}
+    if pg_collection.pp.size() > 1:
+        from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+        extra["p2p_communicator"] = P2PCommunicator(pp_group=pg_collection.pp, config=config)
     losses = []
     for i, micro_batches in enumerate(steps):
         if on_step is not None:
@@ -166,7 +173,10 @@ def train_steps(
             micro_batch_size=micro_batches[0]["input_ids"].shape[0],
             forward_only=False,
             pg_collection=pg_collection,
+            **extra,
         )
-        optimizer.step()
-        losses.append(float(sum(o["lm loss"] for o in out) / len(out)))
+        _, grad_norm, _ = optimizer.step()
+        if grad_norms is not None:
+            grad_norms.append(float(grad_norm) if grad_norm is not None else float("nan"))
+        losses.append(float(sum(o["lm loss"] for o in out) / len(out)) if out else float("nan"))
     return losses

@@ -70,6 +70,7 @@ def seed_rng(pgc, seed: int) -> None:
         tp_rank=pgc.tp.rank(),
         ep_rank=pgc.ep.rank() if pgc.ep is not None else 0,
         etp_rank=pgc.expt_tp.rank() if pgc.expt_tp is not None else 0,
+        force_reset_rng=True,
     )
 
 
