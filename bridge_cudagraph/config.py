@@ -108,6 +108,11 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
+        if self.modules is not None:
+            raise CudaGraphConfigError(
+                f"{where}.modules={self.modules}: vision layers are captured whole (packed attention with per-image "
+                "boundaries as static inputs, bridge_cudagraph.capture.vision); leave it null"
+            )
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise CudaGraphConfigError(
                 f"{where}.tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}"

@@ -196,10 +196,28 @@ class LanguageGraphHelper(TECudaGraphHelper):
             self._capture_finished = True
             return
         self.stats.graphs = sum(len(layer.cuda_graphs) for layer in self.flattened_callables)
+        self._count_replays()
+
+    def _count_replays(self) -> None:
+        """Count micro-batches whose decoder runs on the graphs (training mode, graphs present): a forward
+        pre-hook on each decoder, removed again by :meth:`delete_cuda_graphs`."""
+        self._replay_hooks = []
+        for chunk, layers in zip(self.chunks_with_decoder, self.callables_per_chunk, strict=True):
+            if chunk is None or not layers:
+                continue
+
+            def count(module, args, first=layers[0]):
+                if module.training and first.cuda_graphs:
+                    self.stats.replays += 1
+
+            self._replay_hooks.append(chunk.decoder.register_forward_pre_hook(count))
 
     def delete_cuda_graphs(self):
         """Free every graph (TE ``reset()``), and allow a later re-capture."""
         if self._graphs_created:
             super().delete_cuda_graphs()
+        for handle in getattr(self, "_replay_hooks", []):
+            handle.remove()
+        self._replay_hooks = []
         self._capture_finished = False
         self.stats.graphs = 0

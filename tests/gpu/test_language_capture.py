@@ -90,6 +90,7 @@ def test_language_graphs_match_reference(world, record, kind, modules):
         d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
         record(kind=kind, phase="replay", batch=name, **d.as_dict())
         assert d.within_bound(), f"{kind}/{name} after capture: {d}"
+    assert helper.stats.replays == len(batches)
     assert parallel_state_untouched()
     helper.delete_cuda_graphs()
     assert all(not layer.cuda_graphs for layer in layers)
