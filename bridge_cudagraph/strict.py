@@ -32,12 +32,22 @@ def suggest(key: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: Past this many valid keys (a model provider has ~340) the message names the count instead of listing them.
+MAX_LISTED_KEYS = 12
+
+
+def unknown_key_message(key: str, allowed: Iterable[str], where: str) -> str:
+    """``unknown setting where.key (did you mean 'x'?); valid keys of where: ...``, kept to one line."""
+    allowed = list(allowed)
+    path = f"{where}.{key}" if where else str(key)
+    public = sorted(k for k in allowed if not k.startswith("_"))
+    listed = ", ".join(public) if len(public) <= MAX_LISTED_KEYS else f"{len(public)} settings"
+    return f"unknown setting {path}{suggest(str(key), allowed)}; valid keys of {where or 'the recipe'}: {listed}"
+
+
 def check_keys(data: Mapping[str, Any], target: Any, where: str, extra: Iterable[str] = ()) -> None:
     """Raise :class:`UnknownKeyError` for the first key of ``data`` that ``target`` does not have."""
     allowed = [*valid_keys(target), *extra]
     for key in data:
         if key not in allowed:
-            raise UnknownKeyError(
-                f"unknown setting {where}.{key}{suggest(str(key), allowed)}; "
-                f"valid keys of {where}: {', '.join(sorted(k for k in allowed if not k.startswith('_')))}"
-            )
+            raise UnknownKeyError(unknown_key_message(str(key), allowed, where))

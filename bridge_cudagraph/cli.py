@@ -1,0 +1,159 @@
+"""``bridge-cudagraph`` (also ``python -m bridge_cudagraph``): four verbs on a recipe file.
+
+    bridge-cudagraph validate RECIPE.yaml [key=value ...] [--world-size N]   load, finalize, check; one line
+    bridge-cudagraph plan     RECIPE.yaml [key=value ...] [--world-size N]   print layouts, graphs, shapes
+    bridge-cudagraph train    RECIPE.yaml [key=value ...]                    Bridge's loop with our graphs
+    bridge-cudagraph bench    RECIPE.yaml [key=value ...]                    eager vs upstream vs ours
+
+``validate`` and ``plan`` need no GPU. A configuration error prints one ``error: ...`` line and exits 2.
+The verbs and flags are frozen by ``tests/unit/test_cli.py``; add knobs to the recipe, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import sys
+import warnings
+from collections.abc import Sequence
+
+#: The verbs, in help order.
+VERBS: tuple[str, ...] = ("validate", "plan", "train", "bench")
+_NEEDS_GPU = ("train", "bench")
+_RUNNERS = {"train": "bridge_cudagraph.train", "bench": "bridge_cudagraph.bench"}
+_HELP = {
+    "validate": "load the recipe, finalize it as Bridge's training would and check the graphs (no GPU needed)",
+    "plan": "print the process-group layouts, graphs and static shapes the recipe will capture (no GPU needed)",
+    "train": "train with Megatron-Bridge's loop and bridge_cudagraph's graphs (run under torchrun)",
+    "bench": "time eager, upstream's graphs and bridge_cudagraph's graphs on the recipe's model",
+}
+
+
+class CliError(Exception):
+    """A condition the CLI reports as one ``error:`` line with exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (frozen: see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        prog="bridge-cudagraph",
+        description="Faithful per-layer CUDA graphs for Megatron-Bridge recipes.",
+        allow_abbrev=False,
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(VERBS) + "}")
+    for verb in VERBS:
+        sub = verbs.add_parser(verb, help=_HELP[verb], description=_HELP[verb], allow_abbrev=False)
+        sub.add_argument("recipe", help="recipe YAML file (schema: recipes/README.md)")
+        sub.add_argument(
+            "overrides", nargs="*", metavar="key=value", help="Hydra-style overrides, applied after the YAML"
+        )
+        if verb in ("validate", "plan"):
+            sub.add_argument(
+                "--world-size", type=int, default=None, metavar="N", help="GPUs to plan for (default: the YAML's)"
+            )
+    return parser
+
+
+def _count(n: int | None, noun: str) -> str:
+    if n is None:
+        return f"no {noun}es" if noun.endswith("h") else f"no {noun}s"
+    plural = noun + ("es" if noun.endswith("h") else "s")
+    return f"{n} {noun if n == 1 else plural}"
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    return " ".join(text.split()) or type(error).__name__
+
+
+def _require_cuda(verb: str) -> None:
+    import torch  # the least that can answer; the Megatron stack is imported only after this check
+
+    if not torch.cuda.is_available():
+        raise CliError(
+            f"{verb} needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False); run it on a "
+            "GPU machine (under torchrun for several GPUs), or use `plan` / `validate` here"
+        )
+
+
+def _runner(verb: str):
+    name = _RUNNERS[verb]
+    if importlib.util.find_spec(name) is None:
+        raise CliError(f"`{verb}` is not available in this checkout: {name} is missing")
+    return importlib.import_module(name)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from bridge_cudagraph.recipe import load_recipe, plan_recipe
+
+    runner = None
+    if args.verb in _NEEDS_GPU:
+        _require_cuda(args.verb)
+        runner = _runner(args.verb)
+    loaded = load_recipe(args.recipe, args.overrides)
+    if runner is not None:
+        return int(runner.main(loaded, args) or 0)
+    plan = plan_recipe(loaded, world_size=args.world_size)
+    if args.verb == "plan":
+        print(f"recipe: {loaded.source}" + ("" if not args.overrides else " " + " ".join(args.overrides)))
+        if loaded.description:
+            print(f"  {loaded.description}")
+        print(plan.describe())
+        return 0
+    vision = plan.vision.graphs if plan.vision is not None and plan.vision.enabled else 0
+    print(
+        f"ok: {loaded.source} at {_count(plan.world_size, 'GPU')}: language {plan.language.graphs} + vision "
+        f"{vision} graphs per rank, {_count(plan.num_microbatches, 'micro-batch')} per step"
+    )
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; ``key=value`` overrides may come before or after ``--world-size``."""
+    parser = build_parser()
+    # argparse stops filling a positional list at the first flag; overrides after --world-size come back
+    # as leftovers, and are accepted as long as they look like key=value.
+    args, leftover = parser.parse_known_args(argv)
+    stray = [a for a in leftover if a.startswith("-") or "=" not in a]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = [*args.overrides, *leftover]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 a configuration error)."""
+    args = parse_args(argv)
+    if args.verb in ("validate", "plan"):
+        # Importing megatron.training sets the root logger to INFO on stdout (training.py: basicConfig);
+        # configuring it first keeps stdout to the plan and the stack's chatter on stderr.
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+        # Import-time chatter of the stack (Apex missing, deprecations) says nothing about the recipe.
+        warnings.simplefilter("ignore")
+    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.strict import UnknownKeyError
+
+    try:
+        return _run(args)
+    except (CliError, UnknownKeyError, CudaGraphConfigError) as error:
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except (ValueError, AssertionError) as error:
+        if args.verb in _NEEDS_GPU and not _is_config_error(error):
+            raise  # a failure while training is not a configuration error: keep its traceback
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return 2
+
+
+def _is_config_error(error: BaseException) -> bool:
+    """Whether a ValueError comes from loading the recipe (ours) rather than from the training run."""
+    from bridge_cudagraph.layout import LayoutError
+    from bridge_cudagraph.recipe import RecipeError
+
+    return isinstance(error, RecipeError | LayoutError)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

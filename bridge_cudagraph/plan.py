@@ -1,0 +1,730 @@
+"""What will be captured: the frozen :class:`CapturePlan`, derived purely from plain numbers.
+
+:mod:`bridge_cudagraph.config` holds what the user *asked for* (mutable, because Bridge's overrides
+``setattr`` into it). This module decides what will actually be *done*: the process-group layouts of the
+language model and the vision encoder, how many layers each pipeline stage captures, how many graphs that
+makes, the static input shapes of every graph and the vision token budgets. It is pure: the inputs are
+:class:`ModelFacts` (plain ints and strings read off a provider by :func:`model_facts`) and the config
+block, so the CLI prints a plan for 64 GPUs on a laptop and the unit tests cover it with plain integers
+(vLLM's encoder graph manager, by contrast, ties its budget planning to its engine object and its tests
+have to build the manager with ``object.__new__``).
+
+Every configuration that cannot be graphed is refused here, at config time, with an error that names the
+setting, shows the arithmetic and says what to change, instead of a shape error at step N.
+
+Units: language shapes are in tokens; vision budgets are in *patches*, the unit the vision layers run on
+(before the ``spatial_merge_size**2`` merge that turns patches into the language model's image tokens).
+Derived budgets come from :mod:`bridge_cudagraph.budgets`, the functions the vision capture itself uses, so
+the plan and the capture cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_cudagraph.budgets import (
+    LADDER_STEPS,
+    MIN_IMAGE_MERGED_TOKENS,
+    derive_max_segments,
+    derive_token_budgets,
+    max_patches_per_microbatch,
+)
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+from bridge_cudagraph.layout import (
+    ParallelLayout,
+    ResolvedLayout,
+    Submodule,
+    VisionLayout,
+    format_layout,
+    resolve_submodules,
+)
+
+__all__ = [
+    "CapturePlan",
+    "LanguagePlan",
+    "ModelFacts",
+    "VisionFacts",
+    "VisionPlan",
+    "build_plan",
+    "model_facts",
+]
+
+
+# ---------------------------------------------------------------------------------------------- facts
+@dataclass(frozen=True, slots=True)
+class VisionFacts:
+    """The vision encoder numbers a plan needs (Qwen3-VL's HF ``vision_config``).
+
+    Attributes:
+        depth: Transformer layers of the encoder (one graph each per budget).
+        hidden_size: Encoder width ``Hv``.
+        num_heads: Encoder attention heads; vision tp must divide them.
+        patch_size: Spatial patch edge in pixels.
+        temporal_patch_size: Frames per patch.
+        spatial_merge_size: Edge of the patch block merged into one language token (2 for Qwen3-VL).
+        deepstack_visual_indexes: Encoder layers whose outputs feed the language model (deepstack).
+        num_position_embeddings: Learned position table size; upstream derives its vision graph length from it.
+    """
+
+    depth: int
+    hidden_size: int
+    num_heads: int
+    patch_size: int
+    temporal_patch_size: int
+    spatial_merge_size: int
+    deepstack_visual_indexes: tuple[int, ...] = ()
+    num_position_embeddings: int | None = None
+
+    @property
+    def merge_unit(self) -> int:
+        """Patches per merged language token: ``spatial_merge_size**2``."""
+        return self.spatial_merge_size**2
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width ``Hv / heads``, also the width of the 2-D rotary table the layers read."""
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """The numbers of a model provider that decide layouts, graphs and static shapes.
+
+    Plain values only, so a plan can be built and tested without a provider, a GPU or Megatron.
+
+    Attributes:
+        provider: Class name of the provider the facts were read from (for messages).
+        num_layers: Language decoder layers.
+        hidden_size: Language hidden size ``H``.
+        num_attention_heads: Language attention heads.
+        kv_channels: Per-head width (``hidden_size / heads`` when the provider leaves it unset).
+        rotary_percent: Fraction of ``kv_channels`` that is rotated.
+        seq_length: Training sequence length ``S`` (static for graphs).
+        tp: Language tensor-parallel size.
+        cp: Context-parallel size.
+        pp: Pipeline-parallel size.
+        ep: Expert-parallel size.
+        etp: Expert tensor-parallel size, resolved as Bridge does (1 when ``ep > 1`` and unset, else ``tp``).
+        sequence_parallel: Whether activations are split over tp along the sequence.
+        position_embedding_type: ``rope``, ``mrope`` (Qwen3-VL), ``learned_absolute``, ``none``...
+        num_moe_experts: Experts per MoE layer, or None for a dense model.
+        moe_layer_pattern: 1 for an MoE layer, 0 for a dense one, per decoder layer (empty when dense).
+        num_layers_in_first_pipeline_stage: Uneven pipeline split, first stage (None: even split).
+        num_layers_in_last_pipeline_stage: Uneven pipeline split, last stage (None: even split).
+        account_for_embedding_in_pipeline_split: Megatron counts the embedding as a layer of stage 0.
+        account_for_loss_in_pipeline_split: Megatron counts the loss as a layer of the last stage.
+        has_pipeline_layout: A custom ``pipeline_model_parallel_layout`` is set.
+        dtype: Activation dtype name: ``bf16``, ``fp16`` or ``fp32``.
+        virtual_pipeline_size: Virtual pipeline stages per rank, or None.
+        vision_dp_when_cp: Qwen3-VL splits images over cp ranks (its provider flag).
+        vision: The vision encoder, or None for a text-only model.
+    """
+
+    provider: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    kv_channels: int
+    seq_length: int
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int = 1
+    sequence_parallel: bool = False
+    position_embedding_type: str = "rope"
+    rotary_percent: float = 1.0
+    num_moe_experts: int | None = None
+    moe_layer_pattern: tuple[int, ...] = ()
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    has_pipeline_layout: bool = False
+    dtype: str = "bf16"
+    virtual_pipeline_size: int | None = None
+    vision_dp_when_cp: bool = False
+    vision: VisionFacts | None = None
+
+    @property
+    def rotary_dim(self) -> int:
+        """Width of the rotary table each attention layer reads (``kv_channels x rotary_percent``)."""
+        return int(self.kv_channels * self.rotary_percent)
+
+
+def _moe_layer_pattern(freq: Any, num_layers: int, num_experts: int | None) -> tuple[int, ...]:
+    """Megatron-Core's ``moe_layer_freq`` as one 0/1 per layer (``transformer_config.py``: an int N means
+    every N-th layer starting at 0, a list is given per layer, a string is a Python list expression)."""
+    if not num_experts:
+        return ()
+    if isinstance(freq, str):
+        # Megatron-Core evaluates the same string with eval(); allow only the list arithmetic it documents.
+        freq = eval(freq, {"__builtins__": {}}, {})
+    if isinstance(freq, int):
+        return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
+    pattern = tuple(int(x) for x in freq)
+    if len(pattern) != num_layers:
+        raise CudaGraphConfigError(
+            f"model.moe_layer_freq lists {len(pattern)} layers but model.num_layers is {num_layers}; "
+            "give one 0/1 entry per layer"
+        )
+    return pattern
+
+
+def _dtype_name(provider: Any, mixed_precision: Any) -> str:
+    """``bf16``/``fp16``/``fp32``: the ConfigContainer's mixed-precision recipe wins over the provider flags,
+    since Bridge copies it onto the model at ``ConfigContainer.validate()``."""
+    if isinstance(mixed_precision, str):
+        for name in ("bf16", "fp16"):
+            if mixed_precision.startswith(name) or f"_{name}" in mixed_precision:
+                return name
+    elif mixed_precision is not None:
+        if getattr(mixed_precision, "bf16", False):
+            return "bf16"
+        if getattr(mixed_precision, "fp16", False):
+            return "fp16"
+    if getattr(provider, "bf16", False):
+        return "bf16"
+    if getattr(provider, "fp16", False):
+        return "fp16"
+    return "fp32"
+
+
+def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
+    """Read the :class:`ModelFacts` off a Megatron-Bridge provider (GPT-family or Qwen3-VL).
+
+    Only attribute reads, so it works before ``finalize()`` and without a GPU.
+
+    Args:
+        provider: A ``GPTModelProvider`` (or subclass, with or without the ``cuda_graph`` block).
+        mixed_precision: The ConfigContainer's ``mixed_precision`` (a preset name or config), when known;
+            it decides the activation dtype of the static inputs.
+
+    Returns:
+        The facts.
+    """
+    tp = int(provider.tensor_model_parallel_size or 1)
+    ep = int(getattr(provider, "expert_model_parallel_size", 1) or 1)
+    etp = getattr(provider, "expert_tensor_parallel_size", None)
+    if etp is None:
+        # Bridge's default (models/transformer_config.py, _set_moe_expert_tensor_parallel_default), applied at
+        # finalize(): expert layers scale with ep instead of tp. Megatron-Core alone would use tp.
+        etp = 1 if ep > 1 else tp
+    num_layers = int(provider.num_layers)
+    heads = int(provider.num_attention_heads)
+    hidden = int(provider.hidden_size)
+    experts = getattr(provider, "num_moe_experts", None)
+    vision = None
+    vision_config = getattr(provider, "vision_config", None)
+    if vision_config is not None:
+        vision = VisionFacts(
+            depth=int(vision_config.depth),
+            hidden_size=int(vision_config.hidden_size),
+            num_heads=int(vision_config.num_heads),
+            patch_size=int(vision_config.patch_size),
+            temporal_patch_size=int(vision_config.temporal_patch_size),
+            spatial_merge_size=int(vision_config.spatial_merge_size),
+            deepstack_visual_indexes=tuple(getattr(vision_config, "deepstack_visual_indexes", None) or ()),
+            num_position_embeddings=getattr(vision_config, "num_position_embeddings", None),
+        )
+    return ModelFacts(
+        provider=type(provider).__name__,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        kv_channels=int(getattr(provider, "kv_channels", None) or hidden // heads),
+        seq_length=int(provider.seq_length),
+        tp=tp,
+        cp=int(getattr(provider, "context_parallel_size", 1) or 1),
+        pp=int(getattr(provider, "pipeline_model_parallel_size", 1) or 1),
+        ep=ep,
+        etp=int(etp),
+        sequence_parallel=bool(getattr(provider, "sequence_parallel", False)),
+        position_embedding_type=str(getattr(provider, "position_embedding_type", "rope")),
+        rotary_percent=float(getattr(provider, "rotary_percent", 1.0) or 1.0),
+        num_moe_experts=int(experts) if experts else None,
+        moe_layer_pattern=_moe_layer_pattern(getattr(provider, "moe_layer_freq", 1), num_layers, experts),
+        num_layers_in_first_pipeline_stage=getattr(provider, "num_layers_in_first_pipeline_stage", None),
+        num_layers_in_last_pipeline_stage=getattr(provider, "num_layers_in_last_pipeline_stage", None),
+        account_for_embedding_in_pipeline_split=bool(
+            getattr(provider, "account_for_embedding_in_pipeline_split", False)
+        ),
+        account_for_loss_in_pipeline_split=bool(getattr(provider, "account_for_loss_in_pipeline_split", False)),
+        has_pipeline_layout=getattr(provider, "pipeline_model_parallel_layout", None) is not None,
+        dtype=_dtype_name(provider, mixed_precision),
+        virtual_pipeline_size=getattr(provider, "virtual_pipeline_model_parallel_size", None),
+        vision_dp_when_cp=bool(getattr(provider, "vision_dp_when_cp", False)),
+        vision=vision,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True, slots=True)
+class LanguagePlan:
+    """The language model's graphs on each pipeline stage.
+
+    Attributes:
+        enabled: Whether language graphs are captured.
+        modules: Captured part of each layer; ``None`` captures whole layers.
+        layers_per_stage: Decoder layers each pipeline stage builds.
+        captured_per_stage: Of those, the layers with graphs (Megatron-Core's ``_layer_is_graphable``).
+        graphs_per_layer: Graphs per captured layer: 1 when ``pp == 1``, else one per micro-batch of the step
+            (with a pipeline several micro-batches are in flight, and each needs its own static buffers).
+        graphs_per_stage: Graphs each rank of a stage captures: ``captured x graphs_per_layer``.
+        static_inputs: Captured inputs of every graph, with shapes and dtypes.
+        warmup_steps: Eager steps before capture (None: the model's ``cuda_graph_warmup_steps``).
+    """
+
+    enabled: bool
+    modules: tuple[str, ...] | None
+    layers_per_stage: tuple[int, ...]
+    captured_per_stage: tuple[int, ...]
+    graphs_per_layer: int
+    graphs_per_stage: tuple[int, ...]
+    static_inputs: tuple[str, ...]
+    warmup_steps: int | None
+
+    @property
+    def graphs(self) -> int:
+        """Graphs on the busiest rank."""
+        return max(self.graphs_per_stage, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionPlan:
+    """The vision encoder's graphs: one set of ``depth`` layer graphs per token budget.
+
+    Attributes:
+        enabled: Whether vision graphs are captured.
+        depth: Encoder layers.
+        modules: Captured part of each layer; ``None`` captures whole layers.
+        token_budgets: Static lengths in patches, ascending; a micro-batch uses the smallest that holds it.
+        budgets_derived: The budgets were derived (``token_budgets: null``), not given.
+        max_patches_per_microbatch: Most patches one micro-batch can carry (the language sequence bounds it).
+        max_images_per_microbatch: Image frames a micro-batch may hold and replay (``cu_seqlens`` has two more
+            entries: the leading 0 and the padding segment).
+        images_derived: ``max_images_per_microbatch`` was derived, not given.
+        static_inputs: ``(budget, inputs)`` for every budget.
+        graphs: Graphs on each vision rank: ``depth x len(token_budgets)``.
+    """
+
+    enabled: bool
+    depth: int
+    modules: tuple[str, ...] | None
+    token_budgets: tuple[int, ...]
+    budgets_derived: bool
+    max_patches_per_microbatch: int
+    max_images_per_microbatch: int
+    images_derived: bool
+    static_inputs: tuple[tuple[int, tuple[str, ...]], ...]
+    graphs: int
+
+
+@dataclass(frozen=True, slots=True)
+class CapturePlan:
+    """Everything that will be captured, for one model on one world size.
+
+    Built by :func:`build_plan`; immutable, so the CLI, the capture code and the tests all read the same
+    decisions.
+
+    Attributes:
+        facts: The model numbers the plan was built from.
+        world_size: Ranks of the job.
+        micro_batch_size: Micro-batch size (static dimension of every language graph).
+        global_batch_size: Global batch size, when known.
+        num_microbatches: Micro-batches per step (explicit, or global batch / (micro batch x dp)); None when
+            it cannot be derived and no language graphs need it.
+        layouts: Resolved layouts, language first, then vision when the model has an encoder.
+        language: The language graphs.
+        vision: The vision graphs, or None for a text-only model.
+        on_capture_error: ``eager`` or ``raise``.
+    """
+
+    facts: ModelFacts
+    world_size: int
+    micro_batch_size: int
+    global_batch_size: int | None
+    num_microbatches: int | None
+    layouts: tuple[ResolvedLayout, ...]
+    language: LanguagePlan
+    vision: VisionPlan | None
+    on_capture_error: str
+
+    @property
+    def language_layout(self) -> ResolvedLayout:
+        """The language model's layout."""
+        return self.layouts[0]
+
+    @property
+    def vision_layout(self) -> ResolvedLayout | None:
+        """The vision encoder's layout, or None for a text-only model."""
+        return self.layouts[1] if len(self.layouts) > 1 else None
+
+    @property
+    def total_graphs(self) -> int:
+        """Graphs on the busiest rank (stage 0 holds the vision encoder and the first language layers)."""
+        vision = self.vision.graphs if self.vision is not None and self.vision.enabled else 0
+        language = self.language.graphs_per_stage[0] if self.language.graphs_per_stage else 0
+        return max(language + vision, self.language.graphs)
+
+    def describe(self) -> str:
+        """A readable multi-line block for logs and the CLI (at most 119 columns, no trailing newline)."""
+        f = self.facts
+        nmb = "n/a" if self.num_microbatches is None else str(self.num_microbatches)
+        gbs = "unset" if self.global_batch_size is None else str(self.global_batch_size)
+        ranks = "1 rank" if self.world_size == 1 else f"{self.world_size} ranks"
+        lines = [
+            f"capture plan: {f.provider} on {ranks}, {f.dtype}",
+            f"  micro-batch {self.micro_batch_size}, global batch {gbs}, micro-batches per step {nmb}",
+            format_layout(list(self.layouts)),
+        ]
+        lines += _describe_language(self.language, f)
+        if self.vision is not None:
+            lines += _describe_vision(self.vision, f, self.vision_layout)
+        if self.language.enabled or (self.vision is not None and self.vision.enabled):
+            lines.append(
+                f"busiest rank: {self.total_graphs} graphs; a failed capture "
+                + ("trains on eagerly (on_capture_error=eager)" if self.on_capture_error == "eager" else "stops")
+            )
+        return "\n".join(lines)
+
+
+def _modules_text(modules: tuple[str, ...] | None) -> str:
+    return "whole layers" if modules is None else "[" + ", ".join(modules) + "]"
+
+
+def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
+    if not language.enabled:
+        return [f"language: graphs off ({facts.num_layers} layers run eagerly)"]
+    stages = language.captured_per_stage
+    if len(stages) == 1:
+        layers = f"{stages[0]} layers"
+        per = "1 graph each (pp 1)"
+    else:
+        layers = "+".join(map(str, stages)) + f" layers on {len(stages)} stages"
+        per = f"{language.graphs_per_layer} graphs each (one per micro-batch of the step)"
+    lines = [
+        f"language: {layers} x {per} = {language.graphs} graphs per rank, {_modules_text(language.modules)}"
+        + ("" if language.warmup_steps is None else f", capture after {language.warmup_steps} steps"),
+        "  static inputs: " + language.static_inputs[0],
+    ]
+    lines += ["                 " + s for s in language.static_inputs[1:]]
+    return lines
+
+
+def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayout | None) -> list[str]:
+    assert facts.vision is not None
+    v = facts.vision
+    if not vision.enabled:
+        return [f"vision: graphs off ({vision.depth} layers run eagerly)"]
+    budgets = "[" + ", ".join(map(str, vision.token_budgets)) + "]"
+    where = "" if layout is None else f" on ranks {layout.rank_offset}-{layout.rank_offset + layout.size - 1}"
+    most = vision.max_patches_per_microbatch
+    mbs = most // (facts.seq_length * v.merge_unit)
+    budget_line = f"  budgets {budgets} patches"
+    if vision.budgets_derived:
+        budget_line += (
+            f", derived: S {facts.seq_length} x {v.spatial_merge_size}**2 x mbs {mbs} = {most} max, "
+            f"{LADDER_STEPS} rungs"
+        )
+    images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
+    if vision.images_derived:
+        images_line += (
+            f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "
+            "(images of >= 4x4 merged tokens)"
+        )
+    lines = [
+        f"vision: {vision.depth} layers x {len(vision.token_budgets)} budgets = {vision.graphs} graphs per rank"
+        f"{where}, {_modules_text(vision.modules)}",
+        budget_line,
+        images_line,
+        f"  a micro-batch with more than {vision.token_budgets[-1]} patches or more images runs eagerly (counted)",
+    ]
+    for budget, inputs in vision.static_inputs:
+        lines.append(f"  B={budget}: " + ", ".join(inputs))
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ derivation
+def _stage_layers(facts: ModelFacts, where: str) -> list[list[int]]:
+    """Global decoder-layer indices each pipeline stage builds, as Megatron-Core's ``get_num_layers_to_build``
+    and its layer offsets split them."""
+    pp, n = facts.pp, facts.num_layers
+    if facts.has_pipeline_layout:
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with model.pipeline_model_parallel_layout set: the plan cannot place a custom "
+            "layout yet; use num_layers_in_first/last_pipeline_stage instead or set the layout to null"
+        )
+    first, last = facts.num_layers_in_first_pipeline_stage, facts.num_layers_in_last_pipeline_stage
+    if pp == 1:
+        return [list(range(n))]
+    if first is not None or last is not None:
+        rest, stages_left = n - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if stages_left and rest % stages_left:
+            raise CudaGraphConfigError(
+                f"model.num_layers {n} minus the uneven first/last stages leaves {rest} layers for {stages_left} "
+                f"middle stages ({rest} % {stages_left} = {rest % stages_left}); change the uneven split"
+            )
+        counts = [rest // stages_left if stages_left else 0] * pp
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+    else:
+        extra = int(facts.account_for_embedding_in_pipeline_split) + int(facts.account_for_loss_in_pipeline_split)
+        if (n + extra) % pp:
+            raise CudaGraphConfigError(
+                f"model.num_layers {n}"
+                + (f" + {extra} (embedding/loss counted as layers)" if extra else "")
+                + f" is not divisible by model.pipeline_model_parallel_size {pp} "
+                f"({n + extra} % {pp} = {(n + extra) % pp}); Megatron needs an even split or an uneven "
+                "first/last stage"
+            )
+        counts = [(n + extra) // pp] * pp
+        counts[0] -= int(facts.account_for_embedding_in_pipeline_split)
+        counts[-1] -= int(facts.account_for_loss_in_pipeline_split)
+    vp = facts.virtual_pipeline_size or 1
+    if vp > 1 and len(set(counts)) == 1:
+        # Interleaved: chunk c of stage s holds layers [(c * pp + s) * per_chunk, ... + per_chunk).
+        per_chunk = counts[0] // vp
+        return [[(c * pp + s) * per_chunk + i for c in range(vp) for i in range(per_chunk)] for s in range(pp)]
+    offsets = [sum(counts[:s]) for s in range(pp)]
+    return [list(range(offsets[s], offsets[s] + counts[s])) for s in range(pp)]
+
+
+def _graphable(layer: int, facts: ModelFacts, modules: tuple[str, ...] | None) -> bool:
+    """Mirror of Megatron-Core's ``_layer_is_graphable`` (``cuda_graphs.py``) for transformer layers."""
+    if modules is None or "attn" in modules:
+        return True
+    is_moe = bool(facts.moe_layer_pattern) and facts.moe_layer_pattern[layer] == 1
+    if is_moe:
+        return any(m in modules for m in ("moe", "moe_router", "moe_preprocess"))
+    return "mlp" in modules
+
+
+def _language_static_inputs(facts: ModelFacts, mbs: int, modules: tuple[str, ...] | None) -> tuple[str, ...]:
+    s, cp, tp = facts.seq_length, facts.cp, facts.tp
+    if facts.sequence_parallel and tp > 1:
+        rows = f"S/cp/tp={s // cp // tp}"
+    else:
+        rows = f"S/cp={s // cp}"
+    inputs = [f"hidden_states ({rows}, mbs={mbs}, H={facts.hidden_size}) {facts.dtype}"]
+    if modules is None or "attn" in modules:
+        inputs.append(f"attention_mask (mbs={mbs}, 1, S/cp={s // cp}, S={s}) bool")
+        if facts.position_embedding_type == "mrope":
+            # Qwen3VLMultimodalRotaryEmbedding: (S, b, 1, 2 * dim/2) in fp32, sliced along cp (rope.py).
+            inputs.append(f"rotary_pos_emb (S/cp={s // cp}, mbs={mbs}, 1, {facts.rotary_dim}) fp32 (mRoPE)")
+        elif facts.position_embedding_type == "rope":
+            # RotaryEmbedding(seq): (S, 1, 1, dim) in fp32, the same for every sample; sliced along cp.
+            inputs.append(f"rotary_pos_emb (S/cp={s // cp}, 1, 1, {facts.rotary_dim}) fp32")
+    return tuple(inputs)
+
+
+def _vision_static_inputs(vision: VisionFacts, budget: int, images: int, dtype: str) -> tuple[str, ...]:
+    # Qwen3VLVisionModel: hidden_states[:, None] is (B, 1, Hv); the 2-D rotary table is
+    # Qwen3VLVisionRotaryEmbedding(head_dim // 2) looked up for (row, col), flattened to head_dim // 2 and
+    # repeated twice: (B, 1, 1, Hv / heads) fp32 (vision_model.py, rot_pos_emb and forward).
+    return (
+        f"hidden_states ({budget}, 1, {vision.hidden_size}) {dtype}",
+        f"rotary_pos_emb ({budget}, 1, 1, {vision.head_dim}) fp32",
+        # One boundary per image frame, one for the padding segment and the leading 0 (capture/vision.py).
+        f"cu_seqlens ({images + 2},) int32",
+    )
+
+
+def _derive_num_microbatches(cfg: CudaGraphConfig, *, mbs: int, gbs: int | None, dp: int, needed: bool) -> int | None:
+    per_step = mbs * dp
+    derived = gbs // per_step if gbs is not None and gbs % per_step == 0 else None
+    if cfg.num_microbatches is not None:
+        if derived is not None and derived != cfg.num_microbatches:
+            raise CudaGraphConfigError(
+                f"model.cuda_graph.num_microbatches={cfg.num_microbatches} but train.global_batch_size {gbs} / "
+                f"(micro batch {mbs} x dp {dp}) = {derived}; set it to {derived} or to null to derive it"
+            )
+        return cfg.num_microbatches
+    if derived is None and needed:
+        if gbs is None:
+            raise CudaGraphConfigError(
+                "model.cuda_graph.language.enabled=true needs the number of micro-batches per step, but "
+                "train.global_batch_size is unset; set it or model.cuda_graph.num_microbatches"
+            )
+        raise CudaGraphConfigError(
+            f"model.cuda_graph.language.enabled=true cannot derive the micro-batches per step: "
+            f"train.global_batch_size {gbs} is not divisible by micro batch {mbs} x dp {dp} = {per_step} "
+            f"({gbs} % {per_step} = {gbs % per_step}); use a multiple of {per_step} (e.g. "
+            f"{per_step * max(1, math.ceil(gbs / per_step))}) or change the world size"
+        )
+    return derived
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CudaGraphConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _plan_vision(
+    cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, layout: ResolvedLayout
+) -> VisionPlan:
+    where = "model.cuda_graph.vision"
+    merge = v.merge_unit
+    max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
+    modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
+    if not cfg.vision.enabled:
+        return VisionPlan(False, v.depth, modules, (), False, max_patches, 0, False, (), 0)
+    if facts.pp > 1:
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with model.pipeline_model_parallel_size={facts.pp}: vision graphs under a "
+            "language pipeline are not supported yet (the encoder's capture schedule would have to follow the "
+            f"1F1B schedule of stage 0); use pp 1 or set {where}.enabled=false"
+        )
+    if cfg.vision.token_budgets is None:
+        budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
+        derived = True
+    else:
+        budgets = list(cfg.vision.token_budgets)
+        derived = False
+        for i, b in enumerate(budgets):
+            name = f"{where}.token_budgets[{i}]"
+            if b < merge:
+                raise CudaGraphConfigError(
+                    f"{name}={b} is smaller than the smallest possible image: one merged token is "
+                    f"spatial_merge_size**2 = {v.spatial_merge_size}**2 = {merge} patches; use budgets >= {merge}"
+                )
+            if b % merge:
+                up = merge * math.ceil(b / merge)
+                raise CudaGraphConfigError(
+                    f"{name}={b} is not a multiple of spatial_merge_size**2 = {merge} ({b} % {merge} = {b % merge}); "
+                    f"budgets count patches (before the {v.spatial_merge_size}x{v.spatial_merge_size} merge): round "
+                    f"up to {up}, or if this looks like merged-token units multiply by {merge}: {b * merge}"
+                )
+    if cfg.vision.max_images_per_microbatch is None:
+        images = derive_max_segments(budgets, v.spatial_merge_size)
+        images_derived = True
+    else:
+        images = cfg.vision.max_images_per_microbatch
+        images_derived = False
+    inputs = tuple((b, _vision_static_inputs(v, b, images, facts.dtype)) for b in budgets)
+    return VisionPlan(
+        enabled=True,
+        depth=v.depth,
+        modules=modules,
+        token_budgets=tuple(budgets),
+        budgets_derived=derived,
+        max_patches_per_microbatch=max_patches,
+        max_images_per_microbatch=images,
+        images_derived=images_derived,
+        static_inputs=inputs,
+        graphs=v.depth * len(budgets),
+    )
+
+
+def build_plan(
+    facts: ModelFacts,
+    cfg: CudaGraphConfig,
+    *,
+    world_size: int,
+    micro_batch_size: int,
+    global_batch_size: int | None,
+) -> CapturePlan:
+    """Decide what will be captured, or refuse with an error that names the setting and the fix.
+
+    Args:
+        facts: The model (see :func:`model_facts`).
+        cfg: The ``model.cuda_graph`` block.
+        world_size: Ranks of the job.
+        micro_batch_size: ``train.micro_batch_size``.
+        global_batch_size: ``train.global_batch_size`` (None when unset).
+
+    Returns:
+        The plan.
+
+    Raises:
+        CudaGraphConfigError: A setting cannot be graphed (the message shows the arithmetic and the fix).
+        LayoutError: The parallel sizes do not fit the world size.
+    """
+    cfg.validate("model.cuda_graph")
+    _check_positive("world size", world_size)
+    _check_positive("train.micro_batch_size", micro_batch_size)
+    if global_batch_size is not None:
+        _check_positive("train.global_batch_size", global_batch_size)
+    v = facts.vision
+    if cfg.vision.enabled and v is None:
+        raise CudaGraphConfigError(
+            f"model.cuda_graph.vision.enabled=true but {facts.provider} has no vision encoder; set it to false "
+            "(vision graphs apply to Qwen3-VL providers)"
+        )
+    if v is not None and (facts.virtual_pipeline_size or 1) > 1:
+        raise CudaGraphConfigError(
+            f"model.virtual_pipeline_model_parallel_size={facts.virtual_pipeline_size} with Qwen3-VL: its provider "
+            "ignores vp_stage, so a virtual pipeline builds wrong chunks; set it to null"
+        )
+    vision_tp = cfg.vision.tensor_parallel_size
+    if v is not None and v.num_heads % vision_tp:
+        divisors = [d for d in range(1, v.num_heads + 1) if v.num_heads % d == 0]
+        raise CudaGraphConfigError(
+            f"model.cuda_graph.vision.tensor_parallel_size={vision_tp} does not divide the vision encoder's "
+            f"{v.num_heads} attention heads ({v.num_heads} % {vision_tp} = {v.num_heads % vision_tp}); "
+            f"use one of {divisors}"
+        )
+    resolved = resolve_submodules(
+        ParallelLayout(tp=facts.tp, cp=facts.cp, pp=facts.pp, ep=facts.ep, etp=facts.etp),
+        None
+        if v is None
+        else VisionLayout(tp=vision_tp, num_attention_heads=v.num_heads, vision_dp_when_cp=facts.vision_dp_when_cp),
+        world_size,
+    )
+    language_layout = resolved[Submodule.LANGUAGE]
+    num_mb = _derive_num_microbatches(
+        cfg, mbs=micro_batch_size, gbs=global_batch_size, dp=language_layout.dp, needed=cfg.language.enabled
+    )
+
+    lang = cfg.language
+    modules = tuple(lang.modules) if lang.modules is not None else None
+    if lang.enabled:
+        split = facts.seq_length // facts.cp
+        if facts.seq_length % facts.cp or (facts.sequence_parallel and facts.tp > 1 and split % facts.tp):
+            by = facts.cp * (facts.tp if facts.sequence_parallel and facts.tp > 1 else 1)
+            raise CudaGraphConfigError(
+                f"model.seq_length {facts.seq_length} is not divisible by cp {facts.cp}"
+                + (f" x tp {facts.tp} (sequence parallel)" if by != facts.cp else "")
+                + f" = {by} ({facts.seq_length} % {by} = {facts.seq_length % by}); the static hidden_states need "
+                f"equal slices: use a multiple of {by}"
+            )
+        stages = _stage_layers(facts, "model.cuda_graph.language")
+        captured = tuple(sum(_graphable(i, facts, modules) for i in layers) for layers in stages)
+        if not any(captured):
+            raise CudaGraphConfigError(
+                f"model.cuda_graph.language.modules={list(modules or [])} captures no layer of {facts.provider} "
+                f"({'all MoE' if facts.moe_layer_pattern and all(facts.moe_layer_pattern) else 'dense'} layers); "
+                "add 'attn' or set modules to null"
+            )
+        per_layer = 1 if facts.pp == 1 else int(num_mb or 1)
+        language = LanguagePlan(
+            enabled=True,
+            modules=modules,
+            layers_per_stage=tuple(len(s) for s in stages),
+            captured_per_stage=captured,
+            graphs_per_layer=per_layer,
+            graphs_per_stage=tuple(c * per_layer for c in captured),
+            static_inputs=_language_static_inputs(facts, micro_batch_size, modules),
+            warmup_steps=lang.warmup_steps,
+        )
+    else:
+        language = LanguagePlan(False, modules, (), (), 0, (), (), lang.warmup_steps)
+
+    vision = None
+    if v is not None:
+        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, layout=resolved[Submodule.VISION])
+    return CapturePlan(
+        facts=facts,
+        world_size=world_size,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=global_batch_size,
+        num_microbatches=num_mb,
+        layouts=tuple(resolved.values()),
+        language=language,
+        vision=vision,
+        on_capture_error=cfg.on_capture_error,
+    )

@@ -1,0 +1,175 @@
+"""``bridge-cudagraph``: the frozen verbs and flags, and ``plan`` / ``validate`` / error paths run for real as
+``python -m bridge_cudagraph`` subprocesses without a GPU (started together, since each imports the stack)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge_cudagraph.cli import VERBS, build_parser, parse_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The whole command-line surface. A new flag is a deliberate change of this table (torchtitan's
+#: test_no_new_cli_options); knobs belong in the recipe.
+FROZEN = {
+    "validate": {"recipe", "overrides", "--world-size"},
+    "plan": {"recipe", "overrides", "--world-size"},
+    "train": {"recipe", "overrides"},
+    "bench": {"recipe", "overrides"},
+}
+
+
+def _surface(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = {}
+    for verb, verb_parser in sub.choices.items():
+        names = set()
+        for action in verb_parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            names |= set(action.option_strings) if action.option_strings else {action.dest}
+        out[verb] = names
+    return out
+
+
+def test_verbs_and_flags_are_frozen():
+    """Exactly the four verbs, each with exactly its flags."""
+    assert VERBS == ("validate", "plan", "train", "bench")
+    assert _surface(build_parser()) == FROZEN
+
+
+def test_overrides_may_follow_flags():
+    """``key=value`` overrides are collected before and after ``--world-size``."""
+    args = parse_args(["plan", "r.yaml", "a.b=1", "--world-size", "8", "c=[1,2]"])
+    assert (args.verb, args.recipe, args.world_size, args.overrides) == ("plan", "r.yaml", 8, ["a.b=1", "c=[1,2]"])
+    assert parse_args(["train", "r.yaml"]).overrides == []
+
+
+def test_stray_arguments_are_refused(capsys):
+    """Anything that is not a flag of the verb or a key=value is a usage error (exit 2)."""
+    with pytest.raises(SystemExit) as info:
+        parse_args(["plan", "r.yaml", "--world", "8"])
+    assert info.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["train", "r.yaml", "--world-size", "8"])
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "bridge_cudagraph", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The slow subprocesses, started at once; each test waits for its own."""
+    started = {
+        "plan": _cli("plan", "recipes/qwen3_vl_8b_sft_graphs.yaml", "--world-size", "8"),
+        "validate": _cli(
+            "validate",
+            "recipes/qwen3_8b_sft_graphs.yaml",
+            "model.cuda_graph.language.modules=[attn]",
+            "--world-size",
+            "64",
+        ),
+        "unknown": _cli(
+            "validate", "recipes/qwen3_vl_8b_sft_graphs.yaml", "model.cuda_graph.vision.token_budget=[64]"
+        ),
+    }
+    results = {}
+
+    def result(name: str) -> tuple[int, str, str]:
+        if name not in results:
+            out, err = started[name].communicate(timeout=600)
+            results[name] = (started[name].returncode, out, err)
+        return results[name]
+
+    yield result
+    for process in started.values():
+        if process.poll() is None:
+            process.kill()
+
+
+def test_plan_prints_the_plan(runs):
+    """``plan`` at 8 GPUs prints layouts, graph counts and budgets to stdout, nothing else."""
+    code, out, err = runs("plan")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "recipe: recipes/qwen3_vl_8b_sft_graphs.yaml"
+    assert "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16" in lines
+    assert "  micro-batch 2, global batch 128, micro-batches per step 16" in lines
+    assert "  dense  tp 2 x cp 1 x dp 4 x pp 1 = 8" in lines and "  dense  tp 1 x cp 1 x dp 8 x pp 1 = 8" in lines
+    assert "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers" in lines
+    assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
+    assert lines[-1].startswith("busiest rank: 144 graphs")
+    assert max(map(len, lines)) <= 119
+
+
+def test_validate_says_ok_in_one_line(runs):
+    """``validate`` finalizes through Bridge at the given world size and prints one summary line."""
+    code, out, err = runs("validate")
+    assert code == 0, err
+    assert out == (
+        "ok: recipes/qwen3_8b_sft_graphs.yaml at 64 GPUs: language 36 + vision 0 graphs per rank, "
+        "2 micro-batches per step\n"
+    )
+
+
+def test_error_is_one_line_without_traceback(runs):
+    """A configuration error: exit 2, one ``error:`` line on stderr naming the setting, no traceback."""
+    code, out, err = runs("unknown")
+    assert code == 2 and out == ""
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: unknown setting model.cuda_graph.vision.token_budget (did you mean 'token_budgets'?); valid keys of "
+        "model.cuda_graph.vision: enabled, max_images_per_microbatch, modules, tensor_parallel_size, token_budgets, "
+        "warmup_steps"
+    ]
+    assert err.rstrip("\n").splitlines()[-1] == errors[0]
+
+
+def test_missing_recipe_file():
+    """Errors before any heavy import are just as short."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge_cudagraph", "validate", "no/such.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "error: recipe file no/such.yaml does not exist\n")
+
+
+@pytest.mark.parametrize("verb", ["train", "bench"])
+def test_gpu_verbs_fail_fast_without_cuda(verb):
+    """Without CUDA, ``train``/``bench`` stop before importing the Megatron stack or reading the recipe."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the verb would really run")
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge_cudagraph", verb, "no/such.yaml"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: {verb} needs a CUDA GPU") and "Traceback" not in done.stderr
+
+
+def test_console_script():
+    """The ``bridge-cudagraph`` entry point of pyproject is installed and lists the verbs."""
+    script = Path(sys.executable).parent / "bridge-cudagraph"
+    if not script.exists():
+        pytest.skip("the package is not installed as a distribution here (NGC path: python -m bridge_cudagraph)")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "{validate,plan,train,bench}" in done.stdout

@@ -1,0 +1,426 @@
+"""``bridge_cudagraph.plan``: plans built from plain numbers (no provider, no GPU), the expected graph counts and
+static shapes for Qwen3-VL 8B at 8 and 64 GPUs, and every refusal of ``build_plan`` with its arithmetic."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from bridge_cudagraph.budgets import derive_token_budgets
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, cuda_graph_config_from_dict
+from bridge_cudagraph.layout import LayoutError
+from bridge_cudagraph.plan import CapturePlan, ModelFacts, VisionFacts, build_plan, model_facts
+
+QWEN3_VL_VISION = VisionFacts(
+    depth=27,
+    hidden_size=1152,
+    num_heads=16,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    deepstack_visual_indexes=(8, 16, 24),
+    num_position_embeddings=2304,
+)
+
+
+def qwen3_vl_8b(**changes) -> ModelFacts:
+    """Qwen3-VL 8B as Bridge's SFT recipe builds it: TP 2, seq 4096, mRoPE, bf16."""
+    facts = ModelFacts(
+        provider="CudaGraphQwen3VLModelProvider",
+        num_layers=36,
+        hidden_size=4096,
+        num_attention_heads=32,
+        kv_channels=128,
+        seq_length=4096,
+        tp=2,
+        position_embedding_type="mrope",
+        vision=QWEN3_VL_VISION,
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def qwen3_8b(**changes) -> ModelFacts:
+    """Qwen3 8B (GPT family, standard RoPE): TP 4, seq 2048."""
+    facts = ModelFacts(
+        provider="CudaGraphGPTModelProvider",
+        num_layers=36,
+        hidden_size=4096,
+        num_attention_heads=32,
+        kv_channels=128,
+        seq_length=2048,
+        tp=4,
+        position_embedding_type="rope",
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def both_on(**vision) -> CudaGraphConfig:
+    return cuda_graph_config_from_dict({"language": {"enabled": True}, "vision": {"enabled": True, **vision}})
+
+
+LANGUAGE_ON = cuda_graph_config_from_dict({"language": {"enabled": True}})
+
+
+def plan(facts: ModelFacts, cfg: CudaGraphConfig, world: int = 8, mbs: int = 2, gbs: int | None = 128) -> CapturePlan:
+    return build_plan(facts, cfg, world_size=world, micro_batch_size=mbs, global_batch_size=gbs)
+
+
+# world size -> (language dp, micro-batches per step, vision dp)
+QWEN3_VL_8B_AT = {8: (4, 16, 8), 64: (32, 2, 64)}
+
+
+class TestQwen3VL8B:
+    @pytest.mark.parametrize("world", sorted(QWEN3_VL_8B_AT))
+    def test_expected_numbers(self, world):
+        """Layouts, micro-batches, graph counts, budgets and static shapes of the 8B recipe (mbs 2, gbs 128)."""
+        dp, num_mb, vision_dp = QWEN3_VL_8B_AT[world]
+        p = plan(qwen3_vl_8b(), both_on(), world=world)
+        assert (p.language_layout.tp, p.language_layout.dp, p.language_layout.pp) == (2, dp, 1)
+        assert (p.vision_layout.tp, p.vision_layout.dp, p.vision_layout.rank_offset) == (1, vision_dp, 0)
+        assert p.num_microbatches == num_mb
+        assert p.language.layers_per_stage == (36,) and p.language.captured_per_stage == (36,)
+        assert p.language.graphs_per_layer == 1 and p.language.graphs == 36
+        assert p.language.static_inputs == (
+            "hidden_states (S/cp=4096, mbs=2, H=4096) bf16",
+            "attention_mask (mbs=2, 1, S/cp=4096, S=4096) bool",
+            "rotary_pos_emb (S/cp=4096, mbs=2, 1, 128) fp32 (mRoPE)",
+        )
+        v = p.vision
+        assert v.token_budgets == (4096, 8192, 16384, 32768) and v.budgets_derived
+        assert v.max_patches_per_microbatch == 4096 * 4 * 2
+        assert v.max_images_per_microbatch == 32768 // (4 * 16) == 512 and v.images_derived
+        assert v.graphs == 27 * 4 == 108
+        assert dict(v.static_inputs)[4096] == (
+            "hidden_states (4096, 1, 1152) bf16",
+            "rotary_pos_emb (4096, 1, 1, 72) fp32",
+            "cu_seqlens (514,) int32",
+        )
+        assert p.total_graphs == 36 + 108
+
+    def test_given_budgets_are_kept(self):
+        """Budgets from the recipe are used as given, with the images bound derived from the largest."""
+        v = plan(qwen3_vl_8b(), both_on(token_budgets=[1024, 4096])).vision
+        assert v.token_budgets == (1024, 4096) and not v.budgets_derived
+        assert v.max_images_per_microbatch == 4096 // 64 and v.graphs == 54
+
+    def test_given_image_bound_is_kept(self):
+        """``max_images_per_microbatch`` sizes ``cu_seqlens`` (plus the leading 0 and the padding segment)."""
+        v = plan(qwen3_vl_8b(), both_on(max_images_per_microbatch=8)).vision
+        assert v.max_images_per_microbatch == 8 and not v.images_derived
+        assert all(inputs[2] == "cu_seqlens (10,) int32" for _, inputs in v.static_inputs)
+
+    def test_derived_budgets_are_the_capture_ladder(self):
+        """The plan derives exactly the budgets the vision capture derives (``bridge_cudagraph.budgets``)."""
+        vision_only = cuda_graph_config_from_dict({"vision": {"enabled": True}})
+        for seq, mbs in [(4096, 2), (256, 2), (4096, 1), (1000, 3)]:
+            v = plan(qwen3_vl_8b(seq_length=seq), vision_only, mbs=mbs, gbs=None).vision
+            assert list(v.token_budgets) == derive_token_budgets(seq, mbs, 2)
+
+    def test_vision_tp_splits_the_stage(self):
+        """Vision tp 2 on 8 GPUs: 4 vision dp groups of adjacent pairs (language tp pairs share images)."""
+        p = plan(qwen3_vl_8b(), both_on(tensor_parallel_size=2))
+        assert (p.vision_layout.tp, p.vision_layout.dp) == (2, 4)
+
+    def test_graphs_off_still_resolves_the_vision_layout(self):
+        """The encoder gets its own groups whether or not it is graphed."""
+        p = plan(qwen3_vl_8b(), CudaGraphConfig())
+        assert not p.language.enabled and not p.vision.enabled and p.vision_layout is not None
+        assert p.language.graphs == 0 and p.vision.graphs == 0 and p.total_graphs == 0
+
+    def test_plan_is_frozen(self):
+        """What will be done cannot be changed after planning."""
+        p = plan(qwen3_vl_8b(), both_on())
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            p.num_microbatches = 3  # type: ignore[misc]
+        assert not hasattr(p, "__dict__")  # slots
+
+
+class TestLanguage:
+    def test_gpt_rope_and_sequence_parallel_shapes(self):
+        """Standard RoPE is one table for the batch; sequence parallel splits hidden_states over tp."""
+        p = plan(qwen3_8b(sequence_parallel=True), LANGUAGE_ON, mbs=1, gbs=32)
+        assert p.vision is None and len(p.layouts) == 1
+        assert p.language.static_inputs == (
+            "hidden_states (S/cp/tp=512, mbs=1, H=4096) bf16",
+            "attention_mask (mbs=1, 1, S/cp=2048, S=2048) bool",
+            "rotary_pos_emb (S/cp=2048, 1, 1, 128) fp32",
+        )
+        assert p.num_microbatches == 32 // (1 * 2)
+
+    def test_context_parallel_slices_the_sequence(self):
+        """cp 2 halves the rows of every static input; the mask keeps the full key length."""
+        p = plan(qwen3_8b(cp=2, tp=2), LANGUAGE_ON, mbs=1, gbs=32)
+        assert p.language.static_inputs[0] == "hidden_states (S/cp=1024, mbs=1, H=4096) bf16"
+        assert p.language.static_inputs[1] == "attention_mask (mbs=1, 1, S/cp=1024, S=2048) bool"
+
+    def test_mlp_only_capture_has_no_attention_inputs(self):
+        """Without attention in the graph, no mask and no rotary table are captured."""
+        p = plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}}))
+        assert len(p.language.static_inputs) == 1
+
+    def test_pipeline_graphs_one_per_microbatch(self):
+        """With pp > 1 every layer needs one graph per micro-batch of the step."""
+        p = plan(qwen3_8b(tp=2, pp=4), LANGUAGE_ON, world=8, mbs=1, gbs=32)
+        assert p.language_layout.dp == 1 and p.num_microbatches == 32
+        assert p.language.layers_per_stage == (9, 9, 9, 9)
+        assert p.language.graphs_per_layer == 32 and p.language.graphs_per_stage == (288,) * 4
+
+    def test_explicit_microbatch_count(self):
+        """``num_microbatches`` is used when the global batch is unknown."""
+        cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "num_microbatches": 6})
+        p = plan(qwen3_8b(tp=2, pp=4), cfg, world=8, mbs=1, gbs=None)
+        assert p.num_microbatches == 6 and p.language.graphs_per_stage == (54,) * 4
+
+    def test_uneven_pipeline_split(self):
+        """First/last stage sizes as Megatron-Core's ``get_num_layers_to_build`` places them."""
+        facts = qwen3_8b(tp=2, pp=4, num_layers_in_first_pipeline_stage=8, num_layers_in_last_pipeline_stage=10)
+        assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.layers_per_stage == (8, 9, 9, 10)
+
+    def test_embedding_and_loss_count_as_layers(self):
+        """``account_for_*_in_pipeline_split`` takes a layer off the first/last stage."""
+        facts = qwen3_8b(
+            num_layers=38,
+            tp=2,
+            pp=4,
+            account_for_embedding_in_pipeline_split=True,
+            account_for_loss_in_pipeline_split=True,
+        )
+        assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.layers_per_stage == (9, 10, 10, 9)
+
+    def test_moe_modules_pick_layers(self):
+        """Per-module capture counts only the layers that have the module (``_layer_is_graphable``)."""
+        facts = qwen3_8b(num_layers=8, tp=2, pp=2, virtual_pipeline_size=2, num_moe_experts=4)
+        facts = dataclasses.replace(facts, moe_layer_pattern=(1, 0) * 4)  # MoE on even layers
+        mlp = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}})
+        router = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["moe_router"]}})
+        # interleaved: stage 0 holds layers 0, 1, 4, 5 and stage 1 holds 2, 3, 6, 7
+        assert plan(facts, mlp, world=4, mbs=1, gbs=8).language.captured_per_stage == (2, 2)
+        assert plan(facts, router, world=4, mbs=1, gbs=8).language.captured_per_stage == (2, 2)
+        assert plan(facts, LANGUAGE_ON, world=4, mbs=1, gbs=8).language.captured_per_stage == (4, 4)
+
+
+class TestModelFacts:
+    def provider(self, **changes):
+        fields = dict(
+            num_layers=4,
+            hidden_size=512,
+            num_attention_heads=8,
+            kv_channels=None,
+            seq_length=256,
+            tensor_model_parallel_size=2,
+            context_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            expert_model_parallel_size=1,
+            expert_tensor_parallel_size=None,
+            sequence_parallel=False,
+            position_embedding_type="rope",
+            num_moe_experts=None,
+            moe_layer_freq=1,
+            bf16=False,
+            fp16=False,
+        )
+        fields.update(changes)
+        return SimpleNamespace(**fields)
+
+    def test_reads_a_provider(self):
+        """Plain attribute reads; kv_channels defaults to hidden / heads."""
+        f = model_facts(self.provider())
+        assert (f.provider, f.num_layers, f.kv_channels, f.tp, f.etp, f.dtype, f.vision) == (
+            "SimpleNamespace",
+            4,
+            64,
+            2,
+            2,
+            "fp32",
+            None,
+        )
+
+    def test_expert_tp_follows_bridge(self):
+        """Unset expert tp is 1 under expert parallelism (Bridge's default), else tp (Megatron-Core's)."""
+        assert model_facts(self.provider(expert_model_parallel_size=4)).etp == 1
+        assert model_facts(self.provider(expert_model_parallel_size=4, expert_tensor_parallel_size=2)).etp == 2
+
+    @pytest.mark.parametrize(
+        ("mixed_precision", "flags", "dtype"),
+        [
+            ("bf16_mixed", {}, "bf16"),
+            ("fp16_with_fp8_delayed_scaling", {}, "fp16"),
+            (SimpleNamespace(bf16=True, fp16=False), {}, "bf16"),
+            (None, {"fp16": True}, "fp16"),
+            (None, {"bf16": True}, "bf16"),
+        ],
+    )
+    def test_dtype(self, mixed_precision, flags, dtype):
+        """The ConfigContainer's mixed precision wins over the provider flags (Bridge applies it at validate)."""
+        assert model_facts(self.provider(**flags), mixed_precision=mixed_precision).dtype == dtype
+
+    @pytest.mark.parametrize(
+        ("freq", "pattern"),
+        [(1, (1, 1, 1, 1)), (2, (1, 0, 1, 0)), ([0, 1, 1, 0], (0, 1, 1, 0)), ("[0]*2+[1]*2", (0, 0, 1, 1))],
+    )
+    def test_moe_layer_freq(self, freq, pattern):
+        """Megatron-Core's three spellings of ``moe_layer_freq``."""
+        assert model_facts(self.provider(num_moe_experts=8, moe_layer_freq=freq)).moe_layer_pattern == pattern
+
+    def test_moe_layer_freq_of_the_wrong_length(self):
+        """A per-layer list must cover every layer."""
+        with pytest.raises(CudaGraphConfigError, match=r"lists 3 layers but model\.num_layers is 4"):
+            model_facts(self.provider(num_moe_experts=8, moe_layer_freq=[1, 1, 1]))
+
+    def test_vision_config(self):
+        """Qwen3-VL's HF vision config becomes :class:`VisionFacts`."""
+        vision = SimpleNamespace(
+            depth=27,
+            hidden_size=1152,
+            num_heads=16,
+            patch_size=16,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            deepstack_visual_indexes=[8, 16, 24],
+            num_position_embeddings=2304,
+        )
+        f = model_facts(self.provider(vision_config=vision))
+        assert f.vision == QWEN3_VL_VISION and f.vision.head_dim == 72 and f.vision.merge_unit == 4
+
+
+# (facts, cfg, build_plan kwargs, error type, fragments the message must contain)
+ERRORS = [
+    (qwen3_vl_8b(), both_on(token_budgets=[2, 8]), {}, CudaGraphConfigError, ["token_budgets[0]=2", "2**2 = 4"]),
+    (
+        qwen3_vl_8b(),
+        both_on(token_budgets=[576, 1023]),
+        {},
+        CudaGraphConfigError,
+        ["token_budgets[1]=1023", "1023 % 4 = 3", "round up to 1024", "merged-token units multiply by 4: 4092"],
+    ),
+    (
+        qwen3_vl_8b(),
+        both_on(tensor_parallel_size=3),
+        {},
+        CudaGraphConfigError,
+        ["vision.tensor_parallel_size=3", "16 attention heads (16 % 3 = 1)", "[1, 2, 4, 8, 16]"],
+    ),
+    (qwen3_vl_8b(), both_on(tensor_parallel_size=16), {}, LayoutError, ["vision tp 16 does not divide the 8 ranks"]),
+    (qwen3_vl_8b(tp=4), both_on(), {"world_size": 6}, LayoutError, ["= 4 does not divide world size 6"]),
+    (
+        qwen3_vl_8b(tp=4, pp=2),
+        both_on(),
+        {},
+        CudaGraphConfigError,
+        ["pipeline_model_parallel_size=2", "not supported yet"],
+    ),
+    (
+        qwen3_vl_8b(virtual_pipeline_size=2),
+        CudaGraphConfig(),
+        {},
+        CudaGraphConfigError,
+        ["virtual_pipeline_model_parallel_size=2 with Qwen3-VL"],
+    ),
+    (
+        qwen3_vl_8b(),
+        both_on(),
+        {"global_batch_size": 100},
+        CudaGraphConfigError,
+        ["global_batch_size 100 is not divisible by micro batch 2 x dp 4 = 8 (100 % 8 = 4)", "multiple of 8"],
+    ),
+    (qwen3_vl_8b(), both_on(), {"global_batch_size": None}, CudaGraphConfigError, ["global_batch_size is unset"]),
+    (
+        qwen3_vl_8b(),
+        cuda_graph_config_from_dict({"language": {"enabled": True}, "num_microbatches": 4}),
+        {},
+        CudaGraphConfigError,
+        ["num_microbatches=4 but train.global_batch_size 128 / (micro batch 2 x dp 4) = 16"],
+    ),
+    (qwen3_8b(), both_on(), {}, CudaGraphConfigError, ["vision.enabled=true but", "no vision encoder"]),
+    (
+        qwen3_8b(seq_length=2050, sequence_parallel=True),
+        LANGUAGE_ON,
+        {},
+        CudaGraphConfigError,
+        ["model.seq_length 2050 is not divisible by cp 1 x tp 4 (sequence parallel) = 4 (2050 % 4 = 2)"],
+    ),
+    (
+        qwen3_8b(tp=2, pp=5, num_layers=36),
+        LANGUAGE_ON,
+        {"world_size": 10, "global_batch_size": 10},
+        CudaGraphConfigError,
+        ["num_layers 36 is not divisible by model.pipeline_model_parallel_size 5 (36 % 5 = 1)"],
+    ),
+    (
+        qwen3_8b(tp=2, pp=4, num_layers_in_first_pipeline_stage=7),
+        LANGUAGE_ON,
+        {"global_batch_size": 32},
+        CudaGraphConfigError,
+        ["leaves 29 layers for 3 middle stages (29 % 3 = 2)"],
+    ),
+    (
+        qwen3_8b(has_pipeline_layout=True, tp=2, pp=2),
+        LANGUAGE_ON,
+        {},
+        CudaGraphConfigError,
+        ["pipeline_model_parallel_layout"],
+    ),
+    (
+        dataclasses.replace(qwen3_8b(num_moe_experts=8), moe_layer_pattern=(1,) * 36),
+        cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}}),
+        {},
+        CudaGraphConfigError,
+        ["modules=['mlp'] captures no layer", "all MoE"],
+    ),
+    (qwen3_8b(), LANGUAGE_ON, {"world_size": 0}, CudaGraphConfigError, ["world size must be a positive integer"]),
+    (qwen3_8b(), LANGUAGE_ON, {"micro_batch_size": 0}, CudaGraphConfigError, ["train.micro_batch_size"]),
+    (qwen3_8b(), cuda_graph_config_from_dict({"on_capture_error": "raise"}), {"world_size": 3}, LayoutError, ["3"]),
+]
+
+
+@pytest.mark.parametrize(("facts", "cfg", "kwargs", "error", "fragments"), ERRORS, ids=range(len(ERRORS)))
+def test_build_plan_refuses(facts, cfg, kwargs, error, fragments):
+    """Every refusal names the setting and shows its arithmetic."""
+    arguments = {"world_size": 8, "micro_batch_size": 2, "global_batch_size": 128, **kwargs}
+    with pytest.raises(error) as info:
+        build_plan(facts, cfg, **arguments)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+class TestDescribe:
+    def test_block_for_the_8b_recipe(self):
+        """The readable block: header, layout tables, language and vision lines, at most 119 columns."""
+        text = plan(qwen3_vl_8b(), both_on()).describe()
+        lines = text.splitlines()
+        assert lines[0] == "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16"
+        assert lines[1] == "  micro-batch 2, global batch 128, micro-batches per step 16"
+        assert "language: ranks 0-7 of 8" in lines and "vision: ranks 0-7 of 8" in lines
+        assert "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers" in lines
+        assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
+        assert any("budgets [4096, 8192, 16384, 32768] patches" in line for line in lines)
+        assert lines[-1].startswith("busiest rank: 144 graphs")
+        assert max(map(len, lines)) <= 119 and not text.endswith("\n")
+
+    @pytest.mark.parametrize("world", [1, 8, 64, 512])
+    def test_lines_fit_the_log_width(self, world):
+        """Any world size and budget list stays within 119 columns."""
+        facts = qwen3_vl_8b(tp=1 if world == 1 else 2, seq_length=32768)
+        text = plan(facts, both_on(), world=world, gbs=2 * world).describe()
+        assert max(map(len, text.splitlines())) <= 119
+
+    def test_graphs_off_and_pipeline_lines(self):
+        """Off submodules say so; a pipeline lists its stages."""
+        off = plan(qwen3_vl_8b(), CudaGraphConfig()).describe()
+        assert "language: graphs off (36 layers run eagerly)" in off and "vision: graphs off" in off
+        assert "busiest rank" not in off
+        cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "on_capture_error": "raise"})
+        pipe = plan(qwen3_8b(tp=2, pp=4), cfg, mbs=1, gbs=32).describe()
+        assert "language: 9+9+9+9 layers on 4 stages x 32 graphs each" in pipe and "stops" in pipe
+
+
+def test_planning_imports_no_torch():
+    """``plan`` (with ``layout``, ``budgets`` and ``config``) is pure: it imports neither torch nor Megatron."""
+    code = "import sys, bridge_cudagraph.plan; sys.exit(any(m in sys.modules for m in ('torch', 'megatron')))"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
