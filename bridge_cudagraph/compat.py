@@ -60,3 +60,19 @@ def bridge_train_module():
     from megatron.bridge.training import train
 
     return train
+
+
+@functools.cache
+def bridge_builds_language_helper_by_name() -> bool:
+    """Megatron-Bridge 0.6.2 ``train()`` builds its language graph helper by calling the module-level name
+    ``TECudaGraphHelper`` of ``megatron.bridge.training.train`` at call time (``train.py:268-280``), so rebinding
+    that name reaches it (:mod:`bridge_cudagraph.bridge_loop`). A Bridge that builds it any other way would
+    capture a second time behind the plugin's back; :func:`bridge_cudagraph.bridge_loop.install` refuses then."""
+    source = inspect.getsource(bridge_train_module().train)
+    return "TECudaGraphHelper(" in source
+
+
+def init_signature(cls: type) -> inspect.Signature:
+    """The signature of ``cls.__init__``, as Bridge's ``"pg_collection" in inspect.signature(...)`` probe sees it
+    (megatron-core >= 0.17 adds ``pg_collection``, see :func:`helper_accepts_pg_collection`)."""
+    return inspect.signature(cls.__init__)

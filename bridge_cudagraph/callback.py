@@ -1,0 +1,449 @@
+"""``CudaGraphCallback``: the graphs' lifecycle inside Megatron-Bridge's training loop.
+
+Pass it to ``pretrain()``/``finetune()`` (:func:`bridge_cudagraph.train.main` does); constructing it installs
+:mod:`bridge_cudagraph.bridge_loop`, so Bridge's own capture stays inert and this callback is the one owner.
+
+What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):
+
+* ``on_train_start`` (``train.py:349``, after the model is in train mode, before the loop): build the provider's
+  helpers (:meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers`) with the plugin's own
+  micro-batch count, and remember the start step: the loaded iteration on resume, so a resumed run captures
+  again ``warmup`` steps later.
+* ``on_train_step_start`` (``train.py:454``, after Bridge's (inert) capture block, before the step): at the first
+  step with ``step - start >= warmup`` capture each submodule. With the distributed optimizer and
+  ``overlap_param_gather`` the DDP forward pre-hooks are disabled around capture (as Bridge does,
+  ``train.py:436-441``) when they are on, and the graphs' manual hooks are set once the pre-hooks are on: right
+  after capture, or, with ``warmup == 0``, at the next step, after Bridge has enabled them (``train.py:547``).
+  ``>=`` rather than Bridge's ``==``: an iteration Bridge skips (``iterations_to_skip``) never reaches the
+  callbacks, and capture must not be lost with it.
+* ``on_train_step_end``: count, and every ``logger.log_interval`` iterations report the counters (rank-0 line;
+  TensorBoard / W&B when Bridge has a writer).
+* evaluation needs nothing: Bridge's ``evaluate`` puts every chunk in eval mode (``eval.py:109``) and back
+  (``eval.py:384``); megatron-core routes a layer to its TE graph only when ``self.training``
+  (``transformer/module.py:353-362``), and TE's graphed forward falls back to eager when the module's mode differs
+  from capture (``transformer_engine/pytorch/graph.py:1305``). So evaluation runs eagerly, and training replays
+  again afterwards.
+* ``on_train_end`` (``train.py:810``) and Bridge's ``_delete_cuda_graphs`` (``train.py:768``, reached through
+  :class:`~bridge_cudagraph.bridge_loop.CallbackOwnedGraphs` also on the early-exit path that skips
+  ``on_train_end``): delete every graph. Both come before Bridge destroys its global state and process groups
+  (``pretrain.py:199``, ``215``), so graphs holding NCCL buffers cannot hang the exit.
+
+The decisions are in :class:`GraphLifecycle` and small pure functions, which the CPU tests drive with fake
+helpers and a fake loop; the callback only translates Bridge's ``CallbackContext`` into them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from megatron.bridge.training.callbacks import Callback
+
+from bridge_cudagraph import bridge_loop
+from bridge_cudagraph.config import CudaGraphConfigError
+
+logger = logging.getLogger("bridge_cudagraph")
+
+_MIB = 2**20
+
+
+class PreHooks(Protocol):
+    """The DDP forward pre-hooks of the model chunks, as the lifecycle needs to see and toggle them."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the pre-hooks are registered now."""
+        ...
+
+    def disable(self) -> None:
+        """Remove them, without a parameter sync (capture must not start collectives)."""
+        ...
+
+    def enable(self) -> None:
+        """Register them again."""
+        ...
+
+
+class ForwardPreHooks:
+    """:class:`PreHooks` of Megatron DDP chunks, toggled with Bridge's own functions."""
+
+    def __init__(self, model: Sequence[Any]) -> None:
+        self.model = list(model)
+
+    @property
+    def enabled(self) -> bool:
+        """Megatron DDP keeps one removal handle per hooked module while the pre-hooks are on."""
+        return any(getattr(chunk, "remove_forward_pre_hook_handles", None) for chunk in self.model)
+
+    def disable(self) -> None:
+        """``train.disable_forward_pre_hook(model, param_sync=False)``, as Bridge around its capture."""
+        from megatron.bridge.training.train import disable_forward_pre_hook
+
+        disable_forward_pre_hook(self.model, param_sync=False)
+
+    def enable(self) -> None:
+        """``train.enable_forward_pre_hook(model)``."""
+        from megatron.bridge.training.train import enable_forward_pre_hook
+
+        enable_forward_pre_hook(self.model)
+
+
+class Phase(enum.Enum):
+    """Where one helper is in its lifecycle."""
+
+    PENDING = "pending"
+    """Waiting for its warmup steps."""
+    CAPTURED = "captured"
+    """Graphs exist and replay in training steps."""
+    EMPTY = "empty"
+    """Capture ran and found nothing to graph on this rank (e.g. no graphable layer on this pipeline stage)."""
+    FAILED = "failed"
+    """Capture failed; the submodule trains eagerly."""
+    DELETED = "deleted"
+    """Graphs freed at the end of training."""
+
+
+@dataclass
+class GraphSlot:
+    """One helper (one submodule's graphs) and what the lifecycle did with it."""
+
+    helper: Any
+    submodule: str
+    warmup: int
+    phase: Phase = Phase.PENDING
+    captured_at: int | None = None
+    manual_hooks: bool = False
+    graphed_steps: int = 0
+    failure: str | None = None
+
+    def counters(self) -> dict[str, int]:
+        """The numbers reported every ``log_interval``."""
+        stats = getattr(self.helper, "stats", None)
+        return {
+            "graphs": int(getattr(stats, "graphs", 0)),
+            "graphed_steps": self.graphed_steps,
+            "replays": int(getattr(stats, "replays", 0)),
+            "eager_fallbacks": int(getattr(stats, "eager_fallbacks", 0)),
+        }
+
+
+def plugin_num_microbatches(
+    explicit: int | None, *, global_batch_size: int, micro_batch_size: int, data_parallel_size: int
+) -> int:
+    """Micro-batches per step for capture: ``cuda_graph.num_microbatches``, else global / (micro x data-parallel).
+
+    The plugin never reads Megatron's global micro-batch calculator (see
+    :func:`~bridge_cudagraph.capture.common.explicit_num_microbatches`).
+    """
+    if explicit is not None:
+        return explicit
+    per_step = micro_batch_size * data_parallel_size
+    if global_batch_size % per_step:
+        raise CudaGraphConfigError(
+            f"train.global_batch_size={global_batch_size} is not a multiple of micro_batch_size x data-parallel "
+            f"size = {micro_batch_size} x {data_parallel_size}; fix the batch sizes or set "
+            "model.cuda_graph.num_microbatches"
+        )
+    return global_batch_size // per_step
+
+
+def warmup_steps(cuda_graph, submodule: str, model_warmup: int) -> int:
+    """A submodule's eager steps before capture: its ``warmup_steps``, else the model's ``cuda_graph_warmup_steps``."""
+    block = cuda_graph.vision if submodule == "vision" else cuda_graph.language
+    return block.warmup_steps if block.warmup_steps is not None else model_warmup
+
+
+class GraphLifecycle:
+    """When to capture, when to set manual hooks, what to delete: for every helper of one training run.
+
+    Args:
+        slots: One :class:`GraphSlot` per helper, language first.
+        start_step: The loop's first step (the loaded iteration when resuming).
+        toggles_pre_hooks: Whether the run uses DDP forward pre-hooks (distributed optimizer with
+            ``overlap_param_gather``, no FSDP): Bridge's ``should_disable_forward_pre_hook``.
+        on_capture_error: ``"eager"``: a helper that raises is logged once and left eager; ``"raise"``: re-raise.
+    """
+
+    def __init__(
+        self,
+        slots: Sequence[GraphSlot],
+        *,
+        start_step: int,
+        toggles_pre_hooks: bool,
+        on_capture_error: str = "eager",
+    ) -> None:
+        self.slots = list(slots)
+        self.start_step = start_step
+        self.toggles_pre_hooks = toggles_pre_hooks
+        self.on_capture_error = on_capture_error
+
+    def due(self, step: int) -> list[GraphSlot]:
+        """The slots to capture before training step ``step``."""
+        return [s for s in self.slots if s.phase is Phase.PENDING and step - self.start_step >= s.warmup]
+
+    def capture(self, step: int, hooks: PreHooks) -> list[GraphSlot]:
+        """Capture every due slot, the pre-hooks off around it when they are on; returns the slots attempted."""
+        due = self.due(step)
+        if not due:
+            return []
+        toggle = self.toggles_pre_hooks and hooks.enabled
+        if toggle:
+            hooks.disable()
+        try:
+            for slot in due:
+                self._capture_one(slot, step)
+        finally:
+            if toggle:
+                hooks.enable()
+        return due
+
+    def _capture_one(self, slot: GraphSlot, step: int) -> None:
+        slot.captured_at = step
+        try:
+            slot.helper.create_cudagraphs()
+        except Exception as error:
+            slot.phase = Phase.FAILED
+            slot.failure = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+            if self.on_capture_error == "raise":
+                raise
+            logger.warning(
+                "bridge_cudagraph: %s capture failed, training on eagerly. Cause: %s", slot.submodule, slot.failure
+            )
+            return
+        if slot.helper.graphs_created():
+            slot.phase = Phase.CAPTURED
+            return
+        # The helper handled its own failure (and warned, see capture.common.abandon_capture), or had nothing to do.
+        slot.failure = getattr(getattr(slot.helper, "stats", None), "failed", None)
+        slot.phase = Phase.FAILED if slot.failure else Phase.EMPTY
+
+    def set_manual_hooks(self, hooks: PreHooks) -> list[GraphSlot]:
+        """Re-create, for replay, the pre-hooks that graphs bypass: once per captured slot, when the pre-hooks are on.
+
+        Before they are on (``warmup == 0``: Bridge enables them after the first step) the manual hooks would start a
+        parameter all-gather the first step never waits for; Bridge sets them at that point too (``train.py:547-557``).
+        """
+        if not (self.toggles_pre_hooks and hooks.enabled):
+            return []
+        todo = [s for s in self.slots if s.phase is Phase.CAPTURED and not s.manual_hooks]
+        for slot in todo:
+            slot.helper.cuda_graph_set_manual_hooks()
+            slot.manual_hooks = True
+        return todo
+
+    def step_done(self) -> None:
+        """Count a training step for every slot whose graphs replayed in it."""
+        for slot in self.slots:
+            if slot.phase is Phase.CAPTURED:
+                slot.graphed_steps += 1
+
+    def teardown(self) -> list[GraphSlot]:
+        """Delete every graph; idempotent. A failing delete is logged and does not stop the others."""
+        deleted = []
+        for slot in self.slots:
+            if slot.phase is not Phase.CAPTURED:
+                continue
+            try:
+                if slot.helper.graphs_created():
+                    slot.helper.delete_cuda_graphs()
+            except Exception as error:
+                logger.warning("bridge_cudagraph: deleting the %s graphs failed: %s", slot.submodule, error)
+            slot.phase = Phase.DELETED
+            slot.manual_hooks = False
+            deleted.append(slot)
+        return deleted
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per-submodule counters (helpers of one submodule summed)."""
+        out: dict[str, dict[str, int]] = {}
+        for slot in self.slots:
+            total = out.setdefault(slot.submodule, {})
+            for key, value in slot.counters().items():
+                total[key] = total.get(key, 0) + value
+        return out
+
+
+def capture_summary(slots: Sequence[GraphSlot], *, step: int, start_step: int) -> str:
+    """The rank-0 block printed after a capture: graphs per submodule, seconds, graph memory, status."""
+    lines = [f"bridge_cudagraph: CUDA graph capture before step {step} (loop started at {start_step})"]
+    lines.append(f"  {'submodule':<10} {'graphs':>6} {'layers':>6} {'seconds':>8} {'MiB':>9}  status")
+    for slot in slots:
+        stats = getattr(slot.helper, "stats", None)
+        status = slot.phase.value if slot.failure is None else f"{slot.phase.value}, eager: {slot.failure}"
+        lines.append(
+            f"  {slot.submodule:<10} {int(getattr(stats, 'graphs', 0)):>6} {int(getattr(stats, 'layers', 0)):>6} "
+            f"{float(getattr(stats, 'seconds', 0.0)):>8.2f} {getattr(stats, 'graph_memory_bytes', 0) / _MIB:>9.1f}  "
+            f"{status}"
+        )
+    return "\n".join(lines)
+
+
+def _print_rank0(message: str) -> None:
+    from megatron.bridge.utils.common_utils import print_rank_0
+
+    print_rank_0(message)
+
+
+def _helpers_of(provider, model, *, micro_batch_size, num_microbatches, optimizers):
+    return provider.make_graph_helpers(
+        model, micro_batch_size=micro_batch_size, num_microbatches=num_microbatches, optimizers=optimizers
+    )
+
+
+class CudaGraphCallback(Callback):
+    """Captures, hooks up, reports and deletes the per-layer graphs of a ``bridge_cudagraph`` provider.
+
+    A no-op for any other model, so it can always be passed. See the module docstring for the event order.
+
+    Args:
+        helper_factory: ``(provider, model, *, micro_batch_size, num_microbatches, optimizers) -> helpers``;
+            default ``provider.make_graph_helpers``. A seam for tests and for callers that build helpers themselves.
+        hooks_factory: ``model -> PreHooks``; default :class:`ForwardPreHooks` (Bridge's toggles).
+    """
+
+    def __init__(
+        self,
+        *,
+        helper_factory: Callable[..., Sequence[Any]] | None = None,
+        hooks_factory: Callable[[Sequence[Any]], PreHooks] | None = None,
+    ) -> None:
+        bridge_loop.install()
+        bridge_loop.register_callback(self)
+        self._helper_factory = helper_factory or _helpers_of
+        self._hooks_factory = hooks_factory or ForwardPreHooks
+        self.lifecycle: GraphLifecycle | None = None
+        self._provider = None
+        self._hooks: PreHooks | None = None
+
+    # ------------------------------------------------------------------ Bridge events
+    def on_train_start(self, context) -> None:
+        """Build the helpers and record the start step (the loaded iteration when resuming)."""
+        from megatron.core.utils import get_model_config
+
+        from bridge_cudagraph.providers import is_graph_provider
+
+        self.release_graphs()  # a previous train() in this process (in-process restart) left graphs behind
+        provider = get_model_config(context.model[0])
+        if not is_graph_provider(provider) or not provider.cuda_graph.any_enabled:
+            self.lifecycle = None
+            return
+        if provider.cuda_graph.language.enabled and not bridge_loop.installed():
+            raise RuntimeError(
+                "bridge_cudagraph.bridge_loop was uninstalled, so Megatron-Bridge would capture the language graphs "
+                "a second time; call bridge_cudagraph.bridge_loop.install() before pretrain()/finetune()"
+            )
+        cfg = context.state.cfg
+        count = plugin_num_microbatches(
+            provider.cuda_graph.num_microbatches,
+            global_batch_size=cfg.train.global_batch_size,
+            micro_batch_size=cfg.train.micro_batch_size,
+            data_parallel_size=_language_dp_size(provider, context.model),
+        )
+        helpers = self._helper_factory(
+            provider,
+            context.model,
+            micro_batch_size=cfg.train.micro_batch_size,
+            num_microbatches=count,
+            optimizers=[context.optimizer],
+        )
+        slots = []
+        for helper in helpers:
+            submodule = helper.stats.submodule
+            warmup = warmup_steps(provider.cuda_graph, submodule, provider.cuda_graph_warmup_steps)
+            slots.append(GraphSlot(helper, submodule, warmup))
+        start = context.state.train_state.step
+        self.lifecycle = GraphLifecycle(
+            slots,
+            start_step=start,
+            toggles_pre_hooks=_toggles_pre_hooks(cfg),
+            on_capture_error=provider.cuda_graph.on_capture_error,
+        )
+        self._provider = provider
+        self._hooks = self._hooks_factory(context.model)
+        bridge_loop.claim(provider, self)
+        plan = ", ".join(f"{s.submodule} before step {start + s.warmup}" for s in slots) or "nothing"
+        _print_rank0(f"bridge_cudagraph: {count} micro-batch(es) per step; will capture {plan}")
+
+    def on_train_step_start(self, context) -> None:
+        """Capture what is due, then set manual hooks where the pre-hooks are on."""
+        lifecycle = self.lifecycle
+        if lifecycle is None:
+            return
+        step = context.state.train_state.step
+        due = lifecycle.due(step)
+        if due:
+            _print_rank0(
+                f"bridge_cudagraph: capturing {', '.join(s.submodule for s in due)} CUDA graphs before step {step} ..."
+            )
+            try:
+                lifecycle.capture(step, self._hooks)
+            except BaseException:  # on_capture_error="raise": free what exists before Bridge aborts the groups
+                self.release_graphs()
+                raise
+            _print_rank0(capture_summary(due, step=step, start_step=lifecycle.start_step))
+        lifecycle.set_manual_hooks(self._hooks)
+
+    def on_train_step_end(self, context) -> None:
+        """Count graphed steps; report the counters every ``logger.log_interval`` iterations."""
+        lifecycle = self.lifecycle
+        if lifecycle is None:
+            return
+        lifecycle.step_done()
+        iteration = context.state.train_state.step + 1  # Bridge increments the step after this event
+        interval = context.state.cfg.logger.log_interval
+        if interval and iteration % interval == 0 and any(s.phase is not Phase.PENDING for s in lifecycle.slots):
+            self._report(context.state, iteration, lifecycle.counters())
+
+    def on_train_end(self, context) -> None:
+        """Delete every graph (before Bridge destroys its process groups)."""
+        self.release_graphs()
+
+    # ------------------------------------------------------------------ owner protocol (bridge_loop)
+    def release_graphs(self) -> None:
+        """Delete every graph this callback captured; idempotent. Bridge's teardown reaches it via bridge_loop."""
+        lifecycle = self.lifecycle
+        if lifecycle is None:
+            return
+        deleted = lifecycle.teardown()
+        if self._provider is not None:
+            bridge_loop.unclaim(self._provider, self)
+        if deleted:
+            _print_rank0(
+                "bridge_cudagraph: deleted the "
+                + ", ".join(f"{s.submodule} ({s.graphed_steps} graphed steps)" for s in deleted)
+                + " CUDA graphs"
+            )
+
+    def _report(self, state, iteration: int, counters: dict[str, dict[str, int]]) -> None:
+        parts = [f"{sub}: " + " ".join(f"{k}={v}" for k, v in values.items()) for sub, values in counters.items()]
+        _print_rank0(f"bridge_cudagraph [iteration {iteration}] " + " | ".join(parts))
+        flat = {f"cuda_graph/{sub}/{k}": v for sub, values in counters.items() for k, v in values.items()}
+        writer = state.tensorboard_logger
+        if writer is not None:
+            for key, value in flat.items():
+                writer.add_scalar(key, value, iteration)
+        wandb = state.wandb_logger
+        if wandb is not None:
+            wandb.log(flat, iteration)
+
+
+def _toggles_pre_hooks(cfg) -> bool:
+    """Bridge's own rule for runs with DDP forward pre-hooks (``train.py:255``)."""
+    from megatron.bridge.training.train import should_disable_forward_pre_hook
+
+    return should_disable_forward_pre_hook(
+        cfg.ddp.use_megatron_fsdp, cfg.optimizer.use_distributed_optimizer, cfg.ddp.overlap_param_gather
+    )
+
+
+def _language_dp_size(provider, model) -> int:
+    """Data-parallel size of the language collection: the one Bridge handed the provider, else the model's."""
+    pgc = getattr(provider, "_pg_collection", None)
+    if pgc is None:
+        from megatron.bridge.training.utils.pg_utils import get_pg_collection
+
+        pgc = get_pg_collection(model)
+    return pgc.dp.size()
