@@ -1,0 +1,1402 @@
+"""``bridge-cudagraph bench``: eager vs upstream's graphs vs ours, same model, weights and batches, one GPU.
+
+For each configuration, in one process on one GPU under pure M4 process groups
+(:func:`bridge_cudagraph.harness.world.init_world`), the same model is trained three ways, one after the other
+(each variant freed before the next is built; the initial weights are kept as a CPU state dict):
+
+1. ``eager``: graphs off (our provider with an empty ``cuda_graph`` block);
+2. ``upstream``: the host provider with ``cuda_graph_impl="transformer_engine"`` and
+   ``vision_cuda_graph_impl="transformer_engine"``, and the helpers built exactly as Megatron-Bridge 0.6.2's
+   ``train()`` builds them (``train.py:268-303``): megatron-core's ``TECudaGraphHelper`` and
+   ``VisionTECudaGraphHelper`` under the language collection, with Megatron's global micro-batch calculator;
+3. ``ours``: :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision).
+
+Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps``
+timed training steps (Megatron's schedule + distributed optimizer, as :func:`bridge_cudagraph.harness.parity.
+train_steps`), a few profiled steps (GPU-busy fraction), then a per-token-loss check on one fixed batch with the
+initial weights copied back in. Results go to ``bench.json``; :func:`bridge_cudagraph.bench_report.render` turns it
+into ``bench.md`` and ``bench.png`` (also on a machine without a GPU).
+
+Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the recipe the CLI loads is not used:
+
+* ``tiny``: :mod:`bridge_cudagraph.harness.tiny`'s Qwen3-VL (4 + 4 layers), seq 256, micro-batch 2, four micro-batches
+  of 1-8 images (the GPU tests' sets);
+* ``small-mbs{1,2}-seq{2048,4096}``: a Qwen3-VL-2B-like model with the real shapes (language 28 x 2048, 16 heads,
+  8 KV groups, FFN 6144, vocab 151936 with the real special token ids, mRoPE [24, 20, 20]; vision 24 x 1024,
+  16 heads, FFN 4096, patch 16, merge 2, deepstack [5, 11, 17]), four micro-batches of 1-4 images of varied sizes
+  per sample.
+
+``--quick`` runs ``tiny`` and ``small-mbs1-seq2048``; the default runs the whole matrix.
+
+Run: ``python -m bridge_cudagraph.bench --out results/bench [--quick] [--configs NAME,...]``, or through the CLI,
+``BRIDGE_CUDAGRAPH_BENCH_ARGS="--quick --out DIR" bridge-cudagraph bench RECIPE.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import inspect
+import json
+import logging
+import math
+import os
+import platform
+import random
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bridge_cudagraph.bench_report import render
+
+logger = logging.getLogger("bridge_cudagraph.bench")
+
+VARIANTS = ("eager", "upstream", "ours")
+DEFAULT_MEASURED_STEPS = 30
+DEFAULT_WARMUP_STEPS = 3
+SEED = 1234
+
+#: Qwen3-VL's real vocabulary and special token ids (HF ``Qwen/Qwen3-VL-2B-Instruct`` config).
+QWEN3_VL_VOCAB = 151936
+QWEN3_VL_TOKENS = {
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+#: Random text is drawn below the first special id.
+QWEN3_VL_TEXT_END = 151643
+
+#: Image grids ``(t, h, w)`` in patches for the small model: 196 to 4096 patches (49 to 1024 merged tokens).
+SMALL_IMAGE_POOL: tuple[tuple[int, int, int], ...] = (
+    (1, 14, 14),
+    (1, 20, 28),
+    (1, 28, 28),
+    (1, 24, 32),
+    (1, 30, 40),
+    (1, 36, 48),
+    (1, 48, 48),
+    (1, 44, 60),
+    (1, 64, 64),
+)
+
+#: The GPU tests' image sets for the tiny model (micro-batch 2): one, three, eight images, a two-frame video.
+TINY_IMAGE_SETS: tuple = (
+    (((1, 8, 8),), ()),
+    (((1, 8, 8), (1, 12, 8)), ((1, 16, 12),)),
+    (
+        ((1, 4, 4), (1, 8, 4), (1, 8, 8), (1, 4, 12)),
+        ((1, 12, 8), (1, 8, 16), (1, 12, 16), (1, 12, 12)),
+    ),
+    (((2, 8, 8),), ()),
+)
+
+_MERGE = 2
+#: Tokens one image takes besides its image tokens: vision start/end and up to 7 text tokens before it.
+_IMAGE_OVERHEAD_TOKENS = 9
+_STEP_MARK = "bench_step_"
+
+
+# ============================================================================================ configurations
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark configuration: a model, static shapes and the micro-batches cycled through."""
+
+    name: str
+    model: str
+    """``"tiny"`` or ``"small"``."""
+    seq_length: int
+    micro_batch_size: int
+    image_sets: tuple
+    """One entry per distinct micro-batch: per sample, a tuple of image grids ``(t, h, w)`` in patches."""
+    num_microbatches: int = 1
+    description: str = ""
+    budget_round: int = 256
+    """The largest vision budget is the data's largest micro-batch (in patches) rounded up to this."""
+
+    def patches_per_microbatch(self) -> list[int]:
+        """Vision patches of each distinct micro-batch."""
+        return [sum(t * h * w for sample in mb for (t, h, w) in sample) for mb in self.image_sets]
+
+    def frames_per_microbatch(self) -> list[int]:
+        """Attention segments (image frames) of each distinct micro-batch."""
+        return [sum(t for sample in mb for (t, _, _) in sample) for mb in self.image_sets]
+
+    def vision_budgets(self) -> list[int]:
+        """Ours: a ladder of :data:`bridge_cudagraph.budgets.LADDER_STEPS` budgets from the data's largest
+        micro-batch down (halvings), each a multiple of ``merge**2`` (what ``derive_token_budgets`` does from the
+        sequence bound, here from the batches)."""
+        from bridge_cudagraph.budgets import LADDER_STEPS, round_up
+
+        unit = _MERGE * _MERGE
+        top = round_up(max([*self.patches_per_microbatch(), unit]), max(unit, self.budget_round))
+        return sorted({round_up(max(unit, top >> step), unit) for step in range(LADDER_STEPS)})
+
+    def vision_max_segments(self) -> int:
+        """Ours: the static ``cu_seqlens`` length (the plugin's default, or more if the data has more frames)."""
+        from bridge_cudagraph.budgets import derive_max_segments
+
+        return max(derive_max_segments(self.vision_budgets(), _MERGE), *self.frames_per_microbatch())
+
+    def upstream_vision_seq_length(self) -> int:
+        """Upstream: one ``max_vision_cuda_graph_seq_length`` that holds the largest micro-batch (patches)."""
+        return self.vision_budgets()[-1]
+
+    def as_dict(self) -> dict:
+        """For ``bench.json``."""
+        return {
+            "name": self.name,
+            "model": self.model,
+            "description": self.description,
+            "seq_length": self.seq_length,
+            "micro_batch_size": self.micro_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "images": [[list(map(list, sample)) for sample in mb] for mb in self.image_sets],
+            "patches_per_microbatch": self.patches_per_microbatch(),
+            "frames_per_microbatch": self.frames_per_microbatch(),
+            "vision_budgets": self.vision_budgets(),
+            "vision_max_segments": self.vision_max_segments(),
+            "upstream_vision_seq_length": self.upstream_vision_seq_length(),
+        }
+
+
+def image_tokens(grid: tuple[int, int, int], merge: int = _MERGE) -> int:
+    """Language tokens one image takes (``t*h*w / merge**2``)."""
+    t, h, w = grid
+    return t * h * w // (merge * merge)
+
+
+def image_mix(
+    seq_length: int,
+    micro_batch_size: int,
+    *,
+    batches: int = 4,
+    seed: int = 0,
+    fill: float = 0.6,
+    pool: Sequence[tuple[int, int, int]] = SMALL_IMAGE_POOL,
+) -> tuple:
+    """``batches`` micro-batches; sample ``s`` of micro-batch ``b`` holds ``1 + (b + 2s) % 4`` images drawn (seeded,
+    weighted by size) from ``pool`` such that its image tokens and their delimiters stay within
+    ``fill * seq_length``."""
+    rng = random.Random(seed)
+    cap = int(seq_length * fill)
+    out = []
+    for b in range(batches):
+        samples = []
+        for s in range(micro_batch_size):
+            n = 1 + (b + 2 * s) % 4
+            per_image = cap // n - _IMAGE_OVERHEAD_TOKENS
+            choices = [g for g in pool if image_tokens(g) <= per_image] or [min(pool, key=image_tokens)]
+            weights = [image_tokens(g) for g in choices]  # larger images more often: a vision-heavy mix
+            samples.append(tuple(rng.choices(choices, weights=weights, k=n)))
+        out.append(tuple(samples))
+    return tuple(out)
+
+
+def tiny_config() -> BenchConfig:
+    """The tiny Qwen3-VL of the GPU tests: seq 256, micro-batch 2."""
+    return BenchConfig(
+        name="tiny",
+        model="tiny",
+        seq_length=256,
+        micro_batch_size=2,
+        image_sets=TINY_IMAGE_SETS,
+        budget_round=256,
+        description="Tiny Qwen3-VL (4 language layers of hidden 512, 4 vision layers of hidden 256), seq 256, "
+        "micro-batch 2, 1 micro-batch per step; micro-batches of 1, 3 and 8 images and a two-frame video.",
+    )
+
+
+def small_config(micro_batch_size: int, seq_length: int) -> BenchConfig:
+    """The Qwen3-VL-2B-like model at one shape."""
+    return BenchConfig(
+        name=f"small-mbs{micro_batch_size}-seq{seq_length}",
+        model="small",
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        image_sets=image_mix(seq_length, micro_batch_size, seed=seq_length + micro_batch_size),
+        budget_round=1024,
+        description=(
+            f"Qwen3-VL-2B-like (language 28 layers x 2048, 16 heads / 8 KV groups, FFN 6144, vocab 151936, tied "
+            f"embeddings; vision 24 layers x 1024, FFN 4096, deepstack [5, 11, 17]), seq {seq_length}, micro-batch "
+            f"{micro_batch_size}, 1 micro-batch per step; 1-4 images of 196-4096 patches per sample."
+        ),
+    )
+
+
+def quick_configs() -> list[BenchConfig]:
+    """``--quick``: tiny and the small model at micro-batch 1, sequence 2048."""
+    return [tiny_config(), small_config(1, 2048)]
+
+
+def full_configs() -> list[BenchConfig]:
+    """The whole matrix: tiny, and the small model at micro-batch 1 and 2 x sequence 2048 and 4096."""
+    return [tiny_config()] + [small_config(mbs, seq) for seq in (2048, 4096) for mbs in (1, 2)]
+
+
+def configs_by_name(names: Iterable[str]) -> list[BenchConfig]:
+    """Configurations by name (``tiny``, ``small-mbs1-seq2048``, ...); raises on an unknown one."""
+    known = {c.name: c for c in full_configs()}
+    out = []
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown bench configuration {name!r}; known: {sorted(known)}")
+        out.append(known[name])
+    return out
+
+
+# ============================================================================================ models
+def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
+    """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block."""
+    from bridge_cudagraph.config import CudaGraphConfig
+    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.providers import CudaGraphQwen3VLModelProvider
+
+    deepstack = [5, 11, 17]
+    vision = tiny.tiny_vision_config(
+        2048,
+        depth=24,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=list(deepstack),
+    )
+    fields = dict(
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        use_te_rng_tracker=True,
+        make_vocab_size_divisible_by=128,
+        vocab_size=QWEN3_VL_VOCAB,
+        share_embeddings_and_output_weights=True,
+        gradient_accumulation_fusion=False,
+        activation_func=torch.nn.functional.silu,
+        num_layers=28,
+        hidden_size=2048,
+        ffn_hidden_size=6144,
+        num_attention_heads=16,
+        num_query_groups=8,
+        kv_channels=128,
+        seq_length=seq_length,
+        language_max_sequence_length=seq_length,
+        mrope_section=[24, 20, 20],
+        normalization="RMSNorm",
+        layernorm_epsilon=1e-6,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        qk_layernorm=True,
+        position_embedding_type="mrope",
+        rotary_base=5000000.0,
+        vision_config=vision,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=_MERGE,
+        num_position_embeddings=2304,
+        out_hidden_size=2048,
+        deepstack_visual_indexes=list(deepstack),
+        **QWEN3_VL_TOKENS,
+    )
+    return CudaGraphQwen3VLModelProvider(cuda_graph=copy.deepcopy(cuda_graph) or CudaGraphConfig(), **fields)
+
+
+def make_provider(cfg: BenchConfig, cuda_graph=None):
+    """Our provider for ``cfg`` (graphs as ``cuda_graph`` says; None = off)."""
+    from bridge_cudagraph.harness import tiny
+
+    if cfg.model == "tiny":
+        return tiny.tiny_qwen3_vl_provider(
+            cuda_graph, seq_length=cfg.seq_length, language_max_sequence_length=cfg.seq_length
+        )
+    if cfg.model == "small":
+        return small_qwen3_vl_provider(cuda_graph, seq_length=cfg.seq_length)
+    raise ValueError(f"unknown bench model {cfg.model!r}")
+
+
+def ours_graph_config(cfg: BenchConfig):
+    """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager)."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+
+    return CudaGraphConfig(
+        language=LanguageGraphConfig(enabled=True),
+        vision=VisionGraphConfig(
+            enabled=True,
+            token_budgets=cfg.vision_budgets(),
+            max_images_per_microbatch=cfg.vision_max_segments(),
+        ),
+        num_microbatches=cfg.num_microbatches,
+        on_capture_error="raise",
+    )
+
+
+def variant_provider(cfg: BenchConfig, variant: str):
+    """The provider of one variant (not finalized; :func:`bridge_cudagraph.harness.tiny.build` does that)."""
+    from bridge_cudagraph.harness import tiny
+
+    if variant == "eager":
+        return make_provider(cfg, None)
+    if variant == "ours":
+        return make_provider(cfg, ours_graph_config(cfg))
+    if variant == "upstream":
+        plain = tiny.upstream_provider(make_provider(cfg, None))  # host class, cuda_graph_impl="transformer_engine"
+        plain.vision_cuda_graph_impl = "transformer_engine"
+        plain.max_vision_cuda_graph_seq_length = cfg.upstream_vision_seq_length()
+        return plain
+    raise ValueError(f"unknown variant {variant!r}; known: {VARIANTS}")
+
+
+# ============================================================================================ data
+def to_real_vocab(batch: dict, *, seed: int) -> dict:
+    """Map a :func:`~bridge_cudagraph.harness.data.qwen3_vl_batch` (tiny ids, CPU tensors) onto Qwen3-VL's real
+    vocabulary: special ids to the real ones, text to fresh random ids below the special range. Image positions,
+    the loss mask, pixels and grids are unchanged."""
+    from bridge_cudagraph.harness import tiny
+
+    tokens = torch.cat([batch["input_ids"][:, :1], batch["labels"]], dim=1)
+    g = torch.Generator().manual_seed(seed)
+    out = torch.randint(0, QWEN3_VL_TEXT_END, tokens.shape, generator=g, dtype=tokens.dtype)
+    specials = {
+        tiny.IMAGE_TOKEN_ID: QWEN3_VL_TOKENS["image_token_id"],
+        tiny.VIDEO_TOKEN_ID: QWEN3_VL_TOKENS["video_token_id"],
+        tiny.VISION_START_TOKEN_ID: QWEN3_VL_TOKENS["vision_start_token_id"],
+        tiny.VISION_END_TOKEN_ID: QWEN3_VL_TOKENS["vision_end_token_id"],
+    }
+    for tiny_id, real_id in specials.items():
+        out[tokens == tiny_id] = real_id
+    new = dict(batch)
+    new["input_ids"] = out[:, :-1].contiguous()
+    new["labels"] = out[:, 1:].contiguous()
+    return new
+
+
+def make_batch(cfg: BenchConfig, images, *, seed: int, device: str = "cuda") -> dict:
+    """One micro-batch of ``cfg`` with ``images`` (per sample), on ``device``."""
+    from bridge_cudagraph.harness.data import qwen3_vl_batch
+
+    batch = qwen3_vl_batch([list(sample) for sample in images], cfg.seq_length, seed=seed, device="cpu")
+    if cfg.model != "tiny":
+        batch = to_real_vocab(batch, seed=seed + 7919)
+    return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def step_plan(cfg: BenchConfig, total_steps: int) -> list[list[int]]:
+    """For each step, the indices (into ``cfg.image_sets``) of its micro-batches: the sets are cycled."""
+    k, nm = len(cfg.image_sets), cfg.num_microbatches
+    return [[(i * nm + j) % k for j in range(nm)] for i in range(total_steps)]
+
+
+def cycle_length(cfg: BenchConfig) -> int:
+    """Steps after which the micro-batch sequence repeats (the number of profiled steps)."""
+    k, nm = len(cfg.image_sets), cfg.num_microbatches
+    return k // math.gcd(k, nm)
+
+
+# ============================================================================================ GPU-busy (pure)
+def trace_kernels(trace: dict) -> list[tuple[float, float, Any]]:
+    """``(start_us, end_us, stream)`` of every CUDA kernel in a chrome trace exported by ``torch.profiler``."""
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
+            continue
+        ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
+        args = e.get("args") or {}
+        out.append((ts, ts + max(0.0, dur), args.get("stream", e.get("tid"))))
+    return out
+
+
+def trace_windows(trace: dict, prefix: str = _STEP_MARK) -> list[tuple[float, float]]:
+    """The CPU ranges ``record_function(f"{prefix}{j}")`` marked, ordered by ``j``."""
+    found = {}
+    for e in trace.get("traceEvents", []):
+        name = str(e.get("name", ""))
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "user_annotation" or not name.startswith(prefix):
+            continue
+        with contextlib.suppress(ValueError):
+            ts = float(e.get("ts", 0.0))
+            found[int(name[len(prefix) :])] = (ts, ts + float(e.get("dur", 0.0)))
+    return [found[j] for j in sorted(found)]
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by ``(start, end)`` intervals (overlaps counted once)."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted((s, e) for s, e in intervals if e > s):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def kernel_time_per_step(trace: dict, n_steps: int) -> dict:
+    """Per profiled step: the union of kernel intervals inside its window (ms), the kernel count, the busiest
+    stream's kernel time (ms), and the window's length (ms). Kernels outside every window (e.g. CUPTI's corrupted
+    head records with off-clock timestamps) are ignored."""
+    kernels = trace_kernels(trace)
+    windows = trace_windows(trace)
+    if len(windows) != n_steps:
+        raise RuntimeError(
+            f"profiler trace has {len(windows)} '{_STEP_MARK}*' ranges for {n_steps} profiled steps "
+            f"({len(kernels)} kernels); cannot attribute kernel time to steps"
+        )
+    by_stream: dict[Any, float] = {}
+    for start, end, stream in kernels:
+        if any(lo <= start < hi for lo, hi in windows):
+            by_stream[stream] = by_stream.get(stream, 0.0) + (end - start)
+    compute_stream = max(by_stream, key=by_stream.get) if by_stream else None
+    union_ms, count, stream_ms, window_ms = [], [], [], []
+    for lo, hi in windows:
+        inside = [(max(s, lo), min(e, hi), st) for s, e, st in kernels if s < hi and e > lo]
+        union_ms.append(union_length((s, e) for s, e, _ in inside) / 1e3)
+        count.append(sum(1 for s, _, _ in kernels if lo <= s < hi))
+        stream_ms.append(sum(e - s for s, e, st in inside if st == compute_stream) / 1e3)
+        window_ms.append((hi - lo) / 1e3)
+    return {
+        "kernel_ms": union_ms,
+        "kernels": count,
+        "compute_stream": compute_stream,
+        "compute_stream_ms": stream_ms,
+        "window_ms": window_ms,
+        "streams": len(by_stream),
+    }
+
+
+def gpu_busy_summary(
+    profile: dict | None,
+    step_ms_by_key: dict[Any, float],
+    profiled_keys: Sequence[Any],
+    *,
+    eager_profile: dict | None = None,
+    graphed: bool = False,
+    profiler_sees_graph_kernels: bool | None = None,
+    fallback_step_ms: float | None = None,
+) -> dict:
+    """The GPU-busy numbers of one variant.
+
+    ``gpu_busy`` = kernel time of the profiled steps (union over streams) / the unprofiled median wall time of the
+    same micro-batches. For a graphed variant whose graph kernels the profiler does not see (probe), or whose kernel
+    time is under 70% of eager's (graph kernels missed; kineto/CUPTI graph timing is known to be unreliable on some
+    CUDA versions), the eager variant's kernel time is used instead (``gpu_busy_source="eager_kernel_time"``). More
+    kernel time than eager is legitimate (upstream's vision graphs pad every micro-batch to one length).
+    """
+    if not profile:
+        return {"gpu_busy": None, "gpu_busy_source": None}
+    denominators = [step_ms_by_key.get(k, fallback_step_ms) for k in profiled_keys]
+    if any(d is None for d in denominators) or not denominators:
+        return {"gpu_busy": None, "gpu_busy_source": None, "gpu_busy_note": "no unprofiled step time to divide by"}
+    wall = sum(denominators)
+    kernel = sum(profile["kernel_ms"])
+    out: dict[str, Any] = {
+        "kernel_ms_per_step": kernel / len(denominators),
+        "kernels_per_step": sum(profile["kernels"]) / len(denominators),
+        "gpu_busy_profiler": kernel / wall,
+        "gpu_busy_compute_stream": sum(profile["compute_stream_ms"]) / wall,
+        "gpu_busy_in_profiled_steps": kernel / max(1e-9, sum(profile["window_ms"])),
+        "streams_with_kernels": profile.get("streams"),
+        "gpu_busy": kernel / wall,
+        "gpu_busy_source": "profiler",
+    }
+    if graphed and eager_profile:
+        eager_kernel = sum(eager_profile["kernel_ms"])
+        out["kernel_ms_ratio_vs_eager"] = kernel / max(1e-9, eager_kernel)
+        out["gpu_busy_from_eager_kernels"] = eager_kernel / wall
+        reason = None
+        if profiler_sees_graph_kernels is False:
+            reason = "the profiler does not see kernels inside CUDA graph replays (probe)"
+        elif out["kernel_ms_ratio_vs_eager"] < 0.7:
+            reason = (
+                f"its profiled kernel time is only {out['kernel_ms_ratio_vs_eager']:.2f}x eager's for the same "
+                "micro-batches (graph kernels missed or mis-timed by the profiler)"
+            )
+        if reason:
+            out["gpu_busy"] = out["gpu_busy_from_eager_kernels"]
+            out["gpu_busy_source"] = "eager_kernel_time"
+            out["gpu_busy_note"] = f"GPU busy estimated from eager's kernel time: {reason}."
+    if out["gpu_busy_source"] == "profiler" and out["gpu_busy"] > 1.02:
+        out["gpu_busy_note"] = (
+            f"profiled kernel time exceeds the unprofiled step time ({out['gpu_busy']:.2f}): kernels ran slower "
+            "under the profiler, or it mis-timed graph kernels"
+        )
+    return out
+
+
+# ============================================================================================ GPU helpers
+def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
+    """Replay a CUDA graph of ``kernels_per_graph`` known elementwise kernels under ``torch.profiler`` and count
+    the kernels it reports: does CUPTI/kineto see the kernels inside graph replays on this machine?"""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(1 << 16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x.mul(1.0001).add_(1.0)  # warm the kernels up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x
+        for _ in range(kernels_per_graph // 2):
+            y = y.mul(1.0001).add_(1.0)
+    torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _preroll()
+            for j in range(replays):
+                with torch.profiler.record_function(f"{_STEP_MARK}{j}"):
+                    graph.replay()
+                    torch.cuda.synchronize()
+        path = os.path.join(tmp, "probe.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    counts = kernel_time_per_step(trace, replays)["kernels"]
+    del graph
+    expected = kernels_per_graph * replays
+    return {"kernels_expected": expected, "kernels_seen": sum(counts), "sees_graph_kernels": sum(counts) >= expected}
+
+
+def _preroll(n: int = 64) -> None:
+    """Tiny kernels at the start of a profiling session, outside every step window: kineto's per-session CUPTI
+    re-registration can corrupt the timestamps of a session's first kernel records."""
+    t = torch.zeros(8, device="cuda")
+    for _ in range(n):
+        t.add_(1.0)
+    torch.cuda.synchronize()
+
+
+class VisionTimer:
+    """CUDA events around every vision-encoder call of a model: forward (module pre/post hooks) and backward (from
+    the gradient reaching the encoder's output to the gradient reaching its patch embedding's output).
+
+    Records only while :attr:`active` and never during stream capture.
+    """
+
+    def __init__(self, model: Sequence[torch.nn.Module]) -> None:
+        from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+        self.active = False
+        self.records: list[dict[str, torch.cuda.Event]] = []
+        self._current: dict | None = None
+        self._handles = []
+        self.encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, Qwen3VLVisionModel)]
+        for encoder in self.encoders:
+            self._handles.append(encoder.register_forward_pre_hook(self._pre))
+            self._handles.append(encoder.register_forward_hook(self._post))
+            embed = getattr(encoder, "patch_embed", None)
+            if embed is not None:
+                self._handles.append(embed.register_forward_hook(self._embedded))
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _recording(self) -> bool:
+        return self.active and not torch.cuda.is_current_stream_capturing()
+
+    def _pre(self, module, args) -> None:
+        if self._recording():
+            self._current = {"fwd0": self._event()}
+
+    def _embedded(self, module, args, output) -> None:
+        record = self._current
+        if record is None or not torch.is_tensor(output) or not output.requires_grad:
+            return
+
+        def on_grad(_grad, record=record):
+            record["bwd1"] = self._event()
+
+        output.register_hook(on_grad)
+
+    def _post(self, module, args, output) -> None:
+        record, self._current = self._current, None
+        if record is None:
+            return
+        record["fwd1"] = self._event()
+        main = output[0] if isinstance(output, tuple | list) else output
+        if torch.is_tensor(main) and main.requires_grad:
+
+            def on_grad(_grad, record=record):
+                record["bwd0"] = self._event()
+
+            main.register_hook(on_grad)
+        self.records.append(record)
+
+    def collect(self) -> list[tuple[float, float | None]]:
+        """``(forward ms, backward ms or None)`` per recorded call since the last collect (synchronizes)."""
+        torch.cuda.synchronize()
+        out = []
+        for r in self.records:
+            fwd = r["fwd0"].elapsed_time(r["fwd1"])
+            bwd = r["bwd0"].elapsed_time(r["bwd1"]) if "bwd0" in r and "bwd1" in r else None
+            out.append((fwd, bwd))
+        self.records = []
+        return out
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _snapshot(model) -> list[dict]:
+    """The model chunks' state dicts on the CPU."""
+    out = []
+    for chunk in model:
+        state = {}
+        for key, value in chunk.state_dict().items():
+            if torch.is_tensor(value):
+                # Pinned: the copies back into each variant (twice per variant) are several GB for the small model.
+                host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda)
+                state[key] = host.copy_(value.detach())
+            else:
+                state[key] = copy.deepcopy(value)
+        out.append(state)
+    return out
+
+
+#: Keys only a graphs-on upstream Qwen3-VL has: Bridge 0.6.2 registers the language model's decoder and rotary
+#: embedding on the root too (DESIGN.md: 290 keys against 195); they alias the language model's tensors.
+_UPSTREAM_ALIAS_KEY = re.compile(r"^(module\.)*(decoder|rotary_pos_emb)(\.|$)")
+
+
+def _load(model, state: list[dict], *, aliases_allowed: bool) -> None:
+    """Copy ``state`` into the model's tensors in place (captured graphs keep pointing at them)."""
+    for chunk, chunk_state in zip(model, state, strict=True):
+        result = chunk.load_state_dict(chunk_state, strict=not aliases_allowed)
+        if aliases_allowed:
+            bad = [k for k in result.missing_keys if not _UPSTREAM_ALIAS_KEY.match(k)]
+            if bad or result.unexpected_keys:
+                raise RuntimeError(
+                    f"initial weights do not fit the upstream model: missing {bad[:5]}, "
+                    f"unexpected {list(result.unexpected_keys)[:5]}"
+                )
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+_TRAIN_STEPS_TAKES_GRAD_NORMS: bool | None = None
+
+
+def _train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_norms: list) -> tuple[float, float]:
+    """One training step through :func:`bridge_cudagraph.harness.parity.train_steps`; ``(loss, wall ms)``."""
+    global _TRAIN_STEPS_TAKES_GRAD_NORMS
+    from bridge_cudagraph.harness.parity import train_steps
+
+    if _TRAIN_STEPS_TAKES_GRAD_NORMS is None:
+        _TRAIN_STEPS_TAKES_GRAD_NORMS = "grad_norms" in inspect.signature(train_steps).parameters
+    extra = {"grad_norms": grad_norms} if _TRAIN_STEPS_TAKES_GRAD_NORMS else {}
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    loss = train_steps(model, optimizer, [micro_batches], pg_collection=pg_collection, **extra)[0]
+    torch.cuda.synchronize()
+    return loss, (time.perf_counter() - start) * 1e3
+
+
+def _fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float]:
+    """Per-token loss (CPU, fp32) and total gradient norm of one forward/backward on ``batch``; gradient buffers
+    are zeroed before and after."""
+    from bridge_cudagraph.harness.parity import masked_mean, per_token_loss
+
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    loss = per_token_loss(model, batch)
+    masked_mean(loss, batch).backward()
+    squares = []
+    for chunk in model:
+        for p in chunk.parameters():
+            if not p.requires_grad:
+                continue
+            g = getattr(p, "main_grad", None)
+            g = p.grad if g is None else g
+            if g is not None:
+                squares.append(g.detach().float().pow(2).sum())
+    norm = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    return loss.detach().cpu(), norm
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf floats become None, tuples lists, dict keys strings."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+# ============================================================================================ one variant
+@dataclass
+class _Shared:
+    """What the variants of one configuration share."""
+
+    cfg: BenchConfig
+    world: Any
+    batches: list[dict]
+    fixed_batch: dict
+    plan: list[list[int]]
+    warmup_steps: int
+    measured_steps: int
+    profile_steps: int
+    profiler_sees_graph_kernels: bool | None
+    initial_state: list[dict] | None = None
+    eager: dict = field(default_factory=dict)
+    eager_losses: list[float] | None = None
+    eager_fixed_loss: torch.Tensor | None = None
+    eager_fixed_grad_norm: float | None = None
+    eager_profile: dict | None = None
+
+
+def _say(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
+    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.harness.parity import megatron_optimizer
+
+    world = shared.world
+    provider = variant_provider(shared.cfg, variant)
+    objs["provider"] = provider
+    if variant == "upstream":
+        model = tiny.build(provider, world.language)
+    else:
+        model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
+    objs["model"] = model
+    if shared.initial_state is None:
+        shared.initial_state = _snapshot(model)
+    else:
+        _load(model, shared.initial_state, aliases_allowed=variant == "upstream")
+    objs["optimizer"] = megatron_optimizer(model, world.language)
+
+
+def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
+    cfg, world = shared.cfg, shared.world
+    model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
+    if variant == "eager":
+        return []
+    if variant == "ours":
+        return provider.make_graph_helpers(
+            model,
+            micro_batch_size=cfg.micro_batch_size,
+            num_microbatches=cfg.num_microbatches,
+            optimizers=[optimizer],
+        )
+    # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global
+    # micro-batch calculator megatron-core's helpers read.
+    from megatron.core.num_microbatches_calculator import (
+        get_num_microbatches,
+        init_num_microbatches_calculator,
+    )
+    from megatron.core.transformer.cuda_graphs import (
+        TECudaGraphHelper,
+        VisionTECudaGraphHelper,
+        get_vision_cuda_graph_seq_length,
+    )
+    from megatron.core.utils import get_attr_wrapped_model, get_model_config
+
+    init_num_microbatches_calculator(
+        0, None, cfg.micro_batch_size * cfg.num_microbatches, cfg.micro_batch_size, world.language.dp.size()
+    )
+    objs["calculator"] = True
+    helpers = []
+    model_config = get_model_config(model[0])
+    if model_config.cuda_graph_impl == "transformer_engine":
+        kwargs: dict[str, Any] = dict(
+            model=model,
+            config=model_config,
+            seq_length=cfg.seq_length,
+            micro_batch_size=cfg.micro_batch_size,
+            optimizers=[optimizer],
+        )
+        if "pg_collection" in inspect.signature(TECudaGraphHelper.__init__).parameters:
+            kwargs["pg_collection"] = world.language
+        helpers.append(TECudaGraphHelper(**kwargs))
+    if getattr(provider, "vision_cuda_graph_impl", None) == "transformer_engine":
+        for chunk in model:
+            unwrapped = get_attr_wrapped_model(chunk, "vision_model", allow_none=True, return_model_obj=True)
+            if unwrapped is not None and getattr(unwrapped, "vision_model", None) is not None:
+                vision_config = unwrapped.vision_model.config
+                if vision_config.cuda_graph_impl == "transformer_engine":
+                    vkwargs: dict[str, Any] = dict(
+                        model=model,
+                        vision_config=vision_config,
+                        vision_seq_length=get_vision_cuda_graph_seq_length(vision_config),
+                        micro_batch_size=cfg.micro_batch_size,
+                        num_microbatches=get_num_microbatches(),
+                    )
+                    if "pg_collection" in inspect.signature(VisionTECudaGraphHelper.__init__).parameters:
+                        vkwargs["pg_collection"] = world.language
+                    helper = VisionTECudaGraphHelper(**vkwargs)
+                    helper.bench_submodule = "vision"
+                    helpers.append(helper)
+                break
+    return helpers
+
+
+def _capture(variant: str, helpers: list) -> dict:
+    """Capture every helper (as Bridge's loop does at the warmup step), measured like our own capture."""
+    from bridge_cudagraph.capture.common import CaptureStats, abandon_capture, measure
+
+    total = CaptureStats("all")
+    errors: dict[str, str] = {}
+    with measure(total):
+        for helper in helpers:
+            upstream_vision = variant == "upstream" and getattr(helper, "bench_submodule", None) == "vision"
+            try:
+                helper.create_cudagraphs()
+            except Exception as error:
+                if not upstream_vision:
+                    raise
+                # Upstream's vision capture is not exercised by the GPU tests: if it fails, keep measuring
+                # upstream's language graphs (vision then runs upstream's padded eager path) and say so.
+                errors["vision"] = abandon_capture(helper.flattened_callables, helper.model, error, "upstream vision")
+                gc.unfreeze()  # megatron-core's _start_capturing may have frozen the collector
+                continue
+            if upstream_vision:
+                helper.cuda_graph_set_manual_hooks()  # train.py:449 (a no-op upstream)
+    missing = [
+        type(h).__name__ for h in helpers if not h.graphs_created() and getattr(h, "bench_submodule", "") not in errors
+    ]
+    if missing:
+        raise RuntimeError(f"{variant}: no graphs after create_cudagraphs() for {missing}")
+    out: dict[str, Any] = {"capture_s": total.seconds, "graph_memory_bytes": total.graph_memory_bytes}
+    if errors:
+        out["capture_errors"] = errors
+    if variant == "ours":
+        out["capture"] = {
+            h.submodule: {
+                "seconds": h.stats.seconds,
+                "graphs": h.stats.graphs,
+                "layers": h.stats.layers,
+                "graph_memory_bytes": h.stats.graph_memory_bytes,
+                "per_budget": dict(h.stats.per_budget),
+            }
+            for h in helpers
+        }
+        vision = [h for h in helpers if h.submodule == "vision"]
+        if vision:
+            out["vision_graph_memory_per_budget"] = dict(vision[0].stats.per_budget)
+    return out
+
+
+def _profile(shared: _Shared, run_step: Callable[[int], None], first_step: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    n = shared.profile_steps
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _preroll()
+            for j in range(n):
+                with torch.profiler.record_function(f"{_STEP_MARK}{j}"):
+                    run_step(first_step + j)
+                    torch.cuda.synchronize()
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    return kernel_time_per_step(trace, n)
+
+
+def _run_variant(shared: _Shared, variant: str) -> dict:
+    """Build, warm up, capture, time, profile and check one variant; always frees it."""
+    rec: dict[str, Any] = {"status": "running"}
+    objs: dict[str, Any] = {}
+    started = time.perf_counter()
+    _free()
+    torch.cuda.reset_peak_memory_stats()
+    # What an earlier variant left allocated (batches, and anything not freed) counts in this one's peak too.
+    rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
+    from bridge_cudagraph.harness.world import seed_rng
+
+    seed_rng(shared.world.language, SEED)
+    try:
+        _run_variant_body(shared, variant, rec, objs)
+        rec["status"] = "ok"
+    except Exception as error:  # recorded, the other variants still run
+        rec["status"] = "failed"
+        rec["error"] = f"{type(error).__name__}: {error}"
+        rec["traceback"] = traceback.format_exc()[-4000:]
+        _say(f"{shared.cfg.name} {variant}: FAILED {rec['error'][:300]}")
+    finally:
+        _teardown(objs)
+    rec["seconds"] = time.perf_counter() - started
+    return rec
+
+
+def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> None:
+    cfg, world = shared.cfg, shared.world
+    t0 = time.perf_counter()
+    _build_variant(shared, variant, objs)
+    rec["build_s"] = time.perf_counter() - t0
+    model, optimizer = objs["model"], objs["optimizer"]
+    helpers = objs["helpers"] = _make_helpers(shared, variant, objs)
+    timer = objs["timer"] = VisionTimer(model)
+
+    losses: list[float] = []
+    grad_norms: list[float] = []
+    times: list[float] = []
+    vision: list[tuple[float, float | None]] = []
+
+    def run_step(i: int) -> float:
+        micro_batches = [shared.batches[k] for k in shared.plan[i]]
+        loss, ms = _train_step(model, optimizer, micro_batches, world.language, grad_norms)
+        losses.append(loss)
+        return ms
+
+    warmup_ms = [run_step(i) for i in range(shared.warmup_steps)]
+    if helpers:
+        rec.update(_capture(variant, helpers))
+        _say(
+            f"{cfg.name} {variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_bytes'] / 2**20:.0f} MiB"
+        )
+    timer.active = True
+    first = shared.warmup_steps
+    for i in range(first, first + shared.measured_steps):
+        times.append(run_step(i))
+        vision.extend(timer.collect())
+    timer.active = False
+    rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+
+    # Unprofiled median wall time per distinct step (same micro-batches), the GPU-busy denominators.
+    keys = [tuple(shared.plan[i]) for i in range(first, first + shared.measured_steps)]
+    by_key: dict[Any, list[float]] = {}
+    for key, ms in zip(keys, times, strict=True):
+        by_key.setdefault(key, []).append(ms)
+    step_ms_by_key = {k: statistics.median(v) for k, v in by_key.items()}
+
+    profile = None
+    p_first = first + shared.measured_steps
+    if shared.profile_steps:
+        try:
+            profile = _profile(shared, run_step, p_first)
+        except Exception as error:  # the profiler is a measurement aid, never a reason to lose the timings
+            rec["profile_error"] = f"{type(error).__name__}: {error}"[:500]
+            _say(f"{cfg.name} {variant}: profiling failed: {rec['profile_error']}")
+            # keep the step sequence identical across variants: run the steps the profiler would have run
+            done = len(losses) - p_first
+            for i in range(p_first + max(0, done), p_first + shared.profile_steps):
+                run_step(i)
+    profiled_keys = [tuple(shared.plan[i]) for i in range(p_first, p_first + shared.profile_steps)]
+
+    rec["step_ms"] = times
+    rec["warmup_step_ms"] = warmup_ms
+    rec["step_ms_median"] = _median(times)
+    rec["step_ms_mean"] = statistics.fmean(times) if times else None
+    rec["step_ms_min"] = min(times) if times else None
+    rec["step_ms_max"] = max(times) if times else None
+    rec["step_ms_by_microbatches"] = {"+".join(map(str, k)): v for k, v in step_ms_by_key.items()}
+    rec["losses"] = losses
+    rec["grad_norms"] = grad_norms
+    fwd = [f for f, _ in vision]
+    bwd = [b for _, b in vision if b is not None]
+    both = [f + b for f, b in vision if b is not None]
+    rec["vision_calls"] = len(vision)
+    rec["vision_fwd_ms"] = _median(fwd)
+    rec["vision_bwd_ms"] = _median(bwd)
+    rec["vision_ms"] = _median(both) if both else rec["vision_fwd_ms"]
+    rec["vision_microbatches_per_step"] = len(vision) / max(1, shared.measured_steps)
+
+    if variant == "eager":
+        shared.eager_profile = profile
+    rec.update(
+        gpu_busy_summary(
+            profile,
+            step_ms_by_key,
+            profiled_keys,
+            eager_profile=shared.eager_profile,
+            graphed=variant != "eager",
+            profiler_sees_graph_kernels=shared.profiler_sees_graph_kernels,
+            fallback_step_ms=rec["step_ms_median"],
+        )
+    )
+    if profile is not None:
+        rec["profile"] = profile
+
+    # Fixed-batch check with the initial weights copied back in (in place: the graphs stay valid).
+    _load(model, shared.initial_state, aliases_allowed=variant == "upstream")
+    vision_helper = next((h for h in helpers if getattr(h, "submodule", None) == "vision"), None)
+    replays_before = vision_helper.stats.replays if vision_helper is not None else None
+    fixed_loss, grad_norm = _fixed_batch_check(model, shared.fixed_batch)
+    if variant == "eager":
+        shared.eager_losses = losses
+        shared.eager_fixed_loss = fixed_loss
+        shared.eager_fixed_grad_norm = grad_norm
+    rec["fixed_batch"] = {"grad_norm": grad_norm, "loss_mean": float(fixed_loss.mean())}
+    if vision_helper is not None:
+        rec["fixed_batch"]["vision_replayed"] = vision_helper.stats.replays - replays_before
+    if variant != "eager" and shared.eager_losses is not None:
+        from bridge_cudagraph.harness.parity import diff_losses
+
+        diffs = [abs(a - b) for a, b in zip(losses, shared.eager_losses, strict=True)]
+        rec["loss_abs_diff_per_step"] = diffs
+        rec["loss_max_abs_diff_vs_eager"] = max(diffs) if diffs else None
+        rec["loss_max_abs_diff_after_capture"] = max(diffs[shared.warmup_steps :], default=None)
+        rec["exact_steps"] = sum(d == 0 for d in diffs)
+        if grad_norms and len(grad_norms) == len(shared.eager.get("grad_norms") or []):
+            rec["grad_norm_max_rel_diff_vs_eager"] = max(
+                abs(a - b) / max(abs(b), 1e-12) for a, b in zip(grad_norms, shared.eager["grad_norms"], strict=True)
+            )
+        d = diff_losses(fixed_loss, shared.eager_fixed_loss)
+        rec["fixed_batch"].update(
+            loss_max_abs_diff=d.loss_max_abs,
+            loss_rel_l2=d.loss_rel_l2,
+            loss_exact=d.loss_exact,
+            grad_norm_rel_diff=abs(grad_norm - shared.eager_fixed_grad_norm)
+            / max(abs(shared.eager_fixed_grad_norm), 1e-12),
+        )
+    if variant == "ours":
+        rec["counters"] = {
+            h.submodule: {
+                "replays": h.stats.replays,
+                "eager_fallbacks": h.stats.eager_fallbacks,
+                "graphs": h.stats.graphs,
+                "failed": h.stats.failed,
+            }
+            for h in helpers
+        }
+        rec["eager_fallbacks"] = sum(h.stats.eager_fallbacks for h in helpers)
+        rec["vision_replays"] = sum(h.stats.replays for h in helpers if h.submodule == "vision")
+
+
+def _teardown(objs: dict) -> None:
+    """Delete graphs, hooks, the micro-batch calculator, model and optimizer, and give the memory back."""
+    timer = objs.get("timer")
+    if timer is not None:
+        timer.remove()
+    for helper in objs.get("helpers") or []:
+        try:
+            if helper.graphs_created():
+                helper.delete_cuda_graphs()
+        except Exception as error:
+            logger.warning("bench: deleting %s graphs failed: %s", type(helper).__name__, error)
+    if objs.get("calculator"):
+        from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+
+        destroy_num_microbatches_calculator()
+    objs.clear()
+    _free()
+
+
+# ============================================================================================ configurations
+def run_config(
+    cfg: BenchConfig,
+    world,
+    *,
+    measured_steps: int,
+    warmup_steps: int,
+    profile: bool,
+    profiler_sees_graph_kernels: bool | None,
+    variants: Sequence[str] = VARIANTS,
+) -> dict:
+    """All variants of one configuration; the result dict of ``bench.json``'s ``configs`` list."""
+    started = time.perf_counter()
+    out = cfg.as_dict()
+    _say(
+        f"{cfg.name}: patches per micro-batch {out['patches_per_microbatch']}, vision budgets "
+        f"{out['vision_budgets']}, upstream vision length {out['upstream_vision_seq_length']}"
+    )
+    batches = [make_batch(cfg, images, seed=1000 + i) for i, images in enumerate(cfg.image_sets)]
+    fixed_index = max(range(len(cfg.image_sets)), key=lambda i: out["patches_per_microbatch"][i])
+    fixed_batch = make_batch(cfg, cfg.image_sets[fixed_index], seed=4242)
+    out["fixed_batch_images"] = out["images"][fixed_index]
+    profile_steps = cycle_length(cfg) if profile else 0
+    total = warmup_steps + measured_steps + profile_steps
+    shared = _Shared(
+        cfg=cfg,
+        world=world,
+        batches=batches,
+        fixed_batch=fixed_batch,
+        plan=step_plan(cfg, total),
+        warmup_steps=warmup_steps,
+        measured_steps=measured_steps,
+        profile_steps=profile_steps,
+        profiler_sees_graph_kernels=profiler_sees_graph_kernels,
+    )
+    order = ["eager"] + [v for v in variants if v != "eager"]  # eager first: the reference for the others
+    results: dict[str, dict] = {}
+    for variant in order:
+        _say(f"{cfg.name} {variant}: start")
+        rec = _run_variant(shared, variant)
+        if variant == "eager":
+            shared.eager = rec
+            if rec["status"] != "ok":
+                _say(f"{cfg.name}: eager failed; the graphed variants have no reference and are skipped")
+                results[variant] = rec
+                break
+        results[variant] = rec
+        _say(_summary_line(cfg.name, variant, rec))
+    eager_ms = (results.get("eager") or {}).get("step_ms_median")
+    for rec in results.values():
+        if rec.get("status") == "ok" and eager_ms and rec.get("step_ms_median"):
+            rec["speedup_vs_eager"] = eager_ms / rec["step_ms_median"]
+    if "eager" not in variants:
+        results.pop("eager", None)
+    out["variants"] = results
+    out["profile_steps"] = profile_steps
+    out["seconds"] = time.perf_counter() - started
+    del shared, batches, fixed_batch
+    _free()
+    return out
+
+
+def _summary_line(config: str, variant: str, rec: dict) -> str:
+    if rec.get("status") != "ok":
+        return f"{config} {variant}: failed"
+
+    def f(key, spec):
+        v = rec.get(key)
+        return "n/a" if v is None else format(v, spec)
+
+    fixed = rec.get("fixed_batch") or {}
+    diff = fixed.get("loss_max_abs_diff")
+    return (
+        f"{config} {variant}: step {f('step_ms_median', '.2f')} ms, busy {f('gpu_busy', '.2f')}, "
+        f"capture {f('capture_s', '.1f')} s, peak {rec.get('peak_memory_bytes', 0) / 2**30:.1f} GiB, "
+        f"loss diff {f('loss_max_abs_diff_vs_eager', '.2e')}, per-token diff "
+        f"{'n/a' if diff is None else format(diff, '.2e')}, vision {f('vision_ms', '.2f')} ms/mb, "
+        f"{rec.get('seconds', 0):.0f} s"
+    )
+
+
+def _command_line() -> str:
+    program = sys.argv[0] if sys.argv else ""
+    if program.endswith(("bench.py", "-m")):
+        program = "python -m bridge_cudagraph.bench"
+    else:
+        program = os.path.basename(program) or "python"
+    return " ".join([program, *sys.argv[1:]])
+
+
+def _meta(*, measured_steps: int, warmup_steps: int, probe: dict | None, command: str | None) -> dict:
+    from bridge_cudagraph.compat import installed_version
+
+    return {
+        "command": command or _command_line(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformer_engine": installed_version("transformer-engine"),
+        "megatron_core": installed_version("megatron-core"),
+        "megatron_bridge": installed_version("megatron-bridge"),
+        "python": platform.python_version(),
+        "measured_steps": measured_steps,
+        "warmup_steps": warmup_steps,
+        "profile_steps": "one per distinct micro-batch of a configuration",
+        "profiler_probe": probe,
+        "profiler_sees_graph_kernels": None if probe is None else probe.get("sees_graph_kernels"),
+        "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else None,
+    }
+
+
+def run(
+    configs: Sequence[BenchConfig | str],
+    *,
+    out_dir: str | Path,
+    measured_steps: int = DEFAULT_MEASURED_STEPS,
+    warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    profile: bool = True,
+    variants: Sequence[str] = VARIANTS,
+    world=None,
+    command: str | None = None,
+) -> dict:
+    """Run ``configs`` (objects or names) and write ``bench.json``, ``bench.md`` and ``bench.png`` into ``out_dir``
+    (rewritten after every configuration, so a run cut short keeps what it finished). Returns the JSON's content.
+
+    ``world``: a :class:`~bridge_cudagraph.harness.world.World` to run in (the GPU tests' session world); by
+    default a one-GPU pure-M4 world is initialised here.
+    """
+    if measured_steps < 1 or warmup_steps < 0:
+        raise ValueError("measured_steps must be >= 1 and warmup_steps >= 0")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {VARIANTS}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("the benchmark needs a CUDA GPU")
+    resolved = [c if isinstance(c, BenchConfig) else configs_by_name([c])[0] for c in configs]
+    if world is None:
+        from bridge_cudagraph.harness.world import init_world
+        from bridge_cudagraph.layout import VisionLayout
+
+        world = init_world(vision=VisionLayout(), seed=SEED)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    probe = None
+    if profile:
+        try:
+            probe = probe_profiler_sees_graph_kernels()
+        except Exception as error:
+            probe = {"error": f"{type(error).__name__}: {error}"[:500], "sees_graph_kernels": None}
+        _say(f"profiler probe: {probe}")
+    data = {
+        "meta": _meta(measured_steps=measured_steps, warmup_steps=warmup_steps, probe=probe, command=command),
+        "configs": [],
+    }
+    json_path = out / "bench.json"
+    for cfg in resolved:
+        data["configs"].append(
+            run_config(
+                cfg,
+                world,
+                measured_steps=measured_steps,
+                warmup_steps=warmup_steps,
+                profile=profile,
+                profiler_sees_graph_kernels=None if probe is None else probe.get("sees_graph_kernels"),
+                variants=variants,
+            )
+        )
+        json_path.write_text(json.dumps(_clean(data), indent=2))
+        try:
+            render(json_path)
+        except Exception as error:  # the JSON is the result; the report can be rendered again on any machine
+            _say(f"render failed ({type(error).__name__}: {error}); run bench_report render {json_path}")
+    if not resolved:
+        json_path.write_text(json.dumps(_clean(data), indent=2))
+    _print_table(data)
+    return _clean(data)
+
+
+def _print_table(data: dict) -> None:
+    print("\nconfig | variant | step ms | speedup | GPU busy | capture s | peak GiB | loss diff | per-token diff")
+    for config in data["configs"]:
+        for name, rec in config["variants"].items():
+            if rec.get("status") != "ok":
+                print(f"{config['name']} | {name} | failed: {str(rec.get('error'))[:80]}")
+                continue
+            fixed = rec.get("fixed_batch") or {}
+
+            def g(v, spec):
+                return "-" if v is None else format(v, spec)
+
+            print(
+                f"{config['name']} | {name} | {g(rec.get('step_ms_median'), '.2f')} | "
+                f"{g(rec.get('speedup_vs_eager'), '.2f')} | {g(rec.get('gpu_busy'), '.2f')} | "
+                f"{g(rec.get('capture_s'), '.1f')} | {rec.get('peak_memory_bytes', 0) / 2**30:.1f} | "
+                f"{g(rec.get('loss_max_abs_diff_vs_eager'), '.1e')} | {g(fixed.get('loss_max_abs_diff'), '.1e')}"
+            )
+    sys.stdout.flush()
+
+
+# ============================================================================================ command line
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The benchmark's options (for ``bridge-cudagraph bench`` and ``python -m bridge_cudagraph.bench``)."""
+    parser.add_argument("--out", default="results/bench", help="output folder for bench.json/.md/.png")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny + small at micro-batch 1, sequence 2048 only (~4 min on an H200)"
+    )
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated configuration names (tiny, small-mbs{1,2}-seq{2048,4096}); overrides --quick",
+    )
+    parser.add_argument("--measured-steps", type=int, default=DEFAULT_MEASURED_STEPS)
+    parser.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP_STEPS)
+    parser.add_argument("--no-profile", action="store_true", help="skip torch.profiler (no GPU-busy fraction)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated subset of eager,upstream,ours (eager always runs)",
+    )
+    return parser
+
+
+def select_configs(*, quick: bool = False, names: str | Sequence[str] | None = None) -> list[BenchConfig]:
+    """``names`` (comma-separated or a list) if given, else :func:`quick_configs` or :func:`full_configs`."""
+    if names:
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",") if n.strip()]
+        return configs_by_name(names)
+    return quick_configs() if quick else full_configs()
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bridge_cudagraph.bench", description=__doc__.split("\n")[0])
+    return add_arguments(parser).parse_args(argv)
+
+
+#: Benchmark options for ``bridge-cudagraph bench RECIPE`` (whose parser takes no bench flags), e.g. ``--quick``.
+BENCH_ARGS_ENV = "BRIDGE_CUDAGRAPH_BENCH_ARGS"
+
+
+def main(loaded: Any = None, args: Any = None) -> int:
+    """Entry point of ``bridge-cudagraph bench``: ``loaded`` (the recipe the CLI loaded) is ignored, the built-in
+    configurations run; ``args`` is a list of command-line strings, None (``sys.argv``), or an
+    ``argparse.Namespace`` whose attributes of :func:`add_arguments` win over the options in
+    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` and the defaults (the CLI's namespace carries none of them)."""
+    if args is None or isinstance(args, list | tuple):
+        args = _parse(args)
+    else:
+        base = _parse(shlex.split(os.environ.get(BENCH_ARGS_ENV, "")))
+        for key in vars(base):
+            if getattr(args, key, None) is not None:
+                setattr(base, key, getattr(args, key))
+        args = base
+    if loaded is not None:
+        _say("the benchmark runs its built-in configurations (tiny, small Qwen3-VL); the loaded recipe is not used")
+    variants = getattr(args, "variants", None) or ",".join(VARIANTS)
+    if isinstance(variants, str):
+        variants = [v.strip() for v in variants.split(",") if v.strip()]
+    configs = select_configs(quick=bool(getattr(args, "quick", False)), names=getattr(args, "configs", None))
+    import torch.distributed as dist
+
+    owns_world = not dist.is_initialized()
+    try:
+        data = run(
+            configs,
+            out_dir=getattr(args, "out", None) or "results/bench",
+            measured_steps=int(getattr(args, "measured_steps", None) or DEFAULT_MEASURED_STEPS),
+            warmup_steps=int(getattr(args, "warmup_steps", DEFAULT_WARMUP_STEPS)),
+            profile=not bool(getattr(args, "no_profile", False)),
+            variants=variants,
+        )
+    finally:
+        if owns_world and dist.is_initialized():
+            dist.destroy_process_group()
+    failed = [
+        f"{c['name']}/{name}" for c in data["configs"] for name, rec in c["variants"].items() if rec["status"] != "ok"
+    ]
+    if failed:
+        _say(f"failed variants: {failed}")
+    ours_failed = [f for f in failed if f.endswith("/ours") or f.endswith("/eager")]
+    return 1 if ours_failed else 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("BRIDGE_CUDAGRAPH_LOG", "WARNING"))
+    raise SystemExit(main(None, None))

@@ -1,0 +1,60 @@
+"""A very short benchmark run (tiny Qwen3-VL only, 5 measured steps): ours is faithful and faster than eager.
+
+Writes only under pytest's tmp_path (never into the repository).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_short_bench_tiny(world, record, tmp_path):
+    from bridge_cudagraph import bench
+    from bridge_cudagraph.harness.parity import LOSS_BOUND
+    from bridge_cudagraph.harness.world import parallel_state_untouched
+
+    out_dir = tmp_path / "bench"
+    data = bench.run(
+        [bench.tiny_config()],
+        out_dir=out_dir,
+        measured_steps=5,
+        warmup_steps=3,
+        world=world,
+        # No torch.profiler here: a CUPTI fault would take the whole GPU test session down with it; the
+        # benchmark command itself measures the GPU-busy fraction.
+        profile=False,
+        command="pytest tests/gpu/test_bench.py",
+    )
+
+    assert (out_dir / "bench.json").exists() and (out_dir / "bench.md").exists()
+    (config,) = data["configs"]
+    variants = config["variants"]
+    eager, ours, upstream = variants["eager"], variants["ours"], variants.get("upstream", {})
+    assert eager["status"] == "ok", eager.get("traceback")
+    assert ours["status"] == "ok", ours.get("traceback")
+    record(
+        phase="bench_tiny_5_steps",
+        eager_ms=eager["step_ms_median"],
+        upstream_ms=upstream.get("step_ms_median"),
+        ours_ms=ours["step_ms_median"],
+        upstream_status=upstream.get("status"),
+        upstream_loss_diff=upstream.get("loss_max_abs_diff_vs_eager"),
+        ours_loss_diff=ours["loss_max_abs_diff_vs_eager"],
+        ours_per_token_diff=ours["fixed_batch"]["loss_max_abs_diff"],
+        ours_vision_ms=ours.get("vision_ms"),
+        eager_vision_ms=eager.get("vision_ms"),
+    )
+
+    # Parity: every step's loss and the fixed batch's per-token loss within DESIGN.md's bound.
+    assert ours["loss_max_abs_diff_vs_eager"] <= LOSS_BOUND, ours["loss_abs_diff_per_step"]
+    assert ours["fixed_batch"]["loss_max_abs_diff"] <= LOSS_BOUND, ours["fixed_batch"]
+    # Speed: graphed steps are faster than eager ones.
+    assert ours["step_ms_median"] < eager["step_ms_median"], (ours["step_ms"], eager["step_ms"])
+    # The graphs really replayed: every measured micro-batch fits a vision budget, none fell back.
+    assert ours["eager_fallbacks"] == 0
+    assert ours["vision_replays"] >= 5
+    assert ours["capture_s"] > 0 and ours["graph_memory_bytes"] > 0
+    assert ours["vision_fwd_ms"] is not None and ours["vision_calls"] == 5
+    assert parallel_state_untouched()

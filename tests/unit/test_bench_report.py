@@ -1,0 +1,329 @@
+"""The benchmark's CPU side: report rendering from a synthetic ``bench.json``, merging, the configuration matrix,
+the synthetic data, the GPU-busy arithmetic on a synthetic profiler trace, and the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bridge_cudagraph import bench_report
+
+
+def _variant(step_ms, *, diff=None, per_token=None, busy=0.9, capture=None, graph_mib=None, source="profiler"):
+    v = {
+        "status": "ok",
+        "step_ms_median": step_ms,
+        "gpu_busy": busy,
+        "gpu_busy_source": source,
+        "peak_memory_bytes": 12 * 2**30,
+        "vision_ms": 3.5,
+        "vision_fwd_ms": 1.25,
+        "vision_bwd_ms": 2.25,
+    }
+    if diff is not None:
+        v.update(
+            loss_max_abs_diff_vs_eager=diff,
+            capture_s=capture,
+            graph_memory_bytes=graph_mib * 2**20,
+            fixed_batch={"loss_max_abs_diff": per_token, "loss_rel_l2": 0.0, "grad_norm_rel_diff": 0.0},
+        )
+    return v
+
+
+def _synthetic() -> dict:
+    eager = _variant(73.0, busy=0.41)
+    upstream = _variant(
+        29.0, diff=0.36, per_token=0.68, busy=0.97, capture=2.5, graph_mib=120, source="eager_kernel_time"
+    )
+    ours = _variant(28.5, diff=0.0, per_token=0.0, busy=0.98, capture=3.1, graph_mib=180)
+    upstream["speedup_vs_eager"] = 73.0 / 29.0
+    ours["speedup_vs_eager"] = 73.0 / 28.5
+    eager["speedup_vs_eager"] = 1.0
+    ours["counters"] = {"vision": {"replays": 33, "eager_fallbacks": 0}}
+    ours["vision_graph_memory_per_budget"] = {"96": 2**20, "768": 8 * 2**20}
+    small = {
+        "name": "small-mbs1-seq2048",
+        "description": "small",
+        "variants": {
+            "eager": _variant(410.0),
+            "upstream": {"status": "failed", "error": "RuntimeError: boom | with a pipe\nsecond line"},
+            "ours": {
+                **_variant(380.0, diff=2e-4, per_token=5e-3, capture=20.0, graph_mib=9000),
+                "speedup_vs_eager": 1.08,
+            },
+        },
+    }
+    return {
+        "meta": {
+            "gpu": "NVIDIA H200",
+            "date": "2026-11-29",
+            "torch": "2.11.0",
+            "transformer_engine": "2.20.2",
+            "megatron_core": "0.19.2",
+            "megatron_bridge": "0.6.2",
+            "command": "python -m bridge_cudagraph.bench --quick",
+            "measured_steps": 30,
+            "warmup_steps": 3,
+            "profiler_sees_graph_kernels": True,
+        },
+        "configs": [
+            {
+                "name": "tiny",
+                "description": "Tiny Qwen3-VL",
+                "patches_per_microbatch": [64, 352, 720, 128],
+                "frames_per_microbatch": [1, 3, 8, 2],
+                "vision_budgets": [96, 192, 384, 768],
+                "vision_max_segments": 12,
+                "upstream_vision_seq_length": 768,
+                "variants": {"eager": eager, "upstream": upstream, "ours": ours},
+            },
+            small,
+        ],
+    }
+
+
+def test_render_writes_markdown_tables_and_png(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(_synthetic()))
+    out = bench_report.render(path)
+    md = out["md"].read_text()
+    assert out["md"] == tmp_path / "bench.md"
+    header = "| " + " | ".join(bench_report.COLUMNS) + " |"
+    assert md.count(header) == 2  # one table per configuration
+    assert "## tiny" in md and "## small-mbs1-seq2048" in md
+    tiny_rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    assert "| eager | 73.0 | 1.00x | 0.41 | - |" in md
+    assert "| ours | 28.5 | 2.56x | 0.98 | 3.10 | 12.0 | 180 | 0 (exact) | 0 (exact) | 3.50 (1.25 + 2.25) |" in md
+    # over DESIGN.md's bound: bold; estimated busy: dagger
+    assert "| upstream | 29.0 | 2.52x | 0.97† | 2.50 | 12.0 | 120 | **3.6e-01** | **6.8e-01** |" in md
+    assert "failed: RuntimeError: boom / with a pipe" in md  # first line only, no table-breaking pipe
+    assert "2.0e-04" in md and "**5.0e-03**" in md
+    assert "33 graph replays, 0 eager fallbacks" in md
+    assert "![step time per configuration and variant](bench.png)" in md
+    assert "The profiler saw the kernels inside CUDA graph replays: yes" in md
+    assert tiny_rows  # every table line starts with a pipe
+    if out["png"] is not None:  # matplotlib present (requirements-cpu.txt)
+        data = out["png"].read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_render_survives_missing_fields(tmp_path):
+    data = {"meta": {}, "configs": [{"name": "x", "variants": {"eager": {"status": "ok"}}}]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    md = bench_report.render(path)["md"].read_text()
+    assert "| eager | n/a |" in md
+    assert "| upstream | not run |" in md
+
+
+def test_formatting():
+    assert bench_report.fmt_ms(7.123) == "7.12" and bench_report.fmt_ms(71.23) == "71.2"
+    assert bench_report.fmt_ms(None) == "n/a" and bench_report.fmt_ms(float("nan")) == "n/a"
+    assert bench_report.fmt_diff(0.0) == "0 (exact)"
+    assert bench_report.fmt_diff(1e-3) == "1.0e-03"
+    assert bench_report.fmt_diff(0.19) == "**1.9e-01**"
+
+
+def test_merge_replaces_by_name_and_renders(tmp_path):
+    first, second = _synthetic(), _synthetic()
+    second["meta"]["command"] = "second"
+    second["configs"] = [dict(second["configs"][1], description="replaced"), dict(second["configs"][0], name="new")]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    target = bench_report.merge([a, b], tmp_path / "merged")
+    merged = json.loads(target.read_text())
+    assert [c["name"] for c in merged["configs"]] == ["tiny", "small-mbs1-seq2048", "new"]
+    assert merged["configs"][1]["description"] == "replaced"
+    assert len(merged["meta"]["merged_from"]) == 2
+    assert (tmp_path / "merged" / "bench.md").exists()
+
+
+# ------------------------------------------------------------------------------------------ bench.py, CPU parts
+bench = pytest.importorskip("bridge_cudagraph.bench")
+
+
+def test_config_matrix():
+    quick = [c.name for c in bench.quick_configs()]
+    full = [c.name for c in bench.full_configs()]
+    assert quick == ["tiny", "small-mbs1-seq2048"]
+    assert full == ["tiny", "small-mbs1-seq2048", "small-mbs2-seq2048", "small-mbs1-seq4096", "small-mbs2-seq4096"]
+    assert [c.name for c in bench.select_configs(names="tiny, small-mbs2-seq4096")] == ["tiny", "small-mbs2-seq4096"]
+    with pytest.raises(ValueError, match="unknown bench configuration"):
+        bench.select_configs(names=["huge"])
+
+
+@pytest.mark.parametrize("cfg", [*bench.full_configs()], ids=lambda c: c.name)
+def test_images_fit_and_budgets_hold_every_microbatch(cfg):
+    budgets = cfg.vision_budgets()
+    assert budgets == sorted(set(budgets)) and all(b % 4 == 0 and b >= 4 for b in budgets)
+    assert max(cfg.patches_per_microbatch()) <= budgets[-1] == cfg.upstream_vision_seq_length()
+    assert max(cfg.frames_per_microbatch()) <= cfg.vision_max_segments()
+    for mb in cfg.image_sets:
+        assert len(mb) == cfg.micro_batch_size
+        for sample in mb:
+            tokens = sum(bench.image_tokens(g) + 9 for g in sample)
+            assert tokens < cfg.seq_length
+            for t, h, w in sample:
+                assert h % 2 == 0 and w % 2 == 0 and t >= 1
+    if cfg.model == "small":
+        counts = sorted({len(s) for mb in cfg.image_sets for s in mb})
+        assert counts == [1, 2, 3, 4]
+
+
+def test_small_batches_use_the_real_vocabulary():
+    import torch
+
+    from bridge_cudagraph.harness import tiny
+
+    cfg = bench.small_config(2, 2048)
+    batch = bench.make_batch(cfg, cfg.image_sets[0], seed=5, device="cpu")
+    ids, labels = batch["input_ids"], batch["labels"]
+    assert ids.shape == (2, 2048) and labels.shape == (2, 2048)
+    assert torch.equal(ids[:, 1:], labels[:, :-1])
+    image = bench.QWEN3_VL_TOKENS["image_token_id"]
+    assert int((ids == image).sum()) == cfg.patches_per_microbatch()[0] // 4
+    assert int((ids == bench.QWEN3_VL_TOKENS["vision_start_token_id"]).sum()) == sum(map(len, cfg.image_sets[0]))
+    assert not bool(((ids >= tiny.IMAGE_TOKEN_ID) & (ids < 1004)).any())  # no tiny special id left
+    text = ids[(ids < bench.QWEN3_VL_TEXT_END)]
+    assert int(text.max()) > 100_000  # text spans the large vocabulary
+    assert torch.equal(batch["loss_mask"], (labels != image).float())
+
+
+@pytest.mark.parametrize("make", [bench.tiny_config, lambda: bench.small_config(1, 2048)], ids=["tiny", "small"])
+def test_variant_providers_finalize(make):
+    cfg = make()
+    eager = bench.variant_provider(cfg, "eager")
+    eager.finalize()
+    assert eager.cuda_graph_impl == "none" and not eager.cuda_graph.any_enabled
+    ours = bench.variant_provider(cfg, "ours")
+    ours.finalize()
+    assert ours.cuda_graph_impl == "transformer_engine"
+    assert ours.cuda_graph.vision.token_budgets == cfg.vision_budgets()
+    assert ours.cuda_graph.on_capture_error == "raise"
+    upstream = bench.variant_provider(cfg, "upstream")
+    upstream.finalize()
+    assert type(upstream).__name__ == "Qwen3VLModelProvider"
+    assert upstream.cuda_graph_impl == "transformer_engine"
+    assert upstream.vision_cuda_graph_impl == "transformer_engine"
+    assert upstream.max_vision_cuda_graph_seq_length == cfg.vision_budgets()[-1]
+    if cfg.model == "small":
+        for p in (eager, ours, upstream):
+            assert (p.num_layers, p.hidden_size, p.ffn_hidden_size, p.num_attention_heads) == (28, 2048, 6144, 16)
+            assert (p.num_query_groups, p.kv_channels, p.vocab_size) == (8, 128, 151936)
+            assert list(p.mrope_section) == [24, 20, 20] and p.image_token_id == 151655
+            v = p.vision_config
+            assert (v.depth, v.hidden_size, v.num_heads, v.intermediate_size) == (24, 1024, 16, 4096)
+            assert (v.patch_size, v.spatial_merge_size, v.out_hidden_size) == (16, 2, 2048)
+            assert list(v.deepstack_visual_indexes) == [5, 11, 17]
+
+
+def _trace(kernels, windows):
+    events = [{"ph": "X", "cat": "kernel", "ts": s, "dur": d, "args": {"stream": st}} for s, d, st in kernels]
+    events += [
+        {"ph": "X", "cat": "user_annotation", "name": f"bench_step_{j}", "ts": s, "dur": d}
+        for j, (s, d) in enumerate(windows)
+    ]
+    events.append({"ph": "X", "cat": "gpu_user_annotation", "name": "bench_step_0", "ts": 0, "dur": 1e9})
+    return {"traceEvents": events}
+
+
+def test_kernel_time_per_step_unions_and_clips():
+    kernels = [
+        (100, 50, 7),  # step 0
+        (120, 50, 7),  # overlaps the previous one: union 100..170 = 70
+        (180, 10, 9),  # another stream
+        (1e14, 5, 7),  # a corrupted off-clock record: ignored
+        (1000, 400, 7),  # step 1
+    ]
+    trace = _trace(kernels, [(90, 200), (990, 1000)])
+    out = bench.kernel_time_per_step(trace, 2)
+    assert out["kernel_ms"] == pytest.approx([0.080, 0.400])
+    assert out["kernels"] == [3, 1]
+    assert out["compute_stream"] == 7
+    assert out["compute_stream_ms"] == pytest.approx([0.100, 0.400])  # stream sum (overlap counted twice)
+    assert out["window_ms"] == pytest.approx([0.2, 1.0])
+    with pytest.raises(RuntimeError, match="ranges"):
+        bench.kernel_time_per_step(trace, 3)
+
+
+def test_union_length():
+    assert bench.union_length([]) == 0
+    assert bench.union_length([(0, 1), (0.5, 2), (3, 4), (3.5, 3.6)]) == pytest.approx(3.0)
+
+
+def test_gpu_busy_summary_and_eager_fallback():
+    profile = {"kernel_ms": [8.0, 9.0], "kernels": [100, 110], "compute_stream_ms": [8.0, 9.0], "window_ms": [12, 13]}
+    by_key = {(0,): 10.0, (1,): 10.0}
+    eager = bench.gpu_busy_summary(profile, by_key, [(0,), (1,)])
+    assert eager["gpu_busy"] == pytest.approx(17 / 20) and eager["gpu_busy_source"] == "profiler"
+    assert eager["gpu_busy_in_profiled_steps"] == pytest.approx(17 / 25)
+    graphed = {"kernel_ms": [0.5, 0.5], "kernels": [3, 3], "compute_stream_ms": [0.5, 0.5], "window_ms": [9, 9]}
+    fast = {(0,): 9.0, (1,): 9.0}
+    out = bench.gpu_busy_summary(graphed, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
+    assert out["gpu_busy_source"] == "eager_kernel_time"
+    assert out["gpu_busy"] == pytest.approx(17 / 18)
+    assert "eager's kernel time" in out["gpu_busy_note"]
+    seen = bench.gpu_busy_summary(profile, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
+    assert seen["gpu_busy_source"] == "profiler" and seen["gpu_busy"] == pytest.approx(17 / 18)
+    more = {**profile, "kernel_ms": [16.0, 17.0]}  # more work than eager (upstream's vision padding): kept
+    padded = bench.gpu_busy_summary(more, by_key, [(0,), (1,)], eager_profile=profile, graphed=True)
+    assert padded["gpu_busy_source"] == "profiler" and padded["gpu_busy"] == pytest.approx(33 / 20)
+    assert "exceeds the unprofiled step time" in padded["gpu_busy_note"]
+    blind = bench.gpu_busy_summary(
+        profile, fast, [(0,), (1,)], eager_profile=profile, graphed=True, profiler_sees_graph_kernels=False
+    )
+    assert blind["gpu_busy_source"] == "eager_kernel_time"
+    assert bench.gpu_busy_summary(None, by_key, [(0,)])["gpu_busy"] is None
+
+
+def test_step_plan_cycles():
+    cfg = bench.tiny_config()
+    plan = bench.step_plan(cfg, 6)
+    assert plan == [[0], [1], [2], [3], [0], [1]]
+    assert bench.cycle_length(cfg) == 4
+
+
+def test_clean_makes_json_safe():
+    out = bench._clean({"a": float("nan"), 1: (1.0, math.inf), "b": {"c": [2.0]}})
+    assert out == {"a": None, "1": [1.0, None], "b": {"c": [2.0]}}
+    json.dumps(out, allow_nan=False)
+
+
+def test_main_parses_arguments_and_ignores_the_recipe(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run(configs, **kwargs):
+        seen["configs"] = [c.name for c in configs]
+        seen.update(kwargs)
+        return {"configs": [{"name": "tiny", "variants": {"eager": {"status": "ok"}, "ours": {"status": "ok"}}}]}
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    assert bench.main(object(), ["--out", str(tmp_path), "--quick", "--measured-steps", "31", "--no-profile"]) == 0
+    assert seen["configs"] == ["tiny", "small-mbs1-seq2048"]
+    assert seen["out_dir"] == str(tmp_path) and seen["measured_steps"] == 31 and seen["profile"] is False
+    assert list(seen["variants"]) == ["eager", "upstream", "ours"]
+
+    import argparse
+
+    ns = argparse.Namespace(out=str(tmp_path), configs="tiny")  # a namespace with only some attributes
+    assert bench.main(None, ns) == 0
+    assert seen["configs"] == ["tiny"] and seen["measured_steps"] == 30 and seen["warmup_steps"] == 3
+
+    # The CLI's own namespace (verb, recipe, overrides): options come from the environment.
+    monkeypatch.setenv(bench.BENCH_ARGS_ENV, f"--quick --out {tmp_path}/cli --measured-steps 40")
+    cli = argparse.Namespace(verb="bench", recipe="recipes/tiny.yaml", overrides=[])
+    assert bench.main(object(), cli) == 0
+    assert seen["configs"] == ["tiny", "small-mbs1-seq2048"]
+    assert seen["out_dir"] == f"{tmp_path}/cli" and seen["measured_steps"] == 40
+
+
+def test_main_fails_when_ours_fails(monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        bench,
+        "run",
+        lambda configs, **kw: {"configs": [{"name": "tiny", "variants": {"ours": {"status": "failed"}}}]},
+    )
+    assert bench.main(None, ["--out", str(tmp_path), "--configs", "tiny"]) == 1
