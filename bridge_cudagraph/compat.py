@@ -76,3 +76,31 @@ def init_signature(cls: type) -> inspect.Signature:
     """The signature of ``cls.__init__``, as Bridge's ``"pg_collection" in inspect.signature(...)`` probe sees it
     (megatron-core >= 0.17 adds ``pg_collection``, see :func:`helper_accepts_pg_collection`)."""
     return inspect.signature(cls.__init__)
+
+
+def use_prebuilt_dataset_helpers() -> bool:
+    """megatron-core's PyPI wheels (0.19.2 seen) ship the compiled ``megatron.core.datasets.helpers_cpp`` but not
+    the Makefile that Bridge's ``initialize_megatron`` runs ``make -C`` on (``bridge/training/initialize.py``
+    ``compile_helpers()``), so every Bridge run on such an install ``sys.exit(1)``s during set-up ("Failed to compile
+    the C++ dataset helper functions"). When the Makefile is absent and the prebuilt module imports, rebind Bridge's
+    ``compile_helpers`` to a check that the module is there. A source install (NGC) keeps Bridge's behaviour.
+    Returns whether the rebinding was made."""
+    import importlib
+    import os
+
+    from megatron.core.datasets import utils as dataset_utils
+
+    folder = os.path.dirname(dataset_utils.__file__)
+    if os.path.exists(os.path.join(folder, "Makefile")):
+        return False
+    try:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+    except ImportError:
+        return False
+    from megatron.bridge.training import initialize
+
+    def compile_helpers() -> None:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+
+    initialize.compile_helpers = compile_helpers
+    return True

@@ -40,7 +40,10 @@ def run(config: Any, *, callbacks: Sequence[Any] = (), forward_step_func: Callab
     from megatron.bridge.training.pretrain import pretrain
     from megatron.bridge.utils.common_utils import print_rank_0
 
+    from bridge_cudagraph.compat import use_prebuilt_dataset_helpers
+
     bridge_loop.install()
+    use_prebuilt_dataset_helpers()
     graph_callback = CudaGraphCallback()
     step = forward_step_func or forward_step_for(config.model)
     finetuning = config.checkpoint.pretrained_checkpoint is not None
