@@ -241,7 +241,14 @@ def tiny_qwen3_vl_config(*, checkpoint_dir: str | None = None, train_iters: int 
             use_distributed_optimizer=True,
             overlap_param_gather=True,
         ),
-        scheduler=SchedulerConfig(lr_decay_style="cosine", lr_warmup_iters=5),
+        # Megatron's OptimizerParamScheduler asserts start_wd >= 0: the weight-decay schedule must be explicit.
+        scheduler=SchedulerConfig(
+            lr_decay_style="cosine",
+            lr_warmup_iters=5,
+            start_weight_decay=0.01,
+            end_weight_decay=0.01,
+            weight_decay_incr_style="constant",
+        ),
         ddp=DistributedDataParallelConfig(
             use_distributed_optimizer=True,
             overlap_grad_reduce=True,

@@ -202,3 +202,15 @@ def test_resume_sees_the_batches_an_uninterrupted_run_sees(cfg):
 def test_dataset_refuses_settings_it_cannot_honour(change, match):
     with pytest.raises(ValueError, match=match):
         TinyVLMDatasetConfig(**change).finalize()
+
+
+def test_bridge_builds_the_learning_rate_scheduler_from_it(tmp_path):
+    """Bridge's own scheduler construction (setup_optimizer's second half) accepts the recipe's settings; a
+    missing weight-decay schedule made it assert at set-up on the GPU (start_wd None)."""
+    from megatron.bridge.training.optim import _get_scheduler
+
+    cfg = _validated(tmp_path)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=cfg.optimizer.lr)
+    scheduler = _get_scheduler(cfg.optimizer, cfg.scheduler, optimizer)
+    scheduler.step(1)
+    assert optimizer.param_groups[0]["weight_decay"] == cfg.scheduler.start_weight_decay
