@@ -685,14 +685,17 @@ _UPSTREAM_ALIAS_KEY = re.compile(r"^(module\.)*(decoder|rotary_pos_emb)(\.|$)")
 def _load(model, state: list[dict], *, aliases_allowed: bool) -> None:
     """Copy ``state`` into the model's tensors in place (captured graphs keep pointing at them)."""
     for chunk, chunk_state in zip(model, state, strict=True):
-        result = chunk.load_state_dict(chunk_state, strict=not aliases_allowed)
         if aliases_allowed:
-            bad = [k for k in result.missing_keys if not _UPSTREAM_ALIAS_KEY.match(k)]
-            if bad or result.unexpected_keys:
+            # Megatron's Float16Module.load_state_dict returns None (megatron/core/transformer/module.py), so the
+            # key check is done here rather than on torch's result object.
+            target = set(chunk.state_dict())
+            bad = [k for k in target - set(chunk_state) if not _UPSTREAM_ALIAS_KEY.match(k)]
+            unexpected = sorted(set(chunk_state) - target)
+            if bad or unexpected:
                 raise RuntimeError(
-                    f"initial weights do not fit the upstream model: missing {bad[:5]}, "
-                    f"unexpected {list(result.unexpected_keys)[:5]}"
+                    f"initial weights do not fit the upstream model: missing {bad[:5]}, unexpected {unexpected[:5]}"
                 )
+        chunk.load_state_dict(chunk_state, strict=not aliases_allowed)
 
 
 def _free() -> None:
