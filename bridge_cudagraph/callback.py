@@ -327,6 +327,10 @@ class CudaGraphCallback(Callback):
 
         self.release_graphs()  # a previous train() in this process (in-process restart) left graphs behind
         provider = get_model_config(context.model[0])
+        from bridge_cudagraph.replicas import install_grad_sync
+
+        # Vision replicas (vision TP < language TP) stay identical: average their gradients every step.
+        install_grad_sync(provider, context.model)
         if not is_graph_provider(provider) or not provider.cuda_graph.any_enabled:
             self.lifecycle = None
             return

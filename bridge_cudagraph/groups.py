@@ -210,7 +210,21 @@ def build_collections(
         pgc = build_submodule_collection(layout, backend=backend, timeout=timeout)
         if pgc is not None:
             module_pgs[str(submodule)] = pgc
+    if Submodule.VISION in resolved:
+        _attach_replica_group(
+            module_pgs.get(str(Submodule.VISION)), resolved[Submodule.LANGUAGE], resolved[Submodule.VISION]
+        )
     return MultiModuleProcessGroupCollection(module_pgs=module_pgs, language_model_module_name=str(Submodule.LANGUAGE))
+
+
+def _attach_replica_group(vision_pgc, language: ResolvedLayout, vision: ResolvedLayout) -> None:
+    """The vision replica groups over the language TP groups of the first stage (collective; see
+    :mod:`bridge_cudagraph.replicas`)."""
+    from bridge_cudagraph.replicas import build_replica_group
+
+    first_stage = set(language.first_stage_ranks)
+    tp_groups = [g for g in rank_layout(language)["tp"] if set(g) <= first_stage]
+    build_replica_group(vision_pgc, tp_groups, vision.tp)
 
 
 def layout_of_collection(pgc: ProcessGroupCollection, *, name: Submodule | str = Submodule.LANGUAGE) -> ResolvedLayout:
@@ -287,7 +301,9 @@ def derive_vision_collection(
     vision = VisionLayout(
         tp=vision_tp, num_attention_heads=num_attention_heads, vision_dp_when_cp=vision_dp_when_cp
     ).resolve(language)
-    return build_submodule_collection(vision, backend=backend, timeout=timeout)
+    vision_pgc = build_submodule_collection(vision, backend=backend, timeout=timeout)
+    _attach_replica_group(vision_pgc, language, vision)
+    return vision_pgc
 
 
 def destroy_collections(
