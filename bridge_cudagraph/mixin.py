@@ -47,11 +47,13 @@ class CudaGraphProviderMixin:
 
             cfg = self.cuda_graph = cuda_graph_config_from_dict(cfg, "model.cuda_graph")
         cfg.validate("model.cuda_graph")
-        owned = getattr(self, "_bridge_cudagraph_owns_language", False)
-        if owned and not cfg.language.enabled:  # switched off after an earlier finalize()
-            self.cuda_graph_impl, owned = "none", False
-            self._bridge_cudagraph_owns_language = False
-        if self.cuda_graph_impl not in ("none", None) and not (owned and cfg.language.enabled):
+        if cfg.any_enabled:
+            from bridge_cudagraph.validation import check_environment
+
+            check_environment()
+        # Every check comes before the first change to the provider: a refused block leaves it as it was.
+        owned = getattr(self, "_bridge_cudagraph_owns_language", False)  # set by an earlier finalize()
+        if self.cuda_graph_impl not in ("none", None) and not owned:
             raise CudaGraphConfigError(
                 f"model.cuda_graph_impl={self.cuda_graph_impl!r} is upstream's language-graph switch; with "
                 "bridge_cudagraph set model.cuda_graph.language.enabled=true and leave model.cuda_graph_impl "
@@ -72,15 +74,16 @@ class CudaGraphProviderMixin:
             self._check_vision()
         if cfg.language.enabled:
             self._check_language_graphable()
+        if owned and not cfg.language.enabled:  # switched off after an earlier finalize()
+            self.cuda_graph_impl = "none"
+            self._bridge_cudagraph_owns_language = False
+        if cfg.language.enabled:
             self.cuda_graph_impl = "transformer_engine"
             self._bridge_cudagraph_owns_language = True
             set_cuda_graph_modules(self, list(cfg.language.modules or []))
             if cfg.language.warmup_steps is not None:
                 self.cuda_graph_warmup_steps = cfg.language.warmup_steps
         if cfg.any_enabled:
-            from bridge_cudagraph.validation import check_environment
-
-            check_environment()
             # Graph replay needs TE's graph-safe RNG tracker (else: "'Tensor' object has no attribute
             # 'get_state'" at capture). Bridge keys its RNG set-up on the same flag.
             self.use_te_rng_tracker = True
@@ -104,6 +107,11 @@ class CudaGraphProviderMixin:
                 f"replicas must line up with language tensor-parallel groups (grad norm); use 1 or a divisor of {tp}"
             )
         if self.cuda_graph.vision.enabled:
+            if getattr(self, "fp16", False) and not getattr(self, "bf16", False):
+                raise CudaGraphConfigError(
+                    f"{where}.enabled=true with model.fp16=true: Bridge's Qwen3-VL vision path builds its embeddings "
+                    "in bf16; train in bf16 (model.bf16=true) or set the vision graphs off"
+                )
             merge = self.vision_config.spatial_merge_size
             budgets = self.cuda_graph.vision.token_budgets or []
             small = [b for b in budgets if b < merge * merge]
@@ -151,14 +159,6 @@ class CudaGraphProviderMixin:
                     f"{where}.modules captures whole MoE layers, whose token counts per expert vary per batch; "
                     f"capture [attn, moe_router, moe_preprocess] (or [attn]) instead, or set "
                     "model.moe_expert_capacity_factor and model.moe_pad_expert_input_to_capacity=true"
-                )
-        if getattr(self, "fp16", False) and not getattr(self, "bf16", False):
-            # Megatron-Core's static inputs assume bf16; LanguageGraphHelper re-types them, so fp16 works,
-            # but the vision path of Bridge hard-codes bf16 embeddings (vision_model.py).
-            if self.cuda_graph.vision.enabled:
-                raise CudaGraphConfigError(
-                    "model.fp16=true with model.cuda_graph.vision.enabled=true: Qwen3-VL's vision path assumes "
-                    "bf16; train in bf16 (model.bf16=true) or disable vision graphs"
                 )
 
     # ------------------------------------------------------------------ build time

@@ -110,6 +110,10 @@ class FakeChunk:
     config: object
     training: bool = True
 
+    def modules(self):
+        """No submodules: in particular no vision encoder, so no replica gradient sync is installed."""
+        return iter(())
+
 
 @dataclass
 class World:
