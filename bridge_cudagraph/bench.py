@@ -261,10 +261,9 @@ def configs_by_name(names: Iterable[str]) -> list[BenchConfig]:
 
 # ============================================================================================ models
 def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
-    """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block."""
-    from bridge_cudagraph.config import CudaGraphConfig
+    """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block: the
+    tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes."""
     from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.providers import CudaGraphQwen3VLModelProvider
 
     deepstack = [5, 11, 17]
     vision = tiny.tiny_vision_config(
@@ -276,18 +275,10 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
         num_position_embeddings=2304,
         deepstack_visual_indexes=list(deepstack),
     )
-    fields = dict(
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16,
-        use_te_rng_tracker=True,
-        make_vocab_size_divisible_by=128,
+    return tiny.tiny_qwen3_vl_provider(
+        cuda_graph,
         vocab_size=QWEN3_VL_VOCAB,
         share_embeddings_and_output_weights=True,
-        gradient_accumulation_fusion=False,
-        activation_func=torch.nn.functional.silu,
         num_layers=28,
         hidden_size=2048,
         ffn_hidden_size=6144,
@@ -297,23 +288,14 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
         seq_length=seq_length,
         language_max_sequence_length=seq_length,
         mrope_section=[24, 20, 20],
-        normalization="RMSNorm",
         layernorm_epsilon=1e-6,
-        gated_linear_unit=True,
-        add_bias_linear=False,
-        qk_layernorm=True,
-        position_embedding_type="mrope",
-        rotary_base=5000000.0,
         vision_config=vision,
-        patch_size=16,
-        temporal_patch_size=2,
         spatial_merge_size=_MERGE,
         num_position_embeddings=2304,
         out_hidden_size=2048,
         deepstack_visual_indexes=list(deepstack),
         **QWEN3_VL_TOKENS,
     )
-    return CudaGraphQwen3VLModelProvider(cuda_graph=copy.deepcopy(cuda_graph) or CudaGraphConfig(), **fields)
 
 
 def make_provider(cfg: BenchConfig, cuda_graph=None):
