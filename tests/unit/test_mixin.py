@@ -1,0 +1,54 @@
+"""The provider mixin's wiring on a real gloo world: which collection each helper and the vision encoder get.
+
+The models themselves need TE and a GPU (tests/gpu); the wiring does not: the language helper is built on the
+collection Bridge hands ``provide_distributed_model`` (``_pg_collection``), never on ``parallel_state``, and the
+vision collection is derived from it with the block's own tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _dist import run_world
+
+
+def _wiring(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.groups import build_collections
+    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.harness.world import parallel_state_untouched
+    from bridge_cudagraph.layout import ParallelLayout
+
+    language = build_collections(ParallelLayout(tp=2), None, backend="gloo")["language"]
+    cfg = CudaGraphConfig(
+        language=LanguageGraphConfig(enabled=True),
+        vision=VisionGraphConfig(enabled=True, tensor_parallel_size=1),
+        num_microbatches=3,
+    )
+    provider = tiny.tiny_qwen3_vl_provider(cfg, tensor_model_parallel_size=2)
+    provider.finalize()
+    provider._pg_collection = language  # what Bridge's provide_distributed_model sets
+    helper = provider.make_language_graph_helper([], micro_batch_size=2)
+    vision = provider.vision_pg_collection()  # derived (collective) from the language collection
+    again = provider.vision_pg_collection()
+    return {
+        "helper_on_language": helper.pg_collection is language and helper.tp_group is language.tp,
+        "microbatches": helper.explicit_num_microbatches,
+        "vision_tp": vision.tp.size(),
+        "vision_dp": vision.dp.size(),
+        "vision_is_not_language": vision is not language and vision.tp is not language.tp,
+        "vision_tp_ranks": dist.get_process_group_ranks(vision.tp),
+        "cached": again is vision,
+        "untouched": parallel_state_untouched(),
+    }
+
+
+@pytest.mark.slow
+def test_helpers_and_encoder_get_their_own_collections():
+    results = run_world(2, _wiring)
+    for rank, r in enumerate(results):
+        assert r["helper_on_language"] and r["microbatches"] == 3
+        assert (r["vision_tp"], r["vision_dp"]) == (1, 2)
+        assert r["vision_is_not_language"] and r["vision_tp_ranks"] == [rank]
+        assert r["cached"] and r["untouched"]
