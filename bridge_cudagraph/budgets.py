@@ -7,6 +7,8 @@ spatial_merge_size**2`` = 576) is in merged-token units, so any micro-batch abov
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 #: How many budgets a derived ladder has: the largest and three halvings.
 LADDER_STEPS = 4
 #: Smallest image assumed when deriving the per-micro-batch frame limit: 4 x 4 merged tokens.
@@ -38,3 +40,26 @@ def derive_max_segments(budgets: list[int], merge: int) -> int:
     """Image frames a micro-batch may hold and still replay, when not configured: the largest budget filled
     with images of :data:`MIN_IMAGE_MERGED_TOKENS` merged tokens. It sizes the static ``cu_seqlens``."""
     return max(1, budgets[-1] // (merge * merge * MIN_IMAGE_MERGED_TOKENS))
+
+
+def check_token_budgets(budgets: Sequence[int], spatial_merge_size: int, where: str) -> None:
+    """Refuse budgets that cannot hold an image or are in merged-token units, showing the arithmetic.
+
+    The one check the provider's ``finalize()``, ``build_plan`` and the vision helper all use.
+    """
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    merge = spatial_merge_size * spatial_merge_size
+    for i, b in enumerate(budgets):
+        name = f"{where}.token_budgets[{i}]"
+        if b < merge:
+            raise CudaGraphConfigError(
+                f"{name}={b} is smaller than the smallest image: one merged token is spatial_merge_size**2 = "
+                f"{spatial_merge_size}**2 = {merge} patches; use budgets >= {merge}"
+            )
+        if b % merge:
+            raise CudaGraphConfigError(
+                f"{name}={b} is not a multiple of spatial_merge_size**2 = {merge} ({b} % {merge} = {b % merge}): "
+                f"budgets count patches, not merged tokens; round up to {round_up(b, merge)}, or if this looks "
+                f"like merged-token units multiply by {merge}: {b * merge}"
+            )

@@ -112,20 +112,11 @@ class CudaGraphProviderMixin:
                     f"{where}.enabled=true with model.fp16=true: Bridge's Qwen3-VL vision path builds its embeddings "
                     "in bf16; train in bf16 (model.bf16=true) or set the vision graphs off"
                 )
-            merge = self.vision_config.spatial_merge_size
-            budgets = self.cuda_graph.vision.token_budgets or []
-            small = [b for b in budgets if b < merge * merge]
-            if small:
-                raise CudaGraphConfigError(
-                    f"{where}.token_budgets {small} are smaller than the smallest image "
-                    f"(spatial_merge_size**2 = {merge * merge} patches); remove them"
-                )
-            odd = [b for b in budgets if b % (merge * merge)]
-            if odd:
-                raise CudaGraphConfigError(
-                    f"{where}.token_budgets {odd} are not multiples of spatial_merge_size**2 = {merge * merge}: "
-                    f"budgets count patches, not merged tokens (multiply merged-token counts by {merge * merge})"
-                )
+            from bridge_cudagraph.budgets import check_token_budgets
+
+            check_token_budgets(
+                self.cuda_graph.vision.token_budgets or [], self.vision_config.spatial_merge_size, where
+            )
             if (self.pipeline_model_parallel_size or 1) > 1:
                 raise CudaGraphConfigError(
                     f"{where}.enabled=true with model.pipeline_model_parallel_size > 1 is not supported yet: several "

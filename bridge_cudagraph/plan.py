@@ -27,6 +27,7 @@ from typing import Any
 from bridge_cudagraph.budgets import (
     LADDER_STEPS,
     MIN_IMAGE_MERGED_TOKENS,
+    check_token_budgets,
     derive_max_segments,
     derive_token_budgets,
     max_patches_per_microbatch,
@@ -568,7 +569,6 @@ def _plan_vision(
     cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, layout: ResolvedLayout
 ) -> VisionPlan:
     where = "model.cuda_graph.vision"
-    merge = v.merge_unit
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
     if not cfg.vision.enabled:
@@ -585,20 +585,7 @@ def _plan_vision(
     else:
         budgets = list(cfg.vision.token_budgets)
         derived = False
-        for i, b in enumerate(budgets):
-            name = f"{where}.token_budgets[{i}]"
-            if b < merge:
-                raise CudaGraphConfigError(
-                    f"{name}={b} is smaller than the smallest possible image: one merged token is "
-                    f"spatial_merge_size**2 = {v.spatial_merge_size}**2 = {merge} patches; use budgets >= {merge}"
-                )
-            if b % merge:
-                up = merge * math.ceil(b / merge)
-                raise CudaGraphConfigError(
-                    f"{name}={b} is not a multiple of spatial_merge_size**2 = {merge} ({b} % {merge} = {b % merge}); "
-                    f"budgets count patches (before the {v.spatial_merge_size}x{v.spatial_merge_size} merge): round "
-                    f"up to {up}, or if this looks like merged-token units multiply by {merge}: {b * merge}"
-                )
+        check_token_budgets(budgets, v.spatial_merge_size, where)
     if cfg.vision.max_images_per_microbatch is None:
         images = derive_max_segments(budgets, v.spatial_merge_size)
         images_derived = True

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from bridge_cudagraph.budgets import check_token_budgets
 from bridge_cudagraph.capture.common import CaptureError, CaptureStats, abandon_capture, measure
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -150,11 +151,8 @@ class VisionGraphHelper:
                 "(CudaGraphQwen3VLModelProvider or with_cuda_graphs(provider)); got "
                 f"{type(vision_model).__name__}"
             )
-        merge = vision_model.spatial_merge_unit
         budgets = sorted(int(b) for b in budgets)
-        bad = [b for b in budgets if b % merge or b < merge]
-        if bad:
-            raise CaptureError(f"vision budgets {bad} are not positive multiples of spatial_merge_size**2 = {merge}")
+        check_token_budgets(budgets, vision_model.spatial_merge_size, "vision")
         self.model = list(model)
         self.vision_model = vision_model
         self.budgets = budgets

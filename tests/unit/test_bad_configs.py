@@ -79,7 +79,7 @@ FINALIZE_CASES = [
     (
         "budget-in-merged-units",
         lambda: _vl({"vision": {"enabled": True, "token_budgets": [64, 1022]}}),
-        ["not multiples of spatial_merge_size**2", "patches, not merged tokens"],
+        ["not a multiple of spatial_merge_size**2", "patches, not merged tokens"],
     ),
     (
         "vision-graphs-with-pp",
