@@ -58,6 +58,31 @@ def init_world(
     return World(dist.get_rank(), dist.get_world_size(), lang, vis, collections)
 
 
+def close_world(world: World | None = None, *, hang_after_s: float = 60.0) -> None:
+    """Tear the NCCL world down: our collections' groups first, then the default group.
+
+    Call it after every CUDA graph that captured collectives on these groups is deleted. NCCL communicators that
+    are never destroyed make the interpreter's exit wait on them (seen on the H200: processes that passed their
+    tests did not exit). A watchdog dumps every thread's stack to stderr and exits with code 3 if the teardown
+    itself takes longer than ``hang_after_s``, so a hang shows where it is instead of eating a machine's time
+    limit silently.
+    """
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback_later(hang_after_s, exit=True, file=sys.stderr)
+    try:
+        if world is not None:
+            from bridge_cudagraph.groups import destroy_collections
+
+            destroy_collections(world.collections)
+        if dist.is_initialized():
+            torch.cuda.synchronize()
+            dist.destroy_process_group()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def seed_rng(pgc, seed: int) -> None:
     """Seed torch and TE's graph-safe CUDA RNG tracker with this rank's explicit tp/ep ranks (no globals)."""
     from megatron.core import tensor_parallel

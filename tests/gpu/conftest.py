@@ -19,10 +19,15 @@ def world():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from bridge_cudagraph.harness.world import init_world
+    from bridge_cudagraph.harness.world import close_world, init_world
     from bridge_cudagraph.layout import VisionLayout
 
-    return init_world(vision=VisionLayout())
+    world = init_world(vision=VisionLayout())
+    yield world
+    import gc
+
+    gc.collect()  # graphs still referenced by finished tests' models go first (their pools hold NCCL buffers)
+    close_world(world)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ across language tensor-parallel ranks, step times and graph counts. Rank 0 write
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -16,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
-from bridge_cudagraph.groups import build_collections
+from bridge_cudagraph.groups import build_collections, destroy_collections
 from bridge_cudagraph.harness import tiny
 from bridge_cudagraph.harness.data import qwen3_vl_batch
 from bridge_cudagraph.harness.parity import megatron_optimizer, train_steps
-from bridge_cudagraph.harness.world import init_world, parallel_state_untouched, seed_rng
+from bridge_cudagraph.harness.world import close_world, init_world, parallel_state_untouched, seed_rng
 from bridge_cudagraph.layout import ParallelLayout, VisionLayout
 
 SEQ, MBS, STEPS = 256, 2, 30
@@ -180,6 +181,11 @@ def run_case(name: str, spec: dict) -> dict:
     )
     for h in helpers:
         h.delete_cuda_graphs()
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    destroy_collections(collections)
     return row
 
 
@@ -229,17 +235,38 @@ class _NormProbe:
         return self.optimizer.step()
 
 
+def _meta() -> dict:
+    import platform
+
+    from bridge_cudagraph.compat import installed_version
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "world_size": dist.get_world_size(),
+        "torch": torch.__version__,
+        "megatron_core": installed_version("megatron-core"),
+        "megatron_bridge": installed_version("megatron-bridge"),
+        "transformer_engine": installed_version("transformer-engine"),
+        "python": platform.python_version(),
+        "command": "python -m torch.distributed.run --standalone --nproc_per_node 2 tests/gpu/multi_gpu_runner.py "
+        + " ".join(sys.argv[1:]),
+    }
+
+
 def main() -> None:
     out, names = sys.argv[1], sys.argv[2:] or list(CASES)
-    init_world()
+    world = init_world()
     rows = []
     for name in names:
+        started = time.perf_counter()
         try:
             rows.append(run_case(name, CASES[name]))
         except Exception as error:  # record and go on: one broken case must not hide the others
             import traceback
 
             rows.append({"case": name, "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()})
+        rows[-1]["seconds"] = time.perf_counter() - started
         if dist.get_rank() == 0:
             print(
                 json.dumps({k: v for k, v in rows[-1].items() if k not in ("trace",)}, default=str)[:2000], flush=True
@@ -248,9 +275,12 @@ def main() -> None:
     dist.all_gather_object(gathered, rows)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
-            json.dump({"ranks": gathered}, f, indent=1, default=str)
+            json.dump({"meta": _meta(), "ranks": gathered}, f, indent=1, default=str)
     dist.barrier()
-    dist.destroy_process_group()
+    started = time.perf_counter()
+    close_world(world)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"multi_gpu_runner: process groups destroyed in {time.perf_counter() - started:.1f} s", flush=True)
 
 
 if __name__ == "__main__":
