@@ -63,3 +63,16 @@ def check_token_budgets(budgets: Sequence[int], spatial_merge_size: int, where: 
                 f"budgets count patches, not merged tokens; round up to {round_up(b, merge)}, or if this looks "
                 f"like merged-token units multiply by {merge}: {b * merge}"
             )
+
+
+def in_flight_microbatches(pipeline_parallel_size: int, num_microbatches: int) -> int:
+    """Micro-batches the first pipeline stage holds between their forward and their backward.
+
+    Megatron's 1F1B schedule runs ``pp - rank - 1`` warmup forwards, then one more forward before each backward,
+    so stage 0 holds at most ``min(pp, num_microbatches)``; without a pipeline, one. Each in-flight micro-batch
+    needs its own copy of the vision graphs: a replay overwrites the static activations the previous
+    micro-batch's backward still needs (megatron-core keeps one graph per micro-batch for the same reason).
+    """
+    if pipeline_parallel_size < 1 or num_microbatches < 1:
+        raise ValueError(f"pipeline size {pipeline_parallel_size} and micro-batches {num_microbatches} must be >= 1")
+    return 1 if pipeline_parallel_size == 1 else min(pipeline_parallel_size, num_microbatches)

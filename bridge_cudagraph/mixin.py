@@ -117,11 +117,6 @@ class CudaGraphProviderMixin:
             check_token_budgets(
                 self.cuda_graph.vision.token_budgets or [], self.vision_config.spatial_merge_size, where
             )
-            if (self.pipeline_model_parallel_size or 1) > 1:
-                raise CudaGraphConfigError(
-                    f"{where}.enabled=true with model.pipeline_model_parallel_size > 1 is not supported yet: several "
-                    "in-flight micro-batches would share one graph's static buffers; disable vision graphs or use PP=1"
-                )
 
     def _check_language_graphable(self) -> None:
         where = "model.cuda_graph.language"
@@ -226,11 +221,17 @@ class CudaGraphProviderMixin:
                 )
             )
         if self.cuda_graph.vision.enabled:
-            helpers.extend(self._make_vision_graph_helpers(model, micro_batch_size=micro_batch_size))
+            helpers.extend(
+                self._make_vision_graph_helpers(
+                    model, micro_batch_size=micro_batch_size, num_microbatches=num_microbatches
+                )
+            )
         return helpers
 
-    def _make_vision_graph_helpers(self, model: list[Any], *, micro_batch_size: int) -> list[Any]:
-        from bridge_cudagraph.budgets import derive_max_segments, derive_token_budgets
+    def _make_vision_graph_helpers(
+        self, model: list[Any], *, micro_batch_size: int, num_microbatches: int
+    ) -> list[Any]:
+        from bridge_cudagraph.budgets import derive_max_segments, derive_token_budgets, in_flight_microbatches
         from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel, VisionGraphHelper
 
         encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
@@ -247,6 +248,7 @@ class CudaGraphProviderMixin:
                 budgets=budgets,
                 max_segments=segments,
                 on_capture_error=self.cuda_graph.on_capture_error,
+                copies=in_flight_microbatches(self.pipeline_model_parallel_size or 1, num_microbatches or 1),
             )
         ]
 

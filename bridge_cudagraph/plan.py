@@ -30,6 +30,7 @@ from bridge_cudagraph.budgets import (
     check_token_budgets,
     derive_max_segments,
     derive_token_budgets,
+    in_flight_microbatches,
     max_patches_per_microbatch,
 )
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
@@ -308,7 +309,9 @@ class VisionPlan:
             entries: the leading 0 and the padding segment).
         images_derived: ``max_images_per_microbatch`` was derived, not given.
         static_inputs: ``(budget, inputs)`` for every budget.
-        graphs: Graphs on each vision rank: ``depth x len(token_budgets)``.
+        copies: Independent graph sets, one per micro-batch the first pipeline stage keeps in flight (1 without a
+            pipeline; :func:`~bridge_cudagraph.budgets.in_flight_microbatches`).
+        graphs: Graphs on each vision rank: ``depth x len(token_budgets) x copies``.
     """
 
     enabled: bool
@@ -320,6 +323,7 @@ class VisionPlan:
     max_images_per_microbatch: int
     images_derived: bool
     static_inputs: tuple[tuple[int, tuple[str, ...]], ...]
+    copies: int
     graphs: int
 
 
@@ -436,9 +440,10 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
             f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "
             "(images of >= 4x4 merged tokens)"
         )
+    copies = f" x {vision.copies} in-flight copies (pipeline stage 0, 1F1B)" if vision.copies > 1 else ""
     lines = [
-        f"vision: {vision.depth} layers x {len(vision.token_budgets)} budgets = {vision.graphs} graphs per rank"
-        f"{where}, {_modules_text(vision.modules)}",
+        f"vision: {vision.depth} layers x {len(vision.token_budgets)} budgets{copies} = {vision.graphs} graphs "
+        f"per rank{where}, {_modules_text(vision.modules)}",
         budget_line,
         images_line,
         f"  a micro-batch with more than {vision.token_budgets[-1]} patches or more images runs eagerly (counted)",
@@ -566,19 +571,13 @@ def _check_positive(name: str, value: Any) -> None:
 
 
 def _plan_vision(
-    cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, layout: ResolvedLayout
+    cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, num_mb: int | None, layout: ResolvedLayout
 ) -> VisionPlan:
     where = "model.cuda_graph.vision"
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
     if not cfg.vision.enabled:
-        return VisionPlan(False, v.depth, modules, (), False, max_patches, 0, False, (), 0)
-    if facts.pp > 1:
-        raise CudaGraphConfigError(
-            f"{where}.enabled=true with model.pipeline_model_parallel_size={facts.pp}: vision graphs under a "
-            "language pipeline are not supported yet (the encoder's capture schedule would have to follow the "
-            f"1F1B schedule of stage 0); use pp 1 or set {where}.enabled=false"
-        )
+        return VisionPlan(False, v.depth, modules, (), False, max_patches, 0, False, (), 1, 0)
     if cfg.vision.token_budgets is None:
         budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
         derived = True
@@ -593,6 +592,7 @@ def _plan_vision(
         images = cfg.vision.max_images_per_microbatch
         images_derived = False
     inputs = tuple((b, _vision_static_inputs(v, b, images, facts.dtype)) for b in budgets)
+    copies = in_flight_microbatches(facts.pp, num_mb or 1)
     return VisionPlan(
         enabled=True,
         depth=v.depth,
@@ -603,7 +603,8 @@ def _plan_vision(
         max_images_per_microbatch=images,
         images_derived=images_derived,
         static_inputs=inputs,
-        graphs=v.depth * len(budgets),
+        copies=copies,
+        graphs=v.depth * len(budgets) * copies,
     )
 
 
@@ -703,7 +704,7 @@ def build_plan(
 
     vision = None
     if v is not None:
-        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, layout=resolved[Submodule.VISION])
+        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, layout=resolved[Submodule.VISION])
     return CapturePlan(
         facts=facts,
         world_size=world_size,

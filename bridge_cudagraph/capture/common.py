@@ -114,6 +114,27 @@ def measure(stats: CaptureStats) -> Iterator[None]:
         stats.graph_memory_bytes = max(0, torch.cuda.memory_reserved() - reserved)
 
 
+@contextlib.contextmanager
+def megatron_capturing() -> Iterator[None]:
+    """Raise megatron-core's process-wide "capturing" flag around a capture megatron-core does not run itself.
+
+    Megatron's DDP gradient hooks return early while the flag is up (``distributed_data_parallel.py``
+    ``_make_backward_post_hook``). TE 2.20 captures a backward with ``torch.autograd.backward``, which runs the
+    parameters' ``AccumulateGrad`` nodes and so those hooks; without the flag a hook would add the gradient to
+    ``main_grad`` inside the graph and set ``param.grad = None``, so the graph would hand back no parameter
+    gradients and, at replay, no hook would ever tell DDP a gradient is ready: with ``overlap_grad_reduce`` the
+    bucket's reduce is never issued ("Communication call has not been issued for this bucket", seen on the H200).
+    megatron-core's own helper raises the same flag around its capture (``_start_capturing``).
+    """
+    from megatron.core.transformer import cuda_graphs
+
+    cuda_graphs._set_capture_start()
+    try:
+        yield
+    finally:
+        cuda_graphs._set_capture_end()
+
+
 def abandon_capture(layers, model_chunks, error: BaseException, submodule: str) -> str:
     """Leave the model training eagerly after a failed capture, as if graphs had never been asked for.
 

@@ -18,7 +18,14 @@ boundaries as a *static tensor input*:
 
 A micro-batch larger than the largest budget, or with more frames than ``max_segments``, runs eagerly and is
 counted (:attr:`CaptureStats.eager_fallbacks`), logged once. All budgets share one memory pool: only one budget
-runs per micro-batch, and at PP=1 a micro-batch's forward and backward finish before the next one starts.
+runs per micro-batch.
+
+Under a pipelined language model the first stage holds several micro-batches between forward and backward (1F1B),
+so the graphs are captured in ``copies`` independent sets (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`):
+a forward takes a free set and the set is free again once that micro-batch's backward has reached it. The schedule's
+order needs no capture-time ``_order``: whichever order the schedule runs, a micro-batch's forward and backward
+replay the same set, and no set is shared by two micro-batches in flight. A micro-batch that finds no free set runs
+eagerly and is counted, never corrupts another's activations.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.budgets import check_token_budgets
-from bridge_cudagraph.capture.common import CaptureError, CaptureStats, abandon_capture, measure
+from bridge_cudagraph.capture.common import CaptureError, CaptureStats, abandon_capture, measure, megatron_capturing
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -82,6 +89,50 @@ class _PackedVisionLayer(torch.nn.Module):
         return out
 
 
+class GraphCopies:
+    """Which of ``count`` independent graph sets are free, for schedules that keep micro-batches in flight.
+
+    A set is taken by a micro-batch's forward and given back when that micro-batch's backward reaches the sets'
+    output. A backward runs to completion before the schedule starts another forward, so giving the set back as
+    the gradient arrives (just before the layers' backward graphs replay) is safe. Without a backward through
+    the graphs (no gradient needed), the set is free again at once.
+    """
+
+    def __init__(self, count: int) -> None:
+        if count < 1:
+            raise CaptureError(f"vision graph copies must be >= 1, got {count}")
+        self.count = count
+        self._busy = [False] * count
+
+    def acquire(self) -> int | None:
+        """A free set, marked busy; None when every set is in flight."""
+        for index, busy in enumerate(self._busy):
+            if not busy:
+                self._busy[index] = True
+                return index
+        return None
+
+    def release_after_backward(self, index: int, output: torch.Tensor) -> None:
+        """Free set ``index`` when the gradient of ``output`` (the sets' last output) is computed."""
+        if torch.is_grad_enabled() and output.requires_grad:
+
+            def free(grad, index=index):
+                self._busy[index] = False
+                return grad
+
+            output.register_hook(free)
+        else:
+            self._busy[index] = False
+
+    def in_flight(self) -> int:
+        """Sets taken by micro-batches whose backward has not reached them yet."""
+        return sum(self._busy)
+
+    def reset(self) -> None:
+        """Every set free (after capture, deletion, or an aborted step)."""
+        self._busy = [False] * self.count
+
+
 class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
     """Bridge's Qwen3-VL vision encoder, built under the vision collection, whose transformer layers replay
     the graphs of a :class:`VisionGraphHelper` when one is attached and a micro-batch fits a budget."""
@@ -97,14 +148,16 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
         n = x.size(0)
         seqlens = frame_seqlens(grid_thw)
         budget = helper.budget_for(n, seqlens.numel())
-        if budget is None:
-            helper.count_fallback(n, seqlens.numel())
+        copy = None if budget is None else helper.copies.acquire()
+        if copy is None:
+            helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None)
             return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
         rotary = self.rot_pos_emb(grid_thw).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
         h = F.pad(x, (0, 0, 0, budget - n))[:, None]
         rotary = F.pad(rotary, (0, 0, 0, 0, 0, 0, 0, budget - n))
         cu = padded_cu_seqlens(seqlens, budget, helper.cu_seqlens_length)
-        graphs = helper.graphs[budget]
+        graphs = helper.graphs[budget][copy]
+        helper.before_replay()
         deepstack = []
         block = self.decoder
         for index, layer in enumerate(block.layers):
@@ -114,6 +167,7 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
             if index in block.deepstack_visual_indexes:
                 merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(index)]
                 deepstack.append(merger(h[:n]))
+        helper.copies.release_after_backward(copy, h)
         helper.stats.replays += 1
         return self.merger(h[:n]), deepstack
 
@@ -131,6 +185,8 @@ class VisionGraphHelper:
         max_segments: Most image frames a micro-batch may hold and still replay.
         num_warmup_iters: TE warmup iterations per callable before capture.
         on_capture_error: ``"eager"`` or ``"raise"``.
+        copies: Independent graph sets, one per micro-batch the schedule keeps in flight
+            (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`; 1 without a pipeline).
     """
 
     submodule = "vision"
@@ -144,6 +200,7 @@ class VisionGraphHelper:
         max_segments: int,
         num_warmup_iters: int = 3,
         on_capture_error: str = "eager",
+        copies: int = 1,
     ) -> None:
         if not isinstance(vision_model, GraphedQwen3VLVisionModel):
             raise CaptureError(
@@ -160,9 +217,14 @@ class VisionGraphHelper:
         self.cu_seqlens_length = self.max_segments + 2
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
-        self.graphs: dict[int, list] = {}
+        self.copies = GraphCopies(int(copies))
+        #: ``graphs[budget][copy][layer]``: the graphed layer callables.
+        self.graphs: dict[int, list[list]] = {}
+        #: Parameters whose weight gradient TE accumulates into ``main_grad`` inside the graph (see before_replay).
+        self._fused_grad_params: list[torch.nn.Parameter] = []
         self.stats = CaptureStats(self.submodule, layers=len(vision_model.decoder.layers))
         self._warned_fallback = False
+        self._warned_no_copy = False
         self._pool = None
         vision_model.graph_helper = self
 
@@ -174,9 +236,19 @@ class VisionGraphHelper:
         i = bisect.bisect_left(self.budgets, patches)
         return self.budgets[i] if i < len(self.budgets) else None
 
-    def count_fallback(self, patches: int, segments: int) -> None:
-        """Count an eager micro-batch; log the first one with the numbers and the fix."""
+    def count_fallback(self, patches: int, segments: int, *, no_free_copy: bool = False) -> None:
+        """Count an eager micro-batch; log the first one of each cause with the numbers and the fix."""
         self.stats.eager_fallbacks += 1
+        if no_free_copy:
+            if not self._warned_no_copy:
+                self._warned_no_copy = True
+                logger.warning(
+                    "bridge_cudagraph: a vision micro-batch found all %d vision graph copies in flight (their "
+                    "backward has not run yet); it runs eagerly (counted in stats). The copies follow the "
+                    "pipeline's in-flight micro-batches; a schedule that keeps more needs more copies.",
+                    self.copies.count,
+                )
+            return
         if not self._warned_fallback:
             self._warned_fallback = True
             logger.warning(
@@ -188,6 +260,16 @@ class VisionGraphHelper:
                 self.budgets[-1],
                 self.max_segments,
             )
+
+    def before_replay(self) -> None:
+        """Mark the fused-accumulation weights as "already added to main_grad", as TE's Python did at capture.
+
+        Inside a graph TE accumulates these weight gradients into ``main_grad`` and returns a placeholder; the
+        flag tells Megatron's DDP hook not to add the placeholder. DDP's ``zero_grad_buffer`` clears the flag
+        every step unless the *language* config uses TE graphs, and a replay runs no TE Python to set it again.
+        """
+        for param in self._fused_grad_params:
+            param.grad_added_to_main_grad = True
 
     # ------------------------------------------------------------------ capture
     def _sample_inputs(self, budget: int):
@@ -208,34 +290,21 @@ class VisionGraphHelper:
         return [(h, rotary, cu) for h in hidden_states]
 
     def create_cudagraphs(self) -> None:
-        """Capture every layer for every budget into one shared pool; on failure, raise or run eagerly."""
-        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-        from transformer_engine.pytorch import make_graphed_callables
-
+        """Capture every layer for every budget (and copy) into one shared pool; on failure, raise or run eagerly."""
         if self.graphs:
             return
         layers = list(self.vision_model.decoder.layers)
         try:
-            with measure(self.stats):
+            with measure(self.stats), megatron_capturing():
                 self._pool = torch.cuda.graph_pool_handle()
                 for budget in self.budgets:
                     before = torch.cuda.memory_reserved()
-                    callables = tuple(_PackedVisionLayer(layer, budget) for layer in layers)
-                    with (
-                        get_cuda_rng_tracker().fork()
-                        if self.vision_model.config.sequence_parallel
-                        else (contextlib.nullcontext())
-                    ):
-                        graphed = make_graphed_callables(
-                            callables,
-                            tuple(self._sample_inputs(budget)),
-                            num_warmup_iters=self.num_warmup_iters,
-                            allow_unused_input=True,
-                            pool=self._pool,
-                        )
-                    self.graphs[budget] = list(graphed)
+                    self.graphs[budget] = [self._capture_budget(layers, budget) for _ in range(self.copies.count)]
                     torch.cuda.synchronize()
                     self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
+                self._fused_grad_params = [
+                    p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)
+                ]
                 self._reset_after_capture()
         except Exception as error:
             self.graphs = {}
@@ -243,7 +312,24 @@ class VisionGraphHelper:
                 raise
             self.stats.failed = abandon_capture(layers, self.model, error, self.submodule)
             return
-        self.stats.graphs = sum(len(g) for g in self.graphs.values())
+        self.copies.reset()
+        self.stats.graphs = sum(len(g) for copies in self.graphs.values() for g in copies)
+
+    def _capture_budget(self, layers: list, budget: int) -> list:
+        """One set of graphed layers at ``budget`` patches, in the shared pool."""
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+        from transformer_engine.pytorch import make_graphed_callables
+
+        callables = tuple(_PackedVisionLayer(layer, budget) for layer in layers)
+        with get_cuda_rng_tracker().fork() if self.vision_model.config.sequence_parallel else contextlib.nullcontext():
+            graphed = make_graphed_callables(
+                callables,
+                tuple(self._sample_inputs(budget)),
+                num_warmup_iters=self.num_warmup_iters,
+                allow_unused_input=True,
+                pool=self._pool,
+            )
+        return list(graphed)
 
     def _reset_after_capture(self) -> None:
         """TE's warmup passes wrote gradients; clear them as megatron-core's helper does."""
@@ -266,12 +352,15 @@ class VisionGraphHelper:
 
     def delete_cuda_graphs(self) -> None:
         """Free every vision graph (TE ``reset()``) before process groups go away; allows re-capture."""
-        for graphs in self.graphs.values():
-            for graph in graphs:
-                reset = getattr(graph, "reset", None)
-                if reset is not None:
-                    reset()
+        for copies in self.graphs.values():
+            for graphs in copies:
+                for graph in graphs:
+                    reset = getattr(graph, "reset", None)
+                    if reset is not None:
+                        reset()
         self.graphs = {}
+        self.copies.reset()
+        self._fused_grad_params = []
         for layer in self.vision_model.decoder.layers:
             layer.cuda_graph_manual_hooks = []
         self._pool = None

@@ -8,6 +8,7 @@ across language tensor-parallel ranks, step times and graph counts. Rank 0 write
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from bridge_cudagraph.harness.world import close_world, init_world, parallel_sta
 from bridge_cudagraph.layout import ParallelLayout, VisionLayout
 
 SEQ, MBS, STEPS = 256, 2, 30
+CASE_LIMIT_S = float(os.environ.get("BRIDGE_CUDAGRAPH_CASE_LIMIT_S", "150"))
 IMAGE_SETS = [
     [[(1, 8, 8)], []],
     [[(1, 8, 8), (1, 12, 8)], [(1, 16, 12)]],
@@ -35,7 +37,7 @@ CASES = {
     "tp2_vtp1": dict(layout=ParallelLayout(tp=2), vtp=1, sp=False, mb=1),
     "tp2_sp_vtp1": dict(layout=ParallelLayout(tp=2), vtp=1, sp=True, mb=1),
     "tp2_vtp2_upstream_layout": dict(layout=ParallelLayout(tp=2), vtp=2, sp=False, mb=1),
-    "pp2_4mb": dict(layout=ParallelLayout(pp=2), vtp=1, sp=False, mb=4, vision_graphs=False),
+    "pp2_4mb": dict(layout=ParallelLayout(pp=2), vtp=1, sp=False, mb=4),
     "dp2_overlap_param_gather": dict(layout=ParallelLayout(), vtp=1, sp=False, mb=1, overlap=True),
 }
 
@@ -174,6 +176,10 @@ def run_case(name: str, spec: dict) -> dict:
         ),
         vision_replicas_identical_every_step=all(replicas_ok),
         graphs={h.submodule: h.stats.graphs for h in helpers},
+        counters={
+            h.submodule: {"replays": h.stats.replays, "eager_fallbacks": h.stats.eager_fallbacks} for h in helpers
+        },
+        vision_copies=next((h.copies.count for h in helpers if h.submodule == "vision"), None),
         capture_failed={h.submodule: h.stats.failed for h in helpers},
         median_step_ms_reference=_median(times_ref[5:]),
         median_step_ms_graphed=_median(times[5:]),
@@ -260,12 +266,16 @@ def main() -> None:
     rows = []
     for name in names:
         started = time.perf_counter()
+        # A hung case (a collective one rank never joins) dumps every thread's stack and ends the run, so the log
+        # shows where; the cases before it are already printed.
+        faulthandler.dump_traceback_later(CASE_LIMIT_S, exit=True)
         try:
             rows.append(run_case(name, CASES[name]))
         except Exception as error:  # record and go on: one broken case must not hide the others
             import traceback
 
             rows.append({"case": name, "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()})
+        faulthandler.cancel_dump_traceback_later()
         rows[-1]["seconds"] = time.perf_counter() - started
         if dist.get_rank() == 0:
             print(

@@ -50,6 +50,9 @@ def test_two_gpu_cases(tmp_path, record):
                 failures.append(f"rank {rank} {case}: vision replicas differ")
             if not row["graphs"].get("language"):
                 failures.append(f"rank {rank} {case}: no language graphs ({row['capture_failed']})")
+            vision = row.get("counters", {}).get("vision")
+            if vision is not None and vision["eager_fallbacks"]:
+                failures.append(f"rank {rank} {case}: {vision['eager_fallbacks']} vision micro-batches ran eagerly")
             if not row["parallel_state_untouched"]:
                 failures.append(f"rank {rank} {case}: parallel_state was initialised")
     assert not failures, "\n".join(failures)

@@ -81,11 +81,6 @@ FINALIZE_CASES = [
         lambda: _vl({"vision": {"enabled": True, "token_budgets": [64, 1022]}}),
         ["not a multiple of spatial_merge_size**2", "patches, not merged tokens"],
     ),
-    (
-        "vision-graphs-with-pp",
-        lambda: _vl(VIS, pipeline_model_parallel_size=2),
-        ["pipeline_model_parallel_size", "PP=1"],
-    ),
 ]
 
 BLOCK_CASES = [
