@@ -25,8 +25,16 @@ What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):
   again afterwards.
 * ``on_train_end`` (``train.py:810``) and Bridge's ``_delete_cuda_graphs`` (``train.py:768``, reached through
   :class:`~bridge_cudagraph.bridge_loop.CallbackOwnedGraphs` also on the early-exit path that skips
-  ``on_train_end``): delete every graph. Both come before Bridge destroys its global state and process groups
-  (``pretrain.py:199``, ``215``), so graphs holding NCCL buffers cannot hang the exit.
+  ``on_train_end``: ``exit_interval``, ``exit_duration_in_mins`` and, with ``train.exit_signal_handler``, SIGTERM):
+  delete every graph. Both come before Bridge destroys its global state and process groups (``pretrain.py:199``,
+  ``215``), so graphs holding NCCL buffers cannot hang the exit.
+* when the training loop raises (an exception, or Bridge's own ``sys.exit`` of the early-exit path), Bridge's
+  ``_pretrain`` aborts the process groups in its ``except`` (``pretrain.py:200-211``) and no event fires;
+  :func:`bridge_cudagraph.train.release_graphs_if_training_raises` wraps the loop so that :meth:`release_graphs`
+  runs first (:func:`bridge_cudagraph.train.run` installs it).
+
+Every :meth:`CudaGraphCallback.release_graphs` call is logged in ``CudaGraphCallback.releases`` (why, what was
+deleted, whether ``torch.distributed`` was still initialised), which the teardown tests read.
 
 The decisions are in :class:`GraphLifecycle` and small pure functions, which the CPU tests drive with fake
 helpers and a fake loop; the callback only translates Bridge's ``CallbackContext`` into them.
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -317,6 +326,10 @@ class CudaGraphCallback(Callback):
         self.lifecycle: GraphLifecycle | None = None
         self._provider = None
         self._hooks: PreHooks | None = None
+        self.releases: list[dict[str, Any]] = []
+        """One entry per :meth:`release_graphs` call of a run with graphs: ``reason``, ``time``, ``deleted``
+        (submodules whose graphs this call freed) and ``process_groups_alive`` (``torch.distributed`` still
+        initialised, i.e. the graphs went before the process groups)."""
 
     # ------------------------------------------------------------------ Bridge events
     def on_train_start(self, context) -> None:
@@ -325,7 +338,8 @@ class CudaGraphCallback(Callback):
 
         from bridge_cudagraph.providers import is_graph_provider
 
-        self.release_graphs()  # a previous train() in this process (in-process restart) left graphs behind
+        # A previous train() in this process (in-process restart) left graphs behind.
+        self.release_graphs(reason="on_train_start: graphs of a previous run")
         provider = get_model_config(context.model[0])
         from bridge_cudagraph.replicas import install_grad_sync
 
@@ -385,7 +399,7 @@ class CudaGraphCallback(Callback):
             try:
                 lifecycle.capture(step, self._hooks)
             except BaseException:  # on_capture_error="raise": free what exists before Bridge aborts the groups
-                self.release_graphs()
+                self.release_graphs(reason="capture raised")
                 raise
             _print_rank0(capture_summary(due, step=step, start_step=lifecycle.start_step))
         lifecycle.set_manual_hooks(self._hooks)
@@ -403,23 +417,38 @@ class CudaGraphCallback(Callback):
 
     def on_train_end(self, context) -> None:
         """Delete every graph (before Bridge destroys its process groups)."""
-        self.release_graphs()
+        self.release_graphs(reason="on_train_end")
 
     # ------------------------------------------------------------------ owner protocol (bridge_loop)
-    def release_graphs(self) -> None:
-        """Delete every graph this callback captured; idempotent. Bridge's teardown reaches it via bridge_loop."""
+    def release_graphs(self, reason: str = "Bridge's _delete_cuda_graphs") -> list[GraphSlot]:
+        """Delete every graph this callback captured; idempotent; returns the slots this call deleted.
+
+        Reached from Bridge's end-of-loop teardown (via :mod:`~bridge_cudagraph.bridge_loop`, which calls it without
+        arguments), ``on_train_end``, and :func:`bridge_cudagraph.train.release_graphs_if_training_raises` when the
+        loop raises. Never raises for a failing delete (logged by :meth:`GraphLifecycle.teardown`): it runs on the way
+        out of a failed run and must not mask that failure.
+        """
         lifecycle = self.lifecycle
         if lifecycle is None:
-            return
+            return []
         deleted = lifecycle.teardown()
         if self._provider is not None:
             bridge_loop.unclaim(self._provider, self)
+        self.releases.append(
+            {
+                "reason": reason,
+                "time": time.time(),
+                "deleted": [s.submodule for s in deleted],
+                "process_groups_alive": _process_groups_alive(),
+            }
+        )
         if deleted:
             _print_rank0(
                 "bridge_cudagraph: deleted the "
                 + ", ".join(f"{s.submodule} ({s.graphed_steps} graphed steps)" for s in deleted)
-                + " CUDA graphs"
+                + f" CUDA graphs ({reason})"
             )
+        return deleted
 
     def _report(self, state, iteration: int, counters: dict[str, dict[str, int]]) -> None:
         parts = [f"{sub}: " + " ".join(f"{k}={v}" for k, v in values.items()) for sub, values in counters.items()]
@@ -432,6 +461,16 @@ class CudaGraphCallback(Callback):
         wandb = state.wandb_logger
         if wandb is not None:
             wandb.log(flat, iteration)
+
+
+def _process_groups_alive() -> bool:
+    """Whether ``torch.distributed`` is initialised (Bridge aborts it after a failure, destroys it at the end)."""
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:  # never let a probe break a teardown
+        return False
 
 
 def _toggles_pre_hooks(cfg) -> bool:

@@ -12,6 +12,9 @@ GPU test trains, and the smallest thing to try the plugin on:
 * bf16, distributed optimizer with overlapped gradient reduce and parameter gather (so the DDP forward
   pre-hooks and the graphs' manual hooks are exercised), sequence 256, micro-batch 2, global batch 2,
   50 iterations, evaluation every 20 iterations for 2, logging every 10, a checkpoint at the end;
+* ``train.exit_signal_handler=True``: SIGTERM (Slurm's ``scancel``, preemption, torchrun passing its own SIGTERM on)
+  ends training at the next step boundary: a checkpoint when ``checkpoint.save`` is set, the graphs deleted, exit
+  code 0 (see :mod:`bridge_cudagraph.train`). Bridge's default, off, lets SIGTERM kill the process outright;
 * the data is :class:`TinyVLMDatasetConfig`: a Bridge ``DatasetProvider`` that makes every sample in-process
   from a seed, with one to three images of different sizes, in exactly the batch layout Bridge's
   ``qwen3_vl_step.forward_step`` reads (see :meth:`TinyVLMDataset.collate_fn`).
@@ -227,7 +230,10 @@ def tiny_qwen3_vl_config(*, checkpoint_dir: str | None = None, train_iters: int 
     seq_length = model.seq_length
     return ConfigContainer(
         model=model,
-        train=TrainingConfig(micro_batch_size=2, global_batch_size=2, train_iters=train_iters),
+        # SIGTERM: finish the step, save, delete the graphs and exit 0, instead of dying mid-step.
+        train=TrainingConfig(
+            micro_batch_size=2, global_batch_size=2, train_iters=train_iters, exit_signal_handler=True
+        ),
         validation=ValidationConfig(eval_interval=20, eval_iters=2),
         optimizer=OptimizerConfig(
             optimizer="adam",

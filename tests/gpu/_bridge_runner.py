@@ -1,16 +1,29 @@
-"""One training run of the tiny Qwen3-VL recipe through Megatron-Bridge's real loop, for ``test_bridge_loop.py``.
+"""One training run of the tiny Qwen3-VL recipe through Megatron-Bridge's real loop, for ``test_bridge_loop.py``
+and ``test_teardown.py``.
 
 Each run is its own process because Bridge initialises and destroys ``torch.distributed``, its process groups and
 its globals once per process::
 
     python -m torch.distributed.run --standalone --nproc_per_node 1 tests/gpu/_bridge_runner.py \\
-        --out run.json --graphs on --save DIR --save-interval 30 [--load DIR --ckpt-step 30]
+        --out run.json --graphs on --save DIR --save-interval 30 [--load DIR --ckpt-step 30] \\
+        [--end normal|exception|signal --end-at 6] [--no-eval]
 
 It loads ``recipes/tiny_qwen3_vl.yaml`` with :func:`bridge_cudagraph.recipe.load_recipe` (``--graphs off`` adds the
 overrides that disable both submodules) and trains through :func:`bridge_cudagraph.train.run`, as the CLI's
 ``train`` verb does. It rewrites ``--out`` (JSON) after every training step, so a crash still leaves what ran:
-per-iteration loss and step time, evaluation losses, what the ``CudaGraphCallback`` captured, the initial weights'
-fingerprint, when training ended (the test times the exit from there) and whether ``parallel_state`` was touched.
+its pid, per-iteration loss, step time and wall-clock time, evaluation losses, what the ``CudaGraphCallback``
+captured, the initial weights' fingerprint, when training ended (the test times the exit from there) and whether
+``parallel_state`` was touched. A ``finally`` around ``run()`` writes the last word: how ``run()`` ended
+(``outcome``), the graphs' final phases and the callback's ``releases`` (who deleted the graphs, and whether the
+process groups were still up then).
+
+How it ends (``--end``, for the teardown test):
+
+* ``normal``: trains ``--iters`` iterations;
+* ``exception``: raises :class:`InjectedTrainingFailure` from ``on_train_step_end`` of iteration ``--end-at``;
+* ``signal``: at ``on_train_step_end`` of iteration ``--end-at`` writes ``ready_for_signal_time`` and waits (at
+  most ``--signal-wait`` seconds) until Bridge's SIGTERM handler has seen a signal, which the test sends to the
+  torchrun process; Bridge then ends the run at that step boundary.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,7 +59,18 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-interval", type=int, default=None)
     p.add_argument("--load", default=None, help="checkpoint directory to resume from")
     p.add_argument("--ckpt-step", type=int, default=None, help="iteration to resume from (default: latest)")
-    return p.parse_args(argv)
+    p.add_argument("--end", choices=("normal", "exception", "signal"), default="normal", help="how training ends")
+    p.add_argument("--end-at", type=int, default=None, help="iteration of --end exception/signal")
+    p.add_argument("--signal-wait", type=float, default=120.0, help="--end signal: longest wait for the signal (s)")
+    p.add_argument("--no-eval", action="store_true", help="no evaluation, during or after training")
+    args = p.parse_args(argv)
+    if args.end != "normal" and args.end_at is None:
+        p.error(f"--end {args.end} needs --end-at")
+    return args
+
+
+class InjectedTrainingFailure(RuntimeError):
+    """What ``--end exception`` raises inside Bridge's training loop; the teardown test looks for its name."""
 
 
 class Recorder(Callback):
@@ -53,8 +78,17 @@ class Recorder(Callback):
 
     def __init__(self, path: str, args: argparse.Namespace) -> None:
         self.path = path
+        self.args = args
         self.graph_callback = None
-        self.data: dict = {"args": vars(args), "steps": [], "evals": [], "capture": {}, "graphs": []}
+        self.data: dict = {
+            "args": vars(args),
+            "pid": os.getpid(),
+            "steps": [],
+            "evals": [],
+            "capture": {},
+            "graphs": [],
+            "releases": [],
+        }
         self._t0 = 0.0
 
     def flush(self) -> None:
@@ -82,6 +116,7 @@ class Recorder(Callback):
         for row in self.data["graphs"]:  # the numbers right after capture (delete resets them)
             if row["phase"] != Phase.PENDING.value and row["submodule"] not in self.data["capture"]:
                 self.data["capture"][row["submodule"]] = dict(row)
+        self.data["releases"] = list(getattr(self.graph_callback, "releases", []))
 
     def on_train_start(self, context) -> None:
         from megatron.core.utils import get_model_config
@@ -93,6 +128,8 @@ class Recorder(Callback):
         self.data["model_cuda_graph_impl"] = get_model_config(context.model[0]).cuda_graph_impl
         self.data["parallel_state_untouched_at_start"] = parallel_state_untouched()
         self.data["weights_at_start"] = _fingerprint(context.model)
+        handler = signal.getsignal(signal.SIGTERM)  # Bridge's, with train.exit_signal_handler
+        self.data["sigterm_handler"] = getattr(handler, "__qualname__", repr(handler))
         self._snapshot()
         self.flush()
 
@@ -104,16 +141,37 @@ class Recorder(Callback):
         torch.cuda.synchronize()
         seconds = time.perf_counter() - self._t0
         loss = (context.loss_dict or {}).get("lm loss")
+        iteration = context.state.train_state.step + 1  # Bridge increments after this event
         self.data["steps"].append(
             {
-                "iteration": context.state.train_state.step + 1,  # Bridge increments after this event
+                "iteration": iteration,
                 "loss": None if loss is None else float(loss),
                 "seconds": seconds,
+                "time": time.time(),
                 "skipped": bool(context.skipped_iter),
                 "grad_norm": None if context.grad_norm is None else float(context.grad_norm),
             }
         )
         self._snapshot()
+        self.flush()
+        if iteration == self.args.end_at and self.args.end == "exception":
+            self.data["end_time"] = time.time()
+            self.flush()
+            raise InjectedTrainingFailure(f"injected by the teardown test at iteration {iteration}")
+        if iteration == self.args.end_at and self.args.end == "signal":
+            self._wait_for_signal(context.state)
+
+    def _wait_for_signal(self, state) -> None:
+        """Tell the test to send SIGTERM now (graphs are captured), and hold the loop until Bridge's handler has
+        seen it: the run then ends at this step boundary, not at whatever step the signal happens to land in."""
+        handler = getattr(state, "signal_handler", None)  # None without train.exit_signal_handler
+        self.data["ready_for_signal_time"] = time.time()
+        self.flush()
+        deadline = time.monotonic() + self.args.signal_wait
+        while time.monotonic() < deadline and not getattr(handler, "_signal_received", False):
+            time.sleep(0.02)  # Python runs the signal handler in this thread, between these sleeps
+        self.data["signal_seen"] = bool(getattr(handler, "_signal_received", False))
+        self.data["signal_seen_time"] = time.time()
         self.flush()
 
     def on_eval_start(self, context) -> None:
@@ -160,6 +218,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"checkpoint.ckpt_step={args.ckpt_step}")
     if args.graphs == "off":
         out += ["model.cuda_graph.language.enabled=false", "model.cuda_graph.vision.enabled=false"]
+    if args.no_eval:  # Bridge builds no validation or test data then, and evaluates neither during nor after training
+        out += ["validation.eval_iters=0", "validation.eval_interval=null"]
     return out
 
 
@@ -170,13 +230,24 @@ def main(argv=None) -> int:
     args = _args(argv)
     recorder = Recorder(args.out, args)
     recorder.data["launch_time"] = time.time()
+    recorder.flush()  # the pid, early: a test that must kill a hung run finds the worker by it
     # The CLI's path: ``bridge-cudagraph train recipes/tiny_qwen3_vl.yaml k=v ...`` loads the same way.
     loaded = load_recipe(RECIPE, overrides(args))
     recorder.data["overrides"] = list(loaded.overrides)
+    outcome: dict = {"kind": "returned"}
     try:
         run(loaded.config, callbacks=[recorder])
+    except SystemExit as error:  # Bridge's sys.exit(exit_code) after an early exit (SIGTERM with the handler on)
+        outcome = {"kind": "SystemExit", "code": error.code}
+        raise
+    except BaseException as error:
+        outcome = {"kind": type(error).__name__, "message": str(error)[:500]}
+        raise
     finally:
+        # After Bridge's teardown and bridge_cudagraph.train.run's: the graphs' final phases and who released them.
         recorder.data["returned_time"] = time.time()
+        recorder.data["outcome"] = outcome
+        recorder._snapshot()
         recorder.flush()
     return 0
 

@@ -12,6 +12,7 @@ import inspect
 import logging
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -190,8 +191,19 @@ def _bridge_helper(world):
     return train.TECudaGraphHelper(**kwargs)
 
 
-def run_bridge_loop(world, *, start=0, iters=10, eval_interval=None, exit_at=None, skip=()):
-    """Bridge's ``train()`` event order; returns the steps in which each submodule's graphs replayed."""
+class InjectedFailure(RuntimeError):
+    """What a step, a callback or a data loader might raise inside Bridge's loop."""
+
+
+def run_bridge_loop(
+    world, *, start=0, iters=10, eval_interval=None, exit_at=None, skip=(), fail_at=None, sys_exit=False
+):
+    """Bridge's ``train()`` event order; returns the steps in which each submodule's graphs replayed.
+
+    ``fail_at``: raise :class:`InjectedFailure` after the callbacks' ``on_train_step_end`` of that step (no teardown
+    runs: Bridge's loop has no ``try``). ``sys_exit``: end the ``exit_at`` path with ``sys.exit(0)`` as Bridge does
+    (``train.py:805``) instead of returning.
+    """
     cb, ctx, hooks, provider = world.callback, world.context, world.hooks, world.provider
     toggles = ctx.state.cfg.ddp.overlap_param_gather
     state = ctx.state
@@ -217,6 +229,9 @@ def run_bridge_loop(world, *, start=0, iters=10, eval_interval=None, exit_at=Non
                 replayed[h.stats.submodule].append(step)
         world.events.append(("step", step))
         cb.on_train_step_end(ctx)  # train.py:497
+        if fail_at is not None and step == fail_at:
+            world.events.append(("raise", step))
+            raise InjectedFailure(f"step {step}")
         if step == start:  # train.py:535-564
             if toggles and not hooks.enabled:
                 hooks.enable()
@@ -245,6 +260,8 @@ def run_bridge_loop(world, *, start=0, iters=10, eval_interval=None, exit_at=Non
         helper.delete_cuda_graphs()
     if toggles and hooks.enabled:
         hooks.disable()
+    if should_exit and sys_exit:
+        raise SystemExit(0)  # train.py:805: sys.exit(exit_code) before on_train_end
     if not should_exit:  # train.py:805: sys.exit before on_train_end
         cb.on_train_end(ctx)  # train.py:810
     return replayed
@@ -517,3 +534,119 @@ def test_refuses_to_run_when_bridge_would_capture_too():
     bridge_loop.uninstall()
     with pytest.raises(RuntimeError, match="second time"):
         world.callback.on_train_start(world.context)
+
+
+# ---------------------------------------------------------------------------------------------- endings
+class FakePretrainModule:
+    """Bridge's ``pretrain`` module around the fake loop: ``_pretrain`` calls the loop by its module-level name
+    ``train`` and, when it raises, aborts the process groups before re-raising (``pretrain.py:200-211``); after a
+    normal end it destroys them (``pretrain.py:215``)."""
+
+    def __init__(self, world, monkeypatch):
+        self.world = world
+        self.alive = True
+        self.train = run_bridge_loop
+        import bridge_cudagraph.callback as callback_module
+
+        monkeypatch.setattr(callback_module, "_process_groups_alive", lambda: self.alive)
+
+    def _pretrain(self, **loop):
+        try:
+            self.train(self.world, **loop)
+        except BaseException:
+            self.world.events.append(("abort_process_groups",))
+            self.alive = False
+            raise
+        self.world.events.append(("destroy_process_groups",))
+        self.alive = False
+
+
+def _deleted_before(events, marker):
+    end = _index(events, marker)
+    return [e[1] for e in events[:end] if e[0] == "delete"]
+
+
+def test_an_exception_in_the_loop_frees_the_graphs_before_bridge_aborts_the_groups(monkeypatch):
+    from bridge_cudagraph.train import release_graphs_if_training_raises
+
+    world = _world(_provider())
+    bridge = FakePretrainModule(world, monkeypatch)
+    with pytest.raises(InjectedFailure, match="step 6"):  # never swallowed
+        with release_graphs_if_training_raises(world.callback, bridge):
+            bridge._pretrain(iters=10, fail_at=6)
+    assert bridge.train is run_bridge_loop  # the loop's name is restored
+    ev = world.events
+    assert _deleted_before(ev, ("abort_process_groups",)) == ["language", "vision"]
+    assert _index(ev, ("raise", 6)) < _index(ev, ("delete", "language"))
+    assert ("bridge_delete",) not in ev  # Bridge's own teardown never ran on this path
+    assert all(s.phase is Phase.DELETED for s in world.callback.lifecycle.slots)
+    (release,) = world.callback.releases
+    assert release["reason"] == "training loop raised InjectedFailure"
+    assert release["deleted"] == ["language", "vision"] and release["process_groups_alive"]
+
+
+def test_without_the_wrapper_the_groups_are_aborted_with_graphs_alive(monkeypatch):
+    """Why run() wraps the loop: no Bridge event fires between the raise and the abort."""
+    world = _world(_provider())
+    bridge = FakePretrainModule(world, monkeypatch)
+    with pytest.raises(InjectedFailure):
+        bridge._pretrain(iters=10, fail_at=6)
+    assert _deleted_before(world.events, ("abort_process_groups",)) == []
+    assert all(h.graphs_created() for h in world.helpers)
+
+
+def test_sigterm_exit_frees_the_graphs_in_bridges_teardown_then_exits_zero(monkeypatch):
+    """train.exit_signal_handler: the loop leaves through _delete_cuda_graphs and sys.exit(0) (no on_train_end)."""
+    from bridge_cudagraph.train import release_graphs_if_training_raises
+
+    world = _world(_provider())
+    bridge = FakePretrainModule(world, monkeypatch)
+    with pytest.raises(SystemExit) as exited:
+        with release_graphs_if_training_raises(world.callback, bridge):
+            bridge._pretrain(iters=10, exit_at=6, sys_exit=True)
+    assert exited.value.code == 0
+    ev = world.events
+    j = _index(ev, ("bridge_delete",))
+    assert ev[j + 1 : j + 3] == [("delete", "language"), ("delete", "vision")]
+    assert _deleted_before(ev, ("abort_process_groups",)) == ["language", "vision"]
+    first, then = world.callback.releases
+    assert first == {**first, "reason": "Bridge's _delete_cuda_graphs", "deleted": ["language", "vision"]}
+    assert first["process_groups_alive"]
+    assert then["reason"] == "training loop raised SystemExit" and then["deleted"] == []
+
+
+def test_a_normal_end_frees_the_graphs_before_the_groups_are_destroyed(monkeypatch):
+    from bridge_cudagraph.train import release_graphs_if_training_raises
+
+    world = _world(_provider())
+    bridge = FakePretrainModule(world, monkeypatch)
+    with release_graphs_if_training_raises(world.callback, bridge):
+        bridge._pretrain(iters=10)
+    assert _deleted_before(world.events, ("destroy_process_groups",)) == ["language", "vision"]
+    reasons = [(r["reason"], r["deleted"], r["process_groups_alive"]) for r in world.callback.releases]
+    assert reasons == [
+        ("Bridge's _delete_cuda_graphs", ["language", "vision"], True),
+        ("on_train_end", [], True),
+    ]
+
+
+def test_releases_are_logged_only_for_runs_with_graphs():
+    world = _world(_provider(language=False, vision=False), helpers_spec=[])
+    run_bridge_loop(world, iters=4)
+    assert world.callback.releases == [] and world.callback.release_graphs() == []
+
+
+def test_process_groups_alive_follows_torch_distributed(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from bridge_cudagraph.callback import _process_groups_alive
+
+    assert not _process_groups_alive()
+    if Path("/sys/class/net/lo").exists():  # gloo picks an interface from the host name; loopback always works
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        assert _process_groups_alive()
+    finally:
+        dist.destroy_process_group()
+    assert not _process_groups_alive()

@@ -3,6 +3,7 @@ way Bridge's data loader and ``qwen3_vl_step`` read them."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -36,6 +37,8 @@ def test_config_validates_as_the_brief_says(tmp_path):
     assert cfg.ddp.overlap_param_gather and cfg.ddp.overlap_grad_reduce
     assert (cfg.model.seq_length, cfg.train.micro_batch_size, cfg.train.global_batch_size) == (256, 2, 2)
     assert cfg.train.train_iters == 50 and cfg.logger.log_interval == 10
+    # SIGTERM ends training at a step boundary (checkpoint, graphs deleted, exit 0) instead of killing it mid-step.
+    assert cfg.train.exit_signal_handler and cfg.train.exit_signal == signal.SIGTERM
     assert (cfg.validation.eval_interval, cfg.validation.eval_iters) == (20, 2)
     assert cfg.checkpoint.save == str(tmp_path / "ckpt") and cfg.checkpoint.load is None
     assert cfg.tokenizer.tokenizer_type == "NullTokenizer" and cfg.tokenizer.vocab_size == cfg.model.vocab_size
@@ -58,6 +61,21 @@ def test_yaml_loads_with_both_submodules_on_and_bridge_validation_accepts_it():
     assert cfg.model.use_te_rng_tracker and cfg.rng.te_rng_tracker
     assert not cfg.dataset.enable_in_batch_packing and cfg.dataset.pad_to_max_length
     assert isinstance(cfg.dataset, TinyVLMDatasetConfig) and cfg.checkpoint.save is None
+    assert cfg.train.exit_signal_handler
+
+
+def test_the_teardown_runs_settings_validate():
+    """What tests/gpu/test_teardown.py's runs override: 10 iterations, no evaluation at all, SIGTERM handled."""
+    from megatron.bridge.data.loaders import get_train_valid_test_num_samples
+    from megatron.bridge.training.config import runtime_config_update
+
+    from bridge_cudagraph.recipe import load_recipe
+
+    no_eval = ["validation.eval_iters=0", "validation.eval_interval=null"]
+    cfg = load_recipe(YAML, ["train.train_iters=10", "checkpoint.save=null", *no_eval]).config
+    runtime_config_update(cfg)
+    assert get_train_valid_test_num_samples(cfg) == (20, 0, 0)  # no validation or test data: no evaluation
+    assert cfg.train.exit_signal_handler
 
 
 def test_graphs_off_through_overrides(tmp_path):

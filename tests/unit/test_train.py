@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,23 +13,63 @@ from bridge_cudagraph import bridge_loop, train
 from bridge_cudagraph.callback import CudaGraphCallback
 from bridge_cudagraph.harness import tiny
 
+PRETRAIN = "megatron.bridge.training.pretrain"
+
+
+class Failure(RuntimeError):
+    """Raised by the fake training loop."""
+
+
+class EventList(list):
+    """A list that also carries the fake's ``events``, ``raises`` and ``loop``."""
+
 
 @pytest.fixture
 def entries(monkeypatch):
-    """Bridge's pretrain/finetune, recorded (their modules import nvidia_resiliency_ext, absent on CPU)."""
-    calls = []
+    """Bridge's pretrain/finetune, recorded (their modules import nvidia_resiliency_ext, absent on CPU).
+
+    Like Bridge's ``_pretrain``, the fake calls the loop by the pretrain module's name ``train`` (looked up at call
+    time) and, when it raises, "aborts the process groups" (an event) before re-raising. Set ``calls.raises`` to
+    make the loop raise.
+    """
+    calls = EventList()
+    calls.events = []
+    calls.raises = None
+
+    def loop(callbacks):
+        calls.events.append(("train", sys.modules[PRETRAIN].train is not loop))
+        if calls.raises is not None:
+            raise calls.raises
 
     def entry(name):
         def call(config, forward_step_func, callbacks=None):
             calls.append(SimpleNamespace(name=name, config=config, step=forward_step_func, callbacks=callbacks))
+            try:
+                sys.modules[PRETRAIN].train(callbacks)
+            except BaseException as error:
+                calls.events.append(("abort_process_groups", type(error).__name__))
+                raise
 
         call.__name__ = name
         return call
 
-    monkeypatch.setitem(sys.modules, "megatron.bridge.training.pretrain", SimpleNamespace(pretrain=entry("pretrain")))
+    monkeypatch.setitem(sys.modules, PRETRAIN, SimpleNamespace(pretrain=entry("pretrain"), train=loop))
     monkeypatch.setitem(sys.modules, "megatron.bridge.training.finetune", SimpleNamespace(finetune=entry("finetune")))
+    calls.loop = loop
     yield calls
     bridge_loop.uninstall()
+
+
+@pytest.fixture
+def releases(monkeypatch, entries):
+    """Every ``CudaGraphCallback.release_graphs`` call, in order with the fake's events."""
+
+    def release(self, reason="Bridge's _delete_cuda_graphs"):
+        entries.events.append(("release", reason))
+        return []
+
+    monkeypatch.setattr(CudaGraphCallback, "release_graphs", release)
+    return entries.events
 
 
 def _config(model, pretrained=None):
@@ -62,3 +104,87 @@ def test_main_runs_bridge_pretrain_with_the_graph_callback_first(entries, capsys
 def test_a_pretrained_checkpoint_means_finetune(entries):
     train.run(_config(tiny.tiny_gpt_provider(), pretrained="/ckpt"))
     assert [c.name for c in entries] == ["finetune"]
+
+
+def test_run_calls_bridges_loop_through_the_wrapper_and_restores_it(entries, releases):
+    train.run(_config(tiny.tiny_qwen3_vl_provider()))
+    assert releases == [("train", True)]  # wrapped while pretrain ran; nothing raised, nothing released by run()
+    assert sys.modules[PRETRAIN].train is entries.loop
+
+
+@pytest.mark.parametrize("error", [Failure("boom"), SystemExit(0), KeyboardInterrupt()])
+def test_when_the_loop_raises_graphs_go_before_bridge_aborts_and_the_error_propagates(entries, releases, error):
+    entries.raises = error
+    with pytest.raises(type(error)) as raised:
+        train.run(_config(tiny.tiny_qwen3_vl_provider()))
+    assert raised.value is error  # re-raised as is, never swallowed or replaced
+    name = type(error).__name__
+    assert releases == [
+        ("train", True),
+        ("release", f"training loop raised {name}"),  # before Bridge's clean-up ...
+        ("abort_process_groups", name),
+        ("release", f"pretrain() raised {name}"),  # ... and run()'s idempotent backstop after it
+    ]
+    assert sys.modules[PRETRAIN].train is entries.loop
+
+
+def test_a_failing_release_does_not_mask_the_training_error(entries, caplog):
+    def release_graphs(reason):
+        raise RuntimeError("delete failed")
+
+    owner = SimpleNamespace(release_graphs=release_graphs)
+    module = SimpleNamespace(train=entries.loop)
+    entries.raises = Failure("the real one")
+    with caplog.at_level(logging.ERROR, logger="bridge_cudagraph"):
+        with pytest.raises(Failure, match="the real one"):
+            with train.release_graphs_if_training_raises(owner, module):
+                module.train([])
+    assert "releasing the CUDA graphs after a training failure failed" in caplog.text
+    assert module.train is entries.loop
+
+
+def test_a_bridge_without_the_loop_name_is_warned_about_and_run_still_releases(entries, releases, caplog):
+    del sys.modules[PRETRAIN].train
+    with caplog.at_level(logging.WARNING, logger="bridge_cudagraph"):
+        with pytest.raises(AttributeError):  # the fake pretrain itself needs the name
+            train.run(_config(tiny.tiny_qwen3_vl_provider()))
+    assert "no training loop named 'train'" in caplog.text
+    assert releases[-1] == ("release", "pretrain() raised AttributeError")
+
+
+def test_the_wrapper_keeps_the_loops_name_and_result():
+    def loop(x, *, y):
+        """Bridge's loop."""
+        return x + y
+
+    module = SimpleNamespace(train=loop)
+    with train.release_graphs_if_training_raises(SimpleNamespace(release_graphs=None), module):
+        assert module.train is not loop and module.train.__wrapped__ is loop and module.train.__name__ == "loop"
+        assert module.train(1, y=2) == 3 and module.train.__doc__ == "Bridge's loop."
+    assert module.train is loop
+
+
+def test_bridges_pretrain_calls_its_loop_by_the_module_name_the_wrapper_rebinds():
+    """The wrapper works only while Bridge's ``_pretrain`` calls ``train(...)`` through its module global, inside the
+    ``try`` whose ``except`` aborts the process groups (read from source: importing the module needs
+    nvidia_resiliency_ext, which only the GPU machine has)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("megatron.bridge.training.pretrain")
+    tree = ast.parse(Path(spec.origin).read_text())
+    imported = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == "megatron.bridge.training.train"
+        for alias in node.names
+    }
+    assert "train" in imported
+    (pretrain,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_pretrain"]
+    (guarded,) = [n for n in pretrain.body if isinstance(n, ast.Try)]
+    calls = [n for n in ast.walk(guarded) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "train"]
+    assert len(calls) == 1
+    handler = guarded.handlers[0]
+    assert getattr(handler.type, "id", None) == "BaseException"
+    cleanup = {getattr(n.func, "id", None) for n in ast.walk(handler) if isinstance(n, ast.Call)}
+    assert "_cleanup_after_pretrain_failure" in cleanup  # the abort the wrapper must run ahead of
