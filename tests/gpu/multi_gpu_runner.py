@@ -278,14 +278,14 @@ def main() -> None:
         faulthandler.cancel_dump_traceback_later()
         rows[-1]["seconds"] = time.perf_counter() - started
         if dist.get_rank() == 0:
-            print(
-                json.dumps({k: v for k, v in rows[-1].items() if k not in ("trace",)}, default=str)[:2000], flush=True
-            )
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, rows)
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump({"meta": _meta(), "ranks": gathered}, f, indent=1, default=str)
+            scalars = {k: v for k, v in rows[-1].items() if not isinstance(v, list) and k != "trace"}
+            print(json.dumps(scalars, default=str), flush=True)
+        # Written after every case, so a later case that hangs does not take the finished ones with it.
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, rows)
+        if dist.get_rank() == 0:
+            with open(out, "w") as f:
+                json.dump({"meta": _meta(), "ranks": gathered}, f, indent=1, default=str)
     dist.barrier()
     started = time.perf_counter()
     close_world(world)
