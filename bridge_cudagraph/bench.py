@@ -1,7 +1,7 @@
 """``bridge-cudagraph bench``: eager vs upstream's graphs vs ours, same model, weights and batches, one GPU.
 
 For each configuration, in one process on one GPU under pure M4 process groups
-(:func:`bridge_cudagraph.harness.world.init_world`), the same model is trained three ways, one after the other
+(:func:`bridge_cudagraph.harness.world.init_world`), the same model is trained four ways, one after the other
 (each variant freed before the next is built; the initial weights are kept as a CPU state dict):
 
 1. ``eager``: graphs off (our provider with an empty ``cuda_graph`` block);
@@ -9,13 +9,22 @@ For each configuration, in one process on one GPU under pure M4 process groups
    ``vision_cuda_graph_impl="transformer_engine"``, and the helpers built exactly as Megatron-Bridge 0.6.2's
    ``train()`` builds them (``train.py:268-303``): megatron-core's ``TECudaGraphHelper`` and
    ``VisionTECudaGraphHelper`` under the language collection, with Megatron's global micro-batch calculator;
-3. ``ours``: :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision).
+3. ``ours``: :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision);
+4. ``eager_repeat`` (the control; ``--no-control`` skips it): eager again, built and run exactly like ``eager``
+   (same provider, initial weights, batches and step plan), last, so it also runs in the process state the graphed
+   variants left. Its differences from eager (every step's loss, the fixed batch, the grad norms) are the run-to-run
+   noise floor, and :func:`bridge_cudagraph.bench_report.noise_floor_verdict` says whether a graphed variant's
+   drift is within it (``vs_noise_floor``).
 
 Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps``
 timed training steps (Megatron's schedule + distributed optimizer, as :func:`bridge_cudagraph.harness.parity.
-train_steps`), a few profiled steps (GPU-busy fraction), then a per-token-loss check on one fixed batch with the
-initial weights copied back in. Results go to ``bench.json``; :func:`bridge_cudagraph.bench_report.render` turns it
-into ``bench.md`` and ``bench.png`` (also on a machine without a GPU).
+train_steps`), a few profiled steps (GPU-busy fraction, and where the host time goes: :class:`PhaseMarkers` put
+``bcg_phase/*`` ranges around the step's phases for those steps only, and :func:`host_time_breakdown` attributes
+the GPU-idle time of the exported trace to phases, CPU ops and CUDA runtime calls: ``host_time``), then a
+per-token-loss check on one fixed batch with the initial weights copied back in. Results go to ``bench.json``,
+rewritten after every variant (a configuration in progress is marked ``"status": "running"``, a finished one
+``"complete"``); :func:`bridge_cudagraph.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also
+on a machine without a GPU).
 
 Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the recipe the CLI loads is not used:
 
@@ -28,17 +37,29 @@ Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the r
 
 ``--quick`` runs ``tiny`` and ``small-mbs1-seq2048``; the default runs the whole matrix.
 
-Run: ``python -m bridge_cudagraph.bench --out results/bench [--quick] [--configs NAME,...]``, or through the CLI,
-``BRIDGE_CUDAGRAPH_BENCH_ARGS="--quick --out DIR" bridge-cudagraph bench RECIPE.yaml``.
+Run: ``python -m bridge_cudagraph.bench --out results/bench [--quick] [--configs NAME,...] [--no-control]``, or
+through the CLI, ``BRIDGE_CUDAGRAPH_BENCH_ARGS="--quick --out DIR" bridge-cudagraph bench RECIPE.yaml``.
+
+Several GPUs (the full matrix does not fit one 10-minute call on one GPU): ``--gpus N`` (or ``--devices 0,1``)
+splits the configurations into N groups of balanced cost (:func:`split_configs`: tokens per step plus a fixed
+overhead, heaviest first into the lightest group) and starts one child process per GPU
+(``CUDA_VISIBLE_DEVICES=<id>``, the same options, ``--configs <group>``, output and ``bench.log`` in
+``OUT/part<i>-gpu<id>/``). Each configuration still runs all its variants in one process on one GPU. The parent
+waits (``--time-limit SECONDS`` stops a child that runs longer), merges what the children wrote into
+``OUT/bench.json`` (:func:`collect_children`: a configuration a child did not finish is marked ``failed``, or
+``incomplete`` with the variants it did finish, with the child's exit status and its log's tail) and renders it.
+``scripts/bench_two_gpus.sh`` runs the full matrix on two GPUs that way.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import copy
 import gc
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -59,11 +80,19 @@ from typing import Any
 
 import torch
 
+from bridge_cudagraph import bench_report
 from bridge_cudagraph.bench_report import render
 
 logger = logging.getLogger("bridge_cudagraph.bench")
 
-VARIANTS = ("eager", "upstream", "ours")
+#: The run-to-run control: eager again, built and run exactly like eager (bench_report judges drift against it).
+CONTROL = bench_report.CONTROL
+#: Variants without graphs.
+UNGRAPHED = bench_report.UNGRAPHED
+#: Every variant, in the order they run: eager first (the reference), the graphed ones, the control last.
+VARIANTS = ("eager", "upstream", "ours", CONTROL)
+#: What ``--variants`` chooses from by default (the control is switched by ``--no-control``).
+MAIN_VARIANTS = ("eager", "upstream", "ours")
 DEFAULT_MEASURED_STEPS = 30
 DEFAULT_WARMUP_STEPS = 3
 SEED = 1234
@@ -331,7 +360,7 @@ def variant_provider(cfg: BenchConfig, variant: str):
     """The provider of one variant (not finalized; :func:`bridge_cudagraph.harness.tiny.build` does that)."""
     from bridge_cudagraph.harness import tiny
 
-    if variant == "eager":
+    if variant in UNGRAPHED:  # the control is built exactly like eager
         return make_provider(cfg, None)
     if variant == "ours":
         return make_provider(cfg, ours_graph_config(cfg))
@@ -522,6 +551,224 @@ def gpu_busy_summary(
     return out
 
 
+# ============================================================================================ host time (pure)
+#: Prefix of the ``record_function`` ranges :class:`PhaseMarkers` opens around a step's phases.
+PHASE_PREFIX = "bcg_phase/"
+#: Idle time under no phase marker.
+UNMARKED = "(unmarked)"
+#: Chrome-trace categories of host-side CUDA API calls (kernel launches, graph launches, copies, syncs).
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+#: Idle gap lengths (us) bench.md groups by: launch-latency gaps are a few us, stalls behind a sync are long.
+GAP_EDGES_US = (10.0, 100.0, 1000.0)
+
+
+def idle_intervals(window: tuple[float, float], busy: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of ``window`` that no interval of ``busy`` covers, in order: a step's GPU-idle intervals when
+    ``busy`` are its kernels (kernels on several streams that overlap count once, as in :func:`union_length`)."""
+    lo, hi = window
+    out: list[tuple[float, float]] = []
+    cursor = lo
+    for start, end in sorted((max(s, lo), min(e, hi)) for s, e in busy if e > lo and s < hi):
+        if start > cursor:
+            out.append((cursor, start))
+        cursor = max(cursor, end)
+    if cursor < hi:
+        out.append((cursor, hi))
+    return out
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping or touching intervals joined, in order (what :func:`union_length` measures, as intervals)."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted((s, e) for s, e in intervals if e > s):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def outermost(ranges: Iterable[tuple[float, float, str, Any]]) -> list[tuple[float, float, str, Any]]:
+    """The ranges ``(start, end, name, thread)`` not nested in another one of the same thread, in order.
+
+    The profiler nests ops (``aten::linear`` holds ``aten::addmm``); counting both would count the same host time
+    twice. A range that starts inside an earlier one counts as nested even if it ends a rounding error after it.
+    """
+    by_thread: dict[Any, list[tuple[float, float, str, Any]]] = {}
+    for r in ranges:
+        by_thread.setdefault(r[3], []).append(r)
+    out = []
+    for rs in by_thread.values():
+        rs.sort(key=lambda r: (r[0], -r[1]))
+        end = -math.inf
+        for r in rs:
+            if r[0] >= end:
+                out.append(r)
+                end = r[1]
+    return sorted(out, key=lambda r: (r[0], -r[1]))
+
+
+def attribute_innermost(
+    targets: Sequence[tuple[float, float]], labelled: Sequence[tuple[float, float, str]], *, default: str = UNMARKED
+) -> dict[str, float]:
+    """Split the length of ``targets`` (disjoint intervals, e.g. GPU-idle time) among labels: each instant goes to
+    the innermost labelled range covering it, or to ``default``.
+
+    Innermost = the covering range that started last (ties: the shorter), across threads: phase markers nest in
+    time (vision_forward inside forward) and the backward's markers live on the autograd thread while the main
+    thread's ``backward`` phase is open, so "latest start" picks the finest phase on any thread. Lengths add up to
+    the targets' total.
+    """
+    spans = [(s, e, name) for s, e, name in labelled if e > s]
+    points = sorted({t for s, e in targets for t in (s, e)} | {t for s, e, _ in spans for t in (s, e)})
+    starts: dict[float, list[int]] = {}
+    ends: dict[float, list[int]] = {}
+    for i, (s, e, _) in enumerate(spans):
+        starts.setdefault(s, []).append(i)
+        ends.setdefault(e, []).append(i)
+    ordered = sorted((s, e) for s, e in targets if e > s)
+    totals: dict[str, float] = {}
+    active: dict[int, tuple[float, float, str]] = {}
+    t = 0
+    for a, b in itertools.pairwise(points):
+        for i in ends.get(a, ()):
+            active.pop(i, None)
+        for i in starts.get(a, ()):
+            active[i] = spans[i]
+        while t < len(ordered) and ordered[t][1] <= a:
+            t += 1
+        if t < len(ordered) and ordered[t][0] <= a and b <= ordered[t][1]:
+            label = max(active.values(), key=lambda r: (r[0], -r[1]))[2] if active else default
+            totals[label] = totals.get(label, 0.0) + (b - a)
+    return totals
+
+
+def overlap_by_name(
+    targets: Sequence[tuple[float, float]], ranges: Iterable[tuple[float, float, str, Any]]
+) -> dict[str, dict[str, float]]:
+    """Per range name: ``overlap`` (total length of its ranges inside the disjoint ``targets``), ``calls`` and
+    ``duration`` (their total length): which host calls were running while the GPU idled, and for how long."""
+    ordered = sorted((s, e) for s, e in targets if e > s)
+    ends = [e for _, e in ordered]
+    out: dict[str, dict[str, float]] = {}
+    for start, end, name, *_ in ranges:
+        overlap = 0.0
+        i = bisect.bisect_right(ends, start)
+        while i < len(ordered) and ordered[i][0] < end:
+            overlap += min(end, ordered[i][1]) - max(start, ordered[i][0])
+            i += 1
+        agg = out.setdefault(name, {"overlap": 0.0, "calls": 0, "duration": 0.0})
+        agg["overlap"] += overlap
+        agg["calls"] += 1
+        agg["duration"] += end - start
+    return out
+
+
+def gap_histogram(gaps: Sequence[tuple[float, float]], edges: Sequence[float] = GAP_EDGES_US) -> list[dict]:
+    """Idle gaps grouped by length (``edges`` in us): many short gaps mean kernel launches cannot keep up with the
+    GPU; a few long ones mean the host stopped launching (a synchronisation, Python work between phases)."""
+    bounds = [0.0, *edges, math.inf]
+    out = []
+    for lo, hi in itertools.pairwise(bounds):
+        inside = [e - s for s, e in gaps if lo <= e - s < hi]
+        label = f"< {hi:g} us" if lo == 0 else f">= {lo:g} us" if hi == math.inf else f"{lo:g}-{hi:g} us"
+        out.append({"range": label, "gaps": len(inside), "us": sum(inside)})
+    return out
+
+
+def trace_host_ranges(trace: dict, cats: Sequence[str], pid: Any = None) -> list[tuple[float, float, str, Any]]:
+    """``(start_us, end_us, name, thread)`` of the complete events of categories ``cats`` (of process ``pid`` when
+    given: the CPU side of the trace, not the GPU tracks)."""
+    wanted = {c.lower() for c in cats}
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() not in wanted:
+            continue
+        if pid is not None and e.get("pid") != pid:
+            continue
+        ts = float(e.get("ts", 0.0))
+        out.append((ts, ts + max(0.0, float(e.get("dur", 0.0))), str(e.get("name", "?")), e.get("tid")))
+    return out
+
+
+def _window_pid(trace: dict, prefix: str = _STEP_MARK) -> Any:
+    """The process of the step windows (the CPU side; kernels live under the GPU's pid)."""
+    for e in trace.get("traceEvents", []):
+        if str(e.get("cat", "")).lower() == "user_annotation" and str(e.get("name", "")).startswith(prefix):
+            return e.get("pid")
+    return None
+
+
+def _top(stats: dict[str, dict[str, float]], n_steps: int, top: int) -> list[dict]:
+    rows = sorted(stats.items(), key=lambda kv: (-kv[1]["overlap"], -kv[1]["duration"], kv[0]))[:top]
+    return [
+        {
+            "name": name,
+            "idle_ms_per_step": s["overlap"] / n_steps / 1e3,
+            "calls_per_step": s["calls"] / n_steps,
+            "cpu_ms_per_step": s["duration"] / n_steps / 1e3,
+        }
+        for name, s in rows
+    ]
+
+
+def host_time_breakdown(trace: dict, *, prefix: str = PHASE_PREFIX, top: int = 10) -> dict:
+    """Where the host time goes while the GPU idles, from a profiled run's chrome trace (pure).
+
+    Per profiled step window (``bench_step_<j>``): the GPU-idle intervals (window minus the union of kernels on
+    every stream); their length attributed to the innermost ``prefix`` phase marker (:func:`attribute_innermost`;
+    also each phase's whole wall time); the outermost CPU ops and CUDA runtime/driver calls of the process that
+    overlap them most; the idle time that no op or call overlaps (Python between ops); and the idle gaps by
+    length. Every number is per step (ms) unless named otherwise.
+    """
+    windows = trace_windows(trace)
+    if not windows:
+        raise RuntimeError(f"no '{_STEP_MARK}*' ranges in the trace: no step to attribute host time to")
+    n = len(windows)
+    kernels = [(s, e) for s, e, _ in trace_kernels(trace)]
+    idle: list[tuple[float, float]] = []
+    for window in windows:
+        idle += idle_intervals(window, kernels)
+    pid = _window_pid(trace)
+
+    def in_windows(ranges: list[tuple[float, float, str, Any]]) -> list[tuple[float, float, str, Any]]:
+        return [r for r in ranges if any(lo <= r[0] < hi for lo, hi in windows)]
+
+    marks = trace_host_ranges(trace, ("user_annotation",), pid)
+    phases = [(s, e, name[len(prefix) :]) for s, e, name, _ in marks if name.startswith(prefix)]
+    ops = outermost(in_windows(trace_host_ranges(trace, ("cpu_op",), pid)))
+    runtime = outermost(in_windows(trace_host_ranges(trace, RUNTIME_CATS, pid)))
+    # Ops of several threads, and runtime calls inside ops, overlap: their union, so no idle time counts twice.
+    covered = overlap_by_name(
+        idle, [(s, e, "any", None) for s, e in merge_intervals((r[0], r[1]) for r in ops + runtime)]
+    )
+    idle_us = sum(e - s for s, e in idle)
+    window_us = sum(hi - lo for lo, hi in windows)
+    idle_by_phase = attribute_innermost(idle, phases)
+    wall_by_phase = attribute_innermost(windows, phases)
+    by_phase = {
+        name: {"idle_ms_per_step": idle_by_phase.get(name, 0.0) / n / 1e3, "wall_ms_per_step": wall / n / 1e3}
+        for name, wall in sorted(wall_by_phase.items(), key=lambda kv: -idle_by_phase.get(kv[0], 0.0))
+    }
+    return {
+        "steps": n,
+        "window_ms_per_step": window_us / n / 1e3,
+        "kernel_ms_per_step": (window_us - idle_us) / n / 1e3,
+        "idle_ms_per_step": idle_us / n / 1e3,
+        "idle_fraction": idle_us / window_us if window_us > 0 else None,
+        "idle_outside_ops_ms_per_step": (idle_us - covered.get("any", {}).get("overlap", 0.0)) / n / 1e3,
+        "idle_by_gap_length": [
+            {"range": g["range"], "gaps_per_step": g["gaps"] / n, "ms_per_step": g["us"] / n / 1e3}
+            for g in gap_histogram(idle)
+        ],
+        "phase_prefix": prefix,
+        "phase_markers": len(phases),
+        "by_phase": by_phase,
+        "top_cpu_ops": _top(overlap_by_name(idle, ops), n, top),
+        "top_runtime": _top(overlap_by_name(idle, runtime), n, top),
+    }
+
+
 # ============================================================================================ GPU helpers
 def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
     """Replay a CUDA graph of ``kernels_per_graph`` known elementwise kernels under ``torch.profiler`` and count
@@ -641,6 +888,136 @@ class VisionTimer:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[torch.nn.Module]:
+    """Every distinct module that some submodule of ``model`` holds as ``attribute`` (Qwen3-VL's ``vision_model``
+    and ``language_model``, whatever wraps the model: DDP, Float16Module, our rebuilt encoder)."""
+    found: dict[int, torch.nn.Module] = {}
+    for chunk in model:
+        for module in chunk.modules():
+            child = getattr(module, attribute, None)
+            if isinstance(child, torch.nn.Module):
+                found.setdefault(id(child), child)
+    return list(found.values())
+
+
+class PhaseMarkers:
+    """``record_function`` ranges named ``bcg_phase/<phase>`` around the phases of a training step, so that
+    :func:`host_time_breakdown` can say which phase the host was in while the GPU idled.
+
+    Installed for the profiled steps only and removed after (:meth:`remove`): forward hooks on the model chunks,
+    the vision encoders and the language models, tensor hooks for the vision backward, and a per-instance wrapper
+    of ``optimizer.step``; nothing of :mod:`bridge_cudagraph.harness.parity`, the model's classes or the
+    optimizer's class changes. Main-thread phases follow one another and cover the step: ``step_setup`` (from
+    :meth:`start_step` to the first forward), ``forward``, ``backward`` (from a forward's end to the next forward or
+    the optimizer step: loss, backward, gradient finalisation), ``optimizer_step``, ``step_end`` (until
+    :meth:`end_step`). Nested: ``vision_forward`` and ``language_forward`` (module hooks) and ``vision_backward``
+    (from the gradient reaching the encoder's output to the gradient reaching its patch embedding, on the autograd
+    thread). Ranges are entered and exited by hand; ``record_function`` handles need not nest. Each marker is one
+    host-side range per call, a few microseconds: cheap next to the ops the profiler records anyway.
+    """
+
+    SEQUENTIAL = ("step_setup", "forward", "backward", "optimizer_step", "step_end")
+
+    def __init__(
+        self,
+        model: Sequence[torch.nn.Module],
+        optimizer: Any = None,
+        *,
+        prefix: str = PHASE_PREFIX,
+    ) -> None:
+        self.prefix = prefix
+        self._open: dict[str, Any] = {}
+        self._current: str | None = None
+        self._handles: list[Any] = []
+        self._optimizer = optimizer
+        self._had_step_attr = False
+        self._old_step: Any = None
+        for chunk in model:
+            self._handles.append(chunk.register_forward_pre_hook(lambda *_: self.switch("forward")))
+            self._handles.append(chunk.register_forward_hook(lambda *_: self.switch("backward")))
+        for encoder in submodules_named(model, "vision_model"):
+            self._handles.append(encoder.register_forward_pre_hook(lambda *_: self.open("vision_forward")))
+            self._handles.append(encoder.register_forward_hook(self._vision_post))
+            embed = getattr(encoder, "patch_embed", None)
+            if isinstance(embed, torch.nn.Module):
+                self._handles.append(embed.register_forward_hook(self._embedded))
+        for language in submodules_named(model, "language_model"):
+            self._handles.append(language.register_forward_pre_hook(lambda *_: self.open("language_forward")))
+            self._handles.append(language.register_forward_hook(lambda *_: self.close("language_forward")))
+        if optimizer is not None:
+            self._wrap_step(optimizer)
+
+    # ------------------------------------------------------------------------------ ranges
+    def open(self, phase: str) -> None:
+        """Enter ``bcg_phase/<phase>`` (an open one of the same name is closed first)."""
+        self.close(phase)
+        marker = torch.profiler.record_function(self.prefix + phase)
+        marker.__enter__()
+        self._open[phase] = marker
+
+    def close(self, phase: str) -> None:
+        """Exit ``bcg_phase/<phase>`` if it is open."""
+        marker = self._open.pop(phase, None)
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
+    def switch(self, phase: str) -> None:
+        """End the current main-thread phase and begin ``phase``."""
+        if self._current is not None:
+            self.close(self._current)
+        self._current = phase
+        self.open(phase)
+
+    def start_step(self) -> None:
+        """Call first thing in a profiled step."""
+        self.switch("step_setup")
+
+    def end_step(self) -> None:
+        """Call last thing in a profiled step (after its synchronize): closes every range still open."""
+        for phase in list(self._open):
+            self.close(phase)
+        self._current = None
+
+    def remove(self) -> None:
+        """Close every range, remove every hook and restore ``optimizer.step``."""
+        self.end_step()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._optimizer is not None:
+            if self._had_step_attr:
+                self._optimizer.step = self._old_step
+            else:
+                with contextlib.suppress(AttributeError):
+                    del self._optimizer.step
+            self._optimizer = None
+
+    # ------------------------------------------------------------------------------ hooks
+    def _wrap_step(self, optimizer: Any) -> None:
+        self._had_step_attr = "step" in vars(optimizer)
+        self._old_step = vars(optimizer).get("step")
+        inner = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self.switch("optimizer_step")
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.switch("step_end")
+
+        optimizer.step = step
+
+    def _vision_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.close("vision_forward")
+        main = output[0] if isinstance(output, tuple | list) else output
+        if torch.is_tensor(main) and main.requires_grad:
+            main.register_hook(lambda _grad: self.open("vision_backward"))
+
+    def _embedded(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.is_tensor(output) and output.requires_grad:
+            output.register_hook(lambda _grad: self.close("vision_backward"))
 
 
 def _snapshot(model) -> list[dict]:
@@ -792,7 +1169,7 @@ def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
 def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     cfg, world = shared.cfg, shared.world
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
-    if variant == "eager":
+    if variant in UNGRAPHED:
         return []
     if variant == "ours":
         return provider.make_graph_helpers(
@@ -899,22 +1276,42 @@ def _capture(variant: str, helpers: list) -> dict:
     return out
 
 
-def _profile(shared: _Shared, run_step: Callable[[int], None], first_step: int) -> dict:
+def _profile(
+    shared: _Shared, run_step: Callable[[int], None], first_step: int, *, model=None, optimizer=None
+) -> tuple[dict, dict]:
+    """Profile ``shared.profile_steps`` steps from ``first_step``, with :class:`PhaseMarkers` on ``model`` and
+    ``optimizer`` for those steps only; ``(kernel_time_per_step, host_time_breakdown or {"error": ...})``."""
     from torch.profiler import ProfilerActivity, profile
 
     n = shared.profile_steps
-    with tempfile.TemporaryDirectory() as tmp:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            _preroll()
-            for j in range(n):
-                with torch.profiler.record_function(f"{_STEP_MARK}{j}"):
-                    run_step(first_step + j)
-                    torch.cuda.synchronize()
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
-    return kernel_time_per_step(trace, n)
+    markers = PhaseMarkers(model, optimizer) if model is not None else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                _preroll()
+                for j in range(n):
+                    with torch.profiler.record_function(f"{_STEP_MARK}{j}"):
+                        if markers is not None:
+                            markers.start_step()
+                        try:
+                            run_step(first_step + j)
+                            torch.cuda.synchronize()
+                        finally:
+                            if markers is not None:
+                                markers.end_step()
+            path = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                trace = json.load(f)
+    finally:
+        if markers is not None:
+            markers.remove()
+    kernels = kernel_time_per_step(trace, n)
+    try:
+        host = host_time_breakdown(trace)
+    except Exception as error:  # an analysis aid: never a reason to lose the kernel times
+        host = {"error": f"{type(error).__name__}: {error}"[:500]}
+    return kernels, host
 
 
 def _run_variant(shared: _Shared, variant: str) -> dict:
@@ -989,7 +1386,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
     p_first = first + shared.measured_steps
     if shared.profile_steps:
         try:
-            profile = _profile(shared, run_step, p_first)
+            profile, rec["host_time"] = _profile(shared, run_step, p_first, model=model, optimizer=optimizer)
         except Exception as error:  # the profiler is a measurement aid, never a reason to lose the timings
             rec["profile_error"] = f"{type(error).__name__}: {error}"[:500]
             _say(f"{cfg.name} {variant}: profiling failed: {rec['profile_error']}")
@@ -1025,7 +1422,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
             step_ms_by_key,
             profiled_keys,
             eager_profile=shared.eager_profile,
-            graphed=variant != "eager",
+            graphed=variant not in UNGRAPHED,
             profiler_sees_graph_kernels=shared.profiler_sees_graph_kernels,
             fallback_step_ms=rec["step_ms_median"],
         )
@@ -1108,8 +1505,11 @@ def run_config(
     profile: bool,
     profiler_sees_graph_kernels: bool | None,
     variants: Sequence[str] = VARIANTS,
+    on_progress: Callable[[dict], None] | None = None,
 ) -> dict:
-    """All variants of one configuration; the result dict of ``bench.json``'s ``configs`` list."""
+    """All variants of one configuration (in :func:`run_order`); the result dict of ``bench.json``'s ``configs``
+    list, with ``status="complete"``. ``on_progress`` receives the same dict with ``status="running"`` and the
+    variants finished so far after each variant, so a process killed mid-configuration keeps them."""
     started = time.perf_counter()
     out = cfg.as_dict()
     _say(
@@ -1133,31 +1533,52 @@ def run_config(
         profile_steps=profile_steps,
         profiler_sees_graph_kernels=profiler_sees_graph_kernels,
     )
-    order = ["eager"] + [v for v in variants if v != "eager"]  # eager first: the reference for the others
+    out["profile_steps"] = profile_steps
     results: dict[str, dict] = {}
-    for variant in order:
+    for variant in run_order(variants):
         _say(f"{cfg.name} {variant}: start")
         rec = _run_variant(shared, variant)
+        results[variant] = rec
         if variant == "eager":
             shared.eager = rec
             if rec["status"] != "ok":
-                _say(f"{cfg.name}: eager failed; the graphed variants have no reference and are skipped")
-                results[variant] = rec
+                _say(f"{cfg.name}: eager failed; the other variants have no reference and are skipped")
                 break
-        results[variant] = rec
         _say(_summary_line(cfg.name, variant, rec))
-    eager_ms = (results.get("eager") or {}).get("step_ms_median")
-    for rec in results.values():
-        if rec.get("status") == "ok" and eager_ms and rec.get("step_ms_median"):
-            rec["speedup_vs_eager"] = eager_ms / rec["step_ms_median"]
-    if "eager" not in variants:
-        results.pop("eager", None)
+        _finish_variants(results)
+        if on_progress is not None:
+            on_progress({**out, "status": "running", "variants": dict(results)})
+    _finish_variants(results)
     out["variants"] = results
-    out["profile_steps"] = profile_steps
+    out["status"] = bench_report.FINISHED
     out["seconds"] = time.perf_counter() - started
     del shared, batches, fixed_batch
     _free()
     return out
+
+
+def run_order(variants: Iterable[str]) -> list[str]:
+    """The order the variants of one configuration run in: eager first (always: the reference of every other), the
+    graphed ones as given, the control last. Last, because it then runs in the process state the graphed variants
+    ran in (allocator, clocks), so its step time also shows whether that state moved eager's timing."""
+    chosen = list(dict.fromkeys(variants))
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {VARIANTS}")
+    middle = [v for v in chosen if v not in UNGRAPHED]
+    return ["eager", *middle, *([CONTROL] if CONTROL in chosen else [])]
+
+
+def _finish_variants(results: dict[str, dict]) -> None:
+    """Speedups vs eager, and each graphed variant's loss drift against the noise floor (the control)."""
+    eager_ms = (results.get("eager") or {}).get("step_ms_median")
+    for rec in results.values():
+        if rec.get("status") == "ok" and eager_ms and rec.get("step_ms_median"):
+            rec["speedup_vs_eager"] = eager_ms / rec["step_ms_median"]
+    control = results.get(CONTROL)
+    for name, rec in results.items():
+        if name not in UNGRAPHED and rec.get("status") == "ok" and control is not None:
+            rec["vs_noise_floor"] = bench_report.noise_floor_verdict(rec, control)
 
 
 def _summary_line(config: str, variant: str, rec: dict) -> str:
@@ -1229,9 +1650,7 @@ def run(
     """
     if measured_steps < 1 or warmup_steps < 0:
         raise ValueError("measured_steps must be >= 1 and warmup_steps >= 0")
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown variants {unknown}; known: {VARIANTS}")
+    run_order(variants)  # raises on an unknown variant before the GPU is touched
     if not torch.cuda.is_available():
         raise RuntimeError("the benchmark needs a CUDA GPU")
     resolved = [c if isinstance(c, BenchConfig) else configs_by_name([c])[0] for c in configs]
@@ -1249,11 +1668,22 @@ def run(
         except Exception as error:
             probe = {"error": f"{type(error).__name__}: {error}"[:500], "sees_graph_kernels": None}
         _say(f"profiler probe: {probe}")
-    data = {
-        "meta": _meta(measured_steps=measured_steps, warmup_steps=warmup_steps, probe=probe, command=command),
-        "configs": [],
-    }
+    meta = _meta(measured_steps=measured_steps, warmup_steps=warmup_steps, probe=probe, command=command)
+    meta["variants"] = run_order(variants)
+    meta["noise_floor_control"] = CONTROL in meta["variants"]
+    meta["noise_factor"] = bench_report.NOISE_FACTOR
+    data = {"meta": meta, "configs": []}
     json_path = out / "bench.json"
+
+    def write(partial: dict | None = None) -> None:
+        # Rewritten after every variant (with the configuration in progress marked "running"), so a process that is
+        # killed keeps every variant it finished.
+        snapshot = {**data, "configs": [*data["configs"], *([partial] if partial else [])]}
+        tmp = json_path.with_name(json_path.name + ".tmp")
+        tmp.write_text(json.dumps(_clean(snapshot), indent=2))
+        os.replace(tmp, json_path)
+
+    write()
     for cfg in resolved:
         data["configs"].append(
             run_config(
@@ -1264,15 +1694,14 @@ def run(
                 profile=profile,
                 profiler_sees_graph_kernels=None if probe is None else probe.get("sees_graph_kernels"),
                 variants=variants,
+                on_progress=write,
             )
         )
-        json_path.write_text(json.dumps(_clean(data), indent=2))
+        write()
         try:
             render(json_path)
         except Exception as error:  # the JSON is the result; the report can be rendered again on any machine
             _say(f"render failed ({type(error).__name__}: {error}); run bench_report render {json_path}")
-    if not resolved:
-        json_path.write_text(json.dumps(_clean(data), indent=2))
     _print_table(data)
     return _clean(data)
 
@@ -1298,12 +1727,335 @@ def _print_table(data: dict) -> None:
     sys.stdout.flush()
 
 
+# ============================================================================================ several GPUs
+#: Building, snapshotting, capturing and checking one configuration, in tokens of one step (the rest of a
+#: configuration's cost grows with its tokens per step). A rough figure from the 2026-11-29 H200 run (tiny 31 s,
+#: small-mbs1-seq2048 72 s, per configuration); it only has to order the configurations, not predict seconds.
+CONFIG_OVERHEAD_TOKENS = 1024
+#: Seconds a timed-out child gets between SIGTERM and SIGKILL.
+STOP_GRACE_S = 10.0
+#: Lines of a failed child's log kept in bench.json.
+LOG_TAIL_LINES = 40
+#: Environment of a launcher (torchrun, Slurm) that would make a child join another world instead of its own.
+_WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def tokens_per_step(cfg: BenchConfig) -> int:
+    """Language tokens one training step processes (the images' patches grow with them: the data fills a fixed
+    fraction of every sequence)."""
+    return cfg.seq_length * cfg.micro_batch_size * cfg.num_microbatches
+
+
+def estimated_cost(cfg: BenchConfig) -> float:
+    """A configuration's relative cost: its tokens per step plus a fixed :data:`CONFIG_OVERHEAD_TOKENS`."""
+    return float(tokens_per_step(cfg) + CONFIG_OVERHEAD_TOKENS)
+
+
+def split_configs(configs: Sequence[BenchConfig], n: int) -> list[list[BenchConfig]]:
+    """``configs`` in at most ``n`` groups of balanced :func:`estimated_cost`, one per GPU.
+
+    Greedy longest-first (each configuration, heaviest first, joins the lightest group so far): it puts the
+    heaviest configuration (small-mbs2-seq4096) in a group of its own or with the cheapest ones, and never two heavy
+    ones together. Within a group the configurations run cheapest first, so a time limit loses the fewest. Empty
+    groups are dropped; the result is deterministic.
+    """
+    if n < 1:
+        raise ValueError(f"need at least one group, got {n}")
+    groups: list[list[BenchConfig]] = [[] for _ in range(min(n, len(configs)))]
+    loads = [0.0] * len(groups)
+    position = {c.name: i for i, c in enumerate(configs)}
+    for cfg in sorted(configs, key=lambda c: (-estimated_cost(c), position[c.name])):
+        lightest = min(range(len(groups)), key=lambda g: (loads[g], g))
+        groups[lightest].append(cfg)
+        loads[lightest] += estimated_cost(cfg)
+    return [sorted(g, key=lambda c: (estimated_cost(c), position[c.name])) for g in groups if g]
+
+
+def resolve_devices(gpus: int | None, devices: str | Sequence[str] | None, visible: str | None) -> list[str]:
+    """The GPUs the children run on, as ``CUDA_VISIBLE_DEVICES`` values: ``devices`` as given, or the first
+    ``gpus`` of this process's ``visible`` devices (``CUDA_VISIBLE_DEVICES``; ``0..gpus-1`` when unset)."""
+    if devices:
+        chosen = [d.strip() for d in devices.split(",")] if isinstance(devices, str) else [str(d) for d in devices]
+        chosen = [d for d in chosen if d]
+        if not chosen or len(set(chosen)) != len(chosen):
+            raise ValueError(f"--devices needs distinct device ids, got {devices!r}")
+        return chosen
+    if gpus is None or gpus < 1:
+        raise ValueError(f"--gpus needs a positive number, got {gpus!r}")
+    if visible is None or not visible.strip():
+        return [str(i) for i in range(gpus)]
+    listed = [d.strip() for d in visible.split(",") if d.strip()]
+    if gpus > len(listed):
+        raise ValueError(f"--gpus {gpus}, but CUDA_VISIBLE_DEVICES lists only {len(listed)}: {visible}")
+    return listed[:gpus]
+
+
+@dataclass
+class Child:
+    """One child process of ``--gpus``: its GPU, configurations and output folder, and what became of it."""
+
+    index: int
+    device: str
+    configs: list[str]
+    out_dir: Path
+    argv: list[str]
+    returncode: int | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+
+    @property
+    def log_path(self) -> Path:
+        """Its stdout and stderr."""
+        return self.out_dir / "bench.log"
+
+    @property
+    def json_path(self) -> Path:
+        """Its bench.json (rewritten after every variant)."""
+        return self.out_dir / "bench.json"
+
+    def status(self) -> str:
+        """``ok``, ``timed out after N s``, ``exit code N``, or ``not finished``."""
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s"
+        if self.returncode is None:
+            return "not finished"
+        return "ok" if self.returncode == 0 else f"exit code {self.returncode}"
+
+
+def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path) -> list[str]:
+    """The command line of a child: this module on ``names`` into ``out_dir``, with the parent's step, profile,
+    variant and control options (never ``--gpus``/``--devices``/``--time-limit``: a child runs in-process)."""
+    argv = [sys.executable, "-m", "bridge_cudagraph.bench", "--out", str(out_dir), "--configs", ",".join(names)]
+    argv += ["--measured-steps", str(int(getattr(options, "measured_steps", None) or DEFAULT_MEASURED_STEPS))]
+    warmup = getattr(options, "warmup_steps", None)
+    argv += ["--warmup-steps", str(int(DEFAULT_WARMUP_STEPS if warmup is None else warmup))]
+    variants = getattr(options, "variants", None)
+    if variants:
+        argv += ["--variants", variants if isinstance(variants, str) else ",".join(variants)]
+    if getattr(options, "no_profile", False):
+        argv.append("--no-profile")
+    if getattr(options, "no_control", False):
+        argv.append("--no-control")
+    return argv
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports (held open together while chosen, so no two children get the same one)."""
+    import socket
+
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+def child_env(base: dict[str, str], device: str, port: int) -> dict[str, str]:
+    """A child's environment: one visible GPU, a one-process world of its own on ``port`` (a launcher's
+    ``RANK``/``MASTER_PORT`` would make the children collide), unbuffered output for a live log, and no
+    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` (its options are on its command line)."""
+    env = {k: v for k, v in base.items() if k not in _WORLD_ENV and k != BENCH_ARGS_ENV}
+    env.update(CUDA_VISIBLE_DEVICES=device, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    return env
+
+
+def _stop(proc: Any, grace_s: float) -> None:
+    """SIGTERM the child's process group (it was started in a session of its own), then SIGKILL after
+    ``grace_s``."""
+    import signal
+    import subprocess
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class _Terminated(Exception):
+    """The parent got SIGTERM: stop the children, keep what they wrote."""
+
+
+def run_children(
+    children: Sequence[Child],
+    *,
+    time_limit_s: float | None = None,
+    poll_s: float = 1.0,
+    grace_s: float = STOP_GRACE_S,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Start every child at once (each in a session of its own, output to its log), wait for all, stop one that
+    runs past ``time_limit_s``; fills in their ``returncode``/``timed_out``/``seconds``. If the parent is
+    interrupted or terminated, the children still running are stopped before this returns (what they wrote stays).
+    """
+    import signal
+    import subprocess
+
+    ports = _free_ports(len(children))
+    running: dict[int, tuple[Any, Any, float]] = {}
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = None
+    with contextlib.suppress(ValueError):  # not the main thread: no handler, the finally still stops them
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for child, port in zip(children, ports, strict=True):
+            child.out_dir.mkdir(parents=True, exist_ok=True)
+            log = open(child.log_path, "w")  # closed when the child ends (below, or in the finally)
+            proc = subprocess.Popen(
+                child.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env(dict(os.environ if env is None else env), child.device, port),
+                start_new_session=True,
+            )
+            running[child.index] = (proc, log, time.monotonic())
+            _say(f"child {child.index} on GPU {child.device}: {', '.join(child.configs)} (log {child.log_path})")
+        by_index = {c.index: c for c in children}
+        while running:
+            for index, (proc, log, started) in list(running.items()):
+                child = by_index[index]
+                child.seconds = time.monotonic() - started
+                if proc.poll() is None and time_limit_s is not None and child.seconds > time_limit_s:
+                    _say(f"child {index} on GPU {child.device}: over the {time_limit_s:g} s limit, stopping it")
+                    child.timed_out = True
+                    _stop(proc, grace_s)
+                if proc.poll() is not None:
+                    child.returncode = proc.returncode
+                    log.close()
+                    del running[index]
+                    _say(f"child {index} on GPU {child.device}: {child.status()} ({child.seconds:.0f} s)")
+            if running:
+                time.sleep(poll_s)
+    except (KeyboardInterrupt, _Terminated):
+        _say("interrupted: stopping the children, keeping what they wrote")
+    finally:
+        for index, (proc, log, started) in running.items():
+            _stop(proc, grace_s)
+            child = next(c for c in children if c.index == index)
+            child.returncode, child.seconds = proc.returncode, time.monotonic() - started
+            log.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log ("" when there is none)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def collect_children(children: Sequence[Child], *, order: Sequence[str], meta: dict | None = None) -> dict:
+    """One bench.json content from the children's: their configurations merged (:func:`bench_report.merge_data`),
+    every configuration of a child that did not finish it marked failed or incomplete with the child's fate and its
+    log's tail (:func:`bench_report.mark_unfinished`), ``meta["children"]`` saying who ran what. ``meta`` (the
+    parent's) fills in what no child wrote and overrides the command."""
+    datas = []
+    for child in children:
+        if child.json_path.exists():
+            try:
+                datas.append(json.loads(child.json_path.read_text()))
+            except (OSError, ValueError) as error:
+                _say(f"child {child.index}: unreadable {child.json_path}: {error}")
+    merged = bench_report.merge_data(datas, order=order)
+    merged["meta"] = {**(meta or {}), **{k: v for k, v in merged["meta"].items() if v is not None}}
+    if meta and meta.get("command"):
+        merged["meta"]["command"] = meta["command"]
+    unfinished: dict[str, dict[str, Any]] = {}
+    for child in children:
+        why = {
+            "error": f"its process (child {child.index}, GPU {child.device}) ended with {child.status()} before "
+            "finishing it",
+            "log": str(child.log_path),
+            "log_tail": log_tail(child.log_path),
+        }
+        for name in child.configs:
+            unfinished[name] = why
+    done = {c.get("name") for c in merged["configs"] if c.get("status") in (None, bench_report.FINISHED)}
+    bench_report.mark_unfinished(merged, {k: v for k, v in unfinished.items() if k not in done})
+    merged["configs"].sort(key=lambda c: order.index(c["name"]) if c.get("name") in order else len(order))
+    merged["meta"]["children"] = [
+        {
+            "index": c.index,
+            "device": c.device,
+            "configs": list(c.configs),
+            "status": c.status(),
+            "returncode": c.returncode,
+            "timed_out": c.timed_out,
+            "seconds": c.seconds,
+            "out_dir": str(c.out_dir),
+        }
+        for c in children
+    ]
+    return merged
+
+
+def run_on_gpus(
+    configs: Sequence[BenchConfig],
+    devices: Sequence[str],
+    *,
+    out_dir: str | Path,
+    make_argv: Callable[[Sequence[str], Path], list[str]],
+    time_limit_s: float | None = None,
+    command: str | None = None,
+    env: dict[str, str] | None = None,
+    poll_s: float = 1.0,
+    grace_s: float = STOP_GRACE_S,
+) -> tuple[dict, list[Child]]:
+    """The full matrix in one call: ``configs`` split over ``devices`` (:func:`split_configs`), one child process
+    per GPU (``make_argv(names, child_out_dir)``: injectable, tests use a fake child), each child running all
+    variants of its configurations side by side in one process on its GPU; then ``out_dir/bench.json`` merged
+    from what every child wrote (a child that failed or timed out loses only its unfinished configurations) and
+    rendered. Returns the merged content and the children."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = split_configs(configs, len(devices))
+    children = []
+    for i, (group, device) in enumerate(zip(groups, devices, strict=False)):
+        names = [c.name for c in group]
+        child_out = out / f"part{i}-gpu{device}"
+        children.append(Child(i, device, names, child_out, make_argv(names, child_out)))
+    _say(
+        "split: "
+        + "; ".join(f"GPU {c.device}: {', '.join(c.configs)}" for c in children)
+        + (f" (time limit {time_limit_s:g} s per child)" if time_limit_s else "")
+    )
+    run_children(children, time_limit_s=time_limit_s, env=env, poll_s=poll_s, grace_s=grace_s)
+    meta = {
+        "command": command or _command_line(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "time_limit_s": time_limit_s,
+    }
+    data = collect_children(children, order=[c.name for c in configs], meta=meta)
+    json_path = out / "bench.json"
+    json_path.write_text(json.dumps(_clean(data), indent=2))
+    try:
+        render(json_path)
+    except Exception as error:
+        _say(f"render failed ({type(error).__name__}: {error}); run bench_report render {json_path}")
+    for child in children:
+        if child.status() != "ok":
+            _say(f"child {child.index} on GPU {child.device}: {child.status()}; last lines of {child.log_path}:")
+            print(log_tail(child.log_path, 15), flush=True)
+    return data, children
+
+
 # ============================================================================================ command line
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The benchmark's options (for ``bridge-cudagraph bench`` and ``python -m bridge_cudagraph.bench``)."""
     parser.add_argument("--out", default="results/bench", help="output folder for bench.json/.md/.png")
     parser.add_argument(
-        "--quick", action="store_true", help="tiny + small at micro-batch 1, sequence 2048 only (~4 min on an H200)"
+        "--quick",
+        action="store_true",
+        help="tiny + small at micro-batch 1, sequence 2048 only (~5 min on an H200 with the control)",
     )
     parser.add_argument(
         "--configs",
@@ -1315,8 +2067,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--no-profile", action="store_true", help="skip torch.profiler (no GPU-busy fraction)")
     parser.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
-        help="comma-separated subset of eager,upstream,ours (eager always runs)",
+        default=",".join(MAIN_VARIANTS),
+        help="comma-separated subset of eager,upstream,ours (eager always runs; the eager_repeat control too, "
+        "unless --no-control)",
+    )
+    parser.add_argument(
+        "--no-control",
+        action="store_true",
+        help="skip eager_repeat, the second eager run that measures the run-to-run noise floor",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="split the configurations over N GPUs: one child process per GPU (CUDA_VISIBLE_DEVICES), each running "
+        "all variants of its configurations; their results are merged into --out",
+    )
+    parser.add_argument(
+        "--devices", default=None, help="like --gpus, on these CUDA_VISIBLE_DEVICES ids (comma-separated)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="with --gpus/--devices: stop a child after SECONDS; what it finished is kept, the rest marked failed",
     )
     return parser
 
@@ -1330,6 +2104,16 @@ def select_configs(*, quick: bool = False, names: str | Sequence[str] | None = N
     return quick_configs() if quick else full_configs()
 
 
+def select_variants(variants: str | Sequence[str] | None, *, control: bool = True) -> list[str]:
+    """``--variants`` as a list, with the control added (``control``) or removed (``--no-control``)."""
+    if variants is None:
+        variants = MAIN_VARIANTS
+    if isinstance(variants, str):
+        variants = [v.strip() for v in variants.split(",") if v.strip()]
+    chosen = [v for v in variants if v != CONTROL]
+    return [*chosen, CONTROL] if control else chosen
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bridge_cudagraph.bench", description=__doc__.split("\n")[0])
     return add_arguments(parser).parse_args(argv)
@@ -1339,11 +2123,22 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 BENCH_ARGS_ENV = "BRIDGE_CUDAGRAPH_BENCH_ARGS"
 
 
+def _failed_variants(data: dict) -> list[str]:
+    return [
+        f"{c['name']}/{name}"
+        for c in data["configs"]
+        for name, rec in (c.get("variants") or {}).items()
+        if rec.get("status") != "ok"
+    ]
+
+
 def main(loaded: Any = None, args: Any = None) -> int:
     """Entry point of ``bridge-cudagraph bench``: ``loaded`` (the recipe the CLI loaded) is ignored, the built-in
     configurations run; ``args`` is a list of command-line strings, None (``sys.argv``), or an
     ``argparse.Namespace`` whose attributes of :func:`add_arguments` win over the options in
-    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` and the defaults (the CLI's namespace carries none of them)."""
+    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` and the defaults (the CLI's namespace carries none of them).
+
+    Exit code 1 when eager or ours failed anywhere, or (``--gpus``) a child did not finish its configurations."""
     if args is None or isinstance(args, list | tuple):
         args = _parse(args)
     else:
@@ -1354,17 +2149,36 @@ def main(loaded: Any = None, args: Any = None) -> int:
         args = base
     if loaded is not None:
         _say("the benchmark runs its built-in configurations (tiny, small Qwen3-VL); the loaded recipe is not used")
-    variants = getattr(args, "variants", None) or ",".join(VARIANTS)
-    if isinstance(variants, str):
-        variants = [v.strip() for v in variants.split(",") if v.strip()]
+    variants = select_variants(getattr(args, "variants", None), control=not getattr(args, "no_control", False))
+    run_order(variants)
     configs = select_configs(quick=bool(getattr(args, "quick", False)), names=getattr(args, "configs", None))
+    out_dir = getattr(args, "out", None) or "results/bench"
+    gpus, devices = getattr(args, "gpus", None), getattr(args, "devices", None)
+    time_limit = getattr(args, "time_limit", None)
+    if gpus is not None or devices:
+        chosen = resolve_devices(gpus, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        data, _ = run_on_gpus(
+            configs,
+            chosen,
+            out_dir=out_dir,
+            make_argv=lambda names, child_out: child_argv(args, names, child_out),
+            time_limit_s=time_limit,
+        )
+        _print_table(data)
+        unfinished = [c["name"] for c in data["configs"] if c.get("status") not in (None, bench_report.FINISHED)]
+        if unfinished:
+            _say(f"unfinished configurations: {unfinished}")
+        failed = [f for f in _failed_variants(data) if f.endswith(("/ours", "/eager"))]
+        return 1 if failed or unfinished else 0
+    if time_limit is not None:
+        raise SystemExit("--time-limit applies to the children of --gpus/--devices (use --gpus 1 for one GPU)")
     import torch.distributed as dist
 
     owns_world = not dist.is_initialized()
     try:
         data = run(
             configs,
-            out_dir=getattr(args, "out", None) or "results/bench",
+            out_dir=out_dir,
             measured_steps=int(getattr(args, "measured_steps", None) or DEFAULT_MEASURED_STEPS),
             warmup_steps=int(getattr(args, "warmup_steps", DEFAULT_WARMUP_STEPS)),
             profile=not bool(getattr(args, "no_profile", False)),
@@ -1373,13 +2187,10 @@ def main(loaded: Any = None, args: Any = None) -> int:
     finally:
         if owns_world and dist.is_initialized():
             dist.destroy_process_group()
-    failed = [
-        f"{c['name']}/{name}" for c in data["configs"] for name, rec in c["variants"].items() if rec["status"] != "ok"
-    ]
+    failed = _failed_variants(data)
     if failed:
         _say(f"failed variants: {failed}")
-    ours_failed = [f for f in failed if f.endswith("/ours") or f.endswith("/eager")]
-    return 1 if ours_failed else 0
+    return 1 if [f for f in failed if f.endswith(("/ours", "/eager"))] else 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +126,7 @@ def test_formatting():
     assert bench_report.fmt_diff(0.0) == "0 (exact)"
     assert bench_report.fmt_diff(1e-3) == "1.0e-03"
     assert bench_report.fmt_diff(0.19) == "**1.9e-01**"
+    assert bench_report.fmt_count(2000.4) == "2000" and bench_report.fmt_count(1.25) == "1.2"
 
 
 def test_merge_replaces_by_name_and_renders(tmp_path):
@@ -139,6 +142,219 @@ def test_merge_replaces_by_name_and_renders(tmp_path):
     assert merged["configs"][1]["description"] == "replaced"
     assert len(merged["meta"]["merged_from"]) == 2
     assert (tmp_path / "merged" / "bench.md").exists()
+
+
+# ------------------------------------------------------------------------------------------ noise floor, host time
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_bench_json_from_before_the_control_still_renders(tmp_path):
+    """results/bench/bench.json (2026-11-29) has no eager_repeat and no host_time: it renders, says so, and the
+    repository's copy is left alone (rendered into a tmp dir)."""
+    source = REPO / "results" / "bench" / "bench.json"
+    path = tmp_path / "bench.json"
+    shutil.copy(source, path)
+    out = bench_report.render(path)
+    md = out["md"].read_text()
+    assert "| " + " | ".join(bench_report.SUMMARY_COLUMNS) + " |" in md
+    assert "| tiny | 104.1 | failed | 45.5 (2.29x) | n/a | 0 (exact) | not run | 0.08 |" in md
+    assert "| small-mbs1-seq2048 | 469.4 | failed | 171.9 (2.73x) | n/a | **7.1e-02** | not run | 0.70 |" in md
+    assert "| eager_repeat |" not in md  # a control that was never asked for gets no row
+    assert "Noise floor" not in md
+    assert md.count("### Where the remaining host time goes") == 2  # ours' busy 0.08 and 0.70 < 0.95
+    assert "no host-time profile (older bench, or --no-profile)" in md
+    if out["png"] is not None:
+        assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _with_control() -> dict:
+    """_synthetic() plus the control: tiny exact everywhere; small: ours 2e-4, eager vs eager 1e-4; a third
+    configuration where eager repeats bit-exactly and ours drifts."""
+    data = _synthetic()
+    tiny, small = data["configs"]
+    control = _variant(74.0, diff=0.0, per_token=0.0, capture=None, graph_mib=0)
+    control.update(speedup_vs_eager=73.0 / 74.0, loss_abs_diff_per_step=[0.0, 0.0])
+    tiny["variants"]["eager_repeat"] = control
+    tiny["variants"]["ours"]["loss_abs_diff_per_step"] = [0.0, 0.0]
+    noisy = _variant(411.0, diff=1e-4, per_token=0.0, graph_mib=0)
+    noisy["loss_abs_diff_per_step"] = [0.0, 0.0, 1e-4]
+    noisy["grad_norm_max_rel_diff_vs_eager"] = 3e-5
+    small["variants"]["eager_repeat"] = noisy
+    small["variants"]["ours"]["loss_abs_diff_per_step"] = [0.0, 2e-4, 1e-4]
+    exact_eager = {
+        "name": "deterministic",
+        "variants": {
+            "eager": _variant(100.0),
+            "eager_repeat": _variant(100.0, diff=0.0, per_token=0.0, graph_mib=0),
+            "ours": _variant(50.0, diff=5e-3, per_token=0.0, capture=1.0, graph_mib=10),
+        },
+    }
+    data["configs"].append(exact_eager)
+    return data
+
+
+def test_noise_floor_column_rows_and_notes(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(_with_control()))
+    md = bench_report.render(path)["md"].read_text()
+    assert "| tiny | 73.0 | 29.0 (2.52x) | 28.5 (2.56x) | **3.6e-01** (above noise) | 0 (exact) | 0 (exact) |" in md
+    assert "| small-mbs1-seq2048 | 410.0 | failed | 380.0 (1.08x) | n/a | 2.0e-04 (within noise) | 1.0e-04 |" in md
+    assert "| deterministic | 100.0 | not run | 50.0 (n/a) | n/a | **5.0e-03** (above noise) | 0 (exact) |" in md
+    # The control's row: no capture, no graph memory, but its differences from eager.
+    assert "| eager_repeat | 74.0 | 0.99x | 0.90 | - | 12.0 | - | 0 (exact) | 0 (exact) |" in md
+    section = md.split("## small-mbs1-seq2048")[1].split("\n## ")[0]
+    rows = [line.split(" | ")[0].strip("| ") for line in section.splitlines()]
+    assert [r for r in rows if r in bench_report.VARIANTS] == ["eager", "eager_repeat", "upstream", "ours"]
+    assert (
+        "- Noise floor (eager trained again: same weights, batches and steps): max abs loss diff 1.0e-04 over 3 "
+        "steps (first differs at step 2), fixed-batch per-token diff 0 (exact), grad-norm max rel. diff 3.0e-05."
+    ) in md
+    assert (
+        "- ours vs the noise floor (first differs at step 1): loss over the run: 2.0e-04 vs eager-vs-eager 1.0e-04 "
+        "(2x), within 3x the noise floor; fixed-batch per-token loss: 5.0e-03 while eager repeats bit-exactly, so the "
+        "drift is not noise."
+    ) in md
+    assert "loss over the run: 5.0e-03 while eager repeats bit-exactly, so the drift is not noise" in md
+    assert "- ours vs the noise floor: loss over the run: bit-exact (eager vs eager too); fixed-batch" in md
+    assert "max abs loss diff 0 (exact), fixed-batch" in md  # no per-step diffs recorded: no step count
+    assert "eager once more as a run-to-run control" in md
+
+
+@pytest.mark.parametrize(
+    ("diff", "floor", "within", "ratio", "text"),
+    [
+        (0.0, 0.0, True, None, "bit-exact (eager vs eager too)"),
+        (0.0, 2e-3, True, 0.0, "bit-exact (eager vs eager: 2.0e-03)"),
+        (1e-3, 0.0, False, None, "not noise"),
+        (2e-3, 1e-3, True, 2.0, "within 3x the noise floor"),
+        (3e-3, 1e-3, True, 3.0, "within 3x"),
+        (4e-3, 1e-3, False, 4.0, "above 3x the noise floor"),
+    ],
+)
+def test_noise_floor_verdict(diff, floor, within, ratio, text):
+    ours = _variant(10.0, diff=diff, per_token=0.0, graph_mib=1)
+    control = _variant(20.0, diff=floor, per_token=1e-6, graph_mib=0)
+    out = bench_report.noise_floor_verdict(ours, control)
+    assert out["within"] is within and out["noise_floor"] == floor
+    assert out["ratio"] == (None if ratio is None else pytest.approx(ratio))
+    assert text in out["summary"]
+    assert out["fixed_batch_within"] is True  # ours' fixed batch is exact, the control's is not
+
+
+def test_noise_floor_verdict_without_a_usable_control():
+    ours = _variant(10.0, diff=1e-2, per_token=0.0, graph_mib=1)
+    assert bench_report.noise_floor_verdict(ours, None)["within"] is None
+    failed = bench_report.noise_floor_verdict(ours, {"status": "failed"})
+    assert failed["within"] is None and "no noise-floor control" in failed["summary"]
+    assert bench_report.noise_floor_verdict({"status": "failed"}, ours)["within"] is None
+    assert bench_report.first_nonzero([0, 0.0, None, 3e-9, 1]) == 3
+    assert bench_report.first_nonzero([0.0, 0.0]) is None
+
+
+def _host(idle: float, *, ops: list[tuple[str, float]], runtime: list[tuple[str, float]]) -> dict:
+    return {
+        "steps": 4,
+        "window_ms_per_step": 180.0,
+        "idle_ms_per_step": idle,
+        "idle_fraction": idle / 180.0,
+        "idle_outside_ops_ms_per_step": 7.5,
+        "idle_by_gap_length": [
+            {"range": "< 10 us", "gaps_per_step": 2000.0, "ms_per_step": 6.0},
+            {"range": ">= 1000 us", "gaps_per_step": 3.0, "ms_per_step": 20.0},
+        ],
+        "by_phase": {
+            "forward": {"idle_ms_per_step": idle * 0.5, "wall_ms_per_step": 60.0},
+            "optimizer_step": {"idle_ms_per_step": idle * 0.3, "wall_ms_per_step": 20.0},
+            "(unmarked)": {"idle_ms_per_step": idle * 0.2, "wall_ms_per_step": 1.0},
+        },
+        "top_cpu_ops": [
+            {"name": n, "idle_ms_per_step": v, "calls_per_step": 2.0, "cpu_ms_per_step": v} for n, v in ops
+        ],
+        "top_runtime": [
+            {"name": n, "idle_ms_per_step": v, "calls_per_step": 1.0, "cpu_ms_per_step": v} for n, v in runtime
+        ],
+    }
+
+
+def _host_config(busy: float, source: str = "profiler") -> dict:
+    ours = _variant(172.0, diff=0.0, per_token=0.0, busy=busy, capture=9.0, graph_mib=100, source=source)
+    ours["host_time"] = _host(
+        50.0, ops=[("aten::nonzero", 12.5), ("aten::copy_", 4.0)], runtime=[("cudaGraphLaunch", 3.25)]
+    )
+    eager = _variant(469.0, busy=0.26)
+    eager["host_time"] = _host(350.0, ops=[("aten::copy_", 40.0)], runtime=[("cudaLaunchKernel", 200.0)])
+    eager["host_time"]["by_phase"]["vision_backward"] = {"idle_ms_per_step": 90.0, "wall_ms_per_step": 95.0}
+    return {"name": "small-mbs1-seq2048", "variants": {"eager": eager, "ours": ours}}
+
+
+def test_host_time_section_for_ours_under_the_target():
+    lines = bench_report.host_time_section(_host_config(0.70))
+    text = "\n".join(lines)
+    assert lines[0] == "### Where the remaining host time goes"
+    assert "Ours' GPU busy is 0.70, under the 0.95 target" in text
+    assert "the GPU ran no kernel for 50.0 ms per step (28% of the step; eager: 350.0 ms)" in text
+    assert "| forward: forward outside the encoder and the language model's call" in text
+    assert "| 25.0 | 60.0 | 175.0 | 60.0 |" in text  # forward: ours idle, ours wall, eager idle, eager wall
+    assert "| vision_backward: vision encoder backward (autograd thread) | n/a | n/a | 90.0 | 95.0 |" in text
+    assert "| `aten::nonzero` | 12.5 | 2.0 | 12.5 | - |" in text  # not among eager's top ops
+    assert "| `aten::copy_` | 4.00 | 2.0 | 4.00 | 40.0 |" in text
+    assert "| `cudaGraphLaunch` | 3.25 | 1.0 | 3.25 | - |" in text
+    assert "7.50 ms of ours' idle time per step overlaps no CPU op" in text
+    assert "< 10 us: 2000 gaps, 6.00 ms; >= 1000 us: 3.0 gaps, 20.0 ms" in text
+    assert "Caveat" not in text
+    estimated = "\n".join(bench_report.host_time_section(_host_config(0.70, source="eager_kernel_time")))
+    assert "Caveat: ours' GPU-busy fraction was estimated" in estimated
+
+
+def test_host_time_section_only_under_the_target(tmp_path):
+    assert bench_report.host_time_section(_host_config(0.95)) == []
+    assert bench_report.host_time_section(_host_config(0.99)) == []
+    failed = _host_config(0.5)
+    failed["variants"]["ours"]["status"] = "failed"
+    assert bench_report.host_time_section(failed) == []
+    broken = _host_config(0.5)
+    broken["variants"]["ours"]["host_time"] = {"error": "RuntimeError: no steps"}
+    assert "RuntimeError: no steps" in "\n".join(bench_report.host_time_section(broken))
+    data = {"meta": {}, "configs": [_host_config(0.7), {**_host_config(0.97), "name": "fast"}]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    md = bench_report.render(path)["md"].read_text()
+    assert md.count("### Where the remaining host time goes") == 1
+    assert md.index("### Where the remaining host time goes") < md.index("## fast")
+
+
+def test_mark_unfinished_and_merge_order():
+    runs = [
+        {"meta": {"command": "a", "gpu": "G"}, "configs": [{"name": "y", "status": "complete", "variants": {}}]},
+        {
+            "meta": {"command": "b"},
+            "configs": [{"name": "x", "status": "running", "variants": {"eager": {"status": "ok"}}}],
+        },
+    ]
+    merged = bench_report.merge_data(runs, order=["x", "y", "z"])
+    assert [c["name"] for c in merged["configs"]] == ["x", "y"]
+    assert merged["meta"]["command"] == "a ; b" and merged["meta"]["gpu"] == "G"
+    why = {"error": "child died", "log": "l.log", "log_tail": "tail"}
+    bench_report.mark_unfinished(merged, {"x": why, "y": why, "z": why})
+    by_name = {c["name"]: c for c in merged["configs"]}
+    assert by_name["x"]["status"] == "incomplete" and by_name["x"]["variants"] == {"eager": {"status": "ok"}}
+    assert by_name["y"]["status"] == "complete" and "error" not in by_name["y"]  # finished: untouched
+    assert by_name["z"] == {"name": "z", "status": "failed", "variants": {}, **why}
+    md = bench_report.render_markdown(merged)
+    assert "| z | failed | failed | failed |" in md and "| x | n/a | failed | failed |" in md
+    assert "Last lines of its log:" in md and "(log: `l.log`)" in md
+
+
+def test_bar_annotation_colours_only_unexplained_drift():
+    red, black = "#c0392b", "black"
+    ours = _variant(10.0, diff=7e-2, per_token=0.0, graph_mib=1)
+    lines, colour = bench_report._bar_annotation("ours", ours, _variant(20.0, diff=5e-2, per_token=0.0, graph_mib=0))
+    assert colour == black and "floor 5.0e-02" in lines and "Δloss 7.0e-02" in lines
+    assert bench_report._bar_annotation("ours", ours, _variant(20.0, diff=0.0, per_token=0.0, graph_mib=0))[1] == red
+    assert bench_report._bar_annotation("ours", ours, None)[1] == red
+    small = _variant(10.0, diff=1e-4, per_token=0.0, graph_mib=1)
+    assert bench_report._bar_annotation("ours", small, None)[1] == black
+    assert bench_report._bar_annotation("eager", _variant(10.0), None) == (["10.0 ms"], black)
 
 
 # ------------------------------------------------------------------------------------------ bench.py, CPU parts
@@ -304,6 +520,8 @@ def test_main_parses_arguments_and_ignores_the_recipe(monkeypatch, tmp_path):
     assert bench.main(object(), ["--out", str(tmp_path), "--quick", "--measured-steps", "31", "--no-profile"]) == 0
     assert seen["configs"] == ["tiny", "small-mbs1-seq2048"]
     assert seen["out_dir"] == str(tmp_path) and seen["measured_steps"] == 31 and seen["profile"] is False
+    assert list(seen["variants"]) == ["eager", "upstream", "ours", "eager_repeat"]  # the control is on by default
+    assert bench.main(None, ["--out", str(tmp_path), "--configs", "tiny", "--no-control"]) == 0
     assert list(seen["variants"]) == ["eager", "upstream", "ours"]
 
     import argparse
