@@ -1,27 +1,28 @@
 # Helpers for one call on the device machine (sourced): every step runs under its own timeout with its own log,
-# results are packed into one archive after each step (only a few files come back from a call), and a table of
-# steps (name, exit code, seconds) is printed last. Usage, from the repository root on the device:
+# logs and results go to $LOGS (outside $OUT) and are packed into $OUT/all.tgz after each step (only a few files
+# come back from a call), and a table of steps (name, exit code, seconds) is printed last. Usage, from the repository root on the device:
 #   source scripts/device_lib.sh; R NAME TIMEOUT_S 'command'; ...; table
 # Steps may run in parallel lanes: ( CUDA_VISIBLE_DEVICES=1 R vision 240 '...' ) & ... wait.
 : "${OUT:?OUT must name the folder whose files come back}"
-mkdir -p "$OUT/logs"
+export LOGS="${LOGS:-/tmp/device_logs}"
+mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 R() {
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS rc=0
   echo "[device] $(date -u +%H:%M:%S) start $name (limit ${limit}s)"
-  timeout -k 15 "$limit" bash -c "$*" >"$OUT/logs/$name.log" 2>&1 || rc=$?
-  echo "$name $rc $((SECONDS - t0))" >>"$OUT/logs/steps.txt"
+  timeout -k 15 "$limit" bash -c "$*" >"$LOGS/$name.log" 2>&1 || rc=$?
+  echo "$name $rc $((SECONDS - t0))" >>"$LOGS/steps.txt"
   echo "[device] $(date -u +%H:%M:%S) end $name rc=$rc $((SECONDS - t0))s"
   pack
   return 0
 }
 
-pack() { tar -czf "$OUT/all.tgz.part" -C "$OUT" logs 2>/dev/null && mv -f "$OUT/all.tgz.part" "$OUT/all.tgz"; }
+pack() { tar -czf "$OUT/all.tgz.part" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null && mv -f "$OUT/all.tgz.part" "$OUT/all.tgz"; }
 
 table() {
   printf '%-28s %5s %6s\n' step rc seconds
-  sort -k1,1 "$OUT/logs/steps.txt" | while read -r n r s; do printf '%-28s %5s %6s\n' "$n" "$r" "$s"; done
-  for f in "$OUT"/logs/*.log; do echo "== tail $(basename "$f")"; tail -n 6 "$f"; done | cut -c1-300
+  sort -k1,1 "$LOGS/steps.txt" | while read -r n r s; do printf '%-28s %5s %6s\n' "$n" "$r" "$s"; done
+  for f in "$LOGS"/*.log; do echo "== tail $(basename "$f")"; tail -n 6 "$f"; done | cut -c1-300
 }
