@@ -29,7 +29,7 @@ class CudaGraphProviderMixin:
     """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
 
     # Process groups stay shared references when Bridge deep-copies a provider (its __deepcopy__ honours this).
-    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection"})
+    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection", "_vision_pg_collection_given"})
 
     # ------------------------------------------------------------------ config time
     def finalize(self) -> None:
@@ -160,9 +160,21 @@ class CudaGraphProviderMixin:
             rebuild_vision_encoder(model, self, self.vision_pg_collection())
         return model
 
+    def set_vision_pg_collection(self, pg_collection) -> None:
+        """Use ``pg_collection`` for the vision encoder instead of deriving one; ``None`` says this rank holds no
+        encoder (a later pipeline stage) and must not join the collective derivation either."""
+        self._vision_pg_collection = pg_collection
+        self._vision_pg_collection_given = True
+
     def vision_pg_collection(self):
-        """The vision encoder's collection: one set by the caller (``_vision_pg_collection``), else derived from
-        the language collection Bridge passed (collective: every rank calls ``provide()``; None off stage 0)."""
+        """The vision encoder's collection: the caller's (:meth:`set_vision_pg_collection`), else derived from the
+        language collection Bridge passed (collective: every rank calls ``provide()``; None off stage 0).
+
+        A rank given ``None`` skips the derivation: deriving on some ranks only would leave the others waiting
+        in ``new_group`` (seen on two H200s at pipeline size 2, where only stage 0 had an explicit collection).
+        """
+        if getattr(self, "_vision_pg_collection_given", False):
+            return self._vision_pg_collection
         if getattr(self, "_vision_pg_collection", None) is None:
             from bridge_cudagraph.groups import derive_vision_collection
 

@@ -68,6 +68,11 @@ def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
     )
     language_tp = model.pg_collection.tp
     mark_vision_replicas(new, language_tp_rank=language_tp.rank(), vision_tp=config.tensor_model_parallel_size)
+    # Megatron seeds its model-parallel RNG per language TP rank, so the replicas were initialised differently:
+    # give them the first replica's weights (a checkpoint load later overwrites all of them alike).
+    from bridge_cudagraph.replicas import broadcast_replicas, replica_group_of
+
+    broadcast_replicas(new, replica_group_of(vision_pg_collection))
 
 
 def mark_vision_replicas(vision_model: torch.nn.Module, *, language_tp_rank: int, vision_tp: int) -> None:

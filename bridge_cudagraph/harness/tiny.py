@@ -149,13 +149,19 @@ def ddp_config(**overrides: Any):
     return DistributedDataParallelConfig(**fields)
 
 
-def build(provider, pg_collection, *, vision_pg_collection=None, ddp=None) -> list[torch.nn.Module]:
+#: ``build``'s default: derive the vision collection from the language one (collectively, as under Bridge).
+DERIVE = object()
+
+
+def build(provider, pg_collection, *, vision_pg_collection=DERIVE, ddp=None) -> list[torch.nn.Module]:
     """``finalize()`` and ``provide_distributed_model`` exactly as Bridge's ``setup`` does, under ``pg_collection``
-    (and, for Qwen3-VL, the vision encoder under ``vision_pg_collection``; derived from the language one if None)."""
+    (and, for Qwen3-VL, the vision encoder under ``vision_pg_collection``: derived from the language one by
+    default; ``None`` on ranks outside the vision grid, e.g. later pipeline stages)."""
     import warnings
 
-    if vision_pg_collection is not None:
-        provider._vision_pg_collection = vision_pg_collection
+    setter = getattr(provider, "set_vision_pg_collection", None)
+    if vision_pg_collection is not DERIVE and setter is not None:
+        setter(vision_pg_collection)
     provider.finalize()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

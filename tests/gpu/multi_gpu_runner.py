@@ -52,7 +52,8 @@ def _expected_grad_norm(model, language_pgc, vision_pgc) -> float:
     vision_sq = torch.zeros((), device="cuda", dtype=torch.float64)
     vision_sharded_sq = torch.zeros((), device="cuda", dtype=torch.float64)
     inner = model[0].module.module
-    vision_ids = {id(p) for p in inner.vision_model.parameters()} if inner.vision_model is not None else set()
+    encoder = getattr(inner, "vision_model", None)
+    vision_ids = {id(p) for p in encoder.parameters()} if encoder is not None else set()
     for p in inner.parameters():
         if not p.requires_grad or getattr(p, "main_grad", None) is None:
             continue
@@ -74,13 +75,17 @@ def _expected_grad_norm(model, language_pgc, vision_pgc) -> float:
     return float(total.sqrt())
 
 
-def _vision_replicas_identical(model, language_pgc) -> bool:
+def _vision_replicas_identical(model, vision_pgc) -> bool:
+    """Whether the ranks holding the same vision shard (the replica group) hold identical vision weights."""
+    from bridge_cudagraph.replicas import replica_group_of
+
     inner = model[0].module.module
-    if inner.vision_model is None or language_pgc.tp.size() == 1:
+    group = replica_group_of(vision_pgc)
+    if getattr(inner, "vision_model", None) is None or group is None:
         return True
     checksum = torch.stack([p.detach().double().sum() for p in inner.vision_model.parameters()])
-    gathered = [torch.empty_like(checksum) for _ in range(language_pgc.tp.size())]
-    dist.all_gather(gathered, checksum, group=language_pgc.tp)
+    gathered = [torch.empty_like(checksum) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, checksum, group=group)
     return all(torch.equal(gathered[0], g) for g in gathered[1:])
 
 
@@ -153,14 +158,14 @@ def run_case(name: str, spec: dict) -> dict:
                 for h in helpers:
                     h.cuda_graph_set_manual_hooks()
         if i > 0:
-            replicas_ok.append(_vision_replicas_identical(graphed, language))
+            replicas_ok.append(_vision_replicas_identical(graphed, vision))
 
     def after_backward():
         expected.append(_expected_grad_norm(graphed, language, vision))
 
     probe = after_backward if language.dp.size() == 1 else None
     losses = _timed(graphed, optimizer, steps, language, norms, times, on_step=on_step, after_backward=probe)
-    replicas_ok.append(_vision_replicas_identical(graphed, language))
+    replicas_ok.append(_vision_replicas_identical(graphed, vision))
     last = language.pp.rank() == language.pp.size() - 1
     loss_diffs = [abs(a - b) for a, b in zip(losses, ref_losses, strict=True)] if last else []
     row.update(
