@@ -16,15 +16,15 @@ For each configuration, in one process on one GPU under pure M4 process groups
    noise floor, and :func:`bridge_cudagraph.bench_report.noise_floor_verdict` says whether a graphed variant's
    drift is within it (``vs_noise_floor``).
 
-Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps``
-timed training steps (Megatron's schedule + distributed optimizer, as :func:`bridge_cudagraph.harness.parity.
-train_steps`), a few profiled steps (GPU-busy fraction, and where the host time goes: :class:`PhaseMarkers` put
-``bcg_phase/*`` ranges around the step's phases for those steps only, and :func:`host_time_breakdown` attributes
+Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps`` timed
+training steps (Megatron's schedule + distributed optimizer, as :func:`~bridge_cudagraph.harness.parity.train_steps`),
+a few profiled steps (GPU-busy fraction, and where the host time goes: :class:`PhaseMarkers` put ``bcg_phase/*`` ranges
+around the step's phases for those steps only, and :func:`~bridge_cudagraph.bench_trace.host_time_breakdown` attributes
 the GPU-idle time of the exported trace to phases, CPU ops and CUDA runtime calls: ``host_time``), then a
 per-token-loss check on one fixed batch with the initial weights copied back in. Results go to ``bench.json``,
 rewritten after every variant (a configuration in progress is marked ``"status": "running"``, a finished one
-``"complete"``); :func:`bridge_cudagraph.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also
-on a machine without a GPU).
+``"complete"``); :func:`bridge_cudagraph.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also on a
+machine without a GPU).
 
 Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the recipe the CLI loads is not used:
 
@@ -41,12 +41,12 @@ Run: ``python -m bridge_cudagraph.bench --out results/bench [--quick] [--configs
 through the CLI, ``BRIDGE_CUDAGRAPH_BENCH_ARGS="--quick --out DIR" bridge-cudagraph bench RECIPE.yaml``.
 
 Several GPUs (the full matrix does not fit one 10-minute call on one GPU): ``--gpus N`` (or ``--devices 0,1``)
-splits the configurations into N groups of balanced cost (:func:`split_configs`: tokens per step plus a fixed
-overhead, heaviest first into the lightest group) and starts one child process per GPU
+splits the configurations into N groups of balanced cost (:mod:`bridge_cudagraph.bench_gpus`: tokens per step
+plus a fixed overhead, heaviest first into the lightest group) and starts one child process per GPU
 (``CUDA_VISIBLE_DEVICES=<id>``, the same options, ``--configs <group>``, output and ``bench.log`` in
 ``OUT/part<i>-gpu<id>/``). Each configuration still runs all its variants in one process on one GPU. The parent
 waits (``--time-limit SECONDS`` stops a child that runs longer), merges what the children wrote into
-``OUT/bench.json`` (:func:`collect_children`: a configuration a child did not finish is marked ``failed``, or
+``OUT/bench.json`` (a configuration a child did not finish is marked ``failed``, or
 ``incomplete`` with the variants it did finish, with the child's exit status and its log's tail) and renders it.
 ``scripts/bench_two_gpus.sh`` runs the full matrix on two GPUs that way.
 """
@@ -54,12 +54,10 @@ waits (``--time-limit SECONDS`` stops a child that runs longer), merges what the
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import copy
 import gc
 import inspect
-import itertools
 import json
 import logging
 import math
@@ -82,6 +80,13 @@ import torch
 
 from bridge_cudagraph import bench_report
 from bridge_cudagraph.bench_report import render
+from bridge_cudagraph.bench_trace import (
+    PHASE_PREFIX,
+    STEP_MARK,
+    gpu_busy_summary,
+    host_time_breakdown,
+    kernel_time_per_step,
+)
 
 logger = logging.getLogger("bridge_cudagraph.bench")
 
@@ -137,7 +142,7 @@ TINY_IMAGE_SETS: tuple = (
 _MERGE = 2
 #: Tokens one image takes besides its image tokens: vision start/end and up to 7 text tokens before it.
 _IMAGE_OVERHEAD_TOKENS = 9
-_STEP_MARK = "bench_step_"
+_STEP_MARK = STEP_MARK
 
 
 # ============================================================================================ configurations
@@ -416,357 +421,6 @@ def cycle_length(cfg: BenchConfig) -> int:
     """Steps after which the micro-batch sequence repeats (the number of profiled steps)."""
     k, nm = len(cfg.image_sets), cfg.num_microbatches
     return k // math.gcd(k, nm)
-
-
-# ============================================================================================ GPU-busy (pure)
-def trace_kernels(trace: dict) -> list[tuple[float, float, Any]]:
-    """``(start_us, end_us, stream)`` of every CUDA kernel in a chrome trace exported by ``torch.profiler``."""
-    out = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
-            continue
-        ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
-        args = e.get("args") or {}
-        out.append((ts, ts + max(0.0, dur), args.get("stream", e.get("tid"))))
-    return out
-
-
-def trace_windows(trace: dict, prefix: str = _STEP_MARK) -> list[tuple[float, float]]:
-    """The CPU ranges ``record_function(f"{prefix}{j}")`` marked, ordered by ``j``."""
-    found = {}
-    for e in trace.get("traceEvents", []):
-        name = str(e.get("name", ""))
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "user_annotation" or not name.startswith(prefix):
-            continue
-        with contextlib.suppress(ValueError):
-            ts = float(e.get("ts", 0.0))
-            found[int(name[len(prefix) :])] = (ts, ts + float(e.get("dur", 0.0)))
-    return [found[j] for j in sorted(found)]
-
-
-def union_length(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length covered by ``(start, end)`` intervals (overlaps counted once)."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted((s, e) for s, e in intervals if e > s):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
-def kernel_time_per_step(trace: dict, n_steps: int) -> dict:
-    """Per profiled step: the union of kernel intervals inside its window (ms), the kernel count, the busiest
-    stream's kernel time (ms), and the window's length (ms). Kernels outside every window (e.g. CUPTI's corrupted
-    head records with off-clock timestamps) are ignored."""
-    kernels = trace_kernels(trace)
-    windows = trace_windows(trace)
-    if len(windows) != n_steps:
-        raise RuntimeError(
-            f"profiler trace has {len(windows)} '{_STEP_MARK}*' ranges for {n_steps} profiled steps "
-            f"({len(kernels)} kernels); cannot attribute kernel time to steps"
-        )
-    by_stream: dict[Any, float] = {}
-    for start, end, stream in kernels:
-        if any(lo <= start < hi for lo, hi in windows):
-            by_stream[stream] = by_stream.get(stream, 0.0) + (end - start)
-    compute_stream = max(by_stream, key=by_stream.get) if by_stream else None
-    union_ms, count, stream_ms, window_ms = [], [], [], []
-    for lo, hi in windows:
-        inside = [(max(s, lo), min(e, hi), st) for s, e, st in kernels if s < hi and e > lo]
-        union_ms.append(union_length((s, e) for s, e, _ in inside) / 1e3)
-        count.append(sum(1 for s, _, _ in kernels if lo <= s < hi))
-        stream_ms.append(sum(e - s for s, e, st in inside if st == compute_stream) / 1e3)
-        window_ms.append((hi - lo) / 1e3)
-    return {
-        "kernel_ms": union_ms,
-        "kernels": count,
-        "compute_stream": compute_stream,
-        "compute_stream_ms": stream_ms,
-        "window_ms": window_ms,
-        "streams": len(by_stream),
-    }
-
-
-def gpu_busy_summary(
-    profile: dict | None,
-    step_ms_by_key: dict[Any, float],
-    profiled_keys: Sequence[Any],
-    *,
-    eager_profile: dict | None = None,
-    graphed: bool = False,
-    profiler_sees_graph_kernels: bool | None = None,
-    fallback_step_ms: float | None = None,
-) -> dict:
-    """The GPU-busy numbers of one variant.
-
-    ``gpu_busy`` = kernel time of the profiled steps (union over streams) / the unprofiled median wall time of the
-    same micro-batches. For a graphed variant whose graph kernels the profiler does not see (probe), or whose kernel
-    time is under 70% of eager's (graph kernels missed; kineto/CUPTI graph timing is known to be unreliable on some
-    CUDA versions), the eager variant's kernel time is used instead (``gpu_busy_source="eager_kernel_time"``). More
-    kernel time than eager is legitimate (upstream's vision graphs pad every micro-batch to one length).
-    """
-    if not profile:
-        return {"gpu_busy": None, "gpu_busy_source": None}
-    denominators = [step_ms_by_key.get(k, fallback_step_ms) for k in profiled_keys]
-    if any(d is None for d in denominators) or not denominators:
-        return {"gpu_busy": None, "gpu_busy_source": None, "gpu_busy_note": "no unprofiled step time to divide by"}
-    wall = sum(denominators)
-    kernel = sum(profile["kernel_ms"])
-    out: dict[str, Any] = {
-        "kernel_ms_per_step": kernel / len(denominators),
-        "kernels_per_step": sum(profile["kernels"]) / len(denominators),
-        "gpu_busy_profiler": kernel / wall,
-        "gpu_busy_compute_stream": sum(profile["compute_stream_ms"]) / wall,
-        "gpu_busy_in_profiled_steps": kernel / max(1e-9, sum(profile["window_ms"])),
-        "streams_with_kernels": profile.get("streams"),
-        "gpu_busy": kernel / wall,
-        "gpu_busy_source": "profiler",
-    }
-    if graphed and eager_profile:
-        eager_kernel = sum(eager_profile["kernel_ms"])
-        out["kernel_ms_ratio_vs_eager"] = kernel / max(1e-9, eager_kernel)
-        out["gpu_busy_from_eager_kernels"] = eager_kernel / wall
-        reason = None
-        if profiler_sees_graph_kernels is False:
-            reason = "the profiler does not see kernels inside CUDA graph replays (probe)"
-        elif out["kernel_ms_ratio_vs_eager"] < 0.7:
-            reason = (
-                f"its profiled kernel time is only {out['kernel_ms_ratio_vs_eager']:.2f}x eager's for the same "
-                "micro-batches (graph kernels missed or mis-timed by the profiler)"
-            )
-        if reason:
-            out["gpu_busy"] = out["gpu_busy_from_eager_kernels"]
-            out["gpu_busy_source"] = "eager_kernel_time"
-            out["gpu_busy_note"] = f"GPU busy estimated from eager's kernel time: {reason}."
-    if out["gpu_busy_source"] == "profiler" and out["gpu_busy"] > 1.02:
-        out["gpu_busy_note"] = (
-            f"profiled kernel time exceeds the unprofiled step time ({out['gpu_busy']:.2f}): kernels ran slower "
-            "under the profiler, or it mis-timed graph kernels"
-        )
-    return out
-
-
-# ============================================================================================ host time (pure)
-#: Prefix of the ``record_function`` ranges :class:`PhaseMarkers` opens around a step's phases.
-PHASE_PREFIX = "bcg_phase/"
-#: Idle time under no phase marker.
-UNMARKED = "(unmarked)"
-#: Chrome-trace categories of host-side CUDA API calls (kernel launches, graph launches, copies, syncs).
-RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
-#: Idle gap lengths (us) bench.md groups by: launch-latency gaps are a few us, stalls behind a sync are long.
-GAP_EDGES_US = (10.0, 100.0, 1000.0)
-
-
-def idle_intervals(window: tuple[float, float], busy: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The parts of ``window`` that no interval of ``busy`` covers, in order: a step's GPU-idle intervals when
-    ``busy`` are its kernels (kernels on several streams that overlap count once, as in :func:`union_length`)."""
-    lo, hi = window
-    out: list[tuple[float, float]] = []
-    cursor = lo
-    for start, end in sorted((max(s, lo), min(e, hi)) for s, e in busy if e > lo and s < hi):
-        if start > cursor:
-            out.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < hi:
-        out.append((cursor, hi))
-    return out
-
-
-def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Overlapping or touching intervals joined, in order (what :func:`union_length` measures, as intervals)."""
-    out: list[tuple[float, float]] = []
-    for start, end in sorted((s, e) for s, e in intervals if e > s):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def outermost(ranges: Iterable[tuple[float, float, str, Any]]) -> list[tuple[float, float, str, Any]]:
-    """The ranges ``(start, end, name, thread)`` not nested in another one of the same thread, in order.
-
-    The profiler nests ops (``aten::linear`` holds ``aten::addmm``); counting both would count the same host time
-    twice. A range that starts inside an earlier one counts as nested even if it ends a rounding error after it.
-    """
-    by_thread: dict[Any, list[tuple[float, float, str, Any]]] = {}
-    for r in ranges:
-        by_thread.setdefault(r[3], []).append(r)
-    out = []
-    for rs in by_thread.values():
-        rs.sort(key=lambda r: (r[0], -r[1]))
-        end = -math.inf
-        for r in rs:
-            if r[0] >= end:
-                out.append(r)
-                end = r[1]
-    return sorted(out, key=lambda r: (r[0], -r[1]))
-
-
-def attribute_innermost(
-    targets: Sequence[tuple[float, float]], labelled: Sequence[tuple[float, float, str]], *, default: str = UNMARKED
-) -> dict[str, float]:
-    """Split the length of ``targets`` (disjoint intervals, e.g. GPU-idle time) among labels: each instant goes to
-    the innermost labelled range covering it, or to ``default``.
-
-    Innermost = the covering range that started last (ties: the shorter), across threads: phase markers nest in
-    time (vision_forward inside forward) and the backward's markers live on the autograd thread while the main
-    thread's ``backward`` phase is open, so "latest start" picks the finest phase on any thread. Lengths add up to
-    the targets' total.
-    """
-    spans = [(s, e, name) for s, e, name in labelled if e > s]
-    points = sorted({t for s, e in targets for t in (s, e)} | {t for s, e, _ in spans for t in (s, e)})
-    starts: dict[float, list[int]] = {}
-    ends: dict[float, list[int]] = {}
-    for i, (s, e, _) in enumerate(spans):
-        starts.setdefault(s, []).append(i)
-        ends.setdefault(e, []).append(i)
-    ordered = sorted((s, e) for s, e in targets if e > s)
-    totals: dict[str, float] = {}
-    active: dict[int, tuple[float, float, str]] = {}
-    t = 0
-    for a, b in itertools.pairwise(points):
-        for i in ends.get(a, ()):
-            active.pop(i, None)
-        for i in starts.get(a, ()):
-            active[i] = spans[i]
-        while t < len(ordered) and ordered[t][1] <= a:
-            t += 1
-        if t < len(ordered) and ordered[t][0] <= a and b <= ordered[t][1]:
-            label = max(active.values(), key=lambda r: (r[0], -r[1]))[2] if active else default
-            totals[label] = totals.get(label, 0.0) + (b - a)
-    return totals
-
-
-def overlap_by_name(
-    targets: Sequence[tuple[float, float]], ranges: Iterable[tuple[float, float, str, Any]]
-) -> dict[str, dict[str, float]]:
-    """Per range name: ``overlap`` (total length of its ranges inside the disjoint ``targets``), ``calls`` and
-    ``duration`` (their total length): which host calls were running while the GPU idled, and for how long."""
-    ordered = sorted((s, e) for s, e in targets if e > s)
-    ends = [e for _, e in ordered]
-    out: dict[str, dict[str, float]] = {}
-    for start, end, name, *_ in ranges:
-        overlap = 0.0
-        i = bisect.bisect_right(ends, start)
-        while i < len(ordered) and ordered[i][0] < end:
-            overlap += min(end, ordered[i][1]) - max(start, ordered[i][0])
-            i += 1
-        agg = out.setdefault(name, {"overlap": 0.0, "calls": 0, "duration": 0.0})
-        agg["overlap"] += overlap
-        agg["calls"] += 1
-        agg["duration"] += end - start
-    return out
-
-
-def gap_histogram(gaps: Sequence[tuple[float, float]], edges: Sequence[float] = GAP_EDGES_US) -> list[dict]:
-    """Idle gaps grouped by length (``edges`` in us): many short gaps mean kernel launches cannot keep up with the
-    GPU; a few long ones mean the host stopped launching (a synchronisation, Python work between phases)."""
-    bounds = [0.0, *edges, math.inf]
-    out = []
-    for lo, hi in itertools.pairwise(bounds):
-        inside = [e - s for s, e in gaps if lo <= e - s < hi]
-        label = f"< {hi:g} us" if lo == 0 else f">= {lo:g} us" if hi == math.inf else f"{lo:g}-{hi:g} us"
-        out.append({"range": label, "gaps": len(inside), "us": sum(inside)})
-    return out
-
-
-def trace_host_ranges(trace: dict, cats: Sequence[str], pid: Any = None) -> list[tuple[float, float, str, Any]]:
-    """``(start_us, end_us, name, thread)`` of the complete events of categories ``cats`` (of process ``pid`` when
-    given: the CPU side of the trace, not the GPU tracks)."""
-    wanted = {c.lower() for c in cats}
-    out = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() not in wanted:
-            continue
-        if pid is not None and e.get("pid") != pid:
-            continue
-        ts = float(e.get("ts", 0.0))
-        out.append((ts, ts + max(0.0, float(e.get("dur", 0.0))), str(e.get("name", "?")), e.get("tid")))
-    return out
-
-
-def _window_pid(trace: dict, prefix: str = _STEP_MARK) -> Any:
-    """The process of the step windows (the CPU side; kernels live under the GPU's pid)."""
-    for e in trace.get("traceEvents", []):
-        if str(e.get("cat", "")).lower() == "user_annotation" and str(e.get("name", "")).startswith(prefix):
-            return e.get("pid")
-    return None
-
-
-def _top(stats: dict[str, dict[str, float]], n_steps: int, top: int) -> list[dict]:
-    rows = sorted(stats.items(), key=lambda kv: (-kv[1]["overlap"], -kv[1]["duration"], kv[0]))[:top]
-    return [
-        {
-            "name": name,
-            "idle_ms_per_step": s["overlap"] / n_steps / 1e3,
-            "calls_per_step": s["calls"] / n_steps,
-            "cpu_ms_per_step": s["duration"] / n_steps / 1e3,
-        }
-        for name, s in rows
-    ]
-
-
-def host_time_breakdown(trace: dict, *, prefix: str = PHASE_PREFIX, top: int = 10) -> dict:
-    """Where the host time goes while the GPU idles, from a profiled run's chrome trace (pure).
-
-    Per profiled step window (``bench_step_<j>``): the GPU-idle intervals (window minus the union of kernels on
-    every stream); their length attributed to the innermost ``prefix`` phase marker (:func:`attribute_innermost`;
-    also each phase's whole wall time); the outermost CPU ops and CUDA runtime/driver calls of the process that
-    overlap them most; the idle time that no op or call overlaps (Python between ops); and the idle gaps by
-    length. Every number is per step (ms) unless named otherwise.
-    """
-    windows = trace_windows(trace)
-    if not windows:
-        raise RuntimeError(f"no '{_STEP_MARK}*' ranges in the trace: no step to attribute host time to")
-    n = len(windows)
-    kernels = [(s, e) for s, e, _ in trace_kernels(trace)]
-    idle: list[tuple[float, float]] = []
-    for window in windows:
-        idle += idle_intervals(window, kernels)
-    pid = _window_pid(trace)
-
-    def in_windows(ranges: list[tuple[float, float, str, Any]]) -> list[tuple[float, float, str, Any]]:
-        return [r for r in ranges if any(lo <= r[0] < hi for lo, hi in windows)]
-
-    marks = trace_host_ranges(trace, ("user_annotation",), pid)
-    phases = [(s, e, name[len(prefix) :]) for s, e, name, _ in marks if name.startswith(prefix)]
-    ops = outermost(in_windows(trace_host_ranges(trace, ("cpu_op",), pid)))
-    runtime = outermost(in_windows(trace_host_ranges(trace, RUNTIME_CATS, pid)))
-    # Ops of several threads, and runtime calls inside ops, overlap: their union, so no idle time counts twice.
-    covered = overlap_by_name(
-        idle, [(s, e, "any", None) for s, e in merge_intervals((r[0], r[1]) for r in ops + runtime)]
-    )
-    idle_us = sum(e - s for s, e in idle)
-    window_us = sum(hi - lo for lo, hi in windows)
-    idle_by_phase = attribute_innermost(idle, phases)
-    wall_by_phase = attribute_innermost(windows, phases)
-    by_phase = {
-        name: {"idle_ms_per_step": idle_by_phase.get(name, 0.0) / n / 1e3, "wall_ms_per_step": wall / n / 1e3}
-        for name, wall in sorted(wall_by_phase.items(), key=lambda kv: -idle_by_phase.get(kv[0], 0.0))
-    }
-    return {
-        "steps": n,
-        "window_ms_per_step": window_us / n / 1e3,
-        "kernel_ms_per_step": (window_us - idle_us) / n / 1e3,
-        "idle_ms_per_step": idle_us / n / 1e3,
-        "idle_fraction": idle_us / window_us if window_us > 0 else None,
-        "idle_outside_ops_ms_per_step": (idle_us - covered.get("any", {}).get("overlap", 0.0)) / n / 1e3,
-        "idle_by_gap_length": [
-            {"range": g["range"], "gaps_per_step": g["gaps"] / n, "ms_per_step": g["us"] / n / 1e3}
-            for g in gap_histogram(idle)
-        ],
-        "phase_prefix": prefix,
-        "phase_markers": len(phases),
-        "by_phase": by_phase,
-        "top_cpu_ops": _top(overlap_by_name(idle, ops), n, top),
-        "top_runtime": _top(overlap_by_name(idle, runtime), n, top),
-    }
 
 
 # ============================================================================================ GPU helpers
@@ -1110,14 +764,14 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe: NaN/inf floats become None, tuples lists, dict keys strings."""
     if isinstance(value, float):
         return None if math.isnan(value) or math.isinf(value) else value
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -1143,7 +797,8 @@ class _Shared:
     eager_profile: dict | None = None
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """A progress line on stdout, flushed (the device machine returns only the log's tail)."""
     print(f"[bench] {message}", flush=True)
 
 
@@ -1333,7 +988,7 @@ def _run_variant(shared: _Shared, variant: str) -> dict:
         rec["status"] = "failed"
         rec["error"] = f"{type(error).__name__}: {error}"
         rec["traceback"] = traceback.format_exc()[-4000:]
-        _say(f"{shared.cfg.name} {variant}: FAILED {rec['error'][:300]}")
+        say(f"{shared.cfg.name} {variant}: FAILED {rec['error'][:300]}")
     finally:
         _teardown(objs)
     rec["seconds"] = time.perf_counter() - started
@@ -1363,9 +1018,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
     warmup_ms = [run_step(i) for i in range(shared.warmup_steps)]
     if helpers:
         rec.update(_capture(variant, helpers))
-        _say(
-            f"{cfg.name} {variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_bytes'] / 2**20:.0f} MiB"
-        )
+        say(f"{cfg.name} {variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_bytes'] / 2**20:.0f} MiB")
     timer.active = True
     first = shared.warmup_steps
     for i in range(first, first + shared.measured_steps):
@@ -1389,7 +1042,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
             profile, rec["host_time"] = _profile(shared, run_step, p_first, model=model, optimizer=optimizer)
         except Exception as error:  # the profiler is a measurement aid, never a reason to lose the timings
             rec["profile_error"] = f"{type(error).__name__}: {error}"[:500]
-            _say(f"{cfg.name} {variant}: profiling failed: {rec['profile_error']}")
+            say(f"{cfg.name} {variant}: profiling failed: {rec['profile_error']}")
             # keep the step sequence identical across variants: run the steps the profiler would have run
             done = len(losses) - p_first
             for i in range(p_first + max(0, done), p_first + shared.profile_steps):
@@ -1512,7 +1165,7 @@ def run_config(
     variants finished so far after each variant, so a process killed mid-configuration keeps them."""
     started = time.perf_counter()
     out = cfg.as_dict()
-    _say(
+    say(
         f"{cfg.name}: patches per micro-batch {out['patches_per_microbatch']}, vision budgets "
         f"{out['vision_budgets']}, upstream vision length {out['upstream_vision_seq_length']}"
     )
@@ -1536,15 +1189,15 @@ def run_config(
     out["profile_steps"] = profile_steps
     results: dict[str, dict] = {}
     for variant in run_order(variants):
-        _say(f"{cfg.name} {variant}: start")
+        say(f"{cfg.name} {variant}: start")
         rec = _run_variant(shared, variant)
         results[variant] = rec
         if variant == "eager":
             shared.eager = rec
             if rec["status"] != "ok":
-                _say(f"{cfg.name}: eager failed; the other variants have no reference and are skipped")
+                say(f"{cfg.name}: eager failed; the other variants have no reference and are skipped")
                 break
-        _say(_summary_line(cfg.name, variant, rec))
+        say(_summary_line(cfg.name, variant, rec))
         _finish_variants(results)
         if on_progress is not None:
             on_progress({**out, "status": "running", "variants": dict(results)})
@@ -1600,7 +1253,8 @@ def _summary_line(config: str, variant: str, rec: dict) -> str:
     )
 
 
-def _command_line() -> str:
+def command_line() -> str:
+    """The command that started this process, as a user would type it (recorded in bench.json's meta)."""
     program = sys.argv[0] if sys.argv else ""
     if program.endswith(("bench.py", "-m")):
         program = "python -m bridge_cudagraph.bench"
@@ -1613,7 +1267,7 @@ def _meta(*, measured_steps: int, warmup_steps: int, probe: dict | None, command
     from bridge_cudagraph.compat import installed_version
 
     return {
-        "command": command or _command_line(),
+        "command": command or command_line(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__,
@@ -1667,7 +1321,7 @@ def run(
             probe = probe_profiler_sees_graph_kernels()
         except Exception as error:
             probe = {"error": f"{type(error).__name__}: {error}"[:500], "sees_graph_kernels": None}
-        _say(f"profiler probe: {probe}")
+        say(f"profiler probe: {probe}")
     meta = _meta(measured_steps=measured_steps, warmup_steps=warmup_steps, probe=probe, command=command)
     meta["variants"] = run_order(variants)
     meta["noise_floor_control"] = CONTROL in meta["variants"]
@@ -1680,7 +1334,7 @@ def run(
         # killed keeps every variant it finished.
         snapshot = {**data, "configs": [*data["configs"], *([partial] if partial else [])]}
         tmp = json_path.with_name(json_path.name + ".tmp")
-        tmp.write_text(json.dumps(_clean(snapshot), indent=2))
+        tmp.write_text(json.dumps(json_safe(snapshot), indent=2))
         os.replace(tmp, json_path)
 
     write()
@@ -1701,9 +1355,9 @@ def run(
         try:
             render(json_path)
         except Exception as error:  # the JSON is the result; the report can be rendered again on any machine
-            _say(f"render failed ({type(error).__name__}: {error}); run bench_report render {json_path}")
+            say(f"render failed ({type(error).__name__}: {error}); run bench_report render {json_path}")
     _print_table(data)
-    return _clean(data)
+    return json_safe(data)
 
 
 def _print_table(data: dict) -> None:
@@ -1725,327 +1379,6 @@ def _print_table(data: dict) -> None:
                 f"{g(rec.get('loss_max_abs_diff_vs_eager'), '.1e')} | {g(fixed.get('loss_max_abs_diff'), '.1e')}"
             )
     sys.stdout.flush()
-
-
-# ============================================================================================ several GPUs
-#: Building, snapshotting, capturing and checking one configuration, in tokens of one step (the rest of a
-#: configuration's cost grows with its tokens per step). A rough figure from the 2026-11-29 H200 run (tiny 31 s,
-#: small-mbs1-seq2048 72 s, per configuration); it only has to order the configurations, not predict seconds.
-CONFIG_OVERHEAD_TOKENS = 1024
-#: Seconds a timed-out child gets between SIGTERM and SIGKILL.
-STOP_GRACE_S = 10.0
-#: Lines of a failed child's log kept in bench.json.
-LOG_TAIL_LINES = 40
-#: Environment of a launcher (torchrun, Slurm) that would make a child join another world instead of its own.
-_WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def tokens_per_step(cfg: BenchConfig) -> int:
-    """Language tokens one training step processes (the images' patches grow with them: the data fills a fixed
-    fraction of every sequence)."""
-    return cfg.seq_length * cfg.micro_batch_size * cfg.num_microbatches
-
-
-def estimated_cost(cfg: BenchConfig) -> float:
-    """A configuration's relative cost: its tokens per step plus a fixed :data:`CONFIG_OVERHEAD_TOKENS`."""
-    return float(tokens_per_step(cfg) + CONFIG_OVERHEAD_TOKENS)
-
-
-def split_configs(configs: Sequence[BenchConfig], n: int) -> list[list[BenchConfig]]:
-    """``configs`` in at most ``n`` groups of balanced :func:`estimated_cost`, one per GPU.
-
-    Greedy longest-first (each configuration, heaviest first, joins the lightest group so far): it puts the
-    heaviest configuration (small-mbs2-seq4096) in a group of its own or with the cheapest ones, and never two heavy
-    ones together. Within a group the configurations run cheapest first, so a time limit loses the fewest. Empty
-    groups are dropped; the result is deterministic.
-    """
-    if n < 1:
-        raise ValueError(f"need at least one group, got {n}")
-    groups: list[list[BenchConfig]] = [[] for _ in range(min(n, len(configs)))]
-    loads = [0.0] * len(groups)
-    position = {c.name: i for i, c in enumerate(configs)}
-    for cfg in sorted(configs, key=lambda c: (-estimated_cost(c), position[c.name])):
-        lightest = min(range(len(groups)), key=lambda g: (loads[g], g))
-        groups[lightest].append(cfg)
-        loads[lightest] += estimated_cost(cfg)
-    return [sorted(g, key=lambda c: (estimated_cost(c), position[c.name])) for g in groups if g]
-
-
-def resolve_devices(gpus: int | None, devices: str | Sequence[str] | None, visible: str | None) -> list[str]:
-    """The GPUs the children run on, as ``CUDA_VISIBLE_DEVICES`` values: ``devices`` as given, or the first
-    ``gpus`` of this process's ``visible`` devices (``CUDA_VISIBLE_DEVICES``; ``0..gpus-1`` when unset)."""
-    if devices:
-        chosen = [d.strip() for d in devices.split(",")] if isinstance(devices, str) else [str(d) for d in devices]
-        chosen = [d for d in chosen if d]
-        if not chosen or len(set(chosen)) != len(chosen):
-            raise ValueError(f"--devices needs distinct device ids, got {devices!r}")
-        return chosen
-    if gpus is None or gpus < 1:
-        raise ValueError(f"--gpus needs a positive number, got {gpus!r}")
-    if visible is None or not visible.strip():
-        return [str(i) for i in range(gpus)]
-    listed = [d.strip() for d in visible.split(",") if d.strip()]
-    if gpus > len(listed):
-        raise ValueError(f"--gpus {gpus}, but CUDA_VISIBLE_DEVICES lists only {len(listed)}: {visible}")
-    return listed[:gpus]
-
-
-@dataclass
-class Child:
-    """One child process of ``--gpus``: its GPU, configurations and output folder, and what became of it."""
-
-    index: int
-    device: str
-    configs: list[str]
-    out_dir: Path
-    argv: list[str]
-    returncode: int | None = None
-    timed_out: bool = False
-    seconds: float = 0.0
-
-    @property
-    def log_path(self) -> Path:
-        """Its stdout and stderr."""
-        return self.out_dir / "bench.log"
-
-    @property
-    def json_path(self) -> Path:
-        """Its bench.json (rewritten after every variant)."""
-        return self.out_dir / "bench.json"
-
-    def status(self) -> str:
-        """``ok``, ``timed out after N s``, ``exit code N``, or ``not finished``."""
-        if self.timed_out:
-            return f"timed out after {self.seconds:.0f} s"
-        if self.returncode is None:
-            return "not finished"
-        return "ok" if self.returncode == 0 else f"exit code {self.returncode}"
-
-
-def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path) -> list[str]:
-    """The command line of a child: this module on ``names`` into ``out_dir``, with the parent's step, profile,
-    variant and control options (never ``--gpus``/``--devices``/``--time-limit``: a child runs in-process)."""
-    argv = [sys.executable, "-m", "bridge_cudagraph.bench", "--out", str(out_dir), "--configs", ",".join(names)]
-    argv += ["--measured-steps", str(int(getattr(options, "measured_steps", None) or DEFAULT_MEASURED_STEPS))]
-    warmup = getattr(options, "warmup_steps", None)
-    argv += ["--warmup-steps", str(int(DEFAULT_WARMUP_STEPS if warmup is None else warmup))]
-    variants = getattr(options, "variants", None)
-    if variants:
-        argv += ["--variants", variants if isinstance(variants, str) else ",".join(variants)]
-    if getattr(options, "no_profile", False):
-        argv.append("--no-profile")
-    if getattr(options, "no_control", False):
-        argv.append("--no-control")
-    return argv
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports (held open together while chosen, so no two children get the same one)."""
-    import socket
-
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-
-
-def child_env(base: dict[str, str], device: str, port: int) -> dict[str, str]:
-    """A child's environment: one visible GPU, a one-process world of its own on ``port`` (a launcher's
-    ``RANK``/``MASTER_PORT`` would make the children collide), unbuffered output for a live log, and no
-    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` (its options are on its command line)."""
-    env = {k: v for k, v in base.items() if k not in _WORLD_ENV and k != BENCH_ARGS_ENV}
-    env.update(CUDA_VISIBLE_DEVICES=device, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
-    return env
-
-
-def _stop(proc: Any, grace_s: float) -> None:
-    """SIGTERM the child's process group (it was started in a session of its own), then SIGKILL after
-    ``grace_s``."""
-    import signal
-    import subprocess
-
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-class _Terminated(Exception):
-    """The parent got SIGTERM: stop the children, keep what they wrote."""
-
-
-def run_children(
-    children: Sequence[Child],
-    *,
-    time_limit_s: float | None = None,
-    poll_s: float = 1.0,
-    grace_s: float = STOP_GRACE_S,
-    env: dict[str, str] | None = None,
-) -> None:
-    """Start every child at once (each in a session of its own, output to its log), wait for all, stop one that
-    runs past ``time_limit_s``; fills in their ``returncode``/``timed_out``/``seconds``. If the parent is
-    interrupted or terminated, the children still running are stopped before this returns (what they wrote stays).
-    """
-    import signal
-    import subprocess
-
-    ports = _free_ports(len(children))
-    running: dict[int, tuple[Any, Any, float]] = {}
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Terminated
-
-    previous = None
-    with contextlib.suppress(ValueError):  # not the main thread: no handler, the finally still stops them
-        previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        for child, port in zip(children, ports, strict=True):
-            child.out_dir.mkdir(parents=True, exist_ok=True)
-            log = open(child.log_path, "w")  # closed when the child ends (below, or in the finally)
-            proc = subprocess.Popen(
-                child.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env(dict(os.environ if env is None else env), child.device, port),
-                start_new_session=True,
-            )
-            running[child.index] = (proc, log, time.monotonic())
-            _say(f"child {child.index} on GPU {child.device}: {', '.join(child.configs)} (log {child.log_path})")
-        by_index = {c.index: c for c in children}
-        while running:
-            for index, (proc, log, started) in list(running.items()):
-                child = by_index[index]
-                child.seconds = time.monotonic() - started
-                if proc.poll() is None and time_limit_s is not None and child.seconds > time_limit_s:
-                    _say(f"child {index} on GPU {child.device}: over the {time_limit_s:g} s limit, stopping it")
-                    child.timed_out = True
-                    _stop(proc, grace_s)
-                if proc.poll() is not None:
-                    child.returncode = proc.returncode
-                    log.close()
-                    del running[index]
-                    _say(f"child {index} on GPU {child.device}: {child.status()} ({child.seconds:.0f} s)")
-            if running:
-                time.sleep(poll_s)
-    except (KeyboardInterrupt, _Terminated):
-        _say("interrupted: stopping the children, keeping what they wrote")
-    finally:
-        for index, (proc, log, started) in running.items():
-            _stop(proc, grace_s)
-            child = next(c for c in children if c.index == index)
-            child.returncode, child.seconds = proc.returncode, time.monotonic() - started
-            log.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log ("" when there is none)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def collect_children(children: Sequence[Child], *, order: Sequence[str], meta: dict | None = None) -> dict:
-    """One bench.json content from the children's: their configurations merged (:func:`bench_report.merge_data`),
-    every configuration of a child that did not finish it marked failed or incomplete with the child's fate and its
-    log's tail (:func:`bench_report.mark_unfinished`), ``meta["children"]`` saying who ran what. ``meta`` (the
-    parent's) fills in what no child wrote and overrides the command."""
-    datas = []
-    for child in children:
-        if child.json_path.exists():
-            try:
-                datas.append(json.loads(child.json_path.read_text()))
-            except (OSError, ValueError) as error:
-                _say(f"child {child.index}: unreadable {child.json_path}: {error}")
-    merged = bench_report.merge_data(datas, order=order)
-    merged["meta"] = {**(meta or {}), **{k: v for k, v in merged["meta"].items() if v is not None}}
-    if meta and meta.get("command"):
-        merged["meta"]["command"] = meta["command"]
-    unfinished: dict[str, dict[str, Any]] = {}
-    for child in children:
-        why = {
-            "error": f"its process (child {child.index}, GPU {child.device}) ended with {child.status()} before "
-            "finishing it",
-            "log": str(child.log_path),
-            "log_tail": log_tail(child.log_path),
-        }
-        for name in child.configs:
-            unfinished[name] = why
-    done = {c.get("name") for c in merged["configs"] if c.get("status") in (None, bench_report.FINISHED)}
-    bench_report.mark_unfinished(merged, {k: v for k, v in unfinished.items() if k not in done})
-    merged["configs"].sort(key=lambda c: order.index(c["name"]) if c.get("name") in order else len(order))
-    merged["meta"]["children"] = [
-        {
-            "index": c.index,
-            "device": c.device,
-            "configs": list(c.configs),
-            "status": c.status(),
-            "returncode": c.returncode,
-            "timed_out": c.timed_out,
-            "seconds": c.seconds,
-            "out_dir": str(c.out_dir),
-        }
-        for c in children
-    ]
-    return merged
-
-
-def run_on_gpus(
-    configs: Sequence[BenchConfig],
-    devices: Sequence[str],
-    *,
-    out_dir: str | Path,
-    make_argv: Callable[[Sequence[str], Path], list[str]],
-    time_limit_s: float | None = None,
-    command: str | None = None,
-    env: dict[str, str] | None = None,
-    poll_s: float = 1.0,
-    grace_s: float = STOP_GRACE_S,
-) -> tuple[dict, list[Child]]:
-    """The full matrix in one call: ``configs`` split over ``devices`` (:func:`split_configs`), one child process
-    per GPU (``make_argv(names, child_out_dir)``: injectable, tests use a fake child), each child running all
-    variants of its configurations side by side in one process on its GPU; then ``out_dir/bench.json`` merged
-    from what every child wrote (a child that failed or timed out loses only its unfinished configurations) and
-    rendered. Returns the merged content and the children."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    groups = split_configs(configs, len(devices))
-    children = []
-    for i, (group, device) in enumerate(zip(groups, devices, strict=False)):
-        names = [c.name for c in group]
-        child_out = out / f"part{i}-gpu{device}"
-        children.append(Child(i, device, names, child_out, make_argv(names, child_out)))
-    _say(
-        "split: "
-        + "; ".join(f"GPU {c.device}: {', '.join(c.configs)}" for c in children)
-        + (f" (time limit {time_limit_s:g} s per child)" if time_limit_s else "")
-    )
-    run_children(children, time_limit_s=time_limit_s, env=env, poll_s=poll_s, grace_s=grace_s)
-    meta = {
-        "command": command or _command_line(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "time_limit_s": time_limit_s,
-    }
-    data = collect_children(children, order=[c.name for c in configs], meta=meta)
-    json_path = out / "bench.json"
-    json_path.write_text(json.dumps(_clean(data), indent=2))
-    try:
-        render(json_path)
-    except Exception as error:
-        _say(f"render failed ({type(error).__name__}: {error}); run bench_report render {json_path}")
-    for child in children:
-        if child.status() != "ok":
-            _say(f"child {child.index} on GPU {child.device}: {child.status()}; last lines of {child.log_path}:")
-            print(log_tail(child.log_path, 15), flush=True)
-    return data, children
 
 
 # ============================================================================================ command line
@@ -2148,7 +1481,7 @@ def main(loaded: Any = None, args: Any = None) -> int:
                 setattr(base, key, getattr(args, key))
         args = base
     if loaded is not None:
-        _say("the benchmark runs its built-in configurations (tiny, small Qwen3-VL); the loaded recipe is not used")
+        say("the benchmark runs its built-in configurations (tiny, small Qwen3-VL); the loaded recipe is not used")
     variants = select_variants(getattr(args, "variants", None), control=not getattr(args, "no_control", False))
     run_order(variants)
     configs = select_configs(quick=bool(getattr(args, "quick", False)), names=getattr(args, "configs", None))
@@ -2156,6 +1489,8 @@ def main(loaded: Any = None, args: Any = None) -> int:
     gpus, devices = getattr(args, "gpus", None), getattr(args, "devices", None)
     time_limit = getattr(args, "time_limit", None)
     if gpus is not None or devices:
+        from bridge_cudagraph.bench_gpus import child_argv, resolve_devices, run_on_gpus
+
         chosen = resolve_devices(gpus, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
         data, _ = run_on_gpus(
             configs,
@@ -2167,7 +1502,7 @@ def main(loaded: Any = None, args: Any = None) -> int:
         _print_table(data)
         unfinished = [c["name"] for c in data["configs"] if c.get("status") not in (None, bench_report.FINISHED)]
         if unfinished:
-            _say(f"unfinished configurations: {unfinished}")
+            say(f"unfinished configurations: {unfinished}")
         failed = [f for f in _failed_variants(data) if f.endswith(("/ours", "/eager"))]
         return 1 if failed or unfinished else 0
     if time_limit is not None:
@@ -2189,7 +1524,7 @@ def main(loaded: Any = None, args: Any = None) -> int:
             dist.destroy_process_group()
     failed = _failed_variants(data)
     if failed:
-        _say(f"failed variants: {failed}")
+        say(f"failed variants: {failed}")
     return 1 if [f for f in failed if f.endswith(("/ours", "/eager"))] else 0
 
 

@@ -198,6 +198,17 @@ def first_nonzero(values: Sequence[Any] | None) -> int | None:
     return None
 
 
+def _drift_vs_eager(rec: dict) -> dict[str, Any]:
+    """How far one variant's run went from eager's: over the run, at which step first, on the fixed batch, and
+    in grad norm (the same four numbers for a graphed variant and for the eager-again control)."""
+    return {
+        "loss_max_abs_diff": _num(rec.get("loss_max_abs_diff_vs_eager")),
+        "first_diff_step": first_nonzero(rec.get("loss_abs_diff_per_step")),
+        "fixed_batch_loss_max_abs_diff": _num((rec.get("fixed_batch") or {}).get("loss_max_abs_diff")),
+        "grad_norm_max_rel_diff": _num(rec.get("grad_norm_max_rel_diff_vs_eager")),
+    }
+
+
 def noise_floor_verdict(variant: dict | None, control: dict | None, *, factor: float = NOISE_FACTOR) -> dict:
     """Is ``variant``'s loss drift from eager explained by eager's own run-to-run drift (``control``)?
 
@@ -212,25 +223,15 @@ def noise_floor_verdict(variant: dict | None, control: dict | None, *, factor: f
     if not variant or variant.get("status") != "ok":
         out["summary"] = "variant not measured"
         return out
-    diff = _num(variant.get("loss_max_abs_diff_vs_eager"))
-    fixed = _num((variant.get("fixed_batch") or {}).get("loss_max_abs_diff"))
-    out.update(
-        loss_max_abs_diff=diff,
-        first_diff_step=first_nonzero(variant.get("loss_abs_diff_per_step")),
-        fixed_batch_loss_max_abs_diff=fixed,
-        grad_norm_max_rel_diff=_num(variant.get("grad_norm_max_rel_diff_vs_eager")),
-    )
+    drift = _drift_vs_eager(variant)
+    diff, fixed = drift["loss_max_abs_diff"], drift["fixed_batch_loss_max_abs_diff"]
+    out.update(drift)
     if not control or control.get("status") != "ok":
         out["summary"] = "no noise-floor control (eager_repeat not run or failed)"
         return out
-    floor = _num(control.get("loss_max_abs_diff_vs_eager"))
-    floor_fixed = _num((control.get("fixed_batch") or {}).get("loss_max_abs_diff"))
-    out.update(
-        noise_floor=floor,
-        noise_first_diff_step=first_nonzero(control.get("loss_abs_diff_per_step")),
-        noise_fixed_batch_loss_max_abs_diff=floor_fixed,
-        noise_grad_norm_max_rel_diff=_num(control.get("grad_norm_max_rel_diff_vs_eager")),
-    )
+    noise = _drift_vs_eager(control)
+    floor, floor_fixed = noise.pop("loss_max_abs_diff"), noise["fixed_batch_loss_max_abs_diff"]
+    out.update(noise_floor=floor, **{f"noise_{k}": v for k, v in noise.items()})
     out["within"], out["ratio"], summary = _judge(diff, floor, factor, "loss over the run")
     out["fixed_batch_within"], _, fixed_text = _judge(fixed, floor_fixed, factor, "fixed-batch per-token loss")
     out["summary"] = f"{summary}; {fixed_text}"

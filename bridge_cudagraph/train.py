@@ -20,7 +20,8 @@ How a run ends, and who deletes the graphs first (Bridge 0.6.2; the teardown GPU
   checkpoint when ``checkpoint.save`` is set, leaves the loop through ``_delete_cuda_graphs`` (graphs deleted) and
   ``sys.exit(0)``; that ``SystemExit`` passes the same wrapper (nothing left to delete) and Bridge's clean-up. The
   worker exits 0; torchrun itself, having been signalled, exits 1 (``SignalException``) once its worker has gone,
-  and SIGKILLs a worker still alive after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (30 s). Without the handler (Bridge's
+  and SIGKILLs a worker still alive after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (default 30 s; it must cover the
+  checkpoint save, as Slurm's KillWait must). Without the handler (Bridge's
   default) SIGTERM's default action ends the worker at once: the kernel frees the device, nothing can hang, but
   no graph is deleted and no checkpoint is saved.
 """

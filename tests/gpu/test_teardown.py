@@ -14,7 +14,7 @@ iterations, no evaluation. Ten runs at a time share the GPU (30 in all, at most 
   at that step boundary: a checkpoint at iteration 6, the graphs deleted by Bridge's ``_delete_cuda_graphs``,
   ``sys.exit(0)``. End: the signal's delivery. Expected: the worker ends with ``SystemExit(0)`` (recorded by the
   runner) and torchrun, itself signalled, exits 1 with ``SignalException`` once its worker is gone, without having
-  to SIGKILL it (torchrun does after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, 30 s here).
+  to SIGKILL it (torchrun does after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, 90 s here; see ``SHUTDOWN_TIMEOUT_S``).
 
 Every run must: reach its end; exit within 60 s of it; exit as expected above; leave no worker process behind; and
 show, in the runner's last JSON (written in a ``finally`` around ``bridge_cudagraph.train.run`` after Bridge's own
@@ -53,7 +53,11 @@ EXIT_BOUND_S = 60.0
 REACH_END_S = 200.0  # launch -> the ending's moment (ten cold start-ups at once), else killed
 AFTER_END_S = EXIT_BOUND_S + 20.0  # the ending's moment -> killed as hung
 ALL_RUNS_S = 500.0  # everything still alive then is killed: below the device machine's 10-minute command limit
-SHUTDOWN_TIMEOUT_S = 30  # torchrun's grace period for its workers after SIGTERM (its default, made explicit)
+# torchrun's grace period for its workers after SIGTERM, like Slurm's KillWait: it must cover the checkpoint Bridge
+# saves on the signal. At torchrun's default (30 s) all 10 signal runs of 2026-11-29 19:19 UTC were SIGKILLed: ten
+# simultaneous saves of the tiny model took 28 s each ("save-checkpoint 28117 ms") and the worker, which had already
+# deleted its graphs, was killed at 30.8 s, before it could record that. The worker's own bound stays EXIT_BOUND_S.
+SHUTDOWN_TIMEOUT_S = 90
 POLL_S = 0.2
 #: A directory to copy every run's JSON and log into (e.g. ``$OUT`` on the device machine); unset: not kept.
 LOGS_ENV = "BRIDGE_CUDAGRAPH_LOGS"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_cudagraph import bench_report
+from bridge_cudagraph import bench_report, bench_trace
 
 
 def _variant(step_ms, *, diff=None, per_token=None, busy=0.9, capture=None, graph_mib=None, source="profiler"):
@@ -455,44 +455,44 @@ def test_kernel_time_per_step_unions_and_clips():
         (1000, 400, 7),  # step 1
     ]
     trace = _trace(kernels, [(90, 200), (990, 1000)])
-    out = bench.kernel_time_per_step(trace, 2)
+    out = bench_trace.kernel_time_per_step(trace, 2)
     assert out["kernel_ms"] == pytest.approx([0.080, 0.400])
     assert out["kernels"] == [3, 1]
     assert out["compute_stream"] == 7
     assert out["compute_stream_ms"] == pytest.approx([0.100, 0.400])  # stream sum (overlap counted twice)
     assert out["window_ms"] == pytest.approx([0.2, 1.0])
     with pytest.raises(RuntimeError, match="ranges"):
-        bench.kernel_time_per_step(trace, 3)
+        bench_trace.kernel_time_per_step(trace, 3)
 
 
 def test_union_length():
-    assert bench.union_length([]) == 0
-    assert bench.union_length([(0, 1), (0.5, 2), (3, 4), (3.5, 3.6)]) == pytest.approx(3.0)
+    assert bench_trace.union_length([]) == 0
+    assert bench_trace.union_length([(0, 1), (0.5, 2), (3, 4), (3.5, 3.6)]) == pytest.approx(3.0)
 
 
 def test_gpu_busy_summary_and_eager_fallback():
     profile = {"kernel_ms": [8.0, 9.0], "kernels": [100, 110], "compute_stream_ms": [8.0, 9.0], "window_ms": [12, 13]}
     by_key = {(0,): 10.0, (1,): 10.0}
-    eager = bench.gpu_busy_summary(profile, by_key, [(0,), (1,)])
+    eager = bench_trace.gpu_busy_summary(profile, by_key, [(0,), (1,)])
     assert eager["gpu_busy"] == pytest.approx(17 / 20) and eager["gpu_busy_source"] == "profiler"
     assert eager["gpu_busy_in_profiled_steps"] == pytest.approx(17 / 25)
     graphed = {"kernel_ms": [0.5, 0.5], "kernels": [3, 3], "compute_stream_ms": [0.5, 0.5], "window_ms": [9, 9]}
     fast = {(0,): 9.0, (1,): 9.0}
-    out = bench.gpu_busy_summary(graphed, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
+    out = bench_trace.gpu_busy_summary(graphed, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
     assert out["gpu_busy_source"] == "eager_kernel_time"
     assert out["gpu_busy"] == pytest.approx(17 / 18)
     assert "eager's kernel time" in out["gpu_busy_note"]
-    seen = bench.gpu_busy_summary(profile, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
+    seen = bench_trace.gpu_busy_summary(profile, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
     assert seen["gpu_busy_source"] == "profiler" and seen["gpu_busy"] == pytest.approx(17 / 18)
     more = {**profile, "kernel_ms": [16.0, 17.0]}  # more work than eager (upstream's vision padding): kept
-    padded = bench.gpu_busy_summary(more, by_key, [(0,), (1,)], eager_profile=profile, graphed=True)
+    padded = bench_trace.gpu_busy_summary(more, by_key, [(0,), (1,)], eager_profile=profile, graphed=True)
     assert padded["gpu_busy_source"] == "profiler" and padded["gpu_busy"] == pytest.approx(33 / 20)
     assert "exceeds the unprofiled step time" in padded["gpu_busy_note"]
-    blind = bench.gpu_busy_summary(
+    blind = bench_trace.gpu_busy_summary(
         profile, fast, [(0,), (1,)], eager_profile=profile, graphed=True, profiler_sees_graph_kernels=False
     )
     assert blind["gpu_busy_source"] == "eager_kernel_time"
-    assert bench.gpu_busy_summary(None, by_key, [(0,)])["gpu_busy"] is None
+    assert bench_trace.gpu_busy_summary(None, by_key, [(0,)])["gpu_busy"] is None
 
 
 def test_step_plan_cycles():
@@ -503,7 +503,7 @@ def test_step_plan_cycles():
 
 
 def test_clean_makes_json_safe():
-    out = bench._clean({"a": float("nan"), 1: (1.0, math.inf), "b": {"c": [2.0]}})
+    out = bench.json_safe({"a": float("nan"), 1: (1.0, math.inf), "b": {"c": [2.0]}})
     assert out == {"a": None, "1": [1.0, None], "b": {"c": [2.0]}}
     json.dumps(out, allow_nan=False)
 

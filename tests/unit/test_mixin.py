@@ -52,3 +52,27 @@ def test_helpers_and_encoder_get_their_own_collections():
         assert (r["vision_tp"], r["vision_dp"]) == (1, 2)
         assert r["vision_is_not_language"] and r["vision_tp_ranks"] == [rank]
         assert r["cached"] and r["untouched"]
+
+
+def test_a_rank_given_no_vision_collection_does_not_derive_one():
+    """PP 2: only stage 0 holds the encoder and gets a vision collection; stage 1 is given None and must not start
+    the derivation, a collective (``new_group``) stage 0 never joins: under NCCL that hung two H200s."""
+    from bridge_cudagraph.config import CudaGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.harness import tiny
+
+    provider = tiny.tiny_qwen3_vl_provider(CudaGraphConfig(vision=VisionGraphConfig(enabled=True)))
+    provider.set_vision_pg_collection(None)
+    # No language collection was handed over, so deriving would raise; a given None is returned as it is.
+    assert provider.vision_pg_collection() is None
+    given = object()
+    provider.set_vision_pg_collection(given)
+    assert provider.vision_pg_collection() is given
+
+
+def test_without_a_given_collection_the_derivation_needs_the_language_one():
+    from bridge_cudagraph.config import CudaGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.harness import tiny
+
+    provider = tiny.tiny_qwen3_vl_provider(CudaGraphConfig(vision=VisionGraphConfig(enabled=True)))
+    with pytest.raises(RuntimeError, match="provide_distributed_model"):
+        provider.vision_pg_collection()

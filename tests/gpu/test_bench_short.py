@@ -25,7 +25,7 @@ def test_short_bench_tiny(world, record, tmp_path):
         # No torch.profiler here: a CUPTI fault would take the whole GPU test session down with it; the
         # benchmark command itself measures the GPU-busy fraction.
         profile=False,
-        command="pytest tests/gpu/test_bench.py",
+        command="pytest tests/gpu/test_bench_short.py",
     )
 
     assert (out_dir / "bench.json").exists() and (out_dir / "bench.md").exists()

@@ -1,0 +1,159 @@
+"""bench_trace: GPU-idle intervals and their attribution to phases, CPU ops and runtime calls, on hand-built chrome
+traces with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge_cudagraph import bench_trace
+
+
+def test_idle_intervals_are_the_window_minus_the_kernel_union():
+    busy = [(100, 300), (250, 400), (600, 700), (-50, 20), (990, 1200)]
+    assert bench_trace.idle_intervals((0, 1000), busy) == [(20, 100), (400, 600), (700, 990)]
+    assert bench_trace.idle_intervals((0, 10), []) == [(0, 10)]
+    assert bench_trace.idle_intervals((0, 10), [(0, 10)]) == []
+    assert bench_trace.idle_intervals((0, 10), [(20, 30)]) == [(0, 10)]  # a kernel outside the window is no help
+
+
+def test_merge_intervals():
+    assert bench_trace.merge_intervals([(5, 6), (0, 2), (1, 3), (3, 4), (7, 7)]) == [(0, 4), (5, 6)]
+
+
+def test_outermost_keeps_only_top_level_ranges_per_thread():
+    ranges = [
+        (0, 10, "aten::linear", 1),
+        (1, 9, "aten::addmm", 1),  # nested in linear
+        (2, 3, "aten::view", 1),  # nested twice
+        (9.5, 10.2, "aten::rounding", 1),  # starts inside linear, ends a hair after: nested
+        (10, 12, "aten::add", 1),  # starts where linear ends: top level
+        (1, 9, "aten::mul", 2),  # another thread: top level there
+    ]
+    assert [r[2] for r in bench_trace.outermost(ranges)] == ["aten::linear", "aten::mul", "aten::add"]
+
+
+def test_attribute_innermost_splits_targets_by_the_latest_started_cover():
+    targets = [(0, 100), (400, 600), (700, 1000)]
+    labelled = [
+        (0, 50, "setup"),
+        (50, 500, "forward"),
+        (60, 450, "vision"),  # nested in forward
+        (500, 900, "backward"),
+        (650, 800, "vision_bwd"),  # another thread, inside backward
+        (300, 300, "empty"),  # zero length: ignored
+    ]
+    out = bench_trace.attribute_innermost(targets, labelled)
+    assert out == pytest.approx(
+        {"setup": 50, "forward": 60, "vision": 90, "backward": 200, "vision_bwd": 100, bench_trace.UNMARKED: 100}
+    )
+    assert sum(out.values()) == pytest.approx(600)
+    assert bench_trace.attribute_innermost([(0, 5)], [], default="x") == {"x": 5}
+
+
+def test_overlap_by_name_counts_overlap_calls_and_duration():
+    targets = [(0, 100), (400, 600), (700, 1000)]
+    ranges = [(20, 120, "a", 1), (420, 580, "b", 1), (950, 980, "b", 1), (100, 400, "c", 1)]
+    out = bench_trace.overlap_by_name(targets, ranges)
+    assert out["a"] == {"overlap": 80, "calls": 1, "duration": 100}
+    assert out["b"] == {"overlap": 190, "calls": 2, "duration": 190}
+    assert out["c"] == {"overlap": 0, "calls": 1, "duration": 300}  # ran only while the GPU was busy
+
+
+def test_gap_histogram():
+    gaps = [(0, 5), (10, 60), (100, 200), (300, 1300), (2000, 2100)]
+    out = bench_trace.gap_histogram(gaps)
+    assert [g["range"] for g in out] == ["< 10 us", "10-100 us", "100-1000 us", ">= 1000 us"]
+    assert [g["gaps"] for g in out] == [1, 1, 2, 1]
+    assert [g["us"] for g in out] == [5, 50, 200, 1000]
+
+
+def _x(cat, name, ts, dur, *, pid=1, tid=10, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
+
+
+def _host_trace() -> dict:
+    """Two profiled steps with a known answer (us). Step 0 (0-1000): kernels 100-400 (two overlapping, stream 7)
+    and 600-700 (stream 9), so idle 0-100, 400-600, 700-1000 (600 us); step 1 (2000-2500) fully busy."""
+    k = "kernel"
+    events = [
+        _x("user_annotation", "bench_step_0", 0, 1000),
+        _x("user_annotation", "bench_step_1", 2000, 500),
+        _x(k, "k0", 100, 200, pid=0, tid=7, stream=7),
+        _x(k, "k1", 250, 150, pid=0, tid=7, stream=7),
+        _x(k, "k2", 600, 100, pid=0, tid=9, stream=9),
+        _x(k, "k3", 2000, 500, pid=0, tid=7, stream=7),
+        _x(k, "outside", 1500, 100, pid=0, tid=7, stream=7),  # in no window: ignored
+        _x("gpu_user_annotation", "bcg_phase/forward", 0, 3000, pid=0, tid=7),  # GPU-side copy: not a phase
+        _x("user_annotation", "bcg_phase/step_setup", 0, 50),
+        _x("user_annotation", "bcg_phase/forward", 50, 450),
+        _x("user_annotation", "bcg_phase/vision_forward", 60, 390),
+        _x("user_annotation", "bcg_phase/backward", 500, 400),
+        _x("user_annotation", "bcg_phase/vision_backward", 650, 150, tid=20),  # the autograd thread
+        _x("user_annotation", "someone_elses_marker", 0, 1000),  # no bcg_phase/ prefix: not a phase
+        _x("cpu_op", "aten::linear", 20, 100),
+        _x("cpu_op", "aten::addmm", 30, 80),  # nested in linear
+        _x("cpu_op", "aten::copy_", 420, 160),
+        _x("cpu_op", "aten::copy_", 950, 30),
+        _x("cpu_op", "autograd::engine::evaluate_function: MulBackward0", 700, 60, tid=20),
+        _x("cpu_op", "aten::other_process", 0, 1000, pid=2),  # another process: ignored
+        _x("cuda_runtime", "cudaLaunchKernel", 25, 3),
+        _x("cuda_runtime", "cudaStreamSynchronize", 300, 120),
+        _x("cuda_driver", "cuLaunchKernel", 430, 2),
+    ]
+    return {"traceEvents": events}
+
+
+def test_host_time_breakdown_on_a_synthetic_trace():
+    out = bench_trace.host_time_breakdown(_host_trace(), top=2)
+    assert out["steps"] == 2
+    assert out["window_ms_per_step"] == pytest.approx(0.75)  # (1000 + 500) / 2 us
+    assert out["idle_ms_per_step"] == pytest.approx(0.3)  # 600 / 2
+    assert out["kernel_ms_per_step"] == pytest.approx(0.45)
+    assert out["idle_fraction"] == pytest.approx(600 / 1500)
+    idle = {k: v["idle_ms_per_step"] for k, v in out["by_phase"].items()}
+    assert idle == pytest.approx(
+        {
+            "backward": 0.1,
+            "vision_backward": 0.05,
+            "vision_forward": 0.045,
+            "forward": 0.03,
+            "step_setup": 0.025,
+            bench_trace.UNMARKED: 0.05,
+        }
+    )
+    assert next(iter(out["by_phase"])) == "backward"  # ordered by idle time
+    wall = {k: v["wall_ms_per_step"] for k, v in out["by_phase"].items()}
+    assert wall == pytest.approx(
+        {
+            "step_setup": 0.025,
+            "forward": 0.03,
+            "vision_forward": 0.195,
+            "backward": 0.125,
+            "vision_backward": 0.075,
+            bench_trace.UNMARKED: 0.3,  # 900-1000 of step 0 and all of step 1
+        }
+    )
+    assert out["phase_markers"] == 5
+    assert [r["name"] for r in out["top_cpu_ops"]] == ["aten::copy_", "aten::linear"]  # top=2
+    assert out["top_cpu_ops"][0] == pytest.approx(
+        {"name": "aten::copy_", "idle_ms_per_step": 0.095, "calls_per_step": 1.0, "cpu_ms_per_step": 0.095}
+    )
+    runtime = {r["name"]: r for r in bench_trace.host_time_breakdown(_host_trace())["top_runtime"]}
+    assert runtime["cudaStreamSynchronize"]["idle_ms_per_step"] == pytest.approx(0.01)  # 400-420 of its 120 us
+    assert runtime["cudaLaunchKernel"]["idle_ms_per_step"] == pytest.approx(0.0015)
+    assert runtime["cuLaunchKernel"]["idle_ms_per_step"] == pytest.approx(0.001)
+    # Idle time under no op and no runtime call: 600 - (80 + 180 + 60 + 30) us, each overlap counted once although
+    # the sync, the copy and the driver call overlap each other.
+    assert out["idle_outside_ops_ms_per_step"] == pytest.approx(0.125)
+    gaps = {g["range"]: g for g in out["idle_by_gap_length"]}
+    assert gaps["100-1000 us"]["gaps_per_step"] == pytest.approx(1.5)
+    assert gaps["100-1000 us"]["ms_per_step"] == pytest.approx(0.3)
+    assert gaps["< 10 us"]["gaps_per_step"] == 0
+
+
+def test_host_time_breakdown_needs_step_windows():
+    with pytest.raises(RuntimeError, match="bench_step_"):
+        bench_trace.host_time_breakdown({"traceEvents": [_x("cpu_op", "aten::add", 0, 10)]})
+
+
+# ------------------------------------------------------------------------------------------ phase markers (CPU)
