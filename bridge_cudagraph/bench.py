@@ -142,7 +142,6 @@ TINY_IMAGE_SETS: tuple = (
 _MERGE = 2
 #: Tokens one image takes besides its image tokens: vision start/end and up to 7 text tokens before it.
 _IMAGE_OVERHEAD_TOKENS = 9
-_STEP_MARK = STEP_MARK
 
 
 # ============================================================================================ configurations
@@ -445,7 +444,7 @@ def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             _preroll()
             for j in range(replays):
-                with torch.profiler.record_function(f"{_STEP_MARK}{j}"):
+                with torch.profiler.record_function(f"{STEP_MARK}{j}"):
                     graph.replay()
                     torch.cuda.synchronize()
         path = os.path.join(tmp, "probe.json")
@@ -945,7 +944,7 @@ def _profile(
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 _preroll()
                 for j in range(n):
-                    with torch.profiler.record_function(f"{_STEP_MARK}{j}"):
+                    with torch.profiler.record_function(f"{STEP_MARK}{j}"):
                         if markers is not None:
                             markers.start_step()
                         try:

@@ -20,6 +20,9 @@ from typing import Any
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
 
+#: ``vision_pg_collection`` was neither given nor derived yet (``None`` is a value: no encoder on this rank).
+_NOT_SET = object()
+
 
 @dataclass
 class CudaGraphProviderMixin:
@@ -29,7 +32,7 @@ class CudaGraphProviderMixin:
     """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
 
     # Process groups stay shared references when Bridge deep-copies a provider (its __deepcopy__ honours this).
-    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection", "_vision_pg_collection_given"})
+    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection"})
 
     # ------------------------------------------------------------------ config time
     def finalize(self) -> None:
@@ -164,28 +167,28 @@ class CudaGraphProviderMixin:
         """Use ``pg_collection`` for the vision encoder instead of deriving one; ``None`` says this rank holds no
         encoder (a later pipeline stage) and must not join the collective derivation either."""
         self._vision_pg_collection = pg_collection
-        self._vision_pg_collection_given = True
 
     def vision_pg_collection(self):
-        """The vision encoder's collection: the caller's (:meth:`set_vision_pg_collection`), else derived from the
-        language collection Bridge passed (collective: every rank calls ``provide()``; None off stage 0).
+        """The vision encoder's collection: the caller's (:meth:`set_vision_pg_collection`), else derived once from
+        the language collection Bridge passed (collective: every rank calls ``provide()``; None off stage 0).
 
-        A rank given ``None`` skips the derivation: deriving on some ranks only would leave the others waiting
-        in ``new_group`` (seen on two H200s at pipeline size 2, where only stage 0 had an explicit collection).
+        Whatever a rank was given or derived, ``None`` included, is kept: a rank that derived again, or derived
+        while others had been given theirs, would wait in ``new_group`` for ranks that never join (seen on two
+        H200s at pipeline size 2, where only stage 0 had an explicit collection).
         """
-        if getattr(self, "_vision_pg_collection_given", False):
-            return self._vision_pg_collection
-        if getattr(self, "_vision_pg_collection", None) is None:
-            from bridge_cudagraph.groups import derive_vision_collection
+        pgc = getattr(self, "_vision_pg_collection", _NOT_SET)
+        if pgc is not _NOT_SET:
+            return pgc
+        from bridge_cudagraph.groups import derive_vision_collection
 
-            if getattr(self, "_pg_collection", None) is None:
-                raise RuntimeError("build the model with provide_distributed_model(pg_collection=...) first")
-            self._vision_pg_collection = derive_vision_collection(
-                self._pg_collection,
-                self.cuda_graph.vision.tensor_parallel_size,
-                num_attention_heads=self.vision_config.num_heads,
-                vision_dp_when_cp=getattr(self, "vision_dp_when_cp", False),
-            )
+        if getattr(self, "_pg_collection", None) is None:
+            raise RuntimeError("build the model with provide_distributed_model(pg_collection=...) first")
+        self._vision_pg_collection = derive_vision_collection(
+            self._pg_collection,
+            self.cuda_graph.vision.tensor_parallel_size,
+            num_attention_heads=self.vision_config.num_heads,
+            vision_dp_when_cp=getattr(self, "vision_dp_when_cp", False),
+        )
         return self._vision_pg_collection
 
     def make_language_graph_helper(
