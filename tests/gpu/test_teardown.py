@@ -55,8 +55,9 @@ AFTER_END_S = EXIT_BOUND_S + 20.0  # the ending's moment -> killed as hung
 ALL_RUNS_S = 500.0  # everything still alive then is killed: below the device machine's 10-minute command limit
 # torchrun's grace period for its workers after SIGTERM, like Slurm's KillWait: it must cover the checkpoint Bridge
 # saves on the signal. At torchrun's default (30 s) all 10 signal runs of 2026-11-29 19:19 UTC were SIGKILLed: ten
-# simultaneous saves of the tiny model took 28 s each ("save-checkpoint 28117 ms") and the worker, which had already
-# deleted its graphs, was killed at 30.8 s, before it could record that. The worker's own bound stays EXIT_BOUND_S.
+# simultaneous saves of the tiny model took 24-29 s each (results/gpu_teardown_run6_signal_excerpt.txt) and the
+# worker, which had already deleted its graphs, was killed before it could record that. The worker's own bound
+# stays EXIT_BOUND_S.
 SHUTDOWN_TIMEOUT_S = 90
 POLL_S = 0.2
 #: A directory to copy every run's JSON and log into (e.g. ``$OUT`` on the device machine); unset: not kept.
