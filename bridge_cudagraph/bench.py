@@ -990,8 +990,29 @@ def _run_variant(shared: _Shared, variant: str) -> dict:
         say(f"{shared.cfg.name} {variant}: FAILED {rec['error'][:300]}")
     finally:
         _teardown(objs)
+    _check_freed(rec)
     rec["seconds"] = time.perf_counter() - started
     return rec
+
+
+#: Memory a deleted variant may leave allocated (its batches' share and allocator slack) before the benchmark
+#: records who holds the rest (:func:`bridge_cudagraph.harness.leaks.leak_report`).
+LEAK_TOLERANCE_BYTES = 512 * 2**20
+
+
+def _check_freed(rec: dict) -> None:
+    """Record what the deleted variant left allocated and, past :data:`LEAK_TOLERANCE_BYTES`, who holds it: a
+    leaked model counts in every later variant's peak memory and can run the largest configuration out of it."""
+    left = torch.cuda.memory_allocated()
+    rec["left_allocated_bytes"] = left
+    if left - rec["allocated_at_start_bytes"] > LEAK_TOLERANCE_BYTES:
+        from bridge_cudagraph.harness.leaks import leak_report
+
+        try:
+            rec["leak"] = leak_report()
+        except Exception as error:  # a diagnosis aid, never a reason to lose the variant
+            rec["leak"] = {"error": f"{type(error).__name__}: {error}"[:500]}
+        say(f"variant left {left / 2**30:.1f} GiB allocated: {json.dumps(rec['leak'])[:2000]}")
 
 
 def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> None:

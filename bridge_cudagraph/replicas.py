@@ -58,14 +58,31 @@ def replica_group_of(vision_pgc):
     return group
 
 
+def staging_device(backend: str, device: torch.device) -> torch.device:
+    """Where a tensor on ``device`` must be to take part in a collective of a group with ``backend``: NCCL groups
+    take only CUDA tensors, and Megatron builds a model on the CPU (``use_cpu_initialization`` or Bridge's
+    ``get_model`` before it moves the chunks), so a CPU tensor is staged on the current CUDA device there."""
+    if device.type == "cpu" and "gloo" not in backend.lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def broadcast_replicas(module: torch.nn.Module, group) -> None:
-    """Give every replica the weights and buffers of the group's first rank."""
+    """Give every replica the weights and buffers of the group's first rank: one broadcast per dtype and device,
+    of the tensors flattened (on the group's device), copied back in place."""
     if group is None:
         return
     src = dist.get_global_rank(group, 0)
+    backend = str(dist.get_backend(group))
+    buckets: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        buckets.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)
     with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor.data, src=src, group=group)
+        for (_, device), tensors in buckets.items():
+            flat = torch._utils._flatten_dense_tensors(tensors).to(staging_device(backend, device))
+            dist.broadcast(flat, src=src, group=group)
+            for tensor, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors), strict=True):
+                tensor.copy_(synced)
 
 
 def average_replica_grads(module: torch.nn.Module, group) -> None:

@@ -43,6 +43,7 @@ def _replica_world(rank: int, world: int, vision_tp: int) -> dict:
 
     torch.manual_seed(rank)  # replicas start different, as Megatron's per-tp-rank RNG makes them
     module = torch.nn.Linear(3, 2)
+    module.register_buffer("scale", torch.full((2,), float(rank), dtype=torch.float64))  # a second dtype bucket
     broadcast_replicas(module, group)
     for p in module.parameters():
         p.main_grad = torch.full_like(p, float(rank))  # gradients that differ per rank, like kernel noise
@@ -50,6 +51,7 @@ def _replica_world(rank: int, world: int, vision_tp: int) -> dict:
     return {
         "members": members,
         "weight": module.weight.detach().clone(),
+        "scale": module.scale.clone(),
         "grad": module.weight.main_grad.clone(),
     }
 
@@ -63,7 +65,21 @@ def test_replicas_get_one_weight_and_the_average_gradient(vision_tp):
     for r in results:
         peers = [results[m] for m in r["members"]]
         assert all(p["weight"].equal(r["weight"]) for p in peers)
+        assert all(p["scale"].equal(r["scale"]) for p in peers)
+        assert r["scale"].eq(min(r["members"])).all()  # the group's first rank's buffer
         mean = sum(r["members"]) / len(r["members"])
         assert r["grad"].eq(mean).all()
     if vision_tp == 2:  # the two shards' replica sets were broadcast from different sources
         assert not results[0]["weight"].equal(results[1]["weight"])
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "expected"),
+    [("gloo", "cpu", "cpu"), ("cpu:gloo,cuda:nccl", "cpu", "cpu"), ("nccl", "cuda:1", "cuda:1")],
+)
+def test_staging_device_keeps_tensors_the_backend_takes(backend, device, expected):
+    import torch
+
+    from bridge_cudagraph.replicas import staging_device
+
+    assert staging_device(backend, torch.device(device)) == torch.device(expected)
