@@ -71,6 +71,7 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -989,8 +990,8 @@ def _run_variant(shared: _Shared, variant: str) -> dict:
         rec["traceback"] = traceback.format_exc()[-4000:]
         say(f"{shared.cfg.name} {variant}: FAILED {rec['error'][:300]}")
     finally:
-        _teardown(objs)
-    _check_freed(rec)
+        survivors = _teardown(objs)
+    _check_freed(rec, survivors)
     rec["seconds"] = time.perf_counter() - started
     return rec
 
@@ -1000,19 +1001,30 @@ def _run_variant(shared: _Shared, variant: str) -> dict:
 LEAK_TOLERANCE_BYTES = 512 * 2**20
 
 
-def _check_freed(rec: dict) -> None:
-    """Record what the deleted variant left allocated and, past :data:`LEAK_TOLERANCE_BYTES`, who holds it: a
-    leaked model counts in every later variant's peak memory and can run the largest configuration out of it."""
-    left = torch.cuda.memory_allocated()
-    rec["left_allocated_bytes"] = left
-    if left - rec["allocated_at_start_bytes"] > LEAK_TOLERANCE_BYTES:
-        from bridge_cudagraph.harness.leaks import leak_report
+def _check_freed(rec: dict, survivors: dict) -> None:
+    """Record what the deleted variant left allocated. If its model or optimizer outlived :func:`_teardown`
+    (``survivors``), record who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without
+    survivors, record who holds the largest tensors. A leaked model counts in every later variant's peak memory
+    and can run the largest configuration out of it."""
+    from bridge_cudagraph.harness import leaks
 
-        try:
-            rec["leak"] = leak_report()
-        except Exception as error:  # a diagnosis aid, never a reason to lose the variant
-            rec["leak"] = {"error": f"{type(error).__name__}: {error}"[:500]}
-        say(f"variant left {left / 2**30:.1f} GiB allocated: {json.dumps(rec['leak'])[:2000]}")
+    rec["left_allocated_bytes"] = left = torch.cuda.memory_allocated()
+    try:
+        if survivors:
+            target = survivors.get("optimizer") or survivors["model"][0]
+            rec["leak"] = {"survivors": sorted(survivors), "holders": leaks.holder_chains(target, ignore=[survivors])}
+        elif left - rec["allocated_at_start_bytes"] > LEAK_TOLERANCE_BYTES:
+            rec["leak"] = leaks.leak_report()
+    except Exception as error:  # a diagnosis aid, never a reason to lose the variant
+        rec["leak"] = {"error": f"{type(error).__name__}: {error}"[:500]}
+    if survivors:
+        released = leaks.release_training_memory(survivors.get("model"), survivors.get("optimizer"))
+        rec["leak"]["released_bytes"] = released
+        survivors.clear()
+        _free()
+        rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
+    if "leak" in rec:
+        say(f"variant left {left / 2**30:.1f} GiB allocated: {json.dumps(rec['leak'])[:3000]}")
 
 
 def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> None:
@@ -1149,8 +1161,11 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
         rec["vision_replays"] = sum(h.stats.replays for h in helpers if h.submodule == "vision")
 
 
-def _teardown(objs: dict) -> None:
-    """Delete graphs, hooks, the micro-batch calculator, model and optimizer, and give the memory back."""
+def _teardown(objs: dict) -> dict:
+    """Delete graphs, hooks, the micro-batch calculator, model and optimizer, and give the memory back. Returns
+    what of the model (``"model"``: its chunks) and the optimizer (``"optimizer"``) is still alive after that, for
+    :func:`_check_freed`."""
+    refs = [(key, weakref.ref(obj)) for key in ("model", "optimizer") for obj in _as_list(objs.get(key))]
     timer = objs.get("timer")
     if timer is not None:
         timer.remove()
@@ -1166,6 +1181,18 @@ def _teardown(objs: dict) -> None:
         destroy_num_microbatches_calculator()
     objs.clear()
     _free()
+    survivors: dict[str, Any] = {}
+    for key, ref in refs:
+        obj = ref()
+        if obj is not None:
+            survivors.setdefault(key, []).append(obj)
+    if "optimizer" in survivors:
+        survivors["optimizer"] = survivors["optimizer"][0]
+    return survivors
+
+
+def _as_list(obj: Any) -> list:
+    return [] if obj is None else list(obj) if isinstance(obj, list | tuple) else [obj]
 
 
 # ============================================================================================ configurations

@@ -4,7 +4,8 @@ The benchmark builds, trains and deletes one model per variant in one process; o
 Qwen3-VL) every variant after the first started with the previous model's 36 GiB (weights, gradient buffers and
 Adam states) still allocated, enough to run the largest configuration out of memory. This module answers "what
 holds it" from inside the process, so the answer comes back in the benchmark's JSON rather than needing a debugger
-on a machine that is gone by then.
+on a machine that is gone by then. :func:`release_training_memory` frees a deleted model's large storages
+whatever still holds the Python objects, so one leak cannot run a later variant out of memory.
 """
 
 from __future__ import annotations
@@ -84,10 +85,14 @@ def holder_chains(target: object, *, depth: int = 10, width: int = 3, ignore: It
         if level >= depth or not referrers or isinstance(obj, types.ModuleType):
             chains.append(" <- ".join(path))
             return
-        for ref in referrers[:width]:
-            walk(ref, [*path, _describe(ref, obj)], seen | {id(ref)}, level + 1)
+        for i in range(min(width, len(referrers))):  # by index: a slice or an iterator would be a referrer too
+            walk(referrers[i], [*path, _describe(referrers[i], obj)], seen | {id(referrers[i])}, level + 1)
 
-    walk(target, [f"Tensor{tuple(target.shape)} {target.dtype} {_nbytes(target) / 2**20:.0f} MiB"], set(), 0)
+    if isinstance(target, torch.Tensor):
+        label = f"Tensor{tuple(target.shape)} {target.dtype} {_nbytes(target) / 2**20:.0f} MiB"
+    else:
+        label = _describe(target, None)
+    walk(target, [label], set(), 0)
     return chains
 
 
@@ -106,3 +111,39 @@ def leak_report(count: int = 2, *, depth: int = 10) -> dict:
         )
     del tensors
     return report
+
+
+def training_tensors(model, optimizer) -> list[torch.Tensor]:
+    """The large tensors of a Megatron DDP model and its (chained, distributed) optimizer: the contiguous parameter
+    and gradient buffers, and the inner optimizer's parameters (fp32 main copies) and states (Adam moments)."""
+    tensors: list[torch.Tensor] = []
+    for chunk in model or []:
+        # Megatron's DDP keeps its buffers in list attributes; on a plain module ``buffers`` is nn.Module's method.
+        lists = [getattr(chunk, name, None) for name in ("buffers", "expert_parallel_buffers")]
+        for buffer in [b for bufs in lists if isinstance(bufs, list) for b in bufs]:
+            pair = (getattr(buffer, "param_data", None), getattr(buffer, "grad_data", None))
+            tensors += [t for t in pair if t is not None]
+    optimizers = getattr(optimizer, "chained_optimizers", None) or ([optimizer] if optimizer is not None else [])
+    for opt in optimizers:
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        tensors += [p for group in inner.param_groups for p in group["params"]]
+        tensors += [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v)]
+    return tensors
+
+
+def release_training_memory(model, optimizer) -> int:
+    """Shrink the CUDA storages of :func:`training_tensors` to nothing (the tensors become unusable); returns the
+    bytes released. For a model and optimizer about to be dropped: if something outside our reach still refers to
+    them, it keeps a few Python objects, not gigabytes."""
+    released = 0
+    storages = {}
+    for tensor in training_tensors(model, optimizer):
+        if tensor.is_cuda:
+            storage = tensor.untyped_storage()
+            storages.setdefault(storage.data_ptr(), storage)
+    for storage in storages.values():
+        released += storage.nbytes()
+        storage.resize_(0)
+    return released

@@ -3,7 +3,8 @@ end with every graph deleted before the process groups go (no NCCL hang), in 10 
 
 Each run is ``_bridge_runner.py`` under ``torch.distributed.run --standalone`` (its own rendezvous port, its own
 directory and ``TMPDIR``): the tiny Qwen3-VL recipe, language and vision graphs captured before step 3, 10
-iterations, no evaluation. Ten runs at a time share the GPU (30 in all, at most 10 alive at once).
+iterations, no evaluation. Ten runs at a time share the GPU (30 in all, at most 10 alive at once, at most
+``SIGNAL_PARALLEL`` of them signal runs, whose checkpoint saves contend for the host).
 
 * ``normal``: trains 10 iterations. End: the last step. Expected: torchrun exits 0.
 * ``exception``: the runner raises ``InjectedTrainingFailure`` from ``on_train_step_end`` of iteration 6. End: the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -60,6 +62,12 @@ ALL_RUNS_S = 500.0  # everything still alive then is killed: below the device ma
 # worker, which had already deleted its graphs, was killed before it could record that. The worker's own bound
 # stays EXIT_BOUND_S.
 SHUTDOWN_TIMEOUT_S = 90
+# torchrun of torch 2.11 (the device machine's) ignores that variable and SIGKILLs after 30 s: the ten signal runs
+# of 2026-11-29 20:12 UTC were killed again, 30.8 s after the signal, 5 s after deleting their graphs, their saves
+# having taken 24-30 s. The saves of ten runs at once contend for the host, so at most this many signal runs are
+# alive at once, and every run records how long its save took (``save_s``) next to torchrun's 30 s.
+SIGNAL_PARALLEL = 4
+_SAVE_TIME = re.compile(r"save-checkpoint \.+: \(([\d.]+), ([\d.]+)\)")
 POLL_S = 0.2
 #: A directory to copy every run's JSON and log into (e.g. ``$OUT`` on the device machine); unset: not kept.
 LOGS_ENV = "BRIDGE_CUDAGRAPH_LOGS"
@@ -217,6 +225,17 @@ def _step(job: Job, now: float) -> bool:
     return True
 
 
+def _may_start(job: Job, running: list[Job]) -> bool:
+    """Signal runs save a checkpoint at their end: at most :data:`SIGNAL_PARALLEL` of them alive at once."""
+    return job.ending != "signal" or sum(j.ending == "signal" for j in running) < SIGNAL_PARALLEL
+
+
+def _save_seconds(log: str) -> float | None:
+    """Bridge's ``save-checkpoint`` timer from a run's log (max over ranks), in seconds; None without a save."""
+    times = [float(m.group(2)) for m in _SAVE_TIME.finditer(log)]
+    return max(times) / 1e3 if times else None
+
+
 def _run_all(jobs: list[Job]) -> None:
     """At most ``PARALLEL`` runs alive at once, in order; a run's slot frees when it exits (or is killed)."""
     pending = collections.deque(jobs)
@@ -224,7 +243,7 @@ def _run_all(jobs: list[Job]) -> None:
     started = time.time()
     try:
         while pending or running:
-            while pending and len(running) < PARALLEL:
+            while pending and len(running) < PARALLEL and _may_start(pending[0], running):
                 job = pending.popleft()
                 _launch(job)
                 running.append(job)
@@ -298,6 +317,7 @@ def _verdict(job: Job) -> dict:
         "returncode": job.returncode,
         "exit_s": None if exit_s is None else round(exit_s, 2),
         "wall_s": None if job.exited_at is None else round(job.exited_at - job.launched, 1),
+        "save_s": _save_seconds(log),
         "outcome": outcome,
         "captured": len(captured),
         "deleted": len(deleted),
@@ -342,6 +362,7 @@ def test_ten_of_ten_exit_promptly_with_every_graph_deleted(outcomes, record, end
         max_exit_s=max(exits, default=None),
         median_exit_s=statistics.median(exits) if exits else None,
         max_wall_s=max((r["wall_s"] for r in rows if r["wall_s"] is not None), default=None),
+        save_s=[r["save_s"] for r in rows],
         exit_codes=dict(collections.Counter(str(r["returncode"]) for r in rows)),
         worker_outcomes=dict(collections.Counter(json.dumps(r["outcome"], sort_keys=True) for r in rows)),
         graphs_captured=[r["captured"] for r in rows],
