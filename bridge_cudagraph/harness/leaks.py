@@ -53,7 +53,16 @@ def _describe(obj: object, child: object | None) -> str:
         return f"module {obj.__name__}"
     if isinstance(obj, types.CellType):
         return "closure cell"
+    if isinstance(obj, types.FrameType):  # a frame outlives its call when a traceback or generator holds it
+        return f"frame of {obj.f_code.co_qualname} ({obj.f_code.co_filename}:{obj.f_lineno})"
+    if isinstance(obj, types.TracebackType):
+        return "traceback"
     return f"{type(obj).__module__}.{name}"
+
+
+def _is_own_frame(obj: object) -> bool:
+    """A frame of this module (the walk's own locals refer to everything it visits)."""
+    return isinstance(obj, types.FrameType) and obj.f_code.co_filename == __file__
 
 
 def _rank(obj: object) -> int:
@@ -76,9 +85,7 @@ def holder_chains(target: object, *, depth: int = 10, width: int = 3, ignore: It
         if len(chains) >= width * 4:
             return
         referrers = [
-            r
-            for r in gc.get_referrers(obj)
-            if id(r) not in skip and id(r) not in seen and not isinstance(r, types.FrameType)
+            r for r in gc.get_referrers(obj) if id(r) not in skip and id(r) not in seen and not _is_own_frame(r)
         ]
         skip.add(id(referrers))  # this walk's own lists refer to what they hold
         referrers.sort(key=_rank)

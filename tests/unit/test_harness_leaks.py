@@ -86,3 +86,18 @@ def test_chained_optimizers_are_walked():
         chained_optimizers = [_MegatronOptimizer([a]), _MegatronOptimizer([b])]
 
     assert {id(t) for t in training_tensors(None, Chained())} == {id(a), id(b)}
+
+
+def test_a_frame_kept_by_a_traceback_is_named():
+    def fails():
+        local = torch.zeros(3)  # noqa: F841 (kept alive by the frame)
+        raise RuntimeError("kept")
+
+    try:
+        fails()
+    except RuntimeError as error:
+        kept = error
+    frame = kept.__traceback__.tb_next.tb_frame
+    chains = holder_chains(frame.f_locals["local"])
+    assert any("frame of test_a_frame_kept_by_a_traceback_is_named.<locals>.fails" in c for c in chains), chains
+    assert any("traceback" in c for c in chains), chains
