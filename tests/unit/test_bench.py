@@ -287,3 +287,11 @@ def test_time_limit_needs_children(tmp_path):
 def test_gpus_flag_parses():
     ns = bench._parse(["--gpus", "2", "--devices", "0,1", "--time-limit", "1.5"])
     assert isinstance(ns, argparse.Namespace) and ns.gpus == 2 and ns.devices == "0,1" and ns.time_limit == 1.5
+
+
+def test_break_ddp_cycles_drops_grad_accs_of_every_chunk():
+    chunks = [torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)]
+    chunks[0].grad_accs = [object(), object()]  # what Megatron's DDP keeps (AccumulateGrad nodes)
+    bench._break_ddp_cycles(chunks)
+    assert chunks[0].grad_accs == [] and not hasattr(chunks[1], "grad_accs")
+    bench._break_ddp_cycles(None)
