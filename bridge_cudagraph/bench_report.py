@@ -296,6 +296,14 @@ def _config_notes(config: dict) -> list[str]:
                 f"- Ours, vision: {vision.get('replays', 0)} graph replays, {vision.get('eager_fallbacks', 0)} eager "
                 "fallbacks over the whole run."
             )
+        capture = ours.get("capture") or {}
+        if capture:
+            parts = ", ".join(
+                f"{sub} {fmt_bytes(c.get('graph_memory_bytes'), _MIB, 0)} ({c.get('graphs', '?')} graphs, "
+                f"{c.get('seconds') or 0:.1f} s)"
+                for sub, c in capture.items()
+            )
+            notes.append(f"- Ours, graph memory (MiB) and capture time per submodule: {parts}.")
         per_budget = ours.get("vision_graph_memory_per_budget") or {}
         if per_budget:
             parts = ", ".join(f"{b}: {fmt_bytes(m, _MIB, 0)}" for b, m in per_budget.items())
@@ -313,10 +321,25 @@ def _config_notes(config: dict) -> list[str]:
             notes.append(f"- {name}: {sub} capture failed, measured without those graphs: {str(err)[:200]}")
         if v.get("gpu_busy_note"):
             notes.append(f"- {name}: {v['gpu_busy_note']}")
+        notes += _leak_note(name, v.get("leak"))
     if status in ("failed", "incomplete") and config.get("log_tail"):
         tail = str(config["log_tail"]).replace("```", "'''").splitlines()[-30:]
         notes += ["", "Last lines of its log:", "", "```", *tail, "```"]
     return notes
+
+
+def _leak_note(name: str, leak: Mapping[str, Any] | None) -> list[str]:
+    """One line when a variant's model or optimizer outlived its teardown (``bench._check_freed``)."""
+    if not leak:
+        return []
+    if leak.get("error"):
+        return [f"- {name}: memory left after teardown, holders not found: {leak['error']}"]
+    holders = leak.get("holders") or []
+    first = f" First holder chain: `{holders[0][:300]}`." if holders else ""
+    freed = leak.get("released_bytes")
+    freed_text = f"; {fmt_bytes(freed, _GIB)} GiB freed by releasing its storages" if freed else ""
+    what = " and ".join(leak.get("survivors") or ["tensors"])
+    return [f"- {name}: its {what} outlived teardown{freed_text}.{first}"]
 
 
 def _noise_notes(variants: dict) -> list[str]:
@@ -453,6 +476,41 @@ def _children_line(children: Sequence[dict]) -> str:
     return f"Split over {len(children)} processes, one per GPU: " + "; ".join(parts) + "."
 
 
+def speed_vs_upstream(variants: Mapping[str, Any]) -> dict[str, Any]:
+    """Ours against upstream in step time, judged against the timing noise the control shows.
+
+    ``ratio`` is upstream's median over ours' (above 1: ours faster). ``timing_noise`` is how far the two eager runs'
+    medians lie apart, relative to eager's: the same model, weights and batches, so that much difference between
+    two variants is run-to-run variation (process warm-up, host contention on a host-bound step), not either
+    variant. ``verdict``: "faster"/"slower" beyond that noise, "within timing noise" inside it, None when a variant
+    (or the control) is missing."""
+    ours, upstream = variants.get("ours") or {}, variants.get("upstream") or {}
+    eager, control = variants.get("eager") or {}, variants.get(CONTROL) or {}
+    o, u = _num(ours.get("step_ms_median")), _num(upstream.get("step_ms_median"))
+    if not o or not u or ours.get("status") != "ok" or upstream.get("status") != "ok":
+        return {"ratio": None, "timing_noise": None, "verdict": None}
+    ratio = u / o
+    e, c = _num(eager.get("step_ms_median")), _num(control.get("step_ms_median"))
+    noise = abs(e - c) / e if e and c and control.get("status") == "ok" else None
+    if noise is None:
+        verdict = None
+    elif abs(ratio - 1.0) <= noise:
+        verdict = "within timing noise"
+    else:
+        verdict = "faster" if ratio > 1.0 else "slower"
+    return {"ratio": ratio, "timing_noise": noise, "verdict": verdict}
+
+
+def _fmt_speed_vs_upstream(variants: Mapping[str, Any]) -> str:
+    judged = speed_vs_upstream(variants)
+    if judged["ratio"] is None:
+        return "n/a"
+    text = f"{judged['ratio']:.2f}x"
+    if judged["verdict"] is None:
+        return text
+    return f"{text} ({judged['verdict']}, ±{100 * judged['timing_noise']:.0f}%)"
+
+
 def _summary_row(config: dict) -> list[str]:
     variants = config.get("variants") or {}
     control = variants.get(CONTROL)
@@ -465,6 +523,7 @@ def _summary_row(config: dict) -> list[str]:
             continue
         speed = "" if name == "eager" else f" ({fmt_ratio(v.get('speedup_vs_eager'), 'x')})"
         cells.append(fmt_ms(v.get("step_ms_median")) + speed)
+    cells.append(_fmt_speed_vs_upstream(variants))
     cells += [_fmt_diff_vs_floor(variants.get(name) or {}, control) for name in GRAPHED]
     if not control:
         cells.append("not run")
@@ -481,6 +540,7 @@ SUMMARY_COLUMNS = (
     "eager ms",
     "upstream ms (speedup)",
     "ours ms (speedup)",
+    "ours vs upstream (timing noise)",
     "upstream loss diff",
     "ours loss diff",
     "eager vs eager (noise floor)",
@@ -537,7 +597,9 @@ def render_markdown(data: dict) -> str:
     out.append("## How it is measured")
     out.append("")
     out += [
-        "- **step ms**: median wall time of the measured steps; speedup = eager median / variant median.",
+        "- **step ms**: median wall time of the measured steps; speedup = eager median / variant median. "
+        "**ours vs upstream**: upstream's median / ours' (above 1: ours faster), judged against the timing noise: "
+        "how far the medians of `eager` and `eager_repeat` (same model, weights and batches) lie apart.",
         "- **GPU busy**: union of the CUDA kernel intervals that `torch.profiler` (CUPTI) records in extra "
         "profiled steps after the measured ones (one per distinct micro-batch), divided by the unprofiled median "
         "wall time of the same micro-batches. "

@@ -149,16 +149,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_bench_json_from_before_the_control_still_renders(tmp_path):
-    """results/bench/bench.json (2026-11-29) has no eager_repeat and no host_time: it renders, says so, and the
-    repository's copy is left alone (rendered into a tmp dir)."""
-    source = REPO / "results" / "bench" / "bench.json"
+    """results/bench/bench_quick_1808.json (the quick run of 2026-11-29 18:08) has no eager_repeat and no
+    host_time: it renders, says so, and the repository's copy is left alone (rendered into a tmp dir)."""
+    source = REPO / "results" / "bench" / "bench_quick_1808.json"
     path = tmp_path / "bench.json"
     shutil.copy(source, path)
     out = bench_report.render(path)
     md = out["md"].read_text()
     assert "| " + " | ".join(bench_report.SUMMARY_COLUMNS) + " |" in md
-    assert "| tiny | 104.1 | failed | 45.5 (2.29x) | n/a | 0 (exact) | not run | 0.08 |" in md
-    assert "| small-mbs1-seq2048 | 469.4 | failed | 171.9 (2.73x) | n/a | **7.1e-02** | not run | 0.70 |" in md
+    assert "| tiny | 104.1 | failed | 45.5 (2.29x) | n/a | n/a | 0 (exact) | not run | 0.08 |" in md
+    assert "| small-mbs1-seq2048 | 469.4 | failed | 171.9 (2.73x) | n/a | n/a | **7.1e-02** | not run | 0.70 |" in md
     assert "| eager_repeat |" not in md  # a control that was never asked for gets no row
     assert "Noise floor" not in md
     assert md.count("### Where the remaining host time goes") == 2  # ours' busy 0.08 and 0.70 < 0.95
@@ -197,9 +197,14 @@ def test_noise_floor_column_rows_and_notes(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(_with_control()))
     md = bench_report.render(path)["md"].read_text()
-    assert "| tiny | 73.0 | 29.0 (2.52x) | 28.5 (2.56x) | **3.6e-01** (above noise) | 0 (exact) | 0 (exact) |" in md
-    assert "| small-mbs1-seq2048 | 410.0 | failed | 380.0 (1.08x) | n/a | 2.0e-04 (within noise) | 1.0e-04 |" in md
-    assert "| deterministic | 100.0 | not run | 50.0 (n/a) | n/a | **5.0e-03** (above noise) | 0 (exact) |" in md
+    assert (
+        "| tiny | 73.0 | 29.0 (2.52x) | 28.5 (2.56x) | 1.02x (faster, ±1%) | **3.6e-01** (above noise) | 0 (exact) "
+        "| 0 (exact) |" in md
+    )
+    assert (
+        "| small-mbs1-seq2048 | 410.0 | failed | 380.0 (1.08x) | n/a | n/a | 2.0e-04 (within noise) | 1.0e-04 |" in md
+    )
+    assert "| deterministic | 100.0 | not run | 50.0 (n/a) | n/a | n/a | **5.0e-03** (above noise) | 0 (exact) |" in md
     # The control's row: no capture, no graph memory, but its differences from eager.
     assert "| eager_repeat | 74.0 | 0.99x | 0.90 | - | 12.0 | - | 0 (exact) | 0 (exact) |" in md
     section = md.split("## small-mbs1-seq2048")[1].split("\n## ")[0]
@@ -545,3 +550,56 @@ def test_main_fails_when_ours_fails(monkeypatch, tmp_path):
         lambda configs, **kw: {"configs": [{"name": "tiny", "variants": {"ours": {"status": "failed"}}}]},
     )
     assert bench.main(None, ["--out", str(tmp_path), "--configs", "tiny"]) == 1
+
+
+def _timed(ms: float | None, status: str = "ok") -> dict:
+    return {"status": status, "step_ms_median": ms}
+
+
+@pytest.mark.parametrize(
+    ("ours", "upstream", "repeat", "verdict"),
+    [
+        (90.0, 100.0, 101.0, "faster"),  # 1.11x, eager runs 1% apart
+        (104.0, 100.0, 90.0, "within timing noise"),  # 0.96x, eager runs 10% apart
+        (120.0, 100.0, 98.0, "slower"),
+        (90.0, 100.0, None, None),  # no control: a ratio, no verdict
+    ],
+)
+def test_speed_vs_upstream_is_judged_against_the_eager_runs_spread(ours, upstream, repeat, verdict):
+    variants = {"eager": _timed(100.0), "upstream": _timed(upstream), "ours": _timed(ours)}
+    if repeat is not None:
+        variants[bench_report.CONTROL] = _timed(repeat)
+    judged = bench_report.speed_vs_upstream(variants)
+    assert judged["ratio"] == pytest.approx(upstream / ours)
+    assert judged["verdict"] == verdict
+    assert bench_report.speed_vs_upstream({**variants, "upstream": _timed(None, "failed")})["ratio"] is None
+
+
+def test_leak_note_names_the_survivors_and_the_freed_memory():
+    leak = {"survivors": ["model", "optimizer"], "holders": ["ChainedOptimizer <- cell"], "released_bytes": 2**31}
+    (line,) = bench_report._leak_note("eager", leak)
+    assert "model and optimizer outlived teardown" in line and "2.0 GiB freed" in line and "ChainedOptimizer" in line
+    assert bench_report._leak_note("ours", None) == []
+
+
+def test_graph_memory_per_submodule_note():
+    capture = {
+        "language": {"graph_memory_bytes": 2 * 2**20, "graphs": 4, "seconds": 1.5},
+        "vision": {"graph_memory_bytes": 3 * 2**20, "graphs": 16, "seconds": 1.25},
+    }
+    config = {"name": "tiny", "variants": {"ours": {"status": "ok", "capture": capture}}}
+    notes = bench_report._config_notes(config)
+    assert (
+        "- Ours, graph memory (MiB) and capture time per submodule: language 2 (4 graphs, 1.5 s), "
+        "vision 3 (16 graphs, 1.2 s)."
+    ) in notes
+
+
+def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(tmp_path):
+    """results/bench/bench.md is rendered from results/bench/bench.json (the full matrix of 2026-11-29 20:19 on
+    two H200s); a renderer change that alters it must come with a re-render."""
+    path = tmp_path / "bench.json"
+    shutil.copy(REPO / "results" / "bench" / "bench.json", path)
+    md = bench_report.render(path)["md"].read_text()
+    assert md == (REPO / "results" / "bench" / "bench.md").read_text()
+    assert "| small-mbs2-seq4096 | 537.5 | 417.1 (1.29x) | 387.7 (1.39x) | 1.08x (within timing noise, ±10%) |" in md
