@@ -1018,8 +1018,11 @@ def _check_freed(rec: dict, survivors: dict) -> None:
     except Exception as error:  # a diagnosis aid, never a reason to lose the variant
         rec["leak"] = {"error": f"{type(error).__name__}: {error}"[:500]}
     if survivors:
-        released = leaks.release_training_memory(survivors.get("model"), survivors.get("optimizer"))
-        rec["leak"]["released_bytes"] = released
+        try:
+            released = leaks.release_training_memory(survivors.get("model"), survivors.get("optimizer"))
+            rec["leak"]["released_bytes"] = released
+        except Exception as error:  # the next variant then starts with this memory taken, which its record shows
+            rec["leak"]["release_error"] = f"{type(error).__name__}: {error}"[:500]
         survivors.clear()
         _free()
         rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
