@@ -1,8 +1,19 @@
-"""Markers: ``gpu`` tests need a CUDA device and are skipped with a reason elsewhere (CI has none)."""
+"""Markers: ``gpu`` tests need a CUDA device and are skipped with a reason elsewhere (CI has none).
+
+And a recorder: ``record(**row)`` keeps a row under the test's name; with ``BRIDGE_CUDAGRAPH_RESULTS`` set to a JSON
+path, the rows are written there at the end with the date, versions and command (how ``results/`` is made).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import time
+
 import pytest
+
+_RECORDS: list[dict] = []
 
 
 def _cuda_available() -> bool:
@@ -22,3 +33,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def record(request):
+    """``record(**numbers)`` stores a row under the test's name; written to $BRIDGE_CUDAGRAPH_RESULTS at the end."""
+
+    def _record(**row):
+        _RECORDS.append({"test": request.node.name, **row})
+
+    return _record
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("BRIDGE_CUDAGRAPH_RESULTS")
+    if not path or not _RECORDS:
+        return
+    import torch
+
+    from bridge_cudagraph.compat import installed_version
+
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "megatron_core": installed_version("megatron-core"),
+        "megatron_bridge": installed_version("megatron-bridge"),
+        "transformer_engine": installed_version("transformer-engine"),
+        "python": platform.python_version(),
+        "command": os.environ.get(
+            "BRIDGE_CUDAGRAPH_COMMAND", " ".join(["pytest", *map(str, session.config.invocation_params.args)])
+        ),
+        "exitstatus": int(exitstatus),
+    }
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": _RECORDS}, f, indent=2, default=str)

@@ -101,20 +101,22 @@ def _untouched() -> bool:
     return parallel_state_untouched() and not torch.distributed.is_initialized()
 
 
-def _one_line(error: BaseException, fragments: list[str]) -> None:
+def _one_line(record, error: BaseException, fragments: list[str]) -> None:
+    """The refusal is one line holding every fragment; recorded (``BRIDGE_CUDAGRAPH_RESULTS``) as the user sees it."""
     text = str(error)
+    record(error=type(error).__name__, message=text)
     assert "\n" not in text, text
     for fragment in fragments:
         assert fragment in text, (fragment, text)
 
 
 @pytest.mark.parametrize(("name", "make", "fragments"), FINALIZE_CASES, ids=[c[0] for c in FINALIZE_CASES])
-def test_finalize_refuses(name, make, fragments):
+def test_finalize_refuses(name, make, fragments, record):
     provider = make()
     before = {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider) if f.name != "cuda_graph"}
     with pytest.raises(CudaGraphConfigError) as info:
         provider.finalize()
-    _one_line(info.value, fragments)
+    _one_line(record, info.value, fragments)
     after = {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider) if f.name != "cuda_graph"}
     changed = {k for k in before if not (before[k] is after[k] or before[k] == after[k])}
     assert not changed, f"a refused config changed {changed}"
@@ -122,19 +124,19 @@ def test_finalize_refuses(name, make, fragments):
 
 
 @pytest.mark.parametrize(("name", "block", "error", "fragments"), BLOCK_CASES, ids=[c[0] for c in BLOCK_CASES])
-def test_the_block_loader_refuses(name, block, error, fragments):
+def test_the_block_loader_refuses(name, block, error, fragments, record):
     with pytest.raises(error) as info:
         cuda_graph_config_from_dict(block, "model.cuda_graph")
-    _one_line(info.value, fragments)
+    _one_line(record, info.value, fragments)
     assert _untouched()
 
 
-def test_expandable_segments_without_nccl_graph_register_is_refused(monkeypatch):
+def test_expandable_segments_without_nccl_graph_register_is_refused(monkeypatch, record):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
     with pytest.raises(CudaGraphConfigError) as info:
         _vl(BOTH).finalize()
-    _one_line(info.value, ["expandable_segments", "NCCL_GRAPH_REGISTER=0"])
+    _one_line(record, info.value, ["expandable_segments", "NCCL_GRAPH_REGISTER=0"])
     monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")
     _vl(BOTH).finalize()
 
@@ -167,33 +169,33 @@ RUN_CASES = [
 
 
 @pytest.mark.parametrize(("name", "dataset", "fragments"), RUN_CASES, ids=[c[0] for c in RUN_CASES])
-def test_run_level_check_refuses(run_config, name, dataset, fragments):
+def test_run_level_check_refuses(run_config, name, dataset, fragments, record):
     from bridge_cudagraph.validation import check_run
 
     for key, value in dataset.items():
         object.__setattr__(run_config.dataset, key, value)
     with pytest.raises(CudaGraphConfigError) as info:
         check_run(run_config)
-    _one_line(info.value, fragments)
+    _one_line(record, info.value, fragments)
     assert _untouched()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_train_with_graphs_on_a_cpu_machine_is_refused(run_config):
+def test_train_with_graphs_on_a_cpu_machine_is_refused(run_config, record):
     from bridge_cudagraph.validation import check_can_train_with_graphs
 
     with pytest.raises(CudaGraphConfigError) as info:
         check_can_train_with_graphs(run_config)
-    _one_line(info.value, ["no CUDA device", "plan"])
+    _one_line(record, info.value, ["no CUDA device", "plan"])
 
 
-def test_layout_that_does_not_divide_the_world_is_refused():
+def test_layout_that_does_not_divide_the_world_is_refused(record):
     from bridge_cudagraph.plan import build_plan, model_facts
 
     provider = _vl(BOTH, tensor_model_parallel_size=4, context_parallel_size=2, pipeline_model_parallel_size=1)
     with pytest.raises(LayoutError) as info:
         build_plan(model_facts(provider), provider.cuda_graph, world_size=12, micro_batch_size=1, global_batch_size=8)
-    _one_line(info.value, ["tp 4 x cp 2 x pp 1 = 8 does not divide world size 12"])
+    _one_line(record, info.value, ["tp 4 x cp 2 x pp 1 = 8 does not divide world size 12"])
     assert _untouched()
 
 
@@ -212,8 +214,9 @@ def _mismatched_groups(rank: int, world: int) -> str:
 
 
 @pytest.mark.slow
-def test_collection_that_disagrees_with_the_config_is_refused_before_capture():
+def test_collection_that_disagrees_with_the_config_is_refused_before_capture(record):
     from _dist import run_world
 
     (message,) = run_world(1, _mismatched_groups)
+    record(error="CudaGraphConfigError", message=message)
     assert "config.tensor_model_parallel_size = 2 but its process-group collection has a group of size 1" in message
