@@ -69,8 +69,9 @@ SHUTDOWN_TIMEOUT_S = 90
 # having taken 24-30 s. The saves of ten runs at once contend for the host, so at most this many signal runs are
 # alive at once, and every run records how long its save took (``save_s``) next to torchrun's 30 s. With four at
 # once (20:28 UTC) every worker finished (graphs deleted, Bridge's and our teardown done, last record written) and
-# saves took 19-25 s, most of it Megatron's spawning a multiprocessing Manager for the write-results queue, which
-# re-imports the whole training stack; 3 of 10 were still SIGKILLed at 30 s, in interpreter shutdown.
+# saves took 19-25 s, during which the log shows a child process importing the whole training stack again
+# (megatron-core's write-results queue is a 'spawn' multiprocessing Manager); 3 of 10 were still SIGKILLed at 30 s,
+# in interpreter shutdown.
 SIGNAL_PARALLEL = 4
 _SAVE_TIME = re.compile(r"save-checkpoint \.+: \(([\d.]+), ([\d.]+)\)")
 POLL_S = 0.2
