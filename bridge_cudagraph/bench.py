@@ -1181,7 +1181,7 @@ def _break_ddp_cycles(model: Any) -> None:
     """Drop Megatron DDP's ``grad_accs`` (the AccumulateGrad nodes whose hooks close over the DDP module): that
     cycle runs through C++ autograd nodes that Python's collector cannot see, so without this every deleted DDP
     model stayed alive (seen on 2026-11-29, H200: 12 GiB of buffers per small-Qwen3-VL variant)."""
-    for chunk in _as_list(model):
+    for chunk in model or []:
         grad_accs = getattr(chunk, "grad_accs", None)
         if isinstance(grad_accs, list):
             grad_accs.clear()
@@ -1191,7 +1191,8 @@ def _teardown(objs: dict) -> dict:
     """Delete graphs, hooks, the micro-batch calculator, model and optimizer, and give the memory back. Returns
     what of the model (``"model"``: its chunks) and the optimizer (``"optimizer"``) is still alive after that, for
     :func:`_check_freed`."""
-    refs = [(key, weakref.ref(obj)) for key in ("model", "optimizer") for obj in _as_list(objs.get(key))]
+    chunk_refs = [weakref.ref(chunk) for chunk in objs.get("model") or []]
+    optimizer_ref = weakref.ref(objs["optimizer"]) if objs.get("optimizer") is not None else None
     timer = objs.get("timer")
     if timer is not None:
         timer.remove()
@@ -1209,17 +1210,13 @@ def _teardown(objs: dict) -> dict:
     objs.clear()
     _free()
     survivors: dict[str, Any] = {}
-    for key, ref in refs:
-        obj = ref()
-        if obj is not None:
-            survivors.setdefault(key, []).append(obj)
-    if "optimizer" in survivors:
-        survivors["optimizer"] = survivors["optimizer"][0]
+    chunks = [chunk for chunk in (ref() for ref in chunk_refs) if chunk is not None]
+    if chunks:
+        survivors["model"] = chunks
+    optimizer = optimizer_ref() if optimizer_ref is not None else None
+    if optimizer is not None:
+        survivors["optimizer"] = optimizer
     return survivors
-
-
-def _as_list(obj: Any) -> list:
-    return [] if obj is None else list(obj) if isinstance(obj, list | tuple) else [obj]
 
 
 # ============================================================================================ configurations

@@ -67,22 +67,28 @@ def staging_device(backend: str, device: torch.device) -> torch.device:
     return device
 
 
+def _coalesced_in_place(tensors: list[torch.Tensor], group, collective) -> None:
+    """Run ``collective(flat)`` once per dtype and device on ``tensors`` flattened (staged where the group's
+    backend needs them, :func:`staging_device`), then copy the result back into each tensor in place."""
+    backend = str(dist.get_backend(group))
+    buckets: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        buckets.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    for (_, device), bucket in buckets.items():
+        flat = torch._utils._flatten_dense_tensors(bucket).to(staging_device(backend, device))
+        collective(flat)
+        for tensor, synced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True):
+            tensor.copy_(synced)
+
+
 def broadcast_replicas(module: torch.nn.Module, group) -> None:
-    """Give every replica the weights and buffers of the group's first rank: one broadcast per dtype and device,
-    of the tensors flattened (on the group's device), copied back in place."""
+    """Give every replica the weights and buffers of the group's first rank, in one broadcast per dtype."""
     if group is None:
         return
     src = dist.get_global_rank(group, 0)
-    backend = str(dist.get_backend(group))
-    buckets: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for tensor in [*module.parameters(), *module.buffers()]:
-        buckets.setdefault((tensor.dtype, tensor.device), []).append(tensor.data)
     with torch.no_grad():
-        for (_, device), tensors in buckets.items():
-            flat = torch._utils._flatten_dense_tensors(tensors).to(staging_device(backend, device))
-            dist.broadcast(flat, src=src, group=group)
-            for tensor, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors), strict=True):
-                tensor.copy_(synced)
+        tensors = [t.data for t in [*module.parameters(), *module.buffers()]]
+        _coalesced_in_place(tensors, group, lambda flat: dist.broadcast(flat, src=src, group=group))
 
 
 def average_replica_grads(module: torch.nn.Module, group) -> None:
@@ -90,19 +96,20 @@ def average_replica_grads(module: torch.nn.Module, group) -> None:
     in one coalesced all-reduce per dtype."""
     if group is None:
         return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    grads = []
     for p in module.parameters():
         g = getattr(p, "main_grad", None)
         if g is None:
             g = p.grad
         if p.requires_grad and g is not None:
-            by_dtype.setdefault(g.dtype, []).append(g)
-    for grads in by_dtype.values():
-        flat = torch._utils._flatten_dense_tensors(grads)
+            grads.append(g)
+    size = dist.get_world_size(group)
+
+    def mean(flat: torch.Tensor) -> None:
         dist.all_reduce(flat, group=group)
-        flat.div_(dist.get_world_size(group))
-        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
-            g.copy_(synced)
+        flat.div_(size)
+
+    _coalesced_in_place(grads, group, mean)
 
 
 def install_grad_sync(model_config, model_chunks) -> bool:

@@ -295,3 +295,12 @@ def test_break_ddp_cycles_drops_grad_accs_of_every_chunk():
     bench._break_ddp_cycles(chunks)
     assert chunks[0].grad_accs == [] and not hasattr(chunks[1], "grad_accs")
     bench._break_ddp_cycles(None)
+
+
+def test_teardown_returns_only_what_outlives_it():
+    kept = torch.nn.Linear(1, 1)  # something outside the benchmark still holds this chunk
+    objs = {"model": [torch.nn.Linear(1, 1), kept], "optimizer": torch.optim.SGD(kept.parameters(), lr=0.1)}
+    assert bench._teardown(objs) == {"model": [kept]}  # the other chunk and the optimizer were freed
+    assert objs == {}
+    optimizer = torch.optim.SGD(kept.parameters(), lr=0.1)
+    assert bench._teardown({"model": None, "optimizer": optimizer}) == {"optimizer": optimizer}
