@@ -14,17 +14,22 @@ For each configuration, in one process on one GPU under pure M4 process groups
    (same provider, initial weights, batches and step plan), last, so it also runs in the process state the graphed
    variants left. Its differences from eager (every step's loss, the fixed batch, the grad norms) are the run-to-run
    noise floor, and :func:`bridge_cudagraph.bench_report.noise_floor_verdict` says whether a graphed variant's
-   drift is within it (``vs_noise_floor``).
+   drift is within it (``vs_noise_floor``);
+5. timing rounds (``--rounds``, default 2): ``ours`` then ``upstream`` again, each rebuilt, captured and timed
+   (no profile or fixed batch), in ``repeat_rounds``. The order A B, control, B A (:func:`run_plan`) puts a drift
+   of the host over the configuration on both alike, and :func:`bridge_cudagraph.bench_report.speed_vs_upstream`
+   judges ours vs upstream against each variant's own round-to-round spread instead of eager's.
 
 Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps`` timed
 training steps (Megatron's schedule + distributed optimizer, as :func:`~bridge_cudagraph.harness.parity.train_steps`),
-a few profiled steps (GPU-busy fraction, and where the host time goes: :class:`PhaseMarkers` put ``bcg_phase/*`` ranges
-around the step's phases for those steps only, and :func:`~bridge_cudagraph.bench_trace.host_time_breakdown` attributes
-the GPU-idle time of the exported trace to phases, CPU ops and CUDA runtime calls: ``host_time``), then a
-per-token-loss check on one fixed batch with the initial weights copied back in. Results go to ``bench.json``,
-rewritten after every variant (a configuration in progress is marked ``"status": "running"``, a finished one
-``"complete"``); :func:`bridge_cudagraph.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also on a
-machine without a GPU).
+a few profiled steps (the control runs them unprofiled): the GPU-busy fraction, and where the host time goes
+(:class:`PhaseMarkers` put ``bcg_phase/*`` ranges around the step's phases for those steps only, and
+:func:`~bridge_cudagraph.bench_trace.host_time_breakdown` attributes the GPU-idle time of the exported trace to
+phases, CPU ops and CUDA runtime calls: ``host_time``); then a per-token-loss check on one fixed batch with the
+initial weights copied back in. Results go to ``bench.json``, rewritten after every variant (a configuration in
+progress is marked ``"status": "running"``, a finished one ``"complete"``);
+:func:`bridge_cudagraph.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also on a machine without
+a GPU).
 
 Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the recipe the CLI loads is not used:
 
@@ -100,6 +105,9 @@ VARIANTS = ("eager", "upstream", "ours", CONTROL)
 #: What ``--variants`` chooses from by default (the control is switched by ``--no-control``).
 MAIN_VARIANTS = ("eager", "upstream", "ours")
 DEFAULT_MEASURED_STEPS = 30
+#: Timed rounds per graphed variant: the first is the full run; later ones are timing-only reruns in alternating
+#: order after the control (:func:`run_plan`), so ours vs upstream is judged against their own round-to-round spread.
+DEFAULT_ROUNDS = 2
 DEFAULT_WARMUP_STEPS = 3
 SEED = 1234
 
@@ -969,8 +977,9 @@ def _profile(
     return kernels, host
 
 
-def _run_variant(shared: _Shared, variant: str) -> dict:
-    """Build, warm up, capture, time, profile and check one variant; always frees it."""
+def _run_variant(shared: _Shared, variant: str, *, timing_only: bool = False) -> dict:
+    """Build, warm up, capture, time, profile and check one variant; always frees it. ``timing_only``: a later
+    round, which stops after the measured steps (no vision timer, profile or fixed-batch check)."""
     rec: dict[str, Any] = {"status": "running"}
     objs: dict[str, Any] = {}
     started = time.perf_counter()
@@ -982,7 +991,7 @@ def _run_variant(shared: _Shared, variant: str) -> dict:
 
     seed_rng(shared.world.language, SEED)
     try:
-        _run_variant_body(shared, variant, rec, objs)
+        _run_variant_body(shared, variant, rec, objs, timing_only=timing_only)
         rec["status"] = "ok"
     except Exception as error:  # recorded, the other variants still run
         rec["status"] = "failed"
@@ -1030,14 +1039,15 @@ def _check_freed(rec: dict, survivors: dict) -> None:
         say(f"variant left {left / 2**30:.1f} GiB allocated: {json.dumps(rec['leak'])[:3000]}")
 
 
-def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> None:
+def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, timing_only: bool = False) -> None:
     cfg, world = shared.cfg, shared.world
     t0 = time.perf_counter()
     _build_variant(shared, variant, objs)
     rec["build_s"] = time.perf_counter() - t0
     model, optimizer = objs["model"], objs["optimizer"]
     helpers = objs["helpers"] = _make_helpers(shared, variant, objs)
-    timer = objs["timer"] = VisionTimer(model)
+    timer = None if timing_only else VisionTimer(model)
+    objs["timer"] = timer
 
     losses: list[float] = []
     grad_norms: list[float] = []
@@ -1054,14 +1064,23 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
     if helpers:
         rec.update(_capture(variant, helpers))
         say(f"{cfg.name} {variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_bytes'] / 2**20:.0f} MiB")
-    timer.active = True
     first = shared.warmup_steps
+    if timer is not None:
+        timer.active = True
     for i in range(first, first + shared.measured_steps):
         times.append(run_step(i))
-        vision.extend(timer.collect())
-    timer.active = False
+        if timer is not None:
+            vision.extend(timer.collect())
+    if timer is not None:
+        timer.active = False
     rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    if timing_only:
+        rec["step_ms"] = times
+        rec["step_ms_median"] = _median(times)
+        rec["losses"] = losses
+        _record_counters(rec, variant, helpers)
+        return
 
     # Unprofiled median wall time per distinct step (same micro-batches), the GPU-busy denominators.
     keys = [tuple(shared.plan[i]) for i in range(first, first + shared.measured_steps)]
@@ -1072,7 +1091,11 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
 
     profile = None
     p_first = first + shared.measured_steps
-    if shared.profile_steps:
+    if shared.profile_steps and variant == CONTROL:
+        # The control's step time and losses are what it is for; its steps run unprofiled (no trace to analyse).
+        for i in range(p_first, p_first + shared.profile_steps):
+            run_step(i)
+    elif shared.profile_steps:
         try:
             profile, rec["host_time"] = _profile(shared, run_step, p_first, model=model, optimizer=optimizer)
         except Exception as error:  # the profiler is a measurement aid, never a reason to lose the timings
@@ -1150,18 +1173,24 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict) -> N
             grad_norm_rel_diff=abs(grad_norm - shared.eager_fixed_grad_norm)
             / max(abs(shared.eager_fixed_grad_norm), 1e-12),
         )
-    if variant == "ours":
-        rec["counters"] = {
-            h.submodule: {
-                "replays": h.stats.replays,
-                "eager_fallbacks": h.stats.eager_fallbacks,
-                "graphs": h.stats.graphs,
-                "failed": h.stats.failed,
-            }
-            for h in helpers
+    _record_counters(rec, variant, helpers)
+
+
+def _record_counters(rec: dict, variant: str, helpers: list) -> None:
+    """Ours' replay and fallback counters (upstream's helpers keep none)."""
+    if variant != "ours":
+        return
+    rec["counters"] = {
+        h.submodule: {
+            "replays": h.stats.replays,
+            "eager_fallbacks": h.stats.eager_fallbacks,
+            "graphs": h.stats.graphs,
+            "failed": h.stats.failed,
         }
-        rec["eager_fallbacks"] = sum(h.stats.eager_fallbacks for h in helpers)
-        rec["vision_replays"] = sum(h.stats.replays for h in helpers if h.submodule == "vision")
+        for h in helpers
+    }
+    rec["eager_fallbacks"] = sum(h.stats.eager_fallbacks for h in helpers)
+    rec["vision_replays"] = sum(h.stats.replays for h in helpers if h.submodule == "vision")
 
 
 def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -> None:
@@ -1229,11 +1258,14 @@ def run_config(
     profile: bool,
     profiler_sees_graph_kernels: bool | None,
     variants: Sequence[str] = VARIANTS,
+    rounds: int = DEFAULT_ROUNDS,
     on_progress: Callable[[dict], None] | None = None,
 ) -> dict:
-    """All variants of one configuration (in :func:`run_order`); the result dict of ``bench.json``'s ``configs``
-    list, with ``status="complete"``. ``on_progress`` receives the same dict with ``status="running"`` and the
-    variants finished so far after each variant, so a process killed mid-configuration keeps them."""
+    """All variants of one configuration (in :func:`run_plan`); the result dict of ``bench.json``'s ``configs``
+    list, with ``status="complete"``. A graphed variant's later rounds go into its record's ``repeat_rounds``
+    (each with its ``position`` in the run order, as the first round's ``position``). ``on_progress`` receives the
+    same dict with ``status="running"`` and the variants finished so far after each run, so a process killed
+    mid-configuration keeps them."""
     started = time.perf_counter()
     out = cfg.as_dict()
     say(
@@ -1259,16 +1291,24 @@ def run_config(
     )
     out["profile_steps"] = profile_steps
     results: dict[str, dict] = {}
-    for variant in run_order(variants):
-        say(f"{cfg.name} {variant}: start")
-        rec = _run_variant(shared, variant)
-        results[variant] = rec
+    for position, (variant, round_) in enumerate(run_plan(variants, rounds)):
+        say(f"{cfg.name} {variant}: start" + (f" (timing round {round_})" if round_ > 1 else ""))
+        if round_ > 1 and (results.get(variant) or {}).get("status") != "ok":
+            continue  # its first round failed: nothing to time again
+        rec = _run_variant(shared, variant, timing_only=round_ > 1)
+        rec["position"] = position
+        if round_ > 1:
+            rec["round"] = round_
+            results[variant].setdefault("repeat_rounds", []).append(rec)
+            say(f"{cfg.name} {variant} round {round_}: step {rec.get('step_ms_median') or float('nan'):.2f} ms")
+        else:
+            results[variant] = rec
+            say(_summary_line(cfg.name, variant, rec))
+        if variant == "eager" and rec["status"] != "ok":
+            say(f"{cfg.name}: eager failed; the other variants have no reference and are skipped")
+            break
         if variant == "eager":
             shared.eager = rec
-            if rec["status"] != "ok":
-                say(f"{cfg.name}: eager failed; the other variants have no reference and are skipped")
-                break
-        say(_summary_line(cfg.name, variant, rec))
         _finish_variants(results)
         if on_progress is not None:
             on_progress({**out, "status": "running", "variants": dict(results)})
@@ -1291,6 +1331,21 @@ def run_order(variants: Iterable[str]) -> list[str]:
         raise ValueError(f"unknown variants {unknown}; known: {VARIANTS}")
     middle = [v for v in chosen if v not in UNGRAPHED]
     return ["eager", *middle, *([CONTROL] if CONTROL in chosen else [])]
+
+
+def run_plan(variants: Iterable[str], rounds: int = DEFAULT_ROUNDS) -> list[tuple[str, int]]:
+    """``(variant, round)`` in the order one configuration runs them: :func:`run_order` as round 1, then each later
+    round's graphed variants, reversed in even rounds. With two rounds upstream and ours run A B (control) B A: a
+    drift of the process or host over the configuration weighs on both alike, and each variant's two rounds show
+    how far one variant's own median moves between builds."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    first = run_order(variants)
+    graphed = [v for v in first if v not in UNGRAPHED]
+    plan = [(v, 1) for v in first]
+    for round_ in range(2, rounds + 1):
+        plan += [(v, round_) for v in (reversed(graphed) if round_ % 2 == 0 else graphed)]
+    return plan
 
 
 def _finish_variants(results: dict[str, dict]) -> None:
@@ -1364,6 +1419,7 @@ def run(
     warmup_steps: int = DEFAULT_WARMUP_STEPS,
     profile: bool = True,
     variants: Sequence[str] = VARIANTS,
+    rounds: int = DEFAULT_ROUNDS,
     world=None,
     command: str | None = None,
 ) -> dict:
@@ -1375,7 +1431,7 @@ def run(
     """
     if measured_steps < 1 or warmup_steps < 0:
         raise ValueError("measured_steps must be >= 1 and warmup_steps >= 0")
-    run_order(variants)  # raises on an unknown variant before the GPU is touched
+    run_plan(variants, rounds)  # raises on an unknown variant or a bad round count before the GPU is touched
     if not torch.cuda.is_available():
         raise RuntimeError("the benchmark needs a CUDA GPU")
     resolved = [c if isinstance(c, BenchConfig) else configs_by_name([c])[0] for c in configs]
@@ -1395,6 +1451,7 @@ def run(
         say(f"profiler probe: {probe}")
     meta = _meta(measured_steps=measured_steps, warmup_steps=warmup_steps, probe=probe, command=command)
     meta["variants"] = run_order(variants)
+    meta["rounds"] = rounds
     meta["noise_floor_control"] = CONTROL in meta["variants"]
     meta["noise_factor"] = bench_report.NOISE_FACTOR
     data = {"meta": meta, "configs": []}
@@ -1420,6 +1477,7 @@ def run(
                 profile=profile,
                 profiler_sees_graph_kernels=None if probe is None else probe.get("sees_graph_kernels"),
                 variants=variants,
+                rounds=rounds,
                 on_progress=write,
             )
         )
@@ -1470,6 +1528,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--measured-steps", type=int, default=DEFAULT_MEASURED_STEPS)
     parser.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP_STEPS)
     parser.add_argument("--no-profile", action="store_true", help="skip torch.profiler (no GPU-busy fraction)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help="timed rounds per graphed variant (later ones timing-only, in alternating order after the control); "
+        "ours vs upstream is judged against their round-to-round spread",
+    )
     parser.add_argument(
         "--variants",
         default=",".join(MAIN_VARIANTS),
@@ -1555,7 +1620,7 @@ def main(loaded: Any = None, args: Any = None) -> int:
     if loaded is not None:
         say("the benchmark runs its built-in configurations (tiny, small Qwen3-VL); the loaded recipe is not used")
     variants = select_variants(getattr(args, "variants", None), control=not getattr(args, "no_control", False))
-    run_order(variants)
+    run_plan(variants, int(getattr(args, "rounds", None) or DEFAULT_ROUNDS))
     configs = select_configs(quick=bool(getattr(args, "quick", False)), names=getattr(args, "configs", None))
     out_dir = getattr(args, "out", None) or "results/bench"
     gpus, devices = getattr(args, "gpus", None), getattr(args, "devices", None)
@@ -1590,6 +1655,7 @@ def main(loaded: Any = None, args: Any = None) -> int:
             warmup_steps=int(getattr(args, "warmup_steps", DEFAULT_WARMUP_STEPS)),
             profile=not bool(getattr(args, "no_profile", False)),
             variants=variants,
+            rounds=int(getattr(args, "rounds", None) or DEFAULT_ROUNDS),
         )
     finally:
         if owns_world and dist.is_initialized():

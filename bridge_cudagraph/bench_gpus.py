@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from bridge_cudagraph import bench_report
 from bridge_cudagraph.bench import (
     BENCH_ARGS_ENV,
     DEFAULT_MEASURED_STEPS,
+    DEFAULT_ROUNDS,
     DEFAULT_WARMUP_STEPS,
     BenchConfig,
     command_line,
@@ -99,6 +101,42 @@ def resolve_devices(gpus: int | None, devices: str | Sequence[str] | None, visib
     return listed[:gpus]
 
 
+def cpu_sets(available: Sequence[int], n: int) -> list[list[int]]:
+    """``available`` CPUs (sorted) in ``n`` contiguous, disjoint sets of near-equal size, one per child; ``n``
+    empty sets (no pinning) when there are fewer CPUs than children.
+
+    Why: the steps measured are host-bound, so two children sharing cores (and each starting an OpenMP pool as
+    wide as the machine) slow each other down by amounts that change from step to step. Contiguous ids keep a
+    child on one socket on the usual numbering."""
+    cpus = sorted(available)
+    if n < 1:
+        raise ValueError(f"need at least one set, got {n}")
+    if len(cpus) < n:
+        return [[] for _ in range(n)]
+    size, extra = divmod(len(cpus), n)
+    sets, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        sets.append(cpus[start:end])
+        start = end
+    return sets
+
+
+def cpu_list(cpus: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"`` (taskset's notation), ``""`` for none."""
+    parts, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu == run[-1] + 1:
+            run.append(cpu)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [cpu]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
 @dataclass
 class Child:
     """One child process of ``--gpus``: its GPU, configurations and output folder, and what became of it."""
@@ -108,6 +146,8 @@ class Child:
     configs: list[str]
     out_dir: Path
     argv: list[str]
+    #: The CPUs it is pinned to (empty: not pinned).
+    cpus: list[int] = field(default_factory=list)
     returncode: int | None = None
     timed_out: bool = False
     seconds: float = 0.0
@@ -132,8 +172,8 @@ class Child:
 
 
 def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path) -> list[str]:
-    """The command line of a child: this module on ``names`` into ``out_dir``, with the parent's step, profile,
-    variant and control options (never ``--gpus``/``--devices``/``--time-limit``: a child runs in-process)."""
+    """The command line of a child: this module on ``names`` into ``out_dir``, with the parent's step, round,
+    profile, variant and control options (never ``--gpus``/``--devices``/``--time-limit``: a child runs in-process)."""
     argv = [sys.executable, "-m", "bridge_cudagraph.bench", "--out", str(out_dir), "--configs", ",".join(names)]
     argv += ["--measured-steps", str(int(getattr(options, "measured_steps", None) or DEFAULT_MEASURED_STEPS))]
     warmup = getattr(options, "warmup_steps", None)
@@ -141,6 +181,7 @@ def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path)
     variants = getattr(options, "variants", None)
     if variants:
         argv += ["--variants", variants if isinstance(variants, str) else ",".join(variants)]
+    argv += ["--rounds", str(int(getattr(options, "rounds", None) or DEFAULT_ROUNDS))]
     if getattr(options, "no_profile", False):
         argv.append("--no-profile")
     if getattr(options, "no_control", False):
@@ -158,12 +199,15 @@ def _free_ports(n: int) -> list[int]:
         return [s.getsockname()[1] for s in sockets]
 
 
-def child_env(base: dict[str, str], device: str, port: int) -> dict[str, str]:
+def child_env(base: dict[str, str], device: str, port: int, cpus: Sequence[int] = ()) -> dict[str, str]:
     """A child's environment: one visible GPU, a one-process world of its own on ``port`` (a launcher's
-    ``RANK``/``MASTER_PORT`` would make the children collide), unbuffered output for a live log, and no
-    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` (its options are on its command line)."""
+    ``RANK``/``MASTER_PORT`` would make the children collide), unbuffered output for a live log, no
+    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` (its options are on its command line), and, when it is pinned to ``cpus``,
+    an OpenMP pool no wider than them (unless the caller set ``OMP_NUM_THREADS``)."""
     env = {k: v for k, v in base.items() if k not in _WORLD_ENV and k != BENCH_ARGS_ENV}
     env.update(CUDA_VISIBLE_DEVICES=device, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    if cpus and "OMP_NUM_THREADS" not in base:
+        env["OMP_NUM_THREADS"] = str(len(cpus))
     return env
 
 
@@ -215,11 +259,14 @@ def run_children(
                 child.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=child_env(dict(os.environ if env is None else env), child.device, port),
+                env=child_env(dict(os.environ if env is None else env), child.device, port, child.cpus),
                 start_new_session=True,
+                preexec_fn=functools.partial(os.sched_setaffinity, 0, child.cpus) if child.cpus else None,
             )
             running[child.index] = (proc, log, time.monotonic())
-            say(f"child {child.index} on GPU {child.device}: {', '.join(child.configs)} (log {child.log_path})")
+            pinned = f", CPUs {cpu_list(child.cpus)}" if child.cpus else ""
+            names = ", ".join(child.configs)
+            say(f"child {child.index} on GPU {child.device}{pinned}: {names} (log {child.log_path})")
         by_index = {c.index: c for c in children}
         while running:
             for index, (proc, log, started) in list(running.items()):
@@ -295,6 +342,7 @@ def collect_children(children: Sequence[Child], *, order: Sequence[str], meta: d
             "returncode": c.returncode,
             "timed_out": c.timed_out,
             "seconds": c.seconds,
+            "cpus": cpu_list(c.cpus),
             "out_dir": str(c.out_dir),
         }
         for c in children
@@ -313,23 +361,29 @@ def run_on_gpus(
     env: dict[str, str] | None = None,
     poll_s: float = 1.0,
     grace_s: float = STOP_GRACE_S,
+    pin_cpus: bool = True,
 ) -> tuple[dict, list[Child]]:
     """The full matrix in one call: ``configs`` split over ``devices`` (:func:`split_configs`), one child process
     per GPU (``make_argv(names, child_out_dir)``: injectable, tests use a fake child), each child running all
     variants of its configurations side by side in one process on its GPU; then ``out_dir/bench.json`` merged
     from what every child wrote (a child that failed or timed out loses only its unfinished configurations) and
-    rendered. Returns the merged content and the children."""
+    rendered. ``pin_cpus``: each child on its own share of this process's CPUs (:func:`cpu_sets`). Returns the
+    merged content and the children."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     groups = split_configs(configs, len(devices))
+    pins = cpu_sets(sorted(os.sched_getaffinity(0)), len(groups)) if pin_cpus else [[] for _ in groups]
     children = []
     for i, (group, device) in enumerate(zip(groups, devices, strict=False)):
         names = [c.name for c in group]
         child_out = out / f"part{i}-gpu{device}"
-        children.append(Child(i, device, names, child_out, make_argv(names, child_out)))
+        children.append(Child(i, device, names, child_out, make_argv(names, child_out), cpus=pins[i]))
     say(
         "split: "
-        + "; ".join(f"GPU {c.device}: {', '.join(c.configs)}" for c in children)
+        + "; ".join(
+            f"GPU {c.device}" + (f" (CPUs {cpu_list(c.cpus)})" if c.cpus else "") + f": {', '.join(c.configs)}"
+            for c in children
+        )
         + (f" (time limit {time_limit_s:g} s per child)" if time_limit_s else "")
     )
     run_children(children, time_limit_s=time_limit_s, env=env, poll_s=poll_s, grace_s=grace_s)

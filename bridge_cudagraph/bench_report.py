@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,7 @@ def _config_notes(config: dict) -> list[str]:
         if per_budget:
             parts = ", ".join(f"{b}: {fmt_bytes(m, _MIB, 0)}" for b, m in per_budget.items())
             notes.append(f"- Ours, vision graph memory per budget (MiB): {parts}.")
+    notes += _rounds_note(variants)
     notes += _noise_notes(variants)
     for name in VARIANTS:
         v = variants.get(name) or {}
@@ -476,29 +478,69 @@ def _children_line(children: Sequence[dict]) -> str:
     return f"Split over {len(children)} processes, one per GPU: " + "; ".join(parts) + "."
 
 
-def speed_vs_upstream(variants: Mapping[str, Any]) -> dict[str, Any]:
-    """Ours against upstream in step time, judged against the timing noise the control shows.
+def round_medians(variant: Mapping[str, Any]) -> dict[int, float]:
+    """Median step ms of every finished timed round of a variant, by round: 1 is the variant's record, later ones
+    its ``repeat_rounds`` (``bench --rounds``)."""
+    rounds = [variant, *(variant.get("repeat_rounds") or [])]
+    out: dict[int, float] = {}
+    for i, r in enumerate(rounds):
+        median = _num(r.get("step_ms_median"))
+        if r.get("status") == "ok" and median:
+            out[int(r.get("round", i + 1))] = median
+    return out
 
-    ``ratio`` is upstream's median over ours' (above 1: ours faster). ``timing_noise`` is how far the two eager runs'
-    medians lie apart, relative to eager's: the same model, weights and batches, so that much difference between
-    two variants is run-to-run variation (process warm-up, host contention on a host-bound step), not either
-    variant. ``verdict``: "faster"/"slower" beyond that noise, "within timing noise" inside it, None when a variant
-    (or the control) is missing."""
+
+def _spread(values: Sequence[float]) -> float:
+    """Range over mean: how far one variant's round medians lie apart."""
+    return (max(values) - min(values)) / statistics.fmean(values)
+
+
+def speed_vs_upstream(variants: Mapping[str, Any]) -> dict[str, Any]:
+    """Ours against upstream in step time, judged against the timing noise.
+
+    ``ratio`` is upstream's mean round median over ours' (above 1: ours faster), over the rounds both finished.
+    With two or more such rounds (``bench --rounds``: upstream and ours run A B, control, B A) the noise is their
+    own round-to-round spread (the larger of the two variants' range over mean: one variant, rebuilt and captured
+    again, moves that much), ``pairs`` are the per-round ratios (each from two runs made next to each other), and
+    ``noise_source`` is ``"rounds"``. With one round (older results) the noise is how far the two eager runs'
+    medians lie apart (``"eager vs eager"``). ``verdict``: "faster" or "slower" when the ratio is beyond the noise
+    and every pair agrees, "within timing noise" otherwise; None when a variant (or, with one round, the control)
+    is missing."""
     ours, upstream = variants.get("ours") or {}, variants.get("upstream") or {}
-    eager, control = variants.get("eager") or {}, variants.get(CONTROL) or {}
-    o, u = _num(ours.get("step_ms_median")), _num(upstream.get("step_ms_median"))
-    if not o or not u or ours.get("status") != "ok" or upstream.get("status") != "ok":
-        return {"ratio": None, "timing_noise": None, "verdict": None}
-    ratio = u / o
-    e, c = _num(eager.get("step_ms_median")), _num(control.get("step_ms_median"))
-    noise = abs(e - c) / e if e and c and control.get("status") == "ok" else None
+    result: dict[str, Any] = {
+        "ratio": None,
+        "timing_noise": None,
+        "verdict": None,
+        "pairs": [],
+        "noise_source": None,
+        "rounds": 0,
+    }
+    if ours.get("status") != "ok" or upstream.get("status") != "ok":
+        return result
+    o, u = round_medians(ours), round_medians(upstream)
+    both = sorted(set(o) & set(u))
+    if not both:
+        return result
+    ratio = statistics.fmean(u[r] for r in both) / statistics.fmean(o[r] for r in both)
+    pairs = [u[r] / o[r] for r in both]
+    if len(both) >= 2:
+        noise = max(_spread([o[r] for r in both]), _spread([u[r] for r in both]))
+        source = "rounds"
+    else:
+        pairs = []
+        eager, control = variants.get("eager") or {}, variants.get(CONTROL) or {}
+        e, c = _num(eager.get("step_ms_median")), _num(control.get("step_ms_median"))
+        noise = abs(e - c) / e if e and c and control.get("status") == "ok" else None
+        source = "eager vs eager" if noise is not None else None
+    agree = all(p > 1 for p in pairs) or all(p < 1 for p in pairs)
     if noise is None:
         verdict = None
-    elif abs(ratio - 1.0) <= noise:
+    elif abs(ratio - 1.0) <= noise or not agree:
         verdict = "within timing noise"
     else:
         verdict = "faster" if ratio > 1.0 else "slower"
-    return {"ratio": ratio, "timing_noise": noise, "verdict": verdict}
+    result.update(ratio=ratio, timing_noise=noise, verdict=verdict, pairs=pairs, noise_source=source, rounds=len(both))
+    return result
 
 
 def _fmt_speed_vs_upstream(variants: Mapping[str, Any]) -> str:
@@ -508,7 +550,29 @@ def _fmt_speed_vs_upstream(variants: Mapping[str, Any]) -> str:
     text = f"{judged['ratio']:.2f}x"
     if judged["verdict"] is None:
         return text
-    return f"{text} ({judged['verdict']}, ±{100 * judged['timing_noise']:.0f}%)"
+    noise = f"±{100 * judged['timing_noise']:.1f}%"
+    if judged["noise_source"] == "rounds":
+        pairs = ", ".join(f"{p:.3f}x" for p in judged["pairs"])
+        return f"{text}: **{judged['verdict']}** ({judged['rounds']} rounds: {pairs}; round-to-round {noise})"
+    return f"{text} ({judged['verdict']}, eager vs eager {noise})"
+
+
+def _rounds_note(variants: Mapping[str, Any]) -> list[str]:
+    """Each graphed variant's round medians with their place in the run order."""
+    parts = []
+    for name in GRAPHED:
+        v = variants.get(name) or {}
+        rounds = [v, *(v.get("repeat_rounds") or [])] if v.get("status") == "ok" else []
+        if len(rounds) < 2:
+            continue
+        cells = []
+        for i, r in enumerate(rounds):
+            where = f"run {int(r['position']) + 1}" if r.get("position") is not None else f"round {i + 1}"
+            cells.append(f"{fmt_ms(r.get('step_ms_median'))} ({where})" if r.get("status") == "ok" else "failed")
+        parts.append(f"{name} {', '.join(cells)}")
+    if not parts:
+        return []
+    return [f"- Median step ms per timed round (place in this configuration's run order): {'; '.join(parts)}."]
 
 
 def _summary_row(config: dict) -> list[str]:
@@ -576,6 +640,13 @@ def render_markdown(data: dict) -> str:
         f"capture, {meta.get('measured_steps', '?')} measured steps (median wall time, `torch.cuda.synchronize` "
         "around each step: forward/backward through Megatron's schedule plus the distributed optimizer step)."
     )
+    rounds = meta.get("rounds") or 1
+    if rounds > 1:
+        out.append(
+            f"Upstream and ours are then timed {rounds - 1} more time(s), rebuilt and captured again each time, in "
+            "reverse order (A B, control, B A): the ours-vs-upstream verdict is judged against their own "
+            "round-to-round spread."
+        )
     out.append("")
     if configs:
         out += ["## Summary", "", *_table(SUMMARY_COLUMNS, [_summary_row(c) for c in configs]), ""]
@@ -597,9 +668,12 @@ def render_markdown(data: dict) -> str:
     out.append("## How it is measured")
     out.append("")
     out += [
-        "- **step ms**: median wall time of the measured steps; speedup = eager median / variant median. "
-        "**ours vs upstream**: upstream's median / ours' (above 1: ours faster), judged against the timing noise: "
-        "how far the medians of `eager` and `eager_repeat` (same model, weights and batches) lie apart.",
+        "- **step ms**: median wall time of the measured steps (first round); speedup = eager median / variant "
+        "median. **ours vs upstream**: upstream's mean round median / ours' (above 1: ours faster). With several "
+        "timed rounds (`--rounds`: upstream and ours are built, captured and timed again after the control, in "
+        "reverse order: A B, control, B A, so a drift over the configuration weighs on both alike) it is judged "
+        "against their own round-to-round spread (the larger range over mean of the two), and a verdict needs every "
+        "round's pair to agree; with one round, against how far the medians of `eager` and `eager_repeat` lie apart.",
         "- **GPU busy**: union of the CUDA kernel intervals that `torch.profiler` (CUPTI) records in extra "
         "profiled steps after the measured ones (one per distinct micro-batch), divided by the unprofiled median "
         "wall time of the same micro-batches. "

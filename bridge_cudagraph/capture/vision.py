@@ -53,15 +53,24 @@ def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
 
 
 def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, length: int) -> torch.Tensor:
-    """``[0, l1, l1+l2, ..., N, B, B, ...]`` of exactly ``length`` int32 entries.
+    """``[0, l1, l1+l2, ..., N, B, B, ...]`` of exactly ``length`` int32 entries, on ``seqlens``' device.
 
     The segment ``[N, B)`` holds the padding, so real patches never attend to it; the rest are zero-length.
+    The replay path passes host ``seqlens`` (no device sync here) and copies the result to the GPU itself.
     """
     cu = F.pad(seqlens.cumsum(0), (1, 0)).to(torch.int32)
     n = int(cu[-1])
     if n > budget or cu.numel() + (n < budget) > length:
         raise ValueError(f"{n} patches in {cu.numel() - 1} segments do not fit budget {budget} / length {length}")
     return F.pad(cu, (0, length - cu.numel()), value=budget)
+
+
+def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device`` through pinned memory, without waiting for the stream (the caching host allocator
+    keeps the pinned block until the copy has run)."""
+    if not torch.cuda.is_available():
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class _PackedVisionLayer(torch.nn.Module):
@@ -124,6 +133,10 @@ class GraphCopies:
         else:
             self._busy[index] = False
 
+    def release_now(self, index: int) -> None:
+        """Free set ``index`` at once (a forward that took it and failed before any replay)."""
+        self._busy[index] = False
+
     def in_flight(self) -> int:
         """Sets taken by micro-batches whose backward has not reached them yet."""
         return sum(self._busy)
@@ -144,18 +157,28 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
         if helper is None or not helper.graphs_created() or not self.training or extra_block_kwargs:
             return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
         assert inference_params is None and self.input_tensor is None
-        x = self.patch_embed(hidden_states) + self.fast_pos_embed_interpolate(grid_thw)
-        n = x.size(0)
-        seqlens = frame_seqlens(grid_thw)
+        # One device sync for the whole forward: Bridge's position helpers read the grid element by element
+        # (several syncs per image on a device tensor; same values on a host one).
+        grid = grid_thw.cpu()
+        seqlens = frame_seqlens(grid)
+        n = int(seqlens.sum())
         budget = helper.budget_for(n, seqlens.numel())
         copy = None if budget is None else helper.copies.acquire()
         if copy is None:
             helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None)
             return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
-        rotary = self.rot_pos_emb(grid_thw).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
+        x = self.patch_embed(hidden_states)
+        if x.size(0) != n:
+            helper.copies.release_now(copy)
+            raise ValueError(
+                f"vision input has {x.size(0)} patch rows but image_grid_thw describes {n} (sum of t*h*w); "
+                "pixel_values and image_grid_thw must come from the same processor call"
+            )
+        x = x + self.fast_pos_embed_interpolate(grid)
+        rotary = self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
         h = F.pad(x, (0, 0, 0, budget - n))[:, None]
         rotary = F.pad(rotary, (0, 0, 0, 0, 0, 0, 0, budget - n))
-        cu = padded_cu_seqlens(seqlens, budget, helper.cu_seqlens_length)
+        cu = to_device_async(padded_cu_seqlens(seqlens, budget, helper.cu_seqlens_length), x.device)
         graphs = helper.graphs[budget][copy]
         helper.before_replay()
         deepstack = []
@@ -281,7 +304,7 @@ class VisionGraphHelper:
         grid = torch.tensor([[1, vm.spatial_merge_size, budget // vm.spatial_merge_size]], device=device)
         with torch.no_grad():
             rotary = vm.rot_pos_emb(grid).reshape(budget, 1, 1, -1).repeat(1, 1, 1, 2).contiguous()
-        cu = padded_cu_seqlens(frame_seqlens(grid), budget, self.cu_seqlens_length)
+        cu = padded_cu_seqlens(frame_seqlens(grid.cpu()), budget, self.cu_seqlens_length).to(device)
         layers = len(vm.decoder.layers)
         hidden_states = [
             (torch.randn(budget, 1, hidden, device=device, dtype=dtype) * 0.02).requires_grad_(True)

@@ -57,4 +57,11 @@ def test_short_bench_tiny(world, record, tmp_path):
     assert ours["vision_replays"] >= 5
     assert ours["capture_s"] > 0 and ours["graph_memory_bytes"] > 0
     assert ours["vision_fwd_ms"] is not None and ours["vision_calls"] == 5
+    # The second, timing-only round (upstream and ours rebuilt and captured again after the control, B A).
+    (again,) = ours["repeat_rounds"]
+    assert again["status"] == "ok" and len(again["step_ms"]) == 5, again.get("traceback")
+    assert again["eager_fallbacks"] == 0 and again["position"] > variants["eager_repeat"]["position"]
+    assert "fixed_batch" not in again and "profile" not in again
+    if upstream.get("status") == "ok":
+        assert upstream["repeat_rounds"][0]["position"] == again["position"] + 1
     assert parallel_state_untouched()

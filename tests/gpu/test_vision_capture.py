@@ -218,3 +218,40 @@ def test_vision_encoder_time_per_microbatch(world, record):
         bucketed_512=bucketed_ms,
         single_max_1024=single_ms,
     )
+
+
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def _host_syncs(fn) -> int:
+    """CUDA runtime calls that block the host on the device while ``fn`` runs (from the profiler's trace)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key in _SYNC_CALLS)
+
+
+def test_graphed_vision_forward_waits_on_the_device_once(world, record):
+    """Bridge's position helpers read ``image_grid_thw`` element by element (several syncs per image on a device
+    tensor); the replay path reads it once on the host and ships ``cu_seqlens`` back without waiting."""
+    import torch
+
+    provider, model = _build(world, _cfg(False, True))
+    encoder = model[0].module.module.vision_model
+    batch = _batch(SETS["eight_images_1024"])
+    pixels, grid = batch["pixel_values"], batch["image_grid_thw"]
+    assert grid.is_cuda
+    with torch.no_grad():
+        eager_syncs = _host_syncs(lambda: encoder(pixels, grid))
+        helper, _ = _vision_helper(provider, model)
+        helper.create_cudagraphs()
+        replays = helper.stats.replays
+        graphed_syncs = _host_syncs(lambda: encoder(pixels, grid))
+        assert helper.stats.replays == replays + 1
+    helper.delete_cuda_graphs()
+    record(phase="host_syncs_per_vision_forward", images=8, eager=eager_syncs, graphed=graphed_syncs)
+    assert graphed_syncs <= 1, graphed_syncs
+    assert eager_syncs > graphed_syncs

@@ -175,7 +175,7 @@ def test_run_config_runs_the_control_last_and_reports_progress(monkeypatch):
     }
     calls, progress = [], []
 
-    def fake_run_variant(shared, variant):
+    def fake_run_variant(shared, variant, timing_only=False):
         calls.append(variant)
         rec = _fake_rec(variant, losses[variant])
         if variant != "eager":
@@ -193,6 +193,7 @@ def test_run_config_runs_the_control_last_and_reports_progress(monkeypatch):
         profile=False,
         profiler_sees_graph_kernels=None,
         variants=["ours", "upstream", "eager_repeat"],
+        rounds=1,
         on_progress=lambda partial: progress.append(json.loads(json.dumps(partial))),
     )
     assert calls == ["eager", "ours", "upstream", "eager_repeat"]
@@ -208,10 +209,74 @@ def test_run_config_runs_the_control_last_and_reports_progress(monkeypatch):
     assert "vs_noise_floor" not in v["eager_repeat"] and "vs_noise_floor" not in v["eager"]
 
 
+def test_run_plan_times_the_graphed_variants_again_in_reverse_after_the_control():
+    assert bench.run_plan(bench.VARIANTS, 1) == [(v, 1) for v in ("eager", "upstream", "ours", "eager_repeat")]
+    assert bench.run_plan(bench.VARIANTS, 2)[4:] == [("ours", 2), ("upstream", 2)]
+    assert bench.run_plan(bench.VARIANTS, 3)[4:] == [("ours", 2), ("upstream", 2), ("upstream", 3), ("ours", 3)]
+    assert bench.run_plan(["eager", "ours"], 2) == [("eager", 1), ("ours", 1), ("ours", 2)]
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        bench.run_plan(bench.VARIANTS, 0)
+
+
+def test_run_config_adds_timing_rounds_to_the_graphed_variants(monkeypatch):
+    """Round 2 runs timing-only after the control, in reverse order; its record lands in the first round's
+    ``repeat_rounds`` with its place in the run order, and the report judges ours vs upstream on the rounds."""
+    medians = {("upstream", 1): 50.0, ("ours", 1): 40.0, ("ours", 2): 41.0, ("upstream", 2): 51.0}
+    calls = []
+
+    def fake_run_variant(shared, variant, timing_only=False):
+        round_ = 2 if timing_only else 1
+        calls.append((variant, timing_only))
+        rec = _fake_rec(variant, [1.0, 0.9, 0.8])
+        if (variant, round_) in medians:
+            rec["step_ms_median"] = medians[variant, round_]
+        return rec
+
+    monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
+    monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
+    out = bench.run_config(
+        bench.tiny_config(), None, measured_steps=2, warmup_steps=1, profile=False, profiler_sees_graph_kernels=None
+    )
+    assert calls == [
+        ("eager", False),
+        ("upstream", False),
+        ("ours", False),
+        ("eager_repeat", False),
+        ("ours", True),
+        ("upstream", True),
+    ]
+    v = out["variants"]
+    assert [r["position"] for r in (v["upstream"], *v["upstream"]["repeat_rounds"])] == [1, 5]
+    assert [(r["round"], r["position"]) for r in v["ours"]["repeat_rounds"]] == [(2, 4)]
+    assert v["ours"]["speedup_vs_eager"] == pytest.approx(100 / 40)  # first round only
+    judged = bench_report.speed_vs_upstream(v)
+    assert judged["noise_source"] == "rounds" and judged["verdict"] == "faster"
+    assert judged["ratio"] == pytest.approx(101 / 81)
+
+
+def test_run_config_does_not_time_again_a_variant_that_failed(monkeypatch):
+    calls = []
+
+    def fake_run_variant(shared, variant, timing_only=False):
+        calls.append((variant, timing_only))
+        rec = _fake_rec(variant, [1.0])
+        if variant == "upstream":
+            rec = {"status": "failed", "error": "boom"}
+        return rec
+
+    monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
+    monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
+    out = bench.run_config(
+        bench.tiny_config(), None, measured_steps=1, warmup_steps=0, profile=False, profiler_sees_graph_kernels=None
+    )
+    assert ("upstream", True) not in calls and ("ours", True) in calls
+    assert "repeat_rounds" not in out["variants"]["upstream"]
+
+
 def test_run_config_stops_when_eager_fails(monkeypatch):
     calls = []
 
-    def fake_run_variant(shared, variant):
+    def fake_run_variant(shared, variant, timing_only=False):
         calls.append(variant)
         return {"status": "failed", "error": "boom"}
 

@@ -84,6 +84,25 @@ def test_child_argv_and_env(tmp_path):
     assert len(set(bench_gpus._free_ports(4))) == 4
 
 
+def test_cpu_sets_are_contiguous_disjoint_and_cover_every_cpu():
+    assert bench_gpus.cpu_sets(range(32), 2) == [list(range(16)), list(range(16, 32))]
+    assert bench_gpus.cpu_sets([0, 1, 2, 3, 8, 9, 10], 3) == [[0, 1, 2], [3, 8], [9, 10]]
+    assert bench_gpus.cpu_sets([0, 1], 3) == [[], [], []]  # fewer CPUs than children: no pinning
+    with pytest.raises(ValueError, match="at least one"):
+        bench_gpus.cpu_sets([0], 0)
+
+
+def test_cpu_list_is_tasksets_notation():
+    assert bench_gpus.cpu_list([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+    assert bench_gpus.cpu_list([]) == ""
+
+
+def test_child_env_sizes_openmp_to_the_pinned_cpus():
+    assert bench_gpus.child_env({}, "0", 1, [4, 5, 6])["OMP_NUM_THREADS"] == "3"
+    assert bench_gpus.child_env({"OMP_NUM_THREADS": "1"}, "0", 1, [4, 5, 6])["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in bench_gpus.child_env({}, "0", 1)
+
+
 def test_collect_children_marks_what_a_child_did_not_finish(tmp_path):
     ok = bench_gpus.Child(0, "0", ["tiny", "small-mbs2-seq4096"], tmp_path / "a", [], returncode=1)
     ok.out_dir.mkdir()
@@ -123,7 +142,8 @@ _FAKE_CHILD = textwrap.dedent(
     a = p.parse_args()
     names = a.configs.split(",")
     os.makedirs(a.out, exist_ok=True)
-    env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "MASTER_PORT", "RANK")}
+    env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "MASTER_PORT", "RANK", "OMP_NUM_THREADS")}
+    env["cpus"] = sorted(os.sched_getaffinity(0))
 
     def config(name, status):
         eager = {"status": "ok", "step_ms_median": 9.0}
@@ -204,6 +224,13 @@ def test_run_on_gpus_merges_what_the_children_left(tmp_path):
     assert envs["tiny"]["CUDA_VISIBLE_DEVICES"] == "6"
     assert envs["tiny"]["MASTER_PORT"] != envs["small-mbs2-seq4096"]["MASTER_PORT"] != "1"
     assert all(e["RANK"] is None for e in envs.values())
+    # ... and its own share of the CPUs, with an OpenMP pool no wider (unless the caller's environment set one).
+    shares = bench_gpus.cpu_sets(sorted(os.sched_getaffinity(0)), 3)
+    if all(shares):
+        assert envs["small-mbs2-seq4096"]["cpus"] == shares[0] and envs["tiny"]["cpus"] == shares[2]
+        assert [c["cpus"] for c in data["meta"]["children"]] == [bench_gpus.cpu_list(c) for c in shares]
+        if "OMP_NUM_THREADS" not in env:
+            assert envs["tiny"]["OMP_NUM_THREADS"] == str(len(shares[2]))
     assert data["meta"]["command"] == "bench --gpus 3" and data["meta"]["gpu"] == "fake GPU"
     assert (out / "part0-gpu4" / "bench.log").exists()
     md = (out / "bench.md").read_text()

@@ -198,8 +198,8 @@ def test_noise_floor_column_rows_and_notes(tmp_path):
     path.write_text(json.dumps(_with_control()))
     md = bench_report.render(path)["md"].read_text()
     assert (
-        "| tiny | 73.0 | 29.0 (2.52x) | 28.5 (2.56x) | 1.02x (faster, ±1%) | **3.6e-01** (above noise) | 0 (exact) "
-        "| 0 (exact) |" in md
+        "| tiny | 73.0 | 29.0 (2.52x) | 28.5 (2.56x) | 1.02x (faster, eager vs eager ±1.4%) "
+        "| **3.6e-01** (above noise) | 0 (exact) | 0 (exact) |" in md
     )
     assert (
         "| small-mbs1-seq2048 | 410.0 | failed | 380.0 (1.08x) | n/a | n/a | 2.0e-04 (within noise) | 1.0e-04 |" in md
@@ -575,6 +575,50 @@ def test_speed_vs_upstream_is_judged_against_the_eager_runs_spread(ours, upstrea
     assert bench_report.speed_vs_upstream({**variants, "upstream": _timed(None, "failed")})["ratio"] is None
 
 
+def _rounds(*medians: float) -> dict:
+    first, *later = medians
+    rec = {**_timed(first), "position": 1}
+    rec["repeat_rounds"] = [{**_timed(m), "round": i + 2, "position": 4 + i} for i, m in enumerate(later)]
+    return rec
+
+
+@pytest.mark.parametrize(
+    ("ours", "upstream", "verdict"),
+    [
+        ((90.0, 91.0), (100.0, 99.0), "faster"),  # 1.10x, each variant's rounds 1% apart
+        ((98.0, 99.0), (100.0, 100.5), "faster"),  # 1.02x beyond a 1% spread, both pairs agree
+        ((98.0, 102.0), (100.0, 101.0), "within timing noise"),  # 1.00x, ours' rounds 4% apart
+        ((95.0, 101.0), (100.0, 100.0), "within timing noise"),  # 1.02x but the pairs disagree (1.05x, 0.99x)
+        ((110.0, 111.0), (100.0, 100.0), "slower"),
+    ],
+)
+def test_speed_vs_upstream_with_rounds_is_judged_against_their_own_spread(ours, upstream, verdict):
+    # An eager pair 10% apart: with rounds, the eager runs no longer set the noise.
+    variants = {"eager": _timed(100.0), bench_report.CONTROL: _timed(110.0)}
+    variants.update(ours=_rounds(*ours), upstream=_rounds(*upstream))
+    judged = bench_report.speed_vs_upstream(variants)
+    assert judged["noise_source"] == "rounds" and judged["rounds"] == 2
+    assert judged["ratio"] == pytest.approx(sum(upstream) / sum(ours))
+    assert judged["pairs"] == pytest.approx([u / o for u, o in zip(upstream, ours, strict=True)])
+    assert judged["timing_noise"] == pytest.approx(max((max(x) - min(x)) / (sum(x) / 2) for x in (ours, upstream)))
+    assert judged["verdict"] == verdict
+
+
+def test_a_failed_later_round_leaves_the_rounds_both_variants_finished():
+    ours, upstream = _rounds(90.0, 91.0), _rounds(100.0, 99.0)
+    upstream["repeat_rounds"][0]["status"] = "failed"
+    judged = bench_report.speed_vs_upstream(
+        {"eager": _timed(100.0), bench_report.CONTROL: _timed(101.0), "ours": ours, "upstream": upstream}
+    )
+    assert judged["rounds"] == 1 and judged["noise_source"] == "eager vs eager"
+    assert judged["ratio"] == pytest.approx(100 / 90)
+
+
+def test_rounds_note_lists_each_round_with_its_place_in_the_run_order():
+    (line,) = bench_report._rounds_note({"ours": _rounds(90.0, 91.0), "upstream": _rounds(100.0, 99.0)})
+    assert "upstream 100.0 (run 2), 99.0 (run 5); ours 90.0 (run 2), 91.0 (run 5)" in line
+
+
 def test_leak_note_names_the_survivors_and_the_freed_memory():
     leak = {"survivors": ["model", "optimizer"], "holders": ["ChainedOptimizer <- cell"], "released_bytes": 2**31}
     (line,) = bench_report._leak_note("eager", leak)
@@ -602,4 +646,7 @@ def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(t
     shutil.copy(REPO / "results" / "bench" / "bench.json", path)
     md = bench_report.render(path)["md"].read_text()
     assert md == (REPO / "results" / "bench" / "bench.md").read_text()
-    assert "| small-mbs2-seq4096 | 537.5 | 417.1 (1.29x) | 387.7 (1.39x) | 1.08x (within timing noise, ±10%) |" in md
+    assert (
+        "| small-mbs2-seq4096 | 537.5 | 417.1 (1.29x) | 387.7 (1.39x) | 1.08x (within timing noise, eager vs eager "
+        "±10.0%) |" in md
+    )
