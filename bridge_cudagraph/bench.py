@@ -15,10 +15,14 @@ For each configuration, in one process on one GPU under pure M4 process groups
    variants left. Its differences from eager (every step's loss, the fixed batch, the grad norms) are the run-to-run
    noise floor, and :func:`bridge_cudagraph.bench_report.noise_floor_verdict` says whether a graphed variant's
    drift is within it (``vs_noise_floor``);
-5. timing rounds (``--rounds``, default 2): ``ours`` then ``upstream`` again, each rebuilt, captured and timed
-   (no profile or fixed batch), in ``repeat_rounds``. The order A B, control, B A (:func:`run_plan`) puts a drift
-   of the host over the configuration on both alike, and :func:`bridge_cudagraph.bench_report.speed_vs_upstream`
-   judges ours vs upstream against each variant's own round-to-round spread instead of eager's.
+5. the paired phase (``--no-paired`` skips it): upstream and ours built side by side and captured, then their
+   measured steps interleaved (step ``i`` on one, at once on the other, the first of each pair alternating), in the
+   configuration's ``paired``; :func:`bridge_cudagraph.bench_report.speed_vs_upstream` judges ours vs upstream on
+   the per-pair ratios (a distribution-free confidence interval of their median), since on a host-bound step
+   the step times wander by 10-20% over seconds and separate runs cannot tell a few percent apart. It needs both
+   models in memory at once (:func:`paired_memory_check`), else it is skipped with the reason;
+6. optional timing rounds (``--rounds N``): ``ours`` then ``upstream`` again, each rebuilt, captured and timed
+   (no profile or fixed batch), in ``repeat_rounds``, in the order A B, control, B A (:func:`run_plan`).
 
 Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps`` timed
 training steps (Megatron's schedule + distributed optimizer, as :func:`~bridge_cudagraph.harness.parity.train_steps`),
@@ -105,9 +109,10 @@ VARIANTS = ("eager", "upstream", "ours", CONTROL)
 #: What ``--variants`` chooses from by default (the control is switched by ``--no-control``).
 MAIN_VARIANTS = ("eager", "upstream", "ours")
 DEFAULT_MEASURED_STEPS = 30
-#: Timed rounds per graphed variant: the first is the full run; later ones are timing-only reruns in alternating
-#: order after the control (:func:`run_plan`), so ours vs upstream is judged against their own round-to-round spread.
-DEFAULT_ROUNDS = 2
+#: Timed rounds per graphed variant: the first is the full run; later ones (``--rounds``) are timing-only reruns in
+#: alternating order after the control (:func:`run_plan`). The paired phase (:func:`_run_paired`) is what the
+#: ours-vs-upstream verdict rests on; extra rounds add how far one variant moves between builds.
+DEFAULT_ROUNDS = 1
 DEFAULT_WARMUP_STEPS = 3
 SEED = 1234
 
@@ -1021,7 +1026,9 @@ def _check_freed(rec: dict, survivors: dict) -> None:
     try:
         if survivors:
             target = survivors.get("optimizer") or survivors["model"][0]
-            rec["leak"] = {"survivors": sorted(survivors), "holders": leaks.holder_chains(target, ignore=[survivors])}
+            # The survivors' own containers are not holders (without the list, a model's chain stopped at it).
+            ignore = [survivors, *([survivors["model"]] if "model" in survivors else [])]
+            rec["leak"] = {"survivors": sorted(survivors), "holders": leaks.holder_chains(target, ignore=ignore)}
         elif left - rec["allocated_at_start_bytes"] > LEAK_TOLERANCE_BYTES:
             rec["leak"] = leaks.leak_report()
     except Exception as error:  # a diagnosis aid, never a reason to lose the variant
@@ -1193,6 +1200,97 @@ def _record_counters(rec: dict, variant: str, helpers: list) -> None:
     rec["vision_replays"] = sum(h.stats.replays for h in helpers if h.submodule == "vision")
 
 
+#: The paired phase holds both graphed models at once; it runs only when their first runs' peaks (less what was
+#: allocated before either, counted once) fit in this share of the GPU's memory.
+PAIRED_MEMORY_FRACTION = 0.9
+#: The two variants of the paired phase (ratios are the first's step time over the second's).
+PAIRED = ("upstream", "ours")
+
+
+def paired_memory_check(results: dict[str, dict], total_bytes: int) -> str | None:
+    """Why the paired phase cannot hold both graphed models at once, or None when it can (from their first runs'
+    ``peak_memory_bytes``: a conservative sum, since the eager warmup peak of one never overlaps the other's)."""
+    recs = [results.get(name) or {} for name in PAIRED]
+    if any(r.get("status") != "ok" or not r.get("peak_memory_bytes") for r in recs):
+        return "a first run of upstream or ours did not finish"
+    start = min(int(r.get("allocated_at_start_bytes") or 0) for r in recs)
+    need = sum(int(r["peak_memory_bytes"]) for r in recs) - start
+    if need > PAIRED_MEMORY_FRACTION * total_bytes:
+        return (
+            f"both models at once need up to {need / 2**30:.1f} GiB (the sum of their peaks), over "
+            f"{PAIRED_MEMORY_FRACTION:.0%} of the GPU's {total_bytes / 2**30:.1f} GiB"
+        )
+    return None
+
+
+def _run_paired(shared: _Shared) -> dict:
+    """Upstream and ours built side by side, each warmed up and captured, then their measured steps interleaved:
+    step ``i`` on one, at once step ``i`` on the other, the first of each pair alternating. Host conditions that
+    drift over seconds (the step times wander by 10-20% on a host-bound step) then weigh on both halves of a pair
+    alike, and the per-pair ratios give a distribution-free confidence interval
+    (:func:`bridge_cudagraph.bench_report.paired_verdict`). Always frees both."""
+    from bridge_cudagraph.harness.world import seed_rng
+
+    rec: dict[str, Any] = {"status": "running", "variants": list(PAIRED)}
+    objs: dict[str, dict] = {name: {} for name in PAIRED}
+    started = time.perf_counter()
+    _free()
+    rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        runners = {}
+        for name in PAIRED:
+            seed_rng(shared.world.language, SEED)
+            _build_variant(shared, name, objs[name])
+            objs[name]["helpers"] = _make_helpers(shared, name, objs[name])
+            runners[name] = _step_runner(shared, objs[name])
+            for i in range(shared.warmup_steps):
+                runners[name](i)
+            rec.setdefault("capture_s", {})[name] = _capture(name, objs[name]["helpers"])["capture_s"]
+        times: dict[str, list[float]] = {name: [] for name in PAIRED}
+        first = shared.warmup_steps
+        for k, i in enumerate(range(first, first + shared.measured_steps)):
+            for name in PAIRED if k % 2 == 0 else PAIRED[::-1]:
+                times[name].append(runners[name](i))
+        rec["step_ms"] = times
+        rec["step_ms_median"] = {name: _median(t) for name, t in times.items()}
+        rec["ratios"] = [a / b for a, b in zip(*(times[name] for name in PAIRED), strict=True)]
+        rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+        rec["status"] = "ok"
+    except Exception as error:  # recorded; the variants' own results stand
+        rec["status"] = "failed"
+        rec["error"] = f"{type(error).__name__}: {error}"
+        rec["traceback"] = traceback.format_exc()[-4000:]
+        say(f"{shared.cfg.name} paired: FAILED {rec['error'][:300]}")
+    finally:
+        survivors = {name: _teardown(objs[name]) for name in PAIRED}
+        # Survivors first: releasing them leaves a clean count for a variant that left none.
+        for name in sorted(PAIRED, key=lambda n: not survivors[n]):
+            part: dict[str, Any] = {"allocated_at_start_bytes": rec["allocated_at_start_bytes"]}
+            _check_freed(part, survivors[name])
+            if "leak" in part:
+                rec.setdefault("leak", {})[name] = part["leak"]
+        rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
+    rec["seconds"] = time.perf_counter() - started
+    return rec
+
+
+def _gpu_memory_bytes() -> int:
+    """The current GPU's memory."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def _step_runner(shared: _Shared, objs: dict) -> Callable[[int], float]:
+    """``run(i)``: training step ``i`` of the plan on ``objs``' model; its wall ms."""
+    model, optimizer = objs["model"], objs["optimizer"]
+
+    def run(i: int) -> float:
+        micro_batches = [shared.batches[k] for k in shared.plan[i]]
+        return _train_step(model, optimizer, micro_batches, shared.world.language, [])[1]
+
+    return run
+
+
 def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -> None:
     """Make every variant's provider once, before any model exists, and drop it.
 
@@ -1259,13 +1357,15 @@ def run_config(
     profiler_sees_graph_kernels: bool | None,
     variants: Sequence[str] = VARIANTS,
     rounds: int = DEFAULT_ROUNDS,
+    paired: bool = True,
     on_progress: Callable[[dict], None] | None = None,
 ) -> dict:
     """All variants of one configuration (in :func:`run_plan`); the result dict of ``bench.json``'s ``configs``
     list, with ``status="complete"``. A graphed variant's later rounds go into its record's ``repeat_rounds``
     (each with its ``position`` in the run order, as the first round's ``position``). ``on_progress`` receives the
     same dict with ``status="running"`` and the variants finished so far after each run, so a process killed
-    mid-configuration keeps them."""
+    mid-configuration keeps them. ``paired``: then the paired phase (:func:`_run_paired`), into ``out["paired"]``,
+    when both graphed variants ran and fit in memory together (:func:`paired_memory_check`; else its reason)."""
     started = time.perf_counter()
     out = cfg.as_dict()
     say(
@@ -1314,6 +1414,16 @@ def run_config(
             on_progress({**out, "status": "running", "variants": dict(results)})
     _finish_variants(results)
     out["variants"] = results
+    if paired and all(name in results for name in PAIRED):
+        why_not = paired_memory_check(results, _gpu_memory_bytes())
+        if why_not is None:
+            say(f"{cfg.name}: paired phase (upstream and ours side by side, steps interleaved)")
+            out["paired"] = _run_paired(shared)
+            out["paired"]["position"] = len(run_plan(variants, rounds))
+            say(f"{cfg.name} paired: {bench_report.fmt_paired(out['paired'])}")
+        else:
+            out["paired"] = {"status": "skipped", "reason": why_not}
+            say(f"{cfg.name}: paired phase skipped: {why_not}")
     out["status"] = bench_report.FINISHED
     out["seconds"] = time.perf_counter() - started
     del shared, batches, fixed_batch
@@ -1420,6 +1530,7 @@ def run(
     profile: bool = True,
     variants: Sequence[str] = VARIANTS,
     rounds: int = DEFAULT_ROUNDS,
+    paired: bool = True,
     world=None,
     command: str | None = None,
 ) -> dict:
@@ -1452,6 +1563,7 @@ def run(
     meta = _meta(measured_steps=measured_steps, warmup_steps=warmup_steps, probe=probe, command=command)
     meta["variants"] = run_order(variants)
     meta["rounds"] = rounds
+    meta["paired"] = paired
     meta["noise_floor_control"] = CONTROL in meta["variants"]
     meta["noise_factor"] = bench_report.NOISE_FACTOR
     data = {"meta": meta, "configs": []}
@@ -1478,6 +1590,7 @@ def run(
                 profiler_sees_graph_kernels=None if probe is None else probe.get("sees_graph_kernels"),
                 variants=variants,
                 rounds=rounds,
+                paired=paired,
                 on_progress=write,
             )
         )
@@ -1532,8 +1645,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=DEFAULT_ROUNDS,
-        help="timed rounds per graphed variant (later ones timing-only, in alternating order after the control); "
-        "ours vs upstream is judged against their round-to-round spread",
+        help="timed rounds per graphed variant (later ones timing-only, in alternating order after the control): "
+        "how far one variant's median moves between builds",
+    )
+    parser.add_argument(
+        "--no-paired",
+        action="store_true",
+        help="skip the paired phase (upstream and ours side by side, steps interleaved) that the ours-vs-upstream "
+        "verdict rests on",
     )
     parser.add_argument(
         "--variants",
@@ -1656,6 +1775,7 @@ def main(loaded: Any = None, args: Any = None) -> int:
             profile=not bool(getattr(args, "no_profile", False)),
             variants=variants,
             rounds=int(getattr(args, "rounds", None) or DEFAULT_ROUNDS),
+            paired=not bool(getattr(args, "no_paired", False)),
         )
     finally:
         if owns_world and dist.is_initialized():

@@ -186,6 +186,8 @@ def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path)
         argv.append("--no-profile")
     if getattr(options, "no_control", False):
         argv.append("--no-control")
+    if getattr(options, "no_paired", False):
+        argv.append("--no-paired")
     return argv
 
 

@@ -50,6 +50,8 @@ NOISE_FACTOR = 3.0
 #: The issue's target for ours' GPU-busy fraction (small model, micro-batch 1); under it bench.md says where the
 #: remaining host time goes.
 GPU_BUSY_TARGET = 0.95
+#: Confidence of the paired phase's interval for the median ours-vs-upstream ratio.
+PAIRED_CONFIDENCE = 0.95
 #: How the host-time phases (``bcg_phase/<name>`` markers of bench.PhaseMarkers) read in bench.md.
 PHASE_LABELS = {
     "step_setup": "step set-up (train_steps' set-up, zero_grad, schedule) before the first forward",
@@ -310,6 +312,8 @@ def _config_notes(config: dict) -> list[str]:
             parts = ", ".join(f"{b}: {fmt_bytes(m, _MIB, 0)}" for b, m in per_budget.items())
             notes.append(f"- Ours, vision graph memory per budget (MiB): {parts}.")
     notes += _rounds_note(variants)
+    if config.get("paired"):
+        notes += _paired_note(config["paired"])
     notes += _noise_notes(variants)
     for name in VARIANTS:
         v = variants.get(name) or {}
@@ -478,6 +482,51 @@ def _children_line(children: Sequence[dict]) -> str:
     return f"Split over {len(children)} processes, one per GPU: " + "; ".join(parts) + "."
 
 
+def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> dict[str, Any]:
+    """Judge per-pair step-time ratios (upstream's over ours', from the paired phase: above 1, ours faster).
+
+    ``median`` of the ratios and a distribution-free ``confidence`` interval for it from order statistics (the
+    sign test's interval: ``[r_(j), r_(n-j+1)]`` of the sorted ratios, ``j`` the largest with
+    ``P(Binomial(n, 1/2) < j) <= (1 - confidence) / 2``; no assumption on how step times are distributed).
+    ``verdict``: "faster" when the whole interval is above 1, "slower" when below, "within timing noise" when it
+    contains 1; None (and no interval) with too few pairs for one (under 6 at 95%)."""
+    r = sorted(float(x) for x in ratios)
+    n = len(r)
+    out: dict[str, Any] = {"pairs": n, "median": statistics.median(r) if r else None, "ci": None, "verdict": None}
+    out["ours_faster_pairs"] = sum(x > 1 for x in r)
+    tail, j, cumulative = (1 - confidence) / 2, 0, 0.0
+    while n and j < n:
+        cumulative += math.comb(n, j) / 2**n  # P(X <= j)
+        if cumulative > tail:
+            break
+        j += 1
+    if j < 1:
+        return out
+    lo, hi = r[j - 1], r[n - j]
+    out["ci"] = [lo, hi]
+    out["confidence"] = confidence
+    out["verdict"] = "faster" if lo > 1 else "slower" if hi < 1 else "within timing noise"
+    return out
+
+
+def fmt_paired(paired: Mapping[str, Any] | None) -> str:
+    """One line for a paired phase: its verdict, median ratio and interval, or why it did not run."""
+    if not paired:
+        return "not run"
+    if paired.get("status") == "skipped":
+        return f"skipped: {paired.get('reason', '?')}"
+    if paired.get("status") != "ok":
+        return f"failed: {str(paired.get('error', '?'))[:200]}"
+    judged = paired_verdict(paired.get("ratios") or [])
+    if judged["ci"] is None:
+        return f"{judged['median']:.3f}x over {judged['pairs']} pairs (too few for an interval)"
+    lo, hi = judged["ci"]
+    return (
+        f"{judged['median']:.3f}x, {judged['confidence']:.0%} CI [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
+        f"({judged['ours_faster_pairs']} with ours faster): {judged['verdict']}"
+    )
+
+
 def round_medians(variant: Mapping[str, Any]) -> dict[int, float]:
     """Median step ms of every finished timed round of a variant, by round: 1 is the variant's record, later ones
     its ``repeat_rounds`` (``bench --rounds``)."""
@@ -495,8 +544,12 @@ def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / statistics.fmean(values)
 
 
-def speed_vs_upstream(variants: Mapping[str, Any]) -> dict[str, Any]:
+def speed_vs_upstream(variants: Mapping[str, Any], paired: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Ours against upstream in step time, judged against the timing noise.
+
+    With a finished paired phase (``paired``: the configuration's ``paired`` record) the verdict is
+    :func:`paired_verdict`'s: ``ratio`` is the median per-pair ratio, ``ci`` its interval and ``noise_source``
+    ``"paired"``. Otherwise, from the separate runs, as follows.
 
     ``ratio`` is upstream's mean round median over ours' (above 1: ours faster), over the rounds both finished.
     With two or more such rounds (``bench --rounds``: upstream and ours run A B, control, B A) the noise is their
@@ -514,7 +567,22 @@ def speed_vs_upstream(variants: Mapping[str, Any]) -> dict[str, Any]:
         "pairs": [],
         "noise_source": None,
         "rounds": 0,
+        "ci": None,
     }
+    if paired and paired.get("status") == "ok" and paired.get("ratios"):
+        judged = paired_verdict(paired["ratios"])
+        if judged["ci"] is not None:
+            lo, hi = judged["ci"]
+            noise = max(hi - judged["median"], judged["median"] - lo)
+            result.update(
+                ratio=judged["median"],
+                ci=judged["ci"],
+                verdict=judged["verdict"],
+                timing_noise=noise,
+                noise_source="paired",
+                rounds=judged["pairs"],
+            )
+            return result
     if ours.get("status") != "ok" or upstream.get("status") != "ok":
         return result
     o, u = round_medians(ours), round_medians(upstream)
@@ -543,18 +611,33 @@ def speed_vs_upstream(variants: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _fmt_speed_vs_upstream(variants: Mapping[str, Any]) -> str:
-    judged = speed_vs_upstream(variants)
+def _fmt_speed_vs_upstream(variants: Mapping[str, Any], paired: Mapping[str, Any] | None = None) -> str:
+    judged = speed_vs_upstream(variants, paired)
     if judged["ratio"] is None:
         return "n/a"
     text = f"{judged['ratio']:.2f}x"
     if judged["verdict"] is None:
         return text
+    if judged["noise_source"] == "paired":
+        lo, hi = judged["ci"]
+        return f"{judged['ratio']:.3f}x: **{judged['verdict']}** (paired, 95% CI {lo:.3f}-{hi:.3f})"
     noise = f"±{100 * judged['timing_noise']:.1f}%"
     if judged["noise_source"] == "rounds":
         pairs = ", ".join(f"{p:.3f}x" for p in judged["pairs"])
         return f"{text}: **{judged['verdict']}** ({judged['rounds']} rounds: {pairs}; round-to-round {noise})"
     return f"{text} ({judged['verdict']}, eager vs eager {noise})"
+
+
+def _paired_note(paired: Mapping[str, Any]) -> list[str]:
+    """The paired phase: each side's median step in it and the verdict, or why it did not run."""
+    if paired.get("status") != "ok":
+        return [f"- Paired phase (upstream and ours side by side): {fmt_paired(paired)}."]
+    medians = paired.get("step_ms_median") or {}
+    sides = ", ".join(f"{name} {fmt_ms(medians.get(name))}" for name in GRAPHED)
+    return [
+        f"- Paired phase (upstream and ours built side by side, their measured steps interleaved): median step ms "
+        f"{sides}; upstream/ours per pair {fmt_paired(paired)}."
+    ]
 
 
 def _rounds_note(variants: Mapping[str, Any]) -> list[str]:
@@ -587,7 +670,7 @@ def _summary_row(config: dict) -> list[str]:
             continue
         speed = "" if name == "eager" else f" ({fmt_ratio(v.get('speedup_vs_eager'), 'x')})"
         cells.append(fmt_ms(v.get("step_ms_median")) + speed)
-    cells.append(_fmt_speed_vs_upstream(variants))
+    cells.append(_fmt_speed_vs_upstream(variants, config.get("paired")))
     cells += [_fmt_diff_vs_floor(variants.get(name) or {}, control) for name in GRAPHED]
     if not control:
         cells.append("not run")
@@ -640,6 +723,11 @@ def render_markdown(data: dict) -> str:
         f"capture, {meta.get('measured_steps', '?')} measured steps (median wall time, `torch.cuda.synchronize` "
         "around each step: forward/backward through Megatron's schedule plus the distributed optimizer step)."
     )
+    if meta.get("paired"):
+        out.append(
+            "Then upstream and ours are built once more, side by side, and their measured steps interleaved (the "
+            "paired phase): the ours-vs-upstream column is the median per-pair ratio with a 95% confidence interval."
+        )
     rounds = meta.get("rounds") or 1
     if rounds > 1:
         out.append(
@@ -669,11 +757,16 @@ def render_markdown(data: dict) -> str:
     out.append("")
     out += [
         "- **step ms**: median wall time of the measured steps (first round); speedup = eager median / variant "
-        "median. **ours vs upstream**: upstream's mean round median / ours' (above 1: ours faster). With several "
-        "timed rounds (`--rounds`: upstream and ours are built, captured and timed again after the control, in "
-        "reverse order: A B, control, B A, so a drift over the configuration weighs on both alike) it is judged "
-        "against their own round-to-round spread (the larger range over mean of the two), and a verdict needs every "
-        "round's pair to agree; with one round, against how far the medians of `eager` and `eager_repeat` lie apart.",
+        "median. **ours vs upstream** (above 1: ours faster) comes from the *paired phase*: after the other runs, "
+        "upstream and ours are built side by side and captured, then their measured steps are interleaved (step i "
+        "on one, at once step i on the other, which goes first alternating), so host conditions that drift over "
+        "seconds weigh on both halves of a pair alike; the value is the median of the per-pair ratios "
+        "(upstream's step / ours') with a distribution-free 95% confidence interval (order statistics of the "
+        "ratios, the sign test's interval): *faster* or *slower* only when the whole interval is on one side of 1. "
+        "Where both models do not fit in memory at once the phase is skipped, and the verdict falls back to the "
+        "separate runs: with several timed rounds (`--rounds`: A B, control, B A) against their round-to-round "
+        "spread, and a verdict needs every round's pair to agree; with one, against how far the medians of "
+        "`eager` and `eager_repeat` lie apart.",
         "- **GPU busy**: union of the CUDA kernel intervals that `torch.profiler` (CUPTI) records in extra "
         "profiled steps after the measured ones (one per distinct micro-batch), divided by the unprofiled median "
         "wall time of the same micro-batches. "

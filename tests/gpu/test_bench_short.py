@@ -25,6 +25,7 @@ def test_short_bench_tiny(world, record, tmp_path):
         # No torch.profiler here: a CUPTI fault would take the whole GPU test session down with it; the
         # benchmark command itself measures the GPU-busy fraction.
         profile=False,
+        rounds=2,
         command="pytest tests/gpu/test_bench_short.py",
     )
 
@@ -64,4 +65,9 @@ def test_short_bench_tiny(world, record, tmp_path):
     assert "fixed_batch" not in again and "profile" not in again
     if upstream.get("status") == "ok":
         assert upstream["repeat_rounds"][0]["position"] == again["position"] + 1
+        # The paired phase: both graphed models side by side, their measured steps interleaved.
+        paired = config["paired"]
+        assert paired["status"] == "ok", paired.get("traceback")
+        assert len(paired["ratios"]) == 5 and all(len(t) == 5 for t in paired["step_ms"].values())
+        assert paired["position"] == upstream["repeat_rounds"][0]["position"] + 1
     assert parallel_state_untouched()

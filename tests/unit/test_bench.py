@@ -194,6 +194,7 @@ def test_run_config_runs_the_control_last_and_reports_progress(monkeypatch):
         profiler_sees_graph_kernels=None,
         variants=["ours", "upstream", "eager_repeat"],
         rounds=1,
+        paired=False,
         on_progress=lambda partial: progress.append(json.loads(json.dumps(partial))),
     )
     assert calls == ["eager", "ours", "upstream", "eager_repeat"]
@@ -235,7 +236,14 @@ def test_run_config_adds_timing_rounds_to_the_graphed_variants(monkeypatch):
     monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
     monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
     out = bench.run_config(
-        bench.tiny_config(), None, measured_steps=2, warmup_steps=1, profile=False, profiler_sees_graph_kernels=None
+        bench.tiny_config(),
+        None,
+        measured_steps=2,
+        warmup_steps=1,
+        profile=False,
+        profiler_sees_graph_kernels=None,
+        rounds=2,
+        paired=False,
     )
     assert calls == [
         ("eager", False),
@@ -267,10 +275,60 @@ def test_run_config_does_not_time_again_a_variant_that_failed(monkeypatch):
     monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
     monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
     out = bench.run_config(
-        bench.tiny_config(), None, measured_steps=1, warmup_steps=0, profile=False, profiler_sees_graph_kernels=None
+        bench.tiny_config(),
+        None,
+        measured_steps=1,
+        warmup_steps=0,
+        profile=False,
+        profiler_sees_graph_kernels=None,
+        rounds=2,
+        paired=False,
     )
     assert ("upstream", True) not in calls and ("ours", True) in calls
     assert "repeat_rounds" not in out["variants"]["upstream"]
+
+
+def _peaks(upstream_gib: float, ours_gib: float, start_gib: float = 1.0) -> dict:
+    return {
+        name: {"status": "ok", "peak_memory_bytes": gib * 2**30, "allocated_at_start_bytes": start_gib * 2**30}
+        for name, gib in (("upstream", upstream_gib), ("ours", ours_gib))
+    }
+
+
+def test_paired_memory_check_sums_the_peaks_and_counts_the_shared_start_once():
+    total = 140 * 2**30
+    assert bench.paired_memory_check(_peaks(45, 45), total) is None  # mbs 1 / seq 2048 on an H200
+    reason = bench.paired_memory_check(_peaks(77, 76), total)  # mbs 2 / seq 4096
+    assert "152.0 GiB" in reason and "90% of the GPU's 140.0 GiB" in reason
+    failed = {**_peaks(45, 45), "ours": {"status": "failed"}}
+    assert "did not finish" in bench.paired_memory_check(failed, total)
+
+
+def test_run_config_runs_the_paired_phase_last_or_says_why_not(monkeypatch):
+    monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
+    monkeypatch.setattr(bench, "_gpu_memory_bytes", lambda: 140 * 2**30)
+    peaks = {"upstream": 45, "ours": 45}
+
+    def fake_run_variant(shared, variant, timing_only=False):
+        rec = _fake_rec(variant, [1.0])
+        rec.update(peak_memory_bytes=peaks.get(variant, 10) * 2**30, allocated_at_start_bytes=0)
+        return rec
+
+    def fake_run_paired(shared):
+        return {"status": "ok", "ratios": [1.1] * 30, "step_ms_median": {"upstream": 55.0, "ours": 50.0}}
+
+    monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
+    monkeypatch.setattr(bench, "_run_paired", fake_run_paired)
+    kwargs = dict(measured_steps=1, warmup_steps=0, profile=False, profiler_sees_graph_kernels=None)
+    out = bench.run_config(bench.tiny_config(), None, **kwargs)
+    assert out["paired"]["status"] == "ok" and out["paired"]["position"] == 4
+    judged = bench_report.speed_vs_upstream(out["variants"], out["paired"])
+    assert judged["noise_source"] == "paired" and judged["verdict"] == "faster"
+    peaks.update(upstream=77, ours=76)
+    out = bench.run_config(bench.tiny_config(), None, **kwargs)
+    assert out["paired"]["status"] == "skipped" and "over 90%" in out["paired"]["reason"]
+    out = bench.run_config(bench.tiny_config(), None, paired=False, **kwargs)
+    assert "paired" not in out
 
 
 def test_run_config_stops_when_eager_fails(monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -650,3 +651,37 @@ def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(t
         "| small-mbs2-seq4096 | 537.5 | 417.1 (1.29x) | 387.7 (1.39x) | 1.08x (within timing noise, eager vs eager "
         "±10.0%) |" in md
     )
+
+
+def test_paired_verdict_uses_the_sign_tests_interval_of_the_median():
+    # 30 pairs: the 95% interval is between the 10th and 21st smallest ratios.
+    ratios = [1.0 + 0.01 * k for k in range(-5, 25)]  # ours faster in 24 of 30 pairs
+    judged = bench_report.paired_verdict(ratios)
+    assert judged["pairs"] == 30 and judged["ours_faster_pairs"] == 24
+    assert judged["ci"] == pytest.approx([sorted(ratios)[9], sorted(ratios)[20]])
+    assert judged["median"] == pytest.approx(statistics.median(ratios))
+    assert judged["verdict"] == "faster"  # 1.04 .. 1.15
+    mixed = [1.0 + 0.01 * k for k in range(-15, 15)]
+    assert bench_report.paired_verdict(mixed)["verdict"] == "within timing noise"
+    assert bench_report.paired_verdict([1 / r for r in ratios])["verdict"] == "slower"
+    few = bench_report.paired_verdict([1.2] * 5)  # P(all 5 on one side) = 1/16 > 2.5%: no 95% interval
+    assert few["ci"] is None and few["verdict"] is None
+
+
+def test_paired_phase_sets_the_summary_verdict_and_its_note():
+    variants = {
+        "eager": _timed(100.0),
+        bench_report.CONTROL: _timed(110.0),
+        "upstream": _timed(50.0),
+        "ours": _timed(52.0),  # separate runs say 0.96x; the paired phase says otherwise
+    }
+    paired = {"status": "ok", "ratios": [1.02 + 0.001 * k for k in range(30)], "step_ms_median": {"upstream": 51.0}}
+    judged = bench_report.speed_vs_upstream(variants, paired)
+    assert judged["noise_source"] == "paired" and judged["verdict"] == "faster"
+    config = {"name": "tiny", "status": "complete", "variants": variants, "paired": paired}
+    assert "(paired, 95% CI 1.029-1.040)" in bench_report._summary_row(config)[4]
+    (note,) = bench_report._paired_note(paired)
+    assert "median step ms upstream 51.0, ours n/a" in note and "over 30 pairs (30 with ours faster): faster" in note
+    skipped = {"status": "skipped", "reason": "too big"}
+    assert bench_report._paired_note(skipped) == ["- Paired phase (upstream and ours side by side): skipped: too big."]
+    assert bench_report.speed_vs_upstream(variants, skipped)["noise_source"] == "eager vs eager"
