@@ -1237,8 +1237,8 @@ def _run_paired(shared: _Shared) -> dict:
     _free()
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
+    runners: dict[str, Callable[[int], float]] = {}
     try:
-        runners = {}
         for name in PAIRED:
             seed_rng(shared.world.language, SEED)
             _build_variant(shared, name, objs[name])
@@ -1263,6 +1263,7 @@ def _run_paired(shared: _Shared) -> dict:
         rec["traceback"] = traceback.format_exc()[-4000:]
         say(f"{shared.cfg.name} paired: FAILED {rec['error'][:300]}")
     finally:
+        runners.clear()  # their closures hold the models (seen on 2026-11-29: both survived teardown through them)
         survivors = {name: _teardown(objs[name]) for name in PAIRED}
         # Survivors first: releasing them leaves a clean count for a variant that left none.
         for name in sorted(PAIRED, key=lambda n: not survivors[n]):

@@ -314,6 +314,7 @@ def _config_notes(config: dict) -> list[str]:
     notes += _rounds_note(variants)
     if config.get("paired"):
         notes += _paired_note(config["paired"])
+    notes += _work_note(variants)
     notes += _noise_notes(variants)
     for name in VARIANTS:
         v = variants.get(name) or {}
@@ -626,6 +627,20 @@ def _fmt_speed_vs_upstream(variants: Mapping[str, Any], paired: Mapping[str, Any
         pairs = ", ".join(f"{p:.3f}x" for p in judged["pairs"])
         return f"{text}: **{judged['verdict']}** ({judged['rounds']} rounds: {pairs}; round-to-round {noise})"
     return f"{text} ({judged['verdict']}, eager vs eager {noise})"
+
+
+def _work_note(variants: Mapping[str, Any]) -> list[str]:
+    """GPU work per profiled step: kernels and kernel time. A graphed variant that runs fewer kernels than eager
+    computes less than the model does (upstream's captured layers drop mRoPE and the vision 2-D RoPE)."""
+    parts = []
+    for name in ("eager", *GRAPHED):
+        v = variants.get(name) or {}
+        kernels, ms = _num(v.get("kernels_per_step")), _num(v.get("kernel_ms_per_step"))
+        if v.get("status") == "ok" and kernels and ms:
+            parts.append(f"{name} {kernels:.0f} kernels / {fmt_ms(ms)} ms")
+    if len(parts) < 2:
+        return []
+    return [f"- GPU work per profiled step (kernels / kernel time): {', '.join(parts)}."]
 
 
 def _paired_note(paired: Mapping[str, Any]) -> list[str]:

@@ -640,17 +640,22 @@ def test_graph_memory_per_submodule_note():
     ) in notes
 
 
-def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(tmp_path):
-    """results/bench/bench.md is rendered from results/bench/bench.json (the full matrix of 2026-11-29 20:19 on
-    two H200s); a renderer change that alters it must come with a re-render."""
+@pytest.mark.parametrize("folder", ["bench", "bench/rounds_2121"])
+def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(tmp_path, folder):
+    """results/bench/bench.md is rendered from results/bench/bench.json (the full matrix of 2026-11-29 21:38 on
+    two H200s, with the paired phase), rounds_2121 from the two-round run of 21:21; a renderer change that alters
+    them must come with a re-render."""
     path = tmp_path / "bench.json"
-    shutil.copy(REPO / "results" / "bench" / "bench.json", path)
+    shutil.copy(REPO / "results" / folder / "bench.json", path)
     md = bench_report.render(path)["md"].read_text()
-    assert md == (REPO / "results" / "bench" / "bench.md").read_text()
-    assert (
-        "| small-mbs2-seq4096 | 537.5 | 417.1 (1.29x) | 387.7 (1.39x) | 1.08x (within timing noise, eager vs eager "
-        "±10.0%) |" in md
-    )
+    assert md == (REPO / "results" / folder / "bench.md").read_text()
+    expected = {
+        "bench": "| small-mbs1-seq2048 | 502.9 | 162.5 (3.09x) | 205.1 (2.45x) | 0.967x: **slower** (paired, 95% CI "
+        "0.953-0.986) |",
+        "bench/rounds_2121": "| small-mbs2-seq4096 | 586.2 | 414.9 (1.41x) | 385.9 (1.52x) | 1.08x: **faster** (2 "
+        "rounds: 1.075x, 1.080x; round-to-round ±0.4%) |",
+    }[folder]
+    assert expected in md
 
 
 def test_paired_verdict_uses_the_sign_tests_interval_of_the_median():
@@ -685,3 +690,14 @@ def test_paired_phase_sets_the_summary_verdict_and_its_note():
     skipped = {"status": "skipped", "reason": "too big"}
     assert bench_report._paired_note(skipped) == ["- Paired phase (upstream and ours side by side): skipped: too big."]
     assert bench_report.speed_vs_upstream(variants, skipped)["noise_source"] == "eager vs eager"
+
+
+def test_work_note_shows_who_runs_fewer_kernels_than_eager():
+    variants = {
+        "eager": {"status": "ok", "kernels_per_step": 6182.5, "kernel_ms_per_step": 117.0},
+        "upstream": {"status": "ok", "kernels_per_step": 3978.25, "kernel_ms_per_step": 108.9},
+        "ours": {"status": "failed"},
+    }
+    (note,) = bench_report._work_note(variants)
+    assert "eager 6182 kernels / 117.0 ms, upstream 3978 kernels / 108.9 ms." in note
+    assert bench_report._work_note({"eager": variants["eager"]}) == []
