@@ -219,6 +219,14 @@ def test_run_plan_times_the_graphed_variants_again_in_reverse_after_the_control(
         bench.run_plan(bench.VARIANTS, 0)
 
 
+def _run_tiny_config_with(monkeypatch, fake_run_variant, **kwargs) -> dict:
+    """run_config on the tiny configuration with ``fake_run_variant`` standing in for the GPU work."""
+    monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
+    monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
+    kwargs = {"measured_steps": 2, "warmup_steps": 1, "profile": False, "profiler_sees_graph_kernels": None, **kwargs}
+    return bench.run_config(bench.tiny_config(), None, **kwargs)
+
+
 def test_run_config_adds_timing_rounds_to_the_graphed_variants(monkeypatch):
     """Round 2 runs timing-only after the control, in reverse order; its record lands in the first round's
     ``repeat_rounds`` with its place in the run order, and the report judges ours vs upstream on the rounds."""
@@ -233,18 +241,7 @@ def test_run_config_adds_timing_rounds_to_the_graphed_variants(monkeypatch):
             rec["step_ms_median"] = medians[variant, round_]
         return rec
 
-    monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
-    monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
-    out = bench.run_config(
-        bench.tiny_config(),
-        None,
-        measured_steps=2,
-        warmup_steps=1,
-        profile=False,
-        profiler_sees_graph_kernels=None,
-        rounds=2,
-        paired=False,
-    )
+    out = _run_tiny_config_with(monkeypatch, fake_run_variant, rounds=2, paired=False)
     assert calls == [
         ("eager", False),
         ("upstream", False),
@@ -272,18 +269,7 @@ def test_run_config_does_not_time_again_a_variant_that_failed(monkeypatch):
             rec = {"status": "failed", "error": "boom"}
         return rec
 
-    monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
-    monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
-    out = bench.run_config(
-        bench.tiny_config(),
-        None,
-        measured_steps=1,
-        warmup_steps=0,
-        profile=False,
-        profiler_sees_graph_kernels=None,
-        rounds=2,
-        paired=False,
-    )
+    out = _run_tiny_config_with(monkeypatch, fake_run_variant, rounds=2, paired=False)
     assert ("upstream", True) not in calls and ("ours", True) in calls
     assert "repeat_rounds" not in out["variants"]["upstream"]
 
@@ -305,7 +291,6 @@ def test_paired_memory_check_sums_the_peaks_and_counts_the_shared_start_once():
 
 
 def test_run_config_runs_the_paired_phase_last_or_says_why_not(monkeypatch):
-    monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
     monkeypatch.setattr(bench, "_gpu_memory_bytes", lambda: 140 * 2**30)
     peaks = {"upstream": 45, "ours": 45}
 
@@ -317,18 +302,15 @@ def test_run_config_runs_the_paired_phase_last_or_says_why_not(monkeypatch):
     def fake_run_paired(shared):
         return {"status": "ok", "ratios": [1.1] * 30, "step_ms_median": {"upstream": 55.0, "ours": 50.0}}
 
-    monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
     monkeypatch.setattr(bench, "_run_paired", fake_run_paired)
-    kwargs = dict(measured_steps=1, warmup_steps=0, profile=False, profiler_sees_graph_kernels=None)
-    out = bench.run_config(bench.tiny_config(), None, **kwargs)
+    out = _run_tiny_config_with(monkeypatch, fake_run_variant)
     assert out["paired"]["status"] == "ok" and out["paired"]["position"] == 4
     judged = bench_report.speed_vs_upstream(out["variants"], out["paired"])
     assert judged["noise_source"] == "paired" and judged["verdict"] == "faster"
     peaks.update(upstream=77, ours=76)
-    out = bench.run_config(bench.tiny_config(), None, **kwargs)
+    out = _run_tiny_config_with(monkeypatch, fake_run_variant)
     assert out["paired"]["status"] == "skipped" and "over 90%" in out["paired"]["reason"]
-    out = bench.run_config(bench.tiny_config(), None, paired=False, **kwargs)
-    assert "paired" not in out
+    assert "paired" not in _run_tiny_config_with(monkeypatch, fake_run_variant, paired=False)
 
 
 def test_run_config_stops_when_eager_fails(monkeypatch):
