@@ -518,7 +518,9 @@ def fmt_paired(paired: Mapping[str, Any] | None) -> str:
         return f"skipped: {paired.get('reason', '?')}"
     if paired.get("status") != "ok":
         return f"failed: {str(paired.get('error', '?'))[:200]}"
-    judged = paired_verdict(paired.get("ratios") or [])
+    if not paired.get("ratios"):
+        return "no pairs recorded"
+    judged = paired_verdict(paired["ratios"])
     if judged["ci"] is None:
         return f"{judged['median']:.3f}x over {judged['pairs']} pairs (too few for an interval)"
     lo, hi = judged["ci"]

@@ -690,6 +690,7 @@ def test_paired_phase_sets_the_summary_verdict_and_its_note():
     skipped = {"status": "skipped", "reason": "too big"}
     assert bench_report._paired_note(skipped) == ["- Paired phase (upstream and ours side by side): skipped: too big."]
     assert bench_report.speed_vs_upstream(variants, skipped)["noise_source"] == "eager vs eager"
+    assert bench_report.fmt_paired({"status": "ok", "ratios": []}) == "no pairs recorded"
 
 
 def test_work_note_shows_who_runs_fewer_kernels_than_eager():
