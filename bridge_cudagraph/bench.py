@@ -999,15 +999,20 @@ def _run_variant(shared: _Shared, variant: str, *, timing_only: bool = False) ->
         _run_variant_body(shared, variant, rec, objs, timing_only=timing_only)
         rec["status"] = "ok"
     except Exception as error:  # recorded, the other variants still run
-        rec["status"] = "failed"
-        rec["error"] = f"{type(error).__name__}: {error}"
-        rec["traceback"] = traceback.format_exc()[-4000:]
-        say(f"{shared.cfg.name} {variant}: FAILED {rec['error'][:300]}")
+        _record_failure(rec, error, f"{shared.cfg.name} {variant}")
     finally:
         survivors = _teardown(objs)
     _check_freed(rec, survivors)
     rec["seconds"] = time.perf_counter() - started
     return rec
+
+
+def _record_failure(rec: dict, error: Exception, what: str) -> None:
+    """Mark ``rec`` failed with the error and the tail of its traceback (call inside ``except``), and say so."""
+    rec["status"] = "failed"
+    rec["error"] = f"{type(error).__name__}: {error}"
+    rec["traceback"] = traceback.format_exc()[-4000:]
+    say(f"{what}: FAILED {rec['error'][:300]}")
 
 
 #: Memory a deleted variant may leave allocated (its batches' share and allocator slack) before the benchmark
@@ -1047,7 +1052,7 @@ def _check_freed(rec: dict, survivors: dict) -> None:
 
 
 def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, timing_only: bool = False) -> None:
-    cfg, world = shared.cfg, shared.world
+    cfg = shared.cfg
     t0 = time.perf_counter()
     _build_variant(shared, variant, objs)
     rec["build_s"] = time.perf_counter() - t0
@@ -1061,12 +1066,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
     times: list[float] = []
     vision: list[tuple[float, float | None]] = []
 
-    def run_step(i: int) -> float:
-        micro_batches = [shared.batches[k] for k in shared.plan[i]]
-        loss, ms = _train_step(model, optimizer, micro_batches, world.language, grad_norms)
-        losses.append(loss)
-        return ms
-
+    run_step = _step_runner(shared, objs, losses=losses, grad_norms=grad_norms)
     warmup_ms = [run_step(i) for i in range(shared.warmup_steps)]
     if helpers:
         rec.update(_capture(variant, helpers))
@@ -1258,10 +1258,7 @@ def _run_paired(shared: _Shared) -> dict:
         rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
         rec["status"] = "ok"
     except Exception as error:  # recorded; the variants' own results stand
-        rec["status"] = "failed"
-        rec["error"] = f"{type(error).__name__}: {error}"
-        rec["traceback"] = traceback.format_exc()[-4000:]
-        say(f"{shared.cfg.name} paired: FAILED {rec['error'][:300]}")
+        _record_failure(rec, error, f"{shared.cfg.name} paired")
     finally:
         runners.clear()  # their closures hold the models (seen on 2026-11-29: both survived teardown through them)
         survivors = {name: _teardown(objs[name]) for name in PAIRED}
@@ -1281,13 +1278,20 @@ def _gpu_memory_bytes() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
 
-def _step_runner(shared: _Shared, objs: dict) -> Callable[[int], float]:
-    """``run(i)``: training step ``i`` of the plan on ``objs``' model; its wall ms."""
+def _step_runner(
+    shared: _Shared, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
+) -> Callable[[int], float]:
+    """``run(i)``: training step ``i`` of the plan on ``objs``' model; its wall ms. Each step's loss and grad norm
+    are appended to ``losses`` and ``grad_norms`` when given."""
     model, optimizer = objs["model"], objs["optimizer"]
 
     def run(i: int) -> float:
         micro_batches = [shared.batches[k] for k in shared.plan[i]]
-        return _train_step(model, optimizer, micro_batches, shared.world.language, [])[1]
+        norms = [] if grad_norms is None else grad_norms
+        loss, ms = _train_step(model, optimizer, micro_batches, shared.world.language, norms)
+        if losses is not None:
+            losses.append(loss)
+        return ms
 
     return run
 
@@ -1392,7 +1396,8 @@ def run_config(
     )
     out["profile_steps"] = profile_steps
     results: dict[str, dict] = {}
-    for position, (variant, round_) in enumerate(run_plan(variants, rounds)):
+    plan = run_plan(variants, rounds)
+    for position, (variant, round_) in enumerate(plan):
         say(f"{cfg.name} {variant}: start" + (f" (timing round {round_})" if round_ > 1 else ""))
         if round_ > 1 and (results.get(variant) or {}).get("status") != "ok":
             continue  # its first round failed: nothing to time again
@@ -1420,7 +1425,7 @@ def run_config(
         if why_not is None:
             say(f"{cfg.name}: paired phase (upstream and ours side by side, steps interleaved)")
             out["paired"] = _run_paired(shared)
-            out["paired"]["position"] = len(run_plan(variants, rounds))
+            out["paired"]["position"] = len(plan)
             say(f"{cfg.name} paired: {bench_report.fmt_paired(out['paired'])}")
         else:
             out["paired"] = {"status": "skipped", "reason": why_not}

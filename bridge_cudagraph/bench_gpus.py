@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import os
 import signal
@@ -124,15 +125,10 @@ def cpu_sets(available: Sequence[int], n: int) -> list[list[int]]:
 
 def cpu_list(cpus: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` as ``"0-2,5"`` (taskset's notation), ``""`` for none."""
-    parts, run = [], []
-    for cpu in sorted(cpus):
-        if run and cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        if run:
-            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [cpu]
-    if run:
+    parts = []
+    # Consecutive ids share ``id - position``: each group is one run.
+    for _, group in itertools.groupby(enumerate(sorted(cpus)), key=lambda pair: pair[1] - pair[0]):
+        run = [cpu for _, cpu in group]
         parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(parts)
 
