@@ -935,6 +935,7 @@ def _capture(variant: str, helpers: list) -> dict:
                 "layers": h.stats.layers,
                 "graph_memory_bytes": h.stats.graph_memory_bytes,
                 "per_budget": dict(h.stats.per_budget),
+                "param_grads_cloned": h.stats.param_grads_cloned,
             }
             for h in helpers
         }

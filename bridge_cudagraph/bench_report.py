@@ -307,10 +307,19 @@ def _config_notes(config: dict) -> list[str]:
                 for sub, c in capture.items()
             )
             notes.append(f"- Ours, graph memory (MiB) and capture time per submodule: {parts}.")
+            cloned = {
+                sub: c["param_grads_cloned"] for sub, c in capture.items() if c.get("param_grads_cloned") is not None
+            }
+            if cloned:
+                parts = ", ".join(f"{sub} {'cloned (TE default)' if v else 'not cloned'}" for sub, v in cloned.items())
+                notes.append(
+                    f"- Ours, parameter gradients returned by backward replays: {parts} (not cloned: Megatron's DDP "
+                    "consumes them before the graph's buffers can be written again, saving a copy per parameter)."
+                )
         per_budget = ours.get("vision_graph_memory_per_budget") or {}
         if per_budget:
             parts = ", ".join(f"{b}: {fmt_bytes(m, _MIB, 0)}" for b, m in per_budget.items())
-            notes.append(f"- Ours, vision graph memory per budget (MiB): {parts}.")
+            notes.append(f"- Ours, vision graph memory each budget's capture added, in capture order (MiB): {parts}.")
     notes += _rounds_note(variants)
     if config.get("paired"):
         notes += _paired_note(config["paired"])

@@ -55,6 +55,17 @@ def qwen3_vl_root_aliases_are_modules() -> bool:
     return "self.decoder = " in src
 
 
+@functools.cache
+def te_graphs_can_alias_param_grads() -> bool:
+    """TE 2.20 ``make_graphed_callables`` takes ``clone_param_grads_on_return`` (default True): each backward
+    replay clones every parameter gradient it returns, one allocation and one device copy per parameter per
+    micro-batch, even for the placeholder of a weight whose gradient TE already accumulated into ``main_grad``.
+    Older TE returns the graph's buffers and has no such argument."""
+    from transformer_engine.pytorch import make_graphed_callables
+
+    return "clone_param_grads_on_return" in inspect.signature(make_graphed_callables).parameters
+
+
 def bridge_train_module():
     """Bridge's training-loop module (``megatron.bridge.training.train``), where it builds its helpers."""
     from megatron.bridge.training import train

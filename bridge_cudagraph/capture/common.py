@@ -34,7 +34,10 @@ class CaptureStats:
     failed: str | None = None
     """The cause, when capture failed and the run went on eagerly."""
     per_budget: dict[int, int] = field(default_factory=dict)
-    """Vision: graph memory per token budget (bytes)."""
+    """Vision: graph memory each token budget added (bytes), in capture order (largest budget first)."""
+    param_grads_cloned: bool | None = None
+    """Whether each backward replay clones the parameter gradients it returns (TE's default); False when
+    Megatron's DDP consumes them before the buffers can be written again (:func:`param_grad_return_kwargs`)."""
 
 
 def activation_dtype(config) -> torch.dtype:
@@ -75,6 +78,40 @@ def check_group_sizes(config, pg_collection, submodule: str) -> None:
             f"{submodule}: the process-group collection has no dp_cp group; Megatron-Core's helper logs on it and "
             "raises without it. Build the collection with bridge_cudagraph.groups, which sets every field"
         )
+
+
+def ddp_consumes_param_grads(model_chunks, modules) -> bool:
+    """Whether every trainable parameter of ``modules`` is owned by a megatron-core DDP chunk of ``model_chunks``.
+
+    Such a parameter's gradient is consumed by DDP's hook on its ``AccumulateGrad`` node (added to ``main_grad``,
+    unless TE already did, then ``param.grad = None``). The autograd engine runs ``AccumulateGrad`` nodes before
+    any other ready node, so this happens before the next graph's backward is even launched, and on the same
+    stream, so before any replay can write the buffer the gradient aliases.
+    """
+    from megatron.core.distributed import DistributedDataParallel
+
+    owned: set[int] = set()
+    for chunk in model_chunks:
+        if not isinstance(chunk, DistributedDataParallel):
+            return False
+        owned.update(id(p) for p in getattr(chunk, "param_to_bucket_group", {}))
+    return all(id(p) in owned for module in modules for p in module.parameters() if p.requires_grad)
+
+
+def param_grad_return_kwargs(model_chunks, modules) -> dict[str, bool]:
+    """``make_graphed_callables`` arguments that skip TE's clone of returned parameter gradients, when safe.
+
+    TE 2.20 clones each parameter gradient a backward replay returns, so that a later replay cannot overwrite a
+    gradient someone kept. Under Megatron's DDP nobody keeps one (:func:`ddp_consumes_param_grads`): the clone is
+    one allocation and one device copy per captured parameter per micro-batch (most of them full-size copies of
+    the placeholder TE returns for weights it accumulated into ``main_grad`` itself), with values identical
+    either way. Empty (TE's default) for any other owner of the parameters.
+    """
+    from bridge_cudagraph.compat import te_graphs_can_alias_param_grads
+
+    if te_graphs_can_alias_param_grads() and ddp_consumes_param_grads(model_chunks, modules):
+        return {"clone_param_grads_on_return": False}
+    return {}
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ from bridge_cudagraph.capture.common import (
     check_group_sizes,
     explicit_num_microbatches,
     measure,
+    param_grad_return_kwargs,
 )
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -159,6 +160,13 @@ class LanguageGraphHelper(TECudaGraphHelper):
                     mrope_cache[chunk_index] = self._static_mrope(language)
                 kwargs["rotary_pos_emb"] = mrope_cache[chunk_index]
         return sample_args, sample_kwargs
+
+    def _get_cuda_graph_input_data(self):
+        sample_args, kwargs = super()._get_cuda_graph_input_data()
+        skip_clones = param_grad_return_kwargs(self.model, self.flattened_callables)
+        kwargs.update(skip_clones)
+        self.stats.param_grads_cloned = not skip_clones
+        return sample_args, kwargs
 
     def _indexed_layers(self):
         """``(sample index, chunk index, layer)`` for every captured (layer, micro-batch), in the helper's

@@ -17,8 +17,8 @@ boundaries as a *static tensor input*:
 * deepstack mergers and the final merger run eagerly on the unpadded rows, exactly as in eager mode.
 
 A micro-batch larger than the largest budget, or with more frames than ``max_segments``, runs eagerly and is
-counted (:attr:`CaptureStats.eager_fallbacks`), logged once. All budgets share one memory pool: only one budget
-runs per micro-batch.
+counted (:attr:`CaptureStats.eager_fallbacks`), logged once. The budgets share their memory: only one budget
+runs per micro-batch (:meth:`VisionGraphHelper.create_cudagraphs`).
 
 Under a pipelined language model the first stage holds several micro-batches between forward and backward (1F1B),
 so the graphs are captured in ``copies`` independent sets (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`):
@@ -42,7 +42,14 @@ from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.budgets import check_token_budgets
-from bridge_cudagraph.capture.common import CaptureError, CaptureStats, abandon_capture, measure, megatron_capturing
+from bridge_cudagraph.capture.common import (
+    CaptureError,
+    CaptureStats,
+    abandon_capture,
+    measure,
+    megatron_capturing,
+    param_grad_return_kwargs,
+)
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -248,7 +255,6 @@ class VisionGraphHelper:
         self.stats = CaptureStats(self.submodule, layers=len(vision_model.decoder.layers))
         self._warned_fallback = False
         self._warned_no_copy = False
-        self._pool = None
         vision_model.graph_helper = self
 
     # ------------------------------------------------------------------ selection
@@ -313,18 +319,30 @@ class VisionGraphHelper:
         return [(h, rotary, cu) for h in hidden_states]
 
     def create_cudagraphs(self) -> None:
-        """Capture every layer for every budget (and copy) into one shared pool; on failure, raise or run eagerly."""
+        """Capture every layer for every budget and copy; on failure, raise or run eagerly.
+
+        Each copy has a pool of its own, and its budgets are captured into it largest first. A budget's
+        activations are freed into the pool once its backward is captured, and the caching allocator splits a
+        free block but never joins two, so each smaller budget is carved out of the larger one's memory: the
+        budgets of a copy share their activations, which is safe because one copy holds one micro-batch at a
+        time and only one budget runs per micro-batch. Copies never share: they hold micro-batches in flight
+        at the same time.
+        """
         if self.graphs:
             return
         layers = list(self.vision_model.decoder.layers)
         try:
             with measure(self.stats), megatron_capturing():
-                self._pool = torch.cuda.graph_pool_handle()
-                for budget in self.budgets:
+                skip_clones = param_grad_return_kwargs(self.model, layers)
+                self.stats.param_grads_cloned = not skip_clones
+                pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
+                captured = {}
+                for budget in reversed(self.budgets):
                     before = torch.cuda.memory_reserved()
-                    self.graphs[budget] = [self._capture_budget(layers, budget) for _ in range(self.copies.count)]
+                    captured[budget] = [self._capture_budget(layers, budget, pool, skip_clones) for pool in pools]
                     torch.cuda.synchronize()
                     self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
+                self.graphs = dict(sorted(captured.items()))
                 self._fused_grad_params = [
                     p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)
                 ]
@@ -338,8 +356,8 @@ class VisionGraphHelper:
         self.copies.reset()
         self.stats.graphs = sum(len(g) for copies in self.graphs.values() for g in copies)
 
-    def _capture_budget(self, layers: list, budget: int) -> list:
-        """One set of graphed layers at ``budget`` patches, in the shared pool."""
+    def _capture_budget(self, layers: list, budget: int, pool, extra_kwargs: dict) -> list:
+        """One set of graphed layers at ``budget`` patches, in ``pool``."""
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
@@ -350,7 +368,8 @@ class VisionGraphHelper:
                 tuple(self._sample_inputs(budget)),
                 num_warmup_iters=self.num_warmup_iters,
                 allow_unused_input=True,
-                pool=self._pool,
+                pool=pool,
+                **extra_kwargs,
             )
         return list(graphed)
 
@@ -386,7 +405,6 @@ class VisionGraphHelper:
         self._fused_grad_params = []
         for layer in self.vision_model.decoder.layers:
             layer.cuda_graph_manual_hooks = []
-        self._pool = None
         self.stats.graphs = 0
         gc.collect()
 

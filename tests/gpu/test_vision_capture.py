@@ -261,3 +261,69 @@ def test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times(worl
     record(phase="host_syncs_per_vision_forward", eager=eager, graphed=graphed)
     assert graphed["one_image_256"] == graphed["eight_images_1024"] <= 4, graphed
     assert eager["eight_images_1024"] > eager["one_image_256"] > graphed["one_image_256"], eager
+
+
+def _interleaved_loss_and_grads(model, batches):
+    """Every micro-batch's forward first, then their backwards in order (two micro-batches in flight, as the
+    first pipeline stage holds them under 1F1B); the per-token losses and the accumulated gradients."""
+    import torch
+
+    from bridge_cudagraph.harness.parity import masked_mean, per_token_loss
+
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    losses = [per_token_loss(model, batch) for batch in batches]
+    for loss, batch in zip(losses, batches, strict=True):
+        masked_mean(loss, batch).backward()
+    grads = {
+        name: (p.main_grad if getattr(p, "main_grad", None) is not None else p.grad).detach().float().clone()
+        for name, p in model[0].named_parameters()
+        if p.requires_grad
+    }
+    return torch.cat([loss.detach() for loss in losses]), grads
+
+
+def test_copies_in_flight_and_budgets_sharing_memory(world, record):
+    """Two micro-batches in flight on two graph copies train exactly as eager; the budgets of a copy share memory.
+
+    A copy's budgets are captured into its own pool, largest first, so the smaller budgets are carved out of the
+    largest one's activations. Budgets here are large for the tiny encoder (hidden 256), so activations, not the
+    allocator's 2 MiB rounding, dominate what each budget adds.
+    """
+    import torch
+
+    from bridge_cudagraph.capture.vision import VisionGraphHelper
+    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.harness.parity import diff
+
+    budgets = [2048, 4096, 8192]
+    _, graphed = _build(world, _cfg(False, True, budgets))
+    _, reference = _build(world, _cfg(False, False))
+    tiny.copy_weights(graphed, reference)
+    encoder = graphed[0].module.module.vision_model
+    helper = VisionGraphHelper(graphed, encoder, budgets=budgets, max_segments=MAX_SEGMENTS, copies=2)
+    helper.create_cudagraphs()
+    assert helper.graphs_created(), helper.stats.failed
+    per_budget = {b: helper.stats.per_budget[b] / 2**20 for b in budgets}
+    assert list(helper.stats.per_budget) == sorted(budgets, reverse=True)  # capture order: largest first
+    assert helper.stats.param_grads_cloned is False  # Megatron's DDP owns every vision layer parameter
+
+    # Different data in flight: one micro-batch per copy, in different budgets (256 and 1024 patches).
+    batches = [_batch(SETS["one_image_256"], seed=31), _batch(SETS["eight_images_1024"], seed=32)]
+    replays = helper.stats.replays
+    d = diff(_interleaved_loss_and_grads(graphed, batches), _interleaved_loss_and_grads(reference, batches))
+    assert helper.stats.replays - replays == 2 and helper.copies.in_flight() == 0
+    record(
+        phase="copies_in_flight",
+        copies=helper.copies.count,
+        graph_memory_mib=helper.stats.graph_memory_bytes / 2**20,
+        per_budget_mib=per_budget,
+        param_grads_cloned=helper.stats.param_grads_cloned,
+        **d.as_dict(),
+    )
+    helper.delete_cuda_graphs()
+    torch.cuda.synchronize()
+    assert d.within_bound(), d
+    # Two copies of three budgets: without sharing each copy's smaller budgets would add 3/4 of the largest.
+    largest, rest = per_budget[budgets[-1]], sum(per_budget[b] for b in budgets[:-1])
+    assert rest < 0.5 * largest, per_budget
