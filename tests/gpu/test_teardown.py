@@ -72,7 +72,12 @@ SHUTDOWN_TIMEOUT_S = 90
 # saves took 19-25 s, during which the log shows a child process importing the whole training stack again
 # (megatron-core's write-results queue is a 'spawn' multiprocessing Manager); 3 of 10 were still SIGKILLed at 30 s,
 # in interpreter shutdown.
+# At 22:24 UTC (run 10, four at once) saves took 22-29 s and 6 of 10 workers were SIGKILLed before their last
+# record, each after deleting its graphs. So the signal runs also save at SIGNAL_WARM_SAVE_AT, after the capture and
+# before the signal, as a job with periodic checkpoints does: that first save starts the write-results Manager, and
+# the save Bridge makes on SIGTERM reuses it.
 SIGNAL_PARALLEL = 4
+SIGNAL_WARM_SAVE_AT = 4
 _SAVE_TIME = re.compile(r"save-checkpoint \.+: \(([\d.]+), ([\d.]+)\)")
 POLL_S = 0.2
 #: A directory to copy every run's JSON and log into (e.g. ``$OUT`` on the device machine); unset: not kept.
@@ -143,8 +148,9 @@ def _launch(job: Job) -> None:
     cmd += ["--out", str(job.out), "--graphs", "on", "--iters", str(ITERS), "--no-eval", "--end", job.ending]
     if job.ending != "normal":
         cmd += ["--end-at", str(END_AT)]
-    if job.ending == "signal":  # what Bridge's handler saves on SIGTERM; nothing else saves in these runs
-        cmd += ["--save", str(job.checkpoint), "--signal-wait", str(AFTER_END_S)]
+    if job.ending == "signal":  # a periodic save, then what Bridge's handler saves on SIGTERM
+        cmd += ["--save", str(job.checkpoint), "--save-interval", str(SIGNAL_WARM_SAVE_AT)]
+        cmd += ["--signal-wait", str(AFTER_END_S)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["TMPDIR"] = str(job.dir / "tmp")
@@ -237,9 +243,10 @@ def _may_start(job: Job, running: list[Job]) -> bool:
 
 
 def _save_seconds(log: str) -> float | None:
-    """Bridge's ``save-checkpoint`` timer from a run's log (max over ranks), in seconds; None without a save."""
+    """Bridge's ``save-checkpoint`` timer of the run's last save (the one on the signal; max over ranks), in
+    seconds; None without a save."""
     times = [float(m.group(2)) for m in _SAVE_TIME.finditer(log)]
-    return max(times) / 1e3 if times else None
+    return times[-1] / 1e3 if times else None
 
 
 def _run_all(jobs: list[Job]) -> None:
