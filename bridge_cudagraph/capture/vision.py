@@ -35,6 +35,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -70,14 +71,6 @@ def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, length: int) -> torch.
     if n > budget or cu.numel() + (n < budget) > length:
         raise ValueError(f"{n} patches in {cu.numel() - 1} segments do not fit budget {budget} / length {length}")
     return F.pad(cu, (0, length - cu.numel()), value=budget)
-
-
-def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` on ``device`` through pinned memory, without waiting for the stream (the caching host allocator
-    keeps the pinned block until the copy has run)."""
-    if not torch.cuda.is_available():
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 class _PackedVisionLayer(torch.nn.Module):
@@ -153,6 +146,33 @@ class GraphCopies:
         self._busy = [False] * self.count
 
 
+@dataclass
+class GraphSet:
+    """One budget's graphed layers (one copy) and the static inputs every layer of it reads.
+
+    ``rotary`` and ``cu_seqlens`` are the very tensors the layers were captured with, shared by all layers:
+    a replay writes them once and passes them to each layer, whose TE replay then finds its static input already
+    in place (same address) and copies nothing, instead of one copy of each per layer.
+    """
+
+    layers: list
+    rotary: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+    @property
+    def budget(self) -> int:
+        return self.rotary.size(0)
+
+    def load(self, rotary: torch.Tensor, seqlens: torch.Tensor, cu_seqlens_length: int) -> None:
+        """Write a micro-batch's rotary embedding (``n`` rows, zeros after) and its ``cu_seqlens`` (computed from
+        the host ``seqlens``, copied through pinned memory without waiting) into the static inputs."""
+        n = rotary.size(0)
+        self.rotary[:n].copy_(rotary)
+        self.rotary[n:].zero_()
+        host = padded_cu_seqlens(seqlens, self.budget, cu_seqlens_length)
+        self.cu_seqlens.copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
+
+
 class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
     """Bridge's Qwen3-VL vision encoder, built under the vision collection, whose transformer layers replay
     the graphs of a :class:`VisionGraphHelper` when one is attached and a micro-batch fits a budget."""
@@ -182,18 +202,16 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
                 "pixel_values and image_grid_thw must come from the same processor call"
             )
         x = x + self.fast_pos_embed_interpolate(grid)
-        rotary = self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
         h = F.pad(x, (0, 0, 0, budget - n))[:, None]
-        rotary = F.pad(rotary, (0, 0, 0, 0, 0, 0, 0, budget - n))
-        cu = to_device_async(padded_cu_seqlens(seqlens, budget, helper.cu_seqlens_length), x.device)
         graphs = helper.graphs[budget][copy]
+        graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens, helper.cu_seqlens_length)
         helper.before_replay()
         deepstack = []
         block = self.decoder
         for index, layer in enumerate(block.layers):
             for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
                 hook(*hook_args)
-            h = graphs[index](h, rotary, cu)
+            h = graphs.layers[index](h, graphs.rotary, graphs.cu_seqlens)
             if index in block.deepstack_visual_indexes:
                 merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(index)]
                 deepstack.append(merger(h[:n]))
@@ -248,8 +266,8 @@ class VisionGraphHelper:
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
         self.copies = GraphCopies(int(copies))
-        #: ``graphs[budget][copy][layer]``: the graphed layer callables.
-        self.graphs: dict[int, list[list]] = {}
+        #: ``graphs[budget][copy]``: the graphed layers and their static inputs.
+        self.graphs: dict[int, list[GraphSet]] = {}
         #: Parameters whose weight gradient TE accumulates into ``main_grad`` inside the graph (see before_replay).
         self._fused_grad_params: list[torch.nn.Parameter] = []
         self.stats = CaptureStats(self.submodule, layers=len(vision_model.decoder.layers))
@@ -301,7 +319,9 @@ class VisionGraphHelper:
             param.grad_added_to_main_grad = True
 
     # ------------------------------------------------------------------ capture
-    def _sample_inputs(self, budget: int):
+    def _sample_inputs(self, budget: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Per-layer hidden states, and the rotary embedding and ``cu_seqlens`` all layers share (the static
+        inputs of :class:`GraphSet`)."""
         vm = self.vision_model
         device = torch.cuda.current_device()
         dtype = next(vm.decoder.layers.parameters()).dtype
@@ -316,7 +336,7 @@ class VisionGraphHelper:
             (torch.randn(budget, 1, hidden, device=device, dtype=dtype) * 0.02).requires_grad_(True)
             for _ in range(layers)
         ]
-        return [(h, rotary, cu) for h in hidden_states]
+        return hidden_states, rotary, cu
 
     def create_cudagraphs(self) -> None:
         """Capture every layer for every budget and copy; on failure, raise or run eagerly.
@@ -354,24 +374,25 @@ class VisionGraphHelper:
             self.stats.failed = abandon_capture(layers, self.model, error, self.submodule)
             return
         self.copies.reset()
-        self.stats.graphs = sum(len(g) for copies in self.graphs.values() for g in copies)
+        self.stats.graphs = sum(len(g.layers) for copies in self.graphs.values() for g in copies)
 
-    def _capture_budget(self, layers: list, budget: int, pool, extra_kwargs: dict) -> list:
+    def _capture_budget(self, layers: list, budget: int, pool, extra_kwargs: dict) -> GraphSet:
         """One set of graphed layers at ``budget`` patches, in ``pool``."""
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
         callables = tuple(_PackedVisionLayer(layer, budget) for layer in layers)
+        hidden_states, rotary, cu = self._sample_inputs(budget)
         with get_cuda_rng_tracker().fork() if self.vision_model.config.sequence_parallel else contextlib.nullcontext():
             graphed = make_graphed_callables(
                 callables,
-                tuple(self._sample_inputs(budget)),
+                tuple((h, rotary, cu) for h in hidden_states),
                 num_warmup_iters=self.num_warmup_iters,
                 allow_unused_input=True,
                 pool=pool,
                 **extra_kwargs,
             )
-        return list(graphed)
+        return GraphSet(list(graphed), rotary, cu)
 
     def _reset_after_capture(self) -> None:
         """TE's warmup passes wrote gradients; clear them as megatron-core's helper does."""
@@ -396,7 +417,7 @@ class VisionGraphHelper:
         """Free every vision graph (TE ``reset()``) before process groups go away; allows re-capture."""
         for copies in self.graphs.values():
             for graphs in copies:
-                for graph in graphs:
+                for graph in graphs.layers:
                     reset = getattr(graph, "reset", None)
                     if reset is not None:
                         reset()
