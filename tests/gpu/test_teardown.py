@@ -72,12 +72,13 @@ SHUTDOWN_TIMEOUT_S = 90
 # saves took 19-25 s, during which the log shows a child process importing the whole training stack again
 # (megatron-core's write-results queue is a 'spawn' multiprocessing Manager); 3 of 10 were still SIGKILLed at 30 s,
 # in interpreter shutdown.
-# At 22:24 UTC (run 10, four at once) saves took 22-29 s and 6 of 10 workers were SIGKILLed before their last
-# record, each after deleting its graphs. So the signal runs also save at SIGNAL_WARM_SAVE_AT, after the capture and
-# before the signal, as a job with periodic checkpoints does: that first save starts the write-results Manager, and
-# the save Bridge makes on SIGTERM reuses it.
+# At 22:24 UTC (run 10, four at once, the other GPU busy) saves took 22-29 s and 6 of 10 workers were SIGKILLed before
+# their last record (five after deleting their graphs, one during a 29.4 s save). A periodic save before the signal,
+# to start that Manager ahead of it, does not help: torchrun's SIGTERM reaches the Manager process too, and Bridge's
+# save on the signal then fails with BrokenPipeError in all 10 runs (22:33 UTC, results/gpu_teardown_run11.json;
+# graphs deleted with the process groups up in all 10). So on this stack a SIGTERM before the first checkpoint costs
+# that save 20-30 s of torchrun's fixed 30 s, and one after it breaks the save: Bridge's and megatron-core's doing.
 SIGNAL_PARALLEL = 4
-SIGNAL_WARM_SAVE_AT = 4
 _SAVE_TIME = re.compile(r"save-checkpoint \.+: \(([\d.]+), ([\d.]+)\)")
 POLL_S = 0.2
 #: A directory to copy every run's JSON and log into (e.g. ``$OUT`` on the device machine); unset: not kept.
@@ -148,9 +149,8 @@ def _launch(job: Job) -> None:
     cmd += ["--out", str(job.out), "--graphs", "on", "--iters", str(ITERS), "--no-eval", "--end", job.ending]
     if job.ending != "normal":
         cmd += ["--end-at", str(END_AT)]
-    if job.ending == "signal":  # a periodic save, then what Bridge's handler saves on SIGTERM
-        cmd += ["--save", str(job.checkpoint), "--save-interval", str(SIGNAL_WARM_SAVE_AT)]
-        cmd += ["--signal-wait", str(AFTER_END_S)]
+    if job.ending == "signal":  # what Bridge's handler saves on SIGTERM; nothing else saves in these runs
+        cmd += ["--save", str(job.checkpoint), "--signal-wait", str(AFTER_END_S)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["TMPDIR"] = str(job.dir / "tmp")

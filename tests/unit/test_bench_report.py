@@ -640,18 +640,20 @@ def test_graph_memory_per_submodule_note():
     ) in notes
 
 
-@pytest.mark.parametrize("folder", ["bench", "bench/rounds_2121"])
+@pytest.mark.parametrize("folder", ["bench", "bench/full_2138", "bench/rounds_2121"])
 def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(tmp_path, folder):
-    """results/bench/bench.md is rendered from results/bench/bench.json (the full matrix of 2026-11-29 21:38 on
-    two H200s, with the paired phase), rounds_2121 from the two-round run of 21:21; a renderer change that alters
-    them must come with a re-render."""
+    """results/bench/bench.md is rendered from results/bench/bench.json (the full matrix of 2026-11-29 22:34 on
+    two H200s), full_2138 from the one of 21:38 (before the budgets shared memory and the clones went), rounds_2121
+    from the two-round run of 21:21; a renderer change that alters them must come with a re-render."""
     path = tmp_path / "bench.json"
     shutil.copy(REPO / "results" / folder / "bench.json", path)
     md = bench_report.render(path)["md"].read_text()
     assert md == (REPO / "results" / folder / "bench.md").read_text()
     expected = {
-        "bench": "| small-mbs1-seq2048 | 502.9 | 162.5 (3.09x) | 205.1 (2.45x) | 0.967x: **slower** (paired, 95% CI "
-        "0.953-0.986) |",
+        "bench": "| small-mbs1-seq2048 | 416.4 | 164.3 (2.53x) | 173.3 (2.40x) | 0.998x: **within timing noise** "
+        "(paired, 95% CI 0.979-1.046) |",
+        "bench/full_2138": "| small-mbs1-seq2048 | 502.9 | 162.5 (3.09x) | 205.1 (2.45x) | 0.967x: **slower** "
+        "(paired, 95% CI 0.953-0.986) |",
         "bench/rounds_2121": "| small-mbs2-seq4096 | 586.2 | 414.9 (1.41x) | 385.9 (1.52x) | 1.08x: **faster** (2 "
         "rounds: 1.075x, 1.080x; round-to-round ±0.4%) |",
     }[folder]
