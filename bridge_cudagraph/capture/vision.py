@@ -163,13 +163,13 @@ class GraphSet:
     def budget(self) -> int:
         return self.rotary.size(0)
 
-    def load(self, rotary: torch.Tensor, seqlens: torch.Tensor, cu_seqlens_length: int) -> None:
+    def load(self, rotary: torch.Tensor, seqlens: torch.Tensor) -> None:
         """Write a micro-batch's rotary embedding (``n`` rows, zeros after) and its ``cu_seqlens`` (computed from
         the host ``seqlens``, copied through pinned memory without waiting) into the static inputs."""
         n = rotary.size(0)
         self.rotary[:n].copy_(rotary)
         self.rotary[n:].zero_()
-        host = padded_cu_seqlens(seqlens, self.budget, cu_seqlens_length)
+        host = padded_cu_seqlens(seqlens, self.budget, self.cu_seqlens.numel())
         self.cu_seqlens.copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
 
 
@@ -204,7 +204,7 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
         x = x + self.fast_pos_embed_interpolate(grid)
         h = F.pad(x, (0, 0, 0, budget - n))[:, None]
         graphs = helper.graphs[budget][copy]
-        graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens, helper.cu_seqlens_length)
+        graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens)
         helper.before_replay()
         deepstack = []
         block = self.decoder

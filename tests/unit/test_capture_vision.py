@@ -46,7 +46,7 @@ def test_a_graph_set_loads_a_microbatch_into_the_static_inputs_in_place():
     rotary, cu = torch.full((8, 1, 1, 4), 7.0), torch.full((5,), -1, dtype=torch.int32)
     graphs = _vision().GraphSet(layers=[], rotary=rotary, cu_seqlens=cu)
     ptrs = (rotary.data_ptr(), cu.data_ptr())
-    graphs.load(torch.ones(3, 1, 1, 4), torch.tensor([2, 1]), cu_seqlens_length=5)
+    graphs.load(torch.ones(3, 1, 1, 4), torch.tensor([2, 1]))
     assert (graphs.rotary.data_ptr(), graphs.cu_seqlens.data_ptr()) == ptrs  # what the layers were captured with
     assert graphs.rotary[:3].eq(1).all() and graphs.rotary[3:].eq(0).all()  # the last micro-batch's rows are gone
     assert graphs.cu_seqlens.dtype == torch.int32 and graphs.cu_seqlens.tolist() == [0, 2, 3, 8, 8]
