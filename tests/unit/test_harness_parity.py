@@ -1,0 +1,112 @@
+"""The parity helpers cannot be fooled: a NaN or inf on either side fails, a missing step fails, a real
+difference is reported, and a capture that fell back to eager is not "captured"."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bridge_cudagraph.capture.common import CaptureStats
+from bridge_cudagraph.harness.parity import (
+    assert_captured,
+    capture_problems,
+    compare_series,
+    diff,
+    noise_floor,
+)
+
+pytestmark = pytest.mark.fast
+
+LOSSES = [1.76, 1.75, 1.74, 1.743]
+
+
+def test_identical_series_pass():
+    d = compare_series(LOSSES, list(LOSSES))
+    assert d.identical and d.finite and d.max_abs == 0.0 and d.exact_steps == 4
+    d.require_identical()
+    d.require_within(0.0)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, None])
+@pytest.mark.parametrize("side", ["graphed", "reference"])
+def test_a_non_finite_step_on_either_side_fails(bad, side):
+    broken = [*LOSSES[:2], bad, LOSSES[3]]
+    a, b = (broken, LOSSES) if side == "graphed" else (LOSSES, broken)
+    d = compare_series(a, b, name="loss")
+    assert not d.finite and not d.identical and not d.within(1e9)
+    assert math.isnan(d.max_abs) and d.nonfinite_steps == (2,)
+    with pytest.raises(AssertionError, match="NOT FINITE at steps \\[2\\]"):
+        d.require_identical()
+    with pytest.raises(AssertionError, match="NOT FINITE"):
+        d.require_within(1.0)
+
+
+def test_the_recorded_pp2_run_is_not_identical():
+    """``results/two_gpus_run7a.json``, ``pp2_4mb``, last stage: NaN from step 4 on was recorded as 0.0 by max()."""
+    graphed = [1.7605066299438477, 1.7547041177749634, 1.7420140504837036, 1.7428275346755981] + [math.nan] * 26
+    reference = graphed[:4] + [1.74 - 0.001 * i for i in range(26)]
+    assert max(abs(a - b) for a, b in zip(graphed, reference, strict=True)) == 0.0  # the defect
+    d = compare_series(graphed, reference)
+    assert not d.identical and len(d.nonfinite_steps) == 26 and d.exact_steps == 4
+
+
+def test_a_real_difference_is_reported():
+    d = compare_series([1.0, 2.0, 3.5], [1.0, 2.0, 3.0], name="grad norm")
+    assert d.finite and not d.identical and d.exact_steps == 2
+    assert d.max_abs == pytest.approx(0.5) and d.max_rel == pytest.approx(0.5 / 3.0)
+    assert d.within(0.5) and not d.within(0.4)
+    with pytest.raises(AssertionError, match="grad norm: 2 of 3 steps identical"):
+        d.require_identical()
+
+
+def test_a_missing_step_is_an_error():
+    with pytest.raises(ValueError, match="3 steps against 4"):
+        compare_series(LOSSES[:3], LOSSES)
+
+
+def test_noise_floor_is_the_worst_pair_and_refuses_nan():
+    assert noise_floor([[1.0, 2.0], [1.0, 2.5], [1.25, 2.0]]) == pytest.approx(0.5)
+    with pytest.raises(AssertionError, match="NOT FINITE"):
+        noise_floor([[1.0, 2.0], [1.0, math.nan]])
+
+
+def _grads(**values):
+    return {k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()}
+
+
+def test_diff_of_losses_and_gradients():
+    loss = torch.tensor([[1.0, 2.0]])
+    same = diff((loss, _grads(w=[1.0, 2.0])), (loss.clone(), _grads(w=[1.0, 2.0])))
+    assert same.exact and same.within_bound()
+    same.require_exact("same")
+    off = diff((loss, _grads(w=[1.0, 2.5], v=[1.0])), (loss.clone(), _grads(w=[1.0, 2.0], v=[1.0])))
+    assert off.loss_exact and not off.exact and off.grad_worst == "w" and off.grad_exact_fraction == 0.5
+    with pytest.raises(AssertionError, match="not bit-identical"):
+        off.require_exact("off")
+
+
+@pytest.mark.parametrize("where", ["loss", "grad"])
+def test_diff_fails_on_nan(where):
+    loss, grads = torch.tensor([[1.0, 2.0]]), _grads(w=[1.0, 2.0])
+    bad_loss = torch.tensor([[1.0, math.nan]]) if where == "loss" else loss.clone()
+    bad_grads = _grads(w=[1.0, math.nan]) if where == "grad" else _grads(w=[1.0, 2.0])
+    for a, b in (((bad_loss, bad_grads), (loss, grads)), ((loss, grads), (bad_loss, bad_grads))):
+        d = diff(a, b)
+        assert not d.exact and not d.within_bound(1e9, 1e9), d
+
+
+def test_assert_captured():
+    ok = CaptureStats(submodule="vision", graphs=12, replays=3)
+    assert capture_problems(ok) == []
+    assert_captured(ok)
+    assert_captured({"graphs": 4, "replays": 27, "failed": None}, where="rank 0 language")
+    for stats, message in (
+        (CaptureStats(submodule="vision", graphs=12, replays=3, failed="OOM"), "vision: capture failed: OOM"),
+        (CaptureStats(submodule="vision", graphs=0, replays=0), "vision: no graphs"),
+        (CaptureStats(submodule="language", graphs=4, replays=0), "language: no replays"),
+        ({"graphs": 16, "replays": 47, "failure": "RuntimeError: x"}, "capture failed: RuntimeError"),
+    ):
+        with pytest.raises(AssertionError, match=message):
+            assert_captured(stats)
