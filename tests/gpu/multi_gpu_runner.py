@@ -21,7 +21,7 @@ from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, Vision
 from bridge_cudagraph.groups import build_collections, destroy_collections
 from bridge_cudagraph.harness import tiny
 from bridge_cudagraph.harness.data import qwen3_vl_batch
-from bridge_cudagraph.harness.parity import megatron_optimizer, train_steps
+from bridge_cudagraph.harness.parity import capture_problems, compare_series, megatron_optimizer, train_steps
 from bridge_cudagraph.harness.world import close_world, init_world, parallel_state_untouched, seed_rng
 from bridge_cudagraph.layout import ParallelLayout, VisionLayout
 
@@ -167,18 +167,37 @@ def run_case(name: str, spec: dict) -> dict:
     losses = _timed(graphed, optimizer, steps, language, norms, times, on_step=on_step, after_backward=probe)
     replicas_ok.append(_vision_replicas_identical(graphed, vision))
     last = language.pp.rank() == language.pp.size() - 1
-    loss_diffs = [abs(a - b) for a, b in zip(losses, ref_losses, strict=True)] if last else []
+    # NaN-safe (parity.compare_series): max() over abs differences skips NaN, and did (two_gpus_run7a.json).
+    loss = compare_series(losses, ref_losses, name="loss") if last else None
+    norm = compare_series(norms, ref_norms, name="grad norm")
+    vs_expected = compare_series(norms, expected, name="grad norm vs first principles") if expected else None
+    # Which submodules this rank must have captured: language everywhere, vision where the encoder lives.
+    inner = graphed[0].module.module
+    holds_vision = vision_graphs and getattr(inner, "vision_model", None) is not None
+    expected_helpers = ["language", *(["vision"] if holds_vision else [])]
+    stats = {
+        h.submodule: {
+            "graphs": h.stats.graphs,
+            "replays": h.stats.replays,
+            "eager_fallbacks": h.stats.eager_fallbacks,
+            "failed": h.stats.failed,
+        }
+        for h in helpers
+    }
+    problems = [f"{sub}: no helper" for sub in expected_helpers if sub not in stats]
+    problems += [p for sub, st in stats.items() for p in capture_problems(st, where=sub)]
     row.update(
         losses=losses if last else None,
         reference_losses=ref_losses if last else None,
-        max_abs_loss_diff=max(loss_diffs) if last else None,
+        loss_comparison=loss.as_dict() if loss is not None else None,
+        max_abs_loss_diff=loss.max_abs if loss is not None else None,
         grad_norms=norms,
         reference_grad_norms=ref_norms,
-        max_grad_norm_rel_diff=max(abs(a - b) / max(b, 1e-12) for a, b in zip(norms, ref_norms, strict=True)),
+        grad_norm_comparison=norm.as_dict(),
+        max_grad_norm_rel_diff=norm.max_rel,
         expected_grad_norms=expected,
-        max_grad_norm_vs_expected_rel=(
-            max(abs(a - b) / max(b, 1e-12) for a, b in zip(norms, expected, strict=True)) if expected else None
-        ),
+        max_grad_norm_vs_expected_rel=vs_expected.max_rel if vs_expected is not None else None,
+        grad_norm_vs_expected_finite=vs_expected.finite if vs_expected is not None else None,
         vision_replicas_identical_every_step=all(replicas_ok),
         graphs={h.submodule: h.stats.graphs for h in helpers},
         counters={
@@ -186,6 +205,9 @@ def run_case(name: str, spec: dict) -> dict:
         },
         vision_copies=next((h.copies.count for h in helpers if h.submodule == "vision"), None),
         capture_failed={h.submodule: h.stats.failed for h in helpers},
+        expected_helpers=expected_helpers,
+        capture_stats=stats,
+        capture_problems=problems,
         median_step_ms_reference=_median(times_ref[5:]),
         median_step_ms_graphed=_median(times[5:]),
         parallel_state_untouched=parallel_state_untouched(),

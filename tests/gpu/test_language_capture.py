@@ -1,8 +1,9 @@
 """Language graphs vs a graphs-off reference with identical weights, pure M4 groups, on one GPU.
 
 GPT, dense Qwen3-VL and MoE Qwen3-VL: per-token loss and every gradient before and after capture, with zero,
-one and several images of different sizes; 30 optimizer steps; state-dict keys; and upstream's helper on the
-same model for comparison (its error is recorded, not asserted away).
+one and several images of different sizes, bit for bit (loss and every gradient, ``torch.equal``); 30 optimizer
+steps identical at every step (NaN-safe: ``parity.compare_series``); state-dict keys; and upstream's helper on the
+same model, which the README says changes the per-token loss (asserted: off by more than the 1e-3 bound).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ CASES = [("gpt", None), ("qwen3_vl", None), ("qwen3_vl_moe", ["attn"])]
 def test_language_graphs_match_reference(world, record, kind, modules):
     from megatron.core import num_microbatches_calculator
 
-    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.harness.parity import assert_captured, diff, loss_and_grads
     from bridge_cudagraph.harness.world import parallel_state_untouched
 
     reference, graphed, provider = _pair(kind, world, modules)
@@ -69,7 +70,7 @@ def test_language_graphs_match_reference(world, record, kind, modules):
     for name, batch in batches.items():
         d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
         record(kind=kind, phase="before_capture", batch=name, **d.as_dict())
-        assert d.loss_exact, f"{kind}/{name} differs before capture: {d}"
+        d.require_exact(f"{kind}/{name} before capture")
 
     # No global micro-batch calculator and no parallel_state: the plugin supplies both.
     assert num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES_CALCULATOR is None
@@ -89,8 +90,9 @@ def test_language_graphs_match_reference(world, record, kind, modules):
     for name, batch in batches.items():
         d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
         record(kind=kind, phase="replay", batch=name, **d.as_dict())
-        assert d.within_bound(), f"{kind}/{name} after capture: {d}"
+        d.require_exact(f"{kind}/{name} after capture")  # the README's "bit-exact": loss and every gradient
     assert helper.stats.replays == len(batches)
+    assert_captured(helper.stats)
     assert parallel_state_untouched()
     helper.delete_cuda_graphs()
     assert all(not layer.cuda_graphs for layer in layers)
@@ -99,7 +101,7 @@ def test_language_graphs_match_reference(world, record, kind, modules):
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
 def test_thirty_optimizer_steps_match(world, record, kind):
     from bridge_cudagraph.harness.data import gpt_batch, qwen3_vl_batch
-    from bridge_cudagraph.harness.parity import LOSS_BOUND, megatron_optimizer, train_steps
+    from bridge_cudagraph.harness.parity import assert_captured, compare_series, megatron_optimizer, train_steps
 
     reference, graphed, provider = _pair(kind, world)
     sets = list(IMAGE_SETS.values())
@@ -118,28 +120,42 @@ def test_thirty_optimizer_steps_match(world, record, kind):
             helper.create_cudagraphs()
             assert helper.graphs_created()
 
+    ref_norms, norms = [], []
     ref_losses = train_steps(
-        reference, megatron_optimizer(reference, world.language), steps, pg_collection=world.language
+        reference,
+        megatron_optimizer(reference, world.language),
+        steps,
+        pg_collection=world.language,
+        grad_norms=ref_norms,
     )
     optimizer = megatron_optimizer(graphed, world.language)
     helper.optimizers = [optimizer]
-    cg_losses = train_steps(graphed, optimizer, steps, pg_collection=world.language, on_step=capture_at_warmup)
-    diffs = [abs(a - b) for a, b in zip(cg_losses, ref_losses, strict=True)]
+    cg_losses = train_steps(
+        graphed, optimizer, steps, pg_collection=world.language, on_step=capture_at_warmup, grad_norms=norms
+    )
+    loss = compare_series(cg_losses, ref_losses, name="loss")
+    norm = compare_series(norms, ref_norms, name="grad norm")
     record(
         kind=kind,
         phase="train_30_steps",
         capture_step=warmup,
-        max_abs_loss_diff=max(diffs),
-        exact_steps=sum(d == 0 for d in diffs),
+        max_abs_loss_diff=loss.max_abs,
+        exact_steps=loss.exact_steps,
+        nonfinite_steps=list(loss.nonfinite_steps),
+        grad_norm_exact_steps=norm.exact_steps,
         ref_first=ref_losses[0],
         ref_last=ref_losses[-1],
     )
-    assert max(diffs) <= LOSS_BOUND, list(zip(cg_losses, ref_losses, strict=True))
+    loss.require_identical()  # README: language graphs bit-exact over 30 optimizer steps
+    norm.require_identical()
+    assert_captured(helper.stats)
+    assert helper.stats.replays == len(steps) - warmup, helper.stats
     helper.delete_cuda_graphs()
 
 
 def test_upstream_helper_on_the_same_qwen3_vl(world, record):
-    """Upstream's TECudaGraphHelper on the same weights and batches: its error is measured and recorded."""
+    """Upstream's TECudaGraphHelper on the same weights and batches changes the numbers (its replayed layers drop
+    mRoPE): the README's claim, asserted (more than the 1e-3 bound; 0.42-0.72 on 2026-11-29)."""
     import torch
     from megatron.core.num_microbatches_calculator import (
         destroy_num_microbatches_calculator,
@@ -148,7 +164,7 @@ def test_upstream_helper_on_the_same_qwen3_vl(world, record):
     from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
     from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.harness.parity import LOSS_BOUND, diff, loss_and_grads
 
     ours_ref = tiny.build(tiny.tiny_qwen3_vl_provider(), world.language, vision_pg_collection=world.vision)
     upstream_provider = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
@@ -156,6 +172,7 @@ def test_upstream_helper_on_the_same_qwen3_vl(world, record):
     keys_up, keys_ref = len(upstream[0].state_dict()), len(ours_ref[0].state_dict())
     upstream[0].load_state_dict(ours_ref[0].state_dict(), strict=False)
     record(kind="qwen3_vl_upstream", phase="state_dict_keys", upstream=keys_up, graphs_off=keys_ref)
+    assert keys_up > keys_ref, (keys_up, keys_ref)  # upstream's graphs add state-dict keys; ours add none
 
     init_num_microbatches_calculator(0, None, MBS, MBS, 1)  # upstream needs Megatron's global calculator
     try:
@@ -164,6 +181,7 @@ def test_upstream_helper_on_the_same_qwen3_vl(world, record):
         for name, batch in _batches("qwen3_vl").items():
             d = diff(loss_and_grads(upstream, batch), loss_and_grads(ours_ref, batch))
             record(kind="qwen3_vl_upstream", phase="replay", batch=name, **d.as_dict())
+            assert d.loss_max_abs > LOSS_BOUND, (name, d)  # NaN compares False: a NaN fails here too
         helper.delete_cuda_graphs()
     finally:
         destroy_num_microbatches_calculator()
@@ -174,7 +192,7 @@ def test_two_microbatches_per_step_match(world, record):
     """Two micro-batches per step: the graphs' returned parameter gradients (not cloned under Megatron's DDP) are
     consumed before the second micro-batch's replay writes the same buffers, so the steps match eager."""
     from bridge_cudagraph.harness.data import gpt_batch
-    from bridge_cudagraph.harness.parity import LOSS_BOUND, megatron_optimizer, train_steps
+    from bridge_cudagraph.harness.parity import assert_captured, compare_series, megatron_optimizer, train_steps
 
     reference, graphed, provider = _pair("gpt", world)
     steps = [[gpt_batch(MBS, SEQ, seed=300 + 2 * i + m) for m in range(2)] for i in range(10)]
@@ -199,14 +217,18 @@ def test_two_microbatches_per_step_match(world, record):
     losses = train_steps(
         graphed, optimizer, steps, pg_collection=world.language, on_step=capture_at_warmup, grad_norms=norms
     )
-    diffs = [abs(a - b) for a, b in zip(losses, ref_losses, strict=True)]
+    loss = compare_series(losses, ref_losses, name="loss")
+    norm = compare_series(norms, ref_norms, name="grad norm")
     record(
         phase="two_microbatches_10_steps",
         param_grads_cloned=helper.stats.param_grads_cloned,
-        max_abs_loss_diff=max(diffs),
-        exact_steps=sum(d == 0 for d in diffs),
-        max_grad_norm_rel_diff=max(abs(a - b) / b for a, b in zip(norms, ref_norms, strict=True)),
+        max_abs_loss_diff=loss.max_abs,
+        exact_steps=loss.exact_steps,
+        max_grad_norm_rel_diff=norm.max_rel,
+        nonfinite_steps=list(loss.nonfinite_steps + norm.nonfinite_steps),
     )
     assert helper.stats.param_grads_cloned is False
-    assert max(diffs) <= LOSS_BOUND, list(zip(losses, ref_losses, strict=True))
+    loss.require_identical()  # README: 10 optimizer steps identical to eager
+    norm.require_identical()
+    assert_captured(helper.stats)
     helper.delete_cuda_graphs()

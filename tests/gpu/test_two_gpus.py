@@ -13,7 +13,9 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-BOUND = 1e-3
+#: First-principles grad norm vs the optimizer's (a different summation order, so not bit-identical; a double
+#: count of replicated vision weights shows as 1e-6 and more, run 6).
+BOUND = 1e-6
 
 
 def _two_gpus() -> bool:
@@ -28,6 +30,12 @@ def test_two_gpu_cases(tmp_path, record):
     runner = os.path.join(os.path.dirname(__file__), "multi_gpu_runner.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", runner, str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
+    results = os.environ.get("BRIDGE_CUDAGRAPH_RESULTS")
+    if results:  # the raw log and exit code go with the recorded numbers
+        log = os.path.splitext(results)[0] + "_runner.log"
+        with open(log, "w") as f:
+            f.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\nexit code {proc.returncode}\n")
+    record(runner_returncode=proc.returncode)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     ranks = json.load(open(out))["ranks"]
     failures = []
@@ -38,18 +46,23 @@ def test_two_gpu_cases(tmp_path, record):
             if "error" in row:
                 failures.append(f"rank {rank} {case}: {row['error']}")
                 continue
-            if row["max_abs_loss_diff"] is not None and row["max_abs_loss_diff"] > BOUND:
-                failures.append(f"rank {rank} {case}: loss diff {row['max_abs_loss_diff']}")
-            if row["max_grad_norm_rel_diff"] > BOUND:
-                failures.append(f"rank {rank} {case}: grad norm diff {row['max_grad_norm_rel_diff']}")
-            if row["max_grad_norm_vs_expected_rel"] is not None and row["max_grad_norm_vs_expected_rel"] > BOUND:
+            # Identical at every step, and finite (the runner compares with parity.compare_series; the README says
+            # "identical", so nothing looser is asserted). Only the last pipeline stage has a loss.
+            for key in ("loss_comparison", "grad_norm_comparison"):
+                comparison = row[key]
+                if comparison is not None and not comparison["identical"]:
+                    failures.append(f"rank {rank} {case}: {key}: {comparison}")
+            if row["max_grad_norm_vs_expected_rel"] is not None and not (
+                row["grad_norm_vs_expected_finite"] and row["max_grad_norm_vs_expected_rel"] <= BOUND
+            ):
                 failures.append(
                     f"rank {rank} {case}: grad norm double counted? {row['max_grad_norm_vs_expected_rel']}"
                 )
             if not row["vision_replicas_identical_every_step"]:
                 failures.append(f"rank {rank} {case}: vision replicas differ")
-            if not row["graphs"].get("language"):
-                failures.append(f"rank {rank} {case}: no language graphs ({row['capture_failed']})")
+            # Every submodule this rank holds captured graphs, replayed them and did not fall back (a failed
+            # vision capture trains on eagerly with identical losses: parity alone cannot see it).
+            failures += [f"rank {rank} {case}: {problem}" for problem in row["capture_problems"]]
             vision = row.get("counters", {}).get("vision")
             if vision is not None and vision["eager_fallbacks"]:
                 failures.append(f"rank {rank} {case}: {vision['eager_fallbacks']} vision micro-batches ran eagerly")

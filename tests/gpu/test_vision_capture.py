@@ -1,13 +1,18 @@
 """Vision graphs (own groups, per-image attention, token budgets) vs a graphs-off reference, on one GPU.
 
 One, three and eight images of different sizes per micro-batch, landing in each budget; micro-batches above the
-largest budget and with more frames than captured run eagerly and are counted. 30 optimizer steps with language
-and vision graphs. Upstream's vision CUDA-graph path on the same weights is measured for the record. Vision
-encoder time per micro-batch: bucketed graphs vs one max-length graph (upstream's approach) vs eager.
+largest budget and with more frames than captured run eagerly and are counted. Replayed micro-batches are
+bit-exact (loss and every gradient); the eager fallbacks' losses are exact and their gradients within the
+eager-vs-eager floor measured in the same test (vision attention backward on packed sequences is not bitwise
+deterministic even eagerly). 30 optimizer steps with language and vision graphs sit at the eager noise floor: they
+are held to ``FLOOR_FACTOR`` times the floor of three eager runs of the same steps, not to exactness. Upstream's
+vision CUDA-graph path on the same weights changes the loss (asserted). Vision encoder time per micro-batch:
+bucketed graphs vs one max-length graph (upstream's approach) vs eager; the bucketed graphs must beat eager.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -75,12 +80,21 @@ def test_vision_encoder_has_its_own_groups(world):
 
 def test_vision_graphs_match_reference(world, record):
     from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.harness.parity import FLOOR_FACTOR, assert_captured, diff, loss_and_grads
 
     provider, graphed = _build(world, _cfg(False, True))
     _, reference = _build(world, _cfg(False, False))
     tiny.copy_weights(graphed, reference)
     batches = {name: _batch(images) for name, images in {**SETS, **FALLBACK_SETS}.items()}
+
+    # The eager floor per fallback batch: the reference's gradients against two more eager passes of its own.
+    floors = {}
+    for name in FALLBACK_SETS:
+        first = loss_and_grads(reference, batches[name])
+        again = [diff(loss_and_grads(reference, batches[name]), first) for _ in range(3)]
+        assert all(d.loss_exact and math.isfinite(d.grad_max_rel_l2) for d in again), (name, again)
+        floors[name] = max(d.grad_max_rel_l2 for d in again)  # finite, checked above
+    record(phase="eager_floor", grad_max_rel_l2=floors)
 
     for name, batch in batches.items():
         d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
@@ -107,32 +121,44 @@ def test_vision_graphs_match_reference(world, record):
         if name in FALLBACK_SETS:
             assert (replayed, helper.stats.eager_fallbacks - fallbacks) == (0, 1), name
             assert d.loss_exact, (name, d)
+            assert d.within_bound(0.0, FLOOR_FACTOR * floors[name]), (name, d, floors[name])
         else:
             assert replayed == 1, name
-            assert d.within_bound(), (name, d)
+            d.require_exact(name)  # README: vision graphs bit-exact per budget
+    assert_captured(helper.stats)
     helper.delete_cuda_graphs()
     assert not helper.graphs_created()
 
 
 def test_thirty_steps_language_and_vision_graphs(world, record):
+    """Not bit-exact: over 30 steps the eager model differs from itself (2-4e-4 on 2026-11-29). The graphed run is
+    held to ``FLOOR_FACTOR`` times the worst pair of three eager runs, and must be finite at every step."""
     from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import LOSS_BOUND, megatron_optimizer, train_steps
+    from bridge_cudagraph.harness.parity import (
+        FLOOR_FACTOR,
+        LOSS_BOUND,
+        assert_captured,
+        compare_series,
+        megatron_optimizer,
+        noise_floor,
+        train_steps,
+    )
 
     provider, graphed = _build(world, _cfg(True, True))
-    _, reference = _build(world, _cfg(False, False))
-    _, control = _build(world, _cfg(False, False))
-    tiny.copy_weights(graphed, reference)
-    tiny.copy_weights(graphed, control)
+    eager = [_build(world, _cfg(False, False))[1] for _ in range(3)]
+    for model in eager:
+        tiny.copy_weights(graphed, model)
     sets = [*SETS.values(), *FALLBACK_SETS.values()]
     steps = [[_batch(sets[i % len(sets)], seed=200 + i)] for i in range(30)]
-    ref_losses = train_steps(
-        reference, megatron_optimizer(reference, world.language), steps, pg_collection=world.language
-    )
-    # The noise floor: the same eager model trained twice (vision attention backward is not bitwise deterministic).
-    control_losses = train_steps(
-        control, megatron_optimizer(control, world.language), steps, pg_collection=world.language
-    )
-    floor = [abs(a - b) for a, b in zip(control_losses, ref_losses, strict=True)]
+    # The noise floor: the same eager model trained three times (vision attention backward is not bitwise
+    # deterministic), the worst pair of the three.
+    eager_losses = [
+        train_steps(model, megatron_optimizer(model, world.language), steps, pg_collection=world.language)
+        for model in eager
+    ]
+    ref_losses = eager_losses[0]
+    floor = noise_floor(eager_losses)
+    floor_pair = compare_series(eager_losses[1], ref_losses, name="eager vs eager")
     optimizer = megatron_optimizer(graphed, world.language)
     helpers = provider.make_graph_helpers(graphed, micro_batch_size=MBS, num_microbatches=1, optimizers=[optimizer])
 
@@ -143,26 +169,32 @@ def test_thirty_steps_language_and_vision_graphs(world, record):
                 assert h.graphs_created(), (h.submodule, h.stats.failed)
 
     losses = train_steps(graphed, optimizer, steps, pg_collection=world.language, on_step=capture)
-    diffs = [abs(a - b) for a, b in zip(losses, ref_losses, strict=True)]
+    d = compare_series(losses, ref_losses, name="graphed vs eager loss")
     vision = next(h for h in helpers if h.submodule == "vision")
     record(
         phase="train_30_steps",
-        max_abs_loss_diff=max(diffs),
-        exact_steps=sum(d == 0 for d in diffs),
-        eager_vs_eager_max_abs_loss_diff=max(floor),
-        eager_vs_eager_exact_steps=sum(d == 0 for d in floor),
+        max_abs_loss_diff=d.max_abs,
+        exact_steps=d.exact_steps,
+        nonfinite_steps=list(d.nonfinite_steps),
+        eager_vs_eager_max_abs_loss_diff=floor_pair.max_abs,
+        eager_vs_eager_exact_steps=floor_pair.exact_steps,
+        eager_floor_worst_pair_of_three=floor,
+        floor_factor=FLOOR_FACTOR,
         vision_replays=vision.stats.replays,
         vision_eager_fallbacks=vision.stats.eager_fallbacks,
     )
-    assert max(diffs) <= LOSS_BOUND, list(zip(losses, ref_losses, strict=True))
+    d.require_within(min(FLOOR_FACTOR * floor, LOSS_BOUND))  # a floor of 0 (deterministic kernels): exact
+    for h in helpers:
+        assert_captured(h.stats)
     for h in helpers:
         h.delete_cuda_graphs()
 
 
 def test_upstream_vision_graph_path_changes_the_numbers(world, record):
-    """Upstream's vision CUDA-graph mode (padding, no per-image boundaries) is active from step 0: measured."""
+    """Upstream's vision CUDA-graph mode (padding, no per-image boundaries) is active from step 0 and changes the
+    per-token loss (0.14-0.19 on 2026-11-29): asserted above the 1e-3 bound."""
     from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.harness.parity import LOSS_BOUND, diff, loss_and_grads
 
     upstream_provider = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
     upstream_provider.cuda_graph_impl = "none"
@@ -175,6 +207,7 @@ def test_upstream_vision_graph_path_changes_the_numbers(world, record):
         batch = _batch(SETS[name])
         d = diff(loss_and_grads(upstream, batch), loss_and_grads(reference, batch))
         record(phase="upstream_vision_padding_path", batch=name, **d.as_dict())
+        assert d.loss_max_abs > LOSS_BOUND, (name, d)  # NaN compares False: a NaN fails here too
 
 
 def _time_encoder(model, batch, iters=20):
@@ -198,18 +231,25 @@ def _time_encoder(model, batch, iters=20):
 
 
 def test_vision_encoder_time_per_microbatch(world, record):
+    """Bucketed graphs are faster than the eager encoder (17.7 vs 45.4 ms on 2026-11-29); the single max-length
+    graph is timed for the record (it computes on padding, so its speed says nothing of ours' correctness)."""
+    from bridge_cudagraph.harness.parity import assert_captured
+
     provider, model = _build(world, _cfg(False, True))
     batch = _batch(SETS["three_images_512"])
     eager_ms = _time_encoder(model, batch)
     bucketed, _ = _vision_helper(provider, model)
     bucketed.create_cudagraphs()
     bucketed_ms = _time_encoder(model, batch)
+    assert_captured(bucketed.stats)
+    assert bucketed.stats.eager_fallbacks == 0, bucketed.stats
     bucketed.delete_cuda_graphs()
     single_provider, single_model = _build(world, _cfg(False, True, budgets=[BUDGETS[-1]]))
     single_model[0].load_state_dict(model[0].state_dict())
     single, _ = _vision_helper(single_provider, single_model)
     single.create_cudagraphs()
     single_ms = _time_encoder(single_model, batch)
+    assert_captured(single.stats)
     single.delete_cuda_graphs()
     record(
         phase="vision_encoder_ms_fwd_bwd",
@@ -218,6 +258,7 @@ def test_vision_encoder_time_per_microbatch(world, record):
         bucketed_512=bucketed_ms,
         single_max_1024=single_ms,
     )
+    assert bucketed_ms < eager_ms, (bucketed_ms, eager_ms)
 
 
 _SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
@@ -241,6 +282,8 @@ def test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times(worl
     two uploads of Bridge's ``fast_pos_embed_interpolate`` (``torch.tensor(..., device=...)``) are left."""
     import torch
 
+    from bridge_cudagraph.harness.parity import assert_captured
+
     provider, model = _build(world, _cfg(False, True))
     encoder = model[0].module.module.vision_model
     batches = {name: _batch(SETS[name]) for name in ("one_image_256", "eight_images_1024")}
@@ -257,6 +300,7 @@ def test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times(worl
         helper.create_cudagraphs()
         graphed = syncs()
         assert helper.stats.replays == 2 and helper.stats.eager_fallbacks == 0
+        assert_captured(helper.stats)
     helper.delete_cuda_graphs()
     record(phase="host_syncs_per_vision_forward", eager=eager, graphed=graphed)
     assert graphed["one_image_256"] == graphed["eight_images_1024"] <= 4, graphed
@@ -294,7 +338,7 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
 
     from bridge_cudagraph.capture.vision import VisionGraphHelper
     from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import diff
+    from bridge_cudagraph.harness.parity import assert_captured, diff
 
     budgets = [2048, 4096, 8192]
     _, graphed = _build(world, _cfg(False, True, budgets))
@@ -321,9 +365,10 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
         param_grads_cloned=helper.stats.param_grads_cloned,
         **d.as_dict(),
     )
+    assert_captured(helper.stats)
     helper.delete_cuda_graphs()
     torch.cuda.synchronize()
-    assert d.within_bound(), d
+    d.require_exact("two copies in flight")  # README: bit-identical to eager
     # Two copies of three budgets: without sharing each copy's smaller budgets would add 3/4 of the largest.
     largest, rest = per_budget[budgets[-1]], sum(per_budget[b] for b in budgets[:-1])
     assert rest < 0.5 * largest, per_budget
