@@ -9,6 +9,8 @@ import inspect
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 import bridge_cudagraph.config as config_module
 from bridge_cudagraph.config import (
     GRAPHABLE_MODULES,

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 import bridge_cudagraph.layout
 from bridge_cudagraph.layout import (
     DENSE_DIM_NAMES,

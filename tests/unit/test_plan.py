@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 from bridge_cudagraph.budgets import derive_token_budgets
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, cuda_graph_config_from_dict
 from bridge_cudagraph.layout import LayoutError
