@@ -9,8 +9,6 @@ import inspect
 
 import pytest
 
-pytestmark = pytest.mark.fast
-
 import bridge_cudagraph.config as config_module
 from bridge_cudagraph.config import (
     GRAPHABLE_MODULES,
@@ -22,6 +20,8 @@ from bridge_cudagraph.config import (
     cuda_graph_config_to_dict,
 )
 from bridge_cudagraph.strict import UnknownKeyError
+
+pytestmark = pytest.mark.fast
 
 CONFIG_CLASSES = [
     c

@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.fast
-
 import bridge_cudagraph.layout
 from bridge_cudagraph.layout import (
     DENSE_DIM_NAMES,
@@ -26,6 +24,8 @@ from bridge_cudagraph.layout import (
     rank_layout,
     resolve_submodules,
 )
+
+pytestmark = pytest.mark.fast
 
 # (world size, ParallelLayout kwargs)
 LAYOUTS: list[tuple[int, dict[str, int | None]]] = [

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-pytestmark = pytest.mark.fast
-
 from bridge_cudagraph.budgets import derive_token_budgets
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, cuda_graph_config_from_dict
 from bridge_cudagraph.layout import LayoutError
 from bridge_cudagraph.plan import CapturePlan, ModelFacts, VisionFacts, build_plan, model_facts
+
+pytestmark = pytest.mark.fast
 
 QWEN3_VL_VISION = VisionFacts(
     depth=27,
