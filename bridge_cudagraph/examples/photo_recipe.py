@@ -1,0 +1,162 @@
+"""The tiny Qwen3-VL fine-tuned on real photographs through Bridge's own data path, offline.
+
+``tiny_qwen3_vl_photos_config()`` is Bridge's Qwen3-VL SFT recipe shape (``_sft_common_vlm`` and
+``qwen3_vl_8b_*_config`` in ``megatron.bridge.recipes``, rebuilt here from ``megatron.bridge.training.config``
+because importing ``megatron.bridge.recipes`` needs ``diffusers``) on the tiny model:
+
+* data: ``DirectHFSFTDatasetConfig`` with ``enable_in_batch_packing=True`` and
+  ``defer_in_batch_packing_to_step=True``, as Bridge's Qwen3-VL recipes set; its source is the local photo set of
+  :mod:`bridge_cudagraph.examples.photos` in CORD-v2's schema (``schema_adapter="cord_v2"``, the adapter of
+  Bridge's ``cord_v2`` preset), and ``hf_processor_path`` the folder of
+  :mod:`bridge_cudagraph.examples.processor`; so Bridge's source loader, schema adapter, ``AutoProcessor``,
+  ``qwen2_5_collate_fn`` and ``qwen3_vl_step`` all run unchanged;
+* ``NullTokenizer``, as Bridge's VLM recipes (the processor tokenizes);
+* the tiny Qwen3-VL (:func:`~bridge_cudagraph.harness.tiny.tiny_qwen3_vl_provider`) at sequence 2048, with the
+  processor's token ids, graphs off here (``recipes/tiny_qwen3_vl_photos.yaml`` switches them on);
+* micro-batch 2 (Bridge refuses in-batch packing at micro-batch 1), global batch 2, 20 iterations, evaluation
+  every 10 for 2, no checkpoint loaded or saved (``checkpoint.save=...`` to save).
+
+Both folders are built when the function runs, under ``$BRIDGE_CUDAGRAPH_CACHE`` (default: a fixed folder in the
+system temp dir), each named by a hash of its content and reused when present: every rank builds the same
+bytes, and a second run builds nothing. Needs scikit-image, ``datasets`` and ``qwen_vl_utils`` (Bridge's Qwen-VL
+collate imports it), and no network: ``HF_DATASETS_OFFLINE`` is set to 1.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from bridge_cudagraph.examples.photos import PROMPT, PhotoSetSpec, answer_texts, build_photo_set
+from bridge_cudagraph.examples.processor import ProcessorFolder, build_processor_folder, content_key
+from bridge_cudagraph.harness.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
+
+__all__ = ["CACHE_ENV", "build_photo_data", "cache_dir", "photo_dataset_config", "tiny_qwen3_vl_photos_config"]
+
+#: Environment variable naming the folder the photo set and the processor are built into.
+CACHE_ENV = "BRIDGE_CUDAGRAPH_CACHE"
+
+
+def cache_dir() -> Path:
+    """``$BRIDGE_CUDAGRAPH_CACHE``, else one fixed folder under the system temp dir (every rank names the same)."""
+    return Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "bridge_cudagraph_cache")
+
+
+def build_photo_data(root: str | os.PathLike[str] | None = None, spec: PhotoSetSpec | None = None):
+    """Build (or find) the photo set and its processor folder under ``root``.
+
+    Returns:
+        ``(photo set folder, ProcessorFolder)``.
+    """
+    root = Path(root) if root is not None else cache_dir()
+    photos = build_photo_set(root, spec)
+    texts = answer_texts(photos)
+    processor = build_processor_folder(root / f"processor-{content_key(texts)}", texts)
+    return photos, processor
+
+
+def photo_dataset_config(photos: str | os.PathLike[str], processor: ProcessorFolder, seq_length: int):
+    """Bridge's ``DirectHFSFTDatasetConfig`` over the local photo set, as Bridge's Qwen3-VL recipes configure it."""
+    from megatron.bridge.data.builders import (
+        ChatSFTPreprocessingConfig,
+        DirectHFSFTDatasetConfig,
+        HFDatasetSourceConfig,
+    )
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    return DirectHFSFTDatasetConfig(
+        seq_length=seq_length,
+        preprocessing=ChatSFTPreprocessingConfig(),
+        hf_processor_path=str(processor.path),
+        source=HFDatasetSourceConfig(
+            path_or_dataset=str(photos), split="train", schema_adapter="cord_v2", adapter_kwargs={"prompt": PROMPT}
+        ),
+        num_workers=2,
+        dataloader_type="cyclic",
+        data_sharding=True,
+        pin_memory=True,
+        persistent_workers=False,
+        enable_in_batch_packing=True,
+        defer_in_batch_packing_to_step=True,
+    )
+
+
+def tiny_qwen3_vl_photos_config(
+    *, train_iters: int = 20, seq_length: int = 2048, seed: int = 1234, cache: str | os.PathLike[str] | None = None
+):
+    """The tiny Qwen3-VL on the photo set as a Bridge ``ConfigContainer`` (graphs off; the YAML turns them on).
+
+    Args:
+        train_iters: Training iterations.
+        seq_length: The model's and the dataset's sequence length; every sample of the set fits in 2048.
+        seed: Seed of the model initialisation (``rng.seed``); the photo set has its own (:class:`PhotoSetSpec`).
+        cache: Where the photo set and the processor are built; default :func:`cache_dir`.
+    """
+    from megatron.bridge.training.config import (
+        CheckpointConfig,
+        ConfigContainer,
+        DistributedDataParallelConfig,
+        DistributedInitConfig,
+        LoggerConfig,
+        OptimizerConfig,
+        RNGConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+        TrainingConfig,
+        ValidationConfig,
+    )
+
+    photos, processor = build_photo_data(cache)
+    if processor.vocab_size > TINY_VOCAB:
+        raise ValueError(f"the processor has {processor.vocab_size} tokens, more than the tiny model's {TINY_VOCAB}")
+    model = tiny_qwen3_vl_provider(
+        seq_length=seq_length,
+        language_max_sequence_length=seq_length,
+        image_token_id=processor.image_token_id,
+        video_token_id=processor.video_token_id,
+        vision_start_token_id=processor.vision_start_token_id,
+        vision_end_token_id=processor.vision_end_token_id,
+    )
+    return ConfigContainer(
+        model=model,
+        train=TrainingConfig(
+            micro_batch_size=2, global_batch_size=2, train_iters=train_iters, exit_signal_handler=True
+        ),
+        validation=ValidationConfig(eval_interval=10, eval_iters=2),
+        optimizer=OptimizerConfig(
+            optimizer="adam",
+            lr=3e-4,
+            min_lr=3e-5,
+            weight_decay=0.01,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            clip_grad=1.0,
+            bf16=True,
+            use_distributed_optimizer=True,
+        ),
+        # Megatron's OptimizerParamScheduler asserts start_wd >= 0: the weight-decay schedule must be explicit.
+        scheduler=SchedulerConfig(
+            lr_decay_style="cosine",
+            lr_warmup_iters=2,
+            start_weight_decay=0.01,
+            end_weight_decay=0.01,
+            weight_decay_incr_style="constant",
+        ),
+        # Bridge's VLM recipes: no gradient-reduce or parameter-gather overlap.
+        ddp=DistributedDataParallelConfig(
+            use_distributed_optimizer=True,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            grad_reduce_in_fp32=True,
+            average_in_collective=True,
+            check_for_nan_in_grad=True,
+        ),
+        dataset=photo_dataset_config(photos, processor, seq_length),
+        logger=LoggerConfig(log_interval=1),
+        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=TINY_VOCAB),
+        checkpoint=CheckpointConfig(save=None, load=None, ckpt_format="torch_dist", save_tokenizer_assets=False),
+        dist=DistributedInitConfig(use_decentralized_pg=True, use_gloo_process_groups=False),
+        rng=RNGConfig(seed=seed),
+        mixed_precision="bf16_mixed",
+    )
