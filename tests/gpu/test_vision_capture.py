@@ -45,14 +45,14 @@ def _cfg(language: bool, vision: bool, budgets=BUDGETS):
 
 
 def _build(world, cfg):
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     provider = tiny.tiny_qwen3_vl_provider(cfg)
     return provider, tiny.build(provider, world.language, vision_pg_collection=world.vision)
 
 
 def _batch(images, seed=11):
-    from bridge_cudagraph.harness.data import qwen3_vl_batch
+    from bridge_cudagraph.examples.data import qwen3_vl_batch
 
     return qwen3_vl_batch(images, SEQ, seed=seed)
 
@@ -63,7 +63,7 @@ def _vision_helper(provider, model):
 
 
 def test_vision_encoder_has_its_own_groups(world):
-    from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel
+    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
     _, model = _build(world, _cfg(False, True))
     encoder = model[0].module.module.vision_model
@@ -74,8 +74,8 @@ def test_vision_encoder_has_its_own_groups(world):
 
 
 def test_vision_graphs_match_reference(world, record):
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import diff, loss_and_grads
 
     provider, graphed = _build(world, _cfg(False, True))
     _, reference = _build(world, _cfg(False, False))
@@ -115,8 +115,8 @@ def test_vision_graphs_match_reference(world, record):
 
 
 def test_thirty_steps_language_and_vision_graphs(world, record):
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import LOSS_BOUND, megatron_optimizer, train_steps
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import LOSS_BOUND, megatron_optimizer, train_steps
 
     provider, graphed = _build(world, _cfg(True, True))
     _, reference = _build(world, _cfg(False, False))
@@ -161,8 +161,8 @@ def test_thirty_steps_language_and_vision_graphs(world, record):
 
 def test_upstream_vision_graph_path_changes_the_numbers(world, record):
     """Upstream's vision CUDA-graph mode (padding, no per-image boundaries) is active from step 0: measured."""
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import diff, loss_and_grads
 
     upstream_provider = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
     upstream_provider.cuda_graph_impl = "none"
@@ -268,7 +268,7 @@ def _interleaved_loss_and_grads(model, batches):
     first pipeline stage holds them under 1F1B); the per-token losses and the accumulated gradients."""
     import torch
 
-    from bridge_cudagraph.harness.parity import masked_mean, per_token_loss
+    from bridge_cudagraph.testing.parity import masked_mean, per_token_loss
 
     for chunk in model:
         chunk.zero_grad_buffer()
@@ -293,8 +293,8 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
     import torch
 
     from bridge_cudagraph.capture.vision import VisionGraphHelper
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import diff
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import diff
 
     budgets = [2048, 4096, 8192]
     _, graphed = _build(world, _cfg(False, True, budgets))

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from bridge_cudagraph import bench, bench_gpus
+from benchmarks import bench, bench_gpus
 
 
 def test_split_of_the_full_matrix_over_two_gpus():
@@ -71,7 +71,7 @@ def test_resolve_devices():
 def test_child_argv_and_env(tmp_path):
     ns = bench._parse(["--gpus", "2", "--time-limit", "50", "--measured-steps", "7", "--no-profile", "--no-control"])
     argv = bench_gpus.child_argv(ns, ["tiny", "small-mbs1-seq2048"], tmp_path / "p0")
-    assert argv[:3] == [sys.executable, "-m", "bridge_cudagraph.bench"]
+    assert argv[:3] == [sys.executable, "-m", "benchmarks.bench"]
     child = bench._parse(argv[3:])  # the child's own parser accepts it, and it runs in-process
     assert child.configs == "tiny,small-mbs1-seq2048" and child.out == str(tmp_path / "p0")
     assert child.measured_steps == 7 and child.warmup_steps == 3
@@ -242,5 +242,5 @@ def test_run_on_gpus_merges_what_the_children_left(tmp_path):
 def test_two_gpu_script_is_a_thin_wrapper():
     path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_two_gpus.sh")
     text = open(path).read()
-    assert "-m bridge_cudagraph.bench" in text and "--gpus 2" in text and '"${1:-results/bench}"' in text
+    assert "-m benchmarks.bench" in text and "--gpus 2" in text and '"${1:-results/bench}"' in text
     assert os.access(path, os.X_OK)

@@ -2,7 +2,7 @@
 
 Each configuration still runs all its variants side by side in one process on one GPU (the comparison the
 benchmark exists for); only *different* configurations run in parallel, on different GPUs. The parent splits them
-by estimated cost (:func:`split_configs`), starts ``python -m bridge_cudagraph.bench --configs ...`` per GPU
+by estimated cost (:func:`split_configs`), starts ``python -m benchmarks.bench --configs ...`` per GPU
 (``CUDA_VISIBLE_DEVICES``, its own rendezvous port, no launcher variables), stops a child over its time limit, and
 merges what every child wrote (a failed or stopped child loses only its unfinished configurations) into one
 ``bench.json``, rendered like a single run. Used by ``bench --gpus N`` / ``--devices`` and
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge_cudagraph import bench_report
-from bridge_cudagraph.bench import (
+from benchmarks import bench_report
+from benchmarks.bench import (
     BENCH_ARGS_ENV,
     DEFAULT_MEASURED_STEPS,
     DEFAULT_ROUNDS,
@@ -38,7 +38,7 @@ from bridge_cudagraph.bench import (
     json_safe,
     say,
 )
-from bridge_cudagraph.bench_report import render
+from benchmarks.bench_report import render
 
 #: Building, snapshotting, capturing and checking one configuration, in tokens of one step (the rest of a
 #: configuration's cost grows with its tokens per step). A rough figure from the 2026-11-29 H200 run (tiny 31 s,
@@ -170,7 +170,7 @@ class Child:
 def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path) -> list[str]:
     """The command line of a child: this module on ``names`` into ``out_dir``, with the parent's step, round,
     profile, variant and control options (never ``--gpus``/``--devices``/``--time-limit``: a child runs in-process)."""
-    argv = [sys.executable, "-m", "bridge_cudagraph.bench", "--out", str(out_dir), "--configs", ",".join(names)]
+    argv = [sys.executable, "-m", "benchmarks.bench", "--out", str(out_dir), "--configs", ",".join(names)]
     argv += ["--measured-steps", str(int(getattr(options, "measured_steps", None) or DEFAULT_MEASURED_STEPS))]
     warmup = getattr(options, "warmup_steps", None)
     argv += ["--warmup-steps", str(int(DEFAULT_WARMUP_STEPS if warmup is None else warmup))]

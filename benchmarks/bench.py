@@ -1,7 +1,7 @@
 """``bridge-cudagraph bench``: eager vs upstream's graphs vs ours, same model, weights and batches, one GPU.
 
 For each configuration, in one process on one GPU under pure M4 process groups
-(:func:`bridge_cudagraph.harness.world.init_world`), the same model is trained four ways, one after the other
+(:func:`bridge_cudagraph.testing.world.init_world`), the same model is trained four ways, one after the other
 (each variant freed before the next is built; the initial weights are kept as a CPU state dict):
 
 1. ``eager``: graphs off (our provider with an empty ``cuda_graph`` block);
@@ -13,11 +13,11 @@ For each configuration, in one process on one GPU under pure M4 process groups
 4. ``eager_repeat`` (the control; ``--no-control`` skips it): eager again, built and run exactly like ``eager``
    (same provider, initial weights, batches and step plan), last, so it also runs in the process state the graphed
    variants left. Its differences from eager (every step's loss, the fixed batch, the grad norms) are the run-to-run
-   noise floor, and :func:`bridge_cudagraph.bench_report.noise_floor_verdict` says whether a graphed variant's
+   noise floor, and :func:`benchmarks.bench_report.noise_floor_verdict` says whether a graphed variant's
    drift is within it (``vs_noise_floor``);
 5. the paired phase (``--no-paired`` skips it): upstream and ours built side by side and captured, then their
    measured steps interleaved (step ``i`` on one, at once on the other, the first of each pair alternating), in the
-   configuration's ``paired``; :func:`bridge_cudagraph.bench_report.speed_vs_upstream` judges ours vs upstream on
+   configuration's ``paired``; :func:`benchmarks.bench_report.speed_vs_upstream` judges ours vs upstream on
    the per-pair ratios (a distribution-free confidence interval of their median), since on a host-bound step
    the step times wander by 10-20% over seconds and separate runs cannot tell a few percent apart. It needs both
    models in memory at once (:func:`paired_memory_check`), else it is skipped with the reason;
@@ -25,19 +25,19 @@ For each configuration, in one process on one GPU under pure M4 process groups
    (no profile or fixed batch), in ``repeat_rounds``, in the order A B, control, B A (:func:`run_plan`).
 
 Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps`` timed
-training steps (Megatron's schedule + distributed optimizer, as :func:`~bridge_cudagraph.harness.parity.train_steps`),
+training steps (Megatron's schedule + distributed optimizer, as :func:`~bridge_cudagraph.testing.parity.train_steps`),
 a few profiled steps (the control runs them unprofiled): the GPU-busy fraction, and where the host time goes
 (:class:`PhaseMarkers` put ``bcg_phase/*`` ranges around the step's phases for those steps only, and
-:func:`~bridge_cudagraph.bench_trace.host_time_breakdown` attributes the GPU-idle time of the exported trace to
+:func:`~benchmarks.bench_trace.host_time_breakdown` attributes the GPU-idle time of the exported trace to
 phases, CPU ops and CUDA runtime calls: ``host_time``); then a per-token-loss check on one fixed batch with the
 initial weights copied back in. Results go to ``bench.json``, rewritten after every variant (a configuration in
 progress is marked ``"status": "running"``, a finished one ``"complete"``);
-:func:`bridge_cudagraph.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also on a machine without
+:func:`benchmarks.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also on a machine without
 a GPU).
 
 Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the recipe the CLI loads is not used:
 
-* ``tiny``: :mod:`bridge_cudagraph.harness.tiny`'s Qwen3-VL (4 + 4 layers), seq 256, micro-batch 2, four micro-batches
+* ``tiny``: :mod:`bridge_cudagraph.examples.tiny`'s Qwen3-VL (4 + 4 layers), seq 256, micro-batch 2, four micro-batches
   of 1-8 images (the GPU tests' sets);
 * ``small-mbs{1,2}-seq{2048,4096}``: a Qwen3-VL-2B-like model with the real shapes (language 28 x 2048, 16 heads,
   8 KV groups, FFN 6144, vocab 151936 with the real special token ids, mRoPE [24, 20, 20]; vision 24 x 1024,
@@ -46,11 +46,11 @@ Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the r
 
 ``--quick`` runs ``tiny`` and ``small-mbs1-seq2048``; the default runs the whole matrix.
 
-Run: ``python -m bridge_cudagraph.bench --out results/bench [--quick] [--configs NAME,...] [--no-control]``, or
+Run: ``python -m benchmarks.bench --out results/bench [--quick] [--configs NAME,...] [--no-control]``, or
 through the CLI, ``BRIDGE_CUDAGRAPH_BENCH_ARGS="--quick --out DIR" bridge-cudagraph bench RECIPE.yaml``.
 
 Several GPUs (the full matrix does not fit one 10-minute call on one GPU): ``--gpus N`` (or ``--devices 0,1``)
-splits the configurations into N groups of balanced cost (:mod:`bridge_cudagraph.bench_gpus`: tokens per step
+splits the configurations into N groups of balanced cost (:mod:`benchmarks.bench_gpus`: tokens per step
 plus a fixed overhead, heaviest first into the lightest group) and starts one child process per GPU
 (``CUDA_VISIBLE_DEVICES=<id>``, the same options, ``--configs <group>``, output and ``bench.log`` in
 ``OUT/part<i>-gpu<id>/``). Each configuration still runs all its variants in one process on one GPU. The parent
@@ -88,9 +88,9 @@ from typing import Any
 
 import torch
 
-from bridge_cudagraph import bench_report
-from bridge_cudagraph.bench_report import render
-from bridge_cudagraph.bench_trace import (
+from benchmarks import bench_report
+from benchmarks.bench_report import render
+from benchmarks.bench_trace import (
     PHASE_PREFIX,
     STEP_MARK,
     gpu_busy_summary,
@@ -98,7 +98,7 @@ from bridge_cudagraph.bench_trace import (
     kernel_time_per_step,
 )
 
-logger = logging.getLogger("bridge_cudagraph.bench")
+logger = logging.getLogger("benchmarks.bench")
 
 #: The run-to-run control: eager again, built and run exactly like eager (bench_report judges drift against it).
 CONTROL = bench_report.CONTROL
@@ -310,7 +310,7 @@ def configs_by_name(names: Iterable[str]) -> list[BenchConfig]:
 def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
     """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block: the
     tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     deepstack = [5, 11, 17]
     vision = tiny.tiny_vision_config(
@@ -347,7 +347,7 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
 
 def make_provider(cfg: BenchConfig, cuda_graph=None):
     """Our provider for ``cfg`` (graphs as ``cuda_graph`` says; None = off)."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     if cfg.model == "tiny":
         return tiny.tiny_qwen3_vl_provider(
@@ -375,8 +375,8 @@ def ours_graph_config(cfg: BenchConfig):
 
 
 def variant_provider(cfg: BenchConfig, variant: str):
-    """The provider of one variant (not finalized; :func:`bridge_cudagraph.harness.tiny.build` does that)."""
-    from bridge_cudagraph.harness import tiny
+    """The provider of one variant (not finalized; :func:`bridge_cudagraph.examples.tiny.build` does that)."""
+    from bridge_cudagraph.examples import tiny
 
     if variant in UNGRAPHED:  # the control is built exactly like eager
         return make_provider(cfg, None)
@@ -392,10 +392,10 @@ def variant_provider(cfg: BenchConfig, variant: str):
 
 # ============================================================================================ data
 def to_real_vocab(batch: dict, *, seed: int) -> dict:
-    """Map a :func:`~bridge_cudagraph.harness.data.qwen3_vl_batch` (tiny ids, CPU tensors) onto Qwen3-VL's real
+    """Map a :func:`~bridge_cudagraph.examples.data.qwen3_vl_batch` (tiny ids, CPU tensors) onto Qwen3-VL's real
     vocabulary: special ids to the real ones, text to fresh random ids below the special range. Image positions,
     the loss mask, pixels and grids are unchanged."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     tokens = torch.cat([batch["input_ids"][:, :1], batch["labels"]], dim=1)
     g = torch.Generator().manual_seed(seed)
@@ -416,7 +416,7 @@ def to_real_vocab(batch: dict, *, seed: int) -> dict:
 
 def make_batch(cfg: BenchConfig, images, *, seed: int, device: str = "cuda") -> dict:
     """One micro-batch of ``cfg`` with ``images`` (per sample), on ``device``."""
-    from bridge_cudagraph.harness.data import qwen3_vl_batch
+    from bridge_cudagraph.examples.data import qwen3_vl_batch
 
     batch = qwen3_vl_batch([list(sample) for sample in images], cfg.seq_length, seed=seed, device="cpu")
     if cfg.model != "tiny":
@@ -575,7 +575,7 @@ class PhaseMarkers:
 
     Installed for the profiled steps only and removed after (:meth:`remove`): forward hooks on the model chunks,
     the vision encoders and the language models, tensor hooks for the vision backward, and a per-instance wrapper
-    of ``optimizer.step``; nothing of :mod:`bridge_cudagraph.harness.parity`, the model's classes or the
+    of ``optimizer.step``; nothing of :mod:`bridge_cudagraph.testing.parity`, the model's classes or the
     optimizer's class changes. Main-thread phases follow one another and cover the step: ``step_setup`` (from
     :meth:`start_step` to the first forward), ``forward``, ``backward`` (from a forward's end to the next forward or
     the optimizer step: loss, backward, gradient finalisation), ``optimizer_step``, ``step_end`` (until
@@ -735,9 +735,9 @@ _TRAIN_STEPS_TAKES_GRAD_NORMS: bool | None = None
 
 
 def _train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_norms: list) -> tuple[float, float]:
-    """One training step through :func:`bridge_cudagraph.harness.parity.train_steps`; ``(loss, wall ms)``."""
+    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps`; ``(loss, wall ms)``."""
     global _TRAIN_STEPS_TAKES_GRAD_NORMS
-    from bridge_cudagraph.harness.parity import train_steps
+    from bridge_cudagraph.testing.parity import train_steps
 
     if _TRAIN_STEPS_TAKES_GRAD_NORMS is None:
         _TRAIN_STEPS_TAKES_GRAD_NORMS = "grad_norms" in inspect.signature(train_steps).parameters
@@ -752,7 +752,7 @@ def _train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad
 def _fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float]:
     """Per-token loss (CPU, fp32) and total gradient norm of one forward/backward on ``batch``; gradient buffers
     are zeroed before and after."""
-    from bridge_cudagraph.harness.parity import masked_mean, per_token_loss
+    from bridge_cudagraph.testing.parity import masked_mean, per_token_loss
 
     for chunk in model:
         chunk.zero_grad_buffer()
@@ -816,8 +816,8 @@ def say(message: str) -> None:
 
 
 def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import megatron_optimizer
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import megatron_optimizer
 
     world = shared.world
     provider = variant_provider(shared.cfg, variant)
@@ -993,7 +993,7 @@ def _run_variant(shared: _Shared, variant: str, *, timing_only: bool = False) ->
     torch.cuda.reset_peak_memory_stats()
     # What an earlier variant left allocated (batches, and anything not freed) counts in this one's peak too.
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
-    from bridge_cudagraph.harness.world import seed_rng
+    from bridge_cudagraph.testing.world import seed_rng
 
     seed_rng(shared.world.language, SEED)
     try:
@@ -1017,7 +1017,7 @@ def _record_failure(rec: dict, error: Exception, what: str) -> None:
 
 
 #: Memory a deleted variant may leave allocated (its batches' share and allocator slack) before the benchmark
-#: records who holds the rest (:func:`bridge_cudagraph.harness.leaks.leak_report`).
+#: records who holds the rest (:func:`benchmarks.leaks.leak_report`).
 LEAK_TOLERANCE_BYTES = 512 * 2**20
 
 
@@ -1026,7 +1026,7 @@ def _check_freed(rec: dict, survivors: dict) -> None:
     (``survivors``), record who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without
     survivors, record who holds the largest tensors. A leaked model counts in every later variant's peak memory
     and can run the largest configuration out of it."""
-    from bridge_cudagraph.harness import leaks
+    from benchmarks import leaks
 
     rec["left_allocated_bytes"] = left = torch.cuda.memory_allocated()
     try:
@@ -1162,7 +1162,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
     if vision_helper is not None:
         rec["fixed_batch"]["vision_replayed"] = vision_helper.stats.replays - replays_before
     if variant != "eager" and shared.eager_losses is not None:
-        from bridge_cudagraph.harness.parity import diff_losses
+        from bridge_cudagraph.testing.parity import diff_losses
 
         diffs = [abs(a - b) for a, b in zip(losses, shared.eager_losses, strict=True)]
         rec["loss_abs_diff_per_step"] = diffs
@@ -1229,8 +1229,8 @@ def _run_paired(shared: _Shared) -> dict:
     step ``i`` on one, at once step ``i`` on the other, the first of each pair alternating. Host conditions that
     drift over seconds (the step times wander by 10-20% on a host-bound step) then weigh on both halves of a pair
     alike, and the per-pair ratios give a distribution-free confidence interval
-    (:func:`bridge_cudagraph.bench_report.paired_verdict`). Always frees both."""
-    from bridge_cudagraph.harness.world import seed_rng
+    (:func:`benchmarks.bench_report.paired_verdict`). Always frees both."""
+    from bridge_cudagraph.testing.world import seed_rng
 
     rec: dict[str, Any] = {"status": "running", "variants": list(PAIRED)}
     objs: dict[str, dict] = {name: {} for name in PAIRED}
@@ -1500,7 +1500,7 @@ def command_line() -> str:
     """The command that started this process, as a user would type it (recorded in bench.json's meta)."""
     program = sys.argv[0] if sys.argv else ""
     if program.endswith(("bench.py", "-m")):
-        program = "python -m bridge_cudagraph.bench"
+        program = "python -m benchmarks.bench"
     else:
         program = os.path.basename(program) or "python"
     return " ".join([program, *sys.argv[1:]])
@@ -1544,7 +1544,7 @@ def run(
     """Run ``configs`` (objects or names) and write ``bench.json``, ``bench.md`` and ``bench.png`` into ``out_dir``
     (rewritten after every configuration, so a run cut short keeps what it finished). Returns the JSON's content.
 
-    ``world``: a :class:`~bridge_cudagraph.harness.world.World` to run in (the GPU tests' session world); by
+    ``world``: a :class:`~bridge_cudagraph.testing.world.World` to run in (the GPU tests' session world); by
     default a one-GPU pure-M4 world is initialised here.
     """
     if measured_steps < 1 or warmup_steps < 0:
@@ -1554,8 +1554,8 @@ def run(
         raise RuntimeError("the benchmark needs a CUDA GPU")
     resolved = [c if isinstance(c, BenchConfig) else configs_by_name([c])[0] for c in configs]
     if world is None:
-        from bridge_cudagraph.harness.world import init_world
         from bridge_cudagraph.layout import VisionLayout
+        from bridge_cudagraph.testing.world import init_world
 
         world = init_world(vision=VisionLayout(), seed=SEED)
     out = Path(out_dir)
@@ -1633,7 +1633,7 @@ def _print_table(data: dict) -> None:
 
 # ============================================================================================ command line
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The benchmark's options (for ``bridge-cudagraph bench`` and ``python -m bridge_cudagraph.bench``)."""
+    """The benchmark's options (for ``bridge-cudagraph bench`` and ``python -m benchmarks.bench``)."""
     parser.add_argument("--out", default="results/bench", help="output folder for bench.json/.md/.png")
     parser.add_argument(
         "--quick",
@@ -1711,7 +1711,7 @@ def select_variants(variants: str | Sequence[str] | None, *, control: bool = Tru
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bridge_cudagraph.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n")[0])
     return add_arguments(parser).parse_args(argv)
 
 
@@ -1752,7 +1752,7 @@ def main(loaded: Any = None, args: Any = None) -> int:
     gpus, devices = getattr(args, "gpus", None), getattr(args, "devices", None)
     time_limit = getattr(args, "time_limit", None)
     if gpus is not None or devices:
-        from bridge_cudagraph.bench_gpus import child_argv, resolve_devices, run_on_gpus
+        from benchmarks.bench_gpus import child_argv, resolve_devices, run_on_gpus
 
         chosen = resolve_devices(gpus, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
         data, _ = run_on_gpus(

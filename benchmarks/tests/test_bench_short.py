@@ -11,9 +11,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_short_bench_tiny(world, record, tmp_path):
-    from bridge_cudagraph import bench
-    from bridge_cudagraph.harness.parity import LOSS_BOUND
-    from bridge_cudagraph.harness.world import parallel_state_untouched
+    from benchmarks import bench
+    from bridge_cudagraph.testing.parity import LOSS_BOUND
+    from bridge_cudagraph.testing.world import parallel_state_untouched
 
     out_dir = tmp_path / "bench"
     data = bench.run(

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from bridge_cudagraph import bench, bench_gpus, bench_report, bench_trace
+from benchmarks import bench, bench_gpus, bench_report, bench_trace
 
 
 class _Vision(torch.nn.Module):

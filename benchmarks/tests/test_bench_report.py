@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_cudagraph import bench_report, bench_trace
+from benchmarks import bench_report, bench_trace
 
 
 def _variant(step_ms, *, diff=None, per_token=None, busy=0.9, capture=None, graph_mib=None, source="profiler"):
@@ -66,7 +66,7 @@ def _synthetic() -> dict:
             "transformer_engine": "2.20.2",
             "megatron_core": "0.19.2",
             "megatron_bridge": "0.6.2",
-            "command": "python -m bridge_cudagraph.bench --quick",
+            "command": "python -m benchmarks.bench --quick",
             "measured_steps": 30,
             "warmup_steps": 3,
             "profiler_sees_graph_kernels": True,
@@ -364,7 +364,7 @@ def test_bar_annotation_colours_only_unexplained_drift():
 
 
 # ------------------------------------------------------------------------------------------ bench.py, CPU parts
-bench = pytest.importorskip("bridge_cudagraph.bench")
+bench = pytest.importorskip("benchmarks.bench")
 
 
 def test_config_matrix():
@@ -398,7 +398,7 @@ def test_images_fit_and_budgets_hold_every_microbatch(cfg):
 def test_small_batches_use_the_real_vocabulary():
     import torch
 
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     cfg = bench.small_config(2, 2048)
     batch = bench.make_batch(cfg, cfg.image_sets[0], seed=5, device="cpu")
