@@ -1120,7 +1120,7 @@ def _run_paired(shared: _Shared) -> dict:
     except Exception as error:  # recorded; the variants' own results stand
         _record_failure(rec, error, f"{shared.cfg.name} paired")
     finally:
-        runners.clear()  # their closures hold the models (seen on 2026-11-29: both survived teardown through them)
+        runners.clear()  # their closures hold the models: without this both outlive the teardown
         survivors = {name: _teardown(objs[name]) for name in PAIRED}
         # Survivors first: releasing them leaves a clean count for a variant that left none.
         for name in sorted(PAIRED, key=lambda n: not survivors[n]):
@@ -1159,9 +1159,9 @@ def _step_runner(
 def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -> None:
     """Make every variant's provider once, before any model exists, and drop it.
 
-    A provider's first construction imports lazily, and some import on that path keeps its traceback alive: on
-    2026-11-29 (H200) the frames it pins reached up to ``_run_variant_body`` of the first variant and kept that
-    variant's model and optimizer (36 GiB on the small Qwen3-VL) for the rest of the process. Made here, the pinned
+    A provider's first construction imports lazily, and some import on that path keeps its traceback alive; the
+    frames it pins can reach up to ``_run_variant_body`` of the first variant and keep that variant's model and
+    optimizer for the rest of the process (results/README.md, "Leaks the benchmark found"). Made here, the pinned
     frames end at :func:`run`, which holds no model."""
     for cfg in configs:
         for variant in variants:
@@ -1172,7 +1172,7 @@ def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -
 def _break_ddp_cycles(model: Any) -> None:
     """Drop Megatron DDP's ``grad_accs`` (the AccumulateGrad nodes whose hooks close over the DDP module): that
     cycle runs through C++ autograd nodes that Python's collector cannot see, so without this every deleted DDP
-    model stayed alive (seen on 2026-11-29, H200: 12 GiB of buffers per small-Qwen3-VL variant)."""
+    model stays alive (results/README.md, "Leaks the benchmark found")."""
     for chunk in model or []:
         grad_accs = getattr(chunk, "grad_accs", None)
         if isinstance(grad_accs, list):
