@@ -1,9 +1,8 @@
-"""``bridge-cudagraph`` (also ``python -m bridge_cudagraph``): four verbs on a recipe file.
+"""``bridge-cudagraph`` (also ``python -m bridge_cudagraph``): three verbs on a recipe file.
 
     bridge-cudagraph validate RECIPE.yaml [key=value ...] [--world-size N]   load, finalize, check; one line
     bridge-cudagraph plan     RECIPE.yaml [key=value ...] [--world-size N]   print layouts, graphs, shapes
     bridge-cudagraph train    RECIPE.yaml [key=value ...]                    Bridge's loop with our graphs
-    bridge-cudagraph bench    RECIPE.yaml [key=value ...]                    eager vs upstream vs ours
 
 ``validate`` and ``plan`` need no GPU. A configuration error prints one ``error: ...`` line and exits 2.
 The verbs and flags are frozen by ``tests/unit/test_cli.py``; add knobs to the recipe, not here.
@@ -20,14 +19,13 @@ import warnings
 from collections.abc import Sequence
 
 #: The verbs, in help order.
-VERBS: tuple[str, ...] = ("validate", "plan", "train", "bench")
-_NEEDS_GPU = ("train", "bench")
-_RUNNERS = {"train": "bridge_cudagraph.train", "bench": "bridge_cudagraph.bench"}
+VERBS: tuple[str, ...] = ("validate", "plan", "train")
+_NEEDS_GPU = ("train",)
+_RUNNERS = {"train": "bridge_cudagraph.train"}
 _HELP = {
     "validate": "load the recipe, finalize it as Bridge's training would and check the graphs (no GPU needed)",
     "plan": "print the process-group layouts, graphs and static shapes the recipe will capture (no GPU needed)",
     "train": "train with Megatron-Bridge's loop and bridge_cudagraph's graphs (run under torchrun)",
-    "bench": "time eager, upstream's graphs and bridge_cudagraph's graphs on the recipe's model",
 }
 
 

@@ -24,14 +24,6 @@ def installed_version(dist: str) -> str | None:
 
 
 @functools.cache
-def te_graph_has_reset() -> bool:
-    """TE >= 2.10 graphed callables have ``reset()``, which frees their graph state explicitly."""
-    from megatron.core.utils import is_te_min_version
-
-    return is_te_min_version("2.10.0")
-
-
-@functools.cache
 def helper_accepts_pg_collection() -> bool:
     """megatron-core >= 0.17 (MLM PR #3137): ``TECudaGraphHelper.__init__`` takes ``pg_collection``.
 
@@ -43,16 +35,13 @@ def helper_accepts_pg_collection() -> bool:
 
 
 @functools.cache
-def qwen3_vl_root_aliases_are_modules() -> bool:
-    """Megatron-Bridge 0.6.2 registers ``decoder``/``rotary_pos_emb`` of the language model as *child
-    modules* of the Qwen3-VL root when language graphs are on (``_expose_language_model_for_cuda_graph_helper``),
-    which adds alias keys to the state dict; Bridge #5089 (after 0.6.2) turned them into properties."""
-    try:
-        from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
-    except ImportError:
-        return False
-    src = inspect.getsource(Qwen3VLModel._expose_language_model_for_cuda_graph_helper)
-    return "self.decoder = " in src
+def vision_helper_accepts_pg_collection() -> bool:
+    """megatron-core 0.19 ``VisionTECudaGraphHelper.__init__`` takes ``pg_collection`` (passed on to
+    ``TECudaGraphHelper``, see :func:`helper_accepts_pg_collection`), as Bridge 0.6.2's ``train()`` probes before
+    building it (``train.py:300``); the benchmark builds upstream's helpers the same way."""
+    from megatron.core.transformer.cuda_graphs import VisionTECudaGraphHelper
+
+    return "pg_collection" in inspect.signature(VisionTECudaGraphHelper.__init__).parameters
 
 
 @functools.cache

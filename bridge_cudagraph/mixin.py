@@ -247,7 +247,8 @@ class CudaGraphProviderMixin:
         self, model: list[Any], *, micro_batch_size: int, num_microbatches: int
     ) -> list[Any]:
         from bridge_cudagraph.budgets import derive_max_segments, derive_token_budgets, in_flight_microbatches
-        from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel, VisionGraphHelper
+        from bridge_cudagraph.capture.vision import VisionGraphHelper
+        from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
         encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
         if not encoders:  # a later pipeline stage: no encoder here

@@ -116,7 +116,7 @@ def install_grad_sync(model_config, model_chunks) -> bool:
     """Wrap ``model_config.finalize_model_grads_func`` (set by Bridge's set-up, or by a harness) so the vision
     encoder's gradients are averaged over its replica group after Megatron's own finalisation, before the
     optimizer computes the grad norm. Idempotent; returns whether a wrapper is in place."""
-    from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel
+    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
     encoders = [m for chunk in model_chunks for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
     if not encoders:

@@ -13,13 +13,77 @@ does that right after Bridge's ``provide()``, with:
   replays the layers itself, in eager semantics;
 * Bridge's freeze flags re-applied to the new encoder;
 * gradient-norm bookkeeping for replicas (:func:`mark_vision_replicas`).
+
+The rebuilt encoder is a :class:`GraphedQwen3VLVisionModel`: Bridge's encoder whose layers replay the graphs of a
+:class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` once one is attached. It lives here, with the rebuild,
+so that code which only needs to find the encoder (the replica sync) does not import the capture machinery; this
+module imports nothing from :mod:`bridge_cudagraph.capture` at run time.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
+from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.capture.vision import VisionGraphHelper
+
+
+def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
+    """Patches per attention segment: every frame of every image is one segment (Bridge's eager layout)."""
+    return torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0])
+
+
+class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
+    """Bridge's Qwen3-VL vision encoder, built under the vision collection, whose transformer layers replay the
+    graphs of a :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` when one is attached (its
+    ``graph_helper``) and a micro-batch fits a budget; otherwise Bridge's eager forward."""
+
+    graph_helper: VisionGraphHelper | None = None
+
+    def forward(self, hidden_states, grid_thw, inference_params=None, extra_block_kwargs=None):
+        helper = self.graph_helper
+        if helper is None or not helper.graphs_created() or not self.training or extra_block_kwargs:
+            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
+        assert inference_params is None and self.input_tensor is None
+        # The grid is read on the host once: Bridge's position helpers read it element by element, several device
+        # syncs per image on a device tensor (136 for eight images), none on a host one (same values).
+        grid = grid_thw.cpu()
+        seqlens = frame_seqlens(grid)
+        n = int(seqlens.sum())
+        budget = helper.budget_for(n, seqlens.numel())
+        copy = None if budget is None else helper.copies.acquire()
+        if copy is None:
+            helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None)
+            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
+        x = self.patch_embed(hidden_states)
+        if x.size(0) != n:
+            helper.copies.release_now(copy)
+            raise ValueError(
+                f"vision input has {x.size(0)} patch rows but image_grid_thw describes {n} (sum of t*h*w); "
+                "pixel_values and image_grid_thw must come from the same processor call"
+            )
+        x = x + self.fast_pos_embed_interpolate(grid)
+        h = F.pad(x, (0, 0, 0, budget - n))[:, None]
+        graphs = helper.graphs[budget][copy]
+        graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens)
+        helper.before_replay()
+        deepstack = []
+        block = self.decoder
+        for index, layer in enumerate(block.layers):
+            for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
+                hook(*hook_args)
+            h = graphs.layers[index](h, graphs.rotary, graphs.cu_seqlens)
+            if index in block.deepstack_visual_indexes:
+                merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(index)]
+                deepstack.append(merger(h[:n]))
+        helper.copies.release_after_backward(copy, h)
+        helper.stats.replays += 1
+        return self.merger(h[:n]), deepstack
 
 
 def vision_spec():
@@ -40,8 +104,6 @@ def vision_spec():
 def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
     """Replace ``model.vision_model`` (built by Bridge with the language groups) with one built under
     ``vision_pg_collection``; a no-op on ranks without an encoder (later pipeline stages)."""
-    from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel
-
     old = getattr(model, "vision_model", None)
     if old is None:
         return

@@ -11,7 +11,7 @@ because importing ``megatron.bridge.recipes`` needs ``diffusers``) on the tiny m
   :mod:`bridge_cudagraph.examples.processor`; so Bridge's source loader, schema adapter, ``AutoProcessor``,
   ``qwen2_5_collate_fn`` and ``qwen3_vl_step`` all run unchanged;
 * ``NullTokenizer``, as Bridge's VLM recipes (the processor tokenizes);
-* the tiny Qwen3-VL (:func:`~bridge_cudagraph.harness.tiny.tiny_qwen3_vl_provider`) at sequence 2048, with the
+* the tiny Qwen3-VL (:func:`~bridge_cudagraph.examples.tiny.tiny_qwen3_vl_provider`) at sequence 2048, with the
   processor's token ids, graphs off here (``recipes/tiny_qwen3_vl_photos.yaml`` switches them on);
 * micro-batch 2 (Bridge refuses in-batch packing at micro-batch 1), global batch 2, 20 iterations, evaluation
   every 10 for 2, no checkpoint loaded or saved (``checkpoint.save=...`` to save).
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bridge_cudagraph.examples.photos import PROMPT, PhotoSetSpec, answer_texts, build_photo_set
 from bridge_cudagraph.examples.processor import ProcessorFolder, build_processor_folder, content_key
-from bridge_cudagraph.harness.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
+from bridge_cudagraph.examples.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
 
 __all__ = ["CACHE_ENV", "build_photo_data", "cache_dir", "photo_dataset_config", "tiny_qwen3_vl_photos_config"]
 

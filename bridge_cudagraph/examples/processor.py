@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge_cudagraph.harness.tiny import (
+from bridge_cudagraph.examples.tiny import (
     IMAGE_TOKEN_ID,
     TINY_VOCAB,
     VIDEO_TOKEN_ID,

@@ -44,7 +44,7 @@ from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 from bridge_cudagraph import bridge_loop  # noqa: E402
 from bridge_cudagraph.callback import Phase  # noqa: E402
-from bridge_cudagraph.harness.world import parallel_state_untouched  # noqa: E402
+from bridge_cudagraph.testing.world import parallel_state_untouched  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "tiny_qwen3_vl.yaml"
 _STATS = ("graphs", "layers", "seconds", "graph_memory_bytes", "replays", "eager_fallbacks", "failed")

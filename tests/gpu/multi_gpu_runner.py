@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 
 from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+from bridge_cudagraph.examples import tiny
+from bridge_cudagraph.examples.data import qwen3_vl_batch
 from bridge_cudagraph.groups import build_collections, destroy_collections
-from bridge_cudagraph.harness import tiny
-from bridge_cudagraph.harness.data import qwen3_vl_batch
-from bridge_cudagraph.harness.parity import capture_problems, compare_series, megatron_optimizer, train_steps
-from bridge_cudagraph.harness.world import close_world, init_world, parallel_state_untouched, seed_rng
 from bridge_cudagraph.layout import ParallelLayout, VisionLayout
+from bridge_cudagraph.testing.parity import capture_problems, compare_series, megatron_optimizer, train_steps
+from bridge_cudagraph.testing.world import close_world, init_world, parallel_state_untouched, seed_rng
 
 SEQ, MBS, STEPS = 256, 2, 30
 CASE_LIMIT_S = float(os.environ.get("BRIDGE_CUDAGRAPH_CASE_LIMIT_S", "150"))
@@ -228,7 +228,7 @@ def _median(values):
 
 
 def _timed(model, optimizer, steps, pgc, norms, times, on_step=None, after_backward=None):
-    from bridge_cudagraph.harness import parity
+    from bridge_cudagraph.testing import parity
 
     state = {"t": 0.0}
 

@@ -183,7 +183,7 @@ def _require_resumed(runs, name: str = "resumed") -> Run:
 
 def _compare(a: dict[int, float], b: dict[int, float], name: str):
     """Per-iteration losses compared NaN-safely (``parity.compare_series``): the same iterations, finite."""
-    from bridge_cudagraph.harness.parity import compare_series
+    from bridge_cudagraph.testing.parity import compare_series
 
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
     keys = sorted(a)
@@ -225,7 +225,7 @@ def test_runs_complete(runs, record):
 
 
 def test_callback_captured_after_warmup_and_again_after_resume(runs, record):
-    from bridge_cudagraph.harness.parity import assert_captured
+    from bridge_cudagraph.testing.parity import assert_captured
 
     runs.on.require_ok()
     assert runs.on.data["bridge_helper_name_installed"]

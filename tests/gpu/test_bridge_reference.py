@@ -3,7 +3,7 @@ bit for bit, under TE's deterministic kernels.
 
 Every other parity test compares the plugin against the plugin (its own provider with graphs off, its own rebuilt
 vision encoder). Here the reference is megatron.bridge's ``GPTModelProvider`` / ``Qwen3VLModelProvider`` itself
-(``harness.tiny.upstream_provider`` with ``cuda_graph_impl="none"``: no ``cuda_graph`` block, no mixin, Bridge's own
+(``examples.tiny.upstream_provider`` with ``cuda_graph_impl="none"``: no ``cuda_graph`` block, no mixin, Bridge's own
 vision encoder built under the language collection), with the weights copied into it from the plugin's model
 (``tiny.copy_weights``, strict: the state-dict keys must be identical).
 
@@ -75,14 +75,14 @@ def _cfg(language: bool, vision: bool):
 
 
 def _make(kind: str, cfg=None):
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     return tiny.tiny_gpt_provider(cfg) if kind == "gpt" else tiny.tiny_qwen3_vl_provider(cfg)
 
 
 def _bridge_model(kind: str, world):
     """The same model on Bridge's own provider class, graphs off (``cuda_graph_impl="none"``)."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     plain = tiny.upstream_provider(_make(kind))
     plain.cuda_graph_impl = "none"
@@ -93,7 +93,7 @@ def _bridge_model(kind: str, world):
 
 def _plugin_model(kind: str, world, cfg, bridge):
     """The plugin's model under ``cfg`` holding exactly Bridge's model's weights."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     provider = _make(kind, cfg)
     model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
@@ -103,7 +103,7 @@ def _plugin_model(kind: str, world, cfg, bridge):
 
 
 def _batches(kind: str):
-    from bridge_cudagraph.harness.data import gpt_batch, qwen3_vl_batch
+    from bridge_cudagraph.examples.data import gpt_batch, qwen3_vl_batch
 
     if kind == "gpt":
         return {f"text_{s}": gpt_batch(MBS, SEQ, seed=s) for s in range(3)}
@@ -111,7 +111,7 @@ def _batches(kind: str):
 
 
 def _require_bit_identical(plugin, bridge, batches, what: str, record) -> None:
-    from bridge_cudagraph.harness.parity import diff, loss_and_grads
+    from bridge_cudagraph.testing.parity import diff, loss_and_grads
 
     for name, batch in batches.items():
         ours, theirs = loss_and_grads(plugin, batch), loss_and_grads(bridge, batch)
@@ -132,7 +132,7 @@ def test_graphs_off_matches_bridge_bit_for_bit(world, record, kind):
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
 def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
-    from bridge_cudagraph.harness.parity import assert_captured
+    from bridge_cudagraph.testing.parity import assert_captured
 
     bridge = _bridge_model(kind, world)
     provider, plugin = _plugin_model(kind, world, _cfg(True, False), bridge)
@@ -151,7 +151,7 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
 
 
 def test_vision_graphs_match_bridge_bit_for_bit(world, record):
-    from bridge_cudagraph.harness.parity import assert_captured
+    from bridge_cudagraph.testing.parity import assert_captured
 
     bridge = _bridge_model("qwen3_vl", world)
     provider, plugin = _plugin_model("qwen3_vl", world, _cfg(False, True), bridge)

@@ -29,9 +29,9 @@ def _fail_inside_capture(layer, monkeypatch):
 @pytest.mark.parametrize("submodule", ["language", "vision"])
 def test_capture_fault_falls_back_to_eager(world, record, caplog, monkeypatch, submodule):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.data import qwen3_vl_batch
-    from bridge_cudagraph.harness.parity import capture_problems, compare_series, megatron_optimizer, train_steps
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.examples.data import qwen3_vl_batch
+    from bridge_cudagraph.testing.parity import capture_problems, compare_series, megatron_optimizer, train_steps
 
     cfg = CudaGraphConfig(
         language=LanguageGraphConfig(enabled=submodule == "language"),

@@ -31,7 +31,7 @@ def _graph_config(modules=None):
 
 def _pair(kind: str, world, modules=None):
     """(reference, graphed, graphed provider) with identical weights."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     make = {
         "gpt": tiny.tiny_gpt_provider,
@@ -46,7 +46,7 @@ def _pair(kind: str, world, modules=None):
 
 
 def _batches(kind: str):
-    from bridge_cudagraph.harness.data import gpt_batch, qwen3_vl_batch
+    from bridge_cudagraph.examples.data import gpt_batch, qwen3_vl_batch
 
     if kind == "gpt":
         return {f"text_{s}": gpt_batch(MBS, SEQ, seed=s) for s in range(3)}
@@ -60,8 +60,8 @@ CASES = [("gpt", None), ("qwen3_vl", None), ("qwen3_vl_moe", ["attn"])]
 def test_language_graphs_match_reference(world, record, kind, modules):
     from megatron.core import num_microbatches_calculator
 
-    from bridge_cudagraph.harness.parity import assert_captured, diff, loss_and_grads
-    from bridge_cudagraph.harness.world import parallel_state_untouched
+    from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads
+    from bridge_cudagraph.testing.world import parallel_state_untouched
 
     reference, graphed, provider = _pair(kind, world, modules)
     assert sorted(graphed[0].state_dict()) == sorted(reference[0].state_dict())
@@ -100,8 +100,8 @@ def test_language_graphs_match_reference(world, record, kind, modules):
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
 def test_thirty_optimizer_steps_match(world, record, kind):
-    from bridge_cudagraph.harness.data import gpt_batch, qwen3_vl_batch
-    from bridge_cudagraph.harness.parity import assert_captured, compare_series, megatron_optimizer, train_steps
+    from bridge_cudagraph.examples.data import gpt_batch, qwen3_vl_batch
+    from bridge_cudagraph.testing.parity import assert_captured, compare_series, megatron_optimizer, train_steps
 
     reference, graphed, provider = _pair(kind, world)
     sets = list(IMAGE_SETS.values())
@@ -163,8 +163,8 @@ def test_upstream_helper_on_the_same_qwen3_vl(world, record):
     )
     from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import LOSS_BOUND, diff, loss_and_grads
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import LOSS_BOUND, diff, loss_and_grads
 
     ours_ref = tiny.build(tiny.tiny_qwen3_vl_provider(), world.language, vision_pg_collection=world.vision)
     upstream_provider = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
@@ -191,8 +191,8 @@ def test_upstream_helper_on_the_same_qwen3_vl(world, record):
 def test_two_microbatches_per_step_match(world, record):
     """Two micro-batches per step: the graphs' returned parameter gradients (not cloned under Megatron's DDP) are
     consumed before the second micro-batch's replay writes the same buffers, so the steps match eager."""
-    from bridge_cudagraph.harness.data import gpt_batch
-    from bridge_cudagraph.harness.parity import assert_captured, compare_series, megatron_optimizer, train_steps
+    from bridge_cudagraph.examples.data import gpt_batch
+    from bridge_cudagraph.testing.parity import assert_captured, compare_series, megatron_optimizer, train_steps
 
     reference, graphed, provider = _pair("gpt", world)
     steps = [[gpt_batch(MBS, SEQ, seed=300 + 2 * i + m) for m in range(2)] for i in range(10)]

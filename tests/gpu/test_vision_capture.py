@@ -50,14 +50,14 @@ def _cfg(language: bool, vision: bool, budgets=BUDGETS):
 
 
 def _build(world, cfg):
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     provider = tiny.tiny_qwen3_vl_provider(cfg)
     return provider, tiny.build(provider, world.language, vision_pg_collection=world.vision)
 
 
 def _batch(images, seed=11):
-    from bridge_cudagraph.harness.data import qwen3_vl_batch
+    from bridge_cudagraph.examples.data import qwen3_vl_batch
 
     return qwen3_vl_batch(images, SEQ, seed=seed)
 
@@ -68,7 +68,7 @@ def _vision_helper(provider, model):
 
 
 def test_vision_encoder_has_its_own_groups(world):
-    from bridge_cudagraph.capture.vision import GraphedQwen3VLVisionModel
+    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
     _, model = _build(world, _cfg(False, True))
     encoder = model[0].module.module.vision_model
@@ -79,8 +79,8 @@ def test_vision_encoder_has_its_own_groups(world):
 
 
 def test_vision_graphs_match_reference(world, record):
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import FLOOR_FACTOR, assert_captured, diff, loss_and_grads
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import FLOOR_FACTOR, assert_captured, diff, loss_and_grads
 
     provider, graphed = _build(world, _cfg(False, True))
     _, reference = _build(world, _cfg(False, False))
@@ -133,8 +133,8 @@ def test_vision_graphs_match_reference(world, record):
 def test_thirty_steps_language_and_vision_graphs(world, record):
     """Not bit-exact: over 30 steps the eager model differs from itself (2-4e-4 on 2026-11-29). The graphed run is
     held to ``FLOOR_FACTOR`` times the worst pair of three eager runs, and must be finite at every step."""
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import (
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import (
         FLOOR_FACTOR,
         LOSS_BOUND,
         assert_captured,
@@ -193,8 +193,8 @@ def test_thirty_steps_language_and_vision_graphs(world, record):
 def test_upstream_vision_graph_path_changes_the_numbers(world, record):
     """Upstream's vision CUDA-graph mode (padding, no per-image boundaries) is active from step 0 and changes the
     per-token loss (0.14-0.19 on 2026-11-29): asserted above the 1e-3 bound."""
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import LOSS_BOUND, diff, loss_and_grads
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import LOSS_BOUND, diff, loss_and_grads
 
     upstream_provider = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
     upstream_provider.cuda_graph_impl = "none"
@@ -233,7 +233,7 @@ def _time_encoder(model, batch, iters=20):
 def test_vision_encoder_time_per_microbatch(world, record):
     """Bucketed graphs are faster than the eager encoder (17.7 vs 45.4 ms on 2026-11-29); the single max-length
     graph is timed for the record (it computes on padding, so its speed says nothing of ours' correctness)."""
-    from bridge_cudagraph.harness.parity import assert_captured
+    from bridge_cudagraph.testing.parity import assert_captured
 
     provider, model = _build(world, _cfg(False, True))
     batch = _batch(SETS["three_images_512"])
@@ -282,7 +282,7 @@ def test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times(worl
     two uploads of Bridge's ``fast_pos_embed_interpolate`` (``torch.tensor(..., device=...)``) are left."""
     import torch
 
-    from bridge_cudagraph.harness.parity import assert_captured
+    from bridge_cudagraph.testing.parity import assert_captured
 
     provider, model = _build(world, _cfg(False, True))
     encoder = model[0].module.module.vision_model
@@ -312,7 +312,7 @@ def _interleaved_loss_and_grads(model, batches):
     first pipeline stage holds them under 1F1B); the per-token losses and the accumulated gradients."""
     import torch
 
-    from bridge_cudagraph.harness.parity import masked_mean, per_token_loss
+    from bridge_cudagraph.testing.parity import masked_mean, per_token_loss
 
     for chunk in model:
         chunk.zero_grad_buffer()
@@ -337,8 +337,8 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
     import torch
 
     from bridge_cudagraph.capture.vision import VisionGraphHelper
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import assert_captured, diff
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import assert_captured, diff
 
     budgets = [2048, 4096, 8192]
     _, graphed = _build(world, _cfg(False, True, budgets))

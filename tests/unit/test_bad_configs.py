@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bridge_cudagraph.config import CudaGraphConfigError, cuda_graph_config_from_dict
-from bridge_cudagraph.harness import tiny
+from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.layout import LayoutError
 from bridge_cudagraph.strict import UnknownKeyError
 
@@ -96,7 +96,7 @@ BLOCK_CASES = [
 
 
 def _untouched() -> bool:
-    from bridge_cudagraph.harness.world import parallel_state_untouched
+    from bridge_cudagraph.testing.world import parallel_state_untouched
 
     return parallel_state_untouched() and not torch.distributed.is_initialized()
 
@@ -152,7 +152,7 @@ def test_graphs_get_the_te_rng_tracker_they_need():
 def run_config(tmp_path):
     from megatron.bridge.training.config import runtime_config_update
 
-    from bridge_cudagraph.tiny_recipe import tiny_qwen3_vl_config
+    from bridge_cudagraph.examples.tiny_recipe import tiny_qwen3_vl_config
 
     cfg = tiny_qwen3_vl_config(checkpoint_dir=str(tmp_path / "ckpt"))
     cfg.model.cuda_graph = cuda_graph_config_from_dict(BOTH)

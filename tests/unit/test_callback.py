@@ -29,7 +29,7 @@ from bridge_cudagraph.callback import (
     warmup_steps,
 )
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, LanguageGraphConfig, VisionGraphConfig
-from bridge_cudagraph.harness import tiny
+from bridge_cudagraph.examples import tiny
 
 
 @pytest.fixture(autouse=True)

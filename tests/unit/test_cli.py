@@ -21,7 +21,6 @@ FROZEN = {
     "validate": {"recipe", "overrides", "--world-size"},
     "plan": {"recipe", "overrides", "--world-size"},
     "train": {"recipe", "overrides"},
-    "bench": {"recipe", "overrides"},
 }
 
 
@@ -39,8 +38,8 @@ def _surface(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
 
 
 def test_verbs_and_flags_are_frozen():
-    """Exactly the four verbs, each with exactly its flags."""
-    assert VERBS == ("validate", "plan", "train", "bench")
+    """Exactly the three verbs, each with exactly its flags (the benchmark is `python -m benchmarks.bench`)."""
+    assert VERBS == ("validate", "plan", "train")
     assert _surface(build_parser()) == FROZEN
 
 
@@ -152,9 +151,9 @@ def test_missing_recipe_file():
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "error: recipe file no/such.yaml does not exist\n")
 
 
-@pytest.mark.parametrize("verb", ["train", "bench"])
+@pytest.mark.parametrize("verb", ["train"])
 def test_gpu_verbs_fail_fast_without_cuda(verb):
-    """Without CUDA, ``train``/``bench`` stop before importing the Megatron stack or reading the recipe."""
+    """Without CUDA, ``train`` stops before importing the Megatron stack or reading the recipe."""
     import torch
 
     if torch.cuda.is_available():
@@ -172,4 +171,4 @@ def test_console_script():
     if not script.exists():
         pytest.skip("the package is not installed as a distribution here (NGC path: python -m bridge_cudagraph)")
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True)
-    assert done.returncode == 0 and "{validate,plan,train,bench}" in done.stdout
+    assert done.returncode == 0 and "{validate,plan,train}" in done.stdout

@@ -13,7 +13,7 @@ from bridge_cudagraph.examples.processor import (
     build_processor_folder,
     processor_files,
 )
-from bridge_cudagraph.harness.tiny import (
+from bridge_cudagraph.examples.tiny import (
     IMAGE_TOKEN_ID,
     TINY_VOCAB,
     VIDEO_TOKEN_ID,

@@ -15,10 +15,10 @@ def _wiring(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.groups import build_collections
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.world import parallel_state_untouched
     from bridge_cudagraph.layout import ParallelLayout
+    from bridge_cudagraph.testing.world import parallel_state_untouched
 
     language = build_collections(ParallelLayout(tp=2), None, backend="gloo")["language"]
     cfg = CudaGraphConfig(
@@ -58,7 +58,7 @@ def test_a_rank_given_no_vision_collection_does_not_derive_one():
     """PP 2: only stage 0 holds the encoder and gets a vision collection; stage 1 is given None and must not start
     the derivation, a collective (``new_group``) stage 0 never joins: under NCCL that hung two H200s."""
     from bridge_cudagraph.config import CudaGraphConfig, VisionGraphConfig
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     provider = tiny.tiny_qwen3_vl_provider(CudaGraphConfig(vision=VisionGraphConfig(enabled=True)))
     provider.set_vision_pg_collection(None)
@@ -71,7 +71,7 @@ def test_a_rank_given_no_vision_collection_does_not_derive_one():
 
 def test_without_a_given_collection_the_derivation_needs_the_language_one():
     from bridge_cudagraph.config import CudaGraphConfig, VisionGraphConfig
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     provider = tiny.tiny_qwen3_vl_provider(CudaGraphConfig(vision=VisionGraphConfig(enabled=True)))
     with pytest.raises(RuntimeError, match="provide_distributed_model"):

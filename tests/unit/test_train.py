@@ -11,7 +11,7 @@ import pytest
 
 from bridge_cudagraph import bridge_loop, train
 from bridge_cudagraph.callback import CudaGraphCallback
-from bridge_cudagraph.harness import tiny
+from bridge_cudagraph.examples import tiny
 
 PRETRAIN = "megatron.bridge.training.pretrain"
 

@@ -1,4 +1,4 @@
-"""Render and merge benchmark results (``bench.json`` written by :mod:`bridge_cudagraph.bench`) on any machine.
+"""Render and merge benchmark results (``bench.json`` written by :mod:`benchmarks.bench`) on any machine.
 
 No torch, no GPU: ``render(json_path)`` writes ``bench.md`` (one markdown table per configuration, plus a summary)
 and ``bench.png`` (step time per configuration and variant, parity annotated) next to the JSON. ``merge`` joins
@@ -8,12 +8,12 @@ the JSON files of several runs (the full matrix may be split over several device
 Besides the table, ``bench.md`` says per configuration whether the graphed variants' loss drift is within the
 run-to-run noise floor (the ``eager_repeat`` control: eager trained a second time, :func:`noise_floor_verdict`),
 and, where ours' GPU-busy fraction is under :data:`GPU_BUSY_TARGET`, where the remaining host time goes (the
-``host_time`` attribution of :func:`bridge_cudagraph.bench.host_time_breakdown`, ours next to eager).
+``host_time`` attribution of :func:`benchmarks.bench.host_time_breakdown`, ours next to eager).
 
 Command line::
 
-    python -m bridge_cudagraph.bench_report render results/bench/bench.json
-    python -m bridge_cudagraph.bench_report merge a/bench.json b/bench.json --out results/bench
+    python -m benchmarks.bench_report render results/bench/bench.json
+    python -m benchmarks.bench_report merge a/bench.json b/bench.json --out results/bench
 """
 
 from __future__ import annotations
@@ -26,14 +26,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-#: The run-to-run control: eager trained a second time, exactly like ``eager``.
-CONTROL = "eager_repeat"
-#: Variants without graphs (no capture time, no graph memory).
-UNGRAPHED = ("eager", CONTROL)
-#: Variants in the order they are shown (the control next to its reference; run order is bench.VARIANTS).
-VARIANTS = ("eager", CONTROL, "upstream", "ours")
-#: Variants whose loss drift is judged against the noise floor.
-GRAPHED = ("upstream", "ours")
+from benchmarks.schema import CONTROL, FINISHED, GRAPHED, UNGRAPHED
+
+#: Variants in the order they are shown (the control next to its reference; run order is schema.VARIANTS).
+VARIANTS = ("eager", CONTROL, *GRAPHED)
 LABELS = {
     "eager": "eager (graphs off)",
     CONTROL: "eager again (run-to-run noise floor)",
@@ -945,10 +941,6 @@ def merge_data(datas: Sequence[dict], *, order: Sequence[str] | None = None) -> 
 
 
 #: Configuration statuses: written by bench.run ("running" while its variants run, "complete" after), and by
-#: :func:`mark_unfinished` for a process that stopped ("incomplete": some variants finished; "failed": none).
-FINISHED = "complete"
-
-
 def mark_unfinished(data: dict, expected: Mapping[str, Mapping[str, Any]]) -> dict:
     """Make every configuration of ``expected`` (name -> ``{"error": ..., "log": ..., "log_tail": ...}``, what its
     process left) visible in ``data``: one that is missing becomes ``{"status": "failed", ...}``; one that its
@@ -978,9 +970,7 @@ def merge(paths: Sequence[str | Path], out_dir: str | Path) -> Path:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bridge_cudagraph.bench_report", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_report", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="write bench.md and bench.png next to a bench.json")
     r.add_argument("json_path")

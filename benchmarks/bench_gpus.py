@@ -2,10 +2,10 @@
 
 Each configuration still runs all its variants side by side in one process on one GPU (the comparison the
 benchmark exists for); only *different* configurations run in parallel, on different GPUs. The parent splits them
-by estimated cost (:func:`split_configs`), starts ``python -m bridge_cudagraph.bench --configs ...`` per GPU
+by estimated cost (:func:`split_configs`), starts ``python -m benchmarks.bench --configs ...`` per GPU
 (``CUDA_VISIBLE_DEVICES``, its own rendezvous port, no launcher variables), stops a child over its time limit, and
 merges what every child wrote (a failed or stopped child loses only its unfinished configurations) into one
-``bench.json``, rendered like a single run. Used by ``bench --gpus N`` / ``--devices`` and
+``bench.json``, rendered like a single run. Used by ``python -m benchmarks.bench --gpus N`` / ``--devices`` and
 ``scripts/bench_two_gpus.sh``.
 """
 
@@ -27,22 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge_cudagraph import bench_report
-from bridge_cudagraph.bench import (
-    BENCH_ARGS_ENV,
-    DEFAULT_MEASURED_STEPS,
-    DEFAULT_ROUNDS,
-    DEFAULT_WARMUP_STEPS,
-    BenchConfig,
-    command_line,
-    json_safe,
-    say,
-)
-from bridge_cudagraph.bench_report import render
+from benchmarks import bench_report
+from benchmarks.bench_report import render
+from benchmarks.configs import DEFAULT_MEASURED_STEPS, DEFAULT_ROUNDS, DEFAULT_WARMUP_STEPS, BenchConfig
+from benchmarks.progress import say
+from benchmarks.schema import FINISHED, command_line, json_safe
 
 #: Building, snapshotting, capturing and checking one configuration, in tokens of one step (the rest of a
-#: configuration's cost grows with its tokens per step). A rough figure from the 2026-11-29 H200 run (tiny 31 s,
-#: small-mbs1-seq2048 72 s, per configuration); it only has to order the configurations, not predict seconds.
+#: configuration's cost grows with its tokens per step). A rough figure from an H200 run (results/README.md, "The
+#: benchmark's fixed cost"); it only has to order the configurations, not predict seconds.
 CONFIG_OVERHEAD_TOKENS = 1024
 #: Seconds a timed-out child gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 10.0
@@ -170,7 +163,7 @@ class Child:
 def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path) -> list[str]:
     """The command line of a child: this module on ``names`` into ``out_dir``, with the parent's step, round,
     profile, variant and control options (never ``--gpus``/``--devices``/``--time-limit``: a child runs in-process)."""
-    argv = [sys.executable, "-m", "bridge_cudagraph.bench", "--out", str(out_dir), "--configs", ",".join(names)]
+    argv = [sys.executable, "-m", "benchmarks.bench", "--out", str(out_dir), "--configs", ",".join(names)]
     argv += ["--measured-steps", str(int(getattr(options, "measured_steps", None) or DEFAULT_MEASURED_STEPS))]
     warmup = getattr(options, "warmup_steps", None)
     argv += ["--warmup-steps", str(int(DEFAULT_WARMUP_STEPS if warmup is None else warmup))]
@@ -199,10 +192,9 @@ def _free_ports(n: int) -> list[int]:
 
 def child_env(base: dict[str, str], device: str, port: int, cpus: Sequence[int] = ()) -> dict[str, str]:
     """A child's environment: one visible GPU, a one-process world of its own on ``port`` (a launcher's
-    ``RANK``/``MASTER_PORT`` would make the children collide), unbuffered output for a live log, no
-    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` (its options are on its command line), and, when it is pinned to ``cpus``,
-    an OpenMP pool no wider than them (unless the caller set ``OMP_NUM_THREADS``)."""
-    env = {k: v for k, v in base.items() if k not in _WORLD_ENV and k != BENCH_ARGS_ENV}
+    ``RANK``/``MASTER_PORT`` would make the children collide), unbuffered output for a live log, and, when it is
+    pinned to ``cpus``, an OpenMP pool no wider than them (unless the caller set ``OMP_NUM_THREADS``)."""
+    env = {k: v for k, v in base.items() if k not in _WORLD_ENV}
     env.update(CUDA_VISIBLE_DEVICES=device, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
     if cpus and "OMP_NUM_THREADS" not in base:
         env["OMP_NUM_THREADS"] = str(len(cpus))
@@ -328,7 +320,7 @@ def collect_children(children: Sequence[Child], *, order: Sequence[str], meta: d
         }
         for name in child.configs:
             unfinished[name] = why
-    done = {c.get("name") for c in merged["configs"] if c.get("status") in (None, bench_report.FINISHED)}
+    done = {c.get("name") for c in merged["configs"] if c.get("status") in (None, FINISHED)}
     bench_report.mark_unfinished(merged, {k: v for k, v in unfinished.items() if k not in done})
     merged["configs"].sort(key=lambda c: order.index(c["name"]) if c.get("name") in order else len(order))
     merged["meta"]["children"] = [

@@ -1,7 +1,12 @@
-"""Markers: ``gpu`` tests need a CUDA device and are skipped with a reason elsewhere (CI has none).
+"""Shared by ``tests/`` and ``benchmarks/tests/`` (hence at the repository root).
+
+Markers: ``gpu`` tests need a CUDA device and are skipped with a reason elsewhere (CI has none).
 
 And a recorder: ``record(**row)`` keeps a row under the test's name; with ``BRIDGE_CUDAGRAPH_RESULTS`` set to a JSON
 path, the rows are written there at the end with the date, versions and command (how ``results/`` is made).
+
+And ``world``: one pure-M4 world per GPU test session, shared by the GPU tests and the benchmark's short run (one
+NCCL world per process: two session fixtures would each try to start one).
 """
 
 from __future__ import annotations
@@ -33,6 +38,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def world():
+    """NCCL world of one GPU with our collections; ``parallel_state`` stays uninitialised."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from bridge_cudagraph.layout import VisionLayout
+    from bridge_cudagraph.testing.world import close_world, init_world
+
+    world = init_world(vision=VisionLayout())
+    yield world
+    import gc
+
+    gc.collect()  # graphs still referenced by finished tests' models go first (their pools hold NCCL buffers)
+    close_world(world)
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge_cudagraph import bench_report, bench_trace
+from benchmarks import bench_report, bench_trace
+from benchmarks import configs as bench_configs
 
 
 def _variant(step_ms, *, diff=None, per_token=None, busy=0.9, capture=None, graph_mib=None, source="profiler"):
@@ -66,7 +67,7 @@ def _synthetic() -> dict:
             "transformer_engine": "2.20.2",
             "megatron_core": "0.19.2",
             "megatron_bridge": "0.6.2",
-            "command": "python -m bridge_cudagraph.bench --quick",
+            "command": "python -m benchmarks.bench --quick",
             "measured_steps": 30,
             "warmup_steps": 3,
             "profiler_sees_graph_kernels": True,
@@ -364,12 +365,12 @@ def test_bar_annotation_colours_only_unexplained_drift():
 
 
 # ------------------------------------------------------------------------------------------ bench.py, CPU parts
-bench = pytest.importorskip("bridge_cudagraph.bench")
+bench = pytest.importorskip("benchmarks.bench")
 
 
 def test_config_matrix():
-    quick = [c.name for c in bench.quick_configs()]
-    full = [c.name for c in bench.full_configs()]
+    quick = [c.name for c in bench_configs.quick_configs()]
+    full = [c.name for c in bench_configs.full_configs()]
     assert quick == ["tiny", "small-mbs1-seq2048"]
     assert full == ["tiny", "small-mbs1-seq2048", "small-mbs2-seq2048", "small-mbs1-seq4096", "small-mbs2-seq4096"]
     assert [c.name for c in bench.select_configs(names="tiny, small-mbs2-seq4096")] == ["tiny", "small-mbs2-seq4096"]
@@ -377,7 +378,7 @@ def test_config_matrix():
         bench.select_configs(names=["huge"])
 
 
-@pytest.mark.parametrize("cfg", [*bench.full_configs()], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [*bench_configs.full_configs()], ids=lambda c: c.name)
 def test_images_fit_and_budgets_hold_every_microbatch(cfg):
     budgets = cfg.vision_budgets()
     assert budgets == sorted(set(budgets)) and all(b % 4 == 0 and b >= 4 for b in budgets)
@@ -386,7 +387,7 @@ def test_images_fit_and_budgets_hold_every_microbatch(cfg):
     for mb in cfg.image_sets:
         assert len(mb) == cfg.micro_batch_size
         for sample in mb:
-            tokens = sum(bench.image_tokens(g) + 9 for g in sample)
+            tokens = sum(bench_configs.image_tokens(g) + 9 for g in sample)
             assert tokens < cfg.seq_length
             for t, h, w in sample:
                 assert h % 2 == 0 and w % 2 == 0 and t >= 1
@@ -398,23 +399,27 @@ def test_images_fit_and_budgets_hold_every_microbatch(cfg):
 def test_small_batches_use_the_real_vocabulary():
     import torch
 
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
-    cfg = bench.small_config(2, 2048)
+    cfg = bench_configs.small_config(2, 2048)
     batch = bench.make_batch(cfg, cfg.image_sets[0], seed=5, device="cpu")
     ids, labels = batch["input_ids"], batch["labels"]
     assert ids.shape == (2, 2048) and labels.shape == (2, 2048)
     assert torch.equal(ids[:, 1:], labels[:, :-1])
-    image = bench.QWEN3_VL_TOKENS["image_token_id"]
+    image = bench_configs.QWEN3_VL_TOKENS["image_token_id"]
     assert int((ids == image).sum()) == cfg.patches_per_microbatch()[0] // 4
-    assert int((ids == bench.QWEN3_VL_TOKENS["vision_start_token_id"]).sum()) == sum(map(len, cfg.image_sets[0]))
+    assert int((ids == bench_configs.QWEN3_VL_TOKENS["vision_start_token_id"]).sum()) == sum(
+        map(len, cfg.image_sets[0])
+    )
     assert not bool(((ids >= tiny.IMAGE_TOKEN_ID) & (ids < 1004)).any())  # no tiny special id left
-    text = ids[(ids < bench.QWEN3_VL_TEXT_END)]
+    text = ids[(ids < bench_configs.QWEN3_VL_TEXT_END)]
     assert int(text.max()) > 100_000  # text spans the large vocabulary
     assert torch.equal(batch["loss_mask"], (labels != image).float())
 
 
-@pytest.mark.parametrize("make", [bench.tiny_config, lambda: bench.small_config(1, 2048)], ids=["tiny", "small"])
+@pytest.mark.parametrize(
+    "make", [bench_configs.tiny_config, lambda: bench_configs.small_config(1, 2048)], ids=["tiny", "small"]
+)
 def test_variant_providers_finalize(make):
     cfg = make()
     eager = bench.variant_provider(cfg, "eager")
@@ -502,7 +507,7 @@ def test_gpu_busy_summary_and_eager_fallback():
 
 
 def test_step_plan_cycles():
-    cfg = bench.tiny_config()
+    cfg = bench_configs.tiny_config()
     plan = bench.step_plan(cfg, 6)
     assert plan == [[0], [1], [2], [3], [0], [1]]
     assert bench.cycle_length(cfg) == 4
@@ -514,7 +519,7 @@ def test_clean_makes_json_safe():
     json.dumps(out, allow_nan=False)
 
 
-def test_main_parses_arguments_and_ignores_the_recipe(monkeypatch, tmp_path):
+def test_main_parses_arguments(monkeypatch, tmp_path):
     seen = {}
 
     def fake_run(configs, **kwargs):
@@ -523,25 +528,18 @@ def test_main_parses_arguments_and_ignores_the_recipe(monkeypatch, tmp_path):
         return {"configs": [{"name": "tiny", "variants": {"eager": {"status": "ok"}, "ours": {"status": "ok"}}}]}
 
     monkeypatch.setattr(bench, "run", fake_run)
-    assert bench.main(object(), ["--out", str(tmp_path), "--quick", "--measured-steps", "31", "--no-profile"]) == 0
+    assert bench.main(["--out", str(tmp_path), "--quick", "--measured-steps", "31", "--no-profile"]) == 0
     assert seen["configs"] == ["tiny", "small-mbs1-seq2048"]
     assert seen["out_dir"] == str(tmp_path) and seen["measured_steps"] == 31 and seen["profile"] is False
     assert list(seen["variants"]) == ["eager", "upstream", "ours", "eager_repeat"]  # the control is on by default
-    assert bench.main(None, ["--out", str(tmp_path), "--configs", "tiny", "--no-control"]) == 0
+    assert bench.main(["--out", str(tmp_path), "--configs", "tiny", "--no-control"]) == 0
     assert list(seen["variants"]) == ["eager", "upstream", "ours"]
 
     import argparse
 
     ns = argparse.Namespace(out=str(tmp_path), configs="tiny")  # a namespace with only some attributes
-    assert bench.main(None, ns) == 0
+    assert bench.main(ns) == 0
     assert seen["configs"] == ["tiny"] and seen["measured_steps"] == 30 and seen["warmup_steps"] == 3
-
-    # The CLI's own namespace (verb, recipe, overrides): options come from the environment.
-    monkeypatch.setenv(bench.BENCH_ARGS_ENV, f"--quick --out {tmp_path}/cli --measured-steps 40")
-    cli = argparse.Namespace(verb="bench", recipe="recipes/tiny.yaml", overrides=[])
-    assert bench.main(object(), cli) == 0
-    assert seen["configs"] == ["tiny", "small-mbs1-seq2048"]
-    assert seen["out_dir"] == f"{tmp_path}/cli" and seen["measured_steps"] == 40
 
 
 def test_main_fails_when_ours_fails(monkeypatch, tmp_path):
@@ -550,7 +548,7 @@ def test_main_fails_when_ours_fails(monkeypatch, tmp_path):
         "run",
         lambda configs, **kw: {"configs": [{"name": "tiny", "variants": {"ours": {"status": "failed"}}}]},
     )
-    assert bench.main(None, ["--out", str(tmp_path), "--configs", "tiny"]) == 1
+    assert bench.main(["--out", str(tmp_path), "--configs", "tiny"]) == 1
 
 
 def _timed(ms: float | None, status: str = "ok") -> dict:

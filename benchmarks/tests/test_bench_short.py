@@ -11,13 +11,14 @@ pytestmark = pytest.mark.gpu
 
 
 def test_short_bench_tiny(world, record, tmp_path):
-    from bridge_cudagraph import bench
-    from bridge_cudagraph.harness.parity import LOSS_BOUND, assert_captured
-    from bridge_cudagraph.harness.world import parallel_state_untouched
+    from benchmarks import bench
+    from benchmarks import configs as bench_configs
+    from bridge_cudagraph.testing.parity import LOSS_BOUND, assert_captured
+    from bridge_cudagraph.testing.world import parallel_state_untouched
 
     out_dir = tmp_path / "bench"
     data = bench.run(
-        [bench.tiny_config()],
+        [bench_configs.tiny_config()],
         out_dir=out_dir,
         measured_steps=5,
         warmup_steps=3,

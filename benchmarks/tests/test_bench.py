@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from bridge_cudagraph import bench, bench_gpus, bench_report, bench_trace
+from benchmarks import bench, bench_gpus, bench_report, bench_trace
+from benchmarks import configs as bench_configs
 
 
 class _Vision(torch.nn.Module):
@@ -151,7 +152,7 @@ def test_select_variants_adds_or_removes_the_control():
 
 
 def test_the_control_is_built_like_eager():
-    cfg = bench.tiny_config()
+    cfg = bench_configs.tiny_config()
     control = bench.variant_provider(cfg, "eager_repeat")
     eager = bench.variant_provider(cfg, "eager")
     assert type(control) is type(eager)
@@ -186,7 +187,7 @@ def test_run_config_runs_the_control_last_and_reports_progress(monkeypatch):
     monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
     monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {"seed": seed})
     out = bench.run_config(
-        bench.tiny_config(),
+        bench_configs.tiny_config(),
         world=None,
         measured_steps=2,
         warmup_steps=1,
@@ -224,7 +225,7 @@ def _run_tiny_config_with(monkeypatch, fake_run_variant, **kwargs) -> dict:
     monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
     monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
     kwargs = {"measured_steps": 2, "warmup_steps": 1, "profile": False, "profiler_sees_graph_kernels": None, **kwargs}
-    return bench.run_config(bench.tiny_config(), None, **kwargs)
+    return bench.run_config(bench_configs.tiny_config(), None, **kwargs)
 
 
 def test_run_config_adds_timing_rounds_to_the_graphed_variants(monkeypatch):
@@ -323,7 +324,12 @@ def test_run_config_stops_when_eager_fails(monkeypatch):
     monkeypatch.setattr(bench, "_run_variant", fake_run_variant)
     monkeypatch.setattr(bench, "make_batch", lambda cfg, images, seed, device="cuda": {})
     out = bench.run_config(
-        bench.tiny_config(), None, measured_steps=1, warmup_steps=0, profile=False, profiler_sees_graph_kernels=None
+        bench_configs.tiny_config(),
+        None,
+        measured_steps=1,
+        warmup_steps=0,
+        profile=False,
+        profiler_sees_graph_kernels=None,
     )
     assert calls == ["eager"] and list(out["variants"]) == ["eager"]
 
@@ -371,7 +377,7 @@ def test_main_with_gpus_dispatches_to_children(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_gpus, "run_on_gpus", fake_run_on_gpus)
     monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("--gpus must not run in-process"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    rc = bench.main(None, ["--out", str(tmp_path), "--quick", "--gpus", "2", "--time-limit", "500", "--no-control"])
+    rc = bench.main(["--out", str(tmp_path), "--quick", "--gpus", "2", "--time-limit", "500", "--no-control"])
     assert rc == 0
     assert seen["configs"] == ["tiny", "small-mbs1-seq2048"] and seen["devices"] == ["2", "3"]
     assert seen["limit"] == 500 and seen["out"] == str(tmp_path)
@@ -381,12 +387,12 @@ def test_main_with_gpus_dispatches_to_children(monkeypatch, tmp_path):
         return {"configs": [{"name": "tiny", "status": "failed", "variants": {}}]}, []
 
     monkeypatch.setattr(bench_gpus, "run_on_gpus", unfinished)
-    assert bench.main(None, ["--out", str(tmp_path), "--configs", "tiny", "--devices", "0"]) == 1
+    assert bench.main(["--out", str(tmp_path), "--configs", "tiny", "--devices", "0"]) == 1
 
 
 def test_time_limit_needs_children(tmp_path):
     with pytest.raises(SystemExit, match="--gpus"):
-        bench.main(None, ["--out", str(tmp_path), "--configs", "tiny", "--time-limit", "5"])
+        bench.main(["--out", str(tmp_path), "--configs", "tiny", "--time-limit", "5"])
 
 
 def test_gpus_flag_parses():
@@ -409,3 +415,26 @@ def test_teardown_returns_only_what_outlives_it():
     assert objs == {}
     optimizer = torch.optim.SGD(kept.parameters(), lr=0.1)
     assert bench._teardown({"model": None, "optimizer": optimizer}) == {"optimizer": optimizer}
+
+
+# ------------------------------------------------------------------------------------------ non-finite steps
+
+
+def test_a_nan_step_is_not_reported_as_no_difference():
+    """Python's max() skips NaN (max([0.0, nan]) == 0.0): a NaN loss must leave no difference to report, and
+    fail the variant, on either side of the comparison."""
+    nan = float("nan")
+    assert max([0.0, nan]) == 0.0  # the trap
+    same = bench.compare_steps([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], grad_norms=[1.0] * 3, reference_grad_norms=[1.0] * 3)
+    assert same["loss_max_abs_diff_vs_eager"] == 0.0 and same["exact_steps"] == 3 and "not_compared" not in same
+    for ours, eager in (([1.0, nan, 3.0], [1.0, 2.0, 3.0]), ([1.0, 2.0, 3.0], [1.0, 2.0, float("inf")])):
+        out = bench.compare_steps(ours, eager, warmup_steps=1)
+        assert out["loss_max_abs_diff_vs_eager"] is None and out["loss_max_abs_diff_after_capture"] is None
+        assert out["exact_steps"] is None and out["not_compared"]
+    grads = bench.compare_steps([1.0, 2.0], [1.0, 2.0], grad_norms=[1.0, nan], reference_grad_norms=[1.0, 1.0])
+    assert grads["not_compared"] == {"grad_norms": [1]} and grads["loss_max_abs_diff_vs_eager"] is None
+    with pytest.raises(bench.NonFiniteStepError, match=r"loss at steps \[1\]"):
+        bench.require_finite([1.0, nan, 3.0])
+    with pytest.raises(bench.NonFiniteStepError, match="grad norm"):
+        bench.require_finite([1.0], [float("inf")])
+    bench.require_finite([1.0, 2.0], [0.5, 0.5])

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bridge_cudagraph.harness.tiny import IMAGE_TOKEN_ID, TINY_VOCAB, VISION_END_TOKEN_ID, VISION_START_TOKEN_ID
+from bridge_cudagraph.examples.tiny import IMAGE_TOKEN_ID, TINY_VOCAB, VISION_END_TOKEN_ID, VISION_START_TOKEN_ID
 
 #: Text tokens are drawn below this id, so they never collide with the special ids of the tiny vocabulary.
 _TEXT_VOCAB = 900

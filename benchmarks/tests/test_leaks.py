@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bridge_cudagraph.harness.leaks import holder_chains
+from benchmarks.leaks import holder_chains
 
 _REGISTRY: dict[str, object] = {}  # a module-level global, as a library's registry would be
 
@@ -59,7 +59,7 @@ class _MegatronOptimizer:
 
 
 def test_training_tensors_are_the_buffers_main_params_and_adam_states():
-    from bridge_cudagraph.harness.leaks import release_training_memory, training_tensors
+    from benchmarks.leaks import release_training_memory, training_tensors
 
     chunk = torch.nn.Linear(2, 2)  # a plain module: its ``buffers`` is nn.Module's method, not a list
     ddp_chunk = torch.nn.Module()
@@ -78,7 +78,7 @@ def test_training_tensors_are_the_buffers_main_params_and_adam_states():
 
 
 def test_chained_optimizers_are_walked():
-    from bridge_cudagraph.harness.leaks import training_tensors
+    from benchmarks.leaks import training_tensors
 
     a, b = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(2))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
-from bridge_cudagraph.harness import tiny
+from bridge_cudagraph.examples import tiny
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
-"""``bridge-cudagraph bench``: eager vs upstream's graphs vs ours, same model, weights and batches, one GPU.
+"""The benchmark: eager vs upstream's graphs vs ours, same model, weights and batches, one GPU.
 
 For each configuration, in one process on one GPU under pure M4 process groups
-(:func:`bridge_cudagraph.harness.world.init_world`), the same model is trained four ways, one after the other
+(:func:`bridge_cudagraph.testing.world.init_world`), the same model is trained four ways, one after the other
 (each variant freed before the next is built; the initial weights are kept as a CPU state dict):
 
 1. ``eager``: graphs off (our provider with an empty ``cuda_graph`` block);
@@ -13,11 +13,11 @@ For each configuration, in one process on one GPU under pure M4 process groups
 4. ``eager_repeat`` (the control; ``--no-control`` skips it): eager again, built and run exactly like ``eager``
    (same provider, initial weights, batches and step plan), last, so it also runs in the process state the graphed
    variants left. Its differences from eager (every step's loss, the fixed batch, the grad norms) are the run-to-run
-   noise floor, and :func:`bridge_cudagraph.bench_report.noise_floor_verdict` says whether a graphed variant's
+   noise floor, and :func:`benchmarks.bench_report.noise_floor_verdict` says whether a graphed variant's
    drift is within it (``vs_noise_floor``);
 5. the paired phase (``--no-paired`` skips it): upstream and ours built side by side and captured, then their
    measured steps interleaved (step ``i`` on one, at once on the other, the first of each pair alternating), in the
-   configuration's ``paired``; :func:`bridge_cudagraph.bench_report.speed_vs_upstream` judges ours vs upstream on
+   configuration's ``paired``; :func:`benchmarks.bench_report.speed_vs_upstream` judges ours vs upstream on
    the per-pair ratios (a distribution-free confidence interval of their median), since on a host-bound step
    the step times wander by 10-20% over seconds and separate runs cannot tell a few percent apart. It needs both
    models in memory at once (:func:`paired_memory_check`), else it is skipped with the reason;
@@ -25,19 +25,19 @@ For each configuration, in one process on one GPU under pure M4 process groups
    (no profile or fixed batch), in ``repeat_rounds``, in the order A B, control, B A (:func:`run_plan`).
 
 Each variant: build, load the initial weights, ``warmup_steps`` eager steps, capture (timed), ``measured_steps`` timed
-training steps (Megatron's schedule + distributed optimizer, as :func:`~bridge_cudagraph.harness.parity.train_steps`),
+training steps (Megatron's schedule + distributed optimizer, as :func:`~bridge_cudagraph.testing.parity.train_steps`),
 a few profiled steps (the control runs them unprofiled): the GPU-busy fraction, and where the host time goes
 (:class:`PhaseMarkers` put ``bcg_phase/*`` ranges around the step's phases for those steps only, and
-:func:`~bridge_cudagraph.bench_trace.host_time_breakdown` attributes the GPU-idle time of the exported trace to
+:func:`~benchmarks.bench_trace.host_time_breakdown` attributes the GPU-idle time of the exported trace to
 phases, CPU ops and CUDA runtime calls: ``host_time``); then a per-token-loss check on one fixed batch with the
 initial weights copied back in. Results go to ``bench.json``, rewritten after every variant (a configuration in
 progress is marked ``"status": "running"``, a finished one ``"complete"``);
-:func:`bridge_cudagraph.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also on a machine without
+:func:`benchmarks.bench_report.render` turns it into ``bench.md`` and ``bench.png`` (also on a machine without
 a GPU).
 
-Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the recipe the CLI loads is not used:
+Configurations are built in (:mod:`benchmarks.configs`: :func:`quick_configs`, :func:`full_configs`):
 
-* ``tiny``: :mod:`bridge_cudagraph.harness.tiny`'s Qwen3-VL (4 + 4 layers), seq 256, micro-batch 2, four micro-batches
+* ``tiny``: :mod:`bridge_cudagraph.examples.tiny`'s Qwen3-VL (4 + 4 layers), seq 256, micro-batch 2, four micro-batches
   of 1-8 images (the GPU tests' sets);
 * ``small-mbs{1,2}-seq{2048,4096}``: a Qwen3-VL-2B-like model with the real shapes (language 28 x 2048, 16 heads,
   8 KV groups, FFN 6144, vocab 151936 with the real special token ids, mRoPE [24, 20, 20]; vision 24 x 1024,
@@ -46,11 +46,11 @@ Configurations are built in (:func:`quick_configs`, :func:`full_configs`); the r
 
 ``--quick`` runs ``tiny`` and ``small-mbs1-seq2048``; the default runs the whole matrix.
 
-Run: ``python -m bridge_cudagraph.bench --out results/bench [--quick] [--configs NAME,...] [--no-control]``, or
-through the CLI, ``BRIDGE_CUDAGRAPH_BENCH_ARGS="--quick --out DIR" bridge-cudagraph bench RECIPE.yaml``.
+Run (from the repository root): ``python -m benchmarks.bench --out results/bench [--quick] [--configs NAME,...]
+[--no-control]``.
 
 Several GPUs (the full matrix does not fit one 10-minute call on one GPU): ``--gpus N`` (or ``--devices 0,1``)
-splits the configurations into N groups of balanced cost (:mod:`bridge_cudagraph.bench_gpus`: tokens per step
+splits the configurations into N groups of balanced cost (:mod:`benchmarks.bench_gpus`: tokens per step
 plus a fixed overhead, heaviest first into the lightest group) and starts one child process per GPU
 (``CUDA_VISIBLE_DEVICES=<id>``, the same options, ``--configs <group>``, output and ``bench.log`` in
 ``OUT/part<i>-gpu<id>/``). Each configuration still runs all its variants in one process on one GPU. The parent
@@ -66,15 +66,12 @@ import argparse
 import contextlib
 import copy
 import gc
-import inspect
 import json
 import logging
 import math
 import os
 import platform
-import random
 import re
-import shlex
 import statistics
 import sys
 import tempfile
@@ -88,229 +85,43 @@ from typing import Any
 
 import torch
 
-from bridge_cudagraph import bench_report
-from bridge_cudagraph.bench_report import render
-from bridge_cudagraph.bench_trace import (
+from benchmarks import bench_gpus, bench_report
+from benchmarks.bench_report import render
+from benchmarks.bench_trace import (
     PHASE_PREFIX,
     STEP_MARK,
     gpu_busy_summary,
     host_time_breakdown,
     kernel_time_per_step,
 )
+from benchmarks.configs import (
+    DEFAULT_MEASURED_STEPS,
+    DEFAULT_ROUNDS,
+    DEFAULT_WARMUP_STEPS,
+    MERGE,
+    QWEN3_VL_TEXT_END,
+    QWEN3_VL_TOKENS,
+    QWEN3_VL_VOCAB,
+    BenchConfig,
+    configs_by_name,
+    full_configs,
+    quick_configs,
+)
+from benchmarks.progress import say
+from benchmarks.schema import CONTROL, FAILED, FINISHED, UNGRAPHED, VARIANTS, command_line, json_safe
 
-logger = logging.getLogger("bridge_cudagraph.bench")
+logger = logging.getLogger("benchmarks.bench")
 
-#: The run-to-run control: eager again, built and run exactly like eager (bench_report judges drift against it).
-CONTROL = bench_report.CONTROL
-#: Variants without graphs.
-UNGRAPHED = bench_report.UNGRAPHED
-#: Every variant, in the order they run: eager first (the reference), the graphed ones, the control last.
-VARIANTS = ("eager", "upstream", "ours", CONTROL)
 #: What ``--variants`` chooses from by default (the control is switched by ``--no-control``).
-MAIN_VARIANTS = ("eager", "upstream", "ours")
-DEFAULT_MEASURED_STEPS = 30
-#: Timed rounds per graphed variant: the first is the full run; later ones (``--rounds``) are timing-only reruns in
-#: alternating order after the control (:func:`run_plan`). The paired phase (:func:`_run_paired`) is what the
-#: ours-vs-upstream verdict rests on; extra rounds add how far one variant moves between builds.
-DEFAULT_ROUNDS = 1
-DEFAULT_WARMUP_STEPS = 3
+MAIN_VARIANTS = tuple(v for v in VARIANTS if v != CONTROL)
 SEED = 1234
-
-#: Qwen3-VL's real vocabulary and special token ids (HF ``Qwen/Qwen3-VL-2B-Instruct`` config).
-QWEN3_VL_VOCAB = 151936
-QWEN3_VL_TOKENS = {
-    "image_token_id": 151655,
-    "video_token_id": 151656,
-    "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-}
-#: Random text is drawn below the first special id.
-QWEN3_VL_TEXT_END = 151643
-
-#: Image grids ``(t, h, w)`` in patches for the small model: 196 to 4096 patches (49 to 1024 merged tokens).
-SMALL_IMAGE_POOL: tuple[tuple[int, int, int], ...] = (
-    (1, 14, 14),
-    (1, 20, 28),
-    (1, 28, 28),
-    (1, 24, 32),
-    (1, 30, 40),
-    (1, 36, 48),
-    (1, 48, 48),
-    (1, 44, 60),
-    (1, 64, 64),
-)
-
-#: The GPU tests' image sets for the tiny model (micro-batch 2): one, three, eight images, a two-frame video.
-TINY_IMAGE_SETS: tuple = (
-    (((1, 8, 8),), ()),
-    (((1, 8, 8), (1, 12, 8)), ((1, 16, 12),)),
-    (
-        ((1, 4, 4), (1, 8, 4), (1, 8, 8), (1, 4, 12)),
-        ((1, 12, 8), (1, 8, 16), (1, 12, 16), (1, 12, 12)),
-    ),
-    (((2, 8, 8),), ()),
-)
-
-_MERGE = 2
-#: Tokens one image takes besides its image tokens: vision start/end and up to 7 text tokens before it.
-_IMAGE_OVERHEAD_TOKENS = 9
-
-
-# ============================================================================================ configurations
-@dataclass(frozen=True)
-class BenchConfig:
-    """One benchmark configuration: a model, static shapes and the micro-batches cycled through."""
-
-    name: str
-    model: str
-    """``"tiny"`` or ``"small"``."""
-    seq_length: int
-    micro_batch_size: int
-    image_sets: tuple
-    """One entry per distinct micro-batch: per sample, a tuple of image grids ``(t, h, w)`` in patches."""
-    num_microbatches: int = 1
-    description: str = ""
-    budget_round: int = 256
-    """The largest vision budget is the data's largest micro-batch (in patches) rounded up to this."""
-
-    def patches_per_microbatch(self) -> list[int]:
-        """Vision patches of each distinct micro-batch."""
-        return [sum(t * h * w for sample in mb for (t, h, w) in sample) for mb in self.image_sets]
-
-    def frames_per_microbatch(self) -> list[int]:
-        """Attention segments (image frames) of each distinct micro-batch."""
-        return [sum(t for sample in mb for (t, _, _) in sample) for mb in self.image_sets]
-
-    def vision_budgets(self) -> list[int]:
-        """Ours: a ladder of :data:`bridge_cudagraph.budgets.LADDER_STEPS` budgets from the data's largest
-        micro-batch down (halvings), each a multiple of ``merge**2`` (what ``derive_token_budgets`` does from the
-        sequence bound, here from the batches)."""
-        from bridge_cudagraph.budgets import LADDER_STEPS, round_up
-
-        unit = _MERGE * _MERGE
-        top = round_up(max([*self.patches_per_microbatch(), unit]), max(unit, self.budget_round))
-        return sorted({round_up(max(unit, top >> step), unit) for step in range(LADDER_STEPS)})
-
-    def vision_max_segments(self) -> int:
-        """Ours: the static ``cu_seqlens`` length (the plugin's default, or more if the data has more frames)."""
-        from bridge_cudagraph.budgets import derive_max_segments
-
-        return max(derive_max_segments(self.vision_budgets(), _MERGE), *self.frames_per_microbatch())
-
-    def upstream_vision_seq_length(self) -> int:
-        """Upstream: one ``max_vision_cuda_graph_seq_length`` that holds the largest micro-batch (patches)."""
-        return self.vision_budgets()[-1]
-
-    def as_dict(self) -> dict:
-        """For ``bench.json``."""
-        return {
-            "name": self.name,
-            "model": self.model,
-            "description": self.description,
-            "seq_length": self.seq_length,
-            "micro_batch_size": self.micro_batch_size,
-            "num_microbatches": self.num_microbatches,
-            "images": [[list(map(list, sample)) for sample in mb] for mb in self.image_sets],
-            "patches_per_microbatch": self.patches_per_microbatch(),
-            "frames_per_microbatch": self.frames_per_microbatch(),
-            "vision_budgets": self.vision_budgets(),
-            "vision_max_segments": self.vision_max_segments(),
-            "upstream_vision_seq_length": self.upstream_vision_seq_length(),
-        }
-
-
-def image_tokens(grid: tuple[int, int, int], merge: int = _MERGE) -> int:
-    """Language tokens one image takes (``t*h*w / merge**2``)."""
-    t, h, w = grid
-    return t * h * w // (merge * merge)
-
-
-def image_mix(
-    seq_length: int,
-    micro_batch_size: int,
-    *,
-    batches: int = 4,
-    seed: int = 0,
-    fill: float = 0.6,
-    pool: Sequence[tuple[int, int, int]] = SMALL_IMAGE_POOL,
-) -> tuple:
-    """``batches`` micro-batches; sample ``s`` of micro-batch ``b`` holds ``1 + (b + 2s) % 4`` images drawn (seeded,
-    weighted by size) from ``pool`` such that its image tokens and their delimiters stay within
-    ``fill * seq_length``."""
-    rng = random.Random(seed)
-    cap = int(seq_length * fill)
-    out = []
-    for b in range(batches):
-        samples = []
-        for s in range(micro_batch_size):
-            n = 1 + (b + 2 * s) % 4
-            per_image = cap // n - _IMAGE_OVERHEAD_TOKENS
-            choices = [g for g in pool if image_tokens(g) <= per_image] or [min(pool, key=image_tokens)]
-            weights = [image_tokens(g) for g in choices]  # larger images more often: a vision-heavy mix
-            samples.append(tuple(rng.choices(choices, weights=weights, k=n)))
-        out.append(tuple(samples))
-    return tuple(out)
-
-
-def tiny_config() -> BenchConfig:
-    """The tiny Qwen3-VL of the GPU tests: seq 256, micro-batch 2."""
-    return BenchConfig(
-        name="tiny",
-        model="tiny",
-        seq_length=256,
-        micro_batch_size=2,
-        image_sets=TINY_IMAGE_SETS,
-        budget_round=256,
-        description="Tiny Qwen3-VL (4 language layers of hidden 512, 4 vision layers of hidden 256), seq 256, "
-        "micro-batch 2, 1 micro-batch per step; micro-batches of 1, 3 and 8 images and a two-frame video.",
-    )
-
-
-def small_config(micro_batch_size: int, seq_length: int) -> BenchConfig:
-    """The Qwen3-VL-2B-like model at one shape."""
-    return BenchConfig(
-        name=f"small-mbs{micro_batch_size}-seq{seq_length}",
-        model="small",
-        seq_length=seq_length,
-        micro_batch_size=micro_batch_size,
-        image_sets=image_mix(seq_length, micro_batch_size, seed=seq_length + micro_batch_size),
-        budget_round=1024,
-        description=(
-            f"Qwen3-VL-2B-like (language 28 layers x 2048, 16 heads / 8 KV groups, FFN 6144, vocab 151936, tied "
-            f"embeddings; vision 24 layers x 1024, FFN 4096, deepstack [5, 11, 17]), seq {seq_length}, micro-batch "
-            f"{micro_batch_size}, 1 micro-batch per step; 1-4 images of 196-4096 patches per sample."
-        ),
-    )
-
-
-def quick_configs() -> list[BenchConfig]:
-    """``--quick``: tiny and the small model at micro-batch 1, sequence 2048."""
-    return [tiny_config(), small_config(1, 2048)]
-
-
-def full_configs() -> list[BenchConfig]:
-    """The whole matrix: tiny, and the small model at micro-batch 1 and 2 x sequence 2048 and 4096."""
-    return [tiny_config()] + [small_config(mbs, seq) for seq in (2048, 4096) for mbs in (1, 2)]
-
-
-def configs_by_name(names: Iterable[str]) -> list[BenchConfig]:
-    """Configurations by name (``tiny``, ``small-mbs1-seq2048``, ...); raises on an unknown one."""
-    known = {c.name: c for c in full_configs()}
-    out = []
-    for name in names:
-        if name not in known:
-            raise ValueError(f"unknown bench configuration {name!r}; known: {sorted(known)}")
-        out.append(known[name])
-    return out
 
 
 # ============================================================================================ models
 def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
     """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block: the
     tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     deepstack = [5, 11, 17]
     vision = tiny.tiny_vision_config(
@@ -337,7 +148,7 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
         mrope_section=[24, 20, 20],
         layernorm_epsilon=1e-6,
         vision_config=vision,
-        spatial_merge_size=_MERGE,
+        spatial_merge_size=MERGE,
         num_position_embeddings=2304,
         out_hidden_size=2048,
         deepstack_visual_indexes=list(deepstack),
@@ -347,7 +158,7 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
 
 def make_provider(cfg: BenchConfig, cuda_graph=None):
     """Our provider for ``cfg`` (graphs as ``cuda_graph`` says; None = off)."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     if cfg.model == "tiny":
         return tiny.tiny_qwen3_vl_provider(
@@ -375,8 +186,8 @@ def ours_graph_config(cfg: BenchConfig):
 
 
 def variant_provider(cfg: BenchConfig, variant: str):
-    """The provider of one variant (not finalized; :func:`bridge_cudagraph.harness.tiny.build` does that)."""
-    from bridge_cudagraph.harness import tiny
+    """The provider of one variant (not finalized; :func:`bridge_cudagraph.examples.tiny.build` does that)."""
+    from bridge_cudagraph.examples import tiny
 
     if variant in UNGRAPHED:  # the control is built exactly like eager
         return make_provider(cfg, None)
@@ -392,10 +203,10 @@ def variant_provider(cfg: BenchConfig, variant: str):
 
 # ============================================================================================ data
 def to_real_vocab(batch: dict, *, seed: int) -> dict:
-    """Map a :func:`~bridge_cudagraph.harness.data.qwen3_vl_batch` (tiny ids, CPU tensors) onto Qwen3-VL's real
+    """Map a :func:`~bridge_cudagraph.examples.data.qwen3_vl_batch` (tiny ids, CPU tensors) onto Qwen3-VL's real
     vocabulary: special ids to the real ones, text to fresh random ids below the special range. Image positions,
     the loss mask, pixels and grids are unchanged."""
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     tokens = torch.cat([batch["input_ids"][:, :1], batch["labels"]], dim=1)
     g = torch.Generator().manual_seed(seed)
@@ -416,7 +227,7 @@ def to_real_vocab(batch: dict, *, seed: int) -> dict:
 
 def make_batch(cfg: BenchConfig, images, *, seed: int, device: str = "cuda") -> dict:
     """One micro-batch of ``cfg`` with ``images`` (per sample), on ``device``."""
-    from bridge_cudagraph.harness.data import qwen3_vl_batch
+    from bridge_cudagraph.examples.data import qwen3_vl_batch
 
     batch = qwen3_vl_batch([list(sample) for sample in images], cfg.seq_length, seed=seed, device="cpu")
     if cfg.model != "tiny":
@@ -575,7 +386,7 @@ class PhaseMarkers:
 
     Installed for the profiled steps only and removed after (:meth:`remove`): forward hooks on the model chunks,
     the vision encoders and the language models, tensor hooks for the vision backward, and a per-instance wrapper
-    of ``optimizer.step``; nothing of :mod:`bridge_cudagraph.harness.parity`, the model's classes or the
+    of ``optimizer.step``; nothing of :mod:`bridge_cudagraph.testing.parity`, the model's classes or the
     optimizer's class changes. Main-thread phases follow one another and cover the step: ``step_setup`` (from
     :meth:`start_step` to the first forward), ``forward``, ``backward`` (from a forward's end to the next forward or
     the optimizer step: loss, backward, gradient finalisation), ``optimizer_step``, ``step_end`` (until
@@ -731,20 +542,13 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-_TRAIN_STEPS_TAKES_GRAD_NORMS: bool | None = None
-
-
 def _train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_norms: list) -> tuple[float, float]:
-    """One training step through :func:`bridge_cudagraph.harness.parity.train_steps`; ``(loss, wall ms)``."""
-    global _TRAIN_STEPS_TAKES_GRAD_NORMS
-    from bridge_cudagraph.harness.parity import train_steps
+    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps`; ``(loss, wall ms)``."""
+    from bridge_cudagraph.testing.parity import train_steps
 
-    if _TRAIN_STEPS_TAKES_GRAD_NORMS is None:
-        _TRAIN_STEPS_TAKES_GRAD_NORMS = "grad_norms" in inspect.signature(train_steps).parameters
-    extra = {"grad_norms": grad_norms} if _TRAIN_STEPS_TAKES_GRAD_NORMS else {}
     torch.cuda.synchronize()
     start = time.perf_counter()
-    loss = train_steps(model, optimizer, [micro_batches], pg_collection=pg_collection, **extra)[0]
+    loss = train_steps(model, optimizer, [micro_batches], pg_collection=pg_collection, grad_norms=grad_norms)[0]
     torch.cuda.synchronize()
     return loss, (time.perf_counter() - start) * 1e3
 
@@ -752,7 +556,7 @@ def _train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad
 def _fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float]:
     """Per-token loss (CPU, fp32) and total gradient norm of one forward/backward on ``batch``; gradient buffers
     are zeroed before and after."""
-    from bridge_cudagraph.harness.parity import masked_mean, per_token_loss
+    from bridge_cudagraph.testing.parity import masked_mean, per_token_loss
 
     for chunk in model:
         chunk.zero_grad_buffer()
@@ -773,19 +577,75 @@ def _fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float]:
     return loss.detach().cpu(), norm
 
 
+def non_finite_steps(values: Sequence[float] | None) -> list[int]:
+    """The steps whose value is NaN, inf or missing."""
+    return [i for i, v in enumerate(values or []) if v is None or not math.isfinite(v)]
+
+
+class NonFiniteStepError(RuntimeError):
+    """A variant's run had a NaN or infinite loss or grad norm: it is failed, never compared."""
+
+
+def require_finite(losses: Sequence[float], grad_norms: Sequence[float] | None = None) -> None:
+    """Raise :class:`NonFiniteStepError` when any step's loss or grad norm is not finite (the variant's record
+    is then failed by :func:`_run_variant`, with what :func:`compare_steps` found)."""
+    bad = {
+        name: steps
+        for name, steps in (("loss", non_finite_steps(losses)), ("grad norm", non_finite_steps(grad_norms)))
+        if steps
+    }
+    if bad:
+        raise NonFiniteStepError(
+            "non-finite " + "; ".join(f"{name} at steps {steps[:10]}" for name, steps in bad.items())
+        )
+
+
+def compare_steps(
+    losses: Sequence[float],
+    reference: Sequence[float],
+    *,
+    grad_norms: Sequence[float] | None = None,
+    reference_grad_norms: Sequence[float] | None = None,
+    warmup_steps: int = 0,
+) -> dict[str, Any]:
+    """A variant's per-step losses (and grad norms) against eager's: the fields of its ``bench.json`` record.
+
+    Python's ``max()`` skips NaN (``max([0.0, nan]) == 0.0``), so a run whose losses went NaN would read as
+    identical. Here any non-finite loss or grad norm, on either side, leaves every difference ``None`` and names
+    the steps in ``not_compared``; :func:`require_finite` then fails the variant."""
+    out: dict[str, Any] = {}
+    bad = {
+        "losses": non_finite_steps(losses),
+        "reference_losses": non_finite_steps(reference),
+        "grad_norms": non_finite_steps(grad_norms),
+        "reference_grad_norms": non_finite_steps(reference_grad_norms),
+    }
+    bad = {k: v for k, v in bad.items() if v}
+    if len(losses) != len(reference):
+        bad["length"] = [len(losses), len(reference)]
+    if bad:
+        out["not_compared"] = bad
+        out.update(
+            loss_abs_diff_per_step=None,
+            loss_max_abs_diff_vs_eager=None,
+            loss_max_abs_diff_after_capture=None,
+            exact_steps=None,
+        )
+        return out
+    diffs = [abs(a - b) for a, b in zip(losses, reference, strict=True)]
+    out["loss_abs_diff_per_step"] = diffs
+    out["loss_max_abs_diff_vs_eager"] = max(diffs) if diffs else None
+    out["loss_max_abs_diff_after_capture"] = max(diffs[warmup_steps:], default=None)
+    out["exact_steps"] = sum(d == 0 for d in diffs)
+    if grad_norms and reference_grad_norms and len(grad_norms) == len(reference_grad_norms):
+        out["grad_norm_max_rel_diff_vs_eager"] = max(
+            abs(a - b) / max(abs(b), 1e-12) for a, b in zip(grad_norms, reference_grad_norms, strict=True)
+        )
+    return out
+
+
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
-
-
-def json_safe(value: Any) -> Any:
-    """JSON-safe: NaN/inf floats become None, tuples lists, dict keys strings."""
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
 
 
 # ============================================================================================ one variant
@@ -810,14 +670,9 @@ class _Shared:
     eager_profile: dict | None = None
 
 
-def say(message: str) -> None:
-    """A progress line on stdout, flushed (the device machine returns only the log's tail)."""
-    print(f"[bench] {message}", flush=True)
-
-
 def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
-    from bridge_cudagraph.harness import tiny
-    from bridge_cudagraph.harness.parity import megatron_optimizer
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import megatron_optimizer
 
     world = shared.world
     provider = variant_provider(shared.cfg, variant)
@@ -859,6 +714,8 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     )
     from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
+    from bridge_cudagraph import compat
+
     init_num_microbatches_calculator(
         0, None, cfg.micro_batch_size * cfg.num_microbatches, cfg.micro_batch_size, world.language.dp.size()
     )
@@ -873,7 +730,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
             micro_batch_size=cfg.micro_batch_size,
             optimizers=[optimizer],
         )
-        if "pg_collection" in inspect.signature(TECudaGraphHelper.__init__).parameters:
+        if compat.helper_accepts_pg_collection():
             kwargs["pg_collection"] = world.language
         helpers.append(TECudaGraphHelper(**kwargs))
     if getattr(provider, "vision_cuda_graph_impl", None) == "transformer_engine":
@@ -889,7 +746,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
                         micro_batch_size=cfg.micro_batch_size,
                         num_microbatches=get_num_microbatches(),
                     )
-                    if "pg_collection" in inspect.signature(VisionTECudaGraphHelper.__init__).parameters:
+                    if compat.vision_helper_accepts_pg_collection():
                         vkwargs["pg_collection"] = world.language
                     helper = VisionTECudaGraphHelper(**vkwargs)
                     helper.bench_submodule = "vision"
@@ -993,7 +850,7 @@ def _run_variant(shared: _Shared, variant: str, *, timing_only: bool = False) ->
     torch.cuda.reset_peak_memory_stats()
     # What an earlier variant left allocated (batches, and anything not freed) counts in this one's peak too.
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
-    from bridge_cudagraph.harness.world import seed_rng
+    from bridge_cudagraph.testing.world import seed_rng
 
     seed_rng(shared.world.language, SEED)
     try:
@@ -1010,14 +867,14 @@ def _run_variant(shared: _Shared, variant: str, *, timing_only: bool = False) ->
 
 def _record_failure(rec: dict, error: Exception, what: str) -> None:
     """Mark ``rec`` failed with the error and the tail of its traceback (call inside ``except``), and say so."""
-    rec["status"] = "failed"
+    rec["status"] = FAILED
     rec["error"] = f"{type(error).__name__}: {error}"
     rec["traceback"] = traceback.format_exc()[-4000:]
     say(f"{what}: FAILED {rec['error'][:300]}")
 
 
 #: Memory a deleted variant may leave allocated (its batches' share and allocator slack) before the benchmark
-#: records who holds the rest (:func:`bridge_cudagraph.harness.leaks.leak_report`).
+#: records who holds the rest (:func:`benchmarks.leaks.leak_report`).
 LEAK_TOLERANCE_BYTES = 512 * 2**20
 
 
@@ -1026,7 +883,7 @@ def _check_freed(rec: dict, survivors: dict) -> None:
     (``survivors``), record who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without
     survivors, record who holds the largest tensors. A leaked model counts in every later variant's peak memory
     and can run the largest configuration out of it."""
-    from bridge_cudagraph.harness import leaks
+    from benchmarks import leaks
 
     rec["left_allocated_bytes"] = left = torch.cuda.memory_allocated()
     try:
@@ -1088,6 +945,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
         rec["step_ms_median"] = _median(times)
         rec["losses"] = losses
         _record_counters(rec, variant, helpers)
+        require_finite(losses, grad_norms)
         return
 
     # Unprofiled median wall time per distinct step (same micro-batches), the GPU-busy denominators.
@@ -1162,17 +1020,17 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
     if vision_helper is not None:
         rec["fixed_batch"]["vision_replayed"] = vision_helper.stats.replays - replays_before
     if variant != "eager" and shared.eager_losses is not None:
-        from bridge_cudagraph.harness.parity import diff_losses
+        from bridge_cudagraph.testing.parity import diff_losses
 
-        diffs = [abs(a - b) for a, b in zip(losses, shared.eager_losses, strict=True)]
-        rec["loss_abs_diff_per_step"] = diffs
-        rec["loss_max_abs_diff_vs_eager"] = max(diffs) if diffs else None
-        rec["loss_max_abs_diff_after_capture"] = max(diffs[shared.warmup_steps :], default=None)
-        rec["exact_steps"] = sum(d == 0 for d in diffs)
-        if grad_norms and len(grad_norms) == len(shared.eager.get("grad_norms") or []):
-            rec["grad_norm_max_rel_diff_vs_eager"] = max(
-                abs(a - b) / max(abs(b), 1e-12) for a, b in zip(grad_norms, shared.eager["grad_norms"], strict=True)
+        rec.update(
+            compare_steps(
+                losses,
+                shared.eager_losses,
+                grad_norms=grad_norms,
+                reference_grad_norms=shared.eager.get("grad_norms"),
+                warmup_steps=shared.warmup_steps,
             )
+        )
         d = diff_losses(fixed_loss, shared.eager_fixed_loss)
         rec["fixed_batch"].update(
             loss_max_abs_diff=d.loss_max_abs,
@@ -1182,6 +1040,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
             / max(abs(shared.eager_fixed_grad_norm), 1e-12),
         )
     _record_counters(rec, variant, helpers)
+    require_finite(losses, grad_norms)
 
 
 def _record_counters(rec: dict, variant: str, helpers: list) -> None:
@@ -1229,8 +1088,8 @@ def _run_paired(shared: _Shared) -> dict:
     step ``i`` on one, at once step ``i`` on the other, the first of each pair alternating. Host conditions that
     drift over seconds (the step times wander by 10-20% on a host-bound step) then weigh on both halves of a pair
     alike, and the per-pair ratios give a distribution-free confidence interval
-    (:func:`bridge_cudagraph.bench_report.paired_verdict`). Always frees both."""
-    from bridge_cudagraph.harness.world import seed_rng
+    (:func:`benchmarks.bench_report.paired_verdict`). Always frees both."""
+    from bridge_cudagraph.testing.world import seed_rng
 
     rec: dict[str, Any] = {"status": "running", "variants": list(PAIRED)}
     objs: dict[str, dict] = {name: {} for name in PAIRED}
@@ -1261,7 +1120,7 @@ def _run_paired(shared: _Shared) -> dict:
     except Exception as error:  # recorded; the variants' own results stand
         _record_failure(rec, error, f"{shared.cfg.name} paired")
     finally:
-        runners.clear()  # their closures hold the models (seen on 2026-11-29: both survived teardown through them)
+        runners.clear()  # their closures hold the models: without this both outlive the teardown
         survivors = {name: _teardown(objs[name]) for name in PAIRED}
         # Survivors first: releasing them leaves a clean count for a variant that left none.
         for name in sorted(PAIRED, key=lambda n: not survivors[n]):
@@ -1300,9 +1159,9 @@ def _step_runner(
 def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -> None:
     """Make every variant's provider once, before any model exists, and drop it.
 
-    A provider's first construction imports lazily, and some import on that path keeps its traceback alive: on
-    2026-11-29 (H200) the frames it pins reached up to ``_run_variant_body`` of the first variant and kept that
-    variant's model and optimizer (36 GiB on the small Qwen3-VL) for the rest of the process. Made here, the pinned
+    A provider's first construction imports lazily, and some import on that path keeps its traceback alive; the
+    frames it pins can reach up to ``_run_variant_body`` of the first variant and keep that variant's model and
+    optimizer for the rest of the process (results/README.md, "Leaks the benchmark found"). Made here, the pinned
     frames end at :func:`run`, which holds no model."""
     for cfg in configs:
         for variant in variants:
@@ -1313,7 +1172,7 @@ def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -
 def _break_ddp_cycles(model: Any) -> None:
     """Drop Megatron DDP's ``grad_accs`` (the AccumulateGrad nodes whose hooks close over the DDP module): that
     cycle runs through C++ autograd nodes that Python's collector cannot see, so without this every deleted DDP
-    model stayed alive (seen on 2026-11-29, H200: 12 GiB of buffers per small-Qwen3-VL variant)."""
+    model stays alive (results/README.md, "Leaks the benchmark found")."""
     for chunk in model or []:
         grad_accs = getattr(chunk, "grad_accs", None)
         if isinstance(grad_accs, list):
@@ -1431,7 +1290,7 @@ def run_config(
         else:
             out["paired"] = {"status": "skipped", "reason": why_not}
             say(f"{cfg.name}: paired phase skipped: {why_not}")
-    out["status"] = bench_report.FINISHED
+    out["status"] = FINISHED
     out["seconds"] = time.perf_counter() - started
     del shared, batches, fixed_batch
     _free()
@@ -1496,16 +1355,6 @@ def _summary_line(config: str, variant: str, rec: dict) -> str:
     )
 
 
-def command_line() -> str:
-    """The command that started this process, as a user would type it (recorded in bench.json's meta)."""
-    program = sys.argv[0] if sys.argv else ""
-    if program.endswith(("bench.py", "-m")):
-        program = "python -m bridge_cudagraph.bench"
-    else:
-        program = os.path.basename(program) or "python"
-    return " ".join([program, *sys.argv[1:]])
-
-
 def _meta(*, measured_steps: int, warmup_steps: int, probe: dict | None, command: str | None) -> dict:
     from bridge_cudagraph.compat import installed_version
 
@@ -1544,7 +1393,7 @@ def run(
     """Run ``configs`` (objects or names) and write ``bench.json``, ``bench.md`` and ``bench.png`` into ``out_dir``
     (rewritten after every configuration, so a run cut short keeps what it finished). Returns the JSON's content.
 
-    ``world``: a :class:`~bridge_cudagraph.harness.world.World` to run in (the GPU tests' session world); by
+    ``world``: a :class:`~bridge_cudagraph.testing.world.World` to run in (the GPU tests' session world); by
     default a one-GPU pure-M4 world is initialised here.
     """
     if measured_steps < 1 or warmup_steps < 0:
@@ -1554,8 +1403,8 @@ def run(
         raise RuntimeError("the benchmark needs a CUDA GPU")
     resolved = [c if isinstance(c, BenchConfig) else configs_by_name([c])[0] for c in configs]
     if world is None:
-        from bridge_cudagraph.harness.world import init_world
         from bridge_cudagraph.layout import VisionLayout
+        from bridge_cudagraph.testing.world import init_world
 
         world = init_world(vision=VisionLayout(), seed=SEED)
     out = Path(out_dir)
@@ -1633,7 +1482,7 @@ def _print_table(data: dict) -> None:
 
 # ============================================================================================ command line
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The benchmark's options (for ``bridge-cudagraph bench`` and ``python -m bridge_cudagraph.bench``)."""
+    """The benchmark's options (for ``bridge-cudagraph bench`` and ``python -m benchmarks.bench``)."""
     parser.add_argument("--out", default="results/bench", help="output folder for bench.json/.md/.png")
     parser.add_argument(
         "--quick",
@@ -1711,12 +1560,8 @@ def select_variants(variants: str | Sequence[str] | None, *, control: bool = Tru
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bridge_cudagraph.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n")[0])
     return add_arguments(parser).parse_args(argv)
-
-
-#: Benchmark options for ``bridge-cudagraph bench RECIPE`` (whose parser takes no bench flags), e.g. ``--quick``.
-BENCH_ARGS_ENV = "BRIDGE_CUDAGRAPH_BENCH_ARGS"
 
 
 def _failed_variants(data: dict) -> list[str]:
@@ -1728,23 +1573,19 @@ def _failed_variants(data: dict) -> list[str]:
     ]
 
 
-def main(loaded: Any = None, args: Any = None) -> int:
-    """Entry point of ``bridge-cudagraph bench``: ``loaded`` (the recipe the CLI loaded) is ignored, the built-in
-    configurations run; ``args`` is a list of command-line strings, None (``sys.argv``), or an
-    ``argparse.Namespace`` whose attributes of :func:`add_arguments` win over the options in
-    ``$BRIDGE_CUDAGRAPH_BENCH_ARGS`` and the defaults (the CLI's namespace carries none of them).
+def main(args: Sequence[str] | argparse.Namespace | None = None) -> int:
+    """Entry point of ``python -m benchmarks.bench``: ``args`` is a list of command-line strings, None
+    (``sys.argv``), or an ``argparse.Namespace`` whose attributes of :func:`add_arguments` win over the defaults.
 
     Exit code 1 when eager or ours failed anywhere, or (``--gpus``) a child did not finish its configurations."""
     if args is None or isinstance(args, list | tuple):
         args = _parse(args)
     else:
-        base = _parse(shlex.split(os.environ.get(BENCH_ARGS_ENV, "")))
+        base = _parse([])
         for key in vars(base):
             if getattr(args, key, None) is not None:
                 setattr(base, key, getattr(args, key))
         args = base
-    if loaded is not None:
-        say("the benchmark runs its built-in configurations (tiny, small Qwen3-VL); the loaded recipe is not used")
     variants = select_variants(getattr(args, "variants", None), control=not getattr(args, "no_control", False))
     run_plan(variants, int(getattr(args, "rounds", None) or DEFAULT_ROUNDS))
     configs = select_configs(quick=bool(getattr(args, "quick", False)), names=getattr(args, "configs", None))
@@ -1752,18 +1593,16 @@ def main(loaded: Any = None, args: Any = None) -> int:
     gpus, devices = getattr(args, "gpus", None), getattr(args, "devices", None)
     time_limit = getattr(args, "time_limit", None)
     if gpus is not None or devices:
-        from bridge_cudagraph.bench_gpus import child_argv, resolve_devices, run_on_gpus
-
-        chosen = resolve_devices(gpus, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        data, _ = run_on_gpus(
+        chosen = bench_gpus.resolve_devices(gpus, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        data, _ = bench_gpus.run_on_gpus(
             configs,
             chosen,
             out_dir=out_dir,
-            make_argv=lambda names, child_out: child_argv(args, names, child_out),
+            make_argv=lambda names, child_out: bench_gpus.child_argv(args, names, child_out),
             time_limit_s=time_limit,
         )
         _print_table(data)
-        unfinished = [c["name"] for c in data["configs"] if c.get("status") not in (None, bench_report.FINISHED)]
+        unfinished = [c["name"] for c in data["configs"] if c.get("status") not in (None, FINISHED)]
         if unfinished:
             say(f"unfinished configurations: {unfinished}")
         failed = [f for f in _failed_variants(data) if f.endswith(("/ours", "/eager"))]
@@ -1795,4 +1634,4 @@ def main(loaded: Any = None, args: Any = None) -> int:
 
 if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("BRIDGE_CUDAGRAPH_LOG", "WARNING"))
-    raise SystemExit(main(None, None))
+    raise SystemExit(main())

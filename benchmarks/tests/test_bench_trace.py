@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge_cudagraph import bench_trace
+from benchmarks import bench_trace
 
 
 def test_idle_intervals_are_the_window_minus_the_kernel_union():

@@ -5,7 +5,7 @@
 ``diffusers``, which the GPU machine lacks). It is what ``recipes/tiny_qwen3_vl.yaml`` names, what the Bridge-loop
 GPU test trains, and the smallest thing to try the plugin on:
 
-* the model is :func:`bridge_cudagraph.harness.tiny.tiny_qwen3_vl_provider` (4+4 layers, mRoPE, deepstack),
+* the model is :func:`bridge_cudagraph.examples.tiny.tiny_qwen3_vl_provider` (4+4 layers, mRoPE, deepstack),
   graphs off here; the YAML switches ``model.cuda_graph.language`` / ``.vision`` on;
 * ``dist.use_decentralized_pg=True``: Bridge builds its process groups from ``HyperCommGrid`` and never
   initialises ``parallel_state`` (M4);
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 
-from bridge_cudagraph.harness.data import patches_of, qwen3_vl_batch
-from bridge_cudagraph.harness.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
+from bridge_cudagraph.examples.data import patches_of, qwen3_vl_batch
+from bridge_cudagraph.examples.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
 
 #: Environment variable naming the checkpoint directory when the recipe is not given one.
 CHECKPOINT_DIR_ENV = "BRIDGE_CUDAGRAPH_CKPT_DIR"
@@ -43,7 +43,7 @@ CHECKPOINT_DIR_ENV = "BRIDGE_CUDAGRAPH_CKPT_DIR"
 DEFAULT_IMAGE_GRIDS = ((1, 8, 8), (1, 8, 12), (1, 16, 8), (1, 4, 4), (1, 12, 12))
 
 _SPLITS = ("train", "valid", "test")
-# harness.data.qwen3_vl_batch puts up to 7 text tokens before each image and the two vision delimiters around it.
+# examples.data.qwen3_vl_batch puts up to 7 text tokens before each image and the two vision delimiters around it.
 _TOKENS_AROUND_IMAGE = 7 + 2
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from bridge_cudagraph.harness.tiny import IMAGE_TOKEN_ID, VIDEO_TOKEN_ID, VISION_START_TOKEN_ID
-from bridge_cudagraph.tiny_recipe import TinyVLMDatasetConfig, tiny_qwen3_vl_config
+from bridge_cudagraph.examples.tiny import IMAGE_TOKEN_ID, VIDEO_TOKEN_ID, VISION_START_TOKEN_ID
+from bridge_cudagraph.examples.tiny_recipe import TinyVLMDatasetConfig, tiny_qwen3_vl_config
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML = ROOT / "recipes" / "tiny_qwen3_vl.yaml"
@@ -52,7 +52,7 @@ def test_yaml_loads_with_both_submodules_on_and_bridge_validation_accepts_it():
     from bridge_cudagraph.recipe import load_recipe
 
     data = yaml.safe_load(YAML.read_text())
-    assert data["recipe"] == "bridge_cudagraph.tiny_recipe:tiny_qwen3_vl_config" and data["world_size"] == 1
+    assert data["recipe"] == "bridge_cudagraph.examples.tiny_recipe:tiny_qwen3_vl_config" and data["world_size"] == 1
     loaded = load_recipe(YAML, ["checkpoint.save=null"])  # what `bridge-cudagraph train` does first
     cfg = loaded.config
     runtime_config_update(cfg)

@@ -10,11 +10,12 @@ import textwrap
 
 import pytest
 
-from bridge_cudagraph import bench, bench_gpus
+from benchmarks import bench, bench_gpus
+from benchmarks import configs as bench_configs
 
 
 def test_split_of_the_full_matrix_over_two_gpus():
-    groups = bench_gpus.split_configs(bench.full_configs(), 2)
+    groups = bench_gpus.split_configs(bench_configs.full_configs(), 2)
     names = [[c.name for c in g] for g in groups]
     # The heaviest shares its GPU only with the cheapest small configuration; the two mid-weight ones are together.
     assert names == [
@@ -27,7 +28,7 @@ def test_split_of_the_full_matrix_over_two_gpus():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
 def test_split_covers_every_config_once_and_balances(n):
-    configs = bench.full_configs()
+    configs = bench_configs.full_configs()
     groups = bench_gpus.split_configs(configs, n)
     assert len(groups) == min(n, len(configs))
     flat = [c.name for g in groups for c in g]
@@ -46,12 +47,12 @@ def test_split_covers_every_config_once_and_balances(n):
 
 def test_split_rejects_zero_groups():
     with pytest.raises(ValueError):
-        bench_gpus.split_configs(bench.full_configs(), 0)
+        bench_gpus.split_configs(bench_configs.full_configs(), 0)
 
 
 def test_estimated_cost_grows_with_tokens():
-    assert bench_gpus.tokens_per_step(bench.small_config(2, 4096)) == 8192
-    costs = [bench_gpus.estimated_cost(c) for c in bench.full_configs()]
+    assert bench_gpus.tokens_per_step(bench_configs.small_config(2, 4096)) == 8192
+    costs = [bench_gpus.estimated_cost(c) for c in bench_configs.full_configs()]
     assert costs == sorted(costs)  # the matrix is listed cheapest first
 
 
@@ -71,16 +72,16 @@ def test_resolve_devices():
 def test_child_argv_and_env(tmp_path):
     ns = bench._parse(["--gpus", "2", "--time-limit", "50", "--measured-steps", "7", "--no-profile", "--no-control"])
     argv = bench_gpus.child_argv(ns, ["tiny", "small-mbs1-seq2048"], tmp_path / "p0")
-    assert argv[:3] == [sys.executable, "-m", "bridge_cudagraph.bench"]
+    assert argv[:3] == [sys.executable, "-m", "benchmarks.bench"]
     child = bench._parse(argv[3:])  # the child's own parser accepts it, and it runs in-process
     assert child.configs == "tiny,small-mbs1-seq2048" and child.out == str(tmp_path / "p0")
     assert child.measured_steps == 7 and child.warmup_steps == 3
     assert child.no_profile and child.no_control and child.variants == "eager,upstream,ours"
     assert child.gpus is None and child.devices is None and child.time_limit is None
-    base = {"PATH": "/bin", "RANK": "3", "MASTER_PORT": "29500", "LOCAL_RANK": "3", bench.BENCH_ARGS_ENV: "--gpus 2"}
+    base = {"PATH": "/bin", "RANK": "3", "MASTER_PORT": "29500", "LOCAL_RANK": "3"}
     env = bench_gpus.child_env(base, "1", 4321)
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["MASTER_PORT"] == "4321" and env["PATH"] == "/bin"
-    assert "RANK" not in env and "LOCAL_RANK" not in env and bench.BENCH_ARGS_ENV not in env
+    assert "RANK" not in env and "LOCAL_RANK" not in env
     assert len(set(bench_gpus._free_ports(4))) == 4
 
 
@@ -189,7 +190,7 @@ def test_run_on_gpus_merges_what_the_children_left(tmp_path):
     env = {**os.environ, "RANK": "5", "MASTER_PORT": "1"}
     out = tmp_path / "bench"
     data, children = bench_gpus.run_on_gpus(
-        bench.full_configs(),
+        bench_configs.full_configs(),
         ["4", "5", "6"],
         out_dir=out,
         make_argv=make_argv,
@@ -208,7 +209,7 @@ def test_run_on_gpus_merges_what_the_children_left(tmp_path):
     assert children[2].timed_out and children[2].returncode is not None  # killed after SIGTERM was ignored
     assert data == json.loads((out / "bench.json").read_text())
     by_name = {c["name"]: c for c in data["configs"]}
-    assert [c["name"] for c in data["configs"]] == [c.name for c in bench.full_configs()]
+    assert [c["name"] for c in data["configs"]] == [c.name for c in bench_configs.full_configs()]
     assert by_name["small-mbs2-seq4096"]["status"] == "complete"
     assert by_name["tiny"]["status"] == "complete"
     for name in ("small-mbs1-seq2048", "small-mbs2-seq2048"):
@@ -242,5 +243,5 @@ def test_run_on_gpus_merges_what_the_children_left(tmp_path):
 def test_two_gpu_script_is_a_thin_wrapper():
     path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_two_gpus.sh")
     text = open(path).read()
-    assert "-m bridge_cudagraph.bench" in text and "--gpus 2" in text and '"${1:-results/bench}"' in text
+    assert "-m benchmarks.bench" in text and "--gpus 2" in text and '"${1:-results/bench}"' in text
     assert os.access(path, os.X_OK)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bridge_cudagraph.capture.common import CaptureStats
-from bridge_cudagraph.harness.parity import (
+from bridge_cudagraph.testing.parity import (
     assert_captured,
     capture_problems,
     compare_series,

@@ -1,0 +1,57 @@
+"""What ``bench.json`` holds, shared by its writers (:mod:`benchmarks.bench`, :mod:`benchmarks.bench_gpus`) and its
+reader (:mod:`benchmarks.bench_report`): the variant names, the statuses of a configuration and of a variant, how
+values are made JSON-safe, and the command recorded in ``meta``.
+
+Layout: ``{"meta": {...}, "configs": [{"name", "status", ...configs.BenchConfig.as_dict(), "variants": {name:
+record}, "paired": {...}}]}``; a variant's record has ``status`` (:data:`OK` or :data:`FAILED`, with ``error``),
+its step times, losses and grad norms, and its differences from eager (``loss_max_abs_diff_vs_eager``, None when
+either run had a non-finite loss: then the record is failed, see :func:`benchmarks.bench.compare_steps`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any
+
+#: The reference: graphs off.
+EAGER = "eager"
+#: The run-to-run control: eager trained a second time, exactly like ``eager``.
+CONTROL = "eager_repeat"
+#: Variants without graphs (no capture time, no graph memory).
+UNGRAPHED = (EAGER, CONTROL)
+#: Variants whose loss drift is judged against the noise floor.
+GRAPHED = ("upstream", "ours")
+#: Every variant, in the order they run: eager first (the reference), the graphed ones, the control last.
+VARIANTS = (EAGER, *GRAPHED, CONTROL)
+
+#: A configuration that ran every variant (one still running is ``"running"``; one its process did not finish,
+#: ``"incomplete"`` or ``"failed"``).
+FINISHED = "complete"
+RUNNING = "running"
+INCOMPLETE = "incomplete"
+#: A variant's (or a configuration's) outcome.
+OK = "ok"
+FAILED = "failed"
+
+
+def json_safe(value: Any) -> Any:
+    """JSON-safe: NaN/inf floats become None, tuples lists, dict keys strings."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def command_line() -> str:
+    """The command that started this process, as a user would type it (``meta["command"]``)."""
+    program = sys.argv[0] if sys.argv else ""
+    if program.endswith(("bench.py", "-m")):
+        program = "python -m benchmarks.bench"
+    else:
+        program = os.path.basename(program) or "python"
+    return " ".join([program, *sys.argv[1:]])
