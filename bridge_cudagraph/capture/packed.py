@@ -35,7 +35,6 @@ once.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
 import logging
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from bridge_cudagraph.budgets import PackedLayout
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -57,56 +57,6 @@ from bridge_cudagraph.capture.common import (
 )
 
 logger = logging.getLogger("bridge_cudagraph")
-
-
-# ------------------------------------------------------------------------------------------- layout
-@dataclass(frozen=True, slots=True)
-class PackedLayout:
-    """The static shapes of packed language graphs: pure numbers, shared by the plan and the capture.
-
-    Attributes:
-        budgets: Static token counts of the decoder input, ascending (each a multiple of ``multiple``).
-        max_sequences: Most real sequences (attention segments) a micro-batch may hold and still replay.
-        max_seqlen: Longest segment allowed, the static ``max_seqlen`` of attention (Bridge's ``seq_length``).
-    """
-
-    budgets: tuple[int, ...]
-    max_sequences: int
-    max_seqlen: int
-
-    @property
-    def tail_segments(self) -> int:
-        """Segments the unused tail may need: the largest budget in pieces of at most ``max_seqlen``."""
-        return -(-self.budgets[-1] // self.max_seqlen)
-
-    @property
-    def cu_seqlens_length(self) -> int:
-        """Entries of the static ``cu_seqlens``: the leading 0, the real boundaries, the tail's boundaries."""
-        return 1 + self.max_sequences + self.tail_segments
-
-    def budget_for(self, tokens: int, sequences: int) -> int | None:
-        """The smallest budget that holds ``tokens`` in ``sequences`` segments, or None (eager)."""
-        if sequences > self.max_sequences or tokens < 1:
-            return None
-        i = bisect.bisect_left(self.budgets, tokens)
-        return self.budgets[i] if i < len(self.budgets) else None
-
-    def tail(self, tokens: int, budget: int) -> list[int]:
-        """The static ``cu_seqlens`` after the real boundaries, ``sequences`` real segments already written:
-        the tail ``[tokens, budget)`` in pieces of at most ``max_seqlen``, then ``budget`` repeated."""
-        ends = list(range(tokens + self.max_seqlen, budget, self.max_seqlen)) + ([budget] if tokens < budget else [])
-        return ends
-
-    def static_cu_seqlens(self, real: Sequence[int], budget: int) -> list[int]:
-        """The whole static ``cu_seqlens`` for a micro-batch with boundaries ``real`` (``[0, ..., T]``), on the host.
-
-        The replay writes the real part with a device copy instead; this is the reference layout (tests, capture).
-        """
-        sequences, tokens = len(real) - 1, real[-1]
-        if self.budget_for(tokens, sequences) is None or budget < tokens:
-            raise ValueError(f"{tokens} tokens in {sequences} sequences do not fit budget {budget} of {self}")
-        out = list(real) + self.tail(tokens, budget)
-        return out + [budget] * (self.cu_seqlens_length - len(out))
 
 
 # ---------------------------------------------------------------------------------------- callables
@@ -155,27 +105,28 @@ class PackedGraphSet:
     def budget(self) -> int:
         return self.rotary.size(0)
 
-    def load(self, layout: PackedLayout, rotary: torch.Tensor, params: PackedSeqParams) -> None:
+    def load(self, layout: PackedLayout, rotary: torch.Tensor, params: PackedSeqParams, tokens: int) -> None:
         """Write a micro-batch's rotary rows (zeros after) and its ``cu_seqlens`` into the static inputs.
 
-        The real boundaries are copied device to device (no host sync); the tail, which depends only on the token
-        count (a shape), is computed on the host and copied through pinned memory without waiting.
+        ``tokens`` is the micro-batch's token count (a shape, known on the host). The real boundaries are copied
+        device to device; the tail's boundaries depend only on ``tokens`` and are written relative to the real
+        last boundary (a device add), so nothing waits for the GPU. With padding between sequences the unpadded
+        ``cu_seqlens`` ends below ``tokens``; its tail segments get the same lengths as the padded ones.
         """
-        tokens = rotary.size(0)
-        self.rotary[:tokens].copy_(rotary)
-        self.rotary[tokens:].zero_()
+        rows = rotary.size(0)
+        self.rotary[:rows].copy_(rotary)
+        self.rotary[rows:].zero_()
         tail = layout.tail(tokens, self.budget)
-        for static, real in (
-            (self.cu_seqlens, params.cu_seqlens_q),
-            (self.cu_seqlens_padded, params.cu_seqlens_q_padded),
-        ):
+        pairs = ((self.cu_seqlens, params.cu_seqlens_q), (self.cu_seqlens_padded, params.cu_seqlens_q_padded))
+        for static, real in pairs:
             if static is None:
                 continue
             n = real.numel()
-            static[:n].copy_(real, non_blocking=True)
-            rest = tail + [self.budget] * (static.numel() - n - len(tail))
+            rest = [end - tokens for end in tail] + [self.budget - tokens] * (static.numel() - n - len(tail))
             host = torch.tensor(rest, dtype=static.dtype)
+            static[:n].copy_(real, non_blocking=True)
             static[n:].copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
+            static[n:].add_(real[-1:])
 
 
 # ------------------------------------------------------------------------------------------- replay
@@ -193,7 +144,17 @@ class PackedReplayBlock:
         params = kwargs.get("packed_seq_params")
         plain = not args and not any(
             kwargs.get(k) is not None
-            for k in ("context", "context_mask", "rotary_pos_cos", "rotary_pos_sin", "attention_bias")
+            for k in (
+                "context",
+                "context_mask",
+                "rotary_pos_cos",
+                "rotary_pos_sin",
+                "rotary_pos_cos_sin",
+                "attention_bias",
+                "sequence_len_offset",
+                "padding_mask",
+                "extract_layer_indices",
+            )
         )
         if (
             helper is None
@@ -421,8 +382,13 @@ class PackedLanguageGraphHelper:
                 "seqlen",
                 f"a segment of {params.max_seqlen_q} tokens exceeds max_seqlen {self.layout.max_seqlen}",
             )
-        elif rotary is None or rotary.size(0) != tokens or (budget // tp) * tp != budget:
-            fallback = ("rotary", "its rotary table does not cover its tokens")
+        elif rotary is None or rotary.size(0) > budget or rotary.shape[1:3] != (1, 1) or budget % tp:
+            # mRoPE (Qwen3-VL) has one row per token; RoPE one per position within a segment (<= the longest).
+            fallback = (
+                "rotary",
+                f"its rotary table {tuple(rotary.shape) if rotary is not None else None} does not "
+                f"fit the static ({budget}, 1, 1, d) one",
+            )
         copy = None if fallback else self.copies.acquire()
         if fallback is None and copy is None:
             fallback = ("copy", f"all {self.copies.count} packed graph copies are in flight")
@@ -431,7 +397,7 @@ class PackedLanguageGraphHelper:
             return None
 
         graphs = self.graphs[budget][copy]
-        graphs.load(self.layout, rotary, params)
+        graphs.load(self.layout, rotary, params, tokens)
         for param in self._fused_grad_params:  # see VisionGraphHelper.before_replay
             param.grad_added_to_main_grad = True
         rows = tokens // tp

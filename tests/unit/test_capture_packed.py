@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from bridge_cudagraph.capture.packed import PackedLayout, install_packed_replay, remove_packed_replay
+from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
+from bridge_cudagraph.capture.packed import install_packed_replay, remove_packed_replay
 
 
 def test_budget_is_the_smallest_that_fits_and_none_beyond():
@@ -55,3 +56,36 @@ def test_replay_class_swap_is_undone_and_keeps_state():
     remove_packed_replay(block)
     assert type(block) is original
     assert "packed_graph_helper" not in block.__dict__
+
+
+def test_load_writes_real_boundaries_then_a_tail_of_equal_lengths_in_both_forms():
+    import torch
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from bridge_cudagraph.capture.packed import PackedGraphSet
+
+    layout = PackedLayout(budgets=(1024,), max_sequences=2, max_seqlen=512)
+    n = layout.cu_seqlens_length
+    graphs = PackedGraphSet(
+        layers=[],
+        rotary=torch.full((1024, 1, 1, 4), 7.0),
+        cu_seqlens=torch.full((n,), -1, dtype=torch.int32),
+        cu_seqlens_padded=torch.full((n,), -1, dtype=torch.int32),
+    )
+    params = PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=torch.tensor([0, 100, 200], dtype=torch.int32),
+        cu_seqlens_q_padded=torch.tensor([0, 128, 256], dtype=torch.int32),
+    )
+    graphs.load(layout, torch.ones(256, 1, 1, 4), params, tokens=256)
+    assert graphs.cu_seqlens_padded.tolist() == layout.static_cu_seqlens([0, 128, 256], 1024)
+    assert graphs.cu_seqlens_padded.tolist() == [0, 128, 256, 768, 1024]
+    # The unpadded form: real lengths, then tail segments as long as the padded ones.
+    assert graphs.cu_seqlens.tolist() == [0, 100, 200, 712, 968]
+    assert bool((graphs.rotary[:256] == 1).all()) and bool((graphs.rotary[256:] == 0).all())
+
+
+def test_derived_language_ladder_is_even_rungs_of_the_packed_width():
+    assert derive_language_budgets(8192, 32) == [1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192]
+    ladder = derive_language_budgets(1000, 48)
+    assert ladder[-1] == 1008 and all(b % 48 == 0 for b in ladder) and ladder == sorted(set(ladder))
