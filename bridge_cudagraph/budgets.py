@@ -1,4 +1,6 @@
-"""Vision token budgets: the static lengths (in patches) vision graphs are captured at. Pure integer math.
+"""Token budgets: the static lengths graphs of packed inputs are captured at. Pure integer math.
+
+Vision budgets count patches; packed language budgets (:class:`PackedLayout`) count tokens.
 
 Units: the vision transformer layers run on *patches* (``t * h * w`` per image, grid in patches), before the
 ``spatial_merge_size**2`` merge into language tokens. Upstream's default (``num_position_embeddings //
@@ -7,7 +9,9 @@ spatial_merge_size**2`` = 576) is in merged-token units, so any micro-batch abov
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 #: How many budgets a derived ladder has: the largest and three halvings.
 LADDER_STEPS = 4
@@ -76,3 +80,67 @@ def in_flight_microbatches(pipeline_parallel_size: int, num_microbatches: int) -
     if pipeline_parallel_size < 1 or num_microbatches < 1:
         raise ValueError(f"pipeline size {pipeline_parallel_size} and micro-batches {num_microbatches} must be >= 1")
     return 1 if pipeline_parallel_size == 1 else min(pipeline_parallel_size, num_microbatches)
+
+
+#: Rungs of a derived packed-language ladder: the largest budget in eighths (at most 1/8 of it padded).
+LANGUAGE_LADDER_STEPS = 8
+
+
+def derive_language_budgets(max_tokens: int, multiple: int, steps: int = LANGUAGE_LADDER_STEPS) -> list[int]:
+    """``steps`` evenly spaced budgets up to ``max_tokens`` (the most a packed micro-batch carries), each a
+    multiple of ``multiple`` (the packed width's own rounding times any sequence-parallel split), ascending.
+
+    Even rungs rather than halvings: a packed micro-batch's length varies over the whole range (one short
+    photo question or a long receipt), and the padding a rung costs is linear in the gap to the next.
+    """
+    top = round_up(max_tokens, multiple)
+    return sorted({round_up(max(multiple, top * k // steps), multiple) for k in range(1, steps + 1)})
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLayout:
+    """The static shapes of packed language graphs: pure numbers, shared by the plan and the capture.
+
+    Attributes:
+        budgets: Static token counts of the decoder input, ascending (each a multiple of ``multiple``).
+        max_sequences: Most real sequences (attention segments) a micro-batch may hold and still replay.
+        max_seqlen: Longest segment allowed, the static ``max_seqlen`` of attention (Bridge's ``seq_length``).
+    """
+
+    budgets: tuple[int, ...]
+    max_sequences: int
+    max_seqlen: int
+
+    @property
+    def tail_segments(self) -> int:
+        """Segments the unused tail may need: the largest budget in pieces of at most ``max_seqlen``."""
+        return -(-self.budgets[-1] // self.max_seqlen)
+
+    @property
+    def cu_seqlens_length(self) -> int:
+        """Entries of the static ``cu_seqlens``: the leading 0, the real boundaries, the tail's boundaries."""
+        return 1 + self.max_sequences + self.tail_segments
+
+    def budget_for(self, tokens: int, sequences: int) -> int | None:
+        """The smallest budget that holds ``tokens`` in ``sequences`` segments, or None (eager)."""
+        if sequences > self.max_sequences or tokens < 1:
+            return None
+        i = bisect.bisect_left(self.budgets, tokens)
+        return self.budgets[i] if i < len(self.budgets) else None
+
+    def tail(self, tokens: int, budget: int) -> list[int]:
+        """The static ``cu_seqlens`` after the real boundaries, ``sequences`` real segments already written:
+        the tail ``[tokens, budget)`` in pieces of at most ``max_seqlen``, then ``budget`` repeated."""
+        ends = list(range(tokens + self.max_seqlen, budget, self.max_seqlen)) + ([budget] if tokens < budget else [])
+        return ends
+
+    def static_cu_seqlens(self, real: Sequence[int], budget: int) -> list[int]:
+        """The whole static ``cu_seqlens`` for a micro-batch with boundaries ``real`` (``[0, ..., T]``), on the host.
+
+        The replay writes the real part with a device copy instead; this is the reference layout (tests, capture).
+        """
+        sequences, tokens = len(real) - 1, real[-1]
+        if self.budget_for(tokens, sequences) is None or budget < tokens:
+            raise ValueError(f"{tokens} tokens in {sequences} sequences do not fit budget {budget} of {self}")
+        out = list(real) + self.tail(tokens, budget)
+        return out + [budget] * (self.cu_seqlens_length - len(out))

@@ -1,0 +1,459 @@
+"""Language graphs that replay packed (THD) micro-batches, as Bridge's Qwen3-VL fine-tuning feeds them.
+
+megatron-core 0.19.2's TE replay asserts ``packed_seq_params is None`` (``transformer_layer.py``
+``_te_cuda_graph_replay``), so upstream's graphs, and our BSHD ones (:mod:`bridge_cudagraph.capture.language`),
+demand every micro-batch padded to ``seq_length``. Bridge's Qwen3-VL recipes pack instead
+(``enable_in_batch_packing`` with the packing done in ``qwen3_vl_step``): a micro-batch of ``b`` rows reaches the
+decoder as one THD sequence of ``b x L`` tokens (``L`` the batch's longest row, rounded up to 16), one attention
+segment per row, ``cu_seqlens_q`` and a separate ``cu_seqlens_q_padded`` of equal values. ``L`` varies per
+micro-batch, so the static shapes come from a **token budget ladder**, the scheme the vision graphs use:
+
+* the decoder's input (``T`` tokens) is padded to the smallest captured budget ``B >= T``;
+* the static ``cu_seqlens`` lists the micro-batch's own boundaries (a device-to-device copy, no host sync), then
+  the unused tail ``[T, B)`` as segments of its own, each at most ``max_seqlen`` long (the static ``max_seqlen``
+  is the longest real segment allowed, not the budget: attention workspaces grow with it, and under
+  ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` a budget-sized one asked for tens of GiB), then zero-length segments up
+  to the captured length. No real token attends to the tail, and the tail rows are dropped before the final
+  norm, so they add nothing to the loss;
+* the mRoPE embedding ``(T, 1, 1, rotary_dim)`` is a static input (zeros on the tail); the deepstack features
+  are added eagerly between the graphed layers at the same rows as in eager mode (``visual_pos_masks`` padded
+  with False), with Bridge's own ``_deepstack_process``;
+* each layer is captured as :class:`_PackedLanguageLayer`, whose inputs are tensors only and which rebuilds the
+  ``PackedSeqParams`` inside from the static ``cu_seqlens`` (the approach of Megatron-LM dev #4359, kept in our
+  capture path instead of changing megatron-core's layer).
+
+TE picks the attention backend from whether ``cu_seqlens_q_padded`` *is* ``cu_seqlens_q`` (``pad_between_seqs``
+auto-detection, ``dot_product_attention.py``); the graphs are captured in the form the data path uses
+(``separate_padded``) and a micro-batch in the other form runs eagerly, so replay never changes the backend.
+
+The replay is the decoder's forward: :func:`install_packed_replay` gives the decoder instance a subclass of its
+own class (:class:`PackedReplayBlock`) whose ``forward`` replays the graphs when a training micro-batch is packed
+and fits, and otherwise calls the host's ``forward`` unchanged. A micro-batch over the largest budget, with more
+sequences than ``max_sequences``, or with a segment longer than ``max_seqlen`` runs eagerly, counted and logged
+once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from megatron.core.packed_seq_params import PackedSeqParams
+
+from bridge_cudagraph.budgets import PackedLayout
+from bridge_cudagraph.capture.common import (
+    CaptureError,
+    CaptureStats,
+    abandon_capture,
+    activation_dtype,
+    measure,
+    megatron_capturing,
+    param_grad_return_kwargs,
+)
+
+logger = logging.getLogger("bridge_cudagraph")
+
+
+# ---------------------------------------------------------------------------------------- callables
+class _PackedLanguageLayer(torch.nn.Module):
+    """One decoder layer as a graphable callable with tensor-only inputs; the ``PackedSeqParams`` is rebuilt
+    inside from the static ``cu_seqlens`` (and a separate padded copy when the data path has one)."""
+
+    def __init__(self, layer: torch.nn.Module, max_seqlen: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.max_seqlen = max_seqlen
+
+    def forward(self, hidden_states, rotary_pos_emb, cu_seqlens, cu_seqlens_padded=None):
+        padded = cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_kv=cu_seqlens,
+            cu_seqlens_q_padded=None if cu_seqlens_padded is None else padded,
+            cu_seqlens_kv_padded=None if cu_seqlens_padded is None else padded,
+            max_seqlen_q=self.max_seqlen,
+            max_seqlen_kv=self.max_seqlen,
+        )
+        # layer.forward, not layer(...): megatron-core's routing in GraphableMegatronModule.__call__ would send a
+        # training call to its own (BSHD) TE graph path, whose replay refuses packed_seq_params.
+        out, _ = self.layer.forward(
+            hidden_states=hidden_states, attention_mask=None, rotary_pos_emb=rotary_pos_emb, packed_seq_params=params
+        )
+        return out
+
+
+@dataclass
+class PackedGraphSet:
+    """One budget's graphed layers of one decoder (one copy), and the static inputs all of them read.
+
+    The rotary table and the ``cu_seqlens`` are the tensors the layers were captured with: a replay writes them
+    once, and each layer's TE replay finds its static input already in place and copies nothing.
+    """
+
+    layers: list
+    rotary: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor | None
+
+    @property
+    def budget(self) -> int:
+        return self.rotary.size(0)
+
+    def load(self, layout: PackedLayout, rotary: torch.Tensor, params: PackedSeqParams, tokens: int) -> None:
+        """Write a micro-batch's rotary rows (zeros after) and its ``cu_seqlens`` into the static inputs.
+
+        ``tokens`` is the micro-batch's token count (a shape, known on the host). The real boundaries are copied
+        device to device; the tail's boundaries depend only on ``tokens`` and are written relative to the real
+        last boundary (a device add), so nothing waits for the GPU. With padding between sequences the unpadded
+        ``cu_seqlens`` ends below ``tokens``; its tail segments get the same lengths as the padded ones.
+        """
+        rows = rotary.size(0)
+        self.rotary[:rows].copy_(rotary)
+        self.rotary[rows:].zero_()
+        tail = layout.tail(tokens, self.budget)
+        pairs = ((self.cu_seqlens, params.cu_seqlens_q), (self.cu_seqlens_padded, params.cu_seqlens_q_padded))
+        for static, real in pairs:
+            if static is None:
+                continue
+            n = real.numel()
+            rest = [end - tokens for end in tail] + [self.budget - tokens] * (static.numel() - n - len(tail))
+            host = torch.tensor(rest, dtype=static.dtype)
+            static[:n].copy_(real, non_blocking=True)
+            static[n:].copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
+            static[n:].add_(real[-1:])
+
+
+# ------------------------------------------------------------------------------------------- replay
+class PackedReplayBlock:
+    """Mixin put in front of a decoder's class (:func:`install_packed_replay`): replays packed micro-batches.
+
+    Only ``forward`` changes, and only for a training call with THD ``packed_seq_params`` that fits a budget;
+    every other call is the host's ``forward`` unchanged.
+    """
+
+    packed_graph_helper: PackedLanguageGraphHelper | None = None
+
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        helper = self.packed_graph_helper
+        params = kwargs.get("packed_seq_params")
+        plain = not args and not any(
+            kwargs.get(k) is not None
+            for k in (
+                "context",
+                "context_mask",
+                "rotary_pos_cos",
+                "rotary_pos_sin",
+                "rotary_pos_cos_sin",
+                "attention_bias",
+                "sequence_len_offset",
+                "padding_mask",
+                "extract_layer_indices",
+            )
+        )
+        if (
+            helper is None
+            or not helper.graphs_created()
+            or not self.training
+            or params is None
+            or getattr(params, "qkv_format", None) != "thd"
+            or kwargs.get("inference_context") is not None
+            or kwargs.get("inference_params") is not None
+            or not plain
+        ):
+            return super().forward(hidden_states, attention_mask, *args, **kwargs)
+        out = helper.replay(self, hidden_states, params, kwargs)
+        if out is None:  # did not fit (counted): the host's forward, unchanged
+            return super().forward(hidden_states, attention_mask, *args, **kwargs)
+        return out
+
+
+_REPLAY_CLASSES: dict[type, type] = {}
+
+
+def _replay_class(cls: type) -> type:
+    if issubclass(cls, PackedReplayBlock):
+        return cls
+    if cls not in _REPLAY_CLASSES:
+        _REPLAY_CLASSES[cls] = type(f"PackedReplay{cls.__name__}", (PackedReplayBlock, cls), {"__module__": __name__})
+    return _REPLAY_CLASSES[cls]
+
+
+def install_packed_replay(decoder: torch.nn.Module, helper: PackedLanguageGraphHelper) -> None:
+    """Give ``decoder`` (a ``TransformerBlock`` instance) the packed replay; undone by :func:`remove_packed_replay`.
+
+    Patches the instance's class (not the host's class): the subclass adds no state, so parameters, buffers,
+    hooks and the state dict are untouched.
+    """
+    decoder.__class__ = _replay_class(type(decoder))
+    decoder.packed_graph_helper = helper
+
+
+def remove_packed_replay(decoder: torch.nn.Module) -> None:
+    """Restore the decoder's own class."""
+    cls = type(decoder)
+    if issubclass(cls, PackedReplayBlock):
+        decoder.__dict__.pop("packed_graph_helper", None)
+        decoder.__class__ = next(b for b in cls.__mro__[1:] if not issubclass(b, PackedReplayBlock))
+
+
+# ------------------------------------------------------------------------------------------- helper
+class PackedLanguageGraphHelper:
+    """Captures the decoder layers once per token budget for packed micro-batches, and replays them.
+
+    Follows megatron-core's ``TECudaGraphHelper`` protocol (``create_cudagraphs``, ``graphs_created``,
+    ``cuda_graph_set_manual_hooks``, ``delete_cuda_graphs``, ``stats``), so the one lifecycle owner drives it.
+
+    Args:
+        model: The DDP-wrapped model chunks.
+        layout: Budgets, sequence cap and ``max_seqlen`` (from the plan).
+        separate_padded: Capture with a ``cu_seqlens_q_padded`` that is a tensor of its own (Bridge's Qwen3-VL
+            step) rather than none (or the same object).
+        copies: Independent graph sets, one per micro-batch the schedule keeps in flight (1 without a pipeline).
+        num_warmup_iters: TE warmup iterations per callable before capture.
+        on_capture_error: ``"eager"`` or ``"raise"``.
+    """
+
+    submodule = "language"
+
+    def __init__(
+        self,
+        model: Sequence[torch.nn.Module],
+        *,
+        layout: PackedLayout,
+        separate_padded: bool = True,
+        copies: int = 1,
+        num_warmup_iters: int = 3,
+        on_capture_error: str = "eager",
+    ) -> None:
+        from bridge_cudagraph.capture.language import language_model_of
+        from bridge_cudagraph.capture.vision import GraphCopies
+
+        self.model = list(model)
+        self.layout = layout
+        self.separate_padded = separate_padded
+        self.num_warmup_iters = num_warmup_iters
+        self.on_capture_error = on_capture_error
+        self.decoders = [
+            language_model_of(chunk).decoder
+            for chunk in self.model
+            if getattr(language_model_of(chunk), "decoder", None) is not None
+        ]
+        self.decoders = [d for d in self.decoders if len(d.layers)]
+        if len(self.decoders) > 1:
+            raise CaptureError("packed language graphs support one model chunk per rank (no virtual pipeline)")
+        self.copies = GraphCopies(int(copies))
+        #: ``graphs[budget][copy]``.
+        self.graphs: dict[int, list[PackedGraphSet]] = {}
+        self._fused_grad_params: list[torch.nn.Parameter] = []
+        layers = sum(len(d.layers) for d in self.decoders)
+        self.stats = CaptureStats(self.submodule, layers=layers)
+        self._warned = set()
+        for decoder in self.decoders:
+            install_packed_replay(decoder, self)
+
+    # ------------------------------------------------------------------ capture
+    def _sample_inputs(self, decoder, budget: int):
+        config = decoder.config
+        device = torch.cuda.current_device()
+        dtype = activation_dtype(config)
+        tp = decoder.config.tensor_model_parallel_size if config.sequence_parallel else 1
+        rows = budget // tp
+        rotary_dim = int(
+            (config.kv_channels or config.hidden_size // config.num_attention_heads) * config.rotary_percent
+        )
+        rotary = torch.zeros(budget, 1, 1, rotary_dim, device=device, dtype=torch.float32)
+        rotary.copy_(torch.randn_like(rotary))  # warmup values only; every replay writes the real table
+        real = [0, budget // 2, budget] if budget >= 2 else [0, budget]
+        cu_host = torch.tensor(self.layout.static_cu_seqlens(real, budget), dtype=torch.int32)
+        cu = cu_host.to(device)
+        cu_padded = cu_host.to(device) if self.separate_padded else None
+        hidden = [
+            (torch.randn(rows, 1, config.hidden_size, device=device, dtype=dtype) * 0.02).requires_grad_(True)
+            for _ in decoder.layers
+        ]
+        return hidden, rotary, cu, cu_padded
+
+    def _capture_budget(self, decoder, budget: int, pool, extra_kwargs: dict) -> PackedGraphSet:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+        from transformer_engine.pytorch import make_graphed_callables
+
+        callables = tuple(_PackedLanguageLayer(layer, self.layout.max_seqlen) for layer in decoder.layers)
+        hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget)
+        statics = (rotary, cu) if cu_padded is None else (rotary, cu, cu_padded)
+        rng = get_cuda_rng_tracker().fork() if decoder.config.sequence_parallel else contextlib.nullcontext()
+        with rng:
+            graphed = make_graphed_callables(
+                callables,
+                tuple((h, *statics) for h in hidden),
+                num_warmup_iters=self.num_warmup_iters,
+                allow_unused_input=True,
+                pool=pool,
+                **extra_kwargs,
+            )
+        return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
+
+    def create_cudagraphs(self) -> None:
+        """Capture every layer for every budget and copy, largest budget first into one pool per copy (the smaller
+        budgets are carved out of the largest one's freed activations; see the vision helper); on failure, raise
+        or train on eagerly."""
+        if self.graphs or not self.decoders:
+            return
+        decoder = self.decoders[0]
+        layers = list(decoder.layers)
+        try:
+            with measure(self.stats), megatron_capturing():
+                skip_clones = param_grad_return_kwargs(self.model, layers)
+                self.stats.param_grads_cloned = not skip_clones
+                pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
+                captured = {}
+                for budget in reversed(self.layout.budgets):
+                    before = torch.cuda.memory_reserved()
+                    captured[budget] = [self._capture_budget(decoder, budget, pool, skip_clones) for pool in pools]
+                    torch.cuda.synchronize()
+                    self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
+                self.graphs = dict(sorted(captured.items()))
+                self._fused_grad_params = [
+                    p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)
+                ]
+                for chunk in self.model:
+                    zero = getattr(chunk, "zero_grad_buffer", None)
+                    if zero is not None:
+                        zero()
+                gc.collect()
+        except Exception as error:
+            self.graphs = {}
+            if self.on_capture_error == "raise":
+                raise
+            self.stats.failed = abandon_capture(layers, self.model, error, self.submodule)
+            return
+        self.copies.reset()
+        self.stats.graphs = sum(len(g.layers) for copies in self.graphs.values() for g in copies)
+
+    def graphs_created(self) -> bool:
+        """Whether any packed graph exists."""
+        return bool(self.graphs)
+
+    # ------------------------------------------------------------------ replay
+    def _fallback(self, cause: str, detail: str) -> None:
+        self.stats.eager_fallbacks += 1
+        if cause not in self._warned:
+            self._warned.add(cause)
+            logger.warning(
+                "bridge_cudagraph: a packed language micro-batch runs eagerly (counted in stats): %s", detail
+            )
+
+    def replay(self, block, hidden_states, params: PackedSeqParams, kwargs: dict) -> torch.Tensor | None:
+        """The decoder's forward on the graphs: pad to the budget, replay layer by layer (deepstack eagerly
+        between them, as Bridge's block does), drop the tail, final norm. None when the micro-batch does not fit
+        (counted, logged once per cause): the caller then runs the host's forward."""
+        from megatron.core import tensor_parallel
+        from megatron.core.utils import make_viewless_tensor
+
+        if not block.pre_process:
+            hidden_states = block.input_tensor  # as the host's forward does (set_input_tensor)
+        config = block.config
+        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        tokens = hidden_states.size(0) * tp
+        sequences = params.cu_seqlens_q.numel() - 1
+        has_padded = params.cu_seqlens_q_padded is not None and params.cu_seqlens_q_padded is not params.cu_seqlens_q
+        budget = self.layout.budget_for(tokens, sequences)
+        rotary = kwargs.get("rotary_pos_emb")
+        fallback = None
+        if budget is None:
+            fallback = (
+                "size",
+                f"{tokens} tokens in {sequences} sequences exceed the packed graphs (largest budget "
+                f"{self.layout.budgets[-1]} tokens, at most {self.layout.max_sequences} sequences); raise "
+                "model.cuda_graph.language.token_budgets / max_sequences to graph such batches",
+            )
+        elif has_padded != self.separate_padded:
+            fallback = (
+                "form",
+                "its cu_seqlens_q_padded form differs from the captured one (the attention backend could change)",
+            )
+        elif (params.max_seqlen_q or 0) > self.layout.max_seqlen or hidden_states.size(1) != 1:
+            fallback = (
+                "seqlen",
+                f"a segment of {params.max_seqlen_q} tokens exceeds max_seqlen {self.layout.max_seqlen}",
+            )
+        elif rotary is None or rotary.size(0) > budget or rotary.shape[1:3] != (1, 1) or budget % tp:
+            # mRoPE (Qwen3-VL) has one row per token; RoPE one per position within a segment (<= the longest).
+            fallback = (
+                "rotary",
+                f"its rotary table {tuple(rotary.shape) if rotary is not None else None} does not "
+                f"fit the static ({budget}, 1, 1, d) one",
+            )
+        copy = None if fallback else self.copies.acquire()
+        if fallback is None and copy is None:
+            fallback = ("copy", f"all {self.copies.count} packed graph copies are in flight")
+        if fallback is not None:
+            self._fallback(*fallback)
+            return None
+
+        graphs = self.graphs[budget][copy]
+        graphs.load(self.layout, rotary, params, tokens)
+        for param in self._fused_grad_params:  # see VisionGraphHelper.before_replay
+            param.grad_added_to_main_grad = True
+        rows = tokens // tp
+        h = F.pad(hidden_states, (0, 0, 0, 0, 0, budget // tp - rows))
+        h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
+        visual = kwargs.get("visual_pos_masks")
+        deepstack = kwargs.get("deepstack_visual_embeds")
+        if visual is not None:  # [1, rows]: the local rows under sequence parallelism (split_deepstack_embs)
+            visual = F.pad(visual, (0, budget // tp - visual.size(-1)), value=False)
+        statics = (graphs.rotary, graphs.cu_seqlens) + (
+            () if graphs.cu_seqlens_padded is None else (graphs.cu_seqlens_padded,)
+        )
+        rng = tensor_parallel.get_cuda_rng_tracker().fork() if config.sequence_parallel else contextlib.nullcontext()
+        with rng:
+            for index, layer in enumerate(block.layers):
+                for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
+                    hook(*hook_args)
+                h = graphs.layers[index](h, *statics)
+                if block.pre_process and deepstack is not None and index < len(deepstack):
+                    h = block._deepstack_process(h, visual, deepstack[index])
+                    h = make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
+        self.copies.release_after_backward(copy, h)
+        h = h[:rows]
+        if block.final_layernorm is not None:
+            h = block.final_layernorm(h)
+        h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
+        self.stats.replays += 1
+        return h
+
+    # ------------------------------------------------------------------ lifecycle
+    def cuda_graph_set_manual_hooks(self) -> None:
+        """Re-create the DDP parameter all-gather pre-hooks that replay bypasses (``overlap_param_gather``)."""
+        for decoder in self.decoders:
+            chunk = next(c for c in self.model if any(m is decoder for m in c.modules()))
+            for layer in decoder.layers:
+                layer.setup_manual_hooks(chunk._make_forward_pre_hook)
+
+    def delete_cuda_graphs(self) -> None:
+        """Free every packed graph (TE ``reset()``) before process groups go away; allows re-capture."""
+        for copies in self.graphs.values():
+            for graphs in copies:
+                for graph in graphs.layers:
+                    reset = getattr(graph, "reset", None)
+                    if reset is not None:
+                        reset()
+        self.graphs = {}
+        self.copies.reset()
+        self._fused_grad_params = []
+        for decoder in self.decoders:
+            for layer in decoder.layers:
+                layer.cuda_graph_manual_hooks = []
+        self.stats.graphs = 0
+        gc.collect()
+
+    def uninstall(self) -> None:
+        """Delete the graphs and give the decoders their own class back."""
+        self.delete_cuda_graphs()
+        for decoder in self.decoders:
+            remove_packed_replay(decoder)

@@ -1,0 +1,174 @@
+"""Packed (THD) language graphs vs eager, on micro-batches packed the way Bridge's Qwen3-VL step packs them.
+
+Run in its own process so deterministic kernels can be asked for before Transformer Engine is imported:
+
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 python -m pytest tests/gpu/test_packed_language.py
+
+With that setting every comparison asserts bit-exactness (per-token loss and every gradient, ``torch.equal``);
+without it, Bridge's own backward is not deterministic and the test asserts the eager-vs-eager floor measured in
+the same run instead. References: the plugin's model with graphs off, and Bridge's unmodified provider.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DETERMINISTIC = os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0"
+SEQ = 512
+MBS = 2
+BUDGETS = (1024,)
+
+# (real tokens per row, images per row): packed width 2 x ceil(max/16)*16 -> 30%, 70% and 100% of the budget.
+CASES = {
+    "fill_30": [(150, [(1, 8, 8)]), (96, [])],
+    "fill_70": [(352, [(1, 8, 12), (1, 4, 4)]), (200, [(1, 16, 8)])],
+    "fill_100": [(512, [(1, 12, 12)]), (480, [(1, 8, 8)])],
+}
+# Three rows: more sequences than the graphs hold (max_sequences = micro-batch size): runs eagerly, counted.
+FALLBACK = [(128, [(1, 8, 8)]), (64, []), (100, [(1, 4, 4)])]
+
+
+def _packed_batch(rows, *, seed: int, pg_collection) -> dict:
+    """One micro-batch as Bridge's collate + ``qwen3_vl_step`` (``enable_in_batch_packing``) hand it to the model.
+
+    Rows of different real lengths are padded to the longest (pad 0, loss mask 0), then Bridge's own
+    ``_pad_and_pack_qwen3_vl_step`` rounds the width up and builds the ``PackedSeqParams``; the reshapes are the
+    step's packing branch (``qwen3_vl_step.forward_step``).
+    """
+    import torch
+    from megatron.bridge.models.qwen_vl.qwen3_vl_step import _pad_and_pack_qwen3_vl_step
+
+    from bridge_cudagraph.harness.data import qwen3_vl_batch
+
+    samples = [qwen3_vl_batch([images], length, seed=seed + i) for i, (length, images) in enumerate(rows)]
+    width = max(length for length, _ in rows)
+
+    def pad(t, value):
+        return torch.nn.functional.pad(t, (0, width - t.size(1)), value=value)
+
+    tokens = torch.cat([pad(s["input_ids"], 0) for s in samples])
+    labels = torch.cat([pad(s["labels"], -100) for s in samples])
+    loss_mask = torch.cat([pad(s["loss_mask"], 0.0) for s in samples])
+    attention_mask = torch.ones_like(tokens, dtype=torch.bool)
+    position_ids = torch.arange(width, device=tokens.device).expand(len(rows), -1).contiguous()
+    tokens, labels, loss_mask, attention_mask, position_ids, params = _pad_and_pack_qwen3_vl_step(
+        tokens, labels, loss_mask, attention_mask, position_ids, pg_collection, use_fp8_padding=True, seq_length=SEQ
+    )
+    pixels = [s["pixel_values"] for s in samples if s["pixel_values"] is not None]
+    grids = [s["image_grid_thw"] for s in samples if s["image_grid_thw"] is not None]
+    return {
+        "input_ids": tokens,
+        "labels": labels.reshape(1, -1),
+        "loss_mask": loss_mask.reshape(1, -1),
+        "attention_mask": torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device),
+        "position_ids": None,
+        "packed_seq_params": params,
+        "pixel_values": torch.cat(pixels) if pixels else None,
+        "image_grid_thw": torch.cat(grids) if grids else None,
+    }
+
+
+def _models(world):
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.harness import tiny
+
+    fields = dict(seq_length=SEQ, language_max_sequence_length=SEQ)
+    graphed_provider = tiny.tiny_qwen3_vl_provider(
+        CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), **fields
+    )
+    graphed = tiny.build(graphed_provider, world.language, vision_pg_collection=world.vision)
+    ours_off = tiny.build(
+        tiny.tiny_qwen3_vl_provider(None, **fields), world.language, vision_pg_collection=world.vision
+    )
+    tiny.copy_weights(graphed, ours_off)
+    bridge = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider(None, **fields))
+    bridge.cuda_graph_impl = "none"  # Bridge's unmodified provider, graphs off
+    bridge_model = tiny.build(bridge, world.language)
+    tiny.copy_weights(graphed, bridge_model)
+    return graphed, ours_off, bridge_model
+
+
+def _assert_match(a, b, what: str, floor: float | None) -> None:
+    import torch
+
+    la, ga = a
+    lb, gb = b
+    for name, t in [("loss", la), *ga.items()]:
+        assert torch.isfinite(t).all(), f"{what}: non-finite {name}"
+    if DETERMINISTIC:
+        assert torch.equal(la, lb), f"{what}: per-token loss differs, max {float((la - lb).abs().max())}"
+        bad = [n for n in gb if not torch.equal(ga[n], gb[n])]
+        assert not bad, f"{what}: {len(bad)} gradients differ, e.g. {bad[:3]}"
+        return
+    d = float((la - lb).abs().max())
+    assert d <= floor, f"{what}: per-token loss max diff {d} above the eager-vs-eager floor {floor}"
+
+
+def test_packed_graphs_match_eager_and_bridge(world, record):
+    import torch
+
+    from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
+    from bridge_cudagraph.harness.parity import loss_and_grads
+
+    graphed, ours_off, bridge = _models(world)
+    layout = PackedLayout(budgets=BUDGETS, max_sequences=MBS, max_seqlen=SEQ)
+    batches = {
+        name: _packed_batch(rows, seed=11 * i, pg_collection=world.language)
+        for i, (name, rows) in enumerate(CASES.items())
+    }
+    fallback = _packed_batch(FALLBACK, seed=99, pg_collection=world.language)
+    for batch in batches.values():
+        assert batch["packed_seq_params"].cu_seqlens_q_padded is not None
+
+    # Before capture the three models run the same kernels: exact, and the eager-vs-eager floor for later.
+    floors = {}
+    for name, batch in batches.items():
+        a, b, c = loss_and_grads(graphed, batch), loss_and_grads(ours_off, batch), loss_and_grads(bridge, batch)
+        again = loss_and_grads(ours_off, batch)
+        floors[name] = float((b[0] - again[0]).abs().max())
+        _assert_match(b, c, f"{name}: plugin graphs-off vs Bridge", floors[name])
+        _assert_match(a, b, f"{name}: before capture", floors[name])
+
+    helper = PackedLanguageGraphHelper(graphed, layout=layout)
+    helper.create_cudagraphs()
+    assert helper.stats.failed is None, helper.stats.failed
+    assert helper.graphs_created() and helper.stats.graphs == 4 * len(BUDGETS)
+
+    for name, batch in batches.items():
+        tokens = batch["input_ids"].numel()
+        before = helper.stats.replays
+        got = loss_and_grads(graphed, batch)
+        assert helper.stats.replays == before + 1, f"{name} did not replay"
+        _assert_match(got, loss_and_grads(ours_off, batch), f"{name}: graphs vs plugin eager", floors[name])
+        _assert_match(got, loss_and_grads(bridge, batch), f"{name}: graphs vs Bridge", floors[name])
+        record(
+            case=name,
+            tokens=tokens,
+            budget=layout.budget_for(tokens, MBS),
+            fill=tokens / BUDGETS[-1],
+            deterministic=DETERMINISTIC,
+            floor=floors[name],
+        )
+    fills = sorted(round(b["input_ids"].numel() / BUDGETS[-1], 2) for b in batches.values())
+    assert fills[0] <= 0.35 and 0.65 <= fills[1] <= 0.75 and fills[2] == 1.0, fills
+
+    before = helper.stats.eager_fallbacks
+    got = loss_and_grads(graphed, fallback)
+    assert helper.stats.eager_fallbacks == before + 1
+    ref = loss_and_grads(ours_off, fallback)
+    assert torch.equal(got[0], ref[0]), "an eager fallback must be the eager model itself"
+    assert math.isfinite(float(got[0].sum()))
+    record(
+        case="fallback",
+        eager_fallbacks=helper.stats.eager_fallbacks,
+        replays=helper.stats.replays,
+        graph_memory_mib=helper.stats.graph_memory_bytes / 2**20,
+        capture_s=helper.stats.seconds,
+    )
+    helper.uninstall()
+    assert not helper.graphs_created()
