@@ -43,7 +43,7 @@ def _packed_batch(rows, *, seed: int, pg_collection) -> dict:
     import torch
     from megatron.bridge.models.qwen_vl.qwen3_vl_step import _pad_and_pack_qwen3_vl_step
 
-    from bridge_cudagraph.harness.data import qwen3_vl_batch
+    from bridge_cudagraph.examples.data import qwen3_vl_batch
 
     samples = [qwen3_vl_batch([images], length, seed=seed + i) for i, (length, images) in enumerate(rows)]
     width = max(length for length, _ in rows)
@@ -75,7 +75,7 @@ def _packed_batch(rows, *, seed: int, pg_collection) -> dict:
 
 def _models(world):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
-    from bridge_cudagraph.harness import tiny
+    from bridge_cudagraph.examples import tiny
 
     fields = dict(seq_length=SEQ, language_max_sequence_length=SEQ)
     graphed_provider = tiny.tiny_qwen3_vl_provider(
@@ -113,7 +113,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record):
     import torch
 
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
-    from bridge_cudagraph.harness.parity import loss_and_grads
+    from bridge_cudagraph.testing.parity import loss_and_grads
 
     graphed, ours_off, bridge = _models(world)
     layout = PackedLayout(budgets=BUDGETS, max_sequences=MBS, max_seqlen=SEQ)
