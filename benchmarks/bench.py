@@ -695,12 +695,15 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     if variant in UNGRAPHED:
         return []
     if variant == "ours":
-        return provider.make_graph_helpers(
-            model,
+        from bridge_cudagraph.plan import plan_for
+
+        plan = plan_for(
+            provider,
+            world_size=torch.distributed.get_world_size(),
             micro_batch_size=cfg.micro_batch_size,
             num_microbatches=cfg.num_microbatches,
-            optimizers=[optimizer],
         )
+        return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global
     # micro-batch calculator megatron-core's helpers read.
     from megatron.core.num_microbatches_calculator import (

@@ -6,9 +6,9 @@ Pass it to ``pretrain()``/``finetune()`` (:func:`bridge_cudagraph.train.main` do
 What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):
 
 * ``on_train_start`` (``train.py:349``, after the model is in train mode, before the loop): build the provider's
-  helpers (:meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers`) with the plugin's own
-  micro-batch count, and remember the start step: the loaded iteration on resume, so a resumed run captures
-  again ``warmup`` steps later.
+  helpers (:meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers`) from the run's
+  :class:`~bridge_cudagraph.plan.CapturePlan` (budgets, copies, micro-batches, warmups: nothing re-derived), and
+  remember the start step: the loaded iteration on resume, so a resumed run captures again ``warmup`` steps later.
 * ``on_train_step_start`` (``train.py:454``, after Bridge's (inert) capture block, before the step): at the first
   step with ``step - start >= warmup`` capture each submodule. With the distributed optimizer and
   ``overlap_param_gather`` the DDP forward pre-hooks are disabled around capture (as Bridge does,
@@ -47,12 +47,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from megatron.bridge.training.callbacks import Callback
 
 from bridge_cudagraph import bridge_loop
-from bridge_cudagraph.config import CudaGraphConfigError
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan import CapturePlan
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -137,32 +139,6 @@ class GraphSlot:
             "replays": int(getattr(stats, "replays", 0)),
             "eager_fallbacks": int(getattr(stats, "eager_fallbacks", 0)),
         }
-
-
-def plugin_num_microbatches(
-    explicit: int | None, *, global_batch_size: int, micro_batch_size: int, data_parallel_size: int
-) -> int:
-    """Micro-batches per step for capture: ``cuda_graph.num_microbatches``, else global / (micro x data-parallel).
-
-    The plugin never reads Megatron's global micro-batch calculator (see
-    :func:`~bridge_cudagraph.capture.common.explicit_num_microbatches`).
-    """
-    if explicit is not None:
-        return explicit
-    per_step = micro_batch_size * data_parallel_size
-    if global_batch_size % per_step:
-        raise CudaGraphConfigError(
-            f"train.global_batch_size={global_batch_size} is not a multiple of micro_batch_size x data-parallel "
-            f"size = {micro_batch_size} x {data_parallel_size}; fix the batch sizes or set "
-            "model.cuda_graph.num_microbatches"
-        )
-    return global_batch_size // per_step
-
-
-def warmup_steps(cuda_graph, submodule: str, model_warmup: int) -> int:
-    """A submodule's eager steps before capture: its ``warmup_steps``, else the model's ``cuda_graph_warmup_steps``."""
-    block = cuda_graph.vision if submodule == "vision" else cuda_graph.language
-    return block.warmup_steps if block.warmup_steps is not None else model_warmup
 
 
 class GraphLifecycle:
@@ -296,10 +272,8 @@ def _print_rank0(message: str) -> None:
     print_rank_0(message)
 
 
-def _helpers_of(provider, model, *, micro_batch_size, num_microbatches, optimizers):
-    return provider.make_graph_helpers(
-        model, micro_batch_size=micro_batch_size, num_microbatches=num_microbatches, optimizers=optimizers
-    )
+def _helpers_of(provider, model, *, plan, optimizers):
+    return provider.make_graph_helpers(model, plan=plan, optimizers=optimizers)
 
 
 class CudaGraphCallback(Callback):
@@ -308,19 +282,24 @@ class CudaGraphCallback(Callback):
     A no-op for any other model, so it can always be passed. See the module docstring for the event order.
 
     Args:
-        helper_factory: ``(provider, model, *, micro_batch_size, num_microbatches, optimizers) -> helpers``;
-            default ``provider.make_graph_helpers``. A seam for tests and for callers that build helpers themselves.
+        plan: The run's capture plan, built before any process group from the config Bridge will finalize
+            (:func:`bridge_cudagraph.train.run` passes it). Without one it is built at ``on_train_start`` from the
+            config Bridge finalized, by the same function (:func:`bridge_cudagraph.planning.plan_finalized`).
+        helper_factory: ``(provider, model, *, plan, optimizers) -> helpers``; default
+            ``provider.make_graph_helpers``. A seam for tests and for callers that build helpers themselves.
         hooks_factory: ``model -> PreHooks``; default :class:`ForwardPreHooks` (Bridge's toggles).
     """
 
     def __init__(
         self,
         *,
+        plan: CapturePlan | None = None,
         helper_factory: Callable[..., Sequence[Any]] | None = None,
         hooks_factory: Callable[[Sequence[Any]], PreHooks] | None = None,
     ) -> None:
         bridge_loop.install()
         bridge_loop.register_callback(self)
+        self.plan = plan
         self._helper_factory = helper_factory or _helpers_of
         self._hooks_factory = hooks_factory or ForwardPreHooks
         self.lifecycle: GraphLifecycle | None = None
@@ -341,10 +320,6 @@ class CudaGraphCallback(Callback):
         # A previous train() in this process (in-process restart) left graphs behind.
         self.release_graphs(reason="on_train_start: graphs of a previous run")
         provider = get_model_config(context.model[0])
-        from bridge_cudagraph.replicas import install_grad_sync
-
-        # Vision replicas (vision TP < language TP) stay identical: average their gradients every step.
-        install_grad_sync(provider, context.model)
         if not is_graph_provider(provider) or not provider.cuda_graph.any_enabled:
             self.lifecycle = None
             return
@@ -354,36 +329,31 @@ class CudaGraphCallback(Callback):
                 "a second time; call bridge_cudagraph.bridge_loop.install() before pretrain()/finetune()"
             )
         cfg = context.state.cfg
-        count = plugin_num_microbatches(
-            provider.cuda_graph.num_microbatches,
-            global_batch_size=cfg.train.global_batch_size,
-            micro_batch_size=cfg.train.micro_batch_size,
-            data_parallel_size=_language_dp_size(provider, context.model),
-        )
-        helpers = self._helper_factory(
-            provider,
-            context.model,
-            micro_batch_size=cfg.train.micro_batch_size,
-            num_microbatches=count,
-            optimizers=[context.optimizer],
-        )
+        plan = self.plan
+        if plan is None:
+            from bridge_cudagraph.planning import plan_finalized
+
+            plan = self.plan = plan_finalized(cfg, world_size=_world_size())
+        helpers = self._helper_factory(provider, context.model, plan=plan, optimizers=[context.optimizer])
+        warmups = {"language": plan.language.warmup_steps}
+        if plan.vision is not None:
+            warmups["vision"] = plan.vision.warmup_steps
         slots = []
         for helper in helpers:
             submodule = helper.stats.submodule
-            warmup = warmup_steps(provider.cuda_graph, submodule, provider.cuda_graph_warmup_steps)
-            slots.append(GraphSlot(helper, submodule, warmup))
+            slots.append(GraphSlot(helper, submodule, warmups[submodule]))
         start = context.state.train_state.step
         self.lifecycle = GraphLifecycle(
             slots,
             start_step=start,
             toggles_pre_hooks=_toggles_pre_hooks(cfg),
-            on_capture_error=provider.cuda_graph.on_capture_error,
+            on_capture_error=plan.on_capture_error,
         )
         self._provider = provider
         self._hooks = self._hooks_factory(context.model)
         bridge_loop.claim(provider, self)
-        plan = ", ".join(f"{s.submodule} before step {start + s.warmup}" for s in slots) or "nothing"
-        _print_rank0(f"bridge_cudagraph: {count} micro-batch(es) per step; will capture {plan}")
+        when = ", ".join(f"{s.submodule} before step {start + s.warmup}" for s in slots) or "nothing"
+        _print_rank0(f"bridge_cudagraph: {plan.num_microbatches} micro-batch(es) per step; will capture {when}")
 
     def on_train_step_start(self, context) -> None:
         """Capture what is due, then set manual hooks where the pre-hooks are on."""
@@ -482,11 +452,8 @@ def _toggles_pre_hooks(cfg) -> bool:
     )
 
 
-def _language_dp_size(provider, model) -> int:
-    """Data-parallel size of the language collection: the one Bridge handed the provider, else the model's."""
-    pgc = getattr(provider, "_pg_collection", None)
-    if pgc is None:
-        from megatron.bridge.training.utils.pg_utils import get_pg_collection
+def _world_size() -> int:
+    """Ranks of the running job (``torch.distributed`` is up at ``on_train_start``)."""
+    import torch.distributed as dist
 
-        pgc = get_pg_collection(model)
-    return pgc.dp.size()
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

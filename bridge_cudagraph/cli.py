@@ -88,11 +88,15 @@ def _run(args: argparse.Namespace) -> int:
 
     runner = None
     if args.verb in _NEEDS_GPU:
-        _require_cuda(args.verb)
         runner = _runner(args.verb)
     loaded = load_recipe(args.recipe, args.overrides)
     if runner is not None:
-        return int(runner.main(loaded, args) or 0)
+        # The configuration's checks come before the GPU check: what `validate` refuses, `train` refuses with
+        # the same line on any machine (train.check_before_gpu plans the run as `validate` does).
+        check = getattr(runner, "check_before_gpu", None)
+        ready = check(loaded) if check is not None else {}
+        _require_cuda(args.verb)
+        return int(runner.main(loaded, args, **ready) or 0)
     plan = plan_recipe(loaded, world_size=args.world_size)
     if args.verb == "plan":
         print(f"recipe: {loaded.source}" + ("" if not args.overrides else " " + " ".join(args.overrides)))

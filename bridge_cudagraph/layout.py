@@ -33,6 +33,7 @@ __all__ = [
     "ResolvedLayout",
     "Submodule",
     "VisionLayout",
+    "check_vision_heads",
     "enumerate_grid",
     "format_layout",
     "rank_layout",
@@ -279,6 +280,24 @@ class ParallelLayout:
         )
 
 
+def check_vision_heads(tp: int, heads: int) -> None:
+    """Vision tp must divide the encoder's attention heads: the one copy of this check, reached by the plan, the
+    provider's ``finalize()`` and the group derivation (:meth:`VisionLayout.resolve`).
+
+    Raises:
+        LayoutError: It does not, with the divisors to choose from.
+    """
+    name = Submodule.VISION
+    _check_positive(name, tp=tp, num_attention_heads=heads)
+    if heads % tp:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise LayoutError(
+            f"{name} tp {tp} does not divide the {heads} attention heads of the {name} encoder "
+            f"({heads} % {tp} = {heads % tp}) (set {name} tp, model.cuda_graph.vision.tensor_parallel_size, to a "
+            f"divisor of {heads}: one of {divisors})"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class VisionLayout:
     """Parallel sizes of the vision encoder, placed on the language model's first pipeline stage.
@@ -323,12 +342,8 @@ class VisionLayout:
                 f"({language.name} tp {language.tp} x cp {language.cp} x dp {language.dp} = {stage}; "
                 f"{stage} % {self.tp} = {stage % self.tp}) (set {name} tp to a divisor of {stage})"
             )
-        if self.num_attention_heads is not None and self.num_attention_heads % self.tp != 0:
-            heads = self.num_attention_heads
-            raise LayoutError(
-                f"{name} tp {self.tp} does not divide the {heads} attention heads of the {name} encoder "
-                f"({heads} % {self.tp} = {heads % self.tp}) (set {name} tp to a divisor of {heads})"
-            )
+        if self.num_attention_heads is not None:
+            check_vision_heads(self.tp, self.num_attention_heads)
         # A tp group must see identical activations. Vision tp groups are blocks of ``tp`` adjacent ranks; the ranks
         # that share a language batch (and so its images) are the adjacent blocks of ``tp * cp`` ranks, or only of
         # ``tp`` ranks when cp ranks split the images between them.

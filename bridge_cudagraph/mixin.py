@@ -9,16 +9,23 @@ Composed in front of any ``GPTModelProvider`` (Qwen3, Llama, ...) or the Qwen3-V
   the TE RNG tracker graphs need), refusing upstream's own switches so that exactly one owner captures;
 * builds the model with the collection Bridge hands ``provide_distributed_model`` and keeps the
   checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.capture.language.drop_language_aliases`);
-* makes the language graph helper (:meth:`make_language_graph_helper`) under that collection.
+* keeps the vision replicas of the model it built identical, graphs or not (:meth:`provide_distributed_model`);
+* makes the graph helpers (:meth:`make_graph_helpers`) from a :class:`~bridge_cudagraph.plan.CapturePlan`, which
+  holds every number they need (budgets, segments, copies, micro-batches, static shapes): nothing is re-derived
+  here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan import CapturePlan
 
 #: ``vision_pg_collection`` was neither given nor derived yet (``None`` is a value: no encoder on this rank).
 _NOT_SET = object()
@@ -32,7 +39,7 @@ class CudaGraphProviderMixin:
     """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
 
     # Process groups stay shared references when Bridge deep-copies a provider (its __deepcopy__ honours this).
-    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection"})
+    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection", "_built_chunks"})
 
     # ------------------------------------------------------------------ config time
     def finalize(self) -> None:
@@ -68,11 +75,9 @@ class CudaGraphProviderMixin:
                 "which attend across images and to padding; set model.cuda_graph.vision.enabled=true instead "
                 "and leave model.vision_cuda_graph_impl at 'none'"
             )
-        if cfg.vision.enabled and not self.has_vision_encoder():
-            raise CudaGraphConfigError(
-                f"model.cuda_graph.vision.enabled=true but {type(self).__name__} has no vision encoder; "
-                "set it to false (vision graphs apply to Qwen3-VL providers)"
-            )
+        from bridge_cudagraph.plan import check_model, model_facts
+
+        check_model(model_facts(self), cfg)
         if self.has_vision_encoder():
             self._check_vision()
         if cfg.language.enabled:
@@ -98,12 +103,6 @@ class CudaGraphProviderMixin:
     def _check_vision(self) -> None:
         where = "model.cuda_graph.vision"
         vtp, tp = self.cuda_graph.vision.tensor_parallel_size, self.tensor_model_parallel_size or 1
-        heads = self.vision_config.num_heads
-        if heads % vtp:
-            raise CudaGraphConfigError(
-                f"{where}.tensor_parallel_size={vtp} does not divide the vision encoder's {heads} attention heads; "
-                f"use a divisor of {heads} (1 replicates the encoder)"
-            )
         if tp % vtp:
             raise CudaGraphConfigError(
                 f"{where}.tensor_parallel_size={vtp} does not divide model.tensor_model_parallel_size={tp}: vision "
@@ -133,11 +132,6 @@ class CudaGraphProviderMixin:
             raise CudaGraphConfigError(
                 f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
                 "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
-            )
-        if (self.virtual_pipeline_model_parallel_size or 1) > 1 and self.has_vision_encoder():
-            raise CudaGraphConfigError(
-                "model.virtual_pipeline_model_parallel_size > 1 with Qwen3-VL: its provider ignores vp_stage, "
-                "so a virtual pipeline builds wrong chunks; set it to null"
             )
         modules = self.cuda_graph.language.modules
         if getattr(self, "num_moe_experts", None) and (modules is None or "moe" in modules):
@@ -191,82 +185,115 @@ class CudaGraphProviderMixin:
         )
         return self._vision_pg_collection
 
-    def make_language_graph_helper(
-        self,
-        model: list[Any],
-        *,
-        seq_length: int | None = None,
-        micro_batch_size: int,
-        num_microbatches: int | None = None,
-        optimizers=(),
-        pg_collection=None,
-    ):
-        """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built).
+    def provide_distributed_model(self, *args, **kwargs):
+        """Bridge's model construction, then the vision replica gradient sync for the chunks it built.
+
+        Installed here, where the model is built, so a run without graphs keeps identical vision replicas too.
+        Bridge sets ``finalize_model_grads_func`` only after this returns (``setup.py``
+        ``_update_model_config_funcs``), so the chunks are remembered (weakly) and :meth:`__setattr__` wraps the
+        function when it is assigned; one that is already set is wrapped at once.
+        """
+        model = super().provide_distributed_model(*args, **kwargs)
+        object.__setattr__(self, "_built_chunks", [weakref.ref(chunk) for chunk in model])
+        self._sync_vision_replicas()
+        return model
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "finalize_model_grads_func" and value is not None:
+            self._sync_vision_replicas()
+
+    def _sync_vision_replicas(self) -> None:
+        refs = self.__dict__.get("_built_chunks")
+        chunks = [ref() for ref in refs or ()]
+        if not chunks or any(chunk is None for chunk in chunks):
+            return
+        from bridge_cudagraph.replicas import install_grad_sync
+
+        # Idempotent: the wrapper it assigns comes back through __setattr__ and is recognised.
+        install_grad_sync(self, chunks)
+
+    def make_language_graph_helper(self, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
+        """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built), as ``plan`` says.
 
         The collection defaults to the one Bridge passed to ``provide_distributed_model``.
         """
         from bridge_cudagraph.capture.language import LanguageGraphHelper
 
         pgc = pg_collection if pg_collection is not None else getattr(self, "_pg_collection", None)
-        count = num_microbatches or self.cuda_graph.num_microbatches or 1
         return LanguageGraphHelper(
-            model,
-            self,
-            seq_length=seq_length or self.seq_length,
-            micro_batch_size=micro_batch_size,
-            num_microbatches=count,
-            pg_collection=pgc,
-            optimizers=optimizers,
-            on_capture_error=self.cuda_graph.on_capture_error,
+            model, self, pg_collection=pgc, optimizers=optimizers, **language_helper_arguments(plan)
         )
 
-    def make_graph_helpers(self, model: list[Any], *, micro_batch_size: int, num_microbatches: int, optimizers=()):
-        """Every helper this provider's ``cuda_graph`` block asks for, language first, for a lifecycle owner
-        (the Bridge callback, a test, the benchmark) to drive through the ``TECudaGraphHelper`` protocol:
-        ``create_cudagraphs()``, ``graphs_created()``, ``cuda_graph_set_manual_hooks()``,
-        ``delete_cuda_graphs()`` and ``stats``."""
+    def make_graph_helpers(self, model: list[Any], *, plan: CapturePlan, optimizers=()) -> list[Any]:
+        """Every helper ``plan`` asks for, language first, for a lifecycle owner (the Bridge callback, a test, the
+        benchmark) to drive through the ``TECudaGraphHelper`` protocol: ``create_cudagraphs()``,
+        ``graphs_created()``, ``cuda_graph_set_manual_hooks()``, ``delete_cuda_graphs()`` and ``stats``.
+
+        Every number comes from ``plan`` (:func:`language_helper_arguments`, :func:`vision_helper_arguments`); the
+        plan must be this provider's (:func:`check_plan_matches`).
+        """
+        check_plan_matches(self, plan)
         helpers = []
-        if self.cuda_graph.language.enabled:
-            helpers.append(
-                self.make_language_graph_helper(
-                    model,
-                    micro_batch_size=micro_batch_size,
-                    num_microbatches=num_microbatches,
-                    optimizers=optimizers,
-                )
-            )
-        if self.cuda_graph.vision.enabled:
-            helpers.extend(
-                self._make_vision_graph_helpers(
-                    model, micro_batch_size=micro_batch_size, num_microbatches=num_microbatches
-                )
-            )
+        if plan.language.enabled:
+            helpers.append(self.make_language_graph_helper(model, plan=plan, optimizers=optimizers))
+        if plan.vision is not None and plan.vision.enabled:
+            from bridge_cudagraph.capture.vision import VisionGraphHelper
+            from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+
+            encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
+            if encoders:  # else a later pipeline stage: no encoder here
+                helpers.append(VisionGraphHelper(model, encoders[0], **vision_helper_arguments(plan)))
         return helpers
 
-    def _make_vision_graph_helpers(
-        self, model: list[Any], *, micro_batch_size: int, num_microbatches: int
-    ) -> list[Any]:
-        from bridge_cudagraph.budgets import derive_max_segments, derive_token_budgets, in_flight_microbatches
-        from bridge_cudagraph.capture.vision import VisionGraphHelper
-        from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
-        encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
-        if not encoders:  # a later pipeline stage: no encoder here
-            return []
-        vision = self.cuda_graph.vision
-        merge = self.vision_config.spatial_merge_size
-        budgets = vision.token_budgets or derive_token_budgets(self.seq_length, micro_batch_size, merge)
-        segments = vision.max_images_per_microbatch or derive_max_segments(budgets, merge)
-        return [
-            VisionGraphHelper(
-                model,
-                encoders[0],
-                budgets=budgets,
-                max_segments=segments,
-                on_capture_error=self.cuda_graph.on_capture_error,
-                copies=in_flight_microbatches(self.pipeline_model_parallel_size or 1, num_microbatches or 1),
-            )
-        ]
+def check_plan_matches(provider: Any, plan: CapturePlan) -> None:
+    """Refuse a plan built for another block or model: the helpers must be built from this provider's own plan.
+
+    Compares the model facts the plan was built from with this provider's (``dtype`` aside: it depends on the run's
+    mixed-precision recipe, which the provider alone does not know) and the ``cuda_graph`` switches.
+    """
+    from bridge_cudagraph.plan import model_facts
+
+    facts = dataclasses.replace(model_facts(provider), dtype=plan.facts.dtype)
+    vision_on = plan.vision is not None and plan.vision.enabled
+    block = provider.cuda_graph
+    if facts != plan.facts or (block.language.enabled, block.vision.enabled) != (plan.language.enabled, vision_on):
+        changed = sorted(
+            f.name for f in dataclasses.fields(facts) if getattr(facts, f.name) != getattr(plan.facts, f.name)
+        )
+        raise CudaGraphConfigError(
+            f"the capture plan was built for another configuration than {type(provider).__name__} has now (differs: "
+            f"{', '.join(changed) or 'cuda_graph enabled switches'}); build the plan from the finalized config "
+            "(bridge_cudagraph.planning.plan_config) and change nothing after"
+        )
+
+
+def language_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
+    """The :class:`~bridge_cudagraph.capture.language.LanguageGraphHelper` arguments ``plan`` decides."""
+    if plan.num_microbatches is None:  # build_plan refuses language graphs without a count; a plan off is a bug
+        raise CudaGraphConfigError("a plan without micro-batches per step cannot build language graphs")
+    return {
+        "seq_length": plan.facts.seq_length,
+        "micro_batch_size": plan.micro_batch_size,
+        "num_microbatches": plan.num_microbatches,
+        "static_inputs": plan.language.static_inputs,
+        "on_capture_error": plan.on_capture_error,
+    }
+
+
+def vision_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
+    """The :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` arguments ``plan`` decides."""
+    vision = plan.vision
+    if vision is None or not vision.enabled:
+        raise CudaGraphConfigError("the capture plan has no vision graphs")
+    return {
+        "budgets": list(vision.token_budgets),
+        "max_segments": vision.max_images_per_microbatch,
+        "copies": vision.copies,
+        "static_inputs": dict(vision.static_inputs),
+        "on_capture_error": plan.on_capture_error,
+    }
 
 
 def provider_fields(provider: Any) -> dict[str, Any]:

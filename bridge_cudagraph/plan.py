@@ -20,6 +20,7 @@ the plan and the capture cannot disagree.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from bridge_cudagraph.layout import (
     ResolvedLayout,
     Submodule,
     VisionLayout,
+    check_vision_heads,
     format_layout,
     resolve_submodules,
 )
@@ -47,10 +49,13 @@ __all__ = [
     "CapturePlan",
     "LanguagePlan",
     "ModelFacts",
+    "StaticInput",
     "VisionFacts",
     "VisionPlan",
     "build_plan",
+    "check_model",
     "model_facts",
+    "plan_for",
 ]
 
 
@@ -121,6 +126,7 @@ class ModelFacts:
         dtype: Activation dtype name: ``bf16``, ``fp16`` or ``fp32``.
         virtual_pipeline_size: Virtual pipeline stages per rank, or None.
         vision_dp_when_cp: Qwen3-VL splits images over cp ranks (its provider flag).
+        cuda_graph_warmup_steps: The model's ``cuda_graph_warmup_steps``: the warmup of a submodule that sets none.
         vision: The vision encoder, or None for a text-only model.
     """
 
@@ -148,6 +154,7 @@ class ModelFacts:
     dtype: str = "bf16"
     virtual_pipeline_size: int | None = None
     vision_dp_when_cp: bool = False
+    cuda_graph_warmup_steps: int = 3
     vision: VisionFacts | None = None
 
     @property
@@ -258,11 +265,63 @@ def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
         dtype=_dtype_name(provider, mixed_precision),
         virtual_pipeline_size=getattr(provider, "virtual_pipeline_model_parallel_size", None),
         vision_dp_when_cp=bool(getattr(provider, "vision_dp_when_cp", False)),
+        cuda_graph_warmup_steps=int(getattr(provider, "cuda_graph_warmup_steps", 3)),
         vision=vision,
     )
 
 
 # ----------------------------------------------------------------------------------------------- plan
+#: The dtype names of :class:`StaticInput`, as ``torch`` attribute names (the plan itself never imports torch).
+TORCH_DTYPE_NAMES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "bool": "bool",
+    "int32": "int32",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StaticInput:
+    """One captured input of a graph: a static buffer that every replay refreshes, so its shape is fixed here.
+
+    Data, not text: the capture code allocates (vision) or checks (language, whose buffers megatron-core's helper
+    allocates) its buffers against it, and :meth:`describe` renders it for ``bridge-cudagraph plan``.
+
+    Attributes:
+        name: The argument of the graphed layer it feeds (``hidden_states``, ``cu_seqlens``...).
+        shape: Its dimensions.
+        dtype: ``bf16``, ``fp16``, ``fp32``, ``bool`` or ``int32`` (:data:`TORCH_DTYPE_NAMES`).
+        dims: What each dimension is (``S/cp``, ``mbs``, ``H``), for display; an empty label prints the number
+            alone, and no labels at all print only numbers.
+        note: Printed after the dtype (``(mRoPE)``).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dims: tuple[str, ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dims and len(self.dims) != len(self.shape):
+            raise ValueError(f"{self.name}: {len(self.dims)} dimension labels for shape {self.shape}")
+        if self.dtype not in TORCH_DTYPE_NAMES:
+            raise ValueError(f"{self.name}: unknown dtype {self.dtype!r}; one of {sorted(TORCH_DTYPE_NAMES)}")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        """The ``torch`` attribute of :attr:`dtype` (``getattr(torch, input.torch_dtype_name)``)."""
+        return TORCH_DTYPE_NAMES[self.dtype]
+
+    def describe(self) -> str:
+        """``hidden_states (S/cp=4096, mbs=2, H=4096) bf16``."""
+        labels = self.dims or ("",) * len(self.shape)
+        parts = [f"{label}={n}" if label else str(n) for label, n in zip(labels, self.shape, strict=True)]
+        inner = parts[0] + "," if len(parts) == 1 else ", ".join(parts)
+        return f"{self.name} ({inner}) {self.dtype}" + (f" {self.note}" if self.note else "")
+
+
 @dataclass(frozen=True, slots=True)
 class LanguagePlan:
     """The language model's graphs on each pipeline stage.
@@ -275,8 +334,8 @@ class LanguagePlan:
         graphs_per_layer: Graphs per captured layer: 1 when ``pp == 1``, else one per micro-batch of the step
             (with a pipeline several micro-batches are in flight, and each needs its own static buffers).
         graphs_per_stage: Graphs each rank of a stage captures: ``captured x graphs_per_layer``.
-        static_inputs: Captured inputs of every graph, with shapes and dtypes.
-        warmup_steps: Eager steps before capture (None: the model's ``cuda_graph_warmup_steps``).
+        static_inputs: Captured inputs of every graph (shapes as megatron-core's helper allocates them).
+        warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
     """
 
     enabled: bool
@@ -285,8 +344,8 @@ class LanguagePlan:
     captured_per_stage: tuple[int, ...]
     graphs_per_layer: int
     graphs_per_stage: tuple[int, ...]
-    static_inputs: tuple[str, ...]
-    warmup_steps: int | None
+    static_inputs: tuple[StaticInput, ...]
+    warmup_steps: int
 
     @property
     def graphs(self) -> int:
@@ -312,6 +371,7 @@ class VisionPlan:
         copies: Independent graph sets, one per micro-batch the first pipeline stage keeps in flight (1 without a
             pipeline; :func:`~bridge_cudagraph.budgets.in_flight_microbatches`).
         graphs: Graphs on each vision rank: ``depth x len(token_budgets) x copies``.
+        warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
     """
 
     enabled: bool
@@ -322,9 +382,14 @@ class VisionPlan:
     max_patches_per_microbatch: int
     max_images_per_microbatch: int
     images_derived: bool
-    static_inputs: tuple[tuple[int, tuple[str, ...]], ...]
+    static_inputs: tuple[tuple[int, tuple[StaticInput, ...]], ...]
     copies: int
     graphs: int
+    warmup_steps: int
+
+    def inputs_at(self, budget: int) -> tuple[StaticInput, ...]:
+        """The static inputs of the graphs at ``budget`` patches."""
+        return dict(self.static_inputs)[budget]
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,12 +475,13 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
     else:
         layers = "+".join(map(str, stages)) + f" layers on {len(stages)} stages"
         per = f"{language.graphs_per_layer} graphs each (one per micro-batch of the step)"
+    inputs = [s.describe() for s in language.static_inputs]
     lines = [
-        f"language: {layers} x {per} = {language.graphs} graphs per rank, {_modules_text(language.modules)}"
-        + ("" if language.warmup_steps is None else f", capture after {language.warmup_steps} steps"),
-        "  static inputs: " + language.static_inputs[0],
+        f"language: {layers} x {per} = {language.graphs} graphs per rank, {_modules_text(language.modules)}, "
+        f"capture after {language.warmup_steps} steps",
+        "  static inputs: " + inputs[0],
     ]
-    lines += ["                 " + s for s in language.static_inputs[1:]]
+    lines += ["                 " + s for s in inputs[1:]]
     return lines
 
 
@@ -443,13 +509,13 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
     copies = f" x {vision.copies} in-flight copies (pipeline stage 0, 1F1B)" if vision.copies > 1 else ""
     lines = [
         f"vision: {vision.depth} layers x {len(vision.token_budgets)} budgets{copies} = {vision.graphs} graphs "
-        f"per rank{where}, {_modules_text(vision.modules)}",
+        f"per rank{where}, {_modules_text(vision.modules)}, capture after {vision.warmup_steps} steps",
         budget_line,
         images_line,
         f"  a micro-batch with more than {vision.token_budgets[-1]} patches or more images runs eagerly (counted)",
     ]
     for budget, inputs in vision.static_inputs:
-        lines.append(f"  B={budget}: " + ", ".join(inputs))
+        lines.append(f"  B={budget}: " + ", ".join(s.describe() for s in inputs))
     return lines
 
 
@@ -510,37 +576,62 @@ def _graphable(layer: int, facts: ModelFacts, modules: tuple[str, ...] | None) -
     return "mlp" in modules
 
 
-def _language_static_inputs(facts: ModelFacts, mbs: int, modules: tuple[str, ...] | None) -> tuple[str, ...]:
+def _language_static_inputs(facts: ModelFacts, mbs: int, modules: tuple[str, ...] | None) -> tuple[StaticInput, ...]:
+    """The inputs megatron-core's helper allocates per layer (``module.py`` / ``transformer_layer.py``
+    ``get_layer_static_inputs``, ``cuda_graphs.py`` for the rotary table), with the mRoPE table capture adds."""
     s, cp, tp = facts.seq_length, facts.cp, facts.tp
     if facts.sequence_parallel and tp > 1:
-        rows = f"S/cp/tp={s // cp // tp}"
+        rows, label = s // cp // tp, "S/cp/tp"
     else:
-        rows = f"S/cp={s // cp}"
-    inputs = [f"hidden_states ({rows}, mbs={mbs}, H={facts.hidden_size}) {facts.dtype}"]
+        rows, label = s // cp, "S/cp"
+    inputs = [StaticInput("hidden_states", (rows, mbs, facts.hidden_size), facts.dtype, (label, "mbs", "H"))]
     if modules is None or "attn" in modules:
-        inputs.append(f"attention_mask (mbs={mbs}, 1, S/cp={s // cp}, S={s}) bool")
+        inputs.append(StaticInput("attention_mask", (mbs, 1, s // cp, s), "bool", ("mbs", "", "S/cp", "S")))
         if facts.position_embedding_type == "mrope":
             # Qwen3VLMultimodalRotaryEmbedding: (S, b, 1, 2 * dim/2) in fp32, sliced along cp (rope.py).
-            inputs.append(f"rotary_pos_emb (S/cp={s // cp}, mbs={mbs}, 1, {facts.rotary_dim}) fp32 (mRoPE)")
+            inputs.append(
+                StaticInput(
+                    "rotary_pos_emb", (s // cp, mbs, 1, facts.rotary_dim), "fp32", ("S/cp", "mbs", "", ""), "(mRoPE)"
+                )
+            )
         elif facts.position_embedding_type == "rope":
             # RotaryEmbedding(seq): (S, 1, 1, dim) in fp32, the same for every sample; sliced along cp.
-            inputs.append(f"rotary_pos_emb (S/cp={s // cp}, 1, 1, {facts.rotary_dim}) fp32")
+            inputs.append(
+                StaticInput("rotary_pos_emb", (s // cp, 1, 1, facts.rotary_dim), "fp32", ("S/cp", "", "", ""))
+            )
     return tuple(inputs)
 
 
-def _vision_static_inputs(vision: VisionFacts, budget: int, images: int, dtype: str) -> tuple[str, ...]:
+def _vision_static_inputs(vision: VisionFacts, budget: int, images: int, dtype: str) -> tuple[StaticInput, ...]:
     # Qwen3VLVisionModel: hidden_states[:, None] is (B, 1, Hv); the 2-D rotary table is
     # Qwen3VLVisionRotaryEmbedding(head_dim // 2) looked up for (row, col), flattened to head_dim // 2 and
     # repeated twice: (B, 1, 1, Hv / heads) fp32 (vision_model.py, rot_pos_emb and forward).
     return (
-        f"hidden_states ({budget}, 1, {vision.hidden_size}) {dtype}",
-        f"rotary_pos_emb ({budget}, 1, 1, {vision.head_dim}) fp32",
+        StaticInput("hidden_states", (budget, 1, vision.hidden_size), dtype),
+        StaticInput("rotary_pos_emb", (budget, 1, 1, vision.head_dim), "fp32"),
         # One boundary per image frame, one for the padding segment and the leading 0 (capture/vision.py).
-        f"cu_seqlens ({images + 2},) int32",
+        StaticInput("cu_seqlens", (images + 2,), "int32"),
     )
 
 
-def _derive_num_microbatches(cfg: CudaGraphConfig, *, mbs: int, gbs: int | None, dp: int, needed: bool) -> int | None:
+def _warmups(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[int, int]:
+    """Eager steps before each submodule's capture, ``(language, vision)``: its own ``warmup_steps``, else the
+    model's ``cuda_graph_warmup_steps``. The provider's ``finalize()`` copies a set language warmup onto the model
+    (Megatron-Core reads it there), so a vision block without one follows the language graphs; resolving that here
+    makes the plan the same before and after ``finalize()``."""
+    model = facts.cuda_graph_warmup_steps
+    language = cfg.language.warmup_steps
+    if cfg.language.enabled and language is not None:
+        model = language
+    vision = cfg.vision.warmup_steps
+    return (model if language is None else language), (model if vision is None else vision)
+
+
+def _derive_num_microbatches(
+    cfg: CudaGraphConfig, *, mbs: int, gbs: int | None, dp: int, needed_by: str | None
+) -> int | None:
+    """Micro-batches per step: the one derivation (global batch / (micro batch x language dp)); an explicit
+    ``num_microbatches`` must agree with it. ``needed_by`` names the setting that needs the count (None: none)."""
     per_step = mbs * dp
     derived = gbs // per_step if gbs is not None and gbs % per_step == 0 else None
     if cfg.num_microbatches is not None:
@@ -550,14 +641,14 @@ def _derive_num_microbatches(cfg: CudaGraphConfig, *, mbs: int, gbs: int | None,
                 f"(micro batch {mbs} x dp {dp}) = {derived}; set it to {derived} or to null to derive it"
             )
         return cfg.num_microbatches
-    if derived is None and needed:
+    if derived is None and needed_by is not None:
         if gbs is None:
             raise CudaGraphConfigError(
-                "model.cuda_graph.language.enabled=true needs the number of micro-batches per step, but "
+                f"{needed_by} needs the number of micro-batches per step, but "
                 "train.global_batch_size is unset; set it or model.cuda_graph.num_microbatches"
             )
         raise CudaGraphConfigError(
-            f"model.cuda_graph.language.enabled=true cannot derive the micro-batches per step: "
+            f"{needed_by} cannot derive the micro-batches per step: "
             f"train.global_batch_size {gbs} is not divisible by micro batch {mbs} x dp {dp} = {per_step} "
             f"({gbs} % {per_step} = {gbs % per_step}); use a multiple of {per_step} (e.g. "
             f"{per_step * max(1, math.ceil(gbs / per_step))}) or change the world size"
@@ -571,13 +662,13 @@ def _check_positive(name: str, value: Any) -> None:
 
 
 def _plan_vision(
-    cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, num_mb: int | None, layout: ResolvedLayout
+    cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, num_mb: int | None, warmup: int
 ) -> VisionPlan:
     where = "model.cuda_graph.vision"
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
     if not cfg.vision.enabled:
-        return VisionPlan(False, v.depth, modules, (), False, max_patches, 0, False, (), 1, 0)
+        return VisionPlan(False, v.depth, modules, (), False, max_patches, 0, False, (), 1, 0, warmup)
     if cfg.vision.token_budgets is None:
         budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
         derived = True
@@ -592,7 +683,8 @@ def _plan_vision(
         images = cfg.vision.max_images_per_microbatch
         images_derived = False
     inputs = tuple((b, _vision_static_inputs(v, b, images, facts.dtype)) for b in budgets)
-    copies = in_flight_microbatches(facts.pp, num_mb or 1)
+    # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
+    copies = 1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb)
     return VisionPlan(
         enabled=True,
         depth=v.depth,
@@ -605,7 +697,32 @@ def _plan_vision(
         static_inputs=inputs,
         copies=copies,
         graphs=v.depth * len(budgets) * copies,
+        warmup_steps=warmup,
     )
+
+
+def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
+    """The checks of the block against the model that need no world size: the one copy of each, called by
+    :func:`build_plan` and by the provider's ``finalize()`` (which must refuse them before a model is built).
+
+    Raises:
+        CudaGraphConfigError: Vision graphs on a model without an encoder, or a virtual pipeline with Qwen3-VL.
+        LayoutError: The vision tensor-parallel size does not divide the encoder's heads
+            (:func:`~bridge_cudagraph.layout.check_vision_heads`, also reached by the group derivation).
+    """
+    v = facts.vision
+    if cfg.vision.enabled and v is None:
+        raise CudaGraphConfigError(
+            f"model.cuda_graph.vision.enabled=true but {facts.provider} has no vision encoder; set it to false "
+            "(vision graphs apply to Qwen3-VL providers)"
+        )
+    if v is not None and (facts.virtual_pipeline_size or 1) > 1:
+        raise CudaGraphConfigError(
+            f"model.virtual_pipeline_model_parallel_size={facts.virtual_pipeline_size} with Qwen3-VL: its provider "
+            "ignores vp_stage, so a virtual pipeline builds wrong chunks; set it to null"
+        )
+    if v is not None:
+        check_vision_heads(cfg.vision.tensor_parallel_size, v.num_heads)
 
 
 def build_plan(
@@ -637,25 +754,9 @@ def build_plan(
     _check_positive("train.micro_batch_size", micro_batch_size)
     if global_batch_size is not None:
         _check_positive("train.global_batch_size", global_batch_size)
+    check_model(facts, cfg)
     v = facts.vision
-    if cfg.vision.enabled and v is None:
-        raise CudaGraphConfigError(
-            f"model.cuda_graph.vision.enabled=true but {facts.provider} has no vision encoder; set it to false "
-            "(vision graphs apply to Qwen3-VL providers)"
-        )
-    if v is not None and (facts.virtual_pipeline_size or 1) > 1:
-        raise CudaGraphConfigError(
-            f"model.virtual_pipeline_model_parallel_size={facts.virtual_pipeline_size} with Qwen3-VL: its provider "
-            "ignores vp_stage, so a virtual pipeline builds wrong chunks; set it to null"
-        )
     vision_tp = cfg.vision.tensor_parallel_size
-    if v is not None and v.num_heads % vision_tp:
-        divisors = [d for d in range(1, v.num_heads + 1) if v.num_heads % d == 0]
-        raise CudaGraphConfigError(
-            f"model.cuda_graph.vision.tensor_parallel_size={vision_tp} does not divide the vision encoder's "
-            f"{v.num_heads} attention heads ({v.num_heads} % {vision_tp} = {v.num_heads % vision_tp}); "
-            f"use one of {divisors}"
-        )
     resolved = resolve_submodules(
         ParallelLayout(tp=facts.tp, cp=facts.cp, pp=facts.pp, ep=facts.ep, etp=facts.etp),
         None
@@ -664,9 +765,15 @@ def build_plan(
         world_size,
     )
     language_layout = resolved[Submodule.LANGUAGE]
+    needed_by = None
+    if cfg.language.enabled:
+        needed_by = "model.cuda_graph.language.enabled=true"
+    elif cfg.vision.enabled and facts.pp > 1:
+        needed_by = f"model.cuda_graph.vision.enabled=true with pipeline size {facts.pp} (graph copies in flight)"
     num_mb = _derive_num_microbatches(
-        cfg, mbs=micro_batch_size, gbs=global_batch_size, dp=language_layout.dp, needed=cfg.language.enabled
+        cfg, mbs=micro_batch_size, gbs=global_batch_size, dp=language_layout.dp, needed_by=needed_by
     )
+    language_warmup, vision_warmup = _warmups(cfg, facts)
 
     lang = cfg.language
     modules = tuple(lang.modules) if lang.modules is not None else None
@@ -688,7 +795,8 @@ def build_plan(
                 f"({'all MoE' if facts.moe_layer_pattern and all(facts.moe_layer_pattern) else 'dense'} layers); "
                 "add 'attn' or set modules to null"
             )
-        per_layer = 1 if facts.pp == 1 else int(num_mb or 1)
+        assert num_mb is not None  # needed_by was set
+        per_layer = 1 if facts.pp == 1 else num_mb
         language = LanguagePlan(
             enabled=True,
             modules=modules,
@@ -697,14 +805,14 @@ def build_plan(
             graphs_per_layer=per_layer,
             graphs_per_stage=tuple(c * per_layer for c in captured),
             static_inputs=_language_static_inputs(facts, micro_batch_size, modules),
-            warmup_steps=lang.warmup_steps,
+            warmup_steps=language_warmup,
         )
     else:
-        language = LanguagePlan(False, modules, (), (), 0, (), (), lang.warmup_steps)
+        language = LanguagePlan(False, modules, (), (), 0, (), (), language_warmup)
 
     vision = None
     if v is not None:
-        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, layout=resolved[Submodule.VISION])
+        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup)
     return CapturePlan(
         facts=facts,
         world_size=world_size,
@@ -715,4 +823,17 @@ def build_plan(
         language=language,
         vision=vision,
         on_capture_error=cfg.on_capture_error,
+    )
+
+
+def plan_for(provider: Any, *, world_size: int, micro_batch_size: int, num_microbatches: int) -> CapturePlan:
+    """The plan of a provider a caller builds a model from itself (a test, the benchmark), without a
+    ``ConfigContainer``: its own facts and block, with the micro-batch count the caller's schedule runs.
+
+    A run from a recipe plans through :func:`bridge_cudagraph.planning.plan_config` instead, which also finalizes
+    the config and runs the run-level checks.
+    """
+    cfg = dataclasses.replace(provider.cuda_graph, num_microbatches=num_microbatches)
+    return build_plan(
+        model_facts(provider), cfg, world_size=world_size, micro_batch_size=micro_batch_size, global_batch_size=None
     )

@@ -535,11 +535,9 @@ def _apply_through_bridge(cfg: Any, yaml_sections: dict[str, Any], overrides: li
 def plan_recipe(loaded: LoadedRecipe, *, world_size: int | None = None) -> CapturePlan:
     """Finalize a loaded recipe the way Bridge's training does, at ``world_size`` GPUs, and plan its graphs.
 
-    Runs Bridge's ``runtime_config_update`` (mixed precision, data-parallel size, ``ConfigContainer.validate``,
-    which calls the provider's ``finalize()`` and so the mixin's checks), the run-level checks of
-    :mod:`bridge_cudagraph.validation` when that module is present, then :func:`~bridge_cudagraph.plan.build_plan`.
-    Bridge reads the world size from ``WORLD_SIZE`` and exports the recipe's ``env_vars``; both are restored
-    afterwards, so planning leaves the process as it found it. The config is finalized in place.
+    The path of every verb (:func:`bridge_cudagraph.planning.plan_config`): Bridge's ``runtime_config_update``,
+    the run-level checks of :mod:`bridge_cudagraph.validation`, then :func:`~bridge_cudagraph.plan.build_plan`.
+    The environment is left as it was; the config is finalized in place.
 
     Args:
         loaded: From :func:`load_recipe`.
@@ -552,31 +550,9 @@ def plan_recipe(loaded: LoadedRecipe, *, world_size: int | None = None) -> Captu
         RecipeError: No world size given anywhere.
         ValueError, AssertionError: Bridge, Megatron-Core or the plan refuse the configuration.
     """
-    import importlib.util
-
-    from megatron.bridge.training.config import runtime_config_update
-
-    from bridge_cudagraph.plan import build_plan, model_facts
+    from bridge_cudagraph.planning import plan_config
 
     world = world_size if world_size is not None else loaded.world_size
     if world is None:
         raise RecipeError(f"{loaded.source} sets no world_size; pass --world-size N")
-    cfg = loaded.config
-    saved = dict(os.environ)
-    os.environ["WORLD_SIZE"] = str(world)
-    try:
-        runtime_config_update(cfg)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    if importlib.util.find_spec("bridge_cudagraph.validation") is not None:
-        from bridge_cudagraph.validation import check_run
-
-        check_run(cfg)
-    return build_plan(
-        model_facts(cfg.model, mixed_precision=cfg.mixed_precision),
-        cfg.model.cuda_graph,
-        world_size=world,
-        micro_batch_size=cfg.train.micro_batch_size,
-        global_batch_size=cfg.train.global_batch_size,
-    )
+    return plan_config(loaded.config, world_size=world)

@@ -1,6 +1,8 @@
 """Train with Megatron-Bridge's own loop and the plugin's graphs: what ``bridge-cudagraph train`` runs.
 
-Nothing here replaces Bridge's loop. :func:`run` installs :mod:`bridge_cudagraph.bridge_loop` (so Bridge's own
+Nothing here replaces Bridge's loop. :func:`run` first builds the run's capture plan the way ``validate`` does
+(:func:`plan_run`: a configuration ``validate`` refuses is refused here with the same line, before any process
+group or step), then installs :mod:`bridge_cudagraph.bridge_loop` (so Bridge's own
 language capture stays inert), adds :class:`~bridge_cudagraph.callback.CudaGraphCallback` (which owns capture,
 hooks, counters and teardown), picks Bridge's forward step for the model family, and calls Bridge's
 ``pretrain()``, or ``finetune()`` when the recipe names a pretrained checkpoint. Under ``torchrun`` every rank
@@ -33,10 +35,13 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph import bridge_loop
 from bridge_cudagraph.callback import CudaGraphCallback
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan import CapturePlan
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -55,14 +60,38 @@ def forward_step_for(model_config: Any) -> Callable:
     return forward_step
 
 
-def run(config: Any, *, callbacks: Sequence[Any] = (), forward_step_func: Callable | None = None) -> None:
+def plan_run(config: Any, *, world_size: int | None = None) -> CapturePlan:
+    """The run's capture plan, by the path ``validate`` and ``plan`` take
+    (:func:`bridge_cudagraph.planning.plan_config`: Bridge's finalization, the run-level checks, the plan), on a
+    copy of ``config``, which Bridge's ``pretrain()`` finalizes itself. Before any process group, model or GPU.
+
+    Args:
+        config: The Bridge ``ConfigContainer``, not finalized.
+        world_size: Ranks of the job; default ``WORLD_SIZE`` (set by torchrun), else 1.
+    """
+    from bridge_cudagraph.planning import plan_copy, world_size_from_env
+
+    return plan_copy(config, world_size=world_size if world_size is not None else world_size_from_env())
+
+
+def run(
+    config: Any,
+    *,
+    plan: CapturePlan | None = None,
+    callbacks: Sequence[Any] = (),
+    forward_step_func: Callable | None = None,
+) -> None:
     """Run Bridge's training loop on ``config`` (a ``ConfigContainer``) with the plugin's graph lifecycle.
 
     Args:
-        config: The Bridge ``ConfigContainer`` (e.g. ``load_recipe(...).config``); Bridge validates it.
+        config: The Bridge ``ConfigContainer`` (e.g. ``load_recipe(...).config``), not finalized: Bridge does that.
+        plan: Its capture plan (:func:`plan_run`), which the callback builds the helpers from; planned here when
+            not given, so a configuration ``validate`` refuses is refused before any step either way.
         callbacks: More Bridge callbacks, fired after the plugin's.
         forward_step_func: Override of :func:`forward_step_for`.
     """
+    if plan is None:
+        plan = plan_run(config)
     from megatron.bridge.training.finetune import finetune
     from megatron.bridge.training.pretrain import pretrain
     from megatron.bridge.utils.common_utils import print_rank_0
@@ -71,7 +100,7 @@ def run(config: Any, *, callbacks: Sequence[Any] = (), forward_step_func: Callab
 
     bridge_loop.install()
     use_prebuilt_dataset_helpers()
-    graph_callback = CudaGraphCallback()
+    graph_callback = CudaGraphCallback(plan=plan)
     step = forward_step_func or forward_step_for(config.model)
     finetuning = config.checkpoint.pretrained_checkpoint is not None
     entry = finetune if finetuning else pretrain
@@ -84,6 +113,7 @@ def run(config: Any, *, callbacks: Sequence[Any] = (), forward_step_func: Callab
         f"({config.train.train_iters} iterations, graphs: {graphs}); process groups, model, optimizer and data "
         "are set up first, which can take a few minutes on large models"
     )
+    print_rank_0(plan.describe())
     started = time.perf_counter()
     try:
         with release_graphs_if_training_raises(graph_callback):
@@ -150,8 +180,27 @@ def release_graphs_if_training_raises(owner: Any, module: Any = None) -> Iterato
             module.train = real
 
 
-def main(loaded: Any, args: Any = None) -> int:
+def check_before_gpu(loaded: Any) -> dict[str, Any]:
+    """What the CLI runs before its GPU check: the plan (every config check ``validate`` makes), so a refused
+    configuration gets the same ``error:`` line on any machine. Returns the keyword arguments of :func:`main`.
+
+    Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
+    configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
+    """
+    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.layout import LayoutError
+
+    try:
+        return {"plan": plan_run(loaded.config)}
+    except (CudaGraphConfigError, LayoutError):
+        raise
+    except (ValueError, AssertionError) as error:
+        raise CudaGraphConfigError(" ".join(str(error).split()) or type(error).__name__) from error
+
+
+def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> int:
     """The CLI's ``train`` verb: ``loaded`` is a ``LoadedRecipe`` (its ``.config`` a ``ConfigContainer`` with every
-    YAML and command-line override applied); ``args``, the parsed command line, is not needed today."""
-    run(loaded.config)
+    YAML and command-line override applied), ``plan`` its plan from :func:`check_before_gpu`; ``args``, the parsed
+    command line, is not needed today."""
+    run(loaded.config, plan=plan)
     return 0

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,6 +52,25 @@ def activation_dtype(config) -> torch.dtype:
     if getattr(config, "bf16", False):
         return torch.bfloat16
     return torch.float32
+
+
+def check_static_inputs(tensors: Mapping[str, Any], planned: Sequence[Any], submodule: str) -> None:
+    """The buffers capture is about to use must be the plan's :class:`~bridge_cudagraph.plan.StaticInput` s.
+
+    The plan is what ``bridge-cudagraph plan`` printed and what memory was budgeted for; a buffer of another shape
+    or dtype means the plan and the model disagree, and capture stops with both instead of replaying something
+    else. Inputs the plan lists but the layer does not take (``tensors`` lacks them) are not checked here.
+    """
+    for want in planned:
+        tensor = tensors.get(want.name)
+        if tensor is None:
+            continue
+        dtype = getattr(torch, want.torch_dtype_name)
+        if tuple(tensor.shape) != tuple(want.shape) or tensor.dtype != dtype:
+            raise CaptureError(
+                f"{submodule}: static input {want.name} is {tuple(tensor.shape)} {tensor.dtype} but the capture plan "
+                f"says {want.describe()}; the plan and the model disagree (build the plan from the finalized config)"
+            )
 
 
 def check_group_sizes(config, pg_collection, submodule: str) -> None:

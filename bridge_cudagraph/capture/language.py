@@ -22,6 +22,8 @@ and turns a failed capture into an eager run when asked.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
@@ -35,10 +37,14 @@ from bridge_cudagraph.capture.common import (
     abandon_capture,
     activation_dtype,
     check_group_sizes,
+    check_static_inputs,
     explicit_num_microbatches,
     measure,
     param_grad_return_kwargs,
 )
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan import StaticInput
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -88,6 +94,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
         micro_batch_size: Micro-batch size (static).
         num_microbatches: Micro-batches per step: the capture schedule under pipeline parallelism.
         pg_collection: The language model's ``ProcessGroupCollection``; required.
+        static_inputs: The plan's :class:`~bridge_cudagraph.plan.StaticInput` s of every layer; megatron-core's
+            helper allocates the buffers, and each is checked against them before capture.
         optimizers: Optimizers whose gradients capture's warmup iterations must clear.
         on_capture_error: ``"eager"`` to continue without graphs after a failed capture, ``"raise"`` to stop.
     """
@@ -103,6 +111,7 @@ class LanguageGraphHelper(TECudaGraphHelper):
         micro_batch_size: int,
         num_microbatches: int,
         pg_collection,
+        static_inputs: Sequence[StaticInput] = (),
         optimizers=(),
         on_capture_error: str = "eager",
     ) -> None:
@@ -120,6 +129,7 @@ class LanguageGraphHelper(TECudaGraphHelper):
         if num_microbatches < 1:
             raise CaptureError(f"language: num_microbatches must be >= 1, got {num_microbatches}")
         self.explicit_num_microbatches = num_microbatches
+        self.planned_inputs = tuple(static_inputs)
         self.on_capture_error = on_capture_error
         self.stats = CaptureStats(self.submodule)
         super().__init__(
@@ -159,6 +169,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
                 if chunk_index not in mrope_cache:
                     mrope_cache[chunk_index] = self._static_mrope(language)
                 kwargs["rotary_pos_emb"] = mrope_cache[chunk_index]
+        for args, kwargs in zip(sample_args, sample_kwargs, strict=True):
+            check_static_inputs({"hidden_states": args[0], **kwargs}, self.planned_inputs, self.submodule)
         return sample_args, sample_kwargs
 
     def _get_cuda_graph_input_data(self):

@@ -34,8 +34,9 @@ import bisect
 import contextlib
 import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -46,11 +47,15 @@ from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
     abandon_capture,
+    check_static_inputs,
     measure,
     megatron_capturing,
     param_grad_return_kwargs,
 )
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel, frame_seqlens
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan import StaticInput
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -183,6 +188,8 @@ class VisionGraphHelper:
         on_capture_error: ``"eager"`` or ``"raise"``.
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight
             (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`; 1 without a pipeline).
+        static_inputs: The plan's :class:`~bridge_cudagraph.plan.StaticInput` s per budget; the capture buffers
+            are checked against them (None: not checked, for callers without a plan).
     """
 
     submodule = "vision"
@@ -197,6 +204,7 @@ class VisionGraphHelper:
         num_warmup_iters: int = 3,
         on_capture_error: str = "eager",
         copies: int = 1,
+        static_inputs: Mapping[int, Sequence[StaticInput]] | None = None,
     ) -> None:
         if not isinstance(vision_model, GraphedQwen3VLVisionModel):
             raise CaptureError(
@@ -211,6 +219,11 @@ class VisionGraphHelper:
         self.budgets = budgets
         self.max_segments = int(max_segments)
         self.cu_seqlens_length = self.max_segments + 2
+        self.planned_inputs = {int(b): tuple(v) for b, v in (static_inputs or {}).items()}
+        if self.planned_inputs and sorted(self.planned_inputs) != budgets:
+            raise CaptureError(
+                f"vision: the plan's static inputs are for budgets {sorted(self.planned_inputs)}, not {budgets}"
+            )
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
         self.copies = GraphCopies(int(copies))
@@ -284,6 +297,10 @@ class VisionGraphHelper:
             (torch.randn(budget, 1, hidden, device=device, dtype=dtype) * 0.02).requires_grad_(True)
             for _ in range(layers)
         ]
+        planned = self.planned_inputs.get(budget, ())
+        check_static_inputs(
+            {"hidden_states": hidden_states[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}, planned, self.submodule
+        )
         return hidden_states, rotary, cu
 
     def create_cudagraphs(self) -> None:

@@ -22,6 +22,7 @@ from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.examples.data import qwen3_vl_batch
 from bridge_cudagraph.groups import build_collections, destroy_collections
 from bridge_cudagraph.layout import ParallelLayout, VisionLayout
+from bridge_cudagraph.plan import plan_for
 from bridge_cudagraph.testing.parity import capture_problems, compare_series, megatron_optimizer, train_steps
 from bridge_cudagraph.testing.world import close_world, init_world, parallel_state_untouched, seed_rng
 
@@ -136,9 +137,13 @@ def run_case(name: str, spec: dict) -> dict:
     ref_losses = _timed(reference, megatron_optimizer(reference, language), steps, language, ref_norms, times_ref)
 
     optimizer = megatron_optimizer(graphed, language)
-    helpers = graphed_provider.make_graph_helpers(
-        graphed, micro_batch_size=MBS, num_microbatches=spec["mb"], optimizers=[optimizer]
+    plan = plan_for(
+        graphed_provider,
+        world_size=torch.distributed.get_world_size(),
+        micro_batch_size=MBS,
+        num_microbatches=spec["mb"],
     )
+    helpers = graphed_provider.make_graph_helpers(graphed, plan=plan, optimizers=[optimizer])
     norms: list = []
     expected: list = []
     replicas_ok: list = []

@@ -7,6 +7,8 @@ import logging
 
 import pytest
 
+from bridge_cudagraph.plan import plan_for
+
 pytestmark = pytest.mark.gpu
 
 SEQ, MBS = 256, 2
@@ -49,7 +51,11 @@ def test_capture_fault_falls_back_to_eager(world, record, caplog, monkeypatch, s
 
     steps = [[qwen3_vl_batch([[(1, 8, 8)], [(1, 12, 8)]], SEQ, seed=300 + i)] for i in range(10)]
     optimizer = megatron_optimizer(graphed, world.language)
-    helpers = provider.make_graph_helpers(graphed, micro_batch_size=MBS, num_microbatches=1, optimizers=[optimizer])
+    helpers = provider.make_graph_helpers(
+        graphed,
+        plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1),
+        optimizers=[optimizer],
+    )
 
     def capture(i):
         if i == 3:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from bridge_cudagraph.plan import plan_for
+
 pytestmark = pytest.mark.gpu
 
 SEQ = 256
@@ -74,7 +76,9 @@ def test_language_graphs_match_reference(world, record, kind, modules):
 
     # No global micro-batch calculator and no parallel_state: the plugin supplies both.
     assert num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES_CALCULATOR is None
-    helper = provider.make_language_graph_helper(graphed, micro_batch_size=MBS, num_microbatches=1)
+    helper = provider.make_language_graph_helper(
+        graphed, plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    )
     helper.create_cudagraphs()
     assert helper.graphs_created(), helper.stats.failed
     layers = helper.flattened_callables
@@ -112,7 +116,9 @@ def test_thirty_optimizer_steps_match(world, record, kind):
         return [qwen3_vl_batch(sets[step % len(sets)], SEQ, seed=100 + step)]
 
     steps = [step_batches(i) for i in range(30)]
-    helper = provider.make_language_graph_helper(graphed, micro_batch_size=MBS, num_microbatches=1)
+    helper = provider.make_language_graph_helper(
+        graphed, plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    )
     warmup = provider.cuda_graph_warmup_steps
 
     def capture_at_warmup(i):
@@ -196,7 +202,9 @@ def test_two_microbatches_per_step_match(world, record):
 
     reference, graphed, provider = _pair("gpt", world)
     steps = [[gpt_batch(MBS, SEQ, seed=300 + 2 * i + m) for m in range(2)] for i in range(10)]
-    helper = provider.make_language_graph_helper(graphed, micro_batch_size=MBS, num_microbatches=2)
+    helper = provider.make_language_graph_helper(
+        graphed, plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=2)
+    )
     warmup = provider.cuda_graph_warmup_steps
 
     def capture_at_warmup(i):

@@ -17,6 +17,8 @@ import statistics
 
 import pytest
 
+from bridge_cudagraph.plan import plan_for
+
 pytestmark = pytest.mark.gpu
 
 SEQ = 256
@@ -63,7 +65,9 @@ def _batch(images, seed=11):
 
 
 def _vision_helper(provider, model):
-    helpers = provider.make_graph_helpers(model, micro_batch_size=MBS, num_microbatches=1)
+    helpers = provider.make_graph_helpers(
+        model, plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    )
     return next(h for h in helpers if h.submodule == "vision"), helpers
 
 
@@ -160,7 +164,11 @@ def test_thirty_steps_language_and_vision_graphs(world, record):
     floor = noise_floor(eager_losses)
     floor_pair = compare_series(eager_losses[1], ref_losses, name="eager vs eager")
     optimizer = megatron_optimizer(graphed, world.language)
-    helpers = provider.make_graph_helpers(graphed, micro_batch_size=MBS, num_microbatches=1, optimizers=[optimizer])
+    helpers = provider.make_graph_helpers(
+        graphed,
+        plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1),
+        optimizers=[optimizer],
+    )
 
     def capture(i):
         if i == provider.cuda_graph_warmup_steps:

@@ -25,11 +25,10 @@ from bridge_cudagraph.callback import (
     GraphSlot,
     Phase,
     capture_summary,
-    plugin_num_microbatches,
-    warmup_steps,
 )
-from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, LanguageGraphConfig, VisionGraphConfig
+from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 from bridge_cudagraph.examples import tiny
+from bridge_cudagraph.plan import build_plan, model_facts
 
 
 @pytest.fixture(autouse=True)
@@ -126,6 +125,7 @@ class World:
     helpers: list
     events: list
     provider: object
+    plan: object = None
     factory_calls: list = field(default_factory=list)
     writer: list = field(default_factory=list)
 
@@ -161,11 +161,21 @@ def _world(provider, *, helpers_spec=None, overlap=True, gbs=8, mbs=2, log_inter
         h.hooks = hooks
     world = World(None, None, hooks, helpers, events, provider)
 
-    def factory(prov, model, *, micro_batch_size, num_microbatches, optimizers):
-        world.factory_calls.append(dict(micro_batch_size=micro_batch_size, num_microbatches=num_microbatches))
+    def factory(prov, model, *, plan, optimizers):
+        world.factory_calls.append(
+            dict(micro_batch_size=plan.micro_batch_size, num_microbatches=plan.num_microbatches)
+        )
+        assert plan is world.callback.plan  # the run's one plan, handed on, not a re-derived one
         return helpers
 
-    world.callback = CudaGraphCallback(helper_factory=factory, hooks_factory=lambda model: hooks)
+    plan = None
+    if hasattr(provider, "cuda_graph"):
+        # dp 2 (world 2): gbs 8 / (mbs 2 x dp 2) = 2 micro-batches per step.
+        plan = build_plan(
+            model_facts(provider), provider.cuda_graph, world_size=2, micro_batch_size=mbs, global_batch_size=gbs
+        )
+    world.plan = plan
+    world.callback = CudaGraphCallback(plan=plan, helper_factory=factory, hooks_factory=lambda model: hooks)
     cfg = SimpleNamespace(
         train=SimpleNamespace(global_batch_size=gbs, micro_batch_size=mbs),
         logger=SimpleNamespace(log_interval=log_interval),
@@ -272,19 +282,15 @@ def _index(events, item):
 
 
 # ---------------------------------------------------------------------------------------------- pure pieces
-def test_plugin_num_microbatches():
-    assert plugin_num_microbatches(None, global_batch_size=32, micro_batch_size=2, data_parallel_size=4) == 4
-    assert plugin_num_microbatches(3, global_batch_size=32, micro_batch_size=2, data_parallel_size=4) == 3
-    with pytest.raises(CudaGraphConfigError, match="num_microbatches"):
-        plugin_num_microbatches(None, global_batch_size=30, micro_batch_size=2, data_parallel_size=4)
-
-
-def test_warmup_steps_per_submodule():
-    cg = CudaGraphConfig(vision=VisionGraphConfig(warmup_steps=5))
-    assert warmup_steps(cg, "language", 3) == 3
-    assert warmup_steps(cg, "vision", 3) == 5
-    cg.language.warmup_steps = 0
-    assert warmup_steps(cg, "language", 3) == 0
+def test_warmups_come_from_the_plan_resolved_per_submodule():
+    """A submodule without its own warmup follows the model's (after finalize(), a set language warmup is the
+    model's): one derivation, in the plan."""
+    world = _world(_provider(vision_warmup=5))
+    assert (world.plan.language.warmup_steps, world.plan.vision.warmup_steps) == (3, 5)
+    world = _world(_provider(language_warmup=1))
+    assert (world.plan.language.warmup_steps, world.plan.vision.warmup_steps) == (1, 1)
+    world.callback.on_train_start(world.context)
+    assert [s.warmup for s in world.callback.lifecycle.slots] == [1, 1]
 
 
 def test_lifecycle_without_pre_hooks_never_toggles_or_sets_manual_hooks():

@@ -110,7 +110,9 @@ def test_plan_prints_the_plan(runs):
     assert "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16" in lines
     assert "  micro-batch 2, global batch 128, micro-batches per step 16" in lines
     assert "  dense  tp 2 x cp 1 x dp 4 x pp 1 = 8" in lines and "  dense  tp 1 x cp 1 x dp 8 x pp 1 = 8" in lines
-    assert "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers" in lines
+    assert (
+        "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps" in lines
+    )
     assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
     assert lines[-1].startswith("busiest rank: 144 graphs")
     assert max(map(len, lines)) <= 119
@@ -153,16 +155,26 @@ def test_missing_recipe_file():
 
 @pytest.mark.parametrize("verb", ["train"])
 def test_gpu_verbs_fail_fast_without_cuda(verb):
-    """Without CUDA, ``train`` stops before importing the Megatron stack or reading the recipe."""
+    """Without CUDA, ``train`` stops with one line before any step, after the recipe's own checks (a
+    configuration ``validate`` refuses gets ``validate``'s line first: ``tests/unit/test_train.py``)."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the verb would really run")
-    done = subprocess.run(
+    missing = subprocess.run(
         [sys.executable, "-m", "bridge_cudagraph", verb, "no/such.yaml"], cwd=ROOT, capture_output=True, text=True
     )
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith(f"error: {verb} needs a CUDA GPU") and "Traceback" not in done.stderr
+    assert (
+        missing.returncode == 2 and missing.stderr.splitlines()[-1] == "error: recipe file no/such.yaml does not exist"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge_cudagraph", verb, "recipes/tiny_qwen3_vl.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"error: {verb} needs a CUDA GPU")
 
 
 def test_console_script():

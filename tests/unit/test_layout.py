@@ -172,8 +172,8 @@ def test_layout_error_is_a_value_error_and_names_the_submodule() -> None:
             ParallelLayout(tp=2, pp=2),
             8,
             VisionLayout(tp=2, num_attention_heads=5),
-            "vision tp 2 does not divide the 5 attention heads of the vision encoder "
-            "(5 % 2 = 1) (set vision tp to a divisor of 5)",
+            "vision tp 2 does not divide the 5 attention heads of the vision encoder (5 % 2 = 1) (set vision tp, "
+            "model.cuda_graph.vision.tensor_parallel_size, to a divisor of 5: one of [1, 5])",
         ),
         (
             ParallelLayout(tp=2),

@@ -10,6 +10,9 @@ from __future__ import annotations
 import pytest
 from _dist import run_world
 
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, LanguageGraphConfig, VisionGraphConfig
+from bridge_cudagraph.examples import tiny
+
 
 def _wiring(rank: int, world: int) -> dict:
     import torch.distributed as dist
@@ -29,7 +32,10 @@ def _wiring(rank: int, world: int) -> dict:
     provider = tiny.tiny_qwen3_vl_provider(cfg, tensor_model_parallel_size=2)
     provider.finalize()
     provider._pg_collection = language  # what Bridge's provide_distributed_model sets
-    helper = provider.make_language_graph_helper([], micro_batch_size=2)
+    from bridge_cudagraph.plan import build_plan, model_facts
+
+    plan = build_plan(model_facts(provider), cfg, world_size=2, micro_batch_size=2, global_batch_size=None)
+    helper = provider.make_language_graph_helper([], plan=plan)
     vision = provider.vision_pg_collection()  # derived (collective) from the language collection
     again = provider.vision_pg_collection()
     return {
@@ -76,3 +82,38 @@ def test_without_a_given_collection_the_derivation_needs_the_language_one():
     provider = tiny.tiny_qwen3_vl_provider(CudaGraphConfig(vision=VisionGraphConfig(enabled=True)))
     with pytest.raises(RuntimeError, match="provide_distributed_model"):
         provider.vision_pg_collection()
+
+
+def test_finalizing_twice_changes_nothing_and_plans_the_same():
+    """Bridge finalizes the config ``train`` planned (on a copy) once more inside ``pretrain()``: the mixin's part is
+    idempotent, and the plan of a twice-finalized provider is the plan of a once-finalized one."""
+    from bridge_cudagraph.plan import build_plan, model_facts
+
+    cfg = CudaGraphConfig(
+        language=LanguageGraphConfig(enabled=True, warmup_steps=2), vision=VisionGraphConfig(enabled=True)
+    )
+    provider = tiny.tiny_qwen3_vl_provider(cfg)
+    provider.apply_cuda_graph_settings()
+    once = {f: getattr(provider, f) for f in ("cuda_graph_impl", "cuda_graph_warmup_steps", "use_te_rng_tracker")}
+    plan_once = build_plan(model_facts(provider), cfg, world_size=1, micro_batch_size=2, global_batch_size=2)
+    provider.apply_cuda_graph_settings()
+    twice = {f: getattr(provider, f) for f in once}
+    assert (
+        once
+        == twice
+        == {"cuda_graph_impl": "transformer_engine", "cuda_graph_warmup_steps": 2, "use_te_rng_tracker": True}
+    )
+    assert build_plan(model_facts(provider), cfg, world_size=1, micro_batch_size=2, global_batch_size=2) == plan_once
+
+
+def test_helpers_refuse_a_plan_of_another_configuration():
+    from bridge_cudagraph.mixin import check_plan_matches
+    from bridge_cudagraph.plan import build_plan, model_facts
+
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True))
+    provider = tiny.tiny_qwen3_vl_provider(cfg)
+    plan = build_plan(model_facts(provider), cfg, world_size=1, micro_batch_size=2, global_batch_size=2)
+    check_plan_matches(provider, plan)
+    provider.seq_length = 2 * provider.seq_length
+    with pytest.raises(CudaGraphConfigError, match="differs: seq_length"):
+        provider.make_graph_helpers([], plan=plan)

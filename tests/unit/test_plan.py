@@ -67,6 +67,11 @@ def both_on(**vision) -> CudaGraphConfig:
 LANGUAGE_ON = cuda_graph_config_from_dict({"language": {"enabled": True}})
 
 
+def texts(inputs) -> tuple[str, ...]:
+    """The static inputs as ``bridge-cudagraph plan`` prints them."""
+    return tuple(s.describe() for s in inputs)
+
+
 def plan(facts: ModelFacts, cfg: CudaGraphConfig, world: int = 8, mbs: int = 2, gbs: int | None = 128) -> CapturePlan:
     return build_plan(facts, cfg, world_size=world, micro_batch_size=mbs, global_batch_size=gbs)
 
@@ -86,7 +91,12 @@ class TestQwen3VL8B:
         assert p.num_microbatches == num_mb
         assert p.language.layers_per_stage == (36,) and p.language.captured_per_stage == (36,)
         assert p.language.graphs_per_layer == 1 and p.language.graphs == 36
-        assert p.language.static_inputs == (
+        assert [(s.name, s.shape, s.dtype) for s in p.language.static_inputs] == [
+            ("hidden_states", (4096, 2, 4096), "bf16"),
+            ("attention_mask", (2, 1, 4096, 4096), "bool"),
+            ("rotary_pos_emb", (4096, 2, 1, 128), "fp32"),
+        ]
+        assert texts(p.language.static_inputs) == (
             "hidden_states (S/cp=4096, mbs=2, H=4096) bf16",
             "attention_mask (mbs=2, 1, S/cp=4096, S=4096) bool",
             "rotary_pos_emb (S/cp=4096, mbs=2, 1, 128) fp32 (mRoPE)",
@@ -96,7 +106,12 @@ class TestQwen3VL8B:
         assert v.max_patches_per_microbatch == 4096 * 4 * 2
         assert v.max_images_per_microbatch == 32768 // (4 * 16) == 512 and v.images_derived
         assert v.graphs == 27 * 4 == 108
-        assert dict(v.static_inputs)[4096] == (
+        assert [(s.name, s.shape, s.dtype) for s in v.inputs_at(4096)] == [
+            ("hidden_states", (4096, 1, 1152), "bf16"),
+            ("rotary_pos_emb", (4096, 1, 1, 72), "fp32"),
+            ("cu_seqlens", (514,), "int32"),
+        ]
+        assert texts(v.inputs_at(4096)) == (
             "hidden_states (4096, 1, 1152) bf16",
             "rotary_pos_emb (4096, 1, 1, 72) fp32",
             "cu_seqlens (514,) int32",
@@ -113,7 +128,7 @@ class TestQwen3VL8B:
         """``max_images_per_microbatch`` sizes ``cu_seqlens`` (plus the leading 0 and the padding segment)."""
         v = plan(qwen3_vl_8b(), both_on(max_images_per_microbatch=8)).vision
         assert v.max_images_per_microbatch == 8 and not v.images_derived
-        assert all(inputs[2] == "cu_seqlens (10,) int32" for _, inputs in v.static_inputs)
+        assert all(inputs[2].shape == (10,) and inputs[2].dtype == "int32" for _, inputs in v.static_inputs)
 
     def test_derived_budgets_are_the_capture_ladder(self):
         """The plan derives exactly the budgets the vision capture derives (``bridge_cudagraph.budgets``)."""
@@ -166,7 +181,8 @@ class TestLanguage:
         """Standard RoPE is one table for the batch; sequence parallel splits hidden_states over tp."""
         p = plan(qwen3_8b(sequence_parallel=True), LANGUAGE_ON, mbs=1, gbs=32)
         assert p.vision is None and len(p.layouts) == 1
-        assert p.language.static_inputs == (
+        assert p.language.static_inputs[0].shape == (512, 1, 4096)
+        assert texts(p.language.static_inputs) == (
             "hidden_states (S/cp/tp=512, mbs=1, H=4096) bf16",
             "attention_mask (mbs=1, 1, S/cp=2048, S=2048) bool",
             "rotary_pos_emb (S/cp=2048, 1, 1, 128) fp32",
@@ -176,8 +192,9 @@ class TestLanguage:
     def test_context_parallel_slices_the_sequence(self):
         """cp 2 halves the rows of every static input; the mask keeps the full key length."""
         p = plan(qwen3_8b(cp=2, tp=2), LANGUAGE_ON, mbs=1, gbs=32)
-        assert p.language.static_inputs[0] == "hidden_states (S/cp=1024, mbs=1, H=4096) bf16"
-        assert p.language.static_inputs[1] == "attention_mask (mbs=1, 1, S/cp=1024, S=2048) bool"
+        assert p.language.static_inputs[0].describe() == "hidden_states (S/cp=1024, mbs=1, H=4096) bf16"
+        assert p.language.static_inputs[1].describe() == "attention_mask (mbs=1, 1, S/cp=1024, S=2048) bool"
+        assert p.language.static_inputs[1].shape == (1, 1, 1024, 2048)
 
     def test_mlp_only_capture_has_no_attention_inputs(self):
         """Without attention in the graph, no mask and no rotary table are captured."""
@@ -323,8 +340,8 @@ ERRORS = [
         qwen3_vl_8b(),
         both_on(tensor_parallel_size=3),
         {},
-        CudaGraphConfigError,
-        ["vision.tensor_parallel_size=3", "16 attention heads (16 % 3 = 1)", "[1, 2, 4, 8, 16]"],
+        LayoutError,
+        ["model.cuda_graph.vision.tensor_parallel_size", "16 attention heads", "(16 % 3 = 1)", "[1, 2, 4, 8, 16]"],
     ),
     (qwen3_vl_8b(), both_on(tensor_parallel_size=16), {}, LayoutError, ["vision tp 16 does not divide the 8 ranks"]),
     (qwen3_vl_8b(tp=4), both_on(), {"world_size": 6}, LayoutError, ["= 4 does not divide world size 6"]),
@@ -412,7 +429,10 @@ class TestDescribe:
         assert lines[0] == "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16"
         assert lines[1] == "  micro-batch 2, global batch 128, micro-batches per step 16"
         assert "language: ranks 0-7 of 8" in lines and "vision: ranks 0-7 of 8" in lines
-        assert "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers" in lines
+        assert (
+            "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps"
+            in lines
+        )
         assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
         assert any("budgets [4096, 8192, 16384, 32768] patches" in line for line in lines)
         assert lines[-1].startswith("busiest rank: 144 graphs")

@@ -12,6 +12,7 @@ import pytest
 from bridge_cudagraph import bridge_loop, train
 from bridge_cudagraph.callback import CudaGraphCallback
 from bridge_cudagraph.examples import tiny
+from bridge_cudagraph.plan import plan_for
 
 PRETRAIN = "megatron.bridge.training.pretrain"
 
@@ -80,6 +81,15 @@ def _config(model, pretrained=None):
     )
 
 
+def _plan(model):
+    return plan_for(model, world_size=1, micro_batch_size=2, num_microbatches=1)
+
+
+def _run(config, **kwargs):
+    """``train.run`` with the plan of the fake config's model (the fakes are no ConfigContainer to finalize)."""
+    return train.run(config, plan=_plan(config.model), **kwargs)
+
+
 def test_forward_step_per_model_family():
     from megatron.bridge.models.qwen_vl import qwen3_vl_step
     from megatron.bridge.training import gpt_step
@@ -92,22 +102,22 @@ def test_forward_step_per_model_family():
 def test_main_runs_bridge_pretrain_with_the_graph_callback_first(entries, capsys):
     extra = object()
     config = _config(tiny.tiny_qwen3_vl_provider())
-    train.run(config, callbacks=[extra])
+    _run(config, callbacks=[extra])
     (call,) = entries
     assert call.name == "pretrain" and call.config is config
     assert isinstance(call.callbacks[0], CudaGraphCallback) and call.callbacks[1:] == [extra]
     assert bridge_loop.installed()
     assert "pretrain() of CudaGraphQwen3VLModelProvider" in capsys.readouterr().out
-    assert train.main(SimpleNamespace(config=config), None) == 0 and len(entries) == 2
+    assert train.main(SimpleNamespace(config=config), None, plan=_plan(config.model)) == 0 and len(entries) == 2
 
 
 def test_a_pretrained_checkpoint_means_finetune(entries):
-    train.run(_config(tiny.tiny_gpt_provider(), pretrained="/ckpt"))
+    _run(_config(tiny.tiny_gpt_provider(), pretrained="/ckpt"))
     assert [c.name for c in entries] == ["finetune"]
 
 
 def test_run_calls_bridges_loop_through_the_wrapper_and_restores_it(entries, releases):
-    train.run(_config(tiny.tiny_qwen3_vl_provider()))
+    _run(_config(tiny.tiny_qwen3_vl_provider()))
     assert releases == [("train", True)]  # wrapped while pretrain ran; nothing raised, nothing released by run()
     assert sys.modules[PRETRAIN].train is entries.loop
 
@@ -116,7 +126,7 @@ def test_run_calls_bridges_loop_through_the_wrapper_and_restores_it(entries, rel
 def test_when_the_loop_raises_graphs_go_before_bridge_aborts_and_the_error_propagates(entries, releases, error):
     entries.raises = error
     with pytest.raises(type(error)) as raised:
-        train.run(_config(tiny.tiny_qwen3_vl_provider()))
+        _run(_config(tiny.tiny_qwen3_vl_provider()))
     assert raised.value is error  # re-raised as is, never swallowed or replaced
     name = type(error).__name__
     assert releases == [
@@ -147,7 +157,7 @@ def test_a_bridge_without_the_loop_name_is_warned_about_and_run_still_releases(e
     del sys.modules[PRETRAIN].train
     with caplog.at_level(logging.WARNING, logger="bridge_cudagraph"):
         with pytest.raises(AttributeError):  # the fake pretrain itself needs the name
-            train.run(_config(tiny.tiny_qwen3_vl_provider()))
+            _run(_config(tiny.tiny_qwen3_vl_provider()))
     assert "no training loop named 'train'" in caplog.text
     assert releases[-1] == ("release", "pretrain() raised AttributeError")
 
@@ -188,3 +198,47 @@ def test_bridges_pretrain_calls_its_loop_by_the_module_name_the_wrapper_rebinds(
     assert getattr(handler.type, "id", None) == "BaseException"
     cleanup = {getattr(n.func, "id", None) for n in ast.walk(handler) if isinstance(n, ast.Call)}
     assert "_cleanup_after_pretrain_failure" in cleanup  # the abort the wrapper must run ahead of
+
+
+def test_run_hands_its_plan_to_the_graph_callback(entries):
+    config = _config(tiny.tiny_qwen3_vl_provider())
+    plan = _plan(config.model)
+    train.run(config, plan=plan)
+    assert entries[0].callbacks[0].plan is plan
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("recipe", "override", "world"),
+    [
+        ("tiny_qwen3_vl.yaml", "dataset.dataloader_type=batch", "1"),
+        ("qwen3_vl_8b_sft_graphs.yaml", "dataset.enable_in_batch_packing=true", "8"),
+    ],
+)
+def test_train_refuses_what_validate_refuses_with_the_same_line_before_the_gpu_check(recipe, override, world):
+    """A real ``python -m bridge_cudagraph`` on this machine (no CUDA): ``train`` prints the configuration's error,
+    the very line ``validate`` prints, not "needs a CUDA GPU"."""
+    import os
+    import subprocess
+
+    def cli(verb):
+        env = {**os.environ, "PYTHONPATH": str(REPO), "WORLD_SIZE": world}  # train's world, as torchrun sets it
+        return subprocess.run(
+            [sys.executable, "-m", "bridge_cudagraph", verb, str(REPO / "recipes" / recipe), override],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=600,
+        )
+
+    validate, trained = cli("validate"), cli("train")
+    error = [line for line in validate.stderr.splitlines() if line.startswith("error:")]
+    assert validate.returncode == 2 and len(error) == 1, validate.stderr[-2000:]
+    assert "dataloader_type" in error[0] or "packing" in error[0]
+    assert trained.returncode == 2, trained.stderr[-2000:]
+    assert [line for line in trained.stderr.splitlines() if line.startswith("error:")] == error
+    assert "CUDA" not in trained.stderr.split("error:")[-1]

@@ -1,0 +1,156 @@
+"""The bundled recipes' plans, pinned as literal numbers, and the helper arguments a run builds from them.
+
+``bridge-cudagraph plan`` prints these plans and ``train`` captures them (both through
+:func:`bridge_cudagraph.planning.plan_config`); the numbers are written out here, not recomputed, so a change in
+any derivation (budgets, micro-batches, copies, warmup, static shapes) shows up as a failing line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge_cudagraph.mixin import language_helper_arguments, vision_helper_arguments
+from bridge_cudagraph.recipe import load_recipe, plan_recipe
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def _shapes(inputs):
+    return [(s.name, s.shape, s.dtype) for s in inputs]
+
+
+# recipe, overrides, world size -> the numbers of its plan
+CASES = {
+    "tiny-1": (
+        "tiny_qwen3_vl.yaml",
+        [],
+        1,
+        dict(
+            mbs=2,
+            gbs=2,
+            num_mb=1,
+            language_graphs_per_stage=(4,),
+            language_warmup=3,
+            language_inputs=[
+                ("hidden_states", (256, 2, 512), "bf16"),
+                ("attention_mask", (2, 1, 256, 256), "bool"),
+                ("rotary_pos_emb", (256, 2, 1, 64), "fp32"),
+            ],
+            budgets=(256, 512, 1024, 2048),
+            images=32,
+            copies=1,
+            vision_graphs=16,
+            vision_warmup=3,
+            vision_inputs_at_first=[
+                ("hidden_states", (256, 1, 256), "bf16"),
+                ("rotary_pos_emb", (256, 1, 1, 64), "fp32"),
+                ("cu_seqlens", (34,), "int32"),
+            ],
+        ),
+    ),
+    "qwen3-8b-8": (
+        "qwen3_8b_sft_graphs.yaml",
+        [],
+        8,
+        dict(
+            mbs=1,
+            gbs=32,
+            num_mb=16,
+            language_graphs_per_stage=(36,),
+            language_warmup=3,
+            language_inputs=[
+                ("hidden_states", (2048, 1, 4096), "bf16"),
+                ("attention_mask", (1, 1, 2048, 2048), "bool"),
+                ("rotary_pos_emb", (2048, 1, 1, 128), "fp32"),
+            ],
+        ),
+    ),
+    "qwen3-vl-8b-8-pp2": (
+        "qwen3_vl_8b_sft_graphs.yaml",
+        ["model.pipeline_model_parallel_size=2", "model.cuda_graph.vision.warmup_steps=5"],
+        8,
+        dict(
+            mbs=2,
+            gbs=128,
+            num_mb=32,
+            language_graphs_per_stage=(18 * 32, 18 * 32),
+            language_warmup=3,
+            language_inputs=[
+                ("hidden_states", (4096, 2, 4096), "bf16"),
+                ("attention_mask", (2, 1, 4096, 4096), "bool"),
+                ("rotary_pos_emb", (4096, 2, 1, 128), "fp32"),
+            ],
+            budgets=(4096, 8192, 16384, 32768),
+            images=512,
+            copies=2,
+            vision_graphs=27 * 4 * 2,
+            vision_warmup=5,
+            vision_inputs_at_first=[
+                ("hidden_states", (4096, 1, 1152), "bf16"),
+                ("rotary_pos_emb", (4096, 1, 1, 72), "fp32"),
+                ("cu_seqlens", (514,), "int32"),
+            ],
+        ),
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def planned(request):
+    name, overrides, world, expected = CASES[request.param]
+    return plan_recipe(load_recipe(RECIPES / name, overrides), world_size=world), expected
+
+
+def test_the_plan_holds_the_pinned_numbers(planned):
+    plan, want = planned
+    assert (plan.micro_batch_size, plan.global_batch_size, plan.num_microbatches) == (
+        want["mbs"],
+        want["gbs"],
+        want["num_mb"],
+    )
+    assert plan.language.enabled and plan.language.graphs_per_stage == want["language_graphs_per_stage"]
+    assert plan.language.warmup_steps == want["language_warmup"]
+    assert _shapes(plan.language.static_inputs) == want["language_inputs"]
+    if "budgets" not in want:
+        assert plan.vision is None
+        return
+    v = plan.vision
+    assert v.enabled and v.token_budgets == want["budgets"] and v.max_images_per_microbatch == want["images"]
+    assert (v.copies, v.graphs, v.warmup_steps) == (want["copies"], want["vision_graphs"], want["vision_warmup"])
+    assert _shapes(v.inputs_at(v.token_budgets[0])) == want["vision_inputs_at_first"]
+    assert all(inputs[2].shape == (want["images"] + 2,) for _, inputs in v.static_inputs)
+
+
+def test_the_helpers_get_exactly_the_plans_numbers(planned):
+    """What :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` passes the helpers' constructors
+    (the GPU test ``tests/gpu/test_plan_helpers.py`` checks the constructed helpers hold them)."""
+    plan, want = planned
+    language = language_helper_arguments(plan)
+    seq = want["language_inputs"][1][1][3]  # the mask's key length: the full sequence
+    assert language == {
+        "seq_length": seq,
+        "micro_batch_size": want["mbs"],
+        "num_microbatches": want["num_mb"],
+        "static_inputs": plan.language.static_inputs,
+        "on_capture_error": "eager",
+    }
+    if "budgets" in want:
+        vision = vision_helper_arguments(plan)
+        assert vision == {
+            "budgets": list(want["budgets"]),
+            "max_segments": want["images"],
+            "copies": want["copies"],
+            "static_inputs": dict(plan.vision.static_inputs),
+            "on_capture_error": "eager",
+        }
+
+
+def test_plan_prints_the_same_object_it_planned(planned):
+    """``describe()`` renders the data: every static shape appears in the printed block."""
+    plan, _ = planned
+    text = plan.describe()
+    for s in plan.language.static_inputs:
+        assert s.describe() in text
+    assert f"capture after {plan.language.warmup_steps} steps" in text
