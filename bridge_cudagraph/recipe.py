@@ -130,7 +130,8 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     description = meta.get("description") or ""
     overrides = tuple(overrides)
 
-    function = resolve_recipe_function(spec)
+    function = resolve_recipe_function(spec)  # imports the recipe's module (and its config classes), runs nothing
+    _check_structure(loaded)  # before the recipe function, which may reach the Hugging Face Hub
     hf_dir = meta.get("hf_config")
     with _recipe_environment(None if hf_dir is None else source.parent / str(hf_dir)):
         cfg = function()
@@ -336,6 +337,77 @@ def _check_top_level(data: Mapping[str, Any], cfg: Any) -> None:
             raise UnknownKeyError(unknown_key_message(str(key), allowed, ""))
 
 
+def _options(annotation: Any) -> tuple[list[type], list[Any], bool]:
+    """An annotation's dataclass options, its other options, and whether it allows ``None``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = list(typing.get_args(annotation))
+    else:
+        args = [annotation]
+    nullable = type(None) in args
+    args = [a for a in args if a is not type(None)]
+    classes = [a for a in args if isinstance(a, type) and dataclasses.is_dataclass(a)]
+    return classes, [a for a in args if a not in classes], nullable
+
+
+def _family_fields(classes: Sequence[type]) -> set[str]:
+    """Field names of ``classes`` and of every subclass imported so far (a recipe may return any of them)."""
+    names: set[str] = set()
+    stack, seen = list(classes), set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if dataclasses.is_dataclass(cls):
+            names.update(f.name for f in dataclasses.fields(cls))
+        stack.extend(cls.__subclasses__())
+    return names
+
+
+def _check_structure(data: Mapping[str, Any]) -> None:
+    """The recipe file's own shape, judged from the ``ConfigContainer`` *classes*, before the recipe function runs.
+
+    The function may take minutes or try the Hugging Face Hub (Bridge retries an unreachable Hub for ~100 s), so what
+    the classes alone can tell is told first: an unknown section or key of a section (against the fields of the
+    section's classes and all their subclasses, since the function may return any of them), a section that must be a
+    mapping but is not, a required section left empty, and the whole ``model.cuda_graph`` block (our own class). What
+    depends on the instance the function returns is checked again after it, by :func:`_check_entry`.
+    """
+    from megatron.bridge.training.config import ConfigContainer
+
+    from bridge_cudagraph.config import cuda_graph_config_from_dict
+
+    hints = _type_hints(ConfigContainer)
+    sections = _family_fields([ConfigContainer])
+    allowed = sorted(sections - {"_checkpoint_load_required"}) + list(META_KEYS)
+    for key in data:
+        if key not in allowed:
+            raise UnknownKeyError(unknown_key_message(str(key), allowed, ""))
+    for key, value in data.items():
+        classes, others, nullable = _options(hints.get(key))
+        if value is None:
+            if classes and not nullable:
+                raise RecipeError(
+                    f"{key} is empty in the recipe file; give it settings ({key}: {{name: value}}) or delete the line"
+                )
+            continue
+        if not isinstance(value, Mapping):
+            if classes and not others:
+                raise RecipeError(
+                    f"{key} must be a mapping of settings ({key}: {{name: value}}), "
+                    f"got {type(value).__name__} {value!r}"
+                )
+            continue
+        if not classes or "_target_" in value:
+            continue
+        fields = _family_fields(classes) | ({_CUDA_GRAPH_PATH[1]} if key == _CUDA_GRAPH_PATH[0] else set())
+        for sub_key in value:
+            if sub_key not in fields:
+                raise UnknownKeyError(unknown_key_message(str(sub_key), sorted(fields), str(key)))
+        if key == _CUDA_GRAPH_PATH[0] and value.get(_CUDA_GRAPH_PATH[1]) is not None:
+            cuda_graph_config_from_dict(value[_CUDA_GRAPH_PATH[1]], ".".join(_CUDA_GRAPH_PATH))
+
+
 def _dataclass_option(annotation: Any) -> type | None:
     """The one dataclass type an annotation allows (``X | None`` -> X), else None."""
     options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
@@ -381,11 +453,17 @@ def _check_entry(obj: Any, key: Any, value: Any, where: str) -> None:
     if key not in allowed:
         raise UnknownKeyError(unknown_key_message(str(key), allowed, where))
     current = getattr(obj, key)
-    if path == ".".join(_CUDA_GRAPH_PATH) and isinstance(value, Mapping):
+    if path == ".".join(_CUDA_GRAPH_PATH) and value is not None:
         from bridge_cudagraph.config import cuda_graph_config_from_dict
 
-        cuda_graph_config_from_dict(dict(value), path)  # keys, types and contradictions, with setting paths
+        cuda_graph_config_from_dict(value, path)  # keys, types and contradictions, with setting paths
         return
+    classes, others, _ = _options(_type_hints(type(obj)).get(key))
+    if value is not None and not isinstance(value, Mapping) and classes and not others:
+        raise RecipeError(
+            f"{path} is a block of settings: give a mapping ({key}: {{name: value}} in the file, {path}.name=value "
+            f"on the command line), got {type(value).__name__} {value!r}"
+        )
     if isinstance(value, Mapping) and "_target_" not in value:
         _check_mapping_onto(obj, key, current, value, path)
         return
@@ -535,9 +613,11 @@ def _apply_through_bridge(cfg: Any, yaml_sections: dict[str, Any], overrides: li
 def plan_recipe(loaded: LoadedRecipe, *, world_size: int | None = None) -> CapturePlan:
     """Finalize a loaded recipe the way Bridge's training does, at ``world_size`` GPUs, and plan its graphs.
 
-    Runs Bridge's ``runtime_config_update`` (mixed precision, data-parallel size, ``ConfigContainer.validate``,
-    which calls the provider's ``finalize()`` and so the mixin's checks), the run-level checks of
-    :mod:`bridge_cudagraph.validation` when that module is present, then :func:`~bridge_cudagraph.plan.build_plan`.
+    Checks the run's sizes first (:func:`~bridge_cudagraph.sizes.check_sizes`: Bridge divides by them before it
+    checks them), then runs Bridge's ``runtime_config_update`` (mixed precision, data-parallel size,
+    ``ConfigContainer.validate``, which calls the provider's ``finalize()`` and so the mixin's checks), the
+    run-level checks of :mod:`bridge_cudagraph.validation` when that module is present, then
+    :func:`~bridge_cudagraph.plan.build_plan`.
     Bridge reads the world size from ``WORLD_SIZE`` and exports the recipe's ``env_vars``; both are restored
     afterwards, so planning leaves the process as it found it. The config is finalized in place.
 
@@ -557,11 +637,13 @@ def plan_recipe(loaded: LoadedRecipe, *, world_size: int | None = None) -> Captu
     from megatron.bridge.training.config import runtime_config_update
 
     from bridge_cudagraph.plan import build_plan, model_facts
+    from bridge_cudagraph.sizes import check_sizes
 
     world = world_size if world_size is not None else loaded.world_size
     if world is None:
         raise RecipeError(f"{loaded.source} sets no world_size; pass --world-size N")
     cfg = loaded.config
+    check_sizes(cfg, world)  # before Bridge's runtime_config_update divides by them
     saved = dict(os.environ)
     os.environ["WORLD_SIZE"] = str(world)
     try:
