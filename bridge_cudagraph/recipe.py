@@ -207,8 +207,10 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     ``HF_HUB_OFFLINE``/``HF_HUB_CACHE`` in the environment is not enough: ``huggingface_hub`` reads them
     once at import (``huggingface_hub/constants.py``), and ``megatron.bridge`` imports it long before a recipe
     runs; the call then retries the unreachable Hub for ~100 s and fails. So the module's constants are set
-    too, and everything is restored on exit. ``AutoBridge.from_hf_pretrained`` is wrapped only to lay the
-    snapshot out under the revision the recipe asks for (Bridge pins some, e.g. Qwen3-8B's, to a commit).
+    too (:func:`~bridge_cudagraph.host_patches.offline_hub`), and everything is restored on exit.
+    ``AutoBridge.from_hf_pretrained`` is wrapped (:func:`~bridge_cudagraph.host_patches.from_hf_pretrained_hook`)
+    only to lay the snapshot out under the revision the recipe asks for (Bridge pins some, e.g. Qwen3-8B's, to a
+    commit).
 
     Args:
         config_dir: Folder ``<Org>--<Name>`` holding the model's public ``config.json``.
@@ -219,8 +221,7 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     Raises:
         RecipeError: The folder has no ``config.json`` or is misnamed, or the recipe never asked for that model.
     """
-    from huggingface_hub import constants
-    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+    from bridge_cudagraph.host_patches import from_hf_pretrained_hook, offline_hub
 
     config_dir = Path(config_dir)
     repo_id = hf_repo_id(config_dir)
@@ -229,34 +230,18 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     requested: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bridge_cudagraph_hub_") as cache:
         repo_dir = Path(cache) / f"models--{repo_id.replace('/', '--')}"
-        original = AutoBridge.__dict__["from_hf_pretrained"]
 
-        def from_hf_pretrained(cls, path, **kwargs):
-            if str(path) != repo_id:  # offline, any other model would only fail after Bridge's retries
+        def serve(path: str, kwargs: dict[str, Any]) -> None:
+            if path != repo_id:  # offline, any other model would only fail after Bridge's retries
                 raise RecipeError(
                     f"the recipe loads the Hugging Face model {path}, but hf_config {config_dir.name} serves "
-                    f"{repo_id}; point hf_config at a folder named {str(path).replace('/', '--')}"
+                    f"{repo_id}; point hf_config at a folder named {path.replace('/', '--')}"
                 )
-            requested.append(str(path))
+            requested.append(path)
             _lay_out_snapshot(repo_dir, config_dir, kwargs.get("revision"))
-            return original.__func__(cls, path, **kwargs)
 
-        saved_env = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "MEGATRON_CONFIG_LOCK_DIR")}
-        saved = (constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE)
-        # The env vars too, for anything that reads them at call time (and child processes).
-        os.environ.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=cache, MEGATRON_CONFIG_LOCK_DIR=cache)
-        constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE = True, cache
-        AutoBridge.from_hf_pretrained = classmethod(functools.wraps(original.__func__)(from_hf_pretrained))
-        try:
+        with offline_hub(cache), from_hf_pretrained_hook(serve):
             yield repo_id
-        finally:
-            AutoBridge.from_hf_pretrained = original
-            constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE = saved
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
     if not requested:
         raise RecipeError(
             f"hf_config {config_dir.name} serves {repo_id}, but the recipe loads no Hugging Face model; drop hf_config"
@@ -278,41 +263,16 @@ def _lay_out_snapshot(repo_dir: Path, config_dir: Path, revision: str | None) ->
 
 
 @contextlib.contextmanager
-def _cpu_device_properties() -> Iterator[None]:
-    """Let MoE recipe functions run without a GPU.
-
-    Megatron-Bridge 0.6.2 ``apply_flex_dispatcher_backend`` (``training/flex_dispatcher_backend.py:59``)
-    calls ``torch.cuda.get_device_properties(0)`` for every MoE model before it looks at the requested
-    backend, so ``qwen3_vl_30b_a3b_sft_config`` raises "Found no NVIDIA driver" on a CPU machine. With no
-    backend requested (all our recipes) the properties are only read in a branch that logs and returns,
-    so a stand-in answers for the duration of the recipe call. On a machine with CUDA nothing changes.
-    """
-    import torch
-
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.cuda.get_device_properties
-
-    def no_device(device: Any = None) -> types.SimpleNamespace:
-        return types.SimpleNamespace(name="no CUDA device", major=0, minor=0, total_memory=0, multi_processor_count=0)
-
-    torch.cuda.get_device_properties = no_device
-    try:
-        yield
-    finally:
-        torch.cuda.get_device_properties = original
-
-
-@contextlib.contextmanager
 def _recipe_environment(hf_config: Path | None) -> Iterator[None]:
     """What a recipe function needs on this machine: the offline model config, and no GPU probe."""
+    from bridge_cudagraph.host_patches import cpu_device_properties
+
     with contextlib.ExitStack() as stack:
         if hf_config is not None:
             if not hf_config.is_dir():
                 raise RecipeError(f"hf_config {hf_config} does not exist (it is relative to the recipe file)")
             stack.enter_context(offline_hf_config(hf_config))
-        stack.enter_context(_cpu_device_properties())
+        stack.enter_context(cpu_device_properties())  # Bridge's MoE recipes read the GPU's properties
         yield
 
 
