@@ -35,7 +35,7 @@ _EXPORTS = {
     "LanguageGraphHelper": "bridge_cudagraph.capture.language",
     "VisionGraphHelper": "bridge_cudagraph.capture.vision",
     "CudaGraphCallback": "bridge_cudagraph.callback",
-    "install": "bridge_cudagraph.bridge_loop",
+    "install_bridge_helper": "bridge_cudagraph.host_patches",
     "load_recipe": "bridge_cudagraph.recipe",
 }
 

@@ -22,7 +22,8 @@ megatron-core's, which replays Qwen3-VL's layers without mRoPE and knows nothing
 fallback or re-capture after resume. So the graphs are owned by :class:`bridge_cudagraph.callback.CudaGraphCallback`
 and Bridge's own capture must do nothing.
 
-:func:`install` rebinds that one name, ``megatron.bridge.training.train.TECudaGraphHelper``, to a class that
+:func:`bridge_cudagraph.host_patches.install_bridge_helper` rebinds that one name,
+``megatron.bridge.training.train.TECudaGraphHelper``, to the class :func:`dispatching_class` makes, which
 
 * keeps the real constructor's signature (``pg_collection`` included, so Bridge's probe still passes it);
 * for a config that is one of our providers (:func:`bridge_cudagraph.providers.is_graph_provider`) returns a
@@ -46,9 +47,6 @@ from typing import Any
 from bridge_cudagraph import compat
 
 logger = logging.getLogger("bridge_cudagraph")
-
-#: Marks the installed class and remembers what it replaced.
-_ORIGINAL = "_bridge_cudagraph_original"
 
 # model config id -> (config, owner): who frees the graphs of a run when Bridge asks its helper to.
 _OWNERS: dict[int, tuple[Any, Any]] = {}
@@ -89,7 +87,7 @@ class CallbackOwnedGraphs:
             owner.release_graphs()
 
 
-def _dispatching_class(real: type) -> type:
+def dispatching_class(real: type) -> type:
     """A stand-in for ``real`` (megatron-core's ``TECudaGraphHelper``) whose construction picks the owner."""
     signature = compat.init_signature(real)
 
@@ -115,41 +113,7 @@ def _dispatching_class(real: type) -> type:
     # Bridge decides whether to pass pg_collection from this signature: it must be the real one.
     TECudaGraphHelper.__init__.__signature__ = signature
     TECudaGraphHelper.__module__ = __name__
-    setattr(TECudaGraphHelper, _ORIGINAL, real)
     return TECudaGraphHelper
-
-
-def install() -> None:
-    """Rebind ``megatron.bridge.training.train.TECudaGraphHelper`` (idempotent; see the module docstring).
-
-    Raises:
-        RuntimeError: when this Bridge does not build its helper through that name, so rebinding it could not
-            prevent a second capture.
-    """
-    train = compat.bridge_train_module()
-    if installed():
-        return
-    if not compat.bridge_builds_language_helper_by_name():
-        raise RuntimeError(
-            "bridge_cudagraph cannot keep Megatron-Bridge from capturing language graphs itself: this Bridge "
-            f"(installed {compat.installed_version('megatron-bridge')}, "
-            f"tested {compat.TESTED_STACK['megatron-bridge']}) no longer builds them through "
-            "megatron.bridge.training.train.TECudaGraphHelper"
-        )
-    train.TECudaGraphHelper = _dispatching_class(train.TECudaGraphHelper)
-
-
-def installed() -> bool:
-    """Whether :func:`install` is in effect."""
-    return getattr(compat.bridge_train_module().TECudaGraphHelper, _ORIGINAL, None) is not None
-
-
-def uninstall() -> None:
-    """Restore Bridge's own name (for tests and for a process that goes on without the plugin)."""
-    train = compat.bridge_train_module()
-    original = getattr(train.TECudaGraphHelper, _ORIGINAL, None)
-    if original is not None:
-        train.TECudaGraphHelper = original
 
 
 def register_callback(callback: Any) -> None:

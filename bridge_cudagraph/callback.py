@@ -30,7 +30,7 @@ What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):
   ``215``), so graphs holding NCCL buffers cannot hang the exit.
 * when the training loop raises (an exception, or Bridge's own ``sys.exit`` of the early-exit path), Bridge's
   ``_pretrain`` aborts the process groups in its ``except`` (``pretrain.py:200-211``) and no event fires;
-  :func:`bridge_cudagraph.train.release_graphs_if_training_raises` wraps the loop so that :meth:`release_graphs`
+  :func:`bridge_cudagraph.host_patches.release_graphs_if_training_raises` wraps the loop so that :meth:`release_graphs`
   runs first (:func:`bridge_cudagraph.train.run` installs it).
 
 Every :meth:`CudaGraphCallback.release_graphs` call is logged in ``CudaGraphCallback.releases`` (why, what was
@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from megatron.bridge.training.callbacks import Callback
 
 from bridge_cudagraph import bridge_loop
+from bridge_cudagraph.host_patches import bridge_helper_installed, install_bridge_helper
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import CapturePlan
@@ -297,7 +298,7 @@ class CudaGraphCallback(Callback):
         helper_factory: Callable[..., Sequence[Any]] | None = None,
         hooks_factory: Callable[[Sequence[Any]], PreHooks] | None = None,
     ) -> None:
-        bridge_loop.install()
+        install_bridge_helper()
         bridge_loop.register_callback(self)
         self.plan = plan
         self._helper_factory = helper_factory or _helpers_of
@@ -323,10 +324,11 @@ class CudaGraphCallback(Callback):
         if not is_graph_provider(provider) or not provider.cuda_graph.any_enabled:
             self.lifecycle = None
             return
-        if provider.cuda_graph.language.enabled and not bridge_loop.installed():
+        if provider.cuda_graph.language.enabled and not bridge_helper_installed():
             raise RuntimeError(
-                "bridge_cudagraph.bridge_loop was uninstalled, so Megatron-Bridge would capture the language graphs "
-                "a second time; call bridge_cudagraph.bridge_loop.install() before pretrain()/finetune()"
+                "bridge_cudagraph's helper was uninstalled from Megatron-Bridge, so Bridge would capture the language "
+                "graphs a second time; call bridge_cudagraph.host_patches.install_bridge_helper() before "
+                "pretrain()/finetune()"
             )
         cfg = context.state.cfg
         plan = self.plan
@@ -394,9 +396,9 @@ class CudaGraphCallback(Callback):
         """Delete every graph this callback captured; idempotent; returns the slots this call deleted.
 
         Reached from Bridge's end-of-loop teardown (via :mod:`~bridge_cudagraph.bridge_loop`, which calls it without
-        arguments), ``on_train_end``, and :func:`bridge_cudagraph.train.release_graphs_if_training_raises` when the
-        loop raises. Never raises for a failing delete (logged by :meth:`GraphLifecycle.teardown`): it runs on the way
-        out of a failed run and must not mask that failure.
+        arguments), ``on_train_end``, and :func:`bridge_cudagraph.host_patches.release_graphs_if_training_raises`
+        when the loop raises. Never raises for a failing delete (logged by :meth:`GraphLifecycle.teardown`): it runs on
+        the way out of a failed run and must not mask that failure.
         """
         lifecycle = self.lifecycle
         if lifecycle is None:

@@ -66,8 +66,8 @@ def bridge_train_module():
 def bridge_builds_language_helper_by_name() -> bool:
     """Megatron-Bridge 0.6.2 ``train()`` builds its language graph helper by calling the module-level name
     ``TECudaGraphHelper`` of ``megatron.bridge.training.train`` at call time (``train.py:268-280``), so rebinding
-    that name reaches it (:mod:`bridge_cudagraph.bridge_loop`). A Bridge that builds it any other way would
-    capture a second time behind the plugin's back; :func:`bridge_cudagraph.bridge_loop.install` refuses then."""
+    that name reaches it (:func:`bridge_cudagraph.host_patches.install_bridge_helper`). A Bridge that builds it any
+    other way would capture a second time behind the plugin's back; ``install_bridge_helper`` refuses then."""
     source = inspect.getsource(bridge_train_module().train)
     return "TECudaGraphHelper(" in source
 
@@ -78,13 +78,12 @@ def init_signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.__init__)
 
 
-def use_prebuilt_dataset_helpers() -> bool:
-    """megatron-core's PyPI wheels (0.19.2 seen) ship the compiled ``megatron.core.datasets.helpers_cpp`` but not
-    the Makefile that Bridge's ``initialize_megatron`` runs ``make -C`` on (``bridge/training/initialize.py``
-    ``compile_helpers()``), so every Bridge run on such an install ``sys.exit(1)``s during set-up ("Failed to compile
-    the C++ dataset helper functions"). When the Makefile is absent and the prebuilt module imports, rebind Bridge's
-    ``compile_helpers`` to a check that the module is there. A source install (NGC) keeps Bridge's behaviour.
-    Returns whether the rebinding was made."""
+def dataset_helpers_prebuilt_without_makefile() -> bool:
+    """megatron-core's PyPI wheels (0.19.2 seen) ship the compiled ``megatron.core.datasets.helpers_cpp`` but not the
+    Makefile that Bridge 0.6.2's ``initialize_megatron`` runs ``make -C`` on (``bridge/training/initialize.py``
+    ``compile_helpers()``). True when the Makefile is absent and the prebuilt module imports: then
+    :func:`bridge_cudagraph.host_patches.use_prebuilt_dataset_helpers` applies. A source install (NGC) has the
+    Makefile."""
     import importlib
     import os
 
@@ -97,10 +96,4 @@ def use_prebuilt_dataset_helpers() -> bool:
         importlib.import_module("megatron.core.datasets.helpers_cpp")
     except ImportError:
         return False
-    from megatron.bridge.training import initialize
-
-    def compile_helpers() -> None:
-        importlib.import_module("megatron.core.datasets.helpers_cpp")
-
-    initialize.compile_helpers = compile_helpers
     return True

@@ -14,6 +14,7 @@ Naming: classes are ``CudaGraph*``, fields ``cuda_graph*``; ``bridge_cudagraph``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +199,11 @@ def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_
     """
     from bridge_cudagraph.strict import check_keys
 
+    if data is not None and not isinstance(data, Mapping):
+        raise CudaGraphConfigError(
+            f"{where} must be a mapping of settings ({where}: {{language: {{enabled: true}}}}), "
+            f"got {type(data).__name__} {data!r}"
+        )
     data = dict(data or {})
     check_keys(data, CudaGraphConfig, where)
     kwargs: dict[str, Any] = {}
@@ -206,7 +212,7 @@ def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_
             sub_cls = LanguageGraphConfig if key == "language" else VisionGraphConfig
             if value is None:
                 value = {}
-            if not isinstance(value, dict):
+            if not isinstance(value, Mapping):
                 raise CudaGraphConfigError(
                     f"{where}.{key} must be a mapping of settings, got {type(value).__name__} {value!r}"
                 )

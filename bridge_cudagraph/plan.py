@@ -44,6 +44,7 @@ from bridge_cudagraph.layout import (
     format_layout,
     resolve_submodules,
 )
+from bridge_cudagraph.sizes import check_positive as _check_positive
 
 __all__ = [
     "CapturePlan",
@@ -654,11 +655,6 @@ def _derive_num_microbatches(
             f"{per_step * max(1, math.ceil(gbs / per_step))}) or change the world size"
         )
     return derived
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CudaGraphConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _plan_vision(

@@ -3,7 +3,8 @@
 ``validate``, ``plan`` and ``train`` all reach the plan through :func:`plan_config`, so a configuration that one
 refuses, the others refuse with the same line, and what ``plan`` prints is what ``train`` captures. The steps:
 
-1. Bridge's own ``runtime_config_update`` at the run's world size (mixed precision, data-parallel size,
+1. the run's sizes (:func:`~bridge_cudagraph.sizes.check_sizes`: Bridge divides by them before it checks them);
+   then Bridge's own ``runtime_config_update`` at the run's world size (mixed precision, data-parallel size,
    ``ConfigContainer.validate``, which calls the provider's ``finalize()`` and so the mixin's checks); Bridge reads
    the world size from ``WORLD_SIZE`` and exports the recipe's ``env_vars``: both are restored afterwards;
 2. the run-level checks of :func:`bridge_cudagraph.validation.check_run` (data loader, packing, padding);
@@ -56,6 +57,9 @@ def plan_config(config: Any, *, world_size: int) -> CapturePlan:
     """
     from megatron.bridge.training.config import runtime_config_update
 
+    from bridge_cudagraph.sizes import check_sizes
+
+    check_sizes(config, world_size)  # before Bridge's runtime_config_update divides by them
     saved = dict(os.environ)
     os.environ["WORLD_SIZE"] = str(world_size)
     try:

@@ -130,7 +130,8 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     description = meta.get("description") or ""
     overrides = tuple(overrides)
 
-    function = resolve_recipe_function(spec)
+    function = resolve_recipe_function(spec)  # imports the recipe's module (and its config classes), runs nothing
+    _check_structure(loaded)  # before the recipe function, which may reach the Hugging Face Hub
     hf_dir = meta.get("hf_config")
     with _recipe_environment(None if hf_dir is None else source.parent / str(hf_dir)):
         cfg = function()
@@ -206,8 +207,10 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     ``HF_HUB_OFFLINE``/``HF_HUB_CACHE`` in the environment is not enough: ``huggingface_hub`` reads them
     once at import (``huggingface_hub/constants.py``), and ``megatron.bridge`` imports it long before a recipe
     runs; the call then retries the unreachable Hub for ~100 s and fails. So the module's constants are set
-    too, and everything is restored on exit. ``AutoBridge.from_hf_pretrained`` is wrapped only to lay the
-    snapshot out under the revision the recipe asks for (Bridge pins some, e.g. Qwen3-8B's, to a commit).
+    too (:func:`~bridge_cudagraph.host_patches.offline_hub`), and everything is restored on exit.
+    ``AutoBridge.from_hf_pretrained`` is wrapped (:func:`~bridge_cudagraph.host_patches.from_hf_pretrained_hook`)
+    only to lay the snapshot out under the revision the recipe asks for (Bridge pins some, e.g. Qwen3-8B's, to a
+    commit).
 
     Args:
         config_dir: Folder ``<Org>--<Name>`` holding the model's public ``config.json``.
@@ -218,8 +221,7 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     Raises:
         RecipeError: The folder has no ``config.json`` or is misnamed, or the recipe never asked for that model.
     """
-    from huggingface_hub import constants
-    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+    from bridge_cudagraph.host_patches import from_hf_pretrained_hook, offline_hub
 
     config_dir = Path(config_dir)
     repo_id = hf_repo_id(config_dir)
@@ -228,34 +230,18 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     requested: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bridge_cudagraph_hub_") as cache:
         repo_dir = Path(cache) / f"models--{repo_id.replace('/', '--')}"
-        original = AutoBridge.__dict__["from_hf_pretrained"]
 
-        def from_hf_pretrained(cls, path, **kwargs):
-            if str(path) != repo_id:  # offline, any other model would only fail after Bridge's retries
+        def serve(path: str, kwargs: dict[str, Any]) -> None:
+            if path != repo_id:  # offline, any other model would only fail after Bridge's retries
                 raise RecipeError(
                     f"the recipe loads the Hugging Face model {path}, but hf_config {config_dir.name} serves "
-                    f"{repo_id}; point hf_config at a folder named {str(path).replace('/', '--')}"
+                    f"{repo_id}; point hf_config at a folder named {path.replace('/', '--')}"
                 )
-            requested.append(str(path))
+            requested.append(path)
             _lay_out_snapshot(repo_dir, config_dir, kwargs.get("revision"))
-            return original.__func__(cls, path, **kwargs)
 
-        saved_env = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "MEGATRON_CONFIG_LOCK_DIR")}
-        saved = (constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE)
-        # The env vars too, for anything that reads them at call time (and child processes).
-        os.environ.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=cache, MEGATRON_CONFIG_LOCK_DIR=cache)
-        constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE = True, cache
-        AutoBridge.from_hf_pretrained = classmethod(functools.wraps(original.__func__)(from_hf_pretrained))
-        try:
+        with offline_hub(cache), from_hf_pretrained_hook(serve):
             yield repo_id
-        finally:
-            AutoBridge.from_hf_pretrained = original
-            constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE = saved
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
     if not requested:
         raise RecipeError(
             f"hf_config {config_dir.name} serves {repo_id}, but the recipe loads no Hugging Face model; drop hf_config"
@@ -277,41 +263,16 @@ def _lay_out_snapshot(repo_dir: Path, config_dir: Path, revision: str | None) ->
 
 
 @contextlib.contextmanager
-def _cpu_device_properties() -> Iterator[None]:
-    """Let MoE recipe functions run without a GPU.
-
-    Megatron-Bridge 0.6.2 ``apply_flex_dispatcher_backend`` (``training/flex_dispatcher_backend.py:59``)
-    calls ``torch.cuda.get_device_properties(0)`` for every MoE model before it looks at the requested
-    backend, so ``qwen3_vl_30b_a3b_sft_config`` raises "Found no NVIDIA driver" on a CPU machine. With no
-    backend requested (all our recipes) the properties are only read in a branch that logs and returns,
-    so a stand-in answers for the duration of the recipe call. On a machine with CUDA nothing changes.
-    """
-    import torch
-
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.cuda.get_device_properties
-
-    def no_device(device: Any = None) -> types.SimpleNamespace:
-        return types.SimpleNamespace(name="no CUDA device", major=0, minor=0, total_memory=0, multi_processor_count=0)
-
-    torch.cuda.get_device_properties = no_device
-    try:
-        yield
-    finally:
-        torch.cuda.get_device_properties = original
-
-
-@contextlib.contextmanager
 def _recipe_environment(hf_config: Path | None) -> Iterator[None]:
     """What a recipe function needs on this machine: the offline model config, and no GPU probe."""
+    from bridge_cudagraph.host_patches import cpu_device_properties
+
     with contextlib.ExitStack() as stack:
         if hf_config is not None:
             if not hf_config.is_dir():
                 raise RecipeError(f"hf_config {hf_config} does not exist (it is relative to the recipe file)")
             stack.enter_context(offline_hf_config(hf_config))
-        stack.enter_context(_cpu_device_properties())
+        stack.enter_context(cpu_device_properties())  # Bridge's MoE recipes read the GPU's properties
         yield
 
 
@@ -334,6 +295,77 @@ def _check_top_level(data: Mapping[str, Any], cfg: Any) -> None:
     for key in data:
         if key not in allowed:
             raise UnknownKeyError(unknown_key_message(str(key), allowed, ""))
+
+
+def _options(annotation: Any) -> tuple[list[type], list[Any], bool]:
+    """An annotation's dataclass options, its other options, and whether it allows ``None``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = list(typing.get_args(annotation))
+    else:
+        args = [annotation]
+    nullable = type(None) in args
+    args = [a for a in args if a is not type(None)]
+    classes = [a for a in args if isinstance(a, type) and dataclasses.is_dataclass(a)]
+    return classes, [a for a in args if a not in classes], nullable
+
+
+def _family_fields(classes: Sequence[type]) -> set[str]:
+    """Field names of ``classes`` and of every subclass imported so far (a recipe may return any of them)."""
+    names: set[str] = set()
+    stack, seen = list(classes), set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if dataclasses.is_dataclass(cls):
+            names.update(f.name for f in dataclasses.fields(cls))
+        stack.extend(cls.__subclasses__())
+    return names
+
+
+def _check_structure(data: Mapping[str, Any]) -> None:
+    """The recipe file's own shape, judged from the ``ConfigContainer`` *classes*, before the recipe function runs.
+
+    The function may take minutes or try the Hugging Face Hub (Bridge retries an unreachable Hub for ~100 s), so what
+    the classes alone can tell is told first: an unknown section or key of a section (against the fields of the
+    section's classes and all their subclasses, since the function may return any of them), a section that must be a
+    mapping but is not, a required section left empty, and the whole ``model.cuda_graph`` block (our own class). What
+    depends on the instance the function returns is checked again after it, by :func:`_check_entry`.
+    """
+    from megatron.bridge.training.config import ConfigContainer
+
+    from bridge_cudagraph.config import cuda_graph_config_from_dict
+
+    hints = _type_hints(ConfigContainer)
+    sections = _family_fields([ConfigContainer])
+    allowed = sorted(sections - {"_checkpoint_load_required"}) + list(META_KEYS)
+    for key in data:
+        if key not in allowed:
+            raise UnknownKeyError(unknown_key_message(str(key), allowed, ""))
+    for key, value in data.items():
+        classes, others, nullable = _options(hints.get(key))
+        if value is None:
+            if classes and not nullable:
+                raise RecipeError(
+                    f"{key} is empty in the recipe file; give it settings ({key}: {{name: value}}) or delete the line"
+                )
+            continue
+        if not isinstance(value, Mapping):
+            if classes and not others:
+                raise RecipeError(
+                    f"{key} must be a mapping of settings ({key}: {{name: value}}), "
+                    f"got {type(value).__name__} {value!r}"
+                )
+            continue
+        if not classes or "_target_" in value:
+            continue
+        fields = _family_fields(classes) | ({_CUDA_GRAPH_PATH[1]} if key == _CUDA_GRAPH_PATH[0] else set())
+        for sub_key in value:
+            if sub_key not in fields:
+                raise UnknownKeyError(unknown_key_message(str(sub_key), sorted(fields), str(key)))
+        if key == _CUDA_GRAPH_PATH[0] and value.get(_CUDA_GRAPH_PATH[1]) is not None:
+            cuda_graph_config_from_dict(value[_CUDA_GRAPH_PATH[1]], ".".join(_CUDA_GRAPH_PATH))
 
 
 def _dataclass_option(annotation: Any) -> type | None:
@@ -381,11 +413,17 @@ def _check_entry(obj: Any, key: Any, value: Any, where: str) -> None:
     if key not in allowed:
         raise UnknownKeyError(unknown_key_message(str(key), allowed, where))
     current = getattr(obj, key)
-    if path == ".".join(_CUDA_GRAPH_PATH) and isinstance(value, Mapping):
+    if path == ".".join(_CUDA_GRAPH_PATH) and value is not None:
         from bridge_cudagraph.config import cuda_graph_config_from_dict
 
-        cuda_graph_config_from_dict(dict(value), path)  # keys, types and contradictions, with setting paths
+        cuda_graph_config_from_dict(value, path)  # keys, types and contradictions, with setting paths
         return
+    classes, others, _ = _options(_type_hints(type(obj)).get(key))
+    if value is not None and not isinstance(value, Mapping) and classes and not others:
+        raise RecipeError(
+            f"{path} is a block of settings: give a mapping ({key}: {{name: value}} in the file, {path}.name=value "
+            f"on the command line), got {type(value).__name__} {value!r}"
+        )
     if isinstance(value, Mapping) and "_target_" not in value:
         _check_mapping_onto(obj, key, current, value, path)
         return

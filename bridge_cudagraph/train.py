@@ -2,7 +2,8 @@
 
 Nothing here replaces Bridge's loop. :func:`run` first builds the run's capture plan the way ``validate`` does
 (:func:`plan_run`: a configuration ``validate`` refuses is refused here with the same line, before any process
-group or step), then installs :mod:`bridge_cudagraph.bridge_loop` (so Bridge's own
+group or step), then installs :mod:`bridge_cudagraph.bridge_loop`'s helper
+(:func:`~bridge_cudagraph.host_patches.install_bridge_helper`, so Bridge's own
 language capture stays inert), adds :class:`~bridge_cudagraph.callback.CudaGraphCallback` (which owns capture,
 hooks, counters and teardown), picks Bridge's forward step for the model family, and calls Bridge's
 ``pretrain()``, or ``finetune()`` when the recipe names a pretrained checkpoint. Under ``torchrun`` every rank
@@ -15,8 +16,9 @@ How a run ends, and who deletes the graphs first (Bridge 0.6.2; the teardown GPU
   process groups and ``run`` returns.
 * **by an exception** in the loop (a step, a callback, a data loader): Bridge's ``_pretrain`` catches it and aborts
   the process groups (``pretrain.py:200-211``) before re-raising, and no callback event fires. So :func:`run`
-  calls the loop through :func:`release_graphs_if_training_raises`, which deletes the graphs *before* that
-  clean-up and re-raises: the exception is never swallowed, the process exits non-zero with it.
+  calls the loop through :func:`~bridge_cudagraph.host_patches.release_graphs_if_training_raises`, which deletes
+  the graphs *before* that clean-up and re-raises: the exception is never swallowed, the process exits non-zero
+  with it.
 * **by SIGTERM** (Slurm ``scancel``, preemption, torchrun forwarding its own SIGTERM): with
   ``train.exit_signal_handler=true`` (the tiny recipe sets it) Bridge notes the signal, finishes the step, saves a
   checkpoint when ``checkpoint.save`` is set, leaves the loop through ``_delete_cuda_graphs`` (graphs deleted) and
@@ -30,23 +32,19 @@ How a run ends, and who deletes the graphs first (Bridge 0.6.2; the teardown GPU
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bridge_cudagraph import bridge_loop
 from bridge_cudagraph.callback import CudaGraphCallback
+from bridge_cudagraph.host_patches import (
+    install_bridge_helper,
+    release_graphs_if_training_raises,
+    use_prebuilt_dataset_helpers,
+)
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import CapturePlan
-
-logger = logging.getLogger("bridge_cudagraph")
-
-#: Marks the wrapper :func:`release_graphs_if_training_raises` installs, and remembers what it replaced.
-_WRAPPED = "_bridge_cudagraph_wrapped"
 
 
 def forward_step_for(model_config: Any) -> Callable:
@@ -96,9 +94,7 @@ def run(
     from megatron.bridge.training.pretrain import pretrain
     from megatron.bridge.utils.common_utils import print_rank_0
 
-    from bridge_cudagraph.compat import use_prebuilt_dataset_helpers
-
-    bridge_loop.install()
+    install_bridge_helper()
     use_prebuilt_dataset_helpers()
     graph_callback = CudaGraphCallback(plan=plan)
     step = forward_step_func or forward_step_for(config.model)
@@ -123,79 +119,6 @@ def run(
         graph_callback.release_graphs(reason=f"{entry.__name__}() raised {type(error).__name__}")
         raise
     print_rank_0(f"bridge_cudagraph: {entry.__name__}() finished in {time.perf_counter() - started:.0f} s")
-
-
-def _bridge_pretrain_module() -> Any:
-    """``megatron.bridge.training.pretrain``, whose ``_pretrain`` calls the loop by its module-level name ``train``."""
-    import importlib
-
-    return importlib.import_module("megatron.bridge.training.pretrain")
-
-
-@contextlib.contextmanager
-def release_graphs_if_training_raises(owner: Any, module: Any = None) -> Iterator[None]:
-    """While active, Bridge's ``_pretrain`` runs its training loop through a wrapper that, when the loop raises
-    (any ``BaseException``: an error, ``KeyboardInterrupt``, Bridge's own ``sys.exit`` of its early-exit path), calls
-    ``owner.release_graphs(reason=...)`` and re-raises the same exception.
-
-    Why: ``_pretrain`` catches whatever the loop raises and aborts the process groups before re-raising
-    (``pretrain.py:200-211``, ``_cleanup_after_pretrain_failure``), and no callback event fires on that path; graphs
-    still alive then hold NCCL buffers across the abort. The name ``train`` in ``module`` (default
-    ``megatron.bridge.training.pretrain``) is looked up at call time, so rebinding it is enough, and it is restored
-    on the way out. If this Bridge no longer has that name, a warning says so and only :func:`run`'s own
-    ``except`` (after Bridge's clean-up) releases the graphs.
-
-    Args:
-        owner: Anything with ``release_graphs(reason=...)`` (a :class:`CudaGraphCallback`).
-        module: The module whose ``train`` to wrap; default Bridge's ``pretrain`` module.
-    """
-    module = _bridge_pretrain_module() if module is None else module
-    real = getattr(module, "train", None)
-    if not callable(real):
-        logger.warning(
-            "bridge_cudagraph: %s has no training loop named 'train' to wrap; if training raises, its CUDA graphs "
-            "are deleted only after Megatron-Bridge has aborted the process groups",
-            getattr(module, "__name__", module),
-        )
-        yield
-        return
-
-    @functools.wraps(real)
-    def train(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return real(*args, **kwargs)
-        except BaseException as error:
-            try:
-                owner.release_graphs(reason=f"training loop raised {type(error).__name__}")
-            except Exception:  # the original error is what the user must see
-                logger.exception("bridge_cudagraph: releasing the CUDA graphs after a training failure failed")
-            raise
-
-    setattr(train, _WRAPPED, real)
-    module.train = train
-    try:
-        yield
-    finally:
-        if getattr(module, "train", None) is train:
-            module.train = real
-
-
-def check_before_gpu(loaded: Any) -> dict[str, Any]:
-    """What the CLI runs before its GPU check: the plan (every config check ``validate`` makes), so a refused
-    configuration gets the same ``error:`` line on any machine. Returns the keyword arguments of :func:`main`.
-
-    Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
-    configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
-    """
-    from bridge_cudagraph.config import CudaGraphConfigError
-    from bridge_cudagraph.layout import LayoutError
-
-    try:
-        return {"plan": plan_run(loaded.config)}
-    except (CudaGraphConfigError, LayoutError):
-        raise
-    except (ValueError, AssertionError) as error:
-        raise CudaGraphConfigError(" ".join(str(error).split()) or type(error).__name__) from error
 
 
 def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> int:

@@ -135,25 +135,6 @@ def param_grad_return_kwargs(model_chunks, modules) -> dict[str, bool]:
 
 
 @contextlib.contextmanager
-def explicit_num_microbatches(count: int) -> Iterator[None]:
-    """Make megatron-core's TE helper see ``count`` micro-batches instead of the global calculator's.
-
-    ``TECudaGraphHelper._get_cuda_graph_input_data`` calls the module-level name ``get_num_microbatches``
-    (the process-global calculator of ``megatron.core.num_microbatches_calculator``) both for the PP schedule
-    and for TE's warmup-iteration count, even at PP=1. This rebinds that one name in that one module for
-    the duration of a capture, so no global calculator has to exist and the count is the plugin's.
-    """
-    from megatron.core.transformer import cuda_graphs
-
-    original = cuda_graphs.get_num_microbatches
-    cuda_graphs.get_num_microbatches = lambda: count
-    try:
-        yield
-    finally:
-        cuda_graphs.get_num_microbatches = original
-
-
-@contextlib.contextmanager
 def measure(stats: CaptureStats) -> Iterator[None]:
     """Record capture wall time and the growth of reserved CUDA memory into ``stats``."""
     import gc

@@ -10,7 +10,7 @@ Built on megatron-core's ``TECudaGraphHelper`` and changed at three narrow point
    Here the mRoPE tensor, shape ``(S/cp, micro_batch, 1, rotary_dim)`` in fp32, is a static input that
    each replay refreshes from the model's own computation.
 2. **Static inputs follow the model's activation dtype**, not the hard-coded bf16 of ``module.py``.
-3. **The micro-batch count is the plugin's** (:func:`~bridge_cudagraph.capture.common.explicit_num_microbatches`),
+3. **The micro-batch count is the plugin's** (:func:`~bridge_cudagraph.host_patches.explicit_num_microbatches`),
    so no process-global micro-batch calculator is needed, and the collection is mandatory (no fallback to
    ``parallel_state``).
 
@@ -38,10 +38,10 @@ from bridge_cudagraph.capture.common import (
     activation_dtype,
     check_group_sizes,
     check_static_inputs,
-    explicit_num_microbatches,
     measure,
     param_grad_return_kwargs,
 )
+from bridge_cudagraph.host_patches import explicit_num_microbatches
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import StaticInput

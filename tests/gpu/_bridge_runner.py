@@ -44,6 +44,7 @@ from megatron.bridge.training.callbacks import Callback  # noqa: E402
 
 from bridge_cudagraph import bridge_loop  # noqa: E402
 from bridge_cudagraph.callback import Phase  # noqa: E402
+from bridge_cudagraph.host_patches import bridge_helper_installed  # noqa: E402
 from bridge_cudagraph.testing.world import parallel_state_untouched  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "tiny_qwen3_vl.yaml"
@@ -124,7 +125,7 @@ class Recorder(Callback):
         # The CudaGraphCallback claimed the model config in its own on_train_start, which fired first.
         self.graph_callback = bridge_loop.owner_of(get_model_config(context.model[0]))
         self.data["start_step"] = context.state.train_state.step
-        self.data["bridge_helper_name_installed"] = bridge_loop.installed()
+        self.data["bridge_helper_name_installed"] = bridge_helper_installed()
         self.data["model_cuda_graph_impl"] = get_model_config(context.model[0]).cuda_graph_impl
         self.data["parallel_state_untouched_at_start"] = parallel_state_untouched()
         self.data["weights_at_start"] = _fingerprint(context.model)

@@ -3,12 +3,21 @@ with one line that names the setting and the fix, and leaves the provider as it 
 
 One table, driven through the entry points a user hits: the provider's ``finalize()`` (what Bridge's
 ``ConfigContainer.validate`` calls), the strict block loader, the run-level check on a whole ``ConfigContainer``,
-``build_plan`` for the layout arithmetic, and the ``train`` guard on a machine without CUDA.
+``build_plan`` for the layout arithmetic, the ``train`` guard on a machine without CUDA, the CLI itself (``validate``
+and ``plan`` on the bundled recipes with a bad override: sizes, batches that do not divide, empty lists, wrong
+types), and the recipe file's own structure, refused before its recipe function runs.
+
+``BRIDGE_CUDAGRAPH_RESULTS=results/bad_configs.json pytest tests/unit/test_bad_configs.py`` records every message
+(``results/bad_configs.json``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +25,7 @@ import torch
 from bridge_cudagraph.config import CudaGraphConfigError, cuda_graph_config_from_dict
 from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.layout import LayoutError
+from bridge_cudagraph.recipe import RecipeError
 from bridge_cudagraph.strict import UnknownKeyError
 
 
@@ -220,3 +230,224 @@ def test_collection_that_disagrees_with_the_config_is_refused_before_capture(rec
     (message,) = run_world(1, _mismatched_groups)
     record(error="CudaGraphConfigError", message=message)
     assert "config.tensor_model_parallel_size = 2 but its process-group collection has a group of size 1" in message
+
+
+# --------------------------------------------------------------------------------------------- the CLI
+ROOT = Path(__file__).resolve().parents[2]
+VL_8B = "recipes/qwen3_vl_8b_sft_graphs.yaml"  # tp 2, micro batch 2, global batch 128, world size 8
+QWEN3_8B = "recipes/qwen3_8b_sft_graphs.yaml"
+TINY = "recipes/tiny_qwen3_vl.yaml"
+
+# (id, argv after the verb, fragments of the one error line). Each was found by running the CLI: before the early
+# size check, the zeros ended in a ZeroDivisionError from Bridge's runtime_config_update and the non-dividing batch
+# was reported as Bridge's eval_global_batch_size.
+CLI_CASES = [
+    ("micro-batch-0", [VL_8B, "train.micro_batch_size=0"], ["train.micro_batch_size", "got int 0", "1 or more"]),
+    ("micro-batch-null", [VL_8B, "train.micro_batch_size=null"], ["train.micro_batch_size", "positive integer"]),
+    ("global-batch-0", [VL_8B, "train.global_batch_size=0"], ["train.global_batch_size", "got int 0"]),
+    ("global-batch-negative", [VL_8B, "train.global_batch_size=-8"], ["train.global_batch_size", "got int -8"]),
+    (
+        "global-batch-not-divisible",
+        [VL_8B, "train.global_batch_size=130"],
+        ["train.global_batch_size 130 is not divisible by train.micro_batch_size 2 x data-parallel size 4", "136"],
+    ),
+    (
+        "global-batch-not-divisible-at-world-size",
+        [TINY, "--world-size", "2"],
+        ["train.global_batch_size 2 is not divisible by", "= 4", "multiple of 4"],
+    ),
+    ("seq-length-0", [VL_8B, "model.seq_length=0"], ["model.seq_length", "got int 0"]),
+    ("dataset-seq-length-0", [QWEN3_8B, "dataset.seq_length=0"], ["dataset.seq_length", "got int 0"]),
+    ("tp-0", [VL_8B, "model.tensor_model_parallel_size=0"], ["model.tensor_model_parallel_size", "got int 0"]),
+    ("tp-negative", [VL_8B, "model.tensor_model_parallel_size=-2"], ["model.tensor_model_parallel_size", "-2"]),
+    ("pp-0", [VL_8B, "model.pipeline_model_parallel_size=0"], ["model.pipeline_model_parallel_size", "got int 0"]),
+    ("cp-0", [QWEN3_8B, "model.context_parallel_size=0"], ["model.context_parallel_size", "got int 0"]),
+    ("ep-0", [VL_8B, "model.expert_model_parallel_size=0"], ["model.expert_model_parallel_size", "got int 0"]),
+    ("etp-0", [VL_8B, "model.expert_tensor_parallel_size=0"], ["model.expert_tensor_parallel_size", "got int 0"]),
+    ("vp-0", [TINY, "model.virtual_pipeline_model_parallel_size=0"], ["model.virtual_pipeline_model_parallel_size"]),
+    ("num-layers-0", [VL_8B, "model.num_layers=0"], ["model.num_layers", "got int 0"]),
+    ("heads-0", [TINY, "model.num_attention_heads=0"], ["model.num_attention_heads", "got int 0"]),
+    (
+        "tp-does-not-divide-world",
+        [VL_8B, "model.tensor_model_parallel_size=3"],
+        ["world size 8 is not divisible by model.tensor_model_parallel_size 3", "multiple of 3"],
+    ),
+    ("world-size-0", [VL_8B, "--world-size", "0"], ["world size must be a positive integer", "--world-size N"]),
+    ("world-size-negative", [VL_8B, "--world-size", "-8"], ["world size must be a positive integer", "got -8"]),
+    ("world-size-3", [VL_8B, "--world-size", "3"], ["world size 3 is not divisible", "multiple of 2"]),
+    ("train-iters-negative", [VL_8B, "train.train_iters=-1"], ["train.train_iters must be an integer >= 0"]),
+    ("eval-global-batch-0", [VL_8B, "validation.eval_global_batch_size=0"], ["validation.eval_global_batch_size"]),
+    ("eval-iters-negative", [VL_8B, "validation.eval_iters=-1"], ["validation.eval_iters must be an integer >= 0"]),
+    ("lr-warmup-negative", [VL_8B, "scheduler.lr_warmup_iters=-1"], ["scheduler.lr_warmup_iters", ">= 0"]),
+    ("model-warmup-negative", [VL_8B, "model.cuda_graph_warmup_steps=-1"], ["model.cuda_graph_warmup_steps", ">= 0"]),
+    ("graph-warmup-negative", [VL_8B, "model.cuda_graph.language.warmup_steps=-1"], ["language.warmup_steps", ">= 0"]),
+    ("num-microbatches-0", [VL_8B, "model.cuda_graph.num_microbatches=0"], ["num_microbatches must be an integer"]),
+    ("num-microbatches-mismatch", [VL_8B, "model.cuda_graph.num_microbatches=3"], ["= 16; set it to 16"]),
+    ("vision-tp-0", [VL_8B, "model.cuda_graph.vision.tensor_parallel_size=0"], ["tensor_parallel_size must be"]),
+    ("max-images-0", [VL_8B, "model.cuda_graph.vision.max_images_per_microbatch=0"], ["max_images_per_microbatch"]),
+    ("budgets-empty", [VL_8B, "model.cuda_graph.vision.token_budgets=[]"], ["non-empty list", "null"]),
+    ("budgets-zero", [VL_8B, "model.cuda_graph.vision.token_budgets=[0]"], ["token_budgets must be positive"]),
+    ("budgets-repeated", [TINY, "model.cuda_graph.vision.token_budgets=[64,64]"], ["ascending", "write [64]"]),
+    ("modules-empty", [VL_8B, "model.cuda_graph.language.modules=[]"], ["empty list", "null"]),
+    ("modules-a-string", [VL_8B, "model.cuda_graph.language.modules=attn"], ["modules must be a list"]),
+    ("micro-batch-a-string", [VL_8B, "train.micro_batch_size=abc"], ["train.micro_batch_size must be int"]),
+    ("micro-batch-a-float", [VL_8B, "train.micro_batch_size=1.5"], ["train.micro_batch_size must be int"]),
+    ("tp-a-bool", [TINY, "model.tensor_model_parallel_size=true"], ["model.tensor_model_parallel_size must be int"]),
+    ("block-not-a-mapping", [VL_8B, "model.cuda_graph=5"], ["model.cuda_graph must be a mapping", "got int 5"]),
+    ("vision-not-a-mapping", [VL_8B, "model.cuda_graph.vision=[1]"], ["model.cuda_graph.vision is a block"]),
+    ("section-not-a-mapping", [VL_8B, "train=5"], ["train is a block of settings", "train.name=value"]),
+]
+
+
+@pytest.mark.parametrize("verb", ["validate", "plan"])
+@pytest.mark.parametrize(("name", "argv", "fragments"), CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_the_cli_refuses(verb, name, argv, fragments, capsys, monkeypatch, record):
+    """``validate`` and ``plan`` (in this process: the same ``main`` a subprocess runs): exit 2, nothing on stdout,
+    one ``error:`` line on stderr with every fragment; no exception escapes (so no traceback)."""
+    from bridge_cudagraph.cli import main
+
+    monkeypatch.chdir(ROOT)
+    code = main([verb, *argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    record(verb=verb, argv=argv, code=code, message=lines[-1] if lines else "")
+    assert code == 2 and out == "", (code, out)
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+
+
+def test_a_refused_size_leaves_the_config_as_it_was(monkeypatch):
+    """The early size check reads the loaded config and changes nothing (Bridge's finalization never starts)."""
+    from bridge_cudagraph.recipe import load_recipe, plan_recipe
+
+    monkeypatch.chdir(ROOT)
+    loaded = load_recipe(TINY, ["train.micro_batch_size=0"])
+    sections = [f.name for f in dataclasses.fields(loaded.config)]
+    before = {name: repr(getattr(loaded.config, name)) for name in sections}
+    with pytest.raises(CudaGraphConfigError, match=r"train\.micro_batch_size"):
+        plan_recipe(loaded, world_size=1)
+    assert {name: repr(getattr(loaded.config, name)) for name in sections} == before
+
+
+def test_the_cli_subprocess_refuses_a_zero_micro_batch(record):
+    """The issue's command, as a user runs it: one ``error:`` line, exit 2, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge_cudagraph", "validate", VL_8B, "train.micro_batch_size=0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=600,
+    )
+    record(code=done.returncode, message=done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: train.micro_batch_size must be a positive integer (samples per GPU per micro-batch), got int 0; "
+        "set it to 1 or more"
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
+@pytest.mark.xfail(
+    strict=True,
+    reason="cli._run checks for CUDA before it loads and checks the recipe; the branch that makes train build the "
+    "plan first fixes it (then drop this mark)",
+)
+def test_train_refuses_a_bad_size_before_asking_for_a_gpu(capsys, monkeypatch):
+    """``train`` refuses the configuration that ``validate`` refuses, with the same line, before the GPU check."""
+    from bridge_cudagraph.cli import main
+
+    monkeypatch.chdir(ROOT)
+    code = main(["train", TINY, "train.micro_batch_size=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "error: train.micro_batch_size must be a positive integer" in err, err
+
+
+# ------------------------------------------------------------------------------ the recipe file's own structure
+# (id, YAML after the recipe line, error class, fragments). Each is refused before the recipe function runs.
+STRUCTURE_CASES = [
+    ("unknown-section", "modle: {seq_length: 128}\n", UnknownKeyError, ["unknown setting modle", "'model'"]),
+    (
+        "unknown-section-key",
+        "train: {micro_bach_size: 1}\n",
+        UnknownKeyError,
+        ["unknown setting train.micro_bach_size", "'micro_batch_size'"],
+    ),
+    (
+        "unknown-model-key",
+        "model: {tensor_model_paralel_size: 2}\n",
+        UnknownKeyError,
+        ["model.tensor_model_paralel_size", "'tensor_model_parallel_size'"],
+    ),
+    ("section-not-a-mapping", "train: 5\n", RecipeError, ["train must be a mapping of settings", "got int 5"]),
+    ("required-section-empty", "model:\n", RecipeError, ["model is empty", "delete the line"]),
+    ("block-not-a-mapping", "model: {cuda_graph: 5}\n", CudaGraphConfigError, ["model.cuda_graph must be a mapping"]),
+    ("block-a-list", "model: {cuda_graph: [language]}\n", CudaGraphConfigError, ["got list ['language']"]),
+    (
+        "block-key-misspelt",
+        "model: {cuda_graph: {langauge: {enabled: true}}}\n",
+        UnknownKeyError,
+        ["model.cuda_graph.langauge", "'language'"],
+    ),
+    (
+        "block-nested-key-misspelt",
+        "model: {cuda_graph: {vision: {token_budget: [64]}}}\n",
+        UnknownKeyError,
+        ["model.cuda_graph.vision.token_budget", "'token_budgets'"],
+    ),
+    (
+        "block-part-not-a-mapping",
+        "model: {cuda_graph: {language: true}}\n",
+        CudaGraphConfigError,
+        ["model.cuda_graph.language must be a mapping"],
+    ),
+]
+
+
+@pytest.fixture
+def recipe_that_must_not_run(tmp_path, monkeypatch):
+    """``write(yaml) -> path`` of a recipe whose function fails the test if it is called at all."""
+    (tmp_path / "must_not_run_recipe.py").write_text(
+        "def config():\n    raise AssertionError('the recipe function ran before the file was checked')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(body: str) -> Path:
+        path = tmp_path / "recipe.yaml"
+        path.write_text("recipe: must_not_run_recipe:config\nworld_size: 1\n" + body)
+        return path
+
+    return write
+
+
+@pytest.mark.parametrize(("name", "body", "error", "fragments"), STRUCTURE_CASES, ids=[c[0] for c in STRUCTURE_CASES])
+def test_the_recipe_file_is_checked_before_its_function_runs(
+    name, body, error, fragments, recipe_that_must_not_run, record
+):
+    from bridge_cudagraph.recipe import load_recipe
+
+    with pytest.raises(error) as info:
+        load_recipe(recipe_that_must_not_run(body))
+    _one_line(record, info.value, fragments)
+
+
+def test_a_typo_is_reported_before_the_recipe_function_tries_the_hub(tmp_path, record):
+    """Bridge's Qwen3-VL 8B recipe without ``hf_config`` asks the Hugging Face Hub for the model (offline: ~100 s of
+    retries, then a different error); the misspelt section is reported first, at once, with the nearest name."""
+    import time
+
+    from bridge_cudagraph.recipe import load_recipe, resolve_recipe_function
+
+    resolve_recipe_function("qwen3_vl_8b_sft_config")  # the import of Bridge's recipes is not what is timed
+    path = tmp_path / "recipe.yaml"
+    path.write_text("recipe: qwen3_vl_8b_sft_config\nworld_size: 8\nmodle:\n  seq_length: 1024\n")
+    started = time.perf_counter()
+    with pytest.raises(UnknownKeyError) as info:
+        load_recipe(path)
+    seconds = time.perf_counter() - started
+    _one_line(record, info.value, ["unknown setting modle", "(did you mean 'model'?)"])
+    assert seconds < 10, f"the typo took {seconds:.0f} s to report: the recipe function ran first"

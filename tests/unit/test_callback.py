@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_cudagraph import bridge_loop, compat
+from bridge_cudagraph import bridge_loop, compat, host_patches
 from bridge_cudagraph.callback import (
     CudaGraphCallback,
     ForwardPreHooks,
@@ -34,7 +34,7 @@ from bridge_cudagraph.plan import build_plan, model_facts
 @pytest.fixture(autouse=True)
 def _restore_bridge():
     yield
-    bridge_loop.uninstall()
+    host_patches.uninstall_bridge_helper()
 
 
 # ---------------------------------------------------------------------------------------------- fakes
@@ -320,14 +320,14 @@ def test_install_keeps_bridge_probe_and_dispatches_on_the_provider():
     train = compat.bridge_train_module()
     real = train.TECudaGraphHelper
     assert compat.bridge_builds_language_helper_by_name()
-    bridge_loop.install()
-    bridge_loop.install()  # idempotent
-    assert bridge_loop.installed() and issubclass(train.TECudaGraphHelper, real)
+    host_patches.install_bridge_helper()
+    host_patches.install_bridge_helper()  # idempotent
+    assert host_patches.bridge_helper_installed() and issubclass(train.TECudaGraphHelper, real)
     params = inspect.signature(train.TECudaGraphHelper.__init__).parameters
     assert list(params) == list(inspect.signature(real.__init__).parameters)
     assert ("pg_collection" in params) == compat.helper_accepts_pg_collection()
-    bridge_loop.uninstall()
-    assert train.TECudaGraphHelper is real and not bridge_loop.installed()
+    host_patches.uninstall_bridge_helper()
+    assert train.TECudaGraphHelper is real and not host_patches.bridge_helper_installed()
 
 
 def test_other_configs_get_the_real_helper_with_the_same_arguments():
@@ -337,7 +337,7 @@ def test_other_configs_get_the_real_helper_with_the_same_arguments():
         def __init__(self, model, config, seq_length, micro_batch_size, optimizers=(), pg_collection=None):
             made.append((model, config, seq_length, micro_batch_size, optimizers, pg_collection))
 
-    dispatch = bridge_loop._dispatching_class(RealHelper)
+    dispatch = bridge_loop.dispatching_class(RealHelper)
     assert "pg_collection" in inspect.signature(dispatch.__init__).parameters
     plain = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider())
     helper = dispatch(model=["m"], config=plain, seq_length=8, micro_batch_size=2, optimizers=["o"], pg_collection=1)
@@ -537,7 +537,7 @@ def test_no_pre_hooks_without_overlap_param_gather():
 
 def test_refuses_to_run_when_bridge_would_capture_too():
     world = _world(_provider())
-    bridge_loop.uninstall()
+    host_patches.uninstall_bridge_helper()
     with pytest.raises(RuntimeError, match="second time"):
         world.callback.on_train_start(world.context)
 
@@ -573,7 +573,7 @@ def _deleted_before(events, marker):
 
 
 def test_an_exception_in_the_loop_frees_the_graphs_before_bridge_aborts_the_groups(monkeypatch):
-    from bridge_cudagraph.train import release_graphs_if_training_raises
+    from bridge_cudagraph.host_patches import release_graphs_if_training_raises
 
     world = _world(_provider())
     bridge = FakePretrainModule(world, monkeypatch)
@@ -603,7 +603,7 @@ def test_without_the_wrapper_the_groups_are_aborted_with_graphs_alive(monkeypatc
 
 def test_sigterm_exit_frees_the_graphs_in_bridges_teardown_then_exits_zero(monkeypatch):
     """train.exit_signal_handler: the loop leaves through _delete_cuda_graphs and sys.exit(0) (no on_train_end)."""
-    from bridge_cudagraph.train import release_graphs_if_training_raises
+    from bridge_cudagraph.host_patches import release_graphs_if_training_raises
 
     world = _world(_provider())
     bridge = FakePretrainModule(world, monkeypatch)
@@ -622,7 +622,7 @@ def test_sigterm_exit_frees_the_graphs_in_bridges_teardown_then_exits_zero(monke
 
 
 def test_a_normal_end_frees_the_graphs_before_the_groups_are_destroyed(monkeypatch):
-    from bridge_cudagraph.train import release_graphs_if_training_raises
+    from bridge_cudagraph.host_patches import release_graphs_if_training_raises
 
     world = _world(_provider())
     bridge = FakePretrainModule(world, monkeypatch)

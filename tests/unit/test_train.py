@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_cudagraph import bridge_loop, train
+from bridge_cudagraph import host_patches, train
 from bridge_cudagraph.callback import CudaGraphCallback
 from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.plan import plan_for
@@ -58,7 +58,8 @@ def entries(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron.bridge.training.finetune", SimpleNamespace(finetune=entry("finetune")))
     calls.loop = loop
     yield calls
-    bridge_loop.uninstall()
+    host_patches.uninstall_bridge_helper()
+    host_patches.restore_dataset_helpers()
 
 
 @pytest.fixture
@@ -106,7 +107,7 @@ def test_main_runs_bridge_pretrain_with_the_graph_callback_first(entries, capsys
     (call,) = entries
     assert call.name == "pretrain" and call.config is config
     assert isinstance(call.callbacks[0], CudaGraphCallback) and call.callbacks[1:] == [extra]
-    assert bridge_loop.installed()
+    assert host_patches.bridge_helper_installed()
     assert "pretrain() of CudaGraphQwen3VLModelProvider" in capsys.readouterr().out
     assert train.main(SimpleNamespace(config=config), None, plan=_plan(config.model)) == 0 and len(entries) == 2
 
@@ -147,7 +148,7 @@ def test_a_failing_release_does_not_mask_the_training_error(entries, caplog):
     entries.raises = Failure("the real one")
     with caplog.at_level(logging.ERROR, logger="bridge_cudagraph"):
         with pytest.raises(Failure, match="the real one"):
-            with train.release_graphs_if_training_raises(owner, module):
+            with host_patches.release_graphs_if_training_raises(owner, module):
                 module.train([])
     assert "releasing the CUDA graphs after a training failure failed" in caplog.text
     assert module.train is entries.loop
@@ -168,7 +169,7 @@ def test_the_wrapper_keeps_the_loops_name_and_result():
         return x + y
 
     module = SimpleNamespace(train=loop)
-    with train.release_graphs_if_training_raises(SimpleNamespace(release_graphs=None), module):
+    with host_patches.release_graphs_if_training_raises(SimpleNamespace(release_graphs=None), module):
         assert module.train is not loop and module.train.__wrapped__ is loop and module.train.__name__ == "loop"
         assert module.train(1, y=2) == 3 and module.train.__doc__ == "Bridge's loop."
     assert module.train is loop

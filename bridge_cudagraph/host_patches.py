@@ -1,0 +1,313 @@
+"""Every monkey-patch that bridge_cudagraph makes of its host (megatron-core, Megatron-Bridge, huggingface_hub, torch).
+
+The plugin changes no host source file. Where the host gives no hook, it rebinds one module-level name for as long
+as it needs to; each rebinding is here, and nowhere else, so an upgrade of the stack has one file to re-read. Each
+entry says what it patches, for which version, why, and how it is undone. The *probes* that decide whether a patch
+applies to the installed version are in :mod:`bridge_cudagraph.compat`.
+
+Entry (what it rebinds; host version; how it is undone):
+
+* :func:`install_bridge_helper`: ``megatron.bridge.training.train.TECudaGraphHelper``; Bridge 0.6.2;
+  :func:`uninstall_bridge_helper`.
+* :func:`release_graphs_if_training_raises`: ``megatron.bridge.training.pretrain.train``; Bridge 0.6.2; leaving the
+  ``with`` block.
+* :func:`use_prebuilt_dataset_helpers`: ``megatron.bridge.training.initialize.compile_helpers``; megatron-core 0.19.2
+  wheels under Bridge 0.6.2; :func:`restore_dataset_helpers`.
+* :func:`offline_hub`: ``huggingface_hub.constants.HF_HUB_OFFLINE`` / ``HF_HUB_CACHE`` and three environment
+  variables; huggingface_hub (any); leaving the block.
+* :func:`from_hf_pretrained_hook`: ``AutoBridge.from_hf_pretrained``; Bridge 0.6.2; leaving the block.
+* :func:`cpu_device_properties`: ``torch.cuda.get_device_properties``, on machines without CUDA; torch (any), for
+  Bridge 0.6.2's MoE recipes; leaving the block.
+* :func:`explicit_num_microbatches`: ``megatron.core.transformer.cuda_graphs.get_num_microbatches``; megatron-core
+  0.19.2; leaving the block.
+
+Every undo puts back the very object that was there before (``tests/unit/test_host_patches.py`` checks identity).
+Each replacement carries the original under :data:`ORIGINAL`, which is how the install/uninstall pairs find it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import os
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bridge_cudagraph import compat
+
+__all__ = [
+    "bridge_helper_installed",
+    "cpu_device_properties",
+    "explicit_num_microbatches",
+    "from_hf_pretrained_hook",
+    "install_bridge_helper",
+    "offline_hub",
+    "release_graphs_if_training_raises",
+    "restore_dataset_helpers",
+    "uninstall_bridge_helper",
+    "use_prebuilt_dataset_helpers",
+]
+
+logger = logging.getLogger("bridge_cudagraph")
+
+#: Set on every replacement this module installs: the object it replaced (how each undo finds the original).
+ORIGINAL = "_bridge_cudagraph_original"
+
+
+# ------------------------------------------------------------------ Bridge's language graph helper (Bridge 0.6.2)
+def install_bridge_helper() -> None:
+    """Rebind ``megatron.bridge.training.train.TECudaGraphHelper`` to :mod:`bridge_cudagraph.bridge_loop`'s
+    dispatching class (idempotent).
+
+    Patches: the module-level name through which Bridge 0.6.2's ``train()`` builds its language graph helper at call
+    time (``train.py:268-280``; :func:`~bridge_cudagraph.compat.bridge_builds_language_helper_by_name` probes it).
+    Why: a ``bridge_cudagraph`` provider keeps ``cuda_graph_impl="transformer_engine"`` (it routes replay to the TE
+    graphs), so Bridge would capture the language layers a second time with megatron-core's helper (no mRoPE); the
+    dispatching class answers for our providers with a callback-owned stand-in and builds the real helper for any
+    other config (``bridge_loop``'s docstring). Undone by :func:`uninstall_bridge_helper`; the ``train`` verb leaves
+    it installed for the life of the process.
+
+    Raises:
+        RuntimeError: This Bridge does not build its helper through that name, so rebinding it could not prevent a
+            second capture.
+    """
+    from bridge_cudagraph.bridge_loop import dispatching_class
+
+    train = compat.bridge_train_module()
+    if bridge_helper_installed():
+        return
+    if not compat.bridge_builds_language_helper_by_name():
+        raise RuntimeError(
+            "bridge_cudagraph cannot keep Megatron-Bridge from capturing language graphs itself: this Bridge "
+            f"(installed {compat.installed_version('megatron-bridge')}, "
+            f"tested {compat.TESTED_STACK['megatron-bridge']}) no longer builds them through "
+            "megatron.bridge.training.train.TECudaGraphHelper"
+        )
+    real = train.TECudaGraphHelper
+    replacement = dispatching_class(real)
+    setattr(replacement, ORIGINAL, real)
+    train.TECudaGraphHelper = replacement
+
+
+def bridge_helper_installed() -> bool:
+    """Whether :func:`install_bridge_helper` is in effect."""
+    return getattr(compat.bridge_train_module().TECudaGraphHelper, ORIGINAL, None) is not None
+
+
+def uninstall_bridge_helper() -> None:
+    """Undo :func:`install_bridge_helper`: Bridge's name holds megatron-core's ``TECudaGraphHelper`` again."""
+    train = compat.bridge_train_module()
+    original = getattr(train.TECudaGraphHelper, ORIGINAL, None)
+    if original is not None:
+        train.TECudaGraphHelper = original
+
+
+# ---------------------------------------------------------------------- Bridge's training loop (Bridge 0.6.2)
+def _bridge_pretrain_module() -> Any:
+    """``megatron.bridge.training.pretrain``, whose ``_pretrain`` calls the loop by its module-level name ``train``."""
+    return importlib.import_module("megatron.bridge.training.pretrain")
+
+
+@contextlib.contextmanager
+def release_graphs_if_training_raises(owner: Any, module: Any = None) -> Iterator[None]:
+    """While active, Bridge's ``_pretrain`` runs its training loop through a wrapper that, when the loop raises
+    (any ``BaseException``: an error, ``KeyboardInterrupt``, Bridge's own ``sys.exit`` of its early-exit path), calls
+    ``owner.release_graphs(reason=...)`` and re-raises the same exception.
+
+    Patches: ``megatron.bridge.training.pretrain.train`` (Bridge 0.6.2), the name ``_pretrain`` calls the loop by,
+    looked up at call time. Why: ``_pretrain`` catches whatever the loop raises and aborts the process groups before
+    re-raising (``pretrain.py:200-211``, ``_cleanup_after_pretrain_failure``), and no callback event fires on that
+    path; graphs still alive then hold NCCL buffers across the abort. Undone when the block is left (the original
+    function is put back if the name still holds the wrapper). If this Bridge no longer has that name, a warning says
+    so and nothing is patched: only :func:`bridge_cudagraph.train.run`'s own ``except`` (after Bridge's clean-up)
+    releases the graphs.
+
+    Args:
+        owner: Anything with ``release_graphs(reason=...)`` (a :class:`~bridge_cudagraph.callback.CudaGraphCallback`).
+        module: The module whose ``train`` to wrap; default Bridge's ``pretrain`` module.
+    """
+    module = _bridge_pretrain_module() if module is None else module
+    real = getattr(module, "train", None)
+    if not callable(real):
+        logger.warning(
+            "bridge_cudagraph: %s has no training loop named 'train' to wrap; if training raises, its CUDA graphs "
+            "are deleted only after Megatron-Bridge has aborted the process groups",
+            getattr(module, "__name__", module),
+        )
+        yield
+        return
+
+    @functools.wraps(real)
+    def train(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real(*args, **kwargs)
+        except BaseException as error:
+            try:
+                owner.release_graphs(reason=f"training loop raised {type(error).__name__}")
+            except Exception:  # the original error is what the user must see
+                logger.exception("bridge_cudagraph: releasing the CUDA graphs after a training failure failed")
+            raise
+
+    setattr(train, ORIGINAL, real)
+    module.train = train
+    try:
+        yield
+    finally:
+        if getattr(module, "train", None) is train:
+            module.train = real
+
+
+# ----------------------------------------------------- the dataset helpers (megatron-core 0.19.2 wheels, Bridge 0.6.2)
+def use_prebuilt_dataset_helpers() -> bool:
+    """Rebind Bridge's ``megatron.bridge.training.initialize.compile_helpers`` to an import of the prebuilt module,
+    when :func:`~bridge_cudagraph.compat.dataset_helpers_prebuilt_without_makefile` says the install needs it.
+
+    Why: megatron-core's PyPI wheels (0.19.2 seen) ship the compiled ``megatron.core.datasets.helpers_cpp`` but not
+    the Makefile that Bridge 0.6.2's ``initialize_megatron`` runs ``make -C`` on, so every Bridge run on such an
+    install ``sys.exit(1)``s during set-up ("Failed to compile the C++ dataset helper functions"). A source install
+    (NGC) keeps Bridge's behaviour: nothing is patched. Undone by :func:`restore_dataset_helpers`; the ``train`` verb
+    leaves it for the life of the process. Idempotent.
+
+    Returns:
+        Whether Bridge's ``compile_helpers`` is the replacement now.
+    """
+    from megatron.bridge.training import initialize
+
+    if getattr(initialize.compile_helpers, ORIGINAL, None) is not None:
+        return True
+    if not compat.dataset_helpers_prebuilt_without_makefile():
+        return False
+
+    def compile_helpers() -> None:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+
+    setattr(compile_helpers, ORIGINAL, initialize.compile_helpers)
+    initialize.compile_helpers = compile_helpers
+    return True
+
+
+def restore_dataset_helpers() -> None:
+    """Undo :func:`use_prebuilt_dataset_helpers`: Bridge's own ``compile_helpers`` is back."""
+    from megatron.bridge.training import initialize
+
+    original = getattr(initialize.compile_helpers, ORIGINAL, None)
+    if original is not None:
+        initialize.compile_helpers = original
+
+
+# ------------------------------------------------------------------------------ Hugging Face Hub (huggingface_hub)
+@contextlib.contextmanager
+def offline_hub(cache: str | os.PathLike[str]) -> Iterator[None]:
+    """``huggingface_hub`` offline, answering from the Hub-cache folder ``cache``, for the duration of the block.
+
+    Patches: ``huggingface_hub.constants.HF_HUB_OFFLINE`` and ``HF_HUB_CACHE`` (any huggingface_hub: they are read
+    once, at import, from the environment), and the environment variables ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE`` and
+    ``MEGATRON_CONFIG_LOCK_DIR`` (for code that reads them at call time, and for child processes). Why: setting the
+    environment alone is not enough, because ``megatron.bridge`` imports ``huggingface_hub`` long before a recipe
+    runs; a Hub lookup then retries the unreachable Hub for ~100 s and fails. Undone when the block is left: the
+    constants get their previous values and each variable its previous value or its absence.
+    """
+    from huggingface_hub import constants
+
+    cache = str(cache)
+    names = ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "MEGATRON_CONFIG_LOCK_DIR")
+    saved_env = {k: os.environ.get(k) for k in names}
+    saved = (constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE)
+    os.environ.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=cache, MEGATRON_CONFIG_LOCK_DIR=cache)
+    constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE = True, cache
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def from_hf_pretrained_hook(before: Callable[[str, dict[str, Any]], None]) -> Iterator[None]:
+    """Call ``before(path, kwargs)`` ahead of every ``AutoBridge.from_hf_pretrained(path, **kwargs)`` in the block.
+
+    Patches: the classmethod ``megatron.bridge.models.conversion.auto_bridge.AutoBridge.from_hf_pretrained``
+    (Bridge 0.6.2), which Bridge's recipe functions call with the model id (and some with a pinned ``revision``).
+    Why: :func:`bridge_cudagraph.recipe.offline_hf_config` must lay the committed ``config.json`` out under the
+    revision the recipe asks for, and refuse another model at once, before Bridge's own loading code (unchanged)
+    runs. ``before`` may raise to refuse the call. Undone when the block is left: the class gets back the very
+    ``classmethod`` object from its ``__dict__``.
+    """
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+
+    original = AutoBridge.__dict__["from_hf_pretrained"]
+
+    def from_hf_pretrained(cls, path, **kwargs):
+        before(str(path), kwargs)
+        return original.__func__(cls, path, **kwargs)
+
+    wrapper = functools.wraps(original.__func__)(from_hf_pretrained)
+    setattr(wrapper, ORIGINAL, original)
+    AutoBridge.from_hf_pretrained = classmethod(wrapper)
+    try:
+        yield
+    finally:
+        AutoBridge.from_hf_pretrained = original
+
+
+# --------------------------------------------------------------------------------------------------------- torch
+@contextlib.contextmanager
+def cpu_device_properties() -> Iterator[None]:
+    """On a machine without CUDA, ``torch.cuda.get_device_properties`` answers with a stand-in during the block.
+
+    Patches: ``torch.cuda.get_device_properties`` (any torch; only when ``torch.cuda.is_available()`` is false). Why:
+    Megatron-Bridge 0.6.2 ``apply_flex_dispatcher_backend`` (``training/flex_dispatcher_backend.py:59``) calls
+    ``torch.cuda.get_device_properties(0)`` for every MoE model before it looks at the requested backend, so
+    ``qwen3_vl_30b_a3b_sft_config`` raises "Found no NVIDIA driver" on a CPU machine. With no backend requested (all
+    our recipes) the properties are only read in a branch that logs and returns. On a machine with CUDA nothing is
+    patched. Undone when the block is left.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.get_device_properties
+
+    def no_device(device: Any = None) -> types.SimpleNamespace:
+        return types.SimpleNamespace(name="no CUDA device", major=0, minor=0, total_memory=0, multi_processor_count=0)
+
+    setattr(no_device, ORIGINAL, original)
+    torch.cuda.get_device_properties = no_device
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_properties = original
+
+
+# ----------------------------------------------------------------------- megatron-core's TE helper (core 0.19.2)
+@contextlib.contextmanager
+def explicit_num_microbatches(count: int) -> Iterator[None]:
+    """Make megatron-core's TE helper see ``count`` micro-batches instead of the global calculator's.
+
+    Patches: ``megatron.core.transformer.cuda_graphs.get_num_microbatches`` (megatron-core 0.19.2), the module-level
+    name ``TECudaGraphHelper._get_cuda_graph_input_data`` calls (the process-global calculator of
+    ``megatron.core.num_microbatches_calculator``) for the PP schedule and for TE's warmup-iteration count, even at
+    PP=1. Why: the plugin never creates that global calculator, and the count must be the plan's. Undone when the
+    block is left (the capture is over).
+    """
+    from megatron.core.transformer import cuda_graphs
+
+    original = cuda_graphs.get_num_microbatches
+
+    def get_num_microbatches() -> int:
+        return count
+
+    setattr(get_num_microbatches, ORIGINAL, original)
+    cuda_graphs.get_num_microbatches = get_num_microbatches
+    try:
+        yield
+    finally:
+        cuda_graphs.get_num_microbatches = original

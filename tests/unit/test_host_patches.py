@@ -1,0 +1,179 @@
+"""``bridge_cudagraph.host_patches``: every patch of the host is in effect inside its block (or between install and
+uninstall) and undone after it: the host attribute is the very object it was before, also when the block raises."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import types
+
+import pytest
+import torch
+
+from bridge_cudagraph import compat, host_patches
+
+
+class Boom(Exception):
+    """Raised inside a patched block: the undo must still run."""
+
+
+def _leave(context, raising: bool) -> None:
+    if raising:
+        with pytest.raises(Boom), context:
+            raise Boom
+    else:
+        with context:
+            pass
+
+
+def test_bridge_helper_install_and_uninstall():
+    train = compat.bridge_train_module()
+    host_patches.uninstall_bridge_helper()
+    real = train.TECudaGraphHelper
+    host_patches.install_bridge_helper()
+    try:
+        assert train.TECudaGraphHelper is not real and issubclass(train.TECudaGraphHelper, real)
+        assert getattr(train.TECudaGraphHelper, host_patches.ORIGINAL) is real
+        assert host_patches.bridge_helper_installed()
+    finally:
+        host_patches.uninstall_bridge_helper()
+    assert train.TECudaGraphHelper is real and not host_patches.bridge_helper_installed()
+    host_patches.uninstall_bridge_helper()  # a second uninstall changes nothing
+    assert train.TECudaGraphHelper is real
+
+
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_training_loop_wrapper_is_undone(raising):
+    def loop():
+        return "trained"
+
+    module = types.ModuleType("pretrain_like")
+    module.train = loop
+    released = []
+    owner = types.SimpleNamespace(release_graphs=lambda reason: released.append(reason))
+    with host_patches.release_graphs_if_training_raises(owner, module):
+        assert module.train is not loop and getattr(module.train, host_patches.ORIGINAL) is loop
+        assert module.train() == "trained" and released == []
+    assert module.train is loop
+    _leave(host_patches.release_graphs_if_training_raises(owner, module), raising)
+    assert module.train is loop
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("nvidia_resiliency_ext") is None,
+    reason="megatron.bridge.training.pretrain imports nvidia_resiliency_ext, which only the GPU machine has",
+)
+def test_training_loop_wrapper_is_undone_on_bridges_own_module():
+    pretrain = importlib.import_module("megatron.bridge.training.pretrain")
+    real = pretrain.train
+    with host_patches.release_graphs_if_training_raises(types.SimpleNamespace(release_graphs=lambda reason: None)):
+        assert pretrain.train is not real
+    assert pretrain.train is real
+
+
+def test_prebuilt_dataset_helpers_are_undone():
+    from megatron.bridge.training import initialize
+
+    host_patches.restore_dataset_helpers()  # another test's train.run() may have left it in place
+    original = initialize.compile_helpers
+    applied = host_patches.use_prebuilt_dataset_helpers()
+    try:
+        assert applied == compat.dataset_helpers_prebuilt_without_makefile()
+        if applied:
+            assert initialize.compile_helpers is not original
+            assert getattr(initialize.compile_helpers, host_patches.ORIGINAL) is original
+            initialize.compile_helpers()  # the prebuilt module imports: no make, no sys.exit
+            assert host_patches.use_prebuilt_dataset_helpers()  # idempotent: wraps nothing twice
+            assert getattr(initialize.compile_helpers, host_patches.ORIGINAL) is original
+        else:
+            assert initialize.compile_helpers is original
+    finally:
+        host_patches.restore_dataset_helpers()
+    assert initialize.compile_helpers is original
+
+
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_offline_hub_is_undone(tmp_path, monkeypatch, raising):
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", "/somewhere/else")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    before = (constants.HF_HUB_OFFLINE, constants.HF_HUB_CACHE)
+    env = dict(os.environ)
+    with host_patches.offline_hub(tmp_path):
+        assert constants.HF_HUB_OFFLINE is True and constants.HF_HUB_CACHE == str(tmp_path)
+        assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["HF_HUB_CACHE"] == str(tmp_path)
+    _leave(host_patches.offline_hub(tmp_path), raising)
+    assert constants.HF_HUB_OFFLINE is before[0] and constants.HF_HUB_CACHE is before[1]
+    assert dict(os.environ) == env
+
+
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_from_hf_pretrained_hook_is_undone(raising):
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+
+    original = AutoBridge.__dict__["from_hf_pretrained"]
+    seen = []
+
+    def refuse(path, kwargs):
+        seen.append((path, kwargs))
+        raise Boom  # before Bridge's own code, so nothing reaches the Hub
+
+    with host_patches.from_hf_pretrained_hook(refuse):
+        assert AutoBridge.__dict__["from_hf_pretrained"] is not original
+        with pytest.raises(Boom):
+            AutoBridge.from_hf_pretrained("Org/Model", revision="abc")
+    assert seen == [("Org/Model", {"revision": "abc"})]
+    _leave(host_patches.from_hf_pretrained_hook(refuse), raising)
+    assert AutoBridge.__dict__["from_hf_pretrained"] is original
+
+
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_cpu_device_properties_are_undone(raising):
+    original = torch.cuda.get_device_properties
+    with host_patches.cpu_device_properties():
+        if torch.cuda.is_available():
+            assert torch.cuda.get_device_properties is original  # nothing to stand in for
+        else:
+            assert torch.cuda.get_device_properties is not original
+            assert torch.cuda.get_device_properties(0).total_memory == 0
+    _leave(host_patches.cpu_device_properties(), raising)
+    assert torch.cuda.get_device_properties is original
+
+
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_explicit_num_microbatches_is_undone(raising):
+    from megatron.core.transformer import cuda_graphs
+
+    original = cuda_graphs.get_num_microbatches
+    with host_patches.explicit_num_microbatches(7):
+        assert cuda_graphs.get_num_microbatches() == 7
+    _leave(host_patches.explicit_num_microbatches(3), raising)
+    assert cuda_graphs.get_num_microbatches is original
+
+
+def test_nothing_else_in_the_package_rebinds_these_names():
+    """The patched names are assigned in host_patches only (the one place to re-read on an upgrade)."""
+    import bridge_cudagraph
+
+    names = (
+        ".TECudaGraphHelper =",
+        ".train = ",
+        ".compile_helpers =",
+        "HF_HUB_OFFLINE =",
+        "HF_HUB_CACHE =",
+        ".from_hf_pretrained =",
+        ".get_device_properties =",
+        ".get_num_microbatches =",
+    )
+    root = os.path.dirname(bridge_cudagraph.__file__)
+    offenders = []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not name.endswith(".py") or path == host_patches.__file__:
+                continue
+            with open(path) as f:
+                text = f.read()
+            offenders += [f"{os.path.relpath(path, root)}: {n}" for n in names if n in text]
+    assert not offenders, offenders
