@@ -118,9 +118,11 @@ SEED = 1234
 
 
 # ============================================================================================ models
-def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
+def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: Any):
     """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block: the
-    tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes."""
+    tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes.
+
+    ``overrides`` replace any field, e.g. the special token ids of another tokenizer (the photo processor's)."""
     from bridge_cudagraph.examples import tiny
 
     deepstack = [5, 11, 17]
@@ -133,8 +135,7 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
         num_position_embeddings=2304,
         deepstack_visual_indexes=list(deepstack),
     )
-    return tiny.tiny_qwen3_vl_provider(
-        cuda_graph,
+    fields = dict(
         vocab_size=QWEN3_VL_VOCAB,
         share_embeddings_and_output_weights=True,
         num_layers=28,
@@ -154,18 +155,20 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int):
         deepstack_visual_indexes=list(deepstack),
         **QWEN3_VL_TOKENS,
     )
+    fields.update(overrides)
+    return tiny.tiny_qwen3_vl_provider(cuda_graph, **fields)
 
 
-def make_provider(cfg: BenchConfig, cuda_graph=None):
-    """Our provider for ``cfg`` (graphs as ``cuda_graph`` says; None = off)."""
+def make_provider(cfg: BenchConfig, cuda_graph=None, **overrides: Any):
+    """Our provider for ``cfg`` (graphs as ``cuda_graph`` says; None = off); ``overrides`` replace provider fields."""
     from bridge_cudagraph.examples import tiny
 
     if cfg.model == "tiny":
         return tiny.tiny_qwen3_vl_provider(
-            cuda_graph, seq_length=cfg.seq_length, language_max_sequence_length=cfg.seq_length
+            cuda_graph, seq_length=cfg.seq_length, language_max_sequence_length=cfg.seq_length, **overrides
         )
     if cfg.model == "small":
-        return small_qwen3_vl_provider(cuda_graph, seq_length=cfg.seq_length)
+        return small_qwen3_vl_provider(cuda_graph, seq_length=cfg.seq_length, **overrides)
     raise ValueError(f"unknown bench model {cfg.model!r}")
 
 
@@ -185,16 +188,18 @@ def ours_graph_config(cfg: BenchConfig):
     )
 
 
-def variant_provider(cfg: BenchConfig, variant: str):
-    """The provider of one variant (not finalized; :func:`bridge_cudagraph.examples.tiny.build` does that)."""
+def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
+    """The provider of one variant (not finalized; :func:`bridge_cudagraph.examples.tiny.build` does that);
+    ``overrides`` replace provider fields (as :func:`make_provider`)."""
     from bridge_cudagraph.examples import tiny
 
     if variant in UNGRAPHED:  # the control is built exactly like eager
-        return make_provider(cfg, None)
+        return make_provider(cfg, None, **overrides)
     if variant == "ours":
-        return make_provider(cfg, ours_graph_config(cfg))
+        return make_provider(cfg, ours_graph_config(cfg), **overrides)
     if variant == "upstream":
-        plain = tiny.upstream_provider(make_provider(cfg, None))  # host class, cuda_graph_impl="transformer_engine"
+        # the host class, with cuda_graph_impl="transformer_engine"
+        plain = tiny.upstream_provider(make_provider(cfg, None, **overrides))
         plain.vision_cuda_graph_impl = "transformer_engine"
         plain.max_vision_cuda_graph_seq_length = cfg.upstream_vision_seq_length()
         return plain
@@ -1070,12 +1075,12 @@ PAIRED_MEMORY_FRACTION = 0.9
 PAIRED = ("upstream", "ours")
 
 
-def paired_memory_check(results: dict[str, dict], total_bytes: int) -> str | None:
-    """Why the paired phase cannot hold both graphed models at once, or None when it can (from their first runs'
+def paired_memory_check(results: dict[str, dict], total_bytes: int, names: Sequence[str] = PAIRED) -> str | None:
+    """Why the paired phase cannot hold both models ``names`` at once, or None when it can (from their first runs'
     ``peak_memory_bytes``: a conservative sum, since the eager warmup peak of one never overlaps the other's)."""
-    recs = [results.get(name) or {} for name in PAIRED]
+    recs = [results.get(name) or {} for name in names]
     if any(r.get("status") != "ok" or not r.get("peak_memory_bytes") for r in recs):
-        return "a first run of upstream or ours did not finish"
+        return f"a first run of {' or '.join(names)} did not finish"
     start = min(int(r.get("allocated_at_start_bytes") or 0) for r in recs)
     need = sum(int(r["peak_memory_bytes"]) for r in recs) - start
     if need > PAIRED_MEMORY_FRACTION * total_bytes:

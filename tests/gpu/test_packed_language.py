@@ -36,14 +36,15 @@ FALLBACK = [(128, [(1, 8, 8)]), (64, []), (100, [(1, 4, 4)])]
 def _packed_batch(rows, *, seed: int, pg_collection) -> dict:
     """One micro-batch as Bridge's collate + ``qwen3_vl_step`` (``enable_in_batch_packing``) hand it to the model.
 
-    Rows of different real lengths are padded to the longest (pad 0, loss mask 0), then Bridge's own
-    ``_pad_and_pack_qwen3_vl_step`` rounds the width up and builds the ``PackedSeqParams``; the reshapes are the
-    step's packing branch (``qwen3_vl_step.forward_step``).
+    Rows of different real lengths are padded to the longest (pad 0, label -100, loss mask 0), as the collate
+    pads them; :func:`bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs` then runs the step's own
+    ``_pad_and_pack_qwen3_vl_step`` and its packing branch.
     """
     import torch
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import _pad_and_pack_qwen3_vl_step
+    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
     from bridge_cudagraph.examples.data import qwen3_vl_batch
+    from bridge_cudagraph.testing.step_batch import qwen3_vl_step_inputs
 
     samples = [qwen3_vl_batch([images], length, seed=seed + i) for i, (length, images) in enumerate(rows)]
     width = max(length for length, _ in rows)
@@ -51,26 +52,19 @@ def _packed_batch(rows, *, seed: int, pg_collection) -> dict:
     def pad(t, value):
         return torch.nn.functional.pad(t, (0, width - t.size(1)), value=value)
 
-    tokens = torch.cat([pad(s["input_ids"], 0) for s in samples])
-    labels = torch.cat([pad(s["labels"], -100) for s in samples])
-    loss_mask = torch.cat([pad(s["loss_mask"], 0.0) for s in samples])
-    attention_mask = torch.ones_like(tokens, dtype=torch.bool)
-    position_ids = torch.arange(width, device=tokens.device).expand(len(rows), -1).contiguous()
-    tokens, labels, loss_mask, attention_mask, position_ids, params = _pad_and_pack_qwen3_vl_step(
-        tokens, labels, loss_mask, attention_mask, position_ids, pg_collection, use_fp8_padding=True, seq_length=SEQ
-    )
     pixels = [s["pixel_values"] for s in samples if s["pixel_values"] is not None]
     grids = [s["image_grid_thw"] for s in samples if s["image_grid_thw"] is not None]
-    return {
+    tokens = torch.cat([pad(s["input_ids"], 0) for s in samples])
+    collated = {
         "input_ids": tokens,
-        "labels": labels.reshape(1, -1),
-        "loss_mask": loss_mask.reshape(1, -1),
-        "attention_mask": torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device),
-        "position_ids": None,
-        "packed_seq_params": params,
-        "pixel_values": torch.cat(pixels) if pixels else None,
-        "image_grid_thw": torch.cat(grids) if grids else None,
+        "labels": torch.cat([pad(s["labels"], -100) for s in samples]),
+        "loss_mask": torch.cat([pad(s["loss_mask"], 0.0) for s in samples]),
+        "position_ids": torch.arange(width, device=tokens.device).expand(len(rows), -1).contiguous(),
+        "visual_inputs": GenericVisualInputs(
+            pixel_values=torch.cat(pixels) if pixels else None, image_grid_thw=torch.cat(grids) if grids else None
+        ),
     }
+    return qwen3_vl_step_inputs(collated, pg_collection, packed=True, seq_length=SEQ)
 
 
 def _models(world):

@@ -1,0 +1,225 @@
+"""The useful-tokens benchmark's CPU parts: its arithmetic (token slots, fill, useful tokens/s, step statistics,
+the target verdict), the table, plot and stdout rendering, the command line's errors, and the data path (the
+photo set through Bridge's dataset provider, collate and Qwen3-VL step functions, under a gloo collection)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import useful_tokens_report as report
+from benchmarks.useful_tokens_report import MicroBatch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
+from _dist import run_world
+
+BUDGETS = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)
+MB = [
+    MicroBatch(rows=2, width=640, real_tokens=891, loss_tokens=254, packed_tokens=1280, padded_tokens=8192,
+               patches=1600, images=2),
+    MicroBatch(rows=2, width=1024, real_tokens=1900, loss_tokens=500, packed_tokens=2048, padded_tokens=8192,
+               patches=3000, images=2),
+]  # fmt: skip
+
+
+@pytest.mark.fast
+def test_token_slots_per_form_and_the_budget_ours_packed_replays_in():
+    a, b = MB
+    assert report.token_slots("eager_packed", a) == report.token_slots(report.CONTROL, a) == 1280
+    assert report.token_slots("eager_padded", a) == report.token_slots("ours_padded", a) == 8192
+    assert report.token_slots("upstream_padded", b) == 8192
+    assert report.token_slots("ours_packed", a, BUDGETS, 2) == 2048  # 1280 tokens: the 2048 rung
+    assert report.token_slots("ours_packed", b, BUDGETS, 2) == 2048  # exactly a rung
+    # over the largest budget, or more rows than the graphs hold: eager fallback, computes T itself
+    big = MicroBatch(2, 8192, 9000, 10, 9216, 16384, 0, 0)
+    assert report.token_slots("ours_packed", big, BUDGETS, 2) == 9216
+    assert report.token_slots("ours_packed", MicroBatch(3, 640, 900, 9, 1920, 12288, 0, 0), BUDGETS, 2) == 1920
+
+
+@pytest.mark.fast
+def test_useful_tokens_fill_and_throughput_over_the_measured_steps():
+    plan = [[0, 1], [1, 0], [0, 0], [1, 1]]
+    m = report.variant_metrics("ours_packed", MB, plan, [1, 2, 3], [100.0, 200.0, 100.0], budgets=BUDGETS,
+                               max_sequences=2)  # fmt: skip
+    assert m["useful_tokens_per_step"] == [754, 508, 1000]
+    assert m["useful_tokens_per_s"] == pytest.approx((754 + 508 + 1000) / 0.4)
+    assert m["real_tokens"] == 2791 + 1782 + 3800
+    assert m["token_slots"] == 4 * 2048 + 2 * 2048
+    assert m["fill_fraction"] == pytest.approx(8373 / 12288)
+    padded = report.variant_metrics("eager_padded", MB, plan, [1, 2, 3], [100.0, 200.0, 100.0])
+    assert padded["fill_fraction"] == pytest.approx(8373 / (6 * 8192))
+    assert padded["useful_tokens_per_s"] == m["useful_tokens_per_s"]  # same samples, same times: same tok/s
+    assert m["step_ms_median"] == 100.0 and m["step_ms_iqr"] == pytest.approx(50.0)
+
+
+@pytest.mark.fast
+def test_throughput_and_statistics_refuse_what_cannot_be_timed():
+    assert report.tokens_per_second([10], []) is None
+    assert report.tokens_per_second([10, 10], [5.0]) is None
+    assert report.tokens_per_second([10], [math.nan]) is None and report.tokens_per_second([10], [0.0]) is None
+    assert report.fill_fraction(5, 0) is None
+    stats = report.step_time_stats([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert stats == {"step_ms_median": 3.0, "step_ms_q1": 2.0, "step_ms_q3": 4.0, "step_ms_iqr": 2.0}
+    assert report.step_time_stats([7.0])["step_ms_iqr"] == 0.0
+    assert report.step_time_stats([])["step_ms_median"] is None
+
+
+def _rec(tok_s, **extra):
+    return {"status": "ok", "useful_tokens_per_s": tok_s, "step_ms_median": 1e6 / tok_s, "step_ms_iqr": 3.0, **extra}
+
+
+def _data(paired_ratios=None, **variants):
+    data = {
+        "meta": {"gpu": "NVIDIA H200", "date": "today", "config": {"model": "small", "seq_length": 4096}},
+        "data": {"language_budgets": list(BUDGETS), "microbatches": [m.as_dict() for m in MB]},
+        "variants": variants,
+    }
+    if paired_ratios is not None:
+        data["paired"] = {"status": "ok", "ratios": paired_ratios}
+    return report.finish(data)
+
+
+@pytest.mark.fast
+def test_the_target_is_judged_on_the_paired_interval_where_there_is_one():
+    base = _rec(1000.0, parity={"reference": "eager_packed"})
+    ours = _rec(1400.0, graphed=True)
+    separate_only = _data(eager_packed=base, ours_packed=ours)
+    assert separate_only["variants"]["ours_packed"]["speedup_vs_eager_packed"] == pytest.approx(1.4)
+    assert separate_only["summary"]["met"] is True and separate_only["summary"]["met_on"] == "separate runs"
+    # paired: every ratio near 1.25: the whole interval below 1.3 -> not met, although the separate runs said 1.4
+    paired = _data([1.24, 1.25, 1.26, 1.25, 1.24, 1.26, 1.25, 1.25], eager_packed=base, ours_packed=ours)
+    assert paired["summary"]["met"] is False and "paired" in paired["summary"]["met_on"]
+    assert paired["summary"]["paired"]["verdict"] == "faster"
+    assert _data(eager_packed=base)["summary"]["met"] is None  # ours_packed not run
+    failed = _data(eager_packed=base, ours_packed={"status": "failed", "error": "boom"})
+    assert failed["summary"]["met"] is None and "speedup_vs_eager_packed" not in failed["variants"]["ours_packed"]
+    control = _data(eager_packed=base, eager_packed_repeat=_rec(1030.0))
+    assert control["summary"]["noise_floor"] == pytest.approx(0.03)
+
+
+def _full():
+    parity = {
+        "reference": "eager_packed",
+        "fixed_batch": {"loss_max_abs": 0.0, "masked": {"loss_max_abs": 0.0}},
+        "steps": {"exact_steps": 15, "steps": 18, "max_abs": 2e-4},
+    }
+    padded_parity = {
+        "reference": "eager_padded",
+        "fixed_batch": {"loss_max_abs": 0.6, "masked": {"loss_max_abs": 0.4}},
+        "vs_eager_packed_loss_tokens": {"loss_max_abs": 0.02},
+    }
+    return _data(
+        [1.5] * 10,
+        eager_packed=_rec(1000.0, fill_fraction=0.7, parity={"reference": "eager_packed"}, kernel_ms_per_step=200.0),
+        eager_padded=_rec(300.0, fill_fraction=0.11, parity={"reference": "eager_padded"}),
+        upstream_padded={"status": "failed", "error": "RuntimeError: capture | failed\nsecond line"},
+        ours_padded=_rec(500.0, graphed=True, graph_memory_gib=28.5, capture_s=9.3, parity=padded_parity,
+                         counters={"language": {"replays": 36, "eager_fallbacks": 0}}),
+        ours_packed=_rec(1500.0, graphed=True, fill_fraction=0.43, gpu_busy=0.8, kernel_ms_per_step=150.0,
+                         graph_memory_gib=20.0, capture_s=25.0, parity=parity, useful_tokens_per_step=[500.0],
+                         counters={"language": {"replays": 40, "eager_fallbacks": 0},
+                                   "vision": {"replays": 40, "eager_fallbacks": 1}}),
+    )  # fmt: skip
+
+
+@pytest.mark.fast
+def test_table_rows_say_each_variants_numbers_and_failures():
+    data = _full()
+    rows = {r[0]: r for r in (report.variant_row(n, data["variants"].get(n)) for n in report.shown(data))}
+    assert list(rows) == list(report.VARIANTS)  # no control run: no control row
+    ours = rows["ours_packed"]
+    assert ours[1] == "1,500" and ours[2] == "1.50x" and ours[4] == "43%" and ours[5] == "0.80"
+    assert ours[7] == "20.0" and ours[9] == "language 40 / 0, vision 40 / 1"
+    assert ours[10] == "0 (exact) vs eager_packed"
+    assert rows["eager_packed"][10] == "reference" and rows["eager_packed"][7] == "-"
+    assert rows["ours_padded"][10] == "**6.0e-01** vs eager_padded (loss tokens: **4.0e-01**)"
+    assert rows["upstream_padded"][1] == "failed: RuntimeError: capture / failed"
+    assert report.variant_row(report.CONTROL, None)[1] == "not run"
+    assert len(report.table(data)) == 2 + len(report.VARIANTS)
+
+
+@pytest.mark.fast
+def test_markdown_states_the_target_and_where_the_time_goes(tmp_path):
+    data = _full()
+    md = report.render_markdown(data)
+    assert "ours_packed >= 1.3x eager_packed: **met** (judged on the paired 95% interval's lower end)" in md
+    assert "median per-pair ratio 1.500x" in md
+    assert "## Where ours_packed's step time goes" in md
+    # 666.7 ms wall, 150 ms kernels: the rest is idle; bound 500 tokens / 0.15 s
+    assert "the GPU runs kernels 150.0 ms (22%)" in md and "3,333 useful tok/s (3.33x eager_packed)" in md
+    assert "57% of the token slots it computes are padding" in md
+    assert "0.75x eager_packed's" in md
+    path = tmp_path / "useful_tokens.json"
+    path.write_text(json.dumps(data))
+    out = report.render(path)
+    assert out["md"].read_text() == md
+    assert out["png"] is not None and out["png"].stat().st_size > 1000
+    text = report.text_table(data)
+    assert text.splitlines()[0].startswith("variant | useful tok/s") and "target 1.3x: met" in text
+
+
+@pytest.mark.fast
+def test_bad_command_lines_get_one_error_line_and_exit_2(capsys):
+    from benchmarks import useful_tokens
+
+    cases = {
+        ("--mbs", "1"): "--mbs 1: Bridge's in-batch packing needs",
+        ("--seq", "1000"): "--seq 1000: use a multiple of 128",
+        ("--steps", "0"): "--steps 0: must be at least 1",
+        ("--warmup", "-1"): "--warmup -1: must be 0 or more",
+        ("--microbatches", "200"): "more than the photo set's 256 training samples",
+    }
+    for extra, expected in cases.items():
+        assert useful_tokens.main(["--out", "x", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    import torch
+
+    if not torch.cuda.is_available():
+        assert useful_tokens.main(["--out", "x", "--model", "tiny"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: no CUDA GPU")
+
+
+def _photo_forms(rank: int, world: int, root: str) -> dict:
+    from benchmarks import useful_tokens
+    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
+    from bridge_cudagraph.examples.photos import PhotoSetSpec
+    from bridge_cudagraph.groups import build_collections
+    from bridge_cudagraph.layout import ParallelLayout
+
+    pgc = build_collections(ParallelLayout(), None, world_size=world, backend="gloo")["language"]
+    processor, collated = useful_tokens.photo_microbatches(3, 2, 2048, cache=root, spec=PhotoSetSpec(sizes=(8, 2, 2)))
+    forms = useful_tokens.step_forms(collated, pgc, 2048, device="cpu")
+    micro = [useful_tokens.microbatch_stats(c, p, q) for c, p, q in zip(collated, *forms.values(), strict=True)]
+    layout = PackedLayout(tuple(derive_language_budgets(2 * 2048, multiple=32)), 2, 2048)
+    return {
+        "ids": useful_tokens.token_ids(processor),
+        "micro": [m.as_dict() for m in micro],
+        "image_sets": useful_tokens.image_sets(collated),
+        "widths": [tuple(c["input_ids"].shape) for c in collated],
+        "budgets": list(layout.budgets),
+        "fits": [layout.budget_for(m.packed_tokens, m.rows) for m in micro],
+    }
+
+
+def test_the_photo_data_path_gives_both_forms_of_the_same_samples(tmp_path):
+    (got,) = run_world(1, _photo_forms, str(tmp_path))
+    assert got["ids"] == {
+        "image_token_id": 1000,
+        "video_token_id": 1001,
+        "vision_start_token_id": 1002,
+        "vision_end_token_id": 1003,
+    }
+    assert got["budgets"] == [512, 1024, 1536, 2048, 2560, 3072, 3584, 4096]
+    for m, (rows, width), images in zip(got["micro"], got["widths"], got["image_sets"], strict=True):
+        m = MicroBatch(**m)
+        assert m.rows == rows == 2 and m.width == width and width % 128 == 0
+        assert m.packed_tokens == 2 * width and m.padded_tokens == 2 * 2048  # one THD row per sample; seq-padded
+        assert 0 < m.loss_tokens < m.real_tokens <= m.packed_tokens
+        assert m.images == len(images) == 2 and m.patches == sum(t * h * w for ((t, h, w),) in images)
+    assert all(b is not None for b in got["fits"])  # every photo micro-batch replays in a budget

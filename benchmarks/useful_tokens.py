@@ -1,0 +1,707 @@
+"""Useful tokens per second on Bridge's own Qwen3-VL fine-tuning data path: packed eager vs padded and packed graphs.
+
+Issue #17, section 5. Static graphs replay static shapes, so until now every graph implementation demanded rows
+padded to ``seq_length``, while Bridge's Qwen3-VL recipes pack (``enable_in_batch_packing``): real SFT samples
+(one photo and a short answer) fill a small part of a 4096-token row. What a user gains is the tokens that carry
+loss per second, so that is what this benchmark measures, on one GPU, for
+
+* ``eager_packed``: Bridge's default, graphs off, micro-batches packed by Bridge's Qwen3-VL step;
+* ``eager_padded``: graphs off, every row padded to ``seq_length``;
+* ``upstream_padded``: upstream's graphs (megatron-core's ``TECudaGraphHelper`` and ``VisionTECudaGraphHelper``
+  as Bridge builds them, :func:`benchmarks.bench._make_helpers`), padded (they cannot pack);
+* ``ours_padded``: our BSHD language graphs and vision graphs, padded;
+* ``ours_packed``: our packed language graphs (:class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper`
+  on a budget ladder of :func:`~bridge_cudagraph.budgets.derive_language_budgets`) and vision graphs, packed;
+* ``eager_packed_repeat``: eager_packed again, last (the run-to-run noise floor);
+* the paired phase: eager_packed and ours_packed alive at once, measured steps interleaved, where memory allows
+  (:func:`benchmarks.bench.paired_memory_check`).
+
+Every variant trains the same initial weights (:func:`benchmarks.bench._snapshot`/``_load``) on the same samples:
+the first ``microbatches x micro_batch_size`` training samples of the project's photo SFT set
+(:mod:`bridge_cudagraph.examples.photo_recipe`), built by Bridge's dataset provider
+(``get_dataset_provider(DirectHFSFTDatasetConfig)``) and collated ``micro_batch_size`` at a time by Bridge's own
+``collate_fn``, once; each collated micro-batch is turned into model inputs in both forms by
+:func:`bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs` (Bridge's ``_pad_and_pack_qwen3_vl_step`` and
+the step's packing branch). The model: ``--model small`` is the Qwen3-VL-2B shape of
+:func:`benchmarks.bench.small_qwen3_vl_provider`, ``--model tiny`` the tiny one (a smoke test), both with the
+photo processor's special token ids. Steps go through Megatron's schedule and the distributed optimizer
+(:func:`benchmarks.bench._train_step`); a few steps after the measured ones are profiled
+(:func:`benchmarks.bench._profile`) for GPU busy and kernel time. Variants are built and freed one at a time.
+
+Run (from the repository root)::
+
+    python -m benchmarks.useful_tokens --out results/useful_tokens --model small --seq 4096 --mbs 2
+    python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
+
+Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.useful_tokens_report`),
+``useful_tokens.md`` and ``useful_tokens.png``, and prints a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import bench
+from benchmarks import useful_tokens_report as report
+from benchmarks.bench_trace import gpu_busy_summary
+from benchmarks.configs import BenchConfig
+from benchmarks.progress import say
+from benchmarks.schema import OK, json_safe
+from benchmarks.useful_tokens_report import CONTROL, FORM, PACKED, PADDED, PAIRED, REFERENCE, VARIANTS, MicroBatch
+
+logger = logging.getLogger("benchmarks.useful_tokens")
+
+#: Defaults sized so that the 2B run at sequence 4096, micro-batch 2 fits one 10-minute device call (~7 min).
+DEFAULT_STEPS = 15
+DEFAULT_WARMUP = 3
+DEFAULT_MICROBATCHES = 8
+DEFAULT_PROFILE_STEPS = 2
+#: Training samples in the photo set's train split (:class:`bridge_cudagraph.examples.photos.PhotoSetSpec`).
+PHOTO_TRAIN_SAMPLES = 256
+JSON_NAME = "useful_tokens.json"
+
+
+# ============================================================================================ command line
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (checked by :func:`check_args`)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
+    parser.add_argument("--model", choices=("tiny", "small"), default="small", help="tiny: smoke test; small: 2B")
+    parser.add_argument("--seq", type=int, default=4096, help="the model's and the dataset's seq_length")
+    parser.add_argument("--mbs", type=int, default=2, help="micro-batch size (Bridge packs only from 2)")
+    parser.add_argument("--num-mb", type=int, default=2, help="micro-batches per optimizer step")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="measured steps per variant")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="eager steps before capture")
+    parser.add_argument(
+        "--microbatches", type=int, default=DEFAULT_MICROBATCHES, help="distinct micro-batches (cycled)"
+    )
+    parser.add_argument("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
+    parser.add_argument("--no-paired", action="store_true", help="skip the eager_packed/ours_packed paired phase")
+    parser.add_argument("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
+    return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line (one sentence naming the setting and the fix), or None."""
+    if args.mbs < 2:
+        return f"--mbs {args.mbs}: Bridge's in-batch packing needs a micro-batch of at least 2; use --mbs 2 or more"
+    if args.seq < 1024 or args.seq % 128:
+        return f"--seq {args.seq}: use a multiple of 128 of at least 1024 (the photo samples run to ~1.2k tokens)"
+    for name in ("num_mb", "steps", "microbatches"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1"
+    for name in ("warmup", "profile_steps"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} {getattr(args, name)}: must be 0 or more"
+    if args.microbatches * args.mbs > PHOTO_TRAIN_SAMPLES:
+        return (
+            f"--microbatches {args.microbatches} x --mbs {args.mbs} = {args.microbatches * args.mbs} samples, more "
+            f"than the photo set's {PHOTO_TRAIN_SAMPLES} training samples; lower --microbatches"
+        )
+    return None
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as a user types it (``meta["command"]``)."""
+    return " ".join(["python -m benchmarks.useful_tokens", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+
+
+# ============================================================================================ data
+def photo_microbatches(
+    count: int, micro_batch_size: int, seq_length: int, *, cache=None, spec=None
+) -> tuple[Any, list[dict]]:
+    """``(processor folder, collated micro-batches)``: the first ``count x micro_batch_size`` training samples of
+    the photo set, built by Bridge's dataset provider and collated ``micro_batch_size`` at a time by its
+    ``collate_fn`` (as :func:`bridge_cudagraph.examples.photo_stats.collated_stats`), on the CPU. ``cache`` and
+    ``spec``: :func:`~bridge_cudagraph.examples.photo_recipe.build_photo_data`'s (default: the full set)."""
+    from megatron.bridge.data.utils import get_dataset_provider
+
+    from bridge_cudagraph.examples.photo_recipe import build_photo_data, photo_dataset_config
+
+    photos, processor = build_photo_data(cache, spec)
+    config = photo_dataset_config(photos, processor, seq_length)
+    config.finalize()
+    train, _, _ = get_dataset_provider(config)([count * micro_batch_size, 0, 0], config, tokenizer=None)
+    batches = [
+        train.collate_fn([train[i * micro_batch_size + j] for j in range(micro_batch_size)]) for i in range(count)
+    ]
+    return processor, batches
+
+
+def token_ids(processor) -> dict[str, int]:
+    """The processor's special ids, as provider fields (the 2B provider's defaults are Qwen3-VL's real ids)."""
+    return {
+        "image_token_id": processor.image_token_id,
+        "video_token_id": processor.video_token_id,
+        "vision_start_token_id": processor.vision_start_token_id,
+        "vision_end_token_id": processor.vision_end_token_id,
+    }
+
+
+def microbatch_stats(collated: dict, packed: dict, padded: dict) -> MicroBatch:
+    """The numbers of one collated micro-batch and its two forms; the forms must keep every loss token."""
+    rows, width = collated["input_ids"].shape
+    loss = round(float(collated["loss_mask"].sum()))
+    for form, batch in ((PACKED, packed), (PADDED, padded)):
+        got = round(float(batch["loss_mask"].sum()))
+        if got != loss:
+            raise RuntimeError(f"the {form} form holds {got} loss tokens, the collated batch {loss}")
+    visual = collated.get("visual_inputs")
+    grid = (visual.normalized_for_model() if visual is not None else {}).get("image_grid_thw")
+    return MicroBatch(
+        rows=int(rows),
+        width=int(width),
+        real_tokens=int(collated["attention_mask"].sum()),
+        loss_tokens=loss,
+        packed_tokens=int(packed["input_ids"].numel()),
+        padded_tokens=int(padded["input_ids"].numel()),
+        patches=0 if grid is None else int(grid.prod(-1).sum()),
+        images=0 if grid is None else int(grid.size(0)),
+    )
+
+
+def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device="cuda") -> dict[str, list[dict]]:
+    """Both forms of every collated micro-batch, made by Bridge's step functions
+    (:func:`~bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs`): packed, and padded to ``seq_length``."""
+    from bridge_cudagraph.testing.step_batch import qwen3_vl_step_inputs
+
+    return {
+        PACKED: [
+            qwen3_vl_step_inputs(c, pg_collection, packed=True, seq_length=seq_length, device=device) for c in collated
+        ],
+        PADDED: [
+            qwen3_vl_step_inputs(
+                c, pg_collection, packed=False, pad_to_seq_length=True, seq_length=seq_length, device=device
+            )
+            for c in collated
+        ],
+    }
+
+
+def image_sets(collated: Sequence[dict]) -> tuple:
+    """The micro-batches' image grids in :class:`benchmarks.configs.BenchConfig`'s ``image_sets`` form (per
+    micro-batch, per image a one-image entry), so that its vision budgets come from the data as in bench.py."""
+    out = []
+    for batch in collated:
+        visual = batch.get("visual_inputs")
+        grid = (visual.normalized_for_model() if visual is not None else {}).get("image_grid_thw")
+        out.append(tuple(((int(t), int(h), int(w)),) for t, h, w in ([] if grid is None else grid.tolist())))
+    return tuple(out)
+
+
+# ============================================================================================ variants
+@dataclass
+class _Run:
+    """What every variant of one run shares: the world, both forms' step data, the initial weights, the
+    references each variant's parity is taken against, and the finished records."""
+
+    args: argparse.Namespace
+    world: Any
+    cfg: BenchConfig
+    layout: Any
+    ids: dict[str, int]
+    micro: list[MicroBatch]
+    shared: dict[str, Any]
+    """Per form, a :class:`benchmarks.bench._Shared` (its batches, fixed batch and step plan)."""
+    initial_state: list[dict] | None = None
+    references: dict[str, dict] = field(default_factory=dict)
+    results: dict[str, dict] = field(default_factory=dict)
+    profiler_sees_graph_kernels: bool | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    """``useful_tokens.json``'s ``data``: the micro-batches' numbers and the static shapes."""
+
+
+def packed_graph_config(cfg: BenchConfig):
+    """ours_packed's block: vision graphs as bench.py's ours (budgets from the data); language off in the block,
+    since the packed language helper is constructed here directly (:func:`_helpers`)."""
+    from bridge_cudagraph.config import LanguageGraphConfig
+
+    return dataclasses.replace(bench.ours_graph_config(cfg), language=LanguageGraphConfig(enabled=False))
+
+
+def variant_provider(run: _Run, variant: str):
+    """The provider of ``variant`` (not finalized), with the photo processor's token ids."""
+    if variant in ("eager_packed", "eager_padded", CONTROL):
+        return bench.variant_provider(run.cfg, "eager", **run.ids)
+    if variant == "upstream_padded":
+        return bench.variant_provider(run.cfg, "upstream", **run.ids)
+    if variant == "ours_padded":
+        return bench.variant_provider(run.cfg, "ours", **run.ids)
+    if variant == "ours_packed":
+        return bench.make_provider(run.cfg, packed_graph_config(run.cfg), **run.ids)
+    raise ValueError(f"unknown variant {variant!r}; known: {[*VARIANTS, CONTROL]}")
+
+
+def _build(run: _Run, variant: str, objs: dict) -> None:
+    """Build the model (as bench.py's ``_build_variant``), load the initial weights, make the optimizer."""
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import megatron_optimizer
+
+    upstream = variant == "upstream_padded"
+    provider = objs["provider"] = variant_provider(run, variant)
+    if upstream:
+        model = tiny.build(provider, run.world.language)
+    else:
+        model = tiny.build(provider, run.world.language, vision_pg_collection=run.world.vision)
+    objs["model"] = model
+    if run.initial_state is None:
+        run.initial_state = bench._snapshot(model)
+    else:
+        bench._load(model, run.initial_state, aliases_allowed=upstream)
+    objs["optimizer"] = megatron_optimizer(model, run.world.language)
+
+
+def _helpers(run: _Run, variant: str, objs: dict) -> list:
+    """The variant's graph helpers, language first: upstream's and ours as bench.py builds them; for ours_packed
+    the packed language helper on the run's layout, then the provider's vision helper."""
+    shared = run.shared[FORM[variant]]
+    if variant == "upstream_padded":
+        return bench._make_helpers(shared, "upstream", objs)
+    if variant not in ("ours_padded", "ours_packed"):
+        return []
+    helpers = bench._make_helpers(shared, "ours", objs)
+    if variant == "ours_packed":
+        from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+
+        helpers.insert(0, PackedLanguageGraphHelper(objs["model"], layout=run.layout, on_capture_error="raise"))
+    return helpers
+
+
+def _release(objs: dict) -> dict:
+    """Give the decoders their class back (packed replay), then bench.py's teardown; returns its survivors."""
+    for helper in objs.get("helpers") or []:
+        uninstall = getattr(helper, "uninstall", None)
+        if uninstall is not None:
+            try:
+                uninstall()
+            except Exception as error:
+                logger.warning("useful_tokens: uninstalling %s failed: %s", type(helper).__name__, error)
+    return bench._teardown(objs)
+
+
+def _counters(helpers: list) -> dict[str, dict]:
+    return {
+        h.submodule: {
+            "replays": h.stats.replays,
+            "eager_fallbacks": h.stats.eager_fallbacks,
+            "graphs": h.stats.graphs,
+            "failed": h.stats.failed,
+        }
+        for h in helpers
+        if hasattr(h, "stats")
+    }
+
+
+def _run_variant(run: _Run, variant: str) -> dict:
+    """Build, warm up, capture, time, profile and check one variant; always frees it."""
+    from bridge_cudagraph.testing.world import seed_rng
+
+    rec: dict[str, Any] = {"status": "running", "form": FORM[variant], "graphed": variant in report.GRAPHED}
+    objs: dict[str, Any] = {}
+    started = time.perf_counter()
+    bench._free()
+    torch.cuda.reset_peak_memory_stats()
+    rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
+    seed_rng(run.world.language, bench.SEED)
+    try:
+        _run_variant_body(run, variant, rec, objs)
+        rec["status"] = OK
+    except Exception as error:  # recorded; the other variants still run
+        bench._record_failure(rec, error, variant)
+    finally:
+        survivors = _release(objs)
+    bench._check_freed(rec, survivors)
+    rec["seconds"] = time.perf_counter() - started
+    return rec
+
+
+def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
+    form = FORM[variant]
+    shared = run.shared[form]
+    t0 = time.perf_counter()
+    _build(run, variant, objs)
+    rec["build_s"] = time.perf_counter() - t0
+    model, optimizer = objs["model"], objs["optimizer"]
+    helpers = objs["helpers"] = _helpers(run, variant, objs)
+    losses: list[float] = []
+    grad_norms: list[float] = []
+    run_step = bench._step_runner(shared, objs, losses=losses, grad_norms=grad_norms)
+    rec["warmup_step_ms"] = [run_step(i) for i in range(shared.warmup_steps)]
+    if helpers:
+        rec.update(bench._capture("upstream" if variant == "upstream_padded" else "ours", helpers))
+        rec["graph_memory_gib"] = rec["graph_memory_bytes"] / report.GIB
+        say(f"{variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_gib']:.2f} GiB")
+    first = shared.warmup_steps
+    measured = list(range(first, first + shared.measured_steps))
+    times = [run_step(i) for i in measured]
+    rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    rec["step_ms"] = times
+    rec.update(
+        report.variant_metrics(
+            variant,
+            run.micro,
+            shared.plan,
+            measured,
+            times,
+            budgets=run.layout.budgets,
+            max_sequences=run.layout.max_sequences,
+        )
+    )
+    say(
+        f"{variant}: step {rec['step_ms_median']:.1f} ms, {rec['useful_tokens_per_s'] or float('nan'):,.0f} useful "
+        f"tok/s, fill {rec['fill_fraction']:.2f}"
+    )
+
+    # GPU busy and kernel time from a few profiled steps (the control runs them unprofiled).
+    by_key: dict[Any, list[float]] = {}
+    for i, ms in zip(measured, times, strict=True):
+        by_key.setdefault(tuple(shared.plan[i]), []).append(ms)
+    step_ms_by_key = {k: statistics.median(v) for k, v in by_key.items()}
+    p_first = first + shared.measured_steps
+    profiled = range(p_first, p_first + shared.profile_steps)
+    profile = None
+    if shared.profile_steps and variant == CONTROL:
+        for i in profiled:
+            run_step(i)
+    elif shared.profile_steps:
+        try:
+            profile, rec["host_time"] = bench._profile(shared, run_step, p_first, model=model, optimizer=optimizer)
+        except Exception as error:  # a measurement aid, never a reason to lose the timings
+            rec["profile_error"] = f"{type(error).__name__}: {error}"[:500]
+            say(f"{variant}: profiling failed: {rec['profile_error']}")
+            for i in range(p_first + max(0, len(losses) - p_first), p_first + shared.profile_steps):
+                run_step(i)
+    reference = REFERENCE[form]
+    if variant == reference:
+        run.references.setdefault(form, {})["profile"] = profile
+    rec.update(
+        gpu_busy_summary(
+            profile,
+            step_ms_by_key,
+            [tuple(shared.plan[i]) for i in profiled],
+            eager_profile=(run.references.get(form) or {}).get("profile"),
+            graphed=variant in report.GRAPHED,
+            profiler_sees_graph_kernels=run.profiler_sees_graph_kernels,
+            fallback_step_ms=rec["step_ms_median"],
+        )
+    )
+    if profile is not None:
+        rec["profile"] = profile
+    rec["losses"] = losses
+    rec["grad_norms"] = grad_norms
+    if variant in ("ours_padded", "ours_packed"):
+        rec["counters"] = _counters(helpers)
+        rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
+
+    # Parity: the fixed micro-batch with the initial weights copied back in (in place: the graphs stay valid).
+    bench._load(model, run.initial_state, aliases_allowed=variant == "upstream_padded")
+    before = {sub: c["replays"] for sub, c in _counters(helpers).items()}
+    fixed_loss, grad_norm = bench._fixed_batch_check(model, shared.fixed_batch)
+    after = _counters(helpers)
+    mask = shared.fixed_batch["loss_mask"].detach().float().cpu()
+    rec["parity"] = parity(
+        variant, fixed_loss, mask, grad_norm, losses, run.references.get(form), run.references.get(PACKED)
+    )
+    if before:
+        rec["parity"]["fixed_batch_replays"] = {sub: after[sub]["replays"] - n for sub, n in before.items()}
+    if variant == reference:
+        run.references[form].update(fixed_loss=fixed_loss, mask=mask, grad_norm=grad_norm, losses=list(losses))
+    bench.require_finite(losses, grad_norms)
+
+
+def parity(
+    variant: str,
+    fixed_loss: torch.Tensor,
+    mask: torch.Tensor,
+    grad_norm: float,
+    losses: Sequence[float],
+    reference: dict | None,
+    packed_reference: dict | None,
+) -> dict[str, Any]:
+    """One variant's parity record: the fixed micro-batch's per-token loss against the reference of its form
+    (all tokens and the loss tokens only; NaN-safe :func:`~bridge_cudagraph.testing.parity.diff_losses`), its
+    step losses against the reference's (:func:`~bridge_cudagraph.testing.parity.compare_series`), whether every
+    step's loss is finite, and for a padded variant its loss tokens against eager_packed's packed form."""
+    from bridge_cudagraph.testing.parity import compare_series, diff_losses
+
+    form = FORM[variant]
+    out: dict[str, Any] = {
+        "reference": REFERENCE[form],
+        "fixed_batch_loss_mean": float(fixed_loss.mean()),
+        "fixed_batch_grad_norm": grad_norm,
+        "nonfinite_steps": bench.non_finite_steps(losses),
+    }
+    out["losses_finite"] = not out["nonfinite_steps"]
+    if variant == REFERENCE[form]:
+        return out
+    if reference is None or reference.get("fixed_loss") is None:
+        return out
+    if mask.numel() != fixed_loss.numel():
+        raise RuntimeError(
+            f"loss mask {tuple(mask.shape)} does not cover the per-token loss {tuple(fixed_loss.shape)}"
+        )
+    keep = mask.reshape(fixed_loss.shape) > 0
+    out["fixed_batch"] = {
+        **diff_losses(fixed_loss, reference["fixed_loss"]).as_dict(),
+        "masked": diff_losses(fixed_loss[keep], reference["fixed_loss"][keep]).as_dict(),
+        "grad_norm_rel_diff": abs(grad_norm - reference["grad_norm"]) / max(abs(reference["grad_norm"]), 1e-12),
+    }
+    out["steps"] = compare_series(losses, reference["losses"]).as_dict()
+    if form == PADDED and packed_reference is not None and packed_reference.get("fixed_loss") is not None:
+        out["vs_eager_packed_loss_tokens"] = cross_form_diff(fixed_loss, packed_reference).as_dict()
+    return out
+
+
+def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
+    """The padded form's per-token loss ``[rows, seq]`` against the packed form's ``[1, rows x width]`` on the
+    loss tokens of the same samples (row ``r``, column ``c`` is packed position ``r x width + c``)."""
+    from bridge_cudagraph.testing.parity import diff_losses
+
+    rows = padded_loss.size(0)
+    packed = packed_reference["fixed_loss"].reshape(rows, -1)
+    keep = packed_reference["mask"].reshape(rows, -1) > 0
+    width = packed.size(1)
+    return diff_losses(padded_loss[:, :width][keep], packed[keep])
+
+
+# ============================================================================================ paired phase
+def _run_paired(run: _Run) -> dict:
+    """eager_packed and ours_packed built side by side, each warmed up (ours captured), then their measured steps
+    interleaved, the first of each pair alternating (as bench.py's paired phase). ``ratios``: eager_packed's step
+    ms over ours_packed's per pair, which is ours_packed's useful-tokens/s ratio (same samples per pair)."""
+    from bridge_cudagraph.testing.world import seed_rng
+
+    shared = run.shared[PACKED]
+    rec: dict[str, Any] = {"status": "running", "variants": list(PAIRED)}
+    objs: dict[str, dict] = {name: {} for name in PAIRED}
+    started = time.perf_counter()
+    bench._free()
+    rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    runners: dict[str, Callable[[int], float]] = {}
+    try:
+        for name in PAIRED:
+            seed_rng(run.world.language, bench.SEED)
+            _build(run, name, objs[name])
+            objs[name]["helpers"] = _helpers(run, name, objs[name])
+            runners[name] = bench._step_runner(shared, objs[name])
+            for i in range(shared.warmup_steps):
+                runners[name](i)
+            if objs[name]["helpers"]:
+                rec.setdefault("capture_s", {})[name] = bench._capture("ours", objs[name]["helpers"])["capture_s"]
+        times: dict[str, list[float]] = {name: [] for name in PAIRED}
+        first = shared.warmup_steps
+        steps = list(range(first, first + shared.measured_steps))
+        for k, i in enumerate(steps):
+            for name in PAIRED if k % 2 == 0 else PAIRED[::-1]:
+                times[name].append(runners[name](i))
+        rec["step_ms"] = times
+        rec["step_ms_median"] = {name: statistics.median(t) for name, t in times.items()}
+        useful = report.per_step(shared.plan, steps, [m.loss_tokens for m in run.micro])
+        rec["useful_tokens_per_s"] = {name: report.tokens_per_second(useful, t) for name, t in times.items()}
+        rec["ratios"] = [a / b for a, b in zip(*(times[name] for name in PAIRED), strict=True)]
+        rec["verdict"] = report.paired_verdict(rec["ratios"])
+        rec["counters"] = _counters(objs["ours_packed"]["helpers"])
+        rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+        rec["status"] = OK
+    except Exception as error:  # recorded; the variants' own results stand
+        bench._record_failure(rec, error, "paired")
+    finally:
+        runners.clear()  # their closures hold the models
+        survivors = {name: _release(objs[name]) for name in PAIRED}
+        for name in sorted(PAIRED, key=lambda n: not survivors[n]):
+            part: dict[str, Any] = {"allocated_at_start_bytes": rec["allocated_at_start_bytes"]}
+            bench._check_freed(part, survivors[name])
+            if "leak" in part:
+                rec.setdefault("leak", {})[name] = part["leak"]
+        rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
+    rec["seconds"] = time.perf_counter() - started
+    return rec
+
+
+# ============================================================================================ run
+def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
+    from bridge_cudagraph.compat import installed_version
+
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformer_engine": installed_version("transformer-engine"),
+        "megatron_core": installed_version("megatron-core"),
+        "megatron_bridge": installed_version("megatron-bridge"),
+        "python": platform.python_version(),
+        "config": {
+            "model": args.model,
+            "description": "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights"
+            if args.model == "small"
+            else "tiny Qwen3-VL (4 + 4 layers)",
+            "seq_length": args.seq,
+            "micro_batch_size": args.mbs,
+            "num_microbatches": args.num_mb,
+            "measured_steps": args.steps,
+            "warmup_steps": args.warmup,
+            "profile_steps": args.profile_steps,
+            "microbatches": args.microbatches,
+            "paired": not args.no_paired,
+            "control": not args.no_control,
+            "name": cfg.name,
+        },
+    }
+
+
+def prepare(args: argparse.Namespace, world) -> _Run:
+    """The photo micro-batches in both forms on the GPU, their numbers, the layouts and the step plan."""
+    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
+
+    t0 = time.perf_counter()
+    processor, collated = photo_microbatches(args.microbatches, args.mbs, args.seq)
+    say(f"data: {len(collated)} micro-batches collated by Bridge in {time.perf_counter() - t0:.1f} s")
+    forms = step_forms(collated, world.language, args.seq)
+    micro = [microbatch_stats(c, p, q) for c, p, q in zip(collated, forms[PACKED], forms[PADDED], strict=True)]
+    cfg = BenchConfig(
+        name=f"photo-{args.model}-mbs{args.mbs}-seq{args.seq}",
+        model=args.model,
+        seq_length=args.seq,
+        micro_batch_size=args.mbs,
+        image_sets=image_sets(collated),
+        num_microbatches=args.num_mb,
+        budget_round=1024 if args.model == "small" else 256,
+    )
+    layout = PackedLayout(
+        tuple(derive_language_budgets(args.mbs * args.seq, multiple=args.mbs * 16)),
+        max_sequences=args.mbs,
+        max_seqlen=args.seq,
+    )
+    fixed = max(range(len(micro)), key=lambda i: micro[i].packed_tokens)
+    total = args.warmup + args.steps + args.profile_steps
+    plan = bench.step_plan(cfg, total)
+    shared = {
+        form: bench._Shared(
+            cfg=cfg,
+            world=world,
+            batches=batches,
+            fixed_batch=batches[fixed],
+            plan=plan,
+            warmup_steps=args.warmup,
+            measured_steps=args.steps,
+            profile_steps=args.profile_steps,
+            profiler_sees_graph_kernels=None,
+        )
+        for form, batches in forms.items()
+    }
+    run = _Run(args=args, world=world, cfg=cfg, layout=layout, ids=token_ids(processor), micro=micro, shared=shared)
+    run.data = {
+        "source": "the photo SFT set (bridge_cudagraph/examples/photo_recipe.py) through Bridge's "
+        "DirectHFSFTDatasetConfig provider and collate_fn; forms by Bridge's qwen3_vl_step functions",
+        "microbatches": [m.as_dict() for m in micro],
+        "language_budgets": list(layout.budgets),
+        "max_sequences": layout.max_sequences,
+        "max_seqlen": layout.max_seqlen,
+        "vision_budgets": cfg.vision_budgets(),
+        "vision_max_segments": cfg.vision_max_segments(),
+        "upstream_vision_seq_length": cfg.upstream_vision_seq_length(),
+        "fixed_microbatch": fixed,
+        "plan": plan,
+        "token_ids": run.ids,
+    }
+    return run
+
+
+def run_all(args: argparse.Namespace, *, world=None, command: str | None = None) -> dict:
+    """Every variant, the paired phase and the control; writes the JSON after each, then the .md and .png."""
+    from bridge_cudagraph.layout import VisionLayout
+    from bridge_cudagraph.testing.world import init_world
+
+    world = world or init_world(vision=VisionLayout(), seed=bench.SEED)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = prepare(args, world)
+    data: dict[str, Any] = {"meta": _meta(args, run.cfg, command or command_line()), "data": run.data}
+    data["variants"] = run.results
+    json_path = out / JSON_NAME
+
+    def write() -> None:
+        tmp = json_path.with_name(json_path.name + ".tmp")
+        tmp.write_text(json.dumps(json_safe(report.finish(data)), indent=2))
+        os.replace(tmp, json_path)
+
+    if args.profile_steps:
+        try:
+            probe = bench.probe_profiler_sees_graph_kernels()
+        except Exception as error:
+            probe = {"error": f"{type(error).__name__}: {error}"[:500], "sees_graph_kernels": None}
+        data["meta"]["profiler_probe"] = probe
+        run.profiler_sees_graph_kernels = probe.get("sees_graph_kernels")
+    write()
+    bench._import_providers([run.cfg], ["eager", "upstream", "ours"])  # see bench.py: a lazy import's pinned frames
+    for name in VARIANTS:
+        say(f"{name}: start")
+        run.results[name] = _run_variant(run, name)
+        write()
+    if not args.no_paired:
+        why_not = bench.paired_memory_check(run.results, bench._gpu_memory_bytes(), names=PAIRED)
+        if why_not:
+            data["paired"] = {"status": "skipped", "reason": why_not}
+            say(f"paired phase skipped: {why_not}")
+        else:
+            say("paired phase: start")
+            data["paired"] = _run_paired(run)
+        write()
+    if not args.no_control:
+        say(f"{CONTROL}: start")
+        run.results[CONTROL] = _run_variant(run, CONTROL)
+        write()
+    try:
+        report.render(json_path)
+    except Exception as error:  # the JSON is the result; render it again on any machine
+        say(f"render failed ({type(error).__name__}: {error}); run python -m benchmarks.useful_tokens_report")
+    print("\n" + report.text_table(data), flush=True)
+    return json_safe(data)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; exit 2 with one ``error:`` line on bad input (before anything runs), 1 when eager_packed or
+    ours_packed failed."""
+    args = parse_args(argv)
+    problem = check_args(args)
+    if problem is None and not torch.cuda.is_available():
+        problem = "no CUDA GPU: the useful-tokens benchmark trains on one (render a result with useful_tokens_report)"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    from bridge_cudagraph.layout import VisionLayout
+    from bridge_cudagraph.testing.world import close_world, init_world
+
+    world = init_world(vision=VisionLayout(), seed=bench.SEED)
+    try:
+        data = run_all(args, world=world, command=command_line(argv))
+    finally:
+        close_world(world)
+    failed = [n for n in (report.BASELINE, "ours_packed") if (data["variants"].get(n) or {}).get("status") != OK]
+    if failed:
+        say(f"failed: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("BRIDGE_CUDAGRAPH_LOG", "WARNING"))
+    raise SystemExit(main())

@@ -1,0 +1,606 @@
+"""What ``useful_tokens.json`` holds, the arithmetic of its numbers, and how it reads (``.md``, ``.png``, stdout).
+
+No torch, no GPU: :mod:`benchmarks.useful_tokens` measures and calls these; the tests call them on hand-made
+records. Rendering again on any machine: ``python -m benchmarks.useful_tokens_report DIR/useful_tokens.json``.
+
+Why useful tokens: a graphed step that replays static shapes computes padding. Per second of step wall time,
+what a fine-tune gains is the tokens that carry loss (the assistant's answer: ``loss_mask`` summed over the step's
+micro-batches); those are the same for every variant, since every variant trains the same samples. A faster step
+that computes 9x more padding can deliver fewer of them.
+
+Layout of ``useful_tokens.json``::
+
+    {"meta": {"command", "date", "gpu", "torch", "cuda", "transformer_engine", "megatron_core",
+              "megatron_bridge", "python", "config": {model, seq_length, micro_batch_size, num_microbatches,
+              measured_steps, warmup_steps, profile_steps, microbatches, ...}, "profiler_probe"},
+     "data": {"source", "microbatches": [MicroBatch.as_dict()], "language_budgets", "max_sequences",
+              "max_seqlen", "vision_budgets", "vision_max_segments", "upstream_vision_seq_length",
+              "fixed_microbatch", "plan"},
+     "variants": {name: record},          # VARIANTS then CONTROL, each with "status" ok | failed (+ "error")
+     "paired": {"status": ok | skipped | failed, "variants": PAIRED, "step_ms": {name: [...]},
+                "ratios": [eager_packed ms / ours_packed ms per pair], "verdict": paired_verdict(ratios), ...},
+     "summary": summarize(data)}
+
+A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per_s``, ``speedup_vs_eager_packed``
+(its useful tokens/s over eager_packed's), ``step_ms`` (every measured step), ``step_ms_median``,
+``step_ms_q1``/``_q3``/``_iqr``, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
+``gpu_busy`` (+ ``gpu_busy_source``), ``kernel_ms_per_step``, ``capture_s``, ``graph_memory_bytes``,
+``graph_memory_gib``, ``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks),
+``parity`` (see :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``, ``seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_report import _table, fmt_diff, fmt_ms, fmt_ratio, host_time_section, paired_verdict
+
+#: The compared variants, in run order. The first and last names are fixed by issue #17.
+VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "ours_packed")
+#: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
+CONTROL = "eager_packed_repeat"
+#: The reference every speed-up is against: Bridge's default (graphs off, in-batch packing).
+BASELINE = "eager_packed"
+#: The close pair measured side by side, steps interleaved (ratios: first's step time over the second's).
+PAIRED = ("eager_packed", "ours_packed")
+PACKED, PADDED = "packed", "padded"
+#: The micro-batch form each variant trains on.
+FORM = {
+    "eager_packed": PACKED,
+    "eager_padded": PADDED,
+    "upstream_padded": PADDED,
+    "ours_padded": PADDED,
+    "ours_packed": PACKED,
+    CONTROL: PACKED,
+}
+#: The graphs-off variant of the same form, the parity reference.
+REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
+GRAPHED = ("upstream_padded", "ours_padded", "ours_packed")
+LABELS = {
+    "eager_packed": "Bridge's default: graphs off, in-batch packing",
+    "eager_padded": "graphs off, every row padded to seq_length",
+    "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
+    "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
+    "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
+    CONTROL: "eager_packed again (run-to-run noise floor)",
+}
+#: Issue #17's target for ours_packed over eager_packed on the 2B shape (useful tokens/s).
+TARGET_SPEEDUP = 1.3
+GIB = 2**30
+
+
+# ============================================================================================ arithmetic
+@dataclass(frozen=True)
+class MicroBatch:
+    """One collated micro-batch as the variants see it: the numbers, not the tensors.
+
+    Attributes:
+        rows: Samples (the micro-batch size).
+        width: Collated width (the collate pads to a multiple of 128).
+        real_tokens: Tokens of the samples themselves (the processor's attention mask).
+        loss_tokens: Tokens that carry loss (``loss_mask`` sum): the useful tokens.
+        packed_tokens: ``T`` of the packed form: rows x the step's padded width (one THD segment per row).
+        padded_tokens: Token slots of the padded form: rows x seq_length.
+        patches: Vision patches (``image_grid_thw`` products summed).
+        images: Images (frames) in the micro-batch.
+    """
+
+    rows: int
+    width: int
+    real_tokens: int
+    loss_tokens: int
+    packed_tokens: int
+    padded_tokens: int
+    patches: int
+    images: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def budget_for(tokens: int, rows: int, budgets: Sequence[int], max_sequences: int) -> int | None:
+    """The packed-graph budget a micro-batch of ``tokens`` in ``rows`` segments replays in, or None (eager
+    fallback); the same rule as :meth:`bridge_cudagraph.budgets.PackedLayout.budget_for`."""
+    from bridge_cudagraph.budgets import PackedLayout
+
+    return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, rows)
+
+
+def token_slots(variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0) -> int:
+    """Token slots the language model computes for ``mb`` in ``variant``: padded forms every row at seq_length;
+    eager packed the packed width ``T``; ours_packed the budget ``T`` replays in (``T`` itself where it falls
+    back to eager)."""
+    if FORM[variant] == PADDED:
+        return mb.padded_tokens
+    if variant == "ours_packed":
+        return budget_for(mb.packed_tokens, mb.rows, budgets, max_sequences) or mb.packed_tokens
+    return mb.packed_tokens
+
+
+def per_step(plan: Sequence[Sequence[int]], steps: Sequence[int], values: Sequence[float]) -> list[float]:
+    """For each step index of ``steps``, the sum of ``values`` over its micro-batches (``plan[step]``)."""
+    return [sum(values[k] for k in plan[i]) for i in steps]
+
+
+def fill_fraction(real_tokens: float, token_slots: float) -> float | None:
+    """Real tokens over the token slots computed for them (None without slots)."""
+    return real_tokens / token_slots if token_slots > 0 else None
+
+
+def tokens_per_second(tokens_per_step: Sequence[float], step_ms: Sequence[float]) -> float | None:
+    """Throughput: all the steps' tokens over all their wall time (None when nothing was timed or a step is not
+    a finite positive time)."""
+    if not step_ms or len(tokens_per_step) != len(step_ms):
+        return None
+    if any(not math.isfinite(t) or t <= 0 for t in step_ms):
+        return None
+    return sum(tokens_per_step) / (sum(step_ms) / 1e3)
+
+
+def step_time_stats(step_ms: Sequence[float]) -> dict[str, float | None]:
+    """Median, first and third quartile and inter-quartile range of the measured step times (ms)."""
+    ms = sorted(float(x) for x in step_ms)
+    if not ms:
+        return {"step_ms_median": None, "step_ms_q1": None, "step_ms_q3": None, "step_ms_iqr": None}
+    q1, _, q3 = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else (ms[0], ms[0], ms[0])
+    return {"step_ms_median": statistics.median(ms), "step_ms_q1": q1, "step_ms_q3": q3, "step_ms_iqr": q3 - q1}
+
+
+def variant_metrics(
+    variant: str,
+    micro: Sequence[MicroBatch],
+    plan: Sequence[Sequence[int]],
+    steps: Sequence[int],
+    step_ms: Sequence[float],
+    *,
+    budgets: Sequence[int] = (),
+    max_sequences: int = 0,
+) -> dict[str, Any]:
+    """The useful-token numbers of one variant's measured steps (``steps``: their plan indices, ``step_ms``:
+    their wall times)."""
+    useful = per_step(plan, steps, [m.loss_tokens for m in micro])
+    real = per_step(plan, steps, [m.real_tokens for m in micro])
+    slots = per_step(plan, steps, [token_slots(variant, m, budgets, max_sequences) for m in micro])
+    return {
+        "useful_tokens_per_step": useful,
+        "useful_tokens_per_s": tokens_per_second(useful, step_ms),
+        "real_tokens": sum(real),
+        "token_slots": sum(slots),
+        "fill_fraction": fill_fraction(sum(real), sum(slots)),
+        **step_time_stats(step_ms),
+    }
+
+
+def _num(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def speedup(variant: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None) -> float | None:
+    """``variant``'s useful tokens/s over ``baseline``'s (None unless both finished and measured)."""
+    if not variant or not baseline or variant.get("status") != "ok" or baseline.get("status") != "ok":
+        return None
+    a, b = _num(variant.get("useful_tokens_per_s")), _num(baseline.get("useful_tokens_per_s"))
+    return a / b if a is not None and b else None
+
+
+def summarize(data: Mapping[str, Any], *, target: float = TARGET_SPEEDUP) -> dict[str, Any]:
+    """ours_packed against eager_packed: from the separate runs, from the paired phase (median per-pair ratio
+    and its 95% interval), and whether the issue's target is met (on the paired interval's lower end where the
+    phase ran, else on the separate runs; None when neither measured it). Also the noise floor: how far
+    eager_packed_repeat's useful tokens/s lies from eager_packed's."""
+    variants = data.get("variants") or {}
+    base = variants.get(BASELINE)
+    out: dict[str, Any] = {"target": target, "separate": speedup(variants.get("ours_packed"), base)}
+    paired = data.get("paired") or {}
+    judged = paired_verdict(paired["ratios"]) if paired.get("status") == "ok" and paired.get("ratios") else None
+    out["paired"] = judged
+    if judged and judged.get("ci"):
+        out["met"] = judged["ci"][0] >= target
+        out["met_on"] = "paired 95% interval's lower end"
+    elif out["separate"] is not None:
+        out["met"] = out["separate"] >= target
+        out["met_on"] = "separate runs"
+    else:
+        out["met"], out["met_on"] = None, None
+    control = speedup(variants.get(CONTROL), base)
+    out["noise_floor"] = None if control is None else abs(control - 1.0)
+    return out
+
+
+def finish(data: dict) -> dict:
+    """Speed-ups vs eager_packed into every finished record, and the summary; returns ``data``."""
+    variants = data.get("variants") or {}
+    base = variants.get(BASELINE)
+    for rec in variants.values():
+        if rec.get("status") == "ok":
+            rec["speedup_vs_eager_packed"] = speedup(rec, base)
+    data["summary"] = summarize(data)
+    return data
+
+
+# ============================================================================================ reading
+COLUMNS = (
+    "variant",
+    "useful tok/s",
+    "x vs eager_packed",
+    "step ms (median, IQR)",
+    "fill",
+    "GPU busy",
+    "kernel ms/step",
+    "graph GiB",
+    "capture s",
+    "replays / eager fallbacks",
+    "parity: fixed micro-batch (max abs per-token loss diff vs reference)",
+)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    x = _num(value)
+    return "n/a" if x is None else format(x, spec)
+
+
+def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
+    parity = rec.get("parity") or {}
+    if not parity:
+        return "-"
+    reference = parity.get("reference")
+    if reference == name:
+        return "reference"
+    fixed = parity.get("fixed_batch") or {}
+    if not fixed:
+        return f"no reference ({reference} did not finish)"
+    masked = (fixed.get("masked") or {}).get("loss_max_abs")
+    text = f"{fmt_diff(fixed.get('loss_max_abs'))} vs {reference}"
+    if masked is not None and _num(masked) != _num(fixed.get("loss_max_abs")):
+        text += f" (loss tokens: {fmt_diff(masked)})"
+    return text
+
+
+def _fmt_counters(rec: Mapping[str, Any]) -> str:
+    counters = rec.get("counters") or {}
+    if not counters:
+        return "-"
+    return ", ".join(
+        f"{sub} {c.get('replays', 0)} / {c.get('eager_fallbacks', 0)}" for sub, c in sorted(counters.items())
+    )
+
+
+def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
+    """One row of the table (a failed or missing variant says so)."""
+    blank = ["n/a"] * (len(COLUMNS) - 2)
+    if not rec:
+        return [name, "not run", *blank]
+    if rec.get("status") != "ok":
+        error = str(rec.get("error") or "failed").splitlines()[0][:120].replace("|", "/")
+        return [name, f"failed: {error}", *blank]
+    graphed = name in GRAPHED
+    iqr = _num(rec.get("step_ms_iqr"))
+    busy = _fmt(rec.get("gpu_busy"), ".2f")
+    if busy != "n/a" and rec.get("gpu_busy_source") not in (None, "profiler"):
+        busy += "†"
+    return [
+        name,
+        _fmt(rec.get("useful_tokens_per_s"), ",.0f"),
+        fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"),
+        f"{fmt_ms(rec.get('step_ms_median'))} (IQR {fmt_ms(iqr)})",
+        _fmt(rec.get("fill_fraction"), ".0%"),
+        busy,
+        fmt_ms(rec.get("kernel_ms_per_step")),
+        _fmt(rec.get("graph_memory_gib"), ".1f") if graphed else "-",
+        fmt_ratio(rec.get("capture_s")) if graphed else "-",
+        _fmt_counters(rec),
+        _fmt_parity(name, rec),
+    ]
+
+
+def shown(data: Mapping[str, Any]) -> list[str]:
+    """The table's rows: every variant, then the control where it was run."""
+    present = data.get("variants") or {}
+    return [*VARIANTS, *([CONTROL] if CONTROL in present else [])]
+
+
+def table(data: Mapping[str, Any]) -> list[str]:
+    """The markdown table of every variant."""
+    variants = data.get("variants") or {}
+    return _table(COLUMNS, [variant_row(name, variants.get(name)) for name in shown(data)])
+
+
+def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
+    summary = data.get("summary") or summarize(data)
+    target = summary.get("target", TARGET_SPEEDUP)
+    out = []
+    separate = summary.get("separate")
+    out.append(
+        f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {fmt_ratio(separate, 'x')}; "
+        + _fmt_paired(data.get("paired"))
+        + "."
+    )
+    met = summary.get("met")
+    verdict = {True: "**met**", False: "**not met**", None: "not measured"}[met]
+    on = f" (judged on the {summary['met_on']})" if summary.get("met_on") else ""
+    out.append(f"- Target of issue #17 on this shape: ours_packed >= {target:g}x eager_packed: {verdict}{on}.")
+    floor = summary.get("noise_floor")
+    if floor is not None:
+        out.append(
+            f"- Run-to-run noise floor: eager_packed_repeat's useful tokens/s lies {100 * floor:.1f}% from "
+            "eager_packed's (same model, weights, samples and steps, run last)."
+        )
+    return out
+
+
+def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
+    if not paired:
+        return "paired phase not run"
+    if paired.get("status") == "skipped":
+        return f"paired phase skipped: {paired.get('reason', '?')}"
+    if paired.get("status") != "ok":
+        return f"paired phase failed: {str(paired.get('error', '?'))[:200]}"
+    judged = paired_verdict(paired.get("ratios") or [])
+    if judged["ci"] is None:
+        return f"paired {fmt_ratio(judged['median'], 'x')} over {judged['pairs']} pairs (too few for an interval)"
+    lo, hi = judged["ci"]
+    return (
+        f"paired (both models alive, steps interleaved) median per-pair ratio {judged['median']:.3f}x, 95% CI "
+        f"[{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs ({judged['ours_faster_pairs']} with ours_packed "
+        f"faster): {judged['verdict']}"
+    )
+
+
+def remaining_time(data: Mapping[str, Any]) -> list[str]:
+    """Where ours_packed's step time goes: GPU kernels against idle, padding in the computed slots, kernel time
+    against eager_packed's, and the host-time attribution of the profile (:func:`bench_report.host_time_section`,
+    whose "ours"/"eager" are ours_packed/eager_packed here)."""
+    variants = data.get("variants") or {}
+    ours, eager = variants.get("ours_packed") or {}, variants.get(BASELINE) or {}
+    if ours.get("status") != "ok":
+        return []
+    out = ["## Where ours_packed's step time goes", ""]
+    step, kernel = _num(ours.get("step_ms_median")), _num(ours.get("kernel_ms_per_step"))
+    facts = []
+    if step is not None and kernel is not None:
+        idle = max(0.0, step - kernel)
+        facts.append(
+            f"per step {fmt_ms(step)} ms wall, of which the GPU runs kernels {fmt_ms(kernel)} ms "
+            f"({_fmt(kernel / step, '.0%')}) and idles {fmt_ms(idle)} ms: host time the graphs did not remove"
+        )
+        useful = ours.get("useful_tokens_per_step") or []
+        if useful and kernel > 0:
+            bound = statistics.fmean(useful) / (kernel / 1e3)
+            base = _num(eager.get("useful_tokens_per_s"))
+            ratio = f" ({bound / base:.2f}x eager_packed)" if base else ""
+            facts.append(f"with the GPU never idle it would deliver {bound:,.0f} useful tok/s{ratio}")
+    fill = _num(ours.get("fill_fraction"))
+    if fill is not None:
+        facts.append(
+            f"{_fmt(1 - fill, '.0%')} of the token slots it computes are padding (each micro-batch is padded to the "
+            f"smallest language budget of {data.get('data', {}).get('language_budgets')} that holds it; eager_packed "
+            f"computes {_fmt(1 - (_num(eager.get('fill_fraction')) or 1), '.0%')} padding)"
+        )
+    ek = _num(eager.get("kernel_ms_per_step"))
+    if kernel is not None and ek:
+        facts.append(f"its kernel time is {kernel / ek:.2f}x eager_packed's ({fmt_ms(ek)} ms) for the same samples")
+    if facts:
+        out += [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""]
+    out += host_time_section({"variants": {"ours": ours, "eager": eager}})
+    return out
+
+
+def render_markdown(data: Mapping[str, Any]) -> str:
+    """The whole ``useful_tokens.md``."""
+    meta = data.get("meta") or {}
+    config = meta.get("config") or {}
+    info = data.get("data") or {}
+    out = ["# Useful tokens per second: Bridge's packed eager step vs padded and packed graphs", ""]
+    out.append(
+        f"Measured on {meta.get('gpu', '?')}, {meta.get('date', '?')}; torch {meta.get('torch', '?')}, Transformer "
+        f"Engine {meta.get('transformer_engine', '?')}, megatron-core {meta.get('megatron_core', '?')}, "
+        f"Megatron-Bridge {meta.get('megatron_bridge', '?')}."
+    )
+    if meta.get("command"):
+        out.append(f"Command: `{meta['command']}`.")
+    out.append("")
+    out.append(
+        f"Model {config.get('model', '?')} ({config.get('description', '')}), sequence {config.get('seq_length')}, "
+        f"micro-batch {config.get('micro_batch_size')}, {config.get('num_microbatches')} micro-batches per step; "
+        f"one GPU, the same initial weights and samples for every variant; {config.get('warmup_steps')} eager "
+        f"warm-up steps, capture, {config.get('measured_steps')} measured steps (Megatron's schedule and the "
+        f"distributed optimizer; wall time between synchronizes). Data: {info.get('source', '?')}."
+    )
+    out += ["", *table(data), "", "![useful tokens per second per variant](useful_tokens.png)", ""]
+    out += _verdict_lines(data)
+    out += _notes(data)
+    out.append("")
+    out += remaining_time(data)
+    out += ["## How it is measured", "", *HOW, ""]
+    return "\n".join(out)
+
+
+HOW = (
+    "- **useful tok/s**: tokens that carry loss (`loss_mask` summed over each step's micro-batches; the same for "
+    "every variant) over the measured steps' total wall time. **x vs eager_packed**: its ratio to eager_packed's.",
+    "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed "
+    "rows x the step's padded width; ours_packed the packed graph budget it replays in; padded variants rows x "
+    "seq_length.",
+    "- **GPU busy / kernel ms**: union of CUDA kernel intervals in a few profiled steps after the measured ones "
+    "(`torch.profiler`, benchmarks/bench_trace.py) over the unprofiled median step; † estimated from the eager "
+    "variant of the same form's kernel time (the profiler missed graph kernels).",
+    "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
+    "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
+    "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
+    "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs "
+    "eager_padded); NaN-safe (a non-finite value is never a match). Every step's loss must be finite, else the "
+    "variant is failed.",
+    "- **paired phase**: eager_packed and ours_packed alive at once, their measured steps interleaved (the first of "
+    "each pair alternating); the per-pair ratio eager_packed ms / ours_packed ms is their useful-tokens/s ratio "
+    "(same samples per pair); median and a distribution-free 95% interval (`bench_report.paired_verdict`).",
+)
+
+
+def _notes(data: Mapping[str, Any]) -> list[str]:
+    info = data.get("data") or {}
+    micro = [MicroBatch(**m) for m in info.get("microbatches") or []]
+    notes = []
+    if micro:
+        real = [m.real_tokens for m in micro]
+        loss = [m.loss_tokens for m in micro]
+        notes.append(
+            f"- Data: {len(micro)} distinct micro-batches of {micro[0].rows} samples, cycled; real tokens per "
+            f"micro-batch {min(real)}-{max(real)}, loss tokens {min(loss)}-{max(loss)}, packed width x rows "
+            f"{min(m.packed_tokens for m in micro)}-{max(m.packed_tokens for m in micro)}, vision patches "
+            f"{min(m.patches for m in micro)}-{max(m.patches for m in micro)}."
+        )
+    if info.get("language_budgets"):
+        notes.append(
+            f"- Packed language graphs: budgets {info['language_budgets']} tokens, at most "
+            f"{info.get('max_sequences')} sequences, max_seqlen {info.get('max_seqlen')}; vision graphs (ours) "
+            f"{info.get('vision_budgets')} patches; upstream's vision graphs one length of "
+            f"{info.get('upstream_vision_seq_length')} patches."
+        )
+    variants = data.get("variants") or {}
+    for name in shown(data):
+        rec = variants.get(name) or {}
+        parity = rec.get("parity") or {}
+        steps = parity.get("steps") or {}
+        if rec.get("status") == "ok" and steps and parity.get("reference") != name:
+            notes.append(
+                f"- {name}: step losses vs {parity.get('reference')}: {steps.get('exact_steps')} of "
+                f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}."
+            )
+        cross = parity.get("vs_eager_packed_loss_tokens")
+        if rec.get("status") == "ok" and cross:
+            notes.append(
+                f"- {name}: fixed micro-batch, loss tokens against eager_packed's packed form: max abs "
+                f"{fmt_diff(cross.get('loss_max_abs'))} (padded BSHD vs packed THD kernels)."
+            )
+        if rec.get("gpu_busy_note"):
+            notes.append(f"- {name}: {rec['gpu_busy_note']}")
+        if rec.get("profile_error"):
+            notes.append(f"- {name}: profiling failed: {rec['profile_error']}")
+    return notes
+
+
+def text_table(data: Mapping[str, Any]) -> str:
+    """The short table printed on stdout at the end of a run."""
+    variants = data.get("variants") or {}
+    lines = ["variant | useful tok/s | x | step ms | fill | busy | graph GiB | parity"]
+    for name in shown(data):
+        row = variant_row(name, variants.get(name))
+        lines.append(" | ".join([row[0], row[1], row[2], row[3], row[4], row[5], row[7], row[10]]))
+    summary = data.get("summary") or summarize(data)
+    lines.append(
+        f"ours_packed vs eager_packed: separate {fmt_ratio(summary.get('separate'), 'x')}; "
+        f"{_fmt_paired(data.get('paired'))}; target {summary.get('target', TARGET_SPEEDUP):g}x: "
+        f"{ {True: 'met', False: 'not met', None: 'not measured'}[summary.get('met')] }"
+    )
+    return "\n".join(lines)
+
+
+# ============================================================================================ plot
+COLORS = {
+    "eager_packed": "#4e79a7",
+    "eager_padded": "#9e9e9e",
+    "upstream_padded": "#f28e2b",
+    "ours_padded": "#8cd17d",
+    "ours_packed": "#59a14f",
+    CONTROL: "#a0cbe8",
+}
+
+
+def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
+    """``useful_tokens.png``: one bar per variant (useful tokens/s), annotated with its ratio to eager_packed and
+    its fill; a dashed line at the target (1.3x eager_packed). None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    variants = data.get("variants") or {}
+    names = shown(data)
+    values = [
+        _num((variants.get(n) or {}).get("useful_tokens_per_s"))
+        if (variants.get(n) or {}).get("status") == "ok"
+        else None
+        for n in names
+    ]
+    top = max([v for v in values if v is not None] or [1.0])
+    fig, ax = plt.subplots(figsize=(1.5 * len(names) + 2.0, 4.8))
+    for i, (name, v) in enumerate(zip(names, values, strict=True)):
+        rec = variants.get(name) or {}
+        if v is None:
+            ax.text(i, top * 0.05, "failed" if rec else "not run", ha="center", va="bottom", fontsize=8, rotation=90)
+            continue
+        ax.bar(i, v, color=COLORS.get(name, "#777777"), width=0.7)
+        text = [
+            f"{v:,.0f}",
+            fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"),
+            f"fill {_fmt(rec.get('fill_fraction'), '.0%')}",
+        ]
+        ax.text(i, v + top * 0.02, "\n".join(text), ha="center", va="bottom", fontsize=8)
+    base = _num((variants.get(BASELINE) or {}).get("useful_tokens_per_s"))
+    if base:
+        ax.axhline(base * TARGET_SPEEDUP, color="#c0392b", linestyle="--", linewidth=1)
+        ax.text(
+            len(names) - 0.5,
+            base * TARGET_SPEEDUP,
+            f"target {TARGET_SPEEDUP:g}x eager_packed",
+            color="#c0392b",
+            fontsize=8,
+            ha="right",
+            va="bottom",
+        )
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([n.replace("_", "\n", 1) for n in names], fontsize=8)
+    ax.set_ylim(0, top * 1.35)
+    ax.set_ylabel("useful tokens / s (loss-carrying)")
+    meta = data.get("meta") or {}
+    config = meta.get("config") or {}
+    ax.set_title(
+        f"{config.get('model', '?')} Qwen3-VL, seq {config.get('seq_length')}, mbs {config.get('micro_batch_size')} "
+        f"x {config.get('num_microbatches')}, on {meta.get('gpu', '?')}",
+        fontsize=10,
+    )
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def render(json_path: str | Path) -> dict[str, Path | None]:
+    """Write ``useful_tokens.md`` and ``useful_tokens.png`` next to ``json_path``."""
+    json_path = Path(json_path)
+    data = json.loads(json_path.read_text())
+    md = json_path.with_name("useful_tokens.md")
+    md.write_text(render_markdown(data))
+    return {"md": md, "png": render_png(data, json_path.with_name("useful_tokens.png"))}
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.useful_tokens_report", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("json", help="a useful_tokens.json")
+    args = parser.parse_args(argv)
+    paths = render(args.json)
+    print("\n".join(str(p) for p in paths.values() if p))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
