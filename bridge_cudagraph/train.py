@@ -121,6 +121,24 @@ def run(
     print_rank_0(f"bridge_cudagraph: {entry.__name__}() finished in {time.perf_counter() - started:.0f} s")
 
 
+def check_before_gpu(loaded: Any) -> dict[str, Any]:
+    """What the CLI runs before its GPU check: the plan (every config check ``validate`` makes), so a refused
+    configuration gets the same ``error:`` line on any machine. Returns the keyword arguments of :func:`main`.
+
+    Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
+    configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
+    """
+    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.layout import LayoutError
+
+    try:
+        return {"plan": plan_run(loaded.config)}
+    except (CudaGraphConfigError, LayoutError):
+        raise
+    except (ValueError, AssertionError) as error:
+        raise CudaGraphConfigError(" ".join(str(error).split()) or type(error).__name__) from error
+
+
 def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> int:
     """The CLI's ``train`` verb: ``loaded`` is a ``LoadedRecipe`` (its ``.config`` a ``ConfigContainer`` with every
     YAML and command-line override applied), ``plan`` its plan from :func:`check_before_gpu`; ``args``, the parsed
