@@ -55,7 +55,7 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
         grid = grid_thw.cpu()
         seqlens = frame_seqlens(grid)
         n = int(seqlens.sum())
-        budget = helper.budget_for(n, seqlens.numel())
+        budget = helper.budget_for(n, seqlens.numel(), int(seqlens.max()) if seqlens.numel() else 0)
         copy = None if budget is None else helper.copies.acquire()
         if copy is None:
             helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None)
@@ -70,7 +70,7 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
         x = x + self.fast_pos_embed_interpolate(grid)
         h = F.pad(x, (0, 0, 0, budget - n))[:, None]
         graphs = helper.graphs[budget][copy]
-        graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens)
+        graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens, helper.layout)
         helper.before_replay()
         deepstack = []
         block = self.decoder

@@ -30,7 +30,6 @@ eagerly and is counted, never corrupts another's activations.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
 import logging
@@ -39,10 +38,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.budgets import check_token_budgets
+from bridge_cudagraph.budgets import PackedLayout, check_token_budgets
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -52,7 +50,7 @@ from bridge_cudagraph.capture.common import (
     megatron_capturing,
     param_grad_return_kwargs,
 )
-from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel, frame_seqlens
+from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import StaticInput
@@ -60,35 +58,33 @@ if TYPE_CHECKING:
 logger = logging.getLogger("bridge_cudagraph")
 
 
-def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, length: int) -> torch.Tensor:
-    """``[0, l1, l1+l2, ..., N, B, B, ...]`` of exactly ``length`` int32 entries, on ``seqlens``' device.
-
-    The segment ``[N, B)`` holds the padding, so real patches never attend to it; the rest are zero-length.
-    The replay path passes host ``seqlens`` (no device sync here) and copies the result to the GPU itself.
-    """
-    cu = F.pad(seqlens.cumsum(0), (1, 0)).to(torch.int32)
-    n = int(cu[-1])
-    if n > budget or cu.numel() + (n < budget) > length:
-        raise ValueError(f"{n} patches in {cu.numel() - 1} segments do not fit budget {budget} / length {length}")
-    return F.pad(cu, (0, length - cu.numel()), value=budget)
+def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, layout: PackedLayout) -> torch.Tensor:
+    """The static ``cu_seqlens`` (int32, on the host) of a micro-batch whose frames have ``seqlens`` patches:
+    its own boundaries, then the padding ``[N, B)`` as segments of at most ``layout.max_seqlen``, then
+    zero-length segments (:meth:`~bridge_cudagraph.budgets.PackedLayout.static_cu_seqlens`, the layout the
+    packed language graphs use too). Real patches never attend to the padding."""
+    real = [0, *seqlens.cumsum(0).tolist()]
+    return torch.tensor(layout.static_cu_seqlens(real, budget), dtype=torch.int32)
 
 
 class _PackedVisionLayer(torch.nn.Module):
     """One vision layer as a graphable callable with tensor-only inputs: the packed-attention metadata is
-    rebuilt inside from the static ``cu_seqlens`` and the budget (the static ``max_seqlen``)."""
+    rebuilt inside from the static ``cu_seqlens`` and the static ``max_seqlen``: the longest frame that replays,
+    not the budget, since attention workspaces grow with it (under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``, TE
+    2.20's deterministic THD backward asks for about 128 x segments x heads x max_seqlen**2 bytes)."""
 
-    def __init__(self, layer: torch.nn.Module, budget: int) -> None:
+    def __init__(self, layer: torch.nn.Module, max_seqlen: int) -> None:
         super().__init__()
         self.layer = layer
-        self.budget = budget
+        self.max_seqlen = max_seqlen
 
     def forward(self, hidden_states: torch.Tensor, rotary_pos_emb: torch.Tensor, cu_seqlens: torch.Tensor):
         params = PackedSeqParams(
             qkv_format="thd",
             cu_seqlens_q=cu_seqlens,
             cu_seqlens_kv=cu_seqlens,
-            max_seqlen_q=self.budget,
-            max_seqlen_kv=self.budget,
+            max_seqlen_q=self.max_seqlen,
+            max_seqlen_kv=self.max_seqlen,
         )
         # layer.forward, not layer(...): megatron-core's TE-graph routing in GraphableMegatronModule.__call__
         # must not see these layers (their config keeps cuda_graph_impl="none").
@@ -163,13 +159,13 @@ class GraphSet:
     def budget(self) -> int:
         return self.rotary.size(0)
 
-    def load(self, rotary: torch.Tensor, seqlens: torch.Tensor) -> None:
+    def load(self, rotary: torch.Tensor, seqlens: torch.Tensor, layout: PackedLayout) -> None:
         """Write a micro-batch's rotary embedding (``n`` rows, zeros after) and its ``cu_seqlens`` (computed from
         the host ``seqlens``, copied through pinned memory without waiting) into the static inputs."""
         n = rotary.size(0)
         self.rotary[:n].copy_(rotary)
         self.rotary[n:].zero_()
-        host = padded_cu_seqlens(seqlens, self.budget, self.cu_seqlens.numel())
+        host = padded_cu_seqlens(seqlens, self.budget, layout)
         self.cu_seqlens.copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
 
 
@@ -184,6 +180,8 @@ class VisionGraphHelper:
         vision_model: The :class:`GraphedQwen3VLVisionModel` inside ``model``.
         budgets: Static lengths in patches, ascending; each a multiple of ``spatial_merge_size**2``.
         max_segments: Most image frames a micro-batch may hold and still replay.
+        max_seqlen: Most patches of one frame that replay (the static attention ``max_seqlen``); None: the
+            largest budget. A frame above it runs the micro-batch eagerly (counted).
         num_warmup_iters: TE warmup iterations per callable before capture.
         on_capture_error: ``"eager"`` or ``"raise"``.
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight
@@ -201,6 +199,7 @@ class VisionGraphHelper:
         *,
         budgets: Sequence[int],
         max_segments: int,
+        max_seqlen: int | None = None,
         num_warmup_iters: int = 3,
         on_capture_error: str = "eager",
         copies: int = 1,
@@ -218,7 +217,12 @@ class VisionGraphHelper:
         self.vision_model = vision_model
         self.budgets = budgets
         self.max_segments = int(max_segments)
-        self.cu_seqlens_length = self.max_segments + 2
+        if max_seqlen is not None and max_seqlen < 1:
+            raise CaptureError(f"vision max_seqlen must be >= 1 patch, got {max_seqlen}")
+        self.layout = PackedLayout(
+            tuple(budgets), max_sequences=self.max_segments, max_seqlen=int(max_seqlen or budgets[-1])
+        )
+        self.cu_seqlens_length = self.layout.cu_seqlens_length
         self.planned_inputs = {int(b): tuple(v) for b, v in (static_inputs or {}).items()}
         if self.planned_inputs and sorted(self.planned_inputs) != budgets:
             raise CaptureError(
@@ -237,12 +241,12 @@ class VisionGraphHelper:
         vision_model.graph_helper = self
 
     # ------------------------------------------------------------------ selection
-    def budget_for(self, patches: int, segments: int) -> int | None:
-        """The smallest budget that holds ``patches`` (and a padding segment), or None (eager)."""
-        if segments > self.max_segments:
+    def budget_for(self, patches: int, segments: int, longest: int = 0) -> int | None:
+        """The smallest budget that holds ``patches`` in ``segments`` frames, the longest ``longest`` patches, or
+        None (eager)."""
+        if longest > self.layout.max_seqlen:
             return None
-        i = bisect.bisect_left(self.budgets, patches)
-        return self.budgets[i] if i < len(self.budgets) else None
+        return self.layout.budget_for(patches, segments)
 
     def count_fallback(self, patches: int, segments: int, *, no_free_copy: bool = False) -> None:
         """Count an eager micro-batch; log the first one of each cause with the numbers and the fix."""
@@ -291,7 +295,9 @@ class VisionGraphHelper:
         grid = torch.tensor([[1, vm.spatial_merge_size, budget // vm.spatial_merge_size]], device=device)
         with torch.no_grad():
             rotary = vm.rot_pos_emb(grid).reshape(budget, 1, 1, -1).repeat(1, 1, 1, 2).contiguous()
-        cu = padded_cu_seqlens(frame_seqlens(grid.cpu()), budget, self.cu_seqlens_length).to(device)
+        # Warmup values only (every replay writes its own): one real segment as long as replay allows, then padding.
+        first = min(budget, self.layout.max_seqlen)
+        cu = torch.tensor(self.layout.static_cu_seqlens([0, first], budget), dtype=torch.int32, device=device)
         layers = len(vm.decoder.layers)
         hidden_states = [
             (torch.randn(budget, 1, hidden, device=device, dtype=dtype) * 0.02).requires_grad_(True)
@@ -346,7 +352,7 @@ class VisionGraphHelper:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
-        callables = tuple(_PackedVisionLayer(layer, budget) for layer in layers)
+        callables = tuple(_PackedVisionLayer(layer, min(budget, self.layout.max_seqlen)) for layer in layers)
         hidden_states, rotary, cu = self._sample_inputs(budget)
         with get_cuda_rng_tracker().fork() if self.vision_model.config.sequence_parallel else contextlib.nullcontext():
             graphed = make_graphed_callables(
