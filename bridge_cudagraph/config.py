@@ -78,13 +78,49 @@ class SubmoduleGraphConfig:
             )
 
 
+def _check_positive_or_none(where: str, name: str, value: Any, meaning: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise CudaGraphConfigError(f"{where}.{name} must be an integer >= 1 (or null to {meaning}), got {value!r}")
+
+
+def _check_budget_list(where: str, budgets: Any, unit: str) -> None:
+    """The shape rules every budget list shares: non-empty, integers, positive, strictly ascending."""
+    if budgets is None:
+        return
+    if not budgets or not all(isinstance(b, int) and not isinstance(b, bool) for b in budgets):
+        raise CudaGraphConfigError(
+            f"{where}.token_budgets must be a non-empty list of integers ({unit}), got {budgets!r}; "
+            "or null to derive them"
+        )
+    if any(b <= 0 for b in budgets):
+        raise CudaGraphConfigError(f"{where}.token_budgets must be positive, got {budgets}")
+    if list(budgets) != sorted(set(budgets)):
+        raise CudaGraphConfigError(
+            f"{where}.token_budgets must be strictly ascending without repeats, got {budgets}; "
+            f"write {sorted(set(budgets))}"
+        )
+
+
 @dataclass
 class LanguageGraphConfig(SubmoduleGraphConfig):
     """The language model's per-layer graphs."""
 
+    token_budgets: list[int] | None = None
+    """Packed (THD) micro-batches only: static token counts of the decoder input, ascending, one graph set per
+    budget; a packed micro-batch replays in the smallest that holds it, one above the largest runs eagerly
+    (counted). ``None`` derives eight even rungs up to micro batch x ``seq_length``. Unused when every
+    micro-batch is padded to ``seq_length`` (one static shape)."""
+
+    max_sequences: int | None = None
+    """Packed micro-batches only: most sequences (attention segments) one micro-batch may hold and replay, the
+    static length of its ``cu_seqlens``. ``None``: the micro batch size (Bridge's Qwen3-VL step makes one
+    segment per sample)."""
+
     def validate(self, where: str = "cuda_graph.language") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
+        _check_budget_list(where, self.token_budgets, "tokens")
+        _check_positive_or_none(where, "max_sequences", self.max_sequences, "derive it")
 
 
 @dataclass
@@ -106,6 +142,13 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     captured with the graphs. ``None`` derives it from the budgets (the largest budget over the smallest
     image). A micro-batch with more images runs eagerly and is counted."""
 
+    max_patches_per_image: int | None = None
+    """Most patches of one image (one video frame) that replay: the static ``max_seqlen`` of the encoder's
+    attention. ``None`` allows any image up to the largest budget. Attention workspaces grow with its square
+    (under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` TE 2.20 refuses its fused kernel past about 2**30
+    segments x heads x max_seqlen**2), so set it to your processor's ``max_pixels / patch_size**2`` (3920 for
+    Bridge's Qwen-VL collate). A micro-batch with a larger image runs eagerly (counted)."""
+
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
@@ -118,27 +161,9 @@ class VisionGraphConfig(SubmoduleGraphConfig):
             raise CudaGraphConfigError(
                 f"{where}.tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}"
             )
-        if self.token_budgets is not None:
-            budgets = self.token_budgets
-            if not budgets or not all(isinstance(b, int) and not isinstance(b, bool) for b in budgets):
-                raise CudaGraphConfigError(
-                    f"{where}.token_budgets must be a non-empty list of integers (patches), got {budgets!r}; "
-                    "or null to derive them from the recipe's image sizes"
-                )
-            if any(b <= 0 for b in budgets):
-                raise CudaGraphConfigError(f"{where}.token_budgets must be positive, got {budgets}")
-            if list(budgets) != sorted(set(budgets)):
-                raise CudaGraphConfigError(
-                    f"{where}.token_budgets must be strictly ascending without repeats, got {budgets}; "
-                    f"write {sorted(set(budgets))}"
-                )
-        if self.max_images_per_microbatch is not None and (
-            not isinstance(self.max_images_per_microbatch, int) or self.max_images_per_microbatch < 1
-        ):
-            raise CudaGraphConfigError(
-                f"{where}.max_images_per_microbatch must be an integer >= 1 (or null to derive it), "
-                f"got {self.max_images_per_microbatch!r}"
-            )
+        _check_budget_list(where, self.token_budgets, "patches")
+        _check_positive_or_none(where, "max_images_per_microbatch", self.max_images_per_microbatch, "derive it")
+        _check_positive_or_none(where, "max_patches_per_image", self.max_patches_per_image, "allow any size")
 
 
 @dataclass

@@ -128,7 +128,9 @@ class CudaGraphProviderMixin:
                 "re-runs whole layers outside the graphs; use recompute_granularity='selective' (or null) "
                 f"or set {where}.enabled=false"
             )
-        if getattr(self, "variable_seq_lengths", False):
+        # Bridge's ConfigContainer.validate marks in-batch packing on the model (and Megatron then varies sequence
+        # lengths under a pipeline); packed runs replay the packed graphs, whose budgets the plan decides.
+        if getattr(self, "variable_seq_lengths", False) and not getattr(self, "_enable_in_batch_packing", False):
             raise CudaGraphConfigError(
                 f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
                 "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
@@ -218,6 +220,10 @@ class CudaGraphProviderMixin:
 
         The collection defaults to the one Bridge passed to ``provide_distributed_model``.
         """
+        if plan.language.packed is not None:
+            from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+
+            return PackedLanguageGraphHelper(model, **packed_helper_arguments(plan))
         from bridge_cudagraph.capture.language import LanguageGraphHelper
 
         pgc = pg_collection if pg_collection is not None else getattr(self, "_pg_collection", None)
@@ -282,6 +288,20 @@ def language_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
     }
 
 
+def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
+    """The :class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper` arguments ``plan`` decides."""
+    packed = plan.language.packed
+    if packed is None:
+        raise CudaGraphConfigError("the capture plan has no packed language graphs")
+    return {
+        "layout": packed.layout,
+        "separate_padded": packed.separate_padded,
+        "copies": packed.copies,
+        "static_inputs": dict(packed.static_inputs),
+        "on_capture_error": plan.on_capture_error,
+    }
+
+
 def vision_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
     """The :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` arguments ``plan`` decides."""
     vision = plan.vision
@@ -290,6 +310,7 @@ def vision_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
     return {
         "budgets": list(vision.token_budgets),
         "max_segments": vision.max_images_per_microbatch,
+        "max_seqlen": vision.max_patches_per_image,
         "copies": vision.copies,
         "static_inputs": dict(vision.static_inputs),
         "on_capture_error": plan.on_capture_error,

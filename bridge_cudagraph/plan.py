@@ -12,8 +12,8 @@ have to build the manager with ``object.__new__``).
 Every configuration that cannot be graphed is refused here, at config time, with an error that names the
 setting, shows the arithmetic and says what to change, instead of a shape error at step N.
 
-Units: language shapes are in tokens; vision budgets are in *patches*, the unit the vision layers run on
-(before the ``spatial_merge_size**2`` merge that turns patches into the language model's image tokens).
+Units: language shapes (and packed language budgets) are in tokens; vision budgets are in *patches*, the unit
+the vision layers run on (before the ``spatial_merge_size**2`` merge into the language model's image tokens).
 Derived budgets come from :mod:`bridge_cudagraph.budgets`, the functions the vision capture itself uses, so
 the plan and the capture cannot disagree.
 """
@@ -28,7 +28,9 @@ from typing import Any
 from bridge_cudagraph.budgets import (
     LADDER_STEPS,
     MIN_IMAGE_MERGED_TOKENS,
+    PackedLayout,
     check_token_budgets,
+    derive_language_budgets,
     derive_max_segments,
     derive_token_budgets,
     in_flight_microbatches,
@@ -50,6 +52,8 @@ __all__ = [
     "CapturePlan",
     "LanguagePlan",
     "ModelFacts",
+    "PackedLanguagePlan",
+    "PackingFacts",
     "StaticInput",
     "VisionFacts",
     "VisionPlan",
@@ -324,6 +328,56 @@ class StaticInput:
 
 
 @dataclass(frozen=True, slots=True)
+class PackingFacts:
+    """How the run's data path packs sequences, read off the ``ConfigContainer``'s dataset
+    (:func:`bridge_cudagraph.validation.packing_facts`).
+
+    Attributes:
+        mode: ``qwen3_vl_step``: Bridge's Qwen3-VL step packs each micro-batch (``enable_in_batch_packing`` with
+            ``defer_in_batch_packing_to_step``): one THD segment per sample, rows padded to the batch's longest,
+            and a ``cu_seqlens_q_padded`` of its own. The only packed path language graphs replay today.
+        fixed_width: The step pads every row to ``seq_length`` (Bridge does with pp > 1 or ep > 1): one budget.
+    """
+
+    mode: str
+    fixed_width: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLanguagePlan:
+    """The packed (THD) language graphs: one graph set per token budget (:mod:`bridge_cudagraph.capture.packed`).
+
+    Attributes:
+        token_budgets: Static token counts of the decoder input, ascending.
+        budgets_derived: Derived (``token_budgets: null``), not given.
+        max_tokens: Most tokens a packed micro-batch carries (micro batch x the padded ``seq_length``).
+        multiple: What every packed width is a multiple of (micro batch x Bridge's row rounding and the
+            sequence-parallel split); derived budgets are multiples of it.
+        max_sequences: Sequences a micro-batch may hold and replay.
+        max_seqlen: Longest sequence that replays, the static attention ``max_seqlen``.
+        separate_padded: The data path hands a ``cu_seqlens_q_padded`` tensor of its own (TE then assumes padding
+            between sequences and picks its backend accordingly; the graphs are captured the same way).
+        static_inputs: ``(budget, inputs)`` for every budget.
+        copies: Graph sets, one per micro-batch a stage keeps in flight (1 without a pipeline).
+    """
+
+    token_budgets: tuple[int, ...]
+    budgets_derived: bool
+    max_tokens: int
+    multiple: int
+    max_sequences: int
+    max_seqlen: int
+    separate_padded: bool
+    static_inputs: tuple[tuple[int, tuple[StaticInput, ...]], ...]
+    copies: int
+
+    @property
+    def layout(self) -> PackedLayout:
+        """The static layout the capture and the replay use."""
+        return PackedLayout(self.token_budgets, max_sequences=self.max_sequences, max_seqlen=self.max_seqlen)
+
+
+@dataclass(frozen=True, slots=True)
 class LanguagePlan:
     """The language model's graphs on each pipeline stage.
 
@@ -337,6 +391,7 @@ class LanguagePlan:
         graphs_per_stage: Graphs each rank of a stage captures: ``captured x graphs_per_layer``.
         static_inputs: Captured inputs of every graph (shapes as megatron-core's helper allocates them).
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
+        packed: The packed (THD) graphs when the data path packs, else None (one static BSHD shape).
     """
 
     enabled: bool
@@ -347,6 +402,7 @@ class LanguagePlan:
     graphs_per_stage: tuple[int, ...]
     static_inputs: tuple[StaticInput, ...]
     warmup_steps: int
+    packed: PackedLanguagePlan | None = None
 
     @property
     def graphs(self) -> int:
@@ -368,6 +424,8 @@ class VisionPlan:
         max_images_per_microbatch: Image frames a micro-batch may hold and replay (``cu_seqlens`` has two more
             entries: the leading 0 and the padding segment).
         images_derived: ``max_images_per_microbatch`` was derived, not given.
+        max_patches_per_image: Most patches of one image (frame) that replay: the static attention ``max_seqlen``
+            (the largest budget unless set).
         static_inputs: ``(budget, inputs)`` for every budget.
         copies: Independent graph sets, one per micro-batch the first pipeline stage keeps in flight (1 without a
             pipeline; :func:`~bridge_cudagraph.budgets.in_flight_microbatches`).
@@ -387,6 +445,14 @@ class VisionPlan:
     copies: int
     graphs: int
     warmup_steps: int
+    max_patches_per_image: int = 0
+
+    @property
+    def layout(self) -> PackedLayout:
+        """The static ``cu_seqlens`` layout the capture and the replay use."""
+        return PackedLayout(
+            self.token_budgets, max_sequences=self.max_images_per_microbatch, max_seqlen=self.max_patches_per_image
+        )
 
     def inputs_at(self, budget: int) -> tuple[StaticInput, ...]:
         """The static inputs of the graphs at ``budget`` patches."""
@@ -476,13 +542,35 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
     else:
         layers = "+".join(map(str, stages)) + f" layers on {len(stages)} stages"
         per = f"{language.graphs_per_layer} graphs each (one per micro-batch of the step)"
+    packed = language.packed
+    if packed is not None:
+        copies = f" x {packed.copies} in-flight copies" if packed.copies > 1 else ""
+        per = f"{len(packed.token_budgets)} budgets{copies} each (packed THD micro-batches)"
     inputs = [s.describe() for s in language.static_inputs]
     lines = [
         f"language: {layers} x {per} = {language.graphs} graphs per rank, {_modules_text(language.modules)}, "
         f"capture after {language.warmup_steps} steps",
-        "  static inputs: " + inputs[0],
     ]
-    lines += ["                 " + s for s in inputs[1:]]
+    if packed is None:
+        lines.append("  static inputs: " + inputs[0])
+        lines += ["                 " + s for s in inputs[1:]]
+        return lines
+    budget_line = "  budgets [" + ", ".join(map(str, packed.token_budgets)) + "] tokens"
+    if packed.budgets_derived:
+        budget_line += (
+            f", derived: mbs {packed.max_tokens // packed.max_seqlen} x S {packed.max_seqlen} = {packed.max_tokens} "
+            f"max, {len(packed.token_budgets)} even rungs"
+            if len(packed.token_budgets) > 1
+            else f", derived: every row padded to S {packed.max_seqlen} (pp > 1 or ep > 1)"
+        )
+    lines += [
+        budget_line,
+        f"  max sequences per micro-batch {packed.max_sequences}, max sequence length {packed.max_seqlen}; a larger "
+        "micro-batch runs eagerly (counted)",
+    ]
+    budget, largest = packed.static_inputs[-1]
+    lines.append(f"  static inputs at T={budget} (each budget the same with its own T):")
+    lines += ["    " + x.describe() for x in largest]
     return lines
 
 
@@ -502,6 +590,8 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
             f"{LADDER_STEPS} rungs"
         )
     images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
+    if vision.max_patches_per_image != vision.token_budgets[-1]:
+        images_line += f", at most {vision.max_patches_per_image} patches each"
     if vision.images_derived:
         images_line += (
             f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "
@@ -603,15 +693,15 @@ def _language_static_inputs(facts: ModelFacts, mbs: int, modules: tuple[str, ...
     return tuple(inputs)
 
 
-def _vision_static_inputs(vision: VisionFacts, budget: int, images: int, dtype: str) -> tuple[StaticInput, ...]:
+def _vision_static_inputs(vision: VisionFacts, budget: int, cu_length: int, dtype: str) -> tuple[StaticInput, ...]:
     # Qwen3VLVisionModel: hidden_states[:, None] is (B, 1, Hv); the 2-D rotary table is
     # Qwen3VLVisionRotaryEmbedding(head_dim // 2) looked up for (row, col), flattened to head_dim // 2 and
     # repeated twice: (B, 1, 1, Hv / heads) fp32 (vision_model.py, rot_pos_emb and forward).
     return (
         StaticInput("hidden_states", (budget, 1, vision.hidden_size), dtype),
         StaticInput("rotary_pos_emb", (budget, 1, 1, vision.head_dim), "fp32"),
-        # One boundary per image frame, one for the padding segment and the leading 0 (capture/vision.py).
-        StaticInput("cu_seqlens", (images + 2,), "int32"),
+        # The leading 0, one boundary per image frame, the padding's (PackedLayout.cu_seqlens_length).
+        StaticInput("cu_seqlens", (cu_length,), "int32"),
     )
 
 
@@ -678,7 +768,9 @@ def _plan_vision(
     else:
         images = cfg.vision.max_images_per_microbatch
         images_derived = False
-    inputs = tuple((b, _vision_static_inputs(v, b, images, facts.dtype)) for b in budgets)
+    longest = cfg.vision.max_patches_per_image or budgets[-1]
+    cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
+    inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
     copies = 1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb)
     return VisionPlan(
@@ -694,6 +786,82 @@ def _plan_vision(
         copies=copies,
         graphs=v.depth * len(budgets) * copies,
         warmup_steps=warmup,
+        max_patches_per_image=longest,
+    )
+
+
+def _plan_packed(
+    cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, mbs: int, num_mb: int
+) -> PackedLanguagePlan:
+    """The packed language graphs' budgets and static shapes, or a refusal with the setting and the fix."""
+    where = "model.cuda_graph.language"
+    if packing.mode != "qwen3_vl_step":
+        raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
+    if facts.cp > 1:
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with packed micro-batches and model.context_parallel_size={facts.cp}: the "
+            "packed graphs replay one THD sequence per rank and Bridge's Qwen3-VL step splits packed rows over cp "
+            f"ranks by index ({facts.cp} ranks x 2 chunks per row); set context_parallel_size=1, or pad instead "
+            "(dataset.enable_in_batch_packing=false, pad_to_max_length=true)"
+        )
+    if cfg.language.modules is not None:
+        raise CudaGraphConfigError(
+            f"{where}.modules={cfg.language.modules} with packed micro-batches: packed graphs capture whole layers "
+            "(the attention must see the static cu_seqlens); set modules to null"
+        )
+    if facts.num_moe_experts:
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with packed micro-batches on an MoE model ({facts.num_moe_experts} experts): "
+            "packed graphs of MoE layers are not supported yet; pad instead (dataset.enable_in_batch_packing=false, "
+            f"pad_to_max_length=true) or set {where}.enabled=false"
+        )
+    # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple of
+    # lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
+    tp = facts.tp if facts.sequence_parallel and facts.tp > 1 else 1
+    row = math.lcm(facts.tp, 16)
+    max_seqlen = -(-facts.seq_length // row) * row
+    max_tokens = mbs * max_seqlen
+    multiple = mbs * row
+    if cfg.language.token_budgets is not None:
+        budgets = tuple(cfg.language.token_budgets)
+        derived = False
+        bad = [b for b in budgets if b % tp]
+        if bad:
+            raise CudaGraphConfigError(
+                f"{where}.token_budgets {list(bad)} are not multiples of tp {facts.tp} (sequence parallel splits the "
+                f"static hidden states over tp ranks): use multiples of {tp}, e.g. {[-(-b // tp) * tp for b in bad]}"
+            )
+    elif packing.fixed_width:
+        budgets, derived = (max_tokens,), True
+    else:
+        budgets, derived = tuple(derive_language_budgets(max_tokens, multiple)), True
+    sequences = cfg.language.max_sequences or mbs
+    layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
+    cu = (layout.cu_seqlens_length,)
+    inputs = tuple(
+        (
+            b,
+            (
+                StaticInput(
+                    "hidden_states", (b // tp, 1, facts.hidden_size), facts.dtype, ("T/tp" if tp > 1 else "T", "", "H")
+                ),
+                StaticInput("rotary_pos_emb", (b, 1, 1, facts.rotary_dim), "fp32", ("T", "", "", ""), "(mRoPE)"),
+                StaticInput("cu_seqlens", cu, "int32"),
+                StaticInput("cu_seqlens_padded", cu, "int32"),
+            ),
+        )
+        for b in budgets
+    )
+    return PackedLanguagePlan(
+        token_budgets=budgets,
+        budgets_derived=derived,
+        max_tokens=max_tokens,
+        multiple=multiple,
+        max_sequences=sequences,
+        max_seqlen=max_seqlen,
+        separate_padded=True,
+        static_inputs=inputs,
+        copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
     )
 
 
@@ -728,6 +896,7 @@ def build_plan(
     world_size: int,
     micro_batch_size: int,
     global_batch_size: int | None,
+    packing: PackingFacts | None = None,
 ) -> CapturePlan:
     """Decide what will be captured, or refuse with an error that names the setting and the fix.
 
@@ -737,6 +906,7 @@ def build_plan(
         world_size: Ranks of the job.
         micro_batch_size: ``train.micro_batch_size``.
         global_batch_size: ``train.global_batch_size`` (None when unset).
+        packing: How the data path packs (None: every micro-batch padded to ``seq_length``).
 
     Returns:
         The plan.
@@ -792,7 +962,12 @@ def build_plan(
                 "add 'attn' or set modules to null"
             )
         assert num_mb is not None  # needed_by was set
-        per_layer = 1 if facts.pp == 1 else num_mb
+        packed = None
+        if packing is not None:
+            packed = _plan_packed(cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb)
+            per_layer = len(packed.token_budgets) * packed.copies
+        else:
+            per_layer = 1 if facts.pp == 1 else num_mb
         language = LanguagePlan(
             enabled=True,
             modules=modules,
@@ -800,8 +975,9 @@ def build_plan(
             captured_per_stage=captured,
             graphs_per_layer=per_layer,
             graphs_per_stage=tuple(c * per_layer for c in captured),
-            static_inputs=_language_static_inputs(facts, micro_batch_size, modules),
+            static_inputs=() if packed else _language_static_inputs(facts, micro_batch_size, modules),
             warmup_steps=language_warmup,
+            packed=packed,
         )
     else:
         language = LanguagePlan(False, modules, (), (), 0, (), (), language_warmup)

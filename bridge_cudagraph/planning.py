@@ -38,13 +38,14 @@ def plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
     from bridge_cudagraph.plan import build_plan, model_facts
     from bridge_cudagraph.validation import check_run
 
-    check_run(config)
+    packing = check_run(config)
     return build_plan(
         model_facts(config.model, mixed_precision=config.mixed_precision),
         config.model.cuda_graph,
         world_size=world_size,
         micro_batch_size=config.train.micro_batch_size,
         global_batch_size=config.train.global_batch_size,
+        packing=packing,
     )
 
 

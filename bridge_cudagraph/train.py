@@ -42,6 +42,7 @@ from bridge_cudagraph.host_patches import (
     release_graphs_if_training_raises,
     use_prebuilt_dataset_helpers,
 )
+from bridge_cudagraph.throughput import ThroughputCallback, UsefulTokenMeter, counting_forward_step
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import CapturePlan
@@ -97,7 +98,11 @@ def run(
     install_bridge_helper()
     use_prebuilt_dataset_helpers()
     graph_callback = CudaGraphCallback(plan=plan)
-    step = forward_step_func or forward_step_for(config.model)
+    meter = UsefulTokenMeter()
+    step = counting_forward_step(forward_step_func or forward_step_for(config.model), meter)
+    # Measured from the capture step on (graphed and eager runs alike): warmup and capture are not training speed.
+    warmup = max(plan.language.warmup_steps, plan.vision.warmup_steps if plan.vision is not None else 0)
+    throughput = ThroughputCallback(meter, skip_iterations=warmup)
     finetuning = config.checkpoint.pretrained_checkpoint is not None
     entry = finetune if finetuning else pretrain
     block = getattr(config.model, "cuda_graph", None)
@@ -113,7 +118,7 @@ def run(
     started = time.perf_counter()
     try:
         with release_graphs_if_training_raises(graph_callback):
-            entry(config, forward_step_func=step, callbacks=[graph_callback, *callbacks])
+            entry(config, forward_step_func=step, callbacks=[graph_callback, throughput, *callbacks])
     except BaseException as error:
         # Backstop for anything the loop wrapper did not see (idempotent: usually nothing is left); re-raised as is.
         graph_callback.release_graphs(reason=f"{entry.__name__}() raised {type(error).__name__}")

@@ -8,9 +8,12 @@ run fails at config time with the setting and the fix, not with a shape error fr
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.config import CudaGraphConfigError
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan import PackingFacts
 
 
 def check_environment(environ: dict[str, str] | None = None) -> None:
@@ -24,39 +27,77 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
         )
 
 
-def check_run(config: Any) -> None:
-    """Check a Bridge ``ConfigContainer`` whose model carries a ``cuda_graph`` block with graphs on."""
+def packing_facts(config: Any) -> PackingFacts | None:
+    """How the run's data path packs sequences, or None when every micro-batch is padded to ``seq_length``.
+
+    The one reading of the dataset's packing switches (Bridge 0.6.2 ``training/config.py``, ``qwen3_vl_step``):
+    ``enable_in_batch_packing`` with ``defer_in_batch_packing_to_step`` is Bridge's Qwen3-VL fine-tuning default,
+    packed by the step; collate-time packing (``vlm_step``, ``gpt_step``) and GPT SFT offline packing are other
+    paths. Which of them language graphs can replay is :func:`check_run`'s decision.
+    """
+    from bridge_cudagraph.plan import PackingFacts
+
+    dataset, model = getattr(config, "dataset", None), config.model
+    if getattr(dataset, "enable_offline_packing", False):
+        return PackingFacts("offline")
+    if not getattr(dataset, "enable_in_batch_packing", False):
+        return None
+    if not getattr(dataset, "defer_in_batch_packing_to_step", False):
+        return PackingFacts("collate")
+    fixed = (getattr(model, "pipeline_model_parallel_size", 1) or 1) > 1 or (
+        getattr(model, "expert_model_parallel_size", 1) or 1
+    ) > 1
+    return PackingFacts("qwen3_vl_step", fixed_width=fixed)
+
+
+def check_run(config: Any) -> PackingFacts | None:
+    """Check a Bridge ``ConfigContainer`` whose model carries a ``cuda_graph`` block with graphs on; returns how its
+    data path packs (for the plan), None when it pads."""
     model = config.model
     cg = getattr(model, "cuda_graph", None)
     if cg is None or not cg.any_enabled:
-        return
+        return None
     check_environment()
     train, dataset = getattr(config, "train", None), getattr(config, "dataset", None)
-    if cg.language.enabled:
-        loader = getattr(dataset, "dataloader_type", None) or getattr(train, "dataloader_type", None)
-        if loader == "batch":
-            raise CudaGraphConfigError(
-                "dataset.dataloader_type='batch' gives every step its own sequence length, but language graphs have "
-                "one static length; use dataloader_type 'single' or 'cyclic' with padding to model.seq_length"
-            )
-        for name in ("enable_in_batch_packing", "defer_in_batch_packing_to_step"):
-            if getattr(dataset, name, False):
-                raise CudaGraphConfigError(
-                    f"dataset.{name}=true packs variable-length sequences, which language graphs cannot replay "
-                    "(megatron-core asserts packed_seq_params is None at replay); set it to false and "
-                    "dataset.pad_to_max_length=true, or set model.cuda_graph.language.enabled=false"
-                )
-        if getattr(dataset, "pad_to_max_length", True) is False:
-            raise CudaGraphConfigError(
-                "dataset.pad_to_max_length=false lets sequence lengths vary per batch; language graphs need every "
-                "micro-batch at model.seq_length: set dataset.pad_to_max_length=true"
-            )
-        seq = getattr(dataset, "seq_length", None) or getattr(dataset, "sequence_length", None)
-        if seq is not None and seq != model.seq_length:
-            raise CudaGraphConfigError(
-                f"dataset sequence length {seq} != model.seq_length {model.seq_length}: the graphs are captured at "
-                "model.seq_length; make them equal"
-            )
+    packing = packing_facts(config)
+    if not cg.language.enabled:
+        return packing
+    loader = getattr(dataset, "dataloader_type", None) or getattr(train, "dataloader_type", None)
+    if loader == "batch":
+        raise CudaGraphConfigError(
+            "dataset.dataloader_type='batch' gives every step its own sequence length, but language graphs have "
+            "static shapes; use dataloader_type 'single' or 'cyclic'"
+        )
+    if packing is not None and packing.mode != "qwen3_vl_step":
+        what = {
+            "offline": "dataset.enable_offline_packing=true (GPT SFT packed sequences)",
+            "collate": "dataset.enable_in_batch_packing=true with collate-time packing (defer_in_batch_packing_to_step"
+            "=false)",
+        }[packing.mode]
+        raise CudaGraphConfigError(
+            f"{what} is a packing path language graphs cannot replay yet (packed graphs follow Bridge's Qwen3-VL "
+            "step: enable_in_batch_packing=true with defer_in_batch_packing_to_step=true); pad instead "
+            "(dataset.pad_to_max_length=true, no packing) or set model.cuda_graph.language.enabled=false"
+        )
+    if packing is not None and not model.has_vision_encoder():
+        raise CudaGraphConfigError(
+            f"dataset.defer_in_batch_packing_to_step=true packs in Bridge's Qwen3-VL step, but {type(model).__name__} "
+            "trains with gpt_step, which does not pack there; use a Qwen3-VL provider, or pad "
+            "(dataset.enable_in_batch_packing=false, pad_to_max_length=true)"
+        )
+    if packing is None and getattr(dataset, "pad_to_max_length", True) is False:
+        raise CudaGraphConfigError(
+            "dataset.pad_to_max_length=false lets sequence lengths vary per batch; unpacked language graphs need "
+            "every micro-batch at model.seq_length: set dataset.pad_to_max_length=true, or pack as Bridge's Qwen3-VL "
+            "recipes do (enable_in_batch_packing=true, defer_in_batch_packing_to_step=true) for packed graphs"
+        )
+    seq = getattr(dataset, "seq_length", None) or getattr(dataset, "sequence_length", None)
+    if seq is not None and seq != model.seq_length:
+        raise CudaGraphConfigError(
+            f"dataset sequence length {seq} != model.seq_length {model.seq_length}: the graphs are captured at "
+            "model.seq_length; make them equal"
+        )
+    return packing
 
 
 def check_can_train_with_graphs(config: Any) -> None:

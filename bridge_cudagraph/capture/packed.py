@@ -51,6 +51,7 @@ from bridge_cudagraph.capture.common import (
     CaptureStats,
     abandon_capture,
     activation_dtype,
+    check_static_inputs,
     measure,
     megatron_capturing,
     param_grad_return_kwargs,
@@ -215,6 +216,7 @@ class PackedLanguageGraphHelper:
         separate_padded: Capture with a ``cu_seqlens_q_padded`` that is a tensor of its own (Bridge's Qwen3-VL
             step) rather than none (or the same object).
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight (1 without a pipeline).
+        static_inputs: ``{budget: StaticInput...}`` from the plan; capture checks its buffers against them.
         num_warmup_iters: TE warmup iterations per callable before capture.
         on_capture_error: ``"eager"`` or ``"raise"``.
     """
@@ -228,6 +230,7 @@ class PackedLanguageGraphHelper:
         layout: PackedLayout,
         separate_padded: bool = True,
         copies: int = 1,
+        static_inputs: dict | None = None,
         num_warmup_iters: int = 3,
         on_capture_error: str = "eager",
     ) -> None:
@@ -237,6 +240,12 @@ class PackedLanguageGraphHelper:
         self.model = list(model)
         self.layout = layout
         self.separate_padded = separate_padded
+        self.planned_inputs = {int(b): tuple(v) for b, v in (static_inputs or {}).items()}
+        if self.planned_inputs and tuple(sorted(self.planned_inputs)) != tuple(layout.budgets):
+            raise CaptureError(
+                f"language: the plan's static inputs are for budgets {sorted(self.planned_inputs)}, "
+                f"not {list(layout.budgets)}"
+            )
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
         self.decoders = [
@@ -285,6 +294,10 @@ class PackedLanguageGraphHelper:
 
         callables = tuple(_PackedLanguageLayer(layer, self.layout.max_seqlen) for layer in decoder.layers)
         hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget)
+        tensors = {"hidden_states": hidden[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}
+        if cu_padded is not None:
+            tensors["cu_seqlens_padded"] = cu_padded
+        check_static_inputs(tensors, self.planned_inputs.get(budget, ()), self.submodule)
         statics = (rotary, cu) if cu_padded is None else (rotary, cu, cu_padded)
         rng = get_cuda_rng_tracker().fork() if decoder.config.sequence_parallel else contextlib.nullcontext()
         with rng:
