@@ -82,19 +82,27 @@ def in_flight_microbatches(pipeline_parallel_size: int, num_microbatches: int) -
     return 1 if pipeline_parallel_size == 1 else min(pipeline_parallel_size, num_microbatches)
 
 
-#: Rungs of a derived packed-language ladder: the largest budget in eighths (at most 1/8 of it padded).
-LANGUAGE_LADDER_STEPS = 8
+#: A derived packed-language ladder: each rung at most this much larger than the one below (so a micro-batch pads
+#: at most 1 - 1/1.25 = 20% of its budget), from :data:`LANGUAGE_LADDER_FLOOR` of the largest up to the largest.
+LANGUAGE_LADDER_RATIO = 1.25
+LANGUAGE_LADDER_FLOOR = 1 / 16
 
 
-def derive_language_budgets(max_tokens: int, multiple: int, steps: int = LANGUAGE_LADDER_STEPS) -> list[int]:
-    """``steps`` evenly spaced budgets up to ``max_tokens`` (the most a packed micro-batch carries), each a
-    multiple of ``multiple`` (the packed width's own rounding times any sequence-parallel split), ascending.
+def derive_language_budgets(max_tokens: int, multiple: int) -> list[int]:
+    """Budgets up to ``max_tokens`` (the most a packed micro-batch carries), each a multiple of ``multiple`` (the
+    packed width's own rounding), ascending, geometrically spaced.
 
-    Even rungs rather than halvings: a packed micro-batch's length varies over the whole range (one short
-    photo question or a long receipt), and the padding a rung costs is linear in the gap to the next.
+    Geometric rather than even rungs: packed SFT micro-batches are mostly short (one photo and an answer fill a
+    small part of the sequence), and the padding a rung costs is the gap to it; even rungs of the largest / 8
+    pad a micro-batch of just over an eighth to a quarter, almost half its budget.
     """
     top = round_up(max_tokens, multiple)
-    return sorted({round_up(max(multiple, top * k // steps), multiple) for k in range(1, steps + 1)})
+    floor = max(multiple, round_up(int(top * LANGUAGE_LADDER_FLOOR), multiple))
+    ladder, budget = {top}, top
+    while budget > floor:
+        budget = max(floor, (int(budget / LANGUAGE_LADDER_RATIO) // multiple) * multiple)
+        ladder.add(budget)
+    return sorted(ladder)
 
 
 @dataclass(frozen=True, slots=True)

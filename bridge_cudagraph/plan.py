@@ -545,7 +545,7 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
     packed = language.packed
     if packed is not None:
         copies = f" x {packed.copies} in-flight copies" if packed.copies > 1 else ""
-        per = f"{len(packed.token_budgets)} budgets{copies} each (packed THD micro-batches)"
+        per = f"{len(packed.token_budgets)} budgets{copies} each (packed THD)"
     inputs = [s.describe() for s in language.static_inputs]
     lines = [
         f"language: {layers} x {per} = {language.graphs} graphs per rank, {_modules_text(language.modules)}, "
@@ -555,16 +555,16 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
         lines.append("  static inputs: " + inputs[0])
         lines += ["                 " + s for s in inputs[1:]]
         return lines
-    budget_line = "  budgets [" + ", ".join(map(str, packed.token_budgets)) + "] tokens"
+    budget_lines = ["  budgets [" + ", ".join(map(str, packed.token_budgets)) + "] tokens"]
     if packed.budgets_derived:
-        budget_line += (
-            f", derived: mbs {packed.max_tokens // packed.max_seqlen} x S {packed.max_seqlen} = {packed.max_tokens} "
-            f"max, {len(packed.token_budgets)} even rungs"
+        budget_lines.append(
+            f"    derived: mbs {packed.max_tokens // packed.max_seqlen} x S {packed.max_seqlen} = {packed.max_tokens} "
+            f"max, {len(packed.token_budgets)} rungs <= 1.25x apart"
             if len(packed.token_budgets) > 1
-            else f", derived: every row padded to S {packed.max_seqlen} (pp > 1 or ep > 1)"
+            else f"    derived: every row padded to S {packed.max_seqlen} (pp > 1 or ep > 1)"
         )
     lines += [
-        budget_line,
+        *budget_lines,
         f"  max sequences per micro-batch {packed.max_sequences}, max sequence length {packed.max_seqlen}; a larger "
         "micro-batch runs eagerly (counted)",
     ]

@@ -85,7 +85,9 @@ def test_load_writes_real_boundaries_then_a_tail_of_equal_lengths_in_both_forms(
     assert bool((graphs.rotary[:256] == 1).all()) and bool((graphs.rotary[256:] == 0).all())
 
 
-def test_derived_language_ladder_is_even_rungs_of_the_packed_width():
-    assert derive_language_budgets(8192, 32) == [1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192]
-    ladder = derive_language_budgets(1000, 48)
-    assert ladder[-1] == 1008 and all(b % 48 == 0 for b in ladder) and ladder == sorted(set(ladder))
+def test_derived_language_ladder_is_geometric_multiples_of_the_packed_width():
+    ladder = derive_language_budgets(8192, 32)
+    assert ladder[0] == 512 and ladder[-1] == 8192
+    assert all(b % 32 == 0 for b in ladder) and ladder == sorted(set(ladder))
+    assert all(b / a <= 1.25 + 32 / a for a, b in itertools.pairwise(ladder))  # at most 20% of a budget padded
+    assert derive_language_budgets(1000, 48)[-1] == 1008

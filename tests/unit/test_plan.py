@@ -459,3 +459,58 @@ def test_planning_imports_no_torch():
     """``plan`` (with ``layout``, ``budgets`` and ``config``) is pure: it imports neither torch nor Megatron."""
     code = "import sys, bridge_cudagraph.plan; sys.exit(any(m in sys.modules for m in ('torch', 'megatron')))"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ------------------------------------------------------------------------------------------ packed language graphs
+def _packed_plan(**language):
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.plan import ModelFacts, PackingFacts, VisionFacts, build_plan
+
+    facts = ModelFacts(
+        provider="CudaGraphQwen3VLModelProvider",
+        num_layers=4,
+        hidden_size=512,
+        num_attention_heads=8,
+        kv_channels=64,
+        seq_length=2048,
+        position_embedding_type="mrope",
+        vision=VisionFacts(
+            depth=4, hidden_size=256, num_heads=4, patch_size=16, temporal_patch_size=2, spatial_merge_size=2
+        ),
+        **language.pop("facts", {}),
+    )
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, **language))
+    world = facts.tp * facts.cp
+    return build_plan(
+        facts, cfg, world_size=world, micro_batch_size=2, global_batch_size=2, packing=PackingFacts("qwen3_vl_step")
+    )
+
+
+def test_packed_plan_derives_a_ladder_the_sequence_cap_and_static_shapes():
+    plan = _packed_plan()
+    packed = plan.language.packed
+    assert packed is not None and plan.language.static_inputs == ()
+    assert packed.token_budgets[-1] == 2 * 2048 and packed.max_seqlen == 2048 and packed.max_sequences == 2
+    assert plan.language.graphs == 4 * len(packed.token_budgets)
+    _, inputs = packed.static_inputs[-1]
+    shapes = {x.name: x.shape for x in inputs}
+    assert shapes == {
+        "hidden_states": (4096, 1, 512),
+        "rotary_pos_emb": (4096, 1, 1, 64),
+        "cu_seqlens": (1 + 2 + 2,),
+        "cu_seqlens_padded": (1 + 2 + 2,),
+    }
+    assert "packed THD" in plan.describe()
+    assert all(len(line) <= 119 for line in plan.describe().splitlines())
+
+
+def test_packed_plan_takes_given_budgets_and_refuses_what_it_cannot_replay():
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    assert _packed_plan(token_budgets=[1024, 4096]).language.packed.token_budgets == (1024, 4096)
+    with pytest.raises(CudaGraphConfigError, match="context_parallel_size=2"):
+        _packed_plan(facts={"cp": 2})
+    with pytest.raises(CudaGraphConfigError, match="modules"):
+        _packed_plan(modules=["attn"])
+    with pytest.raises(CudaGraphConfigError, match=r"multiples of tp 2"):
+        _packed_plan(token_budgets=[1023], facts={"tp": 2, "sequence_parallel": True})

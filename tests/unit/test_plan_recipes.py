@@ -141,6 +141,7 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
         assert vision == {
             "budgets": list(want["budgets"]),
             "max_segments": want["images"],
+            "max_seqlen": want["budgets"][-1],  # max_patches_per_image unset: any image up to the largest budget
             "copies": want["copies"],
             "static_inputs": dict(plan.vision.static_inputs),
             "on_capture_error": "eager",
