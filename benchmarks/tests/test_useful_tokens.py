@@ -208,6 +208,8 @@ def _photo_forms(rank: int, world: int, root: str) -> dict:
 
 
 def test_the_photo_data_path_gives_both_forms_of_the_same_samples(tmp_path):
+    from bridge_cudagraph.budgets import derive_language_budgets
+
     (got,) = run_world(1, _photo_forms, str(tmp_path))
     assert got["ids"] == {
         "image_token_id": 1000,
@@ -215,7 +217,7 @@ def test_the_photo_data_path_gives_both_forms_of_the_same_samples(tmp_path):
         "vision_start_token_id": 1002,
         "vision_end_token_id": 1003,
     }
-    assert got["budgets"] == [512, 1024, 1536, 2048, 2560, 3072, 3584, 4096]
+    assert got["budgets"] == derive_language_budgets(2 * 2048, multiple=32)
     for m, (rows, width), images in zip(got["micro"], got["widths"], got["image_sets"], strict=True):
         m = MicroBatch(**m)
         assert m.rows == rows == 2 and m.width == width and width % 128 == 0

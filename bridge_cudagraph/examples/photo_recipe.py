@@ -72,7 +72,9 @@ def photo_dataset_config(photos: str | os.PathLike[str], processor: ProcessorFol
         source=HFDatasetSourceConfig(
             path_or_dataset=str(photos), split="train", schema_adapter="cord_v2", adapter_kwargs={"prompt": PROMPT}
         ),
-        num_workers=2,
+        # In-process: on the H200 machine (2026-12-01) two DataLoader workers never delivered a first batch; the
+        # set is small and the step, not the collate, is what the recipe measures.
+        num_workers=0,
         dataloader_type="cyclic",
         data_sharding=True,
         pin_memory=True,

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.gpu
 SEQ, MBS = 256, 2
 BUDGETS = [256, 512, 1024]
 MAX_SEGMENTS = 8
+MAX_PATCHES_PER_IMAGE = 12 * 12
 # Images per sample of one micro-batch, grids (t, h, w) in patches: none, one, several of different sizes.
 IMAGE_SETS = {
     "no_image": [[], []],
@@ -70,7 +71,14 @@ def _cfg(language: bool, vision: bool):
 
     return CudaGraphConfig(
         language=LanguageGraphConfig(enabled=language),
-        vision=VisionGraphConfig(enabled=vision, token_budgets=list(BUDGETS), max_images_per_microbatch=MAX_SEGMENTS),
+        # The largest image here is 12 x 12 = 144 patches: the static attention max_seqlen, so TE's deterministic
+        # fused attention stays within its workspace limit (with the budget as max_seqlen it falls back to eager).
+        vision=VisionGraphConfig(
+            enabled=vision,
+            token_budgets=list(BUDGETS),
+            max_images_per_microbatch=MAX_SEGMENTS,
+            max_patches_per_image=MAX_PATCHES_PER_IMAGE,
+        ),
     )
 
 
@@ -139,7 +147,10 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
     _require_deterministic(bridge)
     _require_deterministic(plugin)
     batches = _batches(kind)
-    helper = provider.make_language_graph_helper(plugin, micro_batch_size=MBS, num_microbatches=1)
+    from bridge_cudagraph.plan import plan_for
+
+    plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    helper = provider.make_language_graph_helper(plugin, plan=plan)
     helper.create_cudagraphs()
     try:
         assert helper.graphs_created(), helper.stats.failed
@@ -157,7 +168,10 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
     provider, plugin = _plugin_model("qwen3_vl", world, _cfg(False, True), bridge)
     _require_deterministic(bridge)
     _require_deterministic(plugin)
-    helpers = provider.make_graph_helpers(plugin, micro_batch_size=MBS, num_microbatches=1)
+    from bridge_cudagraph.plan import plan_for
+
+    plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    helpers = provider.make_graph_helpers(plugin, plan=plan)
     (helper,) = (h for h in helpers if h.submodule == "vision")
     helper.create_cudagraphs()
     try:

@@ -13,6 +13,7 @@ from bridge_cudagraph import host_patches, train
 from bridge_cudagraph.callback import CudaGraphCallback
 from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.plan import plan_for
+from bridge_cudagraph.throughput import ThroughputCallback
 
 PRETRAIN = "megatron.bridge.training.pretrain"
 
@@ -106,7 +107,8 @@ def test_main_runs_bridge_pretrain_with_the_graph_callback_first(entries, capsys
     _run(config, callbacks=[extra])
     (call,) = entries
     assert call.name == "pretrain" and call.config is config
-    assert isinstance(call.callbacks[0], CudaGraphCallback) and call.callbacks[1:] == [extra]
+    assert isinstance(call.callbacks[0], CudaGraphCallback) and call.callbacks[2:] == [extra]
+    assert isinstance(call.callbacks[1], ThroughputCallback)  # useful tokens/s, measured after the capture step
     assert host_patches.bridge_helper_installed()
     assert "pretrain() of CudaGraphQwen3VLModelProvider" in capsys.readouterr().out
     assert train.main(SimpleNamespace(config=config), None, plan=_plan(config.model)) == 0 and len(entries) == 2
