@@ -4,8 +4,8 @@ Graphs and packing trade against each other (a padded graphed step computes padd
 host time), so step time alone cannot say which run trains faster: the number that can is how many tokens *with
 loss* a second of training processes. :func:`counting_forward_step` wraps Bridge's forward step so that each
 micro-batch's ``loss_mask`` is summed on the host, from the collated batch before the step moves it to the GPU
-(no device sync); :class:`ThroughputCallback` reports the rate every ``logger.log_interval`` iterations and once
-at the end, over the iterations after the last capture (so capture time is not in it).
+(no device sync); :class:`ThroughputCallback` times the training steps after warmup, capture and the first replay,
+and reports the rate every ``logger.log_interval`` iterations and once at the end.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from megatron.bridge.training.callbacks import Callback
@@ -30,7 +30,6 @@ class UsefulTokenMeter:
     """Tokens counted so far (the loss mask's sum over every micro-batch drawn)."""
     micro_batches: int = 0
     """Micro-batches counted so far."""
-    _marks: list[tuple[int, float]] = field(default_factory=list)
 
     def add(self, batch: Any) -> None:
         """Count one collated micro-batch: its ``loss_mask`` sum (a CPU tensor in Bridge's collate)."""
@@ -39,17 +38,6 @@ class UsefulTokenMeter:
             return
         self.tokens += int(mask.sum()) if mask.device.type == "cpu" else 0
         self.micro_batches += 1
-
-    def mark(self) -> None:
-        """Remember the count and the time now (a step boundary)."""
-        self._marks.append((self.tokens, time.perf_counter()))
-
-    def rate_since(self, index: int) -> float | None:
-        """Useful tokens per second from mark ``index`` to the last mark, or None with fewer than two marks."""
-        if len(self._marks) < 2 or index >= len(self._marks) - 1:
-            return None
-        (t0, s0), (t1, s1) = self._marks[index], self._marks[-1]
-        return (t1 - t0) / (s1 - s0) if s1 > s0 else None
 
 
 class _CountingIterator:
@@ -98,58 +86,72 @@ def counting_forward_step(step: Callable, meter: UsefulTokenMeter) -> Callable:
 class ThroughputCallback(Callback):
     """Reports useful tokens per second (rank 0) every ``logger.log_interval`` iterations and at the end.
 
+    Only the training steps are timed (from ``on_train_step_start`` to ``on_train_step_end``, with a device
+    synchronize at the end so a step's kernels are inside its own interval): evaluation, checkpoints and logging
+    between steps are not training speed. Steps before ``skip_iterations`` are not measured either.
+
     Args:
         meter: The meter the wrapped forward step counts into.
-        skip_iterations: Iterations after the loop's start (the loaded one on resume) not measured: the graphs'
-            warmup and capture, so graphed and eager runs are measured over the same iterations.
+        skip_iterations: Steps after the loop's start (the loaded one on resume) not measured: the graphs' warmup,
+            the capture step and the first replay (one-time plan building), the same number for graphed and eager
+            runs so both are measured over the same iterations.
     """
 
     def __init__(self, meter: UsefulTokenMeter, skip_iterations: int = 0) -> None:
         self.meter = meter
         self.skip_iterations = skip_iterations
         self._measure_from: int | None = None
-        self._start_index: int | None = None
-        self._iterations: list[int] = []
-        self.summary: dict[str, Any] = {}
-        """The last report: ``useful_tokens_per_s``, ``iterations`` measured, ``tokens``."""
+        self._started: tuple[float, int] | None = None
+        self.seconds = 0.0
+        """Training-step seconds measured so far."""
+        self.tokens = 0
+        """Useful tokens of the measured steps."""
+        self.iterations = 0
+        """Measured steps."""
 
     def on_train_start(self, context) -> None:
         """Measure from ``skip_iterations`` after the loop's first step."""
         self._measure_from = context.state.train_state.step + self.skip_iterations
 
     def on_train_step_start(self, context) -> None:
-        """Mark the boundary (after a capture, which happens in the graph callback's step start)."""
-        self._mark(context.state.train_state.step)
+        """Start a measured step (after a capture, which the graph callback runs before this one)."""
+        self._started = None
+        if context.state.train_state.step >= (self._measure_from or 0):
+            self._started = (time.perf_counter(), self.meter.tokens)
 
     def on_train_step_end(self, context) -> None:
-        """Report every ``log_interval`` iterations."""
+        """End a measured step; report every ``log_interval`` iterations."""
+        if self._started is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start, tokens = self._started
+            self.seconds += time.perf_counter() - start
+            self.tokens += self.meter.tokens - tokens
+            self.iterations += 1
+            self._started = None
         iteration = context.state.train_state.step + 1
-        self._mark(iteration)
         interval = context.state.cfg.logger.log_interval
         if interval and iteration % interval == 0:
             self._report(f"iteration {iteration}")
 
     def on_train_end(self, context) -> None:
-        """The summary line over every measured iteration."""
+        """The summary line over every measured step."""
         self._report("end of training")
 
-    def _mark(self, iteration: int) -> None:
-        self.meter.mark()
-        self._iterations.append(iteration)
-        if self._start_index is None and iteration >= (self._measure_from or 0):
-            self._start_index = len(self._iterations) - 1
+    @property
+    def useful_tokens_per_s(self) -> float | None:
+        """Useful tokens per second of training step, or None before a measured step."""
+        return self.tokens / self.seconds if self.seconds > 0 else None
 
     def _report(self, when: str) -> None:
         from megatron.bridge.utils.common_utils import print_rank_0
 
-        if self._start_index is None:
-            return
-        rate = self.meter.rate_since(self._start_index)
+        rate = self.useful_tokens_per_s
         if rate is None:
             return
-        measured = self._iterations[-1] - self._iterations[self._start_index]
-        self.summary = {"useful_tokens_per_s": rate, "iterations": measured, "tokens": self.meter.tokens}
         print_rank_0(
-            f"bridge_cudagraph: useful tokens/s {rate:,.0f} (tokens with loss, over {measured} iterations after "
-            f"capture, {when}; this rank's data-parallel share)"
+            f"bridge_cudagraph: useful tokens/s {rate:,.0f} (tokens with loss over {self.iterations} measured "
+            f"training steps, {self.seconds:.2f} s; {when}; this rank's data-parallel share)"
         )

@@ -100,9 +100,10 @@ def run(
     graph_callback = CudaGraphCallback(plan=plan)
     meter = UsefulTokenMeter()
     step = counting_forward_step(forward_step_func or forward_step_for(config.model), meter)
-    # Measured from the capture step on (graphed and eager runs alike): warmup and capture are not training speed.
+    # Measured after the capture step and the first replay (graphed and eager runs alike): warmup, capture and
+    # one-time set-up are not training speed.
     warmup = max(plan.language.warmup_steps, plan.vision.warmup_steps if plan.vision is not None else 0)
-    throughput = ThroughputCallback(meter, skip_iterations=warmup)
+    throughput = ThroughputCallback(meter, skip_iterations=warmup + 2)
     finetuning = config.checkpoint.pretrained_checkpoint is not None
     entry = finetune if finetuning else pretrain
     block = getattr(config.model, "cuda_graph", None)

@@ -34,15 +34,26 @@ def test_a_step_without_state_is_wrapped_at_its_data_iterator():
     assert meter.tokens == 5
 
 
-def test_rate_is_tokens_over_time_between_marks(monkeypatch):
+def test_only_measured_training_steps_count(monkeypatch):
+    from types import SimpleNamespace
+
+    from bridge_cudagraph.throughput import ThroughputCallback
+
     meter = UsefulTokenMeter()
-    clock = iter([10.0, 12.0, 14.0])
+    clock = iter([10.0, 11.0, 50.0, 52.0])  # a 1 s step, a gap (evaluation), a 2 s step
     monkeypatch.setattr("bridge_cudagraph.throughput.time.perf_counter", lambda: next(clock))
-    meter.mark()
-    meter.tokens = 100
-    meter.mark()
-    meter.tokens = 300
-    meter.mark()
-    assert meter.rate_since(0) == 300 / 4.0
-    assert meter.rate_since(1) == 200 / 2.0
-    assert meter.rate_since(2) is None
+    cb = ThroughputCallback(meter, skip_iterations=1)
+
+    def context(step):
+        state = SimpleNamespace(
+            train_state=SimpleNamespace(step=step), cfg=SimpleNamespace(logger=SimpleNamespace(log_interval=0))
+        )
+        return SimpleNamespace(state=state)
+
+    cb.on_train_start(context(0))
+    for step, tokens in [(0, 999), (1, 100), (2, 300)]:
+        cb.on_train_step_start(context(step))
+        meter.tokens += tokens
+        cb.on_train_step_end(context(step))
+    assert (cb.iterations, cb.tokens, cb.seconds) == (2, 400, 3.0)
+    assert cb.useful_tokens_per_s == 400 / 3.0
