@@ -103,14 +103,17 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
     assert d <= floor, f"{what}: per-token loss max diff {d} above the eager-vs-eager floor {floor}"
 
 
-def test_packed_graphs_match_eager_and_bridge(world, record):
+# The static attention max_seqlen: the model's seq_length (what the plan uses), and 4x it. Eager attention gets the
+# micro-batch's own longest row; the second case shows whether the kernels' numbers depend on max_seqlen.
+@pytest.mark.parametrize("max_seqlen", [SEQ, 4 * SEQ], ids=["max_seqlen_S", "max_seqlen_4S"])
+def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen):
     import torch
 
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
     from bridge_cudagraph.testing.parity import loss_and_grads
 
     graphed, ours_off, bridge = _models(world)
-    layout = PackedLayout(budgets=BUDGETS, max_sequences=MBS, max_seqlen=SEQ)
+    layout = PackedLayout(budgets=BUDGETS, max_sequences=MBS, max_seqlen=max_seqlen)
     batches = {
         name: _packed_batch(rows, seed=11 * i, pg_collection=world.language)
         for i, (name, rows) in enumerate(CASES.items())
@@ -142,6 +145,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record):
         _assert_match(got, loss_and_grads(bridge, batch), f"{name}: graphs vs Bridge", floors[name])
         record(
             case=name,
+            max_seqlen=max_seqlen,
             tokens=tokens,
             budget=layout.budget_for(tokens, MBS),
             fill=tokens / BUDGETS[-1],
