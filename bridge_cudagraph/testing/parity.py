@@ -18,9 +18,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-#: DESIGN.md's bound where kernels may differ: max abs per-token-loss difference (and gradient relative L2).
-LOSS_BOUND = 1e-3
-GRAD_BOUND = 1e-3
+from bridge_cudagraph.testing.bounds import GRAD_BOUND, LOSS_BOUND
+
 #: Where kernels are not bitwise deterministic (vision attention backward on packed sequences), a graphed run is
 #: held to this multiple of the eager-vs-eager floor measured in the same test: the graphed-vs-eager difference is
 #: one more draw of the same noise, and a max over draws is not bounded by one other draw's max.

@@ -173,6 +173,12 @@ def run_config(tmp_path):
 RUN_CASES = [
     ("dataloader-batch", {"dataloader_type": "batch"}, ["dataloader_type='batch'", "single"]),
     ("in-batch-packing", {"enable_in_batch_packing": True}, ["enable_in_batch_packing", "pad_to_max_length=true"]),
+    (
+        "collate-time-packing",
+        {"enable_in_batch_packing": True, "defer_in_batch_packing_to_step": False},
+        ["collate-time packing", "defer_in_batch_packing_to_step=true"],
+    ),
+    ("offline-packing", {"enable_offline_packing": True}, ["enable_offline_packing=true", "set model.cuda_graph"]),
     ("no-padding", {"pad_to_max_length": False}, ["pad_to_max_length=false", "pad_to_max_length=true"]),
     ("seq-mismatch", {"seq_length": 512}, ["512 != model.seq_length 256", "equal"]),
 ]
