@@ -33,7 +33,7 @@ CASES = {
 FALLBACK = [(128, [(1, 8, 8)]), (64, []), (100, [(1, 4, 4)])]
 
 
-def _packed_batch(rows, *, seed: int, pg_collection) -> dict:
+def _packed_batch(rows, *, seed: int, pg_collection, seq: int = SEQ) -> dict:
     """One micro-batch as Bridge's collate + ``qwen3_vl_step`` (``enable_in_batch_packing``) hand it to the model.
 
     Rows of different real lengths are padded to the longest (pad 0, label -100, loss mask 0), as the collate
@@ -64,14 +64,14 @@ def _packed_batch(rows, *, seed: int, pg_collection) -> dict:
             pixel_values=torch.cat(pixels) if pixels else None, image_grid_thw=torch.cat(grids) if grids else None
         ),
     }
-    return qwen3_vl_step_inputs(collated, pg_collection, packed=True, seq_length=SEQ)
+    return qwen3_vl_step_inputs(collated, pg_collection, packed=True, seq_length=seq)
 
 
-def _models(world):
+def _models(world, seq: int = SEQ):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
     from bridge_cudagraph.examples import tiny
 
-    fields = dict(seq_length=SEQ, language_max_sequence_length=SEQ)
+    fields = dict(seq_length=seq, language_max_sequence_length=seq)
     graphed_provider = tiny.tiny_qwen3_vl_provider(
         CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), **fields
     )
@@ -170,3 +170,52 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen):
     )
     helper.uninstall()
     assert not helper.graphs_created()
+
+
+# Rows as the main job's photo micro-batches make them at sequence 2048 (every width a multiple of 128): packed widths
+# from 2 x 640 to 2 x 2048, replaying several rungs of the plan's own ladder. Written after run 16, where Bridge's
+# loop on the photo data parted from eager from its second graphed step under deterministic kernels while the
+# single-budget cases above stay exact; not yet run on a GPU.
+LADDER_SEQ = 2048
+LADDER_CASES = {
+    "T_1280": [(640, [(1, 16, 16)]), (500, [(1, 12, 12)])],
+    "T_2048": [(1024, [(1, 24, 16)]), (900, [(1, 16, 12)])],
+    "T_2816": [(1408, [(1, 32, 24)]), (1300, [(1, 20, 20)])],
+    "T_4096": [(2048, [(1, 32, 32)]), (1990, [(1, 24, 24)])],
+}
+
+
+def test_packed_graphs_over_the_plans_ladder_at_sequence_2048(world, record):
+    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
+    from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+    from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
+
+    graphed, ours_off, bridge = _models(world, LADDER_SEQ)
+    budgets = tuple(derive_language_budgets(MBS * LADDER_SEQ, multiple=MBS * 16))
+    layout = PackedLayout(budgets=budgets, max_sequences=MBS, max_seqlen=LADDER_SEQ)
+    batches = {
+        name: _packed_batch(rows, seed=13 * i, pg_collection=world.language, seq=LADDER_SEQ)
+        for i, (name, rows) in enumerate(LADDER_CASES.items())
+    }
+    floors = {}
+    for name, batch in batches.items():
+        b, again = loss_and_grads(ours_off, batch), loss_and_grads(ours_off, batch)
+        floors[name] = float((b[0] - again[0]).abs().max())
+    helper = PackedLanguageGraphHelper(graphed, layout=layout)
+    helper.create_cudagraphs()
+    assert helper.stats.failed is None, helper.stats.failed
+    used = set()
+    for step in range(2):  # twice over: the second pass replays every budget again, as training steps do
+        for name, batch in batches.items():
+            tokens = batch["input_ids"].numel()
+            used.add(layout.budget_for(tokens, MBS))
+            got = loss_and_grads(graphed, batch)
+            _assert_match(got, loss_and_grads(ours_off, batch), f"{name} pass {step}: graphs vs eager", floors[name])
+            _assert_match(got, loss_and_grads(bridge, batch), f"{name} pass {step}: graphs vs Bridge", floors[name])
+            record(
+                case=name, step=step, tokens=tokens, budget=layout.budget_for(tokens, MBS), deterministic=DETERMINISTIC
+            )
+    assert len(used) >= 3, used  # several rungs, not one
+    assert helper.stats.replays == 2 * len(batches) and helper.stats.eager_fallbacks == 0
+    assert_captured(helper.stats)
+    helper.uninstall()
