@@ -590,19 +590,21 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
             f"{LADDER_STEPS} rungs"
         )
     images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
-    if vision.max_patches_per_image != vision.token_budgets[-1]:
-        images_line += f", at most {vision.max_patches_per_image} patches each"
     if vision.images_derived:
         images_line += (
             f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "
             "(images of >= 4x4 merged tokens)"
         )
     copies = f" x {vision.copies} in-flight copies (pipeline stage 0, 1F1B)" if vision.copies > 1 else ""
+    cap = []
+    if vision.max_patches_per_image != vision.token_budgets[-1]:
+        cap = [f"  at most {vision.max_patches_per_image} patches per image (the static attention max_seqlen)"]
     lines = [
         f"vision: {vision.depth} layers x {len(vision.token_budgets)} budgets{copies} = {vision.graphs} graphs "
         f"per rank{where}, {_modules_text(vision.modules)}, capture after {vision.warmup_steps} steps",
         budget_line,
         images_line,
+        *cap,
         f"  a micro-batch with more than {vision.token_budgets[-1]} patches or more images runs eagerly (counted)",
     ]
     for budget, inputs in vision.static_inputs:

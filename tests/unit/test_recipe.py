@@ -44,9 +44,12 @@ def write(tmp_path):
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
-def test_every_bundled_recipe_loads_and_validates_on_cpu(path):
-    """Each ``recipes/*.yaml`` loads offline, passes Bridge's own finalization and plans at its world size."""
+def test_every_bundled_recipe_loads_and_validates_on_cpu(path, tmp_path):
+    """Each ``recipes/*.yaml`` loads offline, passes Bridge's own finalization and plans at its world size (a PEFT
+    recipe with an existing folder as its base checkpoint, which Bridge requires and the user gives)."""
     loaded = load_recipe(path)
+    if getattr(loaded.config, "peft", None) is not None:
+        loaded.config.checkpoint.pretrained_checkpoint = str(tmp_path)
     assert isinstance(loaded, LoadedRecipe) and loaded.source == path
     block = loaded.config.model.cuda_graph
     assert isinstance(block, CudaGraphConfig) and block.any_enabled
