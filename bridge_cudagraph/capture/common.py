@@ -190,12 +190,36 @@ def abandon_capture(layers, model_chunks, error: BaseException, submodule: str) 
                     reset()
         layer.cuda_graphs = []
         layer.cuda_graph_manual_hooks = []
-    for chunk in model_chunks:
-        zero = getattr(chunk, "zero_grad_buffer", None)
-        if zero is not None:
-            zero()
+    zero_grad_buffers(model_chunks)
     with contextlib.suppress(Exception):
         torch.cuda.synchronize()
     cause = f"{type(error).__name__}: {error}".splitlines()[0][:500]
     logger.warning("bridge_cudagraph: %s capture failed, training on eagerly. Cause: %s", submodule, cause)
     return cause
+
+
+def zero_grad_buffers(model_chunks) -> None:
+    """Zero the DDP gradient buffers of ``model_chunks``: TE's warmup passes before a capture wrote gradients into
+    them, which megatron-core's helper clears the same way."""
+    for chunk in model_chunks:
+        zero = getattr(chunk, "zero_grad_buffer", None)
+        if zero is not None:
+            zero()
+
+
+def fused_grad_params(layers) -> list:
+    """The parameters of ``layers`` whose weight gradient TE accumulates into ``main_grad`` inside a graph (TE's
+    Python marked them ``grad_added_to_main_grad`` during capture); a replay runs no TE Python, so the budgeted
+    helpers mark them again before each replay."""
+    return [p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)]
+
+
+def reset_graph_sets(graphs) -> None:
+    """Free the TE graphs of ``{budget: [graph set, ...]}`` (each set's ``layers`` are TE graphed callables,
+    whose ``reset()`` releases their graph state)."""
+    for copies in graphs.values():
+        for graph_set in copies:
+            for graph in graph_set.layers:
+                reset = getattr(graph, "reset", None)
+                if reset is not None:
+                    reset()

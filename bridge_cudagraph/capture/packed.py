@@ -52,9 +52,12 @@ from bridge_cudagraph.capture.common import (
     abandon_capture,
     activation_dtype,
     check_static_inputs,
+    fused_grad_params,
     measure,
     megatron_capturing,
     param_grad_return_kwargs,
+    reset_graph_sets,
+    zero_grad_buffers,
 )
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -331,13 +334,8 @@ class PackedLanguageGraphHelper:
                     torch.cuda.synchronize()
                     self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
                 self.graphs = dict(sorted(captured.items()))
-                self._fused_grad_params = [
-                    p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)
-                ]
-                for chunk in self.model:
-                    zero = getattr(chunk, "zero_grad_buffer", None)
-                    if zero is not None:
-                        zero()
+                self._fused_grad_params = fused_grad_params(layers)
+                zero_grad_buffers(self.model)
                 gc.collect()
         except Exception as error:
             self.graphs = {}
@@ -450,12 +448,7 @@ class PackedLanguageGraphHelper:
 
     def delete_cuda_graphs(self) -> None:
         """Free every packed graph (TE ``reset()``) before process groups go away; allows re-capture."""
-        for copies in self.graphs.values():
-            for graphs in copies:
-                for graph in graphs.layers:
-                    reset = getattr(graph, "reset", None)
-                    if reset is not None:
-                        reset()
+        reset_graph_sets(self.graphs)
         self.graphs = {}
         self.copies.reset()
         self._fused_grad_params = []

@@ -46,9 +46,12 @@ from bridge_cudagraph.capture.common import (
     CaptureStats,
     abandon_capture,
     check_static_inputs,
+    fused_grad_params,
     measure,
     megatron_capturing,
     param_grad_return_kwargs,
+    reset_graph_sets,
+    zero_grad_buffers,
 )
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
@@ -334,10 +337,9 @@ class VisionGraphHelper:
                     torch.cuda.synchronize()
                     self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
                 self.graphs = dict(sorted(captured.items()))
-                self._fused_grad_params = [
-                    p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)
-                ]
-                self._reset_after_capture()
+                self._fused_grad_params = fused_grad_params(layers)
+                zero_grad_buffers(self.model)
+                gc.collect()
         except Exception as error:
             self.graphs = {}
             if self.on_capture_error == "raise":
@@ -365,14 +367,6 @@ class VisionGraphHelper:
             )
         return GraphSet(list(graphed), rotary, cu)
 
-    def _reset_after_capture(self) -> None:
-        """TE's warmup passes wrote gradients; clear them as megatron-core's helper does."""
-        for chunk in self.model:
-            zero = getattr(chunk, "zero_grad_buffer", None)
-            if zero is not None:
-                zero()
-        gc.collect()
-
     def graphs_created(self) -> bool:
         """Whether any vision graph exists."""
         return bool(self.graphs)
@@ -386,12 +380,7 @@ class VisionGraphHelper:
 
     def delete_cuda_graphs(self) -> None:
         """Free every vision graph (TE ``reset()``) before process groups go away; allows re-capture."""
-        for copies in self.graphs.values():
-            for graphs in copies:
-                for graph in graphs.layers:
-                    reset = getattr(graph, "reset", None)
-                    if reset is not None:
-                        reset()
+        reset_graph_sets(self.graphs)
         self.graphs = {}
         self.copies.reset()
         self._fused_grad_params = []
