@@ -358,11 +358,6 @@ def test_the_cli_subprocess_refuses_a_zero_micro_batch(record):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli._run checks for CUDA before it loads and checks the recipe; the branch that makes train build the "
-    "plan first fixes it (then drop this mark)",
-)
 def test_train_refuses_a_bad_size_before_asking_for_a_gpu(capsys, monkeypatch):
     """``train`` refuses the configuration that ``validate`` refuses, with the same line, before the GPU check."""
     from bridge_cudagraph.cli import main
