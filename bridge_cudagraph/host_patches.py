@@ -20,6 +20,10 @@ Entry (what it rebinds; host version; how it is undone):
   Bridge 0.6.2's MoE recipes; leaving the block.
 * :func:`explicit_num_microbatches`: ``megatron.core.transformer.cuda_graphs.get_num_microbatches``; megatron-core
   0.19.2; leaving the block.
+* :func:`extend_instance_class`: the class of one host *object* (the language decoder, a megatron-core
+  ``TransformerBlock`` or Bridge 0.6.2's ``Qwen3VLTransformerBlock``), given a subclass that puts a mixin in front
+  (the packed-sequence replay, :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`); the host's classes are
+  untouched; :func:`restore_instance_class`.
 
 Every undo puts back the very object that was there before (``tests/unit/test_host_patches.py`` checks identity).
 Each replacement carries the original under :data:`ORIGINAL`, which is how the install/uninstall pairs find it.
@@ -42,11 +46,13 @@ __all__ = [
     "bridge_helper_installed",
     "cpu_device_properties",
     "explicit_num_microbatches",
+    "extend_instance_class",
     "from_hf_pretrained_hook",
     "install_bridge_helper",
     "offline_hub",
     "release_graphs_if_training_raises",
     "restore_dataset_helpers",
+    "restore_instance_class",
     "uninstall_bridge_helper",
     "use_prebuilt_dataset_helpers",
 ]
@@ -311,3 +317,32 @@ def explicit_num_microbatches(count: int) -> Iterator[None]:
         yield
     finally:
         cuda_graphs.get_num_microbatches = original
+
+
+# ------------------------------------------------------------------ one host object's class (megatron-core 0.19.2)
+_EXTENDED_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def extend_instance_class(obj: Any, mixin: type) -> None:
+    """Give ``obj`` (one instance) a subclass of its own class with ``mixin`` in front, cached per class.
+
+    For a host method with no hook, overridden for one object only: megatron-core 0.19.2's decoder
+    (``TransformerBlock.forward``) for the packed replay. The mixin must add no state of its own, so parameters,
+    buffers, hooks and the state dict are untouched. Undone by :func:`restore_instance_class`.
+    """
+    cls = type(obj)
+    if issubclass(cls, mixin):
+        return
+    key = (cls, mixin)
+    if key not in _EXTENDED_CLASSES:
+        _EXTENDED_CLASSES[key] = type(
+            f"{mixin.__name__}{cls.__name__}", (mixin, cls), {"__module__": mixin.__module__}
+        )
+    obj.__class__ = _EXTENDED_CLASSES[key]
+
+
+def restore_instance_class(obj: Any, mixin: type) -> None:
+    """Give ``obj`` back the class it had before :func:`extend_instance_class`."""
+    cls = type(obj)
+    if issubclass(cls, mixin):
+        obj.__class__ = next(b for b in cls.__mro__[1:] if not issubclass(b, mixin))

@@ -177,33 +177,23 @@ class PackedReplayBlock:
         return out
 
 
-_REPLAY_CLASSES: dict[type, type] = {}
-
-
-def _replay_class(cls: type) -> type:
-    if issubclass(cls, PackedReplayBlock):
-        return cls
-    if cls not in _REPLAY_CLASSES:
-        _REPLAY_CLASSES[cls] = type(f"PackedReplay{cls.__name__}", (PackedReplayBlock, cls), {"__module__": __name__})
-    return _REPLAY_CLASSES[cls]
-
-
 def install_packed_replay(decoder: torch.nn.Module, helper: PackedLanguageGraphHelper) -> None:
     """Give ``decoder`` (a ``TransformerBlock`` instance) the packed replay; undone by :func:`remove_packed_replay`.
 
-    Patches the instance's class (not the host's class): the subclass adds no state, so parameters, buffers,
-    hooks and the state dict are untouched.
+    Patches the instance's class, not the host's (:func:`~bridge_cudagraph.host_patches.extend_instance_class`).
     """
-    decoder.__class__ = _replay_class(type(decoder))
+    from bridge_cudagraph.host_patches import extend_instance_class
+
+    extend_instance_class(decoder, PackedReplayBlock)
     decoder.packed_graph_helper = helper
 
 
 def remove_packed_replay(decoder: torch.nn.Module) -> None:
     """Restore the decoder's own class."""
-    cls = type(decoder)
-    if issubclass(cls, PackedReplayBlock):
-        decoder.__dict__.pop("packed_graph_helper", None)
-        decoder.__class__ = next(b for b in cls.__mro__[1:] if not issubclass(b, PackedReplayBlock))
+    from bridge_cudagraph.host_patches import restore_instance_class
+
+    decoder.__dict__.pop("packed_graph_helper", None)
+    restore_instance_class(decoder, PackedReplayBlock)
 
 
 # ------------------------------------------------------------------------------------------- helper
