@@ -49,6 +49,7 @@ from bridge_cudagraph.budgets import PackedLayout
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
+    GraphCopies,
     abandon_capture,
     activation_dtype,
     check_static_inputs,
@@ -228,7 +229,6 @@ class PackedLanguageGraphHelper:
         on_capture_error: str = "eager",
     ) -> None:
         from bridge_cudagraph.capture.language import language_model_of
-        from bridge_cudagraph.capture.vision import GraphCopies
 
         self.model = list(model)
         self.layout = layout
