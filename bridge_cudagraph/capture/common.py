@@ -4,6 +4,7 @@ dtype, failure handling and the numbers a capture reports."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -271,3 +272,50 @@ class GraphCopies:
     def reset(self) -> None:
         """Every set free (after capture, deletion, or an aborted step)."""
         self._busy = [False] * self.count
+
+
+def capture_budget_ladder(
+    *,
+    stats: CaptureStats,
+    model_chunks,
+    layers,
+    budgets,
+    copies: int,
+    capture_one,
+    on_capture_error: str,
+    submodule: str,
+) -> tuple[dict, list]:
+    """Capture one graph set per budget and copy, as the budgeted helpers (packed language, vision) do; returns
+    ``(graphs, fused_params)``: ``{budget: [graph set per copy]}`` and :func:`fused_grad_params` of ``layers``.
+
+    Each copy has a pool of its own, and its budgets are captured into it largest first: a budget's activations
+    are freed into the pool once its backward is captured, and the caching allocator splits a free block but
+    never joins two, so each smaller budget is carved out of the larger one's memory. That is safe because one
+    copy holds one micro-batch at a time and only one budget runs per micro-batch; copies never share (they hold
+    micro-batches in flight at once). ``capture_one(budget, pool, extra_kwargs)`` captures one set.
+
+    On failure: re-raised with ``on_capture_error="raise"``, else the model is left eager
+    (:func:`abandon_capture`, the cause in ``stats.failed``) and ``({}, [])`` comes back.
+    """
+    try:
+        with measure(stats), megatron_capturing():
+            skip_clones = param_grad_return_kwargs(model_chunks, layers)
+            stats.param_grads_cloned = not skip_clones
+            pools = [torch.cuda.graph_pool_handle() for _ in range(copies)]
+            captured = {}
+            for budget in sorted(budgets, reverse=True):
+                before = torch.cuda.memory_reserved()
+                captured[budget] = [capture_one(budget, pool, skip_clones) for pool in pools]
+                torch.cuda.synchronize()
+                stats.per_budget[budget] = torch.cuda.memory_reserved() - before
+            fused = fused_grad_params(layers)
+            zero_grad_buffers(model_chunks)
+            gc.collect()
+    except Exception as error:
+        if on_capture_error == "raise":
+            raise
+        stats.failed = abandon_capture(layers, model_chunks, error, submodule)
+        return {}, []
+    graphs = dict(sorted(captured.items()))
+    stats.graphs = sum(len(g.layers) for sets in graphs.values() for g in sets)
+    return graphs, fused

@@ -50,15 +50,10 @@ from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
     GraphCopies,
-    abandon_capture,
     activation_dtype,
+    capture_budget_ladder,
     check_static_inputs,
-    fused_grad_params,
-    measure,
-    megatron_capturing,
-    param_grad_return_kwargs,
     reset_graph_sets,
-    zero_grad_buffers,
 )
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -305,36 +300,22 @@ class PackedLanguageGraphHelper:
         return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
 
     def create_cudagraphs(self) -> None:
-        """Capture every layer for every budget and copy, largest budget first into one pool per copy (the smaller
-        budgets are carved out of the largest one's freed activations; see the vision helper); on failure, raise
-        or train on eagerly."""
+        """Capture every layer for every budget and copy, the budgets of a copy sharing its memory
+        (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on failure, raise or train on eagerly."""
         if self.graphs or not self.decoders:
             return
         decoder = self.decoders[0]
-        layers = list(decoder.layers)
-        try:
-            with measure(self.stats), megatron_capturing():
-                skip_clones = param_grad_return_kwargs(self.model, layers)
-                self.stats.param_grads_cloned = not skip_clones
-                pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
-                captured = {}
-                for budget in reversed(self.layout.budgets):
-                    before = torch.cuda.memory_reserved()
-                    captured[budget] = [self._capture_budget(decoder, budget, pool, skip_clones) for pool in pools]
-                    torch.cuda.synchronize()
-                    self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
-                self.graphs = dict(sorted(captured.items()))
-                self._fused_grad_params = fused_grad_params(layers)
-                zero_grad_buffers(self.model)
-                gc.collect()
-        except Exception as error:
-            self.graphs = {}
-            if self.on_capture_error == "raise":
-                raise
-            self.stats.failed = abandon_capture(layers, self.model, error, self.submodule)
-            return
+        self.graphs, self._fused_grad_params = capture_budget_ladder(
+            stats=self.stats,
+            model_chunks=self.model,
+            layers=list(decoder.layers),
+            budgets=self.layout.budgets,
+            copies=self.copies.count,
+            capture_one=lambda budget, pool, extra: self._capture_budget(decoder, budget, pool, extra),
+            on_capture_error=self.on_capture_error,
+            submodule=self.submodule,
+        )
         self.copies.reset()
-        self.stats.graphs = sum(len(g.layers) for copies in self.graphs.values() for g in copies)
 
     def graphs_created(self) -> bool:
         """Whether any packed graph exists."""

@@ -45,14 +45,9 @@ from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
     GraphCopies,
-    abandon_capture,
+    capture_budget_ladder,
     check_static_inputs,
-    fused_grad_params,
-    measure,
-    megatron_capturing,
-    param_grad_return_kwargs,
     reset_graph_sets,
-    zero_grad_buffers,
 )
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
@@ -266,41 +261,22 @@ class VisionGraphHelper:
         return hidden_states, rotary, cu
 
     def create_cudagraphs(self) -> None:
-        """Capture every layer for every budget and copy; on failure, raise or run eagerly.
-
-        Each copy has a pool of its own, and its budgets are captured into it largest first. A budget's
-        activations are freed into the pool once its backward is captured, and the caching allocator splits a
-        free block but never joins two, so each smaller budget is carved out of the larger one's memory: the
-        budgets of a copy share their activations, which is safe because one copy holds one micro-batch at a
-        time and only one budget runs per micro-batch. Copies never share: they hold micro-batches in flight
-        at the same time.
-        """
+        """Capture every layer for every budget and copy, the budgets of a copy sharing its memory
+        (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on failure, raise or run eagerly."""
         if self.graphs:
             return
         layers = list(self.vision_model.decoder.layers)
-        try:
-            with measure(self.stats), megatron_capturing():
-                skip_clones = param_grad_return_kwargs(self.model, layers)
-                self.stats.param_grads_cloned = not skip_clones
-                pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
-                captured = {}
-                for budget in reversed(self.budgets):
-                    before = torch.cuda.memory_reserved()
-                    captured[budget] = [self._capture_budget(layers, budget, pool, skip_clones) for pool in pools]
-                    torch.cuda.synchronize()
-                    self.stats.per_budget[budget] = torch.cuda.memory_reserved() - before
-                self.graphs = dict(sorted(captured.items()))
-                self._fused_grad_params = fused_grad_params(layers)
-                zero_grad_buffers(self.model)
-                gc.collect()
-        except Exception as error:
-            self.graphs = {}
-            if self.on_capture_error == "raise":
-                raise
-            self.stats.failed = abandon_capture(layers, self.model, error, self.submodule)
-            return
+        self.graphs, self._fused_grad_params = capture_budget_ladder(
+            stats=self.stats,
+            model_chunks=self.model,
+            layers=layers,
+            budgets=self.budgets,
+            copies=self.copies.count,
+            capture_one=lambda budget, pool, extra: self._capture_budget(layers, budget, pool, extra),
+            on_capture_error=self.on_capture_error,
+            submodule=self.submodule,
+        )
         self.copies.reset()
-        self.stats.graphs = sum(len(g.layers) for copies in self.graphs.values() for g in copies)
 
     def _capture_budget(self, layers: list, budget: int, pool, extra_kwargs: dict) -> GraphSet:
         """One set of graphed layers at ``budget`` patches, in ``pool``."""
