@@ -31,6 +31,7 @@ from pathlib import Path
 from bridge_cudagraph.examples.photos import PROMPT, PhotoSetSpec, answer_texts, build_photo_set
 from bridge_cudagraph.examples.processor import ProcessorFolder, build_processor_folder, content_key
 from bridge_cudagraph.examples.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
+from bridge_cudagraph.examples.tiny_recipe import adam_with_cosine
 
 __all__ = ["CACHE_ENV", "build_photo_data", "cache_dir", "photo_dataset_config", "tiny_qwen3_vl_photos_config"]
 
@@ -101,9 +102,7 @@ def tiny_qwen3_vl_photos_config(
         DistributedDataParallelConfig,
         DistributedInitConfig,
         LoggerConfig,
-        OptimizerConfig,
         RNGConfig,
-        SchedulerConfig,
         TokenizerConfig,
         TrainingConfig,
         ValidationConfig,
@@ -126,25 +125,7 @@ def tiny_qwen3_vl_photos_config(
             micro_batch_size=2, global_batch_size=2, train_iters=train_iters, exit_signal_handler=True
         ),
         validation=ValidationConfig(eval_interval=10, eval_iters=2),
-        optimizer=OptimizerConfig(
-            optimizer="adam",
-            lr=3e-4,
-            min_lr=3e-5,
-            weight_decay=0.01,
-            adam_beta1=0.9,
-            adam_beta2=0.95,
-            clip_grad=1.0,
-            bf16=True,
-            use_distributed_optimizer=True,
-        ),
-        # Megatron's OptimizerParamScheduler asserts start_wd >= 0: the weight-decay schedule must be explicit.
-        scheduler=SchedulerConfig(
-            lr_decay_style="cosine",
-            lr_warmup_iters=2,
-            start_weight_decay=0.01,
-            end_weight_decay=0.01,
-            weight_decay_incr_style="constant",
-        ),
+        **adam_with_cosine(warmup_iters=2, overlap_param_gather=False),
         # Bridge's VLM recipes: no gradient-reduce or parameter-gather overlap.
         ddp=DistributedDataParallelConfig(
             use_distributed_optimizer=True,

@@ -217,9 +217,7 @@ def tiny_qwen3_vl_config(*, checkpoint_dir: str | None = None, train_iters: int 
         DistributedDataParallelConfig,
         DistributedInitConfig,
         LoggerConfig,
-        OptimizerConfig,
         RNGConfig,
-        SchedulerConfig,
         TokenizerConfig,
         TrainingConfig,
         ValidationConfig,
@@ -235,26 +233,7 @@ def tiny_qwen3_vl_config(*, checkpoint_dir: str | None = None, train_iters: int 
             micro_batch_size=2, global_batch_size=2, train_iters=train_iters, exit_signal_handler=True
         ),
         validation=ValidationConfig(eval_interval=20, eval_iters=2),
-        optimizer=OptimizerConfig(
-            optimizer="adam",
-            lr=3e-4,
-            min_lr=3e-5,
-            weight_decay=0.01,
-            adam_beta1=0.9,
-            adam_beta2=0.95,
-            clip_grad=1.0,
-            bf16=True,
-            use_distributed_optimizer=True,
-            overlap_param_gather=True,
-        ),
-        # Megatron's OptimizerParamScheduler asserts start_wd >= 0: the weight-decay schedule must be explicit.
-        scheduler=SchedulerConfig(
-            lr_decay_style="cosine",
-            lr_warmup_iters=5,
-            start_weight_decay=0.01,
-            end_weight_decay=0.01,
-            weight_decay_incr_style="constant",
-        ),
+        **adam_with_cosine(warmup_iters=5, overlap_param_gather=True),
         ddp=DistributedDataParallelConfig(
             use_distributed_optimizer=True,
             overlap_grad_reduce=True,
@@ -280,3 +259,32 @@ def tiny_qwen3_vl_config(*, checkpoint_dir: str | None = None, train_iters: int 
         rng=RNGConfig(seed=seed),
         mixed_precision="bf16_mixed",
     )
+
+
+def adam_with_cosine(*, warmup_iters: int, overlap_param_gather: bool) -> dict:
+    """The ``optimizer`` and ``scheduler`` of the example recipes: distributed Adam in bf16, lr 3e-4 to 3e-5 on a
+    cosine, weight decay 0.01 (Bridge's fine-tuning defaults at a tiny model's learning rate)."""
+    from megatron.bridge.training.config import OptimizerConfig, SchedulerConfig
+
+    return {
+        "optimizer": OptimizerConfig(
+            optimizer="adam",
+            lr=3e-4,
+            min_lr=3e-5,
+            weight_decay=0.01,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            clip_grad=1.0,
+            bf16=True,
+            use_distributed_optimizer=True,
+            overlap_param_gather=overlap_param_gather,
+        ),
+        # Megatron's OptimizerParamScheduler asserts start_wd >= 0: the weight-decay schedule must be explicit.
+        "scheduler": SchedulerConfig(
+            lr_decay_style="cosine",
+            lr_warmup_iters=warmup_iters,
+            start_weight_decay=0.01,
+            end_weight_decay=0.01,
+            weight_decay_incr_style="constant",
+        ),
+    }
