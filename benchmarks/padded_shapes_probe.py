@@ -1,0 +1,131 @@
+"""Does zero-padding the token dimension change Transformer Engine's numbers? A probe, issue #17 (section 4).
+
+Packed language graphs replay a micro-batch of ``T`` real tokens at a static budget ``B >= T``: the tail
+``B - T`` rows are zeros (their own attention segment, no loss). Mathematically nothing changes; numerically a
+kernel whose reduction split depends on the row count can: the weight gradient of a linear layer reduces over
+the token rows (``dW = dY^T X``, K = tokens), and so do the norm weights' gradients (``dgamma``). If cuBLAS
+picks another algorithm or split-K for K = B than for K = T, or the norm's backward another row partition, the
+graphed run differs from eager by rounding, even under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``.
+
+This probe runs TE's own modules, eagerly, on ``T`` rows and on the same rows padded with zeros to the budget
+the plan's ladder would give them, and counts where the outputs and gradients are not bit-identical. Modules: the
+tiny Qwen3-VL language layer's ``LayerNormLinear`` (RMSNorm + QKV), ``Linear`` (projection, FC2) and
+``LayerNormLinear`` (RMSNorm + FC1), the per-head q/k ``RMSNorm``, at the tiny and the 2B hidden sizes.
+
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 python -m benchmarks.padded_shapes_probe --out probe.json
+
+Needs a GPU. Prints one line per (shape, module) and writes the counts as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+SHAPES = {
+    # name: (hidden, ffn, heads, query groups, head dim), as the tiny language model and the Qwen3-VL-2B shape.
+    "tiny": (512, 1536, 8, 4, 64),
+    "2b": (2048, 6144, 16, 8, 128),
+}
+
+
+def _modules(hidden: int, ffn: int, heads: int, groups: int, head_dim: int):
+    import torch
+    import transformer_engine.pytorch as te
+
+    kw = dict(params_dtype=torch.bfloat16, device="cuda")
+    qkv = (heads + 2 * groups) * head_dim
+    return {
+        "norm_qkv": te.LayerNormLinear(hidden, qkv, bias=False, normalization="RMSNorm", **kw),
+        "proj": te.Linear(heads * head_dim, hidden, bias=False, **kw),
+        "norm_fc1": te.LayerNormLinear(hidden, 2 * ffn, bias=False, normalization="RMSNorm", **kw),
+        "fc2": te.Linear(ffn, hidden, bias=False, **kw),
+        "qk_norm": te.RMSNorm(head_dim, **kw),
+    }
+
+
+def _run(module, x):
+    """Output, input gradient and every parameter gradient of one forward + backward with a fixed upstream grad."""
+    import torch
+
+    module.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)
+    y = module(x)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    dy = torch.randn(y.shape, generator=g, device="cuda", dtype=torch.float32).to(y.dtype)
+    return y, x, dy
+
+
+def probe(tokens: list[int], budgets: list[int], shapes: list[str]) -> list[dict]:
+    """For each shape and module: how many padded cases differ from unpadded ones, per output kind, and by how much."""
+    import torch
+
+    rows = []
+    for shape in shapes:
+        hidden, ffn, heads, groups, head_dim = SHAPES[shape]
+        torch.manual_seed(0)
+        mods = _modules(hidden, ffn, heads, groups, head_dim)
+        for name, module in mods.items():
+            in_features = {"proj": heads * head_dim, "fc2": ffn, "qk_norm": head_dim}.get(name, hidden)
+            per_row = heads + 2 * groups if name == "qk_norm" else 1  # q/k norm: one row per head per token
+            counts = {"out": 0, "dgrad": 0, "wgrad": 0}
+            worst = {"out": 0.0, "dgrad": 0.0, "wgrad": 0.0}
+            cases = 0
+            for t in tokens:
+                b = next(x for x in budgets if x >= t)
+                if b == t:
+                    continue
+                cases += 1
+                torch.manual_seed(t)
+                real = torch.randn(t * per_row, in_features, device="cuda", dtype=torch.bfloat16)
+                padded = torch.cat([real, real.new_zeros((b - t) * per_row, in_features)])
+                y1, x1, dy1 = _run(module, real)
+                y1.backward(dy1)
+                g1 = {n: p.grad.clone() for n, p in module.named_parameters()}
+                y2, x2, dy2 = _run(module, padded)
+                dy2 = torch.cat([dy1, dy1.new_zeros((b - t) * per_row, dy1.size(1))])
+                y2.backward(dy2)
+                g2 = {n: p.grad.clone() for n, p in module.named_parameters()}
+                pairs = {
+                    "out": [(y1, y2[: t * per_row])],
+                    "dgrad": [(x1.grad, x2.grad[: t * per_row])],
+                    "wgrad": [(g1[n], g2[n]) for n in g1],
+                }
+                for what, items in pairs.items():
+                    for a, c in items:
+                        assert torch.isfinite(a).all() and torch.isfinite(c).all(), (shape, name, t, what)
+                        if not torch.equal(a, c):
+                            counts[what] += 1
+                            d = float((a.float() - c.float()).abs().max() / a.float().abs().max().clamp_min(1e-30))
+                            worst[what] = max(worst[what], d)
+            row = dict(shape=shape, module=name, cases=cases, differs=counts, worst_rel=worst)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    """Probe every multiple of ``--step`` real tokens at the plan ladder's budget for it; write the JSON."""
+    from bridge_cudagraph.budgets import derive_language_budgets
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-tokens", type=int, default=4096, help="micro batch x seq_length (the main job: 2 x 2048)")
+    p.add_argument("--multiple", type=int, default=32, help="the packed width's rounding (micro batch x 16)")
+    p.add_argument("--step", type=int, default=128, help="real token counts probed: multiples of this")
+    p.add_argument("--shapes", default="tiny,2b")
+    args = p.parse_args(argv)
+    budgets = derive_language_budgets(args.max_tokens, multiple=args.multiple)
+    tokens = list(range(args.step, args.max_tokens + 1, args.step))
+    rows = probe(tokens, budgets, args.shapes.split(","))
+    meta = dict(
+        deterministic=os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0", budgets=budgets, tokens=tokens
+    )
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
