@@ -24,24 +24,29 @@ import json
 import os
 
 SHAPES = {
-    # name: (hidden, ffn, heads, query groups, head dim), as the tiny language model and the Qwen3-VL-2B shape.
-    "tiny": (512, 1536, 8, 4, 64),
-    "2b": (2048, 6144, 16, 8, 128),
+    # name: (hidden, ffn, heads, query groups, head dim, norm): the tiny language model, the Qwen3-VL-2B language
+    # shape, the tiny vision encoder and Qwen3-VL-8B's vision encoder (LayerNorm, no grouped queries).
+    "tiny": (512, 1536, 8, 4, 64, "RMSNorm"),
+    "2b": (2048, 6144, 16, 8, 128, "RMSNorm"),
+    "vision_tiny": (256, 512, 4, 4, 64, "LayerNorm"),
+    "vision_8b": (1152, 4304, 16, 16, 72, "LayerNorm"),
 }
 
 
-def _modules(hidden: int, ffn: int, heads: int, groups: int, head_dim: int):
+def _modules(hidden: int, ffn: int, heads: int, groups: int, head_dim: int, norm: str):
     import torch
     import transformer_engine.pytorch as te
 
     kw = dict(params_dtype=torch.bfloat16, device="cuda")
     qkv = (heads + 2 * groups) * head_dim
     return {
-        "norm_qkv": te.LayerNormLinear(hidden, qkv, bias=False, normalization="RMSNorm", **kw),
+        "norm_qkv": te.LayerNormLinear(hidden, qkv, bias=False, normalization=norm, **kw),
         "proj": te.Linear(heads * head_dim, hidden, bias=False, **kw),
-        "norm_fc1": te.LayerNormLinear(hidden, 2 * ffn, bias=False, normalization="RMSNorm", **kw),
+        "norm_fc1": te.LayerNormLinear(
+            hidden, (2 if norm == "RMSNorm" else 1) * ffn, bias=False, normalization=norm, **kw
+        ),
         "fc2": te.Linear(ffn, hidden, bias=False, **kw),
-        "qk_norm": te.RMSNorm(head_dim, **kw),
+        **({"qk_norm": te.RMSNorm(head_dim, **kw)} if norm == "RMSNorm" else {}),
     }
 
 
@@ -63,9 +68,9 @@ def probe(tokens: list[int], budgets: list[int], shapes: list[str]) -> list[dict
 
     rows = []
     for shape in shapes:
-        hidden, ffn, heads, groups, head_dim = SHAPES[shape]
+        hidden, ffn, heads, groups, head_dim, norm = SHAPES[shape]
         torch.manual_seed(0)
-        mods = _modules(hidden, ffn, heads, groups, head_dim)
+        mods = _modules(hidden, ffn, heads, groups, head_dim, norm)
         for name, module in mods.items():
             in_features = {"proj": heads * head_dim, "fc2": ffn, "qk_norm": head_dim}.get(name, hidden)
             per_row = heads + 2 * groups if name == "qk_norm" else 1  # q/k norm: one row per head per token
@@ -95,6 +100,7 @@ def probe(tokens: list[int], budgets: list[int], shapes: list[str]) -> list[dict
                 for what, items in pairs.items():
                     for a, c in items:
                         assert torch.isfinite(a).all() and torch.isfinite(c).all(), (shape, name, t, what)
+                        a, c = a.detach(), c.detach()
                         if not torch.equal(a, c):
                             counts[what] += 1
                             d = float((a.float() - c.float()).abs().max() / a.float().abs().max().clamp_min(1e-30))
@@ -115,8 +121,12 @@ def main(argv=None) -> int:
     p.add_argument("--multiple", type=int, default=32, help="the packed width's rounding (micro batch x 16)")
     p.add_argument("--step", type=int, default=128, help="real token counts probed: multiples of this")
     p.add_argument("--shapes", default="tiny,2b")
+    p.add_argument("--budgets", default=None, help="comma-separated budgets (default: the language ladder)")
     args = p.parse_args(argv)
-    budgets = derive_language_budgets(args.max_tokens, multiple=args.multiple)
+    if args.budgets:
+        budgets = sorted(int(b) for b in args.budgets.split(","))
+    else:
+        budgets = derive_language_budgets(args.max_tokens, multiple=args.multiple)
     tokens = list(range(args.step, args.max_tokens + 1, args.step))
     rows = probe(tokens, budgets, args.shapes.split(","))
     meta = dict(

@@ -25,6 +25,7 @@ SEQ = 256
 MBS = 2
 BUDGETS = [256, 512, 1024]
 MAX_SEGMENTS = 8
+EAGER_SAMPLES = 6
 
 # Grids (t, h, w) in patches, per sample of a micro-batch of two.
 SETS = {
@@ -91,14 +92,18 @@ def test_vision_graphs_match_reference(world, record):
     tiny.copy_weights(graphed, reference)
     batches = {name: _batch(images) for name, images in {**SETS, **FALLBACK_SETS}.items()}
 
-    # The eager floor per fallback batch: the reference's gradients against two more eager passes of its own.
-    floors = {}
+    # The eager floor per fallback batch, from EAGER_SAMPLES eager passes of the reference: the worst pair. Vision
+    # attention backward is not deterministic here and its results are not spread evenly: in run 16 two eager
+    # passes differed by 7.1e-4 (grad rel L2), in runs 14 and 18 three passes by 3.2e-6 while the fallback then
+    # landed 7.1e-4 away (a failure of the test, not of the fallback). So the fallback is held to the nearest of
+    # the samples: an eager fallback must produce a gradient the eager model itself produces.
+    floors, samples = {}, {}
     for name in FALLBACK_SETS:
-        first = loss_and_grads(reference, batches[name])
-        again = [diff(loss_and_grads(reference, batches[name]), first) for _ in range(3)]
-        assert all(d.loss_exact and math.isfinite(d.grad_max_rel_l2) for d in again), (name, again)
-        floors[name] = max(d.grad_max_rel_l2 for d in again)  # finite, checked above
-    record(phase="eager_floor", grad_max_rel_l2=floors)
+        samples[name] = [loss_and_grads(reference, batches[name]) for _ in range(EAGER_SAMPLES)]
+        pairs = [diff(a, b) for i, a in enumerate(samples[name]) for b in samples[name][i + 1 :]]
+        assert all(d.loss_exact and math.isfinite(d.grad_max_rel_l2) for d in pairs), (name, pairs)
+        floors[name] = max(d.grad_max_rel_l2 for d in pairs)  # finite, checked above
+    record(phase="eager_floor", grad_max_rel_l2=floors, samples=EAGER_SAMPLES)
 
     for name, batch in batches.items():
         d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
@@ -119,14 +124,17 @@ def test_vision_graphs_match_reference(world, record):
 
     for name, batch in batches.items():
         replays, fallbacks = helper.stats.replays, helper.stats.eager_fallbacks
-        d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
+        got = loss_and_grads(graphed, batch)
         replayed = helper.stats.replays - replays
-        record(phase="replay", batch=name, replayed=replayed, **d.as_dict())
         if name in FALLBACK_SETS:
+            d = min((diff(got, s) for s in samples[name]), key=lambda x: x.grad_max_rel_l2)
+            record(phase="replay", batch=name, replayed=replayed, nearest_eager_sample=True, **d.as_dict())
             assert (replayed, helper.stats.eager_fallbacks - fallbacks) == (0, 1), name
             assert d.loss_exact, (name, d)
             assert d.within_bound(0.0, FLOOR_FACTOR * floors[name]), (name, d, floors[name])
         else:
+            d = diff(got, loss_and_grads(reference, batch))
+            record(phase="replay", batch=name, replayed=replayed, **d.as_dict())
             assert replayed == 1, name
             d.require_exact(name)  # README: vision graphs bit-exact per budget
     assert_captured(helper.stats)
