@@ -1,0 +1,88 @@
+"""Compare Bridge ``pretrain()`` runs by their logs: per-iteration loss and grad norm, NaN-safe.
+
+Bridge logs every iteration as ``iteration  N/ M | ... | lm loss: 7.099136E+00 | ... | grad norm: 36.534 |``, and
+the plugin's callback adds ``bridge_cudagraph [iteration N] language: graphs=... replays=... eager_fallbacks=...``.
+This reads both from the raw logs the device calls keep (``results/runNN/*.log``), compares each run with a
+reference through :func:`bridge_cudagraph.testing.parity.compare_series` (any non-finite step fails, lengths must
+agree) and writes one JSON. The logs print the loss to 7 significant digits and the grad norm to 5, so
+"identical" here means identical at the printed precision, never bit-exact.
+
+    python -m benchmarks.loop_logs --out results/run18/main_job_loop.json --reference results/run18/m2_eager.log \\
+        results/run18/m1_graphs.log results/run18/m3_eager_again.log ...
+    python -m benchmarks.loop_logs --out X.json --reference uninterrupted.log --from-iteration 16 resumed.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+_NUMBER = r"([-+0-9.eEnaif]+)"
+ITERATION = re.compile(rf"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: {_NUMBER} \|.*?grad norm: {_NUMBER} \|")
+CAPTURE = re.compile(r"bridge_cudagraph \[iteration (\d+)\] (.*)")
+
+
+def read_log(path: str | Path) -> dict:
+    """Per-iteration ``loss`` and ``grad_norm`` (dicts keyed by iteration) and the last capture summary line."""
+    losses, norms, summary = {}, {}, None
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if m := ITERATION.search(line):
+            losses[int(m.group(1))] = float(m.group(2))
+            norms[int(m.group(1))] = float(m.group(3))
+        elif m := CAPTURE.search(line):
+            summary = m.group(2).strip()
+    return {"loss": losses, "grad_norm": norms, "capture": summary}
+
+
+def compare(run: dict, reference: dict, first: int) -> dict:
+    """Both series of ``run`` against ``reference`` over the run's iterations from ``first`` on."""
+    from bridge_cudagraph.testing.parity import compare_series
+
+    out = {}
+    for key in ("loss", "grad_norm"):
+        steps = sorted(i for i in run[key] if i >= first)
+        if any(i not in reference[key] for i in steps):
+            raise ValueError(f"{key}: the reference lacks iterations {[i for i in steps if i not in reference[key]]}")
+        d = compare_series([run[key][i] for i in steps], [reference[key][i] for i in steps], name=key)
+        first_diff = next((i for i in steps if run[key][i] != reference[key][i]), None)
+        out[key] = {
+            "iterations": [steps[0], steps[-1]] if steps else [],
+            "identical_at_printed_precision": d.steps == d.exact_steps and not d.nonfinite_steps,
+            "exact_steps": d.exact_steps,
+            "steps": d.steps,
+            "first_different_iteration": first_diff,
+            "max_abs": d.max_abs,
+            "max_rel": d.max_rel,
+            "nonfinite_steps": list(d.nonfinite_steps),
+        }
+    return out
+
+
+def main(argv=None) -> int:
+    """Compare every given log with the reference; write the JSON; print one line per run."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--reference", required=True, help="the log every other run is compared with")
+    p.add_argument("--from-iteration", type=int, default=1, help="compare from this iteration on (resumed runs)")
+    p.add_argument("logs", nargs="+")
+    args = p.parse_args(argv)
+    reference = read_log(args.reference)
+    rows = {}
+    for log in args.logs:
+        run = read_log(log)
+        rows[Path(log).name] = {**compare(run, reference, args.from_iteration), "capture": run["capture"]}
+        r = rows[Path(log).name]
+        print(
+            f"{Path(log).name:28s} loss identical={r['loss']['identical_at_printed_precision']} "
+            f"first diff={r['loss']['first_different_iteration']} max abs={r['loss']['max_abs']:.3g} | "
+            f"grad norm identical={r['grad_norm']['identical_at_printed_precision']}"
+        )
+    result = {"reference": Path(args.reference).name, "from_iteration": args.from_iteration, "runs": rows}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
