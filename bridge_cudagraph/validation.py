@@ -58,6 +58,7 @@ def check_run(config: Any) -> PackingFacts | None:
     if cg is None or not cg.any_enabled:
         return None
     check_environment()
+    check_optimizer_graph(config)
     train, dataset = getattr(config, "train", None), getattr(config, "dataset", None)
     packing = packing_facts(config)
     if not cg.language.enabled:
@@ -98,6 +99,48 @@ def check_run(config: Any) -> PackingFacts | None:
             "model.seq_length; make them equal"
         )
     return packing
+
+
+def check_optimizer_graph(config: Any) -> None:
+    """Bridge's optimizer CUDA graph (``optimizer.optimizer_cuda_graph=true``: megatron-core's
+    ``OptimizerCudaGraphWrapper`` around the step, TE ``FusedAdam(capturable=True)``) next to ours: refuse the
+    settings it silently gets wrong or cannot capture (megatron-core 0.19.2, TE 2.20, read in their source):
+
+    * a weight decay that changes: FusedAdam passes ``group["weight_decay"]`` to its kernel as a Python float
+      (``fused_adam.py`` ``apply_multi_tensor_adam``), so the graph keeps the capture step's value while the
+      scheduler (``optimizer_param_scheduler.py`` ``step``) moves it; the learning rate is a device tensor the
+      scheduler fills in place and stays live;
+    * fp16: the loss scaler's ``found_inf.item()`` (``optimizer.py`` ``_unscale_main_grads_and_check_for_nan``)
+      syncs with the host inside the capture;
+    * a finite ``grad_norm_skip_threshold``: the step compares the grad norm on the host, inside the capture, and the
+      wrapper returns the capture step's ``update_successful`` for every replay.
+    """
+    optimizer = getattr(config, "optimizer", None)
+    if not getattr(optimizer, "optimizer_cuda_graph", False):
+        return
+    fix = "or set optimizer.optimizer_cuda_graph=false"
+    scheduler = getattr(config, "scheduler", None)
+    style = getattr(scheduler, "weight_decay_incr_style", "constant")
+    start = getattr(scheduler, "start_weight_decay", None)
+    end = getattr(scheduler, "end_weight_decay", None)
+    if style != "constant" and start is not None and end is not None and start != end:
+        raise CudaGraphConfigError(
+            f"optimizer.optimizer_cuda_graph=true freezes the weight decay at capture (TE FusedAdam takes it as a "
+            f"kernel argument), but scheduler.weight_decay_incr_style='{style}' moves it from {start} to {end}; "
+            f"set scheduler.weight_decay_incr_style=constant (start_weight_decay = end_weight_decay) {fix}"
+        )
+    if getattr(optimizer, "fp16", False):
+        raise CudaGraphConfigError(
+            "optimizer.optimizer_cuda_graph=true cannot capture an fp16 step (the loss scaler reads found_inf on the "
+            f"host); train in bf16 (mixed_precision=bf16_mixed) {fix}"
+        )
+    threshold = getattr(optimizer, "grad_norm_skip_threshold", float("inf"))
+    if threshold is not None and threshold != float("inf"):
+        raise CudaGraphConfigError(
+            f"optimizer.optimizer_cuda_graph=true with optimizer.grad_norm_skip_threshold={threshold}: the skip "
+            "test reads the grad norm on the host inside the capture, and every replay reports the capture step's "
+            f"outcome; set optimizer.grad_norm_skip_threshold=inf {fix}"
+        )
 
 
 def check_can_train_with_graphs(config: Any) -> None:

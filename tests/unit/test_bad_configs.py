@@ -196,6 +196,59 @@ def test_run_level_check_refuses(run_config, name, dataset, fragments, record):
     assert _untouched()
 
 
+# Bridge's optimizer graph (optimizer.optimizer_cuda_graph=true) next to ours: what it freezes or cannot capture.
+OPTIMIZER_GRAPH_CASES = [
+    (
+        "optimizer-graph-weight-decay-schedule",
+        {
+            "scheduler.weight_decay_incr_style": "linear",
+            "scheduler.start_weight_decay": 0.0,
+            "scheduler.end_weight_decay": 0.1,
+        },
+        ["freezes the weight decay at capture", "'linear' moves it from 0.0 to 0.1", "incr_style=constant"],
+    ),
+    ("optimizer-graph-fp16", {"optimizer.fp16": True}, ["cannot capture an fp16 step", "bf16"]),
+    (
+        "optimizer-graph-skip-threshold",
+        {"optimizer.grad_norm_skip_threshold": 10.0},
+        ["grad_norm_skip_threshold=10.0", "capture step's outcome", "=inf"],
+    ),
+]
+
+
+def _set(cfg, dotted: str, value) -> None:
+    section, name = dotted.split(".")
+    object.__setattr__(getattr(cfg, section), name, value)
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "fragments"), OPTIMIZER_GRAPH_CASES, ids=[c[0] for c in OPTIMIZER_GRAPH_CASES]
+)
+def test_optimizer_graph_settings_it_would_get_wrong_are_refused(run_config, name, settings, fragments, record):
+    from bridge_cudagraph.validation import check_run
+
+    _set(run_config, "optimizer.optimizer_cuda_graph", True)
+    for key, value in settings.items():
+        _set(run_config, key, value)
+    with pytest.raises(CudaGraphConfigError) as info:
+        check_run(run_config)
+    _one_line(record, info.value, fragments)
+
+
+def test_optimizer_graph_with_what_it_keeps_live_is_accepted(run_config):
+    """A constant weight decay, bf16 and no skip threshold: accepted (the learning rate is a device tensor)."""
+    from bridge_cudagraph.validation import check_run
+
+    _set(run_config, "optimizer.optimizer_cuda_graph", True)
+    _set(run_config, "scheduler.weight_decay_incr_style", "linear")  # a "schedule" from 0.1 to 0.1 moves nothing
+    _set(run_config, "scheduler.start_weight_decay", 0.1)
+    _set(run_config, "scheduler.end_weight_decay", 0.1)
+    check_run(run_config)
+    _set(run_config, "optimizer.optimizer_cuda_graph", False)  # and without the optimizer graph, none of it matters
+    _set(run_config, "optimizer.fp16", True)
+    check_run(run_config)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_train_with_graphs_on_a_cpu_machine_is_refused(run_config, record):
     from bridge_cudagraph.validation import check_can_train_with_graphs
@@ -302,6 +355,17 @@ CLI_CASES = [
     ("block-not-a-mapping", [VL_8B, "model.cuda_graph=5"], ["model.cuda_graph must be a mapping", "got int 5"]),
     ("vision-not-a-mapping", [VL_8B, "model.cuda_graph.vision=[1]"], ["model.cuda_graph.vision is a block"]),
     ("section-not-a-mapping", [VL_8B, "train=5"], ["train is a block of settings", "train.name=value"]),
+    (
+        "optimizer-graph-weight-decay-schedule",
+        [
+            TINY,
+            "optimizer.optimizer_cuda_graph=true",
+            "scheduler.weight_decay_incr_style=cosine",
+            "scheduler.start_weight_decay=0.01",
+            "scheduler.end_weight_decay=0.1",
+        ],
+        ["optimizer.optimizer_cuda_graph=true freezes the weight decay", "'cosine'"],
+    ),
 ]
 
 
