@@ -321,6 +321,7 @@ def _config_notes(config: dict) -> list[str]:
     if config.get("paired"):
         notes += _paired_note(config["paired"])
     notes += _work_note(variants)
+    notes += _limit_note(variants)
     notes += _noise_notes(variants)
     for name in VARIANTS:
         v = variants.get(name) or {}
@@ -700,6 +701,23 @@ def _work_note(variants: Mapping[str, Any]) -> list[str]:
     if len(parts) < 2:
         return []
     return [f"- GPU work per profiled step (kernels / kernel time): {', '.join(parts)}."]
+
+
+def _limit_note(variants: Mapping[str, Any]) -> list[str]:
+    """Each variant's median step over its kernel time per step (1.00x is the limit a graph can approach: the GPU
+    never waits for the host), next to its GPU busy inside the profiled steps (issue #18's figures)."""
+    parts = []
+    for name in ("eager", *GRAPHED):
+        v = variants.get(name) or {}
+        step, kernel = _num(v.get("step_ms_median")), _num(v.get("kernel_ms_per_step"))
+        if v.get("status") != "ok" or not step or not kernel:
+            continue
+        inside = _num(v.get("gpu_busy_in_profiled_steps"))
+        busy = "" if inside is None else f", busy {inside:.2f} inside the profiled steps"
+        parts.append(f"{name} {step / kernel:.2f}x{busy}")
+    if not parts:
+        return []
+    return [f"- Step time over kernel time (the limit is 1.00x): {'; '.join(parts)}."]
 
 
 def _paired_note(paired: Mapping[str, Any]) -> list[str]:

@@ -724,3 +724,22 @@ def test_work_note_shows_who_runs_fewer_kernels_than_eager():
     (note,) = bench_report._work_note(variants)
     assert "eager 6182 kernels / 117.0 ms, upstream 3978 kernels / 108.9 ms." in note
     assert bench_report._work_note({"eager": variants["eager"]}) == []
+
+
+def test_limit_note_gives_step_time_over_kernel_time_and_busy_in_profile():
+    variants = {
+        "eager": {"status": "ok", "step_ms_median": 409.0, "kernel_ms_per_step": 117.0},
+        "upstream": {"status": "failed"},
+        "ours": {
+            "status": "ok",
+            "step_ms_median": 156.0,
+            "kernel_ms_per_step": 119.0,
+            "gpu_busy_in_profiled_steps": 0.66,
+        },
+    }
+    (note,) = bench_report._limit_note(variants)
+    assert note == (
+        "- Step time over kernel time (the limit is 1.00x): eager 3.50x; ours 1.31x, busy 0.66 inside the profiled "
+        "steps."
+    )
+    assert bench_report._limit_note({"ours": {"status": "ok", "step_ms_median": 1.0}}) == []
