@@ -92,22 +92,31 @@ def _run(args: argparse.Namespace) -> int:
     loaded = load_recipe(args.recipe, args.overrides)
     if runner is not None:
         # The configuration's checks come before the GPU check: what `validate` refuses, `train` refuses with
-        # the same line on any machine (train.check_before_gpu plans the run as `validate` does).
+        # the same line on any machine (train.check_before_gpu plans the run as `validate` does), and also a base
+        # checkpoint that is not on this machine, which `validate` and `plan` only report.
         check = getattr(runner, "check_before_gpu", None)
         ready = check(loaded) if check is not None else {}
         _require_cuda(args.verb)
         return int(runner.main(loaded, args, **ready) or 0)
+    from bridge_cudagraph.planning import absent_base_checkpoint
+
+    # A plan never reads a PEFT base checkpoint; one that is not on this machine is said, not refused (train needs it).
+    no_base = absent_base_checkpoint(loaded.config)
     plan = plan_recipe(loaded, world_size=args.world_size)
     if args.verb == "plan":
         print(f"recipe: {loaded.source}" + ("" if not args.overrides else " " + " ".join(args.overrides)))
         if loaded.description:
             print(f"  {loaded.description}")
+        if no_base is not None:
+            print("  base checkpoint not on this machine (a plan does not read it; train loads it):")
+            print(f"    {no_base}")
         print(plan.describe())
         return 0
     vision = plan.vision.graphs if plan.vision is not None and plan.vision.enabled else 0
     print(
         f"ok: {loaded.source} at {_count(plan.world_size, 'GPU')}: language {plan.language.graphs} + vision "
         f"{vision} graphs per rank, {_count(plan.num_microbatches, 'micro-batch')} per step"
+        + ("" if no_base is None else f"; base checkpoint {no_base} not on this machine (train needs it)")
     )
     return 0
 

@@ -16,6 +16,8 @@ Entry (what it rebinds; host version; how it is undone):
 * :func:`offline_hub`: ``huggingface_hub.constants.HF_HUB_OFFLINE`` / ``HF_HUB_CACHE`` and three environment
   variables; huggingface_hub (any); leaving the block.
 * :func:`from_hf_pretrained_hook`: ``AutoBridge.from_hf_pretrained``; Bridge 0.6.2; leaving the block.
+* :func:`bridge_recipes_without_init`: ``sys.modules["megatron.bridge.recipes"]`` (a bare package, its
+  ``__init__`` unrun), while that package is not imported; Bridge 0.6.2; leaving the block.
 * :func:`cpu_device_properties`: ``torch.cuda.get_device_properties``, on machines without CUDA; torch (any), for
   Bridge 0.6.2's MoE recipes; leaving the block.
 * :func:`explicit_num_microbatches`: ``megatron.core.transformer.cuda_graphs.get_num_microbatches``; megatron-core
@@ -43,7 +45,9 @@ from typing import Any
 from bridge_cudagraph import compat
 
 __all__ = [
+    "BRIDGE_RECIPES",
     "bridge_helper_installed",
+    "bridge_recipes_without_init",
     "cpu_device_properties",
     "explicit_num_microbatches",
     "extend_instance_class",
@@ -261,6 +265,43 @@ def from_hf_pretrained_hook(before: Callable[[str, dict[str, Any]], None]) -> It
         yield
     finally:
         AutoBridge.from_hf_pretrained = original
+
+
+# ------------------------------------------------------------------------- Bridge's recipe package (Bridge 0.6.2)
+#: The package whose ``__init__`` :func:`bridge_recipes_without_init` leaves unrun.
+BRIDGE_RECIPES = "megatron.bridge.recipes"
+
+
+@contextlib.contextmanager
+def bridge_recipes_without_init() -> Iterator[None]:
+    """Modules under ``megatron.bridge.recipes`` import in the block without running the package's ``__init__``.
+
+    Patches: ``sys.modules["megatron.bridge.recipes"]``, only while the package is not imported yet: a package module
+    made from its real spec (its ``__path__`` is the installed folder) whose ``__init__.py`` is not executed. Why:
+    Megatron-Bridge 0.6.2's ``recipes/__init__.py`` star-imports every model family's recipes, and the flux and wan
+    ones import ``diffusers``, which the GPU machine's image lacks; a recipe module such as
+    ``megatron.bridge.recipes.qwen_vl.h100.qwen3_vl`` imports nothing of those (its own imports, ``recipes.common``
+    and ``recipes.utils``, are Bridge's training stack), so Bridge's own recipe function can be imported and called
+    unchanged there. Undone when the block is left: the bare package leaves ``sys.modules`` (the submodules imported
+    in the block stay, so a later ordinary ``import megatron.bridge.recipes`` runs the real ``__init__`` over them).
+    When the package is already imported, nothing is patched.
+    """
+    import importlib.util
+    import sys
+
+    if BRIDGE_RECIPES in sys.modules:
+        yield
+        return
+    spec = importlib.util.find_spec(BRIDGE_RECIPES)
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError(f"{BRIDGE_RECIPES} is not an installed package")
+    bare = importlib.util.module_from_spec(spec)  # the module object with __path__ and __spec__; nothing executed
+    sys.modules[BRIDGE_RECIPES] = bare
+    try:
+        yield
+    finally:
+        if sys.modules.get(BRIDGE_RECIPES) is bare:
+            del sys.modules[BRIDGE_RECIPES]
 
 
 # --------------------------------------------------------------------------------------------------------- torch

@@ -13,18 +13,35 @@ refuses, the others refuse with the same line, and what ``plan`` prints is what 
 No process group, model or GPU is touched: this runs on a laptop for 64 GPUs, and in ``train`` before the CUDA check.
 ``train`` plans a deep copy (:func:`plan_copy`) and hands Bridge the untouched config, which ``pretrain()``
 finalizes once itself, the same way; the callback then checks the model it built against the plan.
+
+One of Bridge's checks is about the machine, not the configuration: a PEFT recipe's base checkpoint
+(``checkpoint.pretrained_checkpoint``) must exist (``CheckpointConfig.finalize``, Bridge 0.6.2 ``config.py:591-595``).
+A plan never reads it, and the 17 GB base of an 8B model is rarely on the laptop that plans a run, so ``validate``
+and ``plan`` pass ``base_checkpoint_needed=False``: a base checkpoint that is not on this machine is replaced by an
+empty folder for the length of Bridge's finalization only (:func:`absent_base_checkpoint` names it, and the CLI
+says so); every other check runs as it is. ``train`` keeps the check (the default).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import CapturePlan
 
-__all__ = ["plan_config", "plan_copy", "plan_finalized", "world_size_from_env"]
+__all__ = [
+    "absent_base_checkpoint",
+    "finalize_config",
+    "plan_config",
+    "plan_copy",
+    "plan_finalized",
+    "world_size_from_env",
+]
 
 
 def world_size_from_env(environ: dict[str, str] | None = None) -> int:
@@ -49,12 +66,43 @@ def plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
     )
 
 
-def plan_config(config: Any, *, world_size: int) -> CapturePlan:
-    """Finalize ``config`` in place as Bridge's training does at ``world_size`` ranks, check it and plan it.
+def absent_base_checkpoint(config: Any) -> str | None:
+    """``checkpoint.pretrained_checkpoint`` when a recipe names one that is not on this machine, else None.
 
-    Raises:
-        CudaGraphConfigError, LayoutError: The plugin refuses the configuration (one line: setting and fix).
-        ValueError, AssertionError: Bridge or Megatron-Core refuse it.
+    "Not on this machine" is Bridge's own test of it (``file_exists``, as ``CheckpointConfig.finalize`` asks).
+    """
+    checkpoint = getattr(config, "checkpoint", None)
+    path = getattr(checkpoint, "pretrained_checkpoint", None)
+    if path is None:
+        return None
+    from megatron.bridge.training.utils.checkpoint_utils import file_exists
+
+    return None if file_exists(str(path)) else str(path)
+
+
+@contextlib.contextmanager
+def _stand_in_base_checkpoint(config: Any, needed: bool) -> Iterator[None]:
+    """For ``needed=False``: an empty folder in place of an absent base checkpoint, restored on leaving."""
+    path = None if needed else absent_base_checkpoint(config)
+    if path is None:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="bridge_cudagraph_no_base_") as stand_in:
+        config.checkpoint.pretrained_checkpoint = stand_in
+        try:
+            yield
+        finally:
+            config.checkpoint.pretrained_checkpoint = path
+
+
+def finalize_config(config: Any, *, world_size: int, base_checkpoint_needed: bool = True) -> None:
+    """Step 1 alone: the run's sizes, then Bridge's ``runtime_config_update`` at ``world_size`` ranks, in place.
+
+    Args:
+        config: The Bridge ``ConfigContainer``.
+        world_size: Ranks of the run.
+        base_checkpoint_needed: False: a base checkpoint that is not on this machine does not stop the
+            finalization (see the module docstring); the config keeps its path.
     """
     from megatron.bridge.training.config import runtime_config_update
 
@@ -64,10 +112,26 @@ def plan_config(config: Any, *, world_size: int) -> CapturePlan:
     saved = dict(os.environ)
     os.environ["WORLD_SIZE"] = str(world_size)
     try:
-        runtime_config_update(config)
+        with _stand_in_base_checkpoint(config, base_checkpoint_needed):
+            runtime_config_update(config)
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def plan_config(config: Any, *, world_size: int, base_checkpoint_needed: bool = True) -> CapturePlan:
+    """Finalize ``config`` in place as Bridge's training does at ``world_size`` ranks, check it and plan it.
+
+    Args:
+        config: The Bridge ``ConfigContainer``.
+        world_size: Ranks of the run.
+        base_checkpoint_needed: See :func:`finalize_config`; ``validate`` and ``plan`` pass False.
+
+    Raises:
+        CudaGraphConfigError, LayoutError: The plugin refuses the configuration (one line: setting and fix).
+        ValueError, AssertionError: Bridge or Megatron-Core refuse it.
+    """
+    finalize_config(config, world_size=world_size, base_checkpoint_needed=base_checkpoint_needed)
     return plan_finalized(config, world_size=world_size)
 
 

@@ -570,7 +570,9 @@ def _apply_through_bridge(cfg: Any, yaml_sections: dict[str, Any], overrides: li
 
 
 # ------------------------------------------------------------------------------------------ planning
-def plan_recipe(loaded: LoadedRecipe, *, world_size: int | None = None) -> CapturePlan:
+def plan_recipe(
+    loaded: LoadedRecipe, *, world_size: int | None = None, base_checkpoint_needed: bool = False
+) -> CapturePlan:
     """Finalize a loaded recipe the way Bridge's training does, at ``world_size`` GPUs, and plan its graphs.
 
     The path of every verb (:func:`bridge_cudagraph.planning.plan_config`): Bridge's ``runtime_config_update``,
@@ -580,6 +582,10 @@ def plan_recipe(loaded: LoadedRecipe, *, world_size: int | None = None) -> Captu
     Args:
         loaded: From :func:`load_recipe`.
         world_size: GPUs to plan for; defaults to the recipe file's ``world_size``.
+        base_checkpoint_needed: Whether a PEFT base checkpoint (``checkpoint.pretrained_checkpoint``) that is not
+            on this machine stops the plan, as it stops Bridge's training. False (``validate`` and ``plan``): a plan
+            never reads it (:func:`bridge_cudagraph.planning.absent_base_checkpoint` names it); ``train`` keeps
+            Bridge's check.
 
     Returns:
         The capture plan.
@@ -593,4 +599,4 @@ def plan_recipe(loaded: LoadedRecipe, *, world_size: int | None = None) -> Captu
     world = world_size if world_size is not None else loaded.world_size
     if world is None:
         raise RecipeError(f"{loaded.source} sets no world_size; pass --world-size N")
-    return plan_config(loaded.config, world_size=world)
+    return plan_config(loaded.config, world_size=world, base_checkpoint_needed=base_checkpoint_needed)

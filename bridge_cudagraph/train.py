@@ -133,10 +133,24 @@ def check_before_gpu(loaded: Any) -> dict[str, Any]:
 
     Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
     configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
+
+    The one check ``validate`` and ``plan`` leave out is made here: a base checkpoint
+    (``checkpoint.pretrained_checkpoint``) that is not on this machine, which Bridge would refuse with the path
+    alone (``CheckpointConfig.finalize``); the line says how to get one.
     """
     from bridge_cudagraph.config import CudaGraphConfigError
     from bridge_cudagraph.layout import LayoutError
+    from bridge_cudagraph.planning import absent_base_checkpoint
 
+    missing = absent_base_checkpoint(loaded.config)
+    if missing is not None:
+        overrides = "".join(f" {o}" for o in getattr(loaded, "overrides", ()))
+        raise CudaGraphConfigError(
+            f"checkpoint.pretrained_checkpoint={missing} does not exist on this machine: Bridge's fine-tuning loads "
+            "the base weights from it (PEFT before applying the adapters); give an existing Megatron or Hugging "
+            "Face checkpoint, or build one with random weights: python -m bridge_cudagraph.examples.random_base "
+            f"{loaded.source}{overrides}"
+        )
     try:
         return {"plan": plan_run(loaded.config)}
     except (CudaGraphConfigError, LayoutError):

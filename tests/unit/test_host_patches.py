@@ -152,6 +152,60 @@ def test_explicit_num_microbatches_is_undone(raising):
     assert cuda_graphs.get_num_microbatches is original
 
 
+# A child process: whether megatron.bridge.recipes is imported depends on what ran before in this one. With
+# BLOCK_DIFFUSERS, `diffusers` cannot be imported, as on the GPU machine's image.
+_RECIPES_CHILD = """
+import importlib.abc, sys
+if "BLOCK_DIFFUSERS" in sys.argv:
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] == "diffusers":
+                raise ImportError("no diffusers here")
+    sys.meta_path.insert(0, Block())
+from bridge_cudagraph import host_patches
+NAME = host_patches.BRIDGE_RECIPES
+assert NAME not in sys.modules
+try:
+    with host_patches.bridge_recipes_without_init():
+        bare = sys.modules[NAME]
+        from megatron.bridge.recipes.qwen_vl.h100.qwen3_vl import qwen3_vl_8b_peft_1gpu_h100_bf16_config as f
+        assert not hasattr(bare, "qwen3_vl_8b_sft_config")  # the package's __init__ (its re-exports) never ran
+        raise RuntimeError("leave the block by an exception")
+except RuntimeError:
+    pass
+assert NAME not in sys.modules, "the bare package outlived the block"
+assert callable(f) and f.__module__ == "megatron.bridge.recipes.qwen_vl.h100.qwen3_vl"
+try:
+    import megatron.bridge.recipes as real
+except ImportError as error:
+    print("real package:", type(error).__name__, error)
+else:
+    assert real is not bare and callable(real.qwen3_vl_8b_sft_config)  # the real __init__ ran over the submodules
+    with host_patches.bridge_recipes_without_init():
+        assert sys.modules[NAME] is real  # already imported: nothing patched
+    assert sys.modules[NAME] is real
+    print("real package: imported")
+"""
+
+
+@pytest.mark.parametrize("diffusers", ["installed", "absent"])
+def test_bridge_recipes_without_init_is_undone(diffusers):
+    """Bridge's recipe module imports inside the block, also without ``diffusers`` (where the package's own
+    ``__init__`` fails); the bare package leaves ``sys.modules`` with the block, even by an exception, and the real
+    ``__init__`` runs on a later import; an imported package is left as it is."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", _RECIPES_CHILD] + (["BLOCK_DIFFUSERS"] if diffusers == "absent" else [])
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    if diffusers == "absent":
+        assert last == "real package: ImportError no diffusers here"
+    else:
+        assert last == "real package: imported"
+
+
 def test_nothing_else_in_the_package_rebinds_these_names():
     """The patched names are assigned in host_patches only (the one place to re-read on an upgrade)."""
     import bridge_cudagraph
@@ -165,6 +219,7 @@ def test_nothing_else_in_the_package_rebinds_these_names():
         ".from_hf_pretrained =",
         ".get_device_properties =",
         ".get_num_microbatches =",
+        "sys.modules[",
     )
     root = os.path.dirname(bridge_cudagraph.__file__)
     offenders = []

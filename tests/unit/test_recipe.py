@@ -46,9 +46,10 @@ def write(tmp_path):
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
 def test_every_bundled_recipe_loads_and_validates_on_cpu(path, tmp_path):
     """Each ``recipes/*.yaml`` loads offline, passes Bridge's own finalization and plans at its world size (a PEFT
-    recipe with an existing folder as its base checkpoint, which Bridge requires and the user gives)."""
+    recipe that names no base checkpoint gets a folder, which Bridge requires and the user gives; one that names a
+    base not on this machine plans without it)."""
     loaded = load_recipe(path)
-    if getattr(loaded.config, "peft", None) is not None:
+    if getattr(loaded.config, "peft", None) is not None and loaded.config.checkpoint.pretrained_checkpoint is None:
         loaded.config.checkpoint.pretrained_checkpoint = str(tmp_path)
     assert isinstance(loaded, LoadedRecipe) and loaded.source == path
     block = loaded.config.model.cuda_graph

@@ -1,0 +1,53 @@
+"""``bridge_cudagraph.planning``: a PEFT base checkpoint that is not on this machine stops Bridge's finalization for a
+run, not for a plan; the plan keeps the path, and the environment comes back as it was."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bridge_cudagraph.examples.tiny_recipe import tiny_qwen3_vl_config
+from bridge_cudagraph.planning import absent_base_checkpoint, finalize_config, plan_config
+from bridge_cudagraph.providers import with_cuda_graphs
+
+
+@pytest.fixture
+def peft_config(tmp_path):
+    """The tiny recipe as a LoRA fine-tune whose base checkpoint is not on this machine."""
+    from megatron.bridge.peft.lora import LoRA
+
+    cfg = tiny_qwen3_vl_config(checkpoint_dir=str(tmp_path / "ckpt"))
+    cfg.model = with_cuda_graphs(cfg.model, language={"enabled": True})
+    cfg.peft = LoRA()
+    cfg.checkpoint.pretrained_checkpoint = str(tmp_path / "no-such-base")
+    return cfg
+
+
+def test_absent_base_checkpoint(peft_config, tmp_path):
+    assert absent_base_checkpoint(peft_config) == str(tmp_path / "no-such-base")
+    (tmp_path / "no-such-base").mkdir()
+    assert absent_base_checkpoint(peft_config) is None
+    peft_config.checkpoint.pretrained_checkpoint = None
+    assert absent_base_checkpoint(peft_config) is None
+
+
+def test_a_run_keeps_bridges_check(peft_config):
+    with pytest.raises(AssertionError, match="no-such-base does not exist"):
+        plan_config(peft_config, world_size=1)
+
+
+def test_a_plan_does_not_need_the_base_and_keeps_its_path(peft_config, tmp_path):
+    before = dict(os.environ)
+    plan = plan_config(peft_config, world_size=1, base_checkpoint_needed=False)
+    assert plan.language.enabled and plan.language.graphs == peft_config.model.num_layers
+    assert peft_config.checkpoint.pretrained_checkpoint == str(tmp_path / "no-such-base")
+    assert dict(os.environ) == before
+    assert not list(tmp_path.glob("no-such-base*"))
+
+
+def test_a_plan_still_refuses_a_peft_recipe_with_no_base_at_all(peft_config):
+    """No path at all is a configuration error (Bridge's ``PEFT requires a pretrained checkpoint path``)."""
+    peft_config.checkpoint.pretrained_checkpoint = None
+    with pytest.raises(AssertionError, match="PEFT requires a pretrained checkpoint path"):
+        finalize_config(peft_config, world_size=1, base_checkpoint_needed=False)
