@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _processes import awaited
 
 from bridge_cudagraph.cli import VERBS, build_parser, parse_args
 
@@ -87,18 +88,8 @@ def runs():
             "validate", "recipes/qwen3_vl_8b_sft_graphs.yaml", "model.cuda_graph.vision.token_budget=[64]"
         ),
     }
-    results = {}
-
-    def result(name: str) -> tuple[int, str, str]:
-        if name not in results:
-            out, err = started[name].communicate(timeout=600)
-            results[name] = (started[name].returncode, out, err)
-        return results[name]
-
-    yield result
-    for process in started.values():
-        if process.poll() is None:
-            process.kill()
+    with awaited(started) as result:
+        yield result
 
 
 def test_plan_prints_the_plan(runs):

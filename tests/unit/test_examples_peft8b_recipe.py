@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _processes import awaited
 
 from bridge_cudagraph.examples.peft8b_recipe import BRIDGE_RECIPE, random_base_dir
 from bridge_cudagraph.recipe import load_recipe, plan_recipe
@@ -85,18 +86,8 @@ def cli(cache):
         "plan": start(sys.executable, "-c", _NO_DIFFUSERS, "plan", recipe),
         "train": start(sys.executable, "-m", "bridge_cudagraph", "train", recipe),
     }
-    results = {}
-
-    def result(name: str) -> tuple[int, str, str]:
-        if name not in results:
-            out, err = started[name].communicate(timeout=600)
-            results[name] = (started[name].returncode, out, err)
-        return results[name]
-
-    yield result
-    for process in started.values():
-        if process.poll() is None:
-            process.kill()
+    with awaited(started) as result:
+        yield result
 
 
 def _tree(cfg) -> dict:
