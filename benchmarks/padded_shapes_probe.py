@@ -14,7 +14,9 @@ tiny Qwen3-VL language layer's ``LayerNormLinear`` (RMSNorm + QKV), ``Linear`` (
 
     NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 python -m benchmarks.padded_shapes_probe --out probe.json
 
-Needs a GPU. Prints one line per (shape, module) and writes the counts as JSON.
+Needs a GPU. Prints one line per (shape, module) and writes the counts as JSON: ``differs`` counts differing
+tensors over the padded cases (``out`` and ``dgrad``: one per case; ``wgrad``: every parameter's gradient, so a
+norm + linear module counts its weight and its norm's weight and bias apart).
 """
 
 from __future__ import annotations
@@ -50,16 +52,19 @@ def _modules(hidden: int, ffn: int, heads: int, groups: int, head_dim: int, norm
     }
 
 
-def _run(module, x):
-    """Output, input gradient and every parameter gradient of one forward + backward with a fixed upstream grad."""
+def _forward_backward(module, x, dy=None):
+    """Output, input gradient, every parameter gradient and the upstream gradient of one forward + backward;
+    ``dy`` None draws a fixed one (seed 7) of the output's shape."""
     import torch
 
     module.zero_grad(set_to_none=True)
     x = x.detach().requires_grad_(True)
     y = module(x)
-    g = torch.Generator(device="cuda").manual_seed(7)
-    dy = torch.randn(y.shape, generator=g, device="cuda", dtype=torch.float32).to(y.dtype)
-    return y, x, dy
+    if dy is None:
+        g = torch.Generator(device="cuda").manual_seed(7)
+        dy = torch.randn(y.shape, generator=g, device="cuda", dtype=torch.float32).to(y.dtype)
+    y.backward(dy)
+    return y.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters()}, dy
 
 
 def probe(tokens: list[int], budgets: list[int], shapes: list[str]) -> list[dict]:
@@ -85,22 +90,17 @@ def probe(tokens: list[int], budgets: list[int], shapes: list[str]) -> list[dict
                 torch.manual_seed(t)
                 real = torch.randn(t * per_row, in_features, device="cuda", dtype=torch.bfloat16)
                 padded = torch.cat([real, real.new_zeros((b - t) * per_row, in_features)])
-                y1, x1, dy1 = _run(module, real)
-                y1.backward(dy1)
-                g1 = {n: p.grad.clone() for n, p in module.named_parameters()}
-                y2, x2, dy2 = _run(module, padded)
-                dy2 = torch.cat([dy1, dy1.new_zeros((b - t) * per_row, dy1.size(1))])
-                y2.backward(dy2)
-                g2 = {n: p.grad.clone() for n, p in module.named_parameters()}
+                y1, dx1, g1, dy = _forward_backward(module, real)
+                tail = dy.new_zeros((b - t) * per_row, dy.size(1))
+                y2, dx2, g2, _ = _forward_backward(module, padded, torch.cat([dy, tail]))
                 pairs = {
                     "out": [(y1, y2[: t * per_row])],
-                    "dgrad": [(x1.grad, x2.grad[: t * per_row])],
+                    "dgrad": [(dx1, dx2[: t * per_row])],
                     "wgrad": [(g1[n], g2[n]) for n in g1],
                 }
                 for what, items in pairs.items():
                     for a, c in items:
                         assert torch.isfinite(a).all() and torch.isfinite(c).all(), (shape, name, t, what)
-                        a, c = a.detach(), c.detach()
                         if not torch.equal(a, c):
                             counts[what] += 1
                             d = float((a.float() - c.float()).abs().max() / a.float().abs().max().clamp_min(1e-30))
