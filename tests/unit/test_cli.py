@@ -175,3 +175,51 @@ def test_console_script():
         pytest.skip("the package is not installed as a distribution here (NGC path: python -m bridge_cudagraph)")
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "{validate,plan,train}" in done.stdout
+
+
+#: What a spawned child must not import again: the training stack (15 s on an idle host).
+_STACK = ("torch", "megatron", "transformer_engine")
+_PIP_SCRIPT = "import sys\nfrom bridge_cudagraph.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["python -m bridge_cudagraph", "bridge-cudagraph script", "tests/gpu/_bridge_runner.py"],
+)
+def test_a_spawned_child_imports_no_training_stack(tmp_path, how):
+    """Bridge's checkpoint save starts megatron-core's write-results queue, a ``spawn`` multiprocessing Manager; its
+    child re-imports the launching ``__main__`` as ``__mp_main__`` before it serves anything. A main module that
+    imports the stack at its top makes every save pay that import again (15.4 s against 0.08 s on this machine,
+    ``benchmarks/spawn_manager_probe.py``), which is what pushed SIGTERM saves past torchrun's fixed 30 s grace.
+    The child's preparation runs here exactly as ``multiprocessing.spawn`` runs it, for each way ``train`` is
+    launched."""
+    if how == "python -m bridge_cudagraph":
+        data = {"init_main_from_name": "bridge_cudagraph.__main__"}
+    elif how == "bridge-cudagraph script":
+        script = tmp_path / "bridge-cudagraph"
+        script.write_text(_PIP_SCRIPT)  # what pip writes for pyproject's [project.scripts] entry
+        data = {"init_main_from_path": str(script)}
+    else:
+        data = {"init_main_from_path": str(ROOT / "tests" / "gpu" / "_bridge_runner.py")}
+    probe = (
+        "import sys, multiprocessing.spawn as spawn\n"
+        f"spawn.prepare({data!r})\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {_STACK!r}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"{how}: the spawned child imported {done.stdout.strip()[:300]}"
+
+
+def test_the_probe_sees_a_heavy_main(tmp_path):
+    """The check above can fail: a main module that imports torch at its top is caught."""
+    script = tmp_path / "heavy.py"
+    script.write_text("import torch\n")
+    probe = (
+        "import sys, multiprocessing.spawn as spawn\n"
+        f"spawn.prepare({{'init_main_from_path': {str(script)!r}}})\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
