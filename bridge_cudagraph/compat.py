@@ -97,3 +97,15 @@ def dataset_helpers_prebuilt_without_makefile() -> bool:
     except ImportError:
         return False
     return True
+
+
+def apex_gradient_accumulation_fusion_available() -> bool:
+    """Whether APEX's ``fused_weight_gradient_mlp_cuda`` extension is importable: megatron-core's own
+    ``ColumnParallelLinear`` / ``RowParallelLinear`` (the language model's output layer, whatever the transformer
+    layers use) raise at construction with ``gradient_accumulation_fusion=True`` without it (0.19.2
+    ``tensor_parallel/layers.py:1070``). Bridge 0.6.2 turns the fusion on whenever Transformer Engine imports
+    (``utils/fusions.py``, ``can_enable_gradient_accumulation_fusion``), so a stack with TE and no APEX (the PyPI
+    wheels) builds no model from such a recipe."""
+    import importlib.util
+
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None

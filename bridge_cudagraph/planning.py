@@ -19,7 +19,9 @@ One of Bridge's checks is about the machine, not the configuration: a PEFT recip
 A plan never reads it, and the 17 GB base of an 8B model is rarely on the laptop that plans a run, so ``validate``
 and ``plan`` pass ``base_checkpoint_needed=False``: a base checkpoint that is not on this machine is replaced by an
 empty folder for the length of Bridge's finalization only (:func:`absent_base_checkpoint` names it, and the CLI
-says so); every other check runs as it is. ``train`` keeps the check (the default).
+says so); every other check runs as it is. ``train`` keeps the check (the default). So it is with the installed
+stack: what this machine cannot build (:func:`bridge_cudagraph.validation.check_stack`, e.g. a fusion that needs
+APEX) is refused by ``train`` and the random base builder, which build here, not by a plan made for another machine.
 """
 
 from __future__ import annotations

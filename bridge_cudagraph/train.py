@@ -134,13 +134,15 @@ def check_before_gpu(loaded: Any) -> dict[str, Any]:
     Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
     configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
 
-    The one check ``validate`` and ``plan`` leave out is made here: a base checkpoint
-    (``checkpoint.pretrained_checkpoint``) that is not on this machine, which Bridge would refuse with the path
-    alone (``CheckpointConfig.finalize``); the line says how to get one.
+    The checks ``validate`` and ``plan`` leave out, being about this machine, are made here: a base checkpoint
+    (``checkpoint.pretrained_checkpoint``) that is not on it, which Bridge would refuse with the path alone
+    (``CheckpointConfig.finalize``; the line says how to get one), and what its installed stack cannot build
+    (:func:`~bridge_cudagraph.validation.check_stack`).
     """
     from bridge_cudagraph.config import CudaGraphConfigError
     from bridge_cudagraph.layout import LayoutError
     from bridge_cudagraph.planning import absent_base_checkpoint
+    from bridge_cudagraph.validation import check_stack
 
     missing = absent_base_checkpoint(loaded.config)
     if missing is not None:
@@ -152,11 +154,13 @@ def check_before_gpu(loaded: Any) -> dict[str, Any]:
             f"{loaded.source}{overrides}"
         )
     try:
-        return {"plan": plan_run(loaded.config)}
+        plan = plan_run(loaded.config)
     except (CudaGraphConfigError, LayoutError):
         raise
     except (ValueError, AssertionError) as error:
         raise CudaGraphConfigError(" ".join(str(error).split()) or type(error).__name__) from error
+    check_stack(loaded.config)
+    return {"plan": plan}
 
 
 def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> int:

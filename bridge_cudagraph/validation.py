@@ -27,6 +27,27 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
         )
 
 
+def check_stack(config: Any) -> None:
+    """What this machine's installed stack cannot build, whatever the graphs: checked by ``train`` (after the plan,
+    so a configuration error keeps ``validate``'s line) and by the random base builder, before any model exists;
+    ``validate`` and ``plan`` may run for another machine and leave it out.
+
+    ``model.gradient_accumulation_fusion=true`` without APEX: Bridge enables it whenever Transformer Engine
+    imports, but megatron-core's non-TE output layer then raises deep inside model construction (see
+    :func:`bridge_cudagraph.compat.apex_gradient_accumulation_fusion_available`)."""
+    from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
+
+    if getattr(config.model, "gradient_accumulation_fusion", False) and not (
+        apex_gradient_accumulation_fusion_available()
+    ):
+        raise CudaGraphConfigError(
+            "model.gradient_accumulation_fusion=true needs APEX's fused_weight_gradient_mlp_cuda extension "
+            "(megatron-core's output layer, a ColumnParallelLinear, refuses to build without it), which this "
+            "machine lacks (Bridge turns the fusion on whenever Transformer Engine imports); set "
+            "model.gradient_accumulation_fusion=false, or install APEX with its CUDA extensions"
+        )
+
+
 def packing_facts(config: Any) -> PackingFacts | None:
     """How the run's data path packs sequences, or None when every micro-batch is padded to ``seq_length``.
 

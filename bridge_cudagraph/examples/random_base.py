@@ -174,6 +174,9 @@ def build_random_base(config: Any, *, log=print) -> Path:
 
     import torch
 
+    from bridge_cudagraph.validation import check_stack
+
+    check_stack(config)  # as train checks it: what this machine's stack cannot build, before any weight
     if not torch.cuda.is_available():
         raise RandomBaseError("building a base checkpoint needs a CUDA GPU (the weights are initialised on it)")
     if int(os.environ.get("WORLD_SIZE", "1")) != 1:
@@ -242,12 +245,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="the run's overrides that shape the model")
     args = parser.parse_args(argv)
 
-    from bridge_cudagraph.recipe import load_recipe
+    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.layout import LayoutError
+    from bridge_cudagraph.recipe import RecipeError, load_recipe
+    from bridge_cudagraph.strict import UnknownKeyError
 
     try:
         build_random_base(load_recipe(args.recipe, args.overrides).config)
-    except RandomBaseError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (RandomBaseError, CudaGraphConfigError, LayoutError, RecipeError, UnknownKeyError) as error:
+        # What the CLI reports as a configuration error (the recipe, or this machine's stack), before any weight.
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     return 0
 

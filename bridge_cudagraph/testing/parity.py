@@ -87,22 +87,24 @@ class SeriesDiff:
 def compare_series(a: Sequence[float | None], b: Sequence[float | None], *, name: str = "loss") -> SeriesDiff:
     """Compare series ``a`` (the run under test) with ``b`` (the reference), step by step.
 
-    Raises ``ValueError`` when the lengths differ (a step went missing: no comparison can mean anything then).
-    ``max_rel`` is relative to ``|b|`` (floored at 1e-12).
+    Raises ``ValueError`` when the lengths differ (a step went missing: no comparison can mean anything then), or
+    when both are empty (a run that logged nothing compares equal to anything: run 22's first 8B call, whose two
+    runs had refused to start, read as "identical"). ``max_rel`` is relative to ``|b|`` (floored at 1e-12).
     """
     if len(a) != len(b):
         raise ValueError(f"{name}: {len(a)} steps against {len(b)} in the reference")
+    if not a:
+        raise ValueError(f"{name}: no steps to compare (did the runs train at all?)")
     ta, tb = _as_float64(a), _as_float64(b)
     bad = ~(torch.isfinite(ta) & torch.isfinite(tb))
     d = (ta - tb).abs()
     rel = d / tb.abs().clamp(min=1e-12)
-    empty = len(a) == 0
     return SeriesDiff(
         name=name,
         steps=len(a),
         # torch's max propagates NaN; a non-finite step makes the whole difference NaN, never 0.
-        max_abs=math.nan if bad.any() else (0.0 if empty else float(d.max())),
-        max_rel=math.nan if bad.any() else (0.0 if empty else float(rel.max())),
+        max_abs=math.nan if bad.any() else float(d.max()),
+        max_rel=math.nan if bad.any() else float(rel.max()),
         exact_steps=int((ta == tb).sum()),
         nonfinite_steps=tuple(int(i) for i in bad.nonzero().flatten()),
     )

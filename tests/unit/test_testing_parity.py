@@ -66,6 +66,12 @@ def test_a_missing_step_is_an_error():
         compare_series(LOSSES[:3], LOSSES)
 
 
+def test_two_empty_series_are_an_error_not_identical():
+    """Run 22's first 8B call: neither run trained, and the log comparison read the two empty series as identical."""
+    with pytest.raises(ValueError, match="no steps"):
+        compare_series([], [], name="loss")
+
+
 def test_noise_floor_is_the_worst_pair_and_refuses_nan():
     assert noise_floor([[1.0, 2.0], [1.0, 2.5], [1.25, 2.0]]) == pytest.approx(0.5)
     with pytest.raises(AssertionError, match="NOT FINITE"):

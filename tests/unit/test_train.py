@@ -245,3 +245,57 @@ def test_train_refuses_what_validate_refuses_with_the_same_line_before_the_gpu_c
     assert trained.returncode == 2, trained.stderr[-2000:]
     assert [line for line in trained.stderr.splitlines() if line.startswith("error:")] == error
     assert "CUDA" not in trained.stderr.split("error:")[-1]
+
+
+@pytest.mark.slow
+def test_train_refuses_a_fusion_this_stack_cannot_build_before_the_gpu_check():
+    """Bridge turns ``gradient_accumulation_fusion`` on whenever TE imports, and megatron-core's output layer then
+    raises deep inside model construction without APEX (run 22's first 8B call). On this machine (no APEX) ``train``
+    refuses it in one line that names the setting and the fix, before the CUDA check; with the fix it gets as far as
+    that check; ``validate``, which may plan for another machine, accepts it."""
+    import os
+    import subprocess
+
+    from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
+
+    if apex_gradient_accumulation_fusion_available():
+        pytest.skip("APEX's fused_weight_gradient_mlp_cuda is installed here: the stack builds the fusion")
+    recipe = str(REPO / "recipes" / "qwen3_vl_8b_sft_graphs.yaml")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WORLD_SIZE": "8"}
+
+    def cli(*args):
+        return subprocess.Popen(
+            [sys.executable, "-m", "bridge_cudagraph", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+
+    fix = "model.gradient_accumulation_fusion=false"
+    runs = [cli("train", recipe), cli("train", recipe, fix), cli("validate", recipe)]
+    (_, refused), (_, fixed), (ok, validate_err) = (p.communicate(timeout=600) for p in runs)
+    codes = [p.returncode for p in runs]
+    errors = [line for line in refused.splitlines() if line.startswith("error:")]
+    assert codes[0] == 2 and len(errors) == 1 and "Traceback" not in refused, refused[-2000:]
+    assert "model.gradient_accumulation_fusion=false" in errors[0] and "APEX" in errors[0]
+    assert codes[1] == 2 and fixed.splitlines()[-1].startswith("error: train needs a CUDA GPU"), fixed[-2000:]
+    assert codes[2] == 0 and ok.startswith("ok:"), validate_err[-2000:]
+
+
+def test_check_stack_reads_the_providers_switch():
+    """The check itself, on whatever carries ``model.gradient_accumulation_fusion``: off passes everywhere."""
+    from types import SimpleNamespace
+
+    from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
+    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.validation import check_stack
+
+    check_stack(SimpleNamespace(model=SimpleNamespace(gradient_accumulation_fusion=False)))
+    on = SimpleNamespace(model=SimpleNamespace(gradient_accumulation_fusion=True))
+    if apex_gradient_accumulation_fusion_available():
+        check_stack(on)
+    else:
+        with pytest.raises(CudaGraphConfigError, match=r"model\.gradient_accumulation_fusion=false"):
+            check_stack(on)
