@@ -10,6 +10,11 @@ agree) and writes one JSON. The logs print the loss to 7 significant digits and 
     python -m benchmarks.loop_logs --out results/run18/main_job_loop.json --reference results/run18/m2_eager.log \\
         results/run18/m1_graphs.log results/run18/m3_eager_again.log ...
     python -m benchmarks.loop_logs --out X.json --reference uninterrupted.log --from-iteration 16 resumed.log
+    python -m benchmarks.loop_logs --out X.json --reference eager.log --floor eager_again.log graphs.log
+
+``--floor LOG``: a second eager run of the reference's configuration. The eager-vs-eager difference of each series
+is the noise floor (:func:`~bridge_cudagraph.testing.parity.noise_floor`), and every run must stay within
+``parity.FLOOR_FACTOR`` times it and finite, as the GPU suites require; the exit status is 1 if one does not.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import argparse
 import json
 import re
 from pathlib import Path
+
+from bridge_cudagraph.testing.parity import FLOOR_FACTOR
 
 _NUMBER = r"([-+0-9.eEnaif]+)"
 ITERATION = re.compile(rf"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: {_NUMBER} \|.*?grad norm: {_NUMBER} \|")
@@ -60,28 +67,53 @@ def compare(run: dict, reference: dict, first: int) -> dict:
     return out
 
 
+def noise_floors(eager_again: dict, reference: dict, first: int) -> dict[str, float]:
+    """Per series, the largest difference between two eager runs (NaN-safe: a non-finite step raises)."""
+    from bridge_cudagraph.testing.parity import noise_floor
+
+    out = {}
+    for key in ("loss", "grad_norm"):
+        steps = sorted(i for i in reference[key] if i >= first)
+        if sorted(i for i in eager_again[key] if i >= first) != steps:
+            raise ValueError(f"{key}: the floor run and the reference logged different iterations")
+        out[key] = noise_floor([[reference[key][i] for i in steps], [eager_again[key][i] for i in steps]], name=key)
+    return out
+
+
+def within_floor(row: dict, floors: dict[str, float]) -> bool:
+    """Both series finite at every step and at most ``FLOOR_FACTOR`` times the eager floor from the reference."""
+    return all(not row[key]["nonfinite_steps"] and row[key]["max_abs"] <= FLOOR_FACTOR * floors[key] for key in floors)
+
+
 def main(argv=None) -> int:
     """Compare every given log with the reference; write the JSON; print one line per run."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--reference", required=True, help="the log every other run is compared with")
     p.add_argument("--from-iteration", type=int, default=1, help="compare from this iteration on (resumed runs)")
+    p.add_argument("--floor", help="a second eager run of the reference's configuration: the noise floor")
     p.add_argument("logs", nargs="+")
     args = p.parse_args(argv)
     reference = read_log(args.reference)
+    floors = None if args.floor is None else noise_floors(read_log(args.floor), reference, args.from_iteration)
     rows = {}
     for log in args.logs:
         run = read_log(log)
         rows[Path(log).name] = {**compare(run, reference, args.from_iteration), "capture": run["capture"]}
         r = rows[Path(log).name]
+        if floors is not None:
+            r["within_floor"] = within_floor(r, floors)
         print(
             f"{Path(log).name:28s} loss identical={r['loss']['identical_at_printed_precision']} "
             f"first diff={r['loss']['first_different_iteration']} max abs={r['loss']['max_abs']:.3g} | "
             f"grad norm identical={r['grad_norm']['identical_at_printed_precision']}"
+            + ("" if floors is None else f" | within {FLOOR_FACTOR:g}x the eager floor={r['within_floor']}")
         )
     result = {"reference": Path(args.reference).name, "from_iteration": args.from_iteration, "runs": rows}
+    if floors is not None:
+        result |= {"floor_log": Path(args.floor).name, "floor": floors, "floor_factor": FLOOR_FACTOR}
     Path(args.out).write_text(json.dumps(result, indent=1))
-    return 0
+    return 0 if floors is None or all(r["within_floor"] for r in rows.values()) else 1
 
 
 if __name__ == "__main__":

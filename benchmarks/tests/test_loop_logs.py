@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.loop_logs import compare, read_log
+from benchmarks.loop_logs import compare, main, read_log
 
 LINE = (
     " [2026-12-01 11:05:42] iteration        {i}/      30 | consumed samples:            2 | elapsed time per "
@@ -51,3 +51,21 @@ def test_a_resumed_run_is_compared_from_its_first_iteration_on(tmp_path):
     assert compare(resumed, ref, 3)["loss"]["steps"] == 2
     with pytest.raises(ValueError, match="lacks"):
         compare(ref, resumed, 1)
+
+
+def test_the_floor_verdict_and_its_exit_status(tmp_path):
+    """``--floor``: a run inside 2x the eager-vs-eager difference passes (exit 0), one outside fails (exit 1), one
+    with a NaN step fails whatever its size; both series count."""
+    ref = _log(tmp_path, "eager.log", [(1, "7.000000E+00", "36.000"), (2, "7.100000E+00", "40.000")])
+    again = _log(tmp_path, "again.log", [(1, "7.000000E+00", "36.000"), (2, "7.100100E+00", "40.010")])
+    inside = _log(tmp_path, "in.log", [(1, "7.000000E+00", "36.000"), (2, "7.100150E+00", "40.015")])
+    outside = _log(tmp_path, "out.log", [(1, "7.000000E+00", "36.000"), (2, "7.100150E+00", "40.030")])
+    nan = _log(tmp_path, "nan.log", [(1, "7.000000E+00", "36.000"), (2, "nan", "40.000")])
+    out = tmp_path / "x.json"
+    assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(inside)]) == 0
+    assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(outside)]) == 1
+    assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(nan)]) == 1
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["floor"]["loss"] == pytest.approx(1e-4) and result["runs"]["nan.log"]["within_floor"] is False
