@@ -193,9 +193,13 @@ def test_bridge_recipes_without_init_is_undone(diffusers):
     """Bridge's recipe module imports inside the block, also without ``diffusers`` (where the package's own
     ``__init__`` fails); the bare package leaves ``sys.modules`` with the block, even by an exception, and the real
     ``__init__`` runs on a later import; an imported package is left as it is."""
+    import importlib.util
     import subprocess
     import sys
 
+    if diffusers == "installed" and importlib.util.find_spec("diffusers") is None:
+        # The device machine's stack (run 24) has no diffusers: "absent" is then the case that machine runs.
+        pytest.skip("diffusers is not installed here: only the 'absent' case can run")
     args = [sys.executable, "-c", _RECIPES_CHILD] + (["BLOCK_DIFFUSERS"] if diffusers == "absent" else [])
     done = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
