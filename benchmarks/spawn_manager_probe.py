@@ -4,7 +4,7 @@ Bridge's checkpoint save calls megatron-core's ``get_write_results_queue()`` (``
 filesystem_async.py``), a ``spawn`` multiprocessing Manager; the spawned child re-imports the launching ``__main__``
 before it serves. This probe starts that same queue from two scripts that have imported the same stack (torch and
 ``megatron.bridge``), one at module level (as ``tests/gpu/_bridge_runner.py`` did until 2026-12-01), one inside its
-``main()`` (as ``bridge-cudagraph train`` does), and prints one JSON line per script::
+``main()`` (as ``bridge-cudagraph train`` does), and prints one JSON line per start::
 
     python -m benchmarks.spawn_manager_probe [--repeats 3]
 
@@ -43,7 +43,7 @@ def _script(heavy_top: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Time the queue's start ``--repeats`` times from each script; one JSON line per script."""
+    """Time the queue's start ``--repeats`` times from each script; one JSON line per start."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
@@ -51,13 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, heavy in (("imports_at_module_level", True), ("imports_inside_main", False)):
             path = Path(tmp) / f"{name}.py"
             path.write_text(_script(heavy))
-            seconds = []
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):  # a line per start, flushed: a call cut short keeps what ran
                 done = subprocess.run(
                     [sys.executable, str(path)], capture_output=True, text=True, env=dict(os.environ), check=True
                 )
-                seconds.append(round(float(done.stdout.strip().splitlines()[-1]), 3))
-            print(json.dumps({"script": name, "queue_start_s": seconds}))
+                seconds = round(float(done.stdout.strip().splitlines()[-1]), 3)
+                print(json.dumps({"script": name, "repeat": repeat, "queue_start_s": seconds}), flush=True)
     return 0
 
 

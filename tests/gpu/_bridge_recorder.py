@@ -4,7 +4,7 @@ every step, and the failure the teardown test injects.
 It lives apart from the runner because it imports the training stack (torch, Megatron-Bridge, bridge_cudagraph's
 callback) at module level, and the runner must not: Bridge's checkpoint save starts megatron-core's write-results
 queue, a ``spawn`` multiprocessing Manager, whose child re-imports the launching script as ``__mp_main__``. A runner
-that imported the stack at its top made every save pay a second import of the stack (15 s on an idle host, 20-30 s
+that imported the stack at its top made every save pay a second import of the stack (15-27 s on a 2-core host, 20-30 s
 with four saves at once), which is what pushed SIGTERM saves past torch 2.11 torchrun's fixed 30 s grace in runs 10,
 20 and 21. The runner imports this module inside ``main()``, as ``bridge-cudagraph train`` imports the stack only
 inside its verbs.
