@@ -258,6 +258,21 @@ def test_train_with_graphs_on_a_cpu_machine_is_refused(run_config, record):
     _one_line(record, info.value, ["no CUDA device", "plan"])
 
 
+def test_a_fusion_this_stack_cannot_build_is_refused_by_train(run_config, record):
+    """``train`` (and the random base builder) refuse ``model.gradient_accumulation_fusion=true`` where APEX is absent:
+    megatron-core's output layer would raise inside model construction (run 22). A machine check, like the GPU's:
+    ``validate`` may plan for another machine and leaves it out."""
+    from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
+    from bridge_cudagraph.validation import check_stack
+
+    if apex_gradient_accumulation_fusion_available():
+        pytest.skip("APEX's fused_weight_gradient_mlp_cuda is installed here: the stack builds the fusion")
+    _set(run_config, "model.gradient_accumulation_fusion", True)
+    with pytest.raises(CudaGraphConfigError) as info:
+        check_stack(run_config)
+    _one_line(record, info.value, ["model.gradient_accumulation_fusion=false", "APEX"])
+
+
 def test_layout_that_does_not_divide_the_world_is_refused(record):
     from bridge_cudagraph.plan import build_plan, model_facts
 
