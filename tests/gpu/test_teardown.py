@@ -25,7 +25,7 @@ show, in the runner's last JSON (written in a ``finally`` around ``bridge_cudagr
 teardown), the language (and vision) graphs captured at step 3 and every captured slot in ``Phase.DELETED``, the
 first release that deleted graphs having run while ``torch.distributed`` was still initialised. A run that hangs
 is killed (torchrun's session and its worker's) 80 s after its end, or 200 s after launch if it never gets there,
-and fails with its log tail. About three to four minutes on an H200 (three waves of ten start-ups; one wave with
+and fails with its log tail. About six minutes on an H200 (339 s in run 25: three waves of ten start-ups; one wave with
 ``BRIDGE_CUDAGRAPH_TEARDOWN_ENDINGS=signal``, for example). With
 ``BRIDGE_CUDAGRAPH_LOGS=DIR`` every run's JSON and log are copied to ``DIR/teardown/``.
 """
