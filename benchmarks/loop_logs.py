@@ -13,8 +13,10 @@ agree) and writes one JSON. The logs print the loss to 7 significant digits and 
     python -m benchmarks.loop_logs --out X.json --reference eager.log --floor eager_again.log graphs.log
 
 ``--floor LOG``: a second eager run of the reference's configuration. The eager-vs-eager difference of each series
-is the noise floor (:func:`~bridge_cudagraph.testing.parity.noise_floor`), and every run must stay within
-``parity.FLOOR_FACTOR`` times it and finite, as the GPU suites require; the exit status is 1 if one does not.
+is the noise floor (:func:`~bridge_cudagraph.testing.parity.noise_floor`), and every run given is a graphed run that
+must stay within ``parity.FLOOR_FACTOR`` times it and finite, and whose last capture summary shows graphs and
+replays for every submodule (:func:`~bridge_cudagraph.testing.parity.capture_problems`: a run that fell back to
+eager would match eager trivially), as the GPU suites require; the exit status is 1 if one does not.
 """
 
 from __future__ import annotations
@@ -80,9 +82,33 @@ def noise_floors(eager_again: dict, reference: dict, first: int) -> dict[str, fl
     return out
 
 
+def capture_counts(summary: str | None) -> dict[str, dict[str, int]]:
+    """The callback's summary line (``language: graphs=52 replays=54 ... | vision: ...``) as counters per submodule."""
+    counts: dict[str, dict[str, int]] = {}
+    for part in (summary or "").split("|"):
+        submodule, _, values = part.partition(":")
+        if values:
+            counts[submodule.strip()] = {k: int(v) for k, v in (kv.split("=") for kv in values.split())}
+    return counts
+
+
+def replay_problems(summary: str | None) -> list[str]:
+    """What is wrong with a graphed run's capture, by its last summary: none at all, or a submodule without graphs
+    or replays (:func:`~bridge_cudagraph.testing.parity.capture_problems`)."""
+    from bridge_cudagraph.testing.parity import capture_problems
+
+    counts = capture_counts(summary)
+    if not counts:
+        return ["no capture summary in the log: not a graphed run"]
+    return [problem for sub, stats in counts.items() for problem in capture_problems(stats, where=sub)]
+
+
 def within_floor(row: dict, floors: dict[str, float]) -> bool:
-    """Both series finite at every step and at most ``FLOOR_FACTOR`` times the eager floor from the reference."""
-    return all(not row[key]["nonfinite_steps"] and row[key]["max_abs"] <= FLOOR_FACTOR * floors[key] for key in floors)
+    """Both series finite at every step and at most ``FLOOR_FACTOR`` times the eager floor from the reference, and
+    the run's graphs captured and replayed."""
+    return not row["capture_problems"] and all(
+        not row[key]["nonfinite_steps"] and row[key]["max_abs"] <= FLOOR_FACTOR * floors[key] for key in floors
+    )
 
 
 def main(argv=None) -> int:
@@ -102,6 +128,7 @@ def main(argv=None) -> int:
         rows[Path(log).name] = {**compare(run, reference, args.from_iteration), "capture": run["capture"]}
         r = rows[Path(log).name]
         if floors is not None:
+            r["capture_problems"] = replay_problems(run["capture"])
             r["within_floor"] = within_floor(r, floors)
         print(
             f"{Path(log).name:28s} loss identical={r['loss']['identical_at_printed_precision']} "

@@ -54,16 +54,24 @@ def test_a_resumed_run_is_compared_from_its_first_iteration_on(tmp_path):
 
 
 def test_the_floor_verdict_and_its_exit_status(tmp_path):
-    """``--floor``: a run inside 2x the eager-vs-eager difference passes (exit 0), one outside fails (exit 1), one
-    with a NaN step fails whatever its size; both series count."""
+    """``--floor``: a graphed run inside 2x the eager-vs-eager difference passes (exit 0), one outside fails (exit 1),
+    and so do one without replays, one without a capture summary and one with a NaN step; both series count."""
     ref = _log(tmp_path, "eager.log", [(1, "7.000000E+00", "36.000"), (2, "7.100000E+00", "40.000")])
     again = _log(tmp_path, "again.log", [(1, "7.000000E+00", "36.000"), (2, "7.100100E+00", "40.010")])
-    inside = _log(tmp_path, "in.log", [(1, "7.000000E+00", "36.000"), (2, "7.100150E+00", "40.015")])
-    outside = _log(tmp_path, "out.log", [(1, "7.000000E+00", "36.000"), (2, "7.100150E+00", "40.030")])
-    nan = _log(tmp_path, "nan.log", [(1, "7.000000E+00", "36.000"), (2, "nan", "40.000")])
+    replayed = "language: graphs=8 graphed_steps=1 replays=2 eager_fallbacks=0 | vision: graphs=4 replays=2"
+    never = "language: graphs=8 graphed_steps=0 replays=0 eager_fallbacks=2"
+    inside_rows = [(1, "7.000000E+00", "36.000"), (2, "7.100150E+00", "40.015")]
+    inside = _log(tmp_path, "in.log", inside_rows, replayed)
+    outside = _log(tmp_path, "out.log", [(1, "7.000000E+00", "36.000"), (2, "7.100150E+00", "40.030")], replayed)
+    nan = _log(tmp_path, "nan.log", [(1, "7.000000E+00", "36.000"), (2, "nan", "40.000")], replayed)
+    unreplayed = _log(tmp_path, "eager_fallback.log", inside_rows, never)
+    no_summary = _log(tmp_path, "no_summary.log", inside_rows)
     out = tmp_path / "x.json"
     assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(inside)]) == 0
     assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(outside)]) == 1
+    # Inside the floor in numbers, but no replay (every micro-batch fell back to eager) or no capture at all.
+    assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(unreplayed)]) == 1
+    assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(no_summary)]) == 1
     assert main(["--out", str(out), "--reference", str(ref), "--floor", str(again), str(nan)]) == 1
     import json
 
