@@ -32,6 +32,12 @@ Run (from the repository root)::
 
     python -m benchmarks.useful_tokens --out results/useful_tokens --model small --seq 4096 --mbs 2
     python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
+    python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
+        --steps 3 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py), one 10-minute call
+
+``--model peft8b`` takes every variant from Bridge's 8B LoRA recipe file, sequence and micro-batch included
+(:mod:`benchmarks.recipe_variants`: the recipe loaded with a few overrides per variant, its own capture plan, its
+LoRA applied by Bridge); ``--num-mb`` defaults to its global batch over its micro-batch (16).
 
 Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.useful_tokens_report`),
 ``useful_tokens.md`` and ``useful_tokens.png``, and prints a short table.
@@ -56,7 +62,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import bench
+from benchmarks import bench, recipe_variants
 from benchmarks import useful_tokens_report as report
 from benchmarks.bench_trace import gpu_busy_summary
 from benchmarks.configs import BenchConfig
@@ -81,10 +87,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (checked by :func:`check_args`)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
-    parser.add_argument("--model", choices=("tiny", "small"), default="small", help="tiny: smoke test; small: 2B")
-    parser.add_argument("--seq", type=int, default=4096, help="the model's and the dataset's seq_length")
-    parser.add_argument("--mbs", type=int, default=2, help="micro-batch size (Bridge packs only from 2)")
-    parser.add_argument("--num-mb", type=int, default=2, help="micro-batches per optimizer step")
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "small", *recipe_variants.RECIPES),
+        default="small",
+        help="tiny: smoke test; small: the 2B shape; peft8b: Bridge's 8B LoRA recipe (benchmarks/recipe_variants.py)",
+    )
+    parser.add_argument("--seq", type=int, default=None, help="seq_length (default 4096; a recipe model: its own)")
+    parser.add_argument("--mbs", type=int, default=None, help="micro-batch size (default 2; a recipe: its own)")
+    parser.add_argument(
+        "--num-mb", type=int, default=None, help="micro-batches per optimizer step (default 2; a recipe: its own)"
+    )
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="measured steps per variant")
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="eager steps before capture")
     parser.add_argument(
@@ -96,8 +109,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+#: ``--seq``, ``--mbs``, ``--num-mb`` of the models that do not come from a recipe file.
+SHAPE_DEFAULTS = {"seq": 4096, "mbs": 2, "num_mb": 2}
+
+
+def fill_shape(args: argparse.Namespace) -> str | None:
+    """Fill ``--seq``, ``--mbs`` and ``--num-mb`` left out: :data:`SHAPE_DEFAULTS`, or a recipe model's own
+    sequence, micro-batch and global batch (:func:`benchmarks.recipe_variants.recipe_shape`). A recipe model
+    trains at its recipe's sequence and micro-batch: a different one given is refused (one sentence), as is
+    a step count that is not ``--num-mb``'s only choice to make."""
+    if args.model not in recipe_variants.RECIPES:
+        for name, value in SHAPE_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return None
+    seq, mbs, gbs = recipe_variants.recipe_shape(args.model)
+    for name, value in (("seq", seq), ("mbs", mbs)):
+        given = getattr(args, name)
+        if given is not None and given != value:
+            return (
+                f"--{name} {given}: the {args.model} recipe ({recipe_variants.RECIPES[args.model]}) trains at "
+                f"{value}; leave --{name} out"
+            )
+        setattr(args, name, value)
+    if args.num_mb is None:
+        args.num_mb = gbs // mbs
+    return None
+
+
 def check_args(args: argparse.Namespace) -> str | None:
-    """What is wrong with the command line (one sentence naming the setting and the fix), or None."""
+    """What is wrong with the command line (one sentence naming the setting and the fix), or None; the shape is
+    filled first (:func:`fill_shape`)."""
+    problem = fill_shape(args)
+    if problem:
+        return problem
     if args.mbs < 2:
         return f"--mbs {args.mbs}: Bridge's in-batch packing needs a micro-batch of at least 2; use --mbs 2 or more"
     if args.seq < 1024 or args.seq % 128:
@@ -225,6 +270,20 @@ class _Run:
     data: dict[str, Any] = field(default_factory=dict)
     """``useful_tokens.json``'s ``data``: the micro-batches' numbers and the static shapes."""
 
+    @property
+    def from_recipe(self) -> bool:
+        """The variants are a recipe file's (:mod:`benchmarks.recipe_variants`), not the benchmark's own shape."""
+        return self.args.model in recipe_variants.RECIPES
+
+    def recipe_variant(self, variant: str) -> recipe_variants.RecipeVariant:
+        """``variant`` loaded from the recipe file afresh (each build gets a provider of its own)."""
+        return recipe_variants.load_variant(
+            self.args.model,
+            variant,
+            num_microbatches=self.args.num_mb,
+            upstream_vision_seq_length=self.cfg.upstream_vision_seq_length(),
+        )
+
 
 def packed_graph_config(cfg: BenchConfig):
     """ours_packed's block: vision graphs as bench.py's ours (budgets from the data); language off in the block,
@@ -248,16 +307,23 @@ def variant_provider(run: _Run, variant: str):
 
 
 def _build(run: _Run, variant: str, objs: dict) -> None:
-    """Build the model (as bench.py's ``_build_variant``), load the initial weights, make the optimizer."""
+    """Build the model (as bench.py's ``_build_variant``), load the initial weights, make the optimizer. A recipe
+    variant brings its capture plan and its PEFT (Bridge's LoRA transformation, before DDP wraps the model)."""
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.testing.parity import megatron_optimizer
 
     upstream = variant == "upstream_padded"
-    provider = objs["provider"] = variant_provider(run, variant)
-    if upstream:
-        model = tiny.build(provider, run.world.language)
+    hook = None
+    if run.from_recipe:
+        loaded = run.recipe_variant(variant)
+        provider = objs["provider"] = loaded.provider
+        objs["plan"], hook = loaded.plan, loaded.pre_wrap_hook()
     else:
-        model = tiny.build(provider, run.world.language, vision_pg_collection=run.world.vision)
+        provider = objs["provider"] = variant_provider(run, variant)
+    if upstream:
+        model = tiny.build(provider, run.world.language, pre_wrap_hook=hook)
+    else:
+        model = tiny.build(provider, run.world.language, vision_pg_collection=run.world.vision, pre_wrap_hook=hook)
     objs["model"] = model
     if run.initial_state is None:
         run.initial_state = bench._snapshot(model)
@@ -274,6 +340,8 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         return bench._make_helpers(shared, "upstream", objs)
     if variant not in ("ours_padded", "ours_packed"):
         return []
+    if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
+        return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
     helpers = bench._make_helpers(shared, "ours", objs)
     if variant == "ours_packed":
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
@@ -536,6 +604,15 @@ def _run_paired(run: _Run) -> dict:
 
 
 # ============================================================================================ run
+#: ``meta.config.description`` per ``--model``.
+DESCRIPTIONS = {
+    "tiny": "tiny Qwen3-VL (4 + 4 layers)",
+    "small": "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights",
+    "peft8b": "Bridge's Qwen3-VL 8B LoRA recipe (qwen3_vl_8b_peft_1gpu_h100_bf16_config: language 36 x 4096, vision "
+    "27 x 1152, LoRA dim 32 on linear_qkv/proj/fc1/fc2), random weights, offline",
+}
+
+
 def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
     from bridge_cudagraph.compat import installed_version
 
@@ -551,9 +628,9 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
         "python": platform.python_version(),
         "config": {
             "model": args.model,
-            "description": "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights"
-            if args.model == "small"
-            else "tiny Qwen3-VL (4 + 4 layers)",
+            "description": DESCRIPTIONS[args.model],
+            "recipe": recipe_variants.RECIPES.get(args.model),
+            "global_batch_size": args.mbs * args.num_mb,
             "seq_length": args.seq,
             "micro_batch_size": args.mbs,
             "num_microbatches": args.num_mb,
@@ -584,13 +661,21 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         micro_batch_size=args.mbs,
         image_sets=image_sets(collated),
         num_microbatches=args.num_mb,
-        budget_round=1024 if args.model == "small" else 256,
+        budget_round=256 if args.model == "tiny" else 1024,
     )
-    layout = PackedLayout(
-        tuple(derive_language_budgets(args.mbs * args.seq, multiple=args.mbs * 16)),
-        max_sequences=args.mbs,
-        max_seqlen=args.seq,
-    )
+    vision_budgets, vision_segments = cfg.vision_budgets(), cfg.vision_max_segments()
+    if args.model in recipe_variants.RECIPES:  # the recipe's plan: its budgets, not ones derived here
+        plan = recipe_variants.load_variant(
+            args.model, "ours_packed", num_microbatches=args.num_mb, upstream_vision_seq_length=0
+        ).plan
+        layout = plan.language.packed.layout
+        vision_budgets, vision_segments = list(plan.vision.token_budgets), plan.vision.max_images_per_microbatch
+    else:
+        layout = PackedLayout(
+            tuple(derive_language_budgets(args.mbs * args.seq, multiple=args.mbs * 16)),
+            max_sequences=args.mbs,
+            max_seqlen=args.seq,
+        )
     fixed = max(range(len(micro)), key=lambda i: micro[i].packed_tokens)
     total = args.warmup + args.steps + args.profile_steps
     plan = bench.step_plan(cfg, total)
@@ -616,8 +701,8 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         "language_budgets": list(layout.budgets),
         "max_sequences": layout.max_sequences,
         "max_seqlen": layout.max_seqlen,
-        "vision_budgets": cfg.vision_budgets(),
-        "vision_max_segments": cfg.vision_max_segments(),
+        "vision_budgets": vision_budgets,
+        "vision_max_segments": vision_segments,
         "upstream_vision_seq_length": cfg.upstream_vision_seq_length(),
         "fixed_microbatch": fixed,
         "plan": plan,

@@ -172,17 +172,54 @@ def test_bad_command_lines_get_one_error_line_and_exit_2(capsys):
         ("--steps", "0"): "--steps 0: must be at least 1",
         ("--warmup", "-1"): "--warmup -1: must be 0 or more",
         ("--microbatches", "200"): "more than the photo set's 256 training samples",
+        ("--model", "peft8b", "--seq", "2048"): "--seq 2048: the peft8b recipe",
+        ("--model", "peft8b", "--mbs", "4"): "--mbs 4: the peft8b recipe",
     }
     for extra, expected in cases.items():
         assert useful_tokens.main(["--out", "x", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+        # a recipe model imports the stack to read its file, whose import-time warnings may come first
+        errors = [line for line in err if line.startswith("error: ")]
+        assert errors == err[-1:] and expected in err[-1], err
     import torch
 
     if not torch.cuda.is_available():
         assert useful_tokens.main(["--out", "x", "--model", "tiny"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: no CUDA GPU")
+
+
+def test_a_recipe_model_takes_its_shape_and_plan_from_the_recipe_file():
+    """``--model peft8b``: the 8B LoRA recipe's sequence, micro-batch and global batch; each variant the recipe with
+    its overrides, finalized and planned as ``train`` would (packed budgets of the file; padded: one BSHD shape;
+    eager: no plan; upstream: the host class with upstream's switches), LoRA from Bridge."""
+    from benchmarks import recipe_variants, useful_tokens
+
+    args = useful_tokens.parse_args(["--out", "x", "--model", "peft8b"])
+    assert useful_tokens.check_args(args) is None
+    assert (args.seq, args.mbs, args.num_mb) == (4096, 2, 16)  # the recipe's global batch 32 = 16 x 2
+    small = useful_tokens.parse_args(["--out", "x"])
+    assert useful_tokens.check_args(small) is None and (small.seq, small.mbs, small.num_mb) == (4096, 2, 2)
+
+    got = {
+        v: recipe_variants.load_variant("peft8b", v, num_microbatches=4, upstream_vision_seq_length=8192)
+        for v in ("eager_packed", "upstream_padded", "ours_padded", "ours_packed")
+    }
+    assert got["eager_packed"].plan is None and got["upstream_padded"].plan is None
+    packed, padded = got["ours_packed"].plan, got["ours_padded"].plan
+    assert packed.language.packed.token_budgets == (512, 768, 1024, 1280, 1536, 1792, 2048, 2304, 2560)
+    assert padded.language.enabled and padded.language.packed is None and padded.micro_batch_size == 2
+    assert packed.num_microbatches == padded.num_microbatches == 4
+    assert packed.vision.token_budgets == padded.vision.token_budgets == (1024, 2048, 4096, 8192)
+    upstream = got["upstream_padded"].provider
+    assert not hasattr(upstream, "cuda_graph") and upstream.cuda_graph_impl == "transformer_engine"
+    assert upstream.vision_cuda_graph_impl == "transformer_engine"
+    assert upstream.max_vision_cuda_graph_seq_length == 8192
+    for v, loaded in got.items():
+        assert loaded.provider.num_layers == 36 and loaded.provider.seq_length == 4096, v
+        assert loaded.provider.bf16, v  # finalized with the recipe's mixed precision
+        hook = loaded.pre_wrap_hook()
+        assert hook is not None and type(hook.args[0]).__name__ == "LoRA", v
 
 
 def _photo_forms(rank: int, world: int, root: str) -> dict:

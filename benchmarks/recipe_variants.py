@@ -1,0 +1,114 @@
+"""The useful-tokens benchmark's variants of a recipe file: each variant is the recipe loaded with a few overrides.
+
+``python -m benchmarks.useful_tokens --model peft8b`` measures Bridge's Qwen3-VL 8B LoRA recipe
+(``recipes/qwen3_vl_8b_peft_photos_graphs.yaml``: Bridge's ``qwen3_vl_8b_peft_1gpu_h100_bf16_config`` on the photo
+set, offline) rather than a shape of the benchmark's own. So that every variant is the recipe a user runs, each is
+:func:`bridge_cudagraph.recipe.load_recipe` of that file with the overrides of :data:`VARIANT_OVERRIDES`, finalized
+as training finalizes it (:func:`bridge_cudagraph.planning.finalize_config`: Bridge's ``runtime_config_update``)
+and, where graphs are on, planned from that finalized config (:func:`bridge_cudagraph.planning.plan_finalized`).
+So the capture plan is the one ``bridge-cudagraph train`` would build, and the helpers come from the provider's
+own :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` with it. The recipe's LoRA is
+applied by Bridge's own ``_apply_peft_transformation`` as the pre-wrap hook (Bridge's PEFT setup, without the base
+checkpoint load: the benchmark's weights are random and shared by all variants).
+
+What stays the benchmark's (and is the same for every variant): Megatron's schedule and distributed optimizer
+(:func:`bridge_cudagraph.testing.parity.megatron_optimizer`: Adam, bf16, clip 1.0, the recipe's learning rate
+1e-4), the DDP settings of :func:`bridge_cudagraph.examples.tiny.ddp_config`, and the micro-batches, made once by
+Bridge's dataset provider and collate and put in both forms by Bridge's Qwen3-VL step functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: ``--model`` names that come from a recipe file, and the file (relative to the repository root).
+RECIPES = {"peft8b": "recipes/qwen3_vl_8b_peft_photos_graphs.yaml"}
+
+_GRAPHS_OFF = ("model.cuda_graph.language.enabled=false", "model.cuda_graph.vision.enabled=false")
+#: Every row padded to seq_length: Bridge's data path without in-batch packing. The language graphs then plan one
+#: static BSHD shape (micro batch x seq_length), so the packed budget ladder of the file is dropped.
+_PADDED = (
+    "dataset.enable_in_batch_packing=false",
+    "dataset.defer_in_batch_packing_to_step=false",
+    "dataset.pad_to_max_length=true",
+    "model.cuda_graph.language.token_budgets=null",
+)
+#: The overrides that make each variant from the recipe file (which itself is ours_packed).
+VARIANT_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "eager_packed": _GRAPHS_OFF,
+    "eager_padded": _GRAPHS_OFF + _PADDED,
+    "upstream_padded": _GRAPHS_OFF + _PADDED,  # then the host's class, with upstream's switches
+    "ours_padded": _PADDED,
+    "ours_packed": (),
+    "eager_packed_repeat": _GRAPHS_OFF,
+}
+
+
+@dataclass
+class RecipeVariant:
+    """One variant: its finalized config, the capture plan (None where no graph of ours is captured) and LoRA."""
+
+    config: Any
+    plan: Any | None
+
+    @property
+    def provider(self) -> Any:
+        """The finalized provider (``tiny.build`` finalizes it again, which is idempotent)."""
+        return self.config.model
+
+    def pre_wrap_hook(self):
+        """Bridge's PEFT transformation of the recipe (``training/setup.py`` ``_apply_peft_transformation``), or
+        None for a recipe without ``peft``."""
+        peft = getattr(self.config, "peft", None)
+        if peft is None:
+            return None
+        from megatron.bridge.training.setup import _apply_peft_transformation
+
+        return functools.partial(_apply_peft_transformation, copy.deepcopy(peft))
+
+
+def recipe_path(model: str, root: str | Path | None = None) -> Path:
+    """The recipe file of ``--model``."""
+    base = Path(root) if root is not None else Path(__file__).resolve().parent.parent
+    return base / RECIPES[model]
+
+
+def recipe_shape(model: str) -> tuple[int, int, int]:
+    """``(seq_length, micro_batch_size, global_batch_size)`` of the recipe file, as loaded (no GPU, no model)."""
+    from bridge_cudagraph.recipe import load_recipe
+
+    cfg = load_recipe(recipe_path(model)).config
+    return int(cfg.model.seq_length), int(cfg.train.micro_batch_size), int(cfg.train.global_batch_size)
+
+
+def load_variant(model: str, variant: str, *, num_microbatches: int, upstream_vision_seq_length: int) -> RecipeVariant:
+    """The recipe of ``--model`` as ``variant`` at ``num_microbatches`` micro-batches per step on one GPU.
+
+    Raises:
+        KeyError: An unknown variant.
+        CudaGraphConfigError, RecipeError: The plugin or the loader refuses the variant's configuration.
+    """
+    from bridge_cudagraph.planning import finalize_config, plan_finalized
+    from bridge_cudagraph.recipe import load_recipe
+
+    path = recipe_path(model)
+    seq, mbs, _ = recipe_shape(model)
+    overrides = (*VARIANT_OVERRIDES[variant], f"train.global_batch_size={mbs * num_microbatches}")
+    cfg = load_recipe(path, overrides).config
+    finalize_config(cfg, world_size=1, base_checkpoint_needed=False)
+    graphs = cfg.model.cuda_graph.any_enabled
+    plan = plan_finalized(cfg, world_size=1) if graphs else None
+    if variant == "upstream_padded":
+        from bridge_cudagraph.examples import tiny
+
+        plain = tiny.upstream_provider(cfg.model)
+        plain.vision_cuda_graph_impl = "transformer_engine"
+        plain.max_vision_cuda_graph_seq_length = upstream_vision_seq_length
+        cfg.model = plain
+    if int(cfg.model.seq_length) != seq:
+        raise RuntimeError(f"{variant}: the finalized seq_length {cfg.model.seq_length} is not the recipe's {seq}")
+    return RecipeVariant(config=cfg, plan=plan)
