@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import gc
 import json
 import logging
@@ -503,41 +502,53 @@ class PhaseMarkers:
             output.register_hook(lambda _grad: self.close("vision_backward"))
 
 
+def _named_tensors(chunk: torch.nn.Module, *, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
+    """A chunk's parameters and buffers by name: the tensors themselves, whatever ``state_dict`` makes of them
+    (Bridge's LoRA ``AdapterWrapper.state_dict`` drops the ``to_wrap.`` its ``load_state_dict`` expects)."""
+    out = dict(chunk.named_parameters(remove_duplicate=remove_duplicate))
+    out.update(chunk.named_buffers(remove_duplicate=remove_duplicate))
+    return out
+
+
 def _snapshot(model) -> list[dict]:
-    """The model chunks' state dicts on the CPU."""
+    """Every parameter and buffer of the model chunks, on the CPU."""
     out = []
     for chunk in model:
         state = {}
-        for key, value in chunk.state_dict().items():
-            if torch.is_tensor(value):
-                # Pinned: the copies back into each variant (twice per variant) are several GB for the small model.
-                host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda)
-                state[key] = host.copy_(value.detach())
-            else:
-                state[key] = copy.deepcopy(value)
+        for key, value in _named_tensors(chunk).items():
+            # Pinned: the copies back into each variant (twice per variant) are several GB for the small model.
+            host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda)
+            state[key] = host.copy_(value.detach())
         out.append(state)
     return out
 
 
-#: Keys only a graphs-on upstream Qwen3-VL has: Bridge 0.6.2 registers the language model's decoder and rotary
+#: Names only a graphs-on upstream Qwen3-VL has: Bridge 0.6.2 registers the language model's decoder and rotary
 #: embedding on the root too (DESIGN.md: 290 keys against 195); they alias the language model's tensors.
 _UPSTREAM_ALIAS_KEY = re.compile(r"^(module\.)*(decoder|rotary_pos_emb)(\.|$)")
 
 
 def _load(model, state: list[dict], *, aliases_allowed: bool) -> None:
-    """Copy ``state`` into the model's tensors in place (captured graphs keep pointing at them)."""
+    """Copy ``state`` (:func:`_snapshot`'s) into the model's tensors in place (captured graphs keep pointing at
+    them). Every tensor of the model must be in ``state`` and the other way round, save upstream's aliases."""
     for chunk, chunk_state in zip(model, state, strict=True):
-        if aliases_allowed:
-            # Megatron's Float16Module.load_state_dict returns None (megatron/core/transformer/module.py), so the
-            # key check is done here rather than on torch's result object.
-            target = set(chunk.state_dict())
-            bad = [k for k in target - set(chunk_state) if not _UPSTREAM_ALIAS_KEY.match(k)]
-            unexpected = sorted(set(chunk_state) - target)
-            if bad or unexpected:
-                raise RuntimeError(
-                    f"initial weights do not fit the upstream model: missing {bad[:5]}, unexpected {unexpected[:5]}"
-                )
-        chunk.load_state_dict(chunk_state, strict=not aliases_allowed)
+        target = _named_tensors(chunk, remove_duplicate=False)
+        missing = [
+            k for k in target.keys() - chunk_state.keys() if not (aliases_allowed and _UPSTREAM_ALIAS_KEY.match(k))
+        ]
+        unexpected = sorted(chunk_state.keys() - target.keys())
+        if missing or unexpected:
+            raise RuntimeError(
+                f"initial weights do not fit the model ({len(missing)} missing, {len(unexpected)} unexpected): "
+                f"missing {sorted(missing)[:5]}, unexpected {unexpected[:5]}"
+            )
+        with torch.no_grad():
+            for key, value in chunk_state.items():
+                if target[key].shape != value.shape:
+                    raise RuntimeError(
+                        f"initial weights: {key} is {tuple(target[key].shape)}, not {tuple(value.shape)}"
+                    )
+                target[key].copy_(value, non_blocking=False)
 
 
 def _free() -> None:

@@ -70,6 +70,32 @@ class RecipeVariant:
 
         return functools.partial(_apply_peft_transformation, copy.deepcopy(peft))
 
+    def register_peft(self, pg_collection: Any) -> None:
+        """Register :meth:`pre_wrap_hook` on the provider as Bridge's setup does (``_register_pre_wrap_hook``:
+        after the provider's own hooks, which a ``pre_wrap_hook=`` argument would replace).
+
+        Bridge's adapters take their groups from the wrapped module's config and otherwise from parallel_state's
+        globals, which the benchmark's pure M4 world never initialises. Ours carries the encoder's collection on
+        the encoder's config (:func:`bridge_cudagraph.vision_encoder.rebuild_vision_encoder`); upstream's encoder,
+        which Bridge builds with the language groups, gets ``pg_collection`` (the language collection: what the
+        globals would give it under Bridge's own training) on every config that has none, before LoRA runs."""
+        hook = self.pre_wrap_hook()
+        if hook is None:
+            return
+        from megatron.bridge.training.setup import _register_pre_wrap_hook
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        def attach_groups(model: list) -> list:
+            for chunk in model:
+                for module in chunk.modules():
+                    config = getattr(module, "config", None)
+                    if isinstance(config, TransformerConfig) and getattr(config, "_pg_collection", None) is None:
+                        config._pg_collection = pg_collection
+            return model
+
+        _register_pre_wrap_hook(self.provider, attach_groups)
+        _register_pre_wrap_hook(self.provider, hook)
+
 
 def recipe_path(model: str, root: str | Path | None = None) -> Path:
     """The recipe file of ``--model``."""

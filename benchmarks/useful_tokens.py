@@ -313,17 +313,17 @@ def _build(run: _Run, variant: str, objs: dict) -> None:
     from bridge_cudagraph.testing.parity import megatron_optimizer
 
     upstream = variant == "upstream_padded"
-    hook = None
     if run.from_recipe:
         loaded = run.recipe_variant(variant)
         provider = objs["provider"] = loaded.provider
-        objs["plan"], hook = loaded.plan, loaded.pre_wrap_hook()
+        objs["plan"] = loaded.plan
+        loaded.register_peft(run.world.language)
     else:
         provider = objs["provider"] = variant_provider(run, variant)
     if upstream:
-        model = tiny.build(provider, run.world.language, pre_wrap_hook=hook)
+        model = tiny.build(provider, run.world.language)
     else:
-        model = tiny.build(provider, run.world.language, vision_pg_collection=run.world.vision, pre_wrap_hook=hook)
+        model = tiny.build(provider, run.world.language, vision_pg_collection=run.world.vision)
     objs["model"] = model
     if run.initial_state is None:
         run.initial_state = bench._snapshot(model)

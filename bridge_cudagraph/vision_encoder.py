@@ -121,6 +121,11 @@ def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
         config, layer_spec, merger_spec, pre_process=True, post_process=True, pg_collection=vision_pg_collection
     )
     new.to(device=next(old.parameters()).device)
+    # What Bridge builds on the encoder later from its modules' config finds the encoder's groups there, as it finds
+    # the language model's on the provider (``model_provider.py`` sets ``_pg_collection``): its PEFT adapters
+    # (``peft/utils.py`` ``_get_pg_collection_from_module``), which otherwise fall back to parallel_state's globals,
+    # the language TP group (or none at all under pure M4 groups). Set after construction, which deep-copies configs.
+    config._pg_collection = vision_pg_collection
     model.vision_model = new
     del old
     model.freeze(

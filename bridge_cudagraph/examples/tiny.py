@@ -153,13 +153,10 @@ def ddp_config(**overrides: Any):
 DERIVE = object()
 
 
-def build(
-    provider, pg_collection, *, vision_pg_collection=DERIVE, ddp=None, pre_wrap_hook=None
-) -> list[torch.nn.Module]:
+def build(provider, pg_collection, *, vision_pg_collection=DERIVE, ddp=None) -> list[torch.nn.Module]:
     """``finalize()`` and ``provide_distributed_model`` exactly as Bridge's ``setup`` does, under ``pg_collection``
     (and, for Qwen3-VL, the vision encoder under ``vision_pg_collection``: derived from the language one by
-    default; ``None`` on ranks outside the vision grid, e.g. later pipeline stages). ``pre_wrap_hook``: what
-    Bridge runs on the chunks before DDP wraps them (its PEFT transformation, for a LoRA recipe)."""
+    default; ``None`` on ranks outside the vision grid, e.g. later pipeline stages)."""
     import warnings
 
     setter = getattr(provider, "set_vision_pg_collection", None)
@@ -168,9 +165,7 @@ def build(
     provider.finalize()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return provider.provide_distributed_model(
-            ddp_config=ddp or ddp_config(), pg_collection=pg_collection, pre_wrap_hook=pre_wrap_hook
-        )
+        return provider.provide_distributed_model(ddp_config=ddp or ddp_config(), pg_collection=pg_collection)
 
 
 def copy_weights(src: list[torch.nn.Module], dst: list[torch.nn.Module]) -> None:

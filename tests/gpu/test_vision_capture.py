@@ -388,3 +388,83 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
     # Two copies of three budgets: without sharing each copy's smaller budgets would add 3/4 of the largest.
     largest, rest = per_budget[budgets[-1]], sum(per_budget[b] for b in budgets[:-1])
     assert rest < 0.5 * largest, per_budget
+
+
+def _with_lora(provider):
+    """``provider`` with Bridge's LoRA (every linear of the language and vision layers), registered as Bridge's
+    setup registers its PEFT hook (``_register_pre_wrap_hook``; the base weights are the random init)."""
+    import functools
+
+    from megatron.bridge.peft.lora import LoRA
+    from megatron.bridge.training.setup import _apply_peft_transformation, _register_pre_wrap_hook
+
+    lora = LoRA(target_modules=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], dim=8, alpha=16)
+    _register_pre_wrap_hook(provider, functools.partial(_apply_peft_transformation, lora))
+    return provider
+
+
+def _adapters(model):
+    from megatron.bridge.peft.utils import ParallelLinearAdapter
+
+    return {name: m for name, m in model[0].named_modules() if isinstance(m, ParallelLinearAdapter)}
+
+
+def test_lora_adapters_take_each_submodules_groups_and_replay_exactly(world, record):
+    """Bridge's LoRA inside our graphs under pure M4 groups: Bridge builds each adapter's groups from the wrapped
+    module's config (``_get_pg_collection_from_module``), falling back to parallel_state's globals, which an M4 run
+    never initialises (run 26: the 8B LoRA benchmark's first forward failed in a vision adapter's gather with no
+    TP group). The encoder's config now carries the encoder's collection: every vision adapter has the vision TP
+    group, every language adapter the language one. With both submodules graphed, loss and every adapter gradient
+    equal the same LoRA model's with graphs off, before and after capture (graphs > 0, replays > 0, no failure)."""
+    import torch
+
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads
+
+    provider = _with_lora(tiny.tiny_qwen3_vl_provider(_cfg(True, True)))
+    graphed = tiny.build(provider, world.language, vision_pg_collection=world.vision)
+    reference_provider = _with_lora(tiny.tiny_qwen3_vl_provider(_cfg(False, False)))
+    reference = tiny.build(reference_provider, world.language, vision_pg_collection=world.vision)
+
+    adapters = _adapters(graphed)
+    vision = {n: a for n, a in adapters.items() if ".vision_model." in f".{n}"}
+    language = {n: a for n, a in adapters.items() if ".language_model." in f".{n}"}
+    assert vision and language and len(vision) + len(language) == len(adapters), sorted(adapters)[:5]
+    assert all(a.tp_group is world.vision.tp for a in vision.values()), [n for n, a in vision.items()][:3]
+    assert all(a.tp_group is world.language.tp for a in language.values())
+
+    # LoRA starts its second matrix at zero (adapter output 0, first-matrix gradient 0): give every adapter weight
+    # seeded values, then make the reference hold exactly the graphed model's tensors (LoRA's state_dict drops the
+    # ``to_wrap.`` its load_state_dict expects, so the copy goes by parameter).
+    g = torch.Generator(device="cuda").manual_seed(5)
+    with torch.no_grad():
+        for a in adapters.values():
+            for p in a.parameters():
+                p.copy_(torch.randn(p.shape, device=p.device, generator=g, dtype=torch.float32).to(p.dtype) * 0.02)
+        target = dict(reference[0].named_parameters())
+        for name, p in graphed[0].named_parameters():
+            target[name].copy_(p)
+    trainable = [n for n, p in graphed[0].named_parameters() if p.requires_grad]
+    assert trainable and all(".adapter." in n for n in trainable), trainable[:5]
+
+    batches = {name: _batch(images) for name, images in SETS.items() if name != "two_frame_video_256"}
+    helpers = provider.make_graph_helpers(
+        graphed, plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    )
+    for phase in ("before_capture", "after_capture"):
+        if phase == "after_capture":
+            for h in helpers:
+                h.create_cudagraphs()
+        for name, batch in batches.items():
+            d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
+            record(phase=f"lora_{phase}", batch=name, **d.as_dict())
+            assert d.exact, (phase, name, d)
+    for h in helpers:
+        assert_captured(h.stats, where=f"LoRA {h.submodule}")
+    record(
+        phase="lora_capture",
+        **{
+            h.submodule: {"graphs": h.stats.graphs, "replays": h.stats.replays, "failed": h.stats.failed}
+            for h in helpers
+        },
+    )
