@@ -35,7 +35,7 @@ _EXPORTS = {
     "LanguageGraphHelper": "bridge_cudagraph.capture.language",
     "VisionGraphHelper": "bridge_cudagraph.capture.vision",
     "CudaGraphCallback": "bridge_cudagraph.callback",
-    "install_bridge_helper": "bridge_cudagraph.host_patches",
+    "install_bridge_helper": "bridge_cudagraph.bridge_loop",
     "load_recipe": "bridge_cudagraph.recipe",
 }
 

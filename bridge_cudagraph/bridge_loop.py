@@ -22,8 +22,9 @@ megatron-core's, which replays Qwen3-VL's layers without mRoPE and knows nothing
 fallback or re-capture after resume. So the graphs are owned by :class:`bridge_cudagraph.callback.CudaGraphCallback`
 and Bridge's own capture must do nothing.
 
-:func:`bridge_cudagraph.host_patches.install_bridge_helper` rebinds that one name,
-``megatron.bridge.training.train.TECudaGraphHelper``, to the class :func:`dispatching_class` makes, which
+:func:`install_bridge_helper` rebinds that one name (through
+:func:`bridge_cudagraph.host_patches.rebind_bridge_helper`), ``megatron.bridge.training.train.TECudaGraphHelper``,
+to the class :func:`dispatching_class` makes, which
 
 * keeps the real constructor's signature (``pg_collection`` included, so Bridge's probe still passes it);
 * for a config that is one of our providers (:func:`bridge_cudagraph.providers.is_graph_provider`) returns a
@@ -85,6 +86,15 @@ class CallbackOwnedGraphs:
         owner = owner_of(self.config)
         if owner is not None:
             owner.release_graphs()
+
+
+def install_bridge_helper() -> None:
+    """Make Bridge's ``train()`` build :func:`dispatching_class`'s stand-in instead of megatron-core's helper
+    (idempotent; undone by :func:`bridge_cudagraph.host_patches.uninstall_bridge_helper`). The ``train`` verb and
+    the :class:`~bridge_cudagraph.callback.CudaGraphCallback` call it; so must a harness that runs Bridge's loop."""
+    from bridge_cudagraph.host_patches import rebind_bridge_helper
+
+    rebind_bridge_helper(dispatching_class)
 
 
 def dispatching_class(real: type) -> type:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from megatron.bridge.training.callbacks import Callback
 
 from bridge_cudagraph import bridge_loop
-from bridge_cudagraph.host_patches import bridge_helper_installed, install_bridge_helper
+from bridge_cudagraph.host_patches import bridge_helper_installed
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import CapturePlan
@@ -298,7 +298,7 @@ class CudaGraphCallback(Callback):
         helper_factory: Callable[..., Sequence[Any]] | None = None,
         hooks_factory: Callable[[Sequence[Any]], PreHooks] | None = None,
     ) -> None:
-        install_bridge_helper()
+        bridge_loop.install_bridge_helper()
         bridge_loop.register_callback(self)
         self.plan = plan
         self._helper_factory = helper_factory or _helpers_of
@@ -327,7 +327,7 @@ class CudaGraphCallback(Callback):
         if provider.cuda_graph.language.enabled and not bridge_helper_installed():
             raise RuntimeError(
                 "bridge_cudagraph's helper was uninstalled from Megatron-Bridge, so Bridge would capture the language "
-                "graphs a second time; call bridge_cudagraph.host_patches.install_bridge_helper() before "
+                "graphs a second time; call bridge_cudagraph.install_bridge_helper() before "
                 "pretrain()/finetune()"
             )
         cfg = context.state.cfg

@@ -66,7 +66,7 @@ def bridge_train_module():
 def bridge_builds_language_helper_by_name() -> bool:
     """Megatron-Bridge 0.6.2 ``train()`` builds its language graph helper by calling the module-level name
     ``TECudaGraphHelper`` of ``megatron.bridge.training.train`` at call time (``train.py:268-280``), so rebinding
-    that name reaches it (:func:`bridge_cudagraph.host_patches.install_bridge_helper`). A Bridge that builds it any
+    that name reaches it (:func:`bridge_cudagraph.bridge_loop.install_bridge_helper`). A Bridge that builds it any
     other way would capture a second time behind the plugin's back; ``install_bridge_helper`` refuses then."""
     source = inspect.getsource(bridge_train_module().train)
     return "TECudaGraphHelper(" in source

@@ -7,8 +7,9 @@ applies to the installed version are in :mod:`bridge_cudagraph.compat`.
 
 Entry (what it rebinds; host version; how it is undone):
 
-* :func:`install_bridge_helper`: ``megatron.bridge.training.train.TECudaGraphHelper``; Bridge 0.6.2;
-  :func:`uninstall_bridge_helper`.
+* :func:`rebind_bridge_helper`: ``megatron.bridge.training.train.TECudaGraphHelper``; Bridge 0.6.2;
+  :func:`uninstall_bridge_helper` (the class it rebinds to is :mod:`bridge_cudagraph.bridge_loop`'s, passed in by
+  :func:`bridge_cudagraph.bridge_loop.install_bridge_helper`, so this module imports nothing of the plugin's loop).
 * :func:`release_graphs_if_training_raises`: ``megatron.bridge.training.pretrain.train``; Bridge 0.6.2; leaving the
   ``with`` block.
 * :func:`use_prebuilt_dataset_helpers`: ``megatron.bridge.training.initialize.compile_helpers``; megatron-core 0.19.2
@@ -52,8 +53,8 @@ __all__ = [
     "explicit_num_microbatches",
     "extend_instance_class",
     "from_hf_pretrained_hook",
-    "install_bridge_helper",
     "offline_hub",
+    "rebind_bridge_helper",
     "release_graphs_if_training_raises",
     "restore_dataset_helpers",
     "restore_instance_class",
@@ -68,9 +69,9 @@ ORIGINAL = "_bridge_cudagraph_original"
 
 
 # ------------------------------------------------------------------ Bridge's language graph helper (Bridge 0.6.2)
-def install_bridge_helper() -> None:
-    """Rebind ``megatron.bridge.training.train.TECudaGraphHelper`` to :mod:`bridge_cudagraph.bridge_loop`'s
-    dispatching class (idempotent).
+def rebind_bridge_helper(dispatching: Callable[[type], type]) -> None:
+    """Rebind ``megatron.bridge.training.train.TECudaGraphHelper`` to ``dispatching(real)``, the class
+    :func:`bridge_cudagraph.bridge_loop.dispatching_class` makes (idempotent).
 
     Patches: the module-level name through which Bridge 0.6.2's ``train()`` builds its language graph helper at call
     time (``train.py:268-280``; :func:`~bridge_cudagraph.compat.bridge_builds_language_helper_by_name` probes it).
@@ -84,8 +85,6 @@ def install_bridge_helper() -> None:
         RuntimeError: This Bridge does not build its helper through that name, so rebinding it could not prevent a
             second capture.
     """
-    from bridge_cudagraph.bridge_loop import dispatching_class
-
     train = compat.bridge_train_module()
     if bridge_helper_installed():
         return
@@ -97,18 +96,18 @@ def install_bridge_helper() -> None:
             "megatron.bridge.training.train.TECudaGraphHelper"
         )
     real = train.TECudaGraphHelper
-    replacement = dispatching_class(real)
+    replacement = dispatching(real)
     setattr(replacement, ORIGINAL, real)
     train.TECudaGraphHelper = replacement
 
 
 def bridge_helper_installed() -> bool:
-    """Whether :func:`install_bridge_helper` is in effect."""
+    """Whether :func:`rebind_bridge_helper` is in effect."""
     return getattr(compat.bridge_train_module().TECudaGraphHelper, ORIGINAL, None) is not None
 
 
 def uninstall_bridge_helper() -> None:
-    """Undo :func:`install_bridge_helper`: Bridge's name holds megatron-core's ``TECudaGraphHelper`` again."""
+    """Undo :func:`rebind_bridge_helper`: Bridge's name holds megatron-core's ``TECudaGraphHelper`` again."""
     train = compat.bridge_train_module()
     original = getattr(train.TECudaGraphHelper, ORIGINAL, None)
     if original is not None:

@@ -211,9 +211,10 @@ class CudaGraphProviderMixin:
         if not chunks or any(chunk is None for chunk in chunks):
             return
         from bridge_cudagraph.replicas import install_grad_sync
+        from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
         # Idempotent: the wrapper it assigns comes back through __setattr__ and is recognised.
-        install_grad_sync(self, chunks)
+        install_grad_sync(self, chunks, GraphedQwen3VLVisionModel)
 
     def make_language_graph_helper(self, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
         """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built), as ``plan`` says.

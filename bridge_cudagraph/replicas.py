@@ -112,13 +112,15 @@ def average_replica_grads(module: torch.nn.Module, group) -> None:
     _coalesced_in_place(grads, group, mean)
 
 
-def install_grad_sync(model_config, model_chunks) -> bool:
+def install_grad_sync(model_config, model_chunks, encoder_type: type) -> bool:
     """Wrap ``model_config.finalize_model_grads_func`` (set by Bridge's set-up, or by a harness) so the vision
     encoder's gradients are averaged over its replica group after Megatron's own finalisation, before the
-    optimizer computes the grad norm. Idempotent; returns whether a wrapper is in place."""
-    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+    optimizer computes the grad norm. Idempotent; returns whether a wrapper is in place.
 
-    encoders = [m for chunk in model_chunks for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
+    ``encoder_type`` is the class of the encoder to find in ``model_chunks`` (with a ``pg_collection``:
+    :class:`bridge_cudagraph.vision_encoder.GraphedQwen3VLVisionModel`), passed in so that this module, which the
+    encoder's rebuild uses, does not import it back."""
+    encoders = [m for chunk in model_chunks for m in chunk.modules() if isinstance(m, encoder_type)]
     if not encoders:
         return False
     group = replica_group_of(encoders[0].pg_collection)

@@ -3,7 +3,7 @@
 Nothing here replaces Bridge's loop. :func:`run` first builds the run's capture plan the way ``validate`` does
 (:func:`plan_run`: a configuration ``validate`` refuses is refused here with the same line, before any process
 group or step), then installs :mod:`bridge_cudagraph.bridge_loop`'s helper
-(:func:`~bridge_cudagraph.host_patches.install_bridge_helper`, so Bridge's own
+(:func:`~bridge_cudagraph.bridge_loop.install_bridge_helper`, so Bridge's own
 language capture stays inert), adds :class:`~bridge_cudagraph.callback.CudaGraphCallback` (which owns capture,
 hooks, counters and teardown), picks Bridge's forward step for the model family, and calls Bridge's
 ``pretrain()``, or ``finetune()`` when the recipe names a pretrained checkpoint. Under ``torchrun`` every rank
@@ -38,12 +38,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from bridge_cudagraph.bridge_loop import install_bridge_helper
 from bridge_cudagraph.callback import CudaGraphCallback
-from bridge_cudagraph.host_patches import (
-    install_bridge_helper,
-    release_graphs_if_training_raises,
-    use_prebuilt_dataset_helpers,
-)
+from bridge_cudagraph.host_patches import release_graphs_if_training_raises, use_prebuilt_dataset_helpers
 from bridge_cudagraph.throughput import ThroughputCallback, UsefulTokenMeter, counting_forward_step
 
 if TYPE_CHECKING:

@@ -305,11 +305,12 @@ def train_steps(
     from megatron.core.utils import get_model_config
 
     from bridge_cudagraph.replicas import install_grad_sync
+    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
     config = get_model_config(model[0])
     if not getattr(config.finalize_model_grads_func, "_bridge_cudagraph_replica_sync", False):
         config.finalize_model_grads_func = finalize_model_grads
-    install_grad_sync(config, model)
+    install_grad_sync(config, model, GraphedQwen3VLVisionModel)
     forward_backward = get_forward_backward_func(pp_size=pg_collection.pp.size())
     extra = {}
     if pg_collection.pp.size() > 1:

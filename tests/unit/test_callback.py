@@ -320,8 +320,8 @@ def test_install_keeps_bridge_probe_and_dispatches_on_the_provider():
     train = compat.bridge_train_module()
     real = train.TECudaGraphHelper
     assert compat.bridge_builds_language_helper_by_name()
-    host_patches.install_bridge_helper()
-    host_patches.install_bridge_helper()  # idempotent
+    bridge_loop.install_bridge_helper()
+    bridge_loop.install_bridge_helper()  # idempotent
     assert host_patches.bridge_helper_installed() and issubclass(train.TECudaGraphHelper, real)
     params = inspect.signature(train.TECudaGraphHelper.__init__).parameters
     assert list(params) == list(inspect.signature(real.__init__).parameters)

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from bridge_cudagraph import compat, host_patches
+from bridge_cudagraph import bridge_loop, compat, host_patches
 
 
 class Boom(Exception):
@@ -30,7 +30,7 @@ def test_bridge_helper_install_and_uninstall():
     train = compat.bridge_train_module()
     host_patches.uninstall_bridge_helper()
     real = train.TECudaGraphHelper
-    host_patches.install_bridge_helper()
+    bridge_loop.install_bridge_helper()
     try:
         assert train.TECudaGraphHelper is not real and issubclass(train.TECudaGraphHelper, real)
         assert getattr(train.TECudaGraphHelper, host_patches.ORIGINAL) is real

@@ -65,3 +65,98 @@ def test_the_shipped_package_holds_no_benchmark_or_harness_code():
         ["git", "ls-files", "bridge_cudagraph"], cwd=root, capture_output=True, text=True, check=True
     ).stdout.split()
     assert not [f for f in tracked if "bench" in Path(f).name or "leak" in f or "/harness/" in f]
+
+
+def _package_imports(root) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at module level or inside a function (both run at some point),
+    leaving out ``if TYPE_CHECKING:`` blocks (never run); a module's import also runs its parent packages."""
+    import ast
+
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+
+    def targets(name: str) -> set[str]:
+        found = set()
+        while name:
+            if name in modules:
+                found.add(name)
+            name = name.rpartition(".")[0]
+        return found
+
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        skipped = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for stmt in node.body
+            for n in ast.walk(stmt)
+        }
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    edges[name] |= targets(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                edges[name] |= targets(base)
+                for alias in node.names:
+                    edges[name] |= targets(f"{base}.{alias.name}") - targets(base)
+        edges[name].discard(name)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_cycle():
+    """No module of the package imports, even inside a function, a module that imports it back (directly or around a
+    loop): each layer can be read, tested and changed without the ones above it."""
+    from pathlib import Path
+
+    edges = _package_imports(Path(bridge_cudagraph.__file__).parent)
+    assert "bridge_cudagraph.capture.vision" in edges and edges["bridge_cudagraph.callback"]  # the walk sees edges
+    assert _cycles(edges) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
