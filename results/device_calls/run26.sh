@@ -3,8 +3,9 @@
 # (benchmarks/recipe_variants.py), every variant in one process, global batch 16 (8 micro-batches of 2: the recipe's
 # 32 does not fit one 10-minute call with the padded variants), no paired phase (the variants are far apart).
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash results/device_calls/run26.sh
+# Run 26 failed in every variant (LoRA adapters without groups under M4; LoRA state_dict keys); run 27 reran it.
 set +e
-export LOGS=/tmp/dl_run26
+export LOGS=${LOGS:-/tmp/dl_run26}
 python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | grep -v -i warn
 source scripts/device_lib.sh
 export PYTHONPATH=$PWD HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
