@@ -530,12 +530,13 @@ _UPSTREAM_ALIAS_KEY = re.compile(r"^(module\.)*(decoder|rotary_pos_emb)(\.|$)")
 
 def _load(model, state: list[dict], *, aliases_allowed: bool) -> None:
     """Copy ``state`` (:func:`_snapshot`'s) into the model's tensors in place (captured graphs keep pointing at
-    them). Every tensor of the model must be in ``state`` and the other way round, save upstream's aliases."""
+    them). Every parameter of the model must be in ``state`` and the other way round, save upstream's aliases;
+    a buffer the model made after the snapshot (a rotary table built at the first forward: run 27's
+    ``vision_model.rotary_pos_emb.inv_freq``) is a function of the config and is left as it is."""
     for chunk, chunk_state in zip(model, state, strict=True):
         target = _named_tensors(chunk, remove_duplicate=False)
-        missing = [
-            k for k in target.keys() - chunk_state.keys() if not (aliases_allowed and _UPSTREAM_ALIAS_KEY.match(k))
-        ]
+        params = {k for k, _ in chunk.named_parameters(remove_duplicate=False)}
+        missing = [k for k in params - chunk_state.keys() if not (aliases_allowed and _UPSTREAM_ALIAS_KEY.match(k))]
         unexpected = sorted(chunk_state.keys() - target.keys())
         if missing or unexpected:
             raise RuntimeError(
@@ -548,7 +549,7 @@ def _load(model, state: list[dict], *, aliases_allowed: bool) -> None:
                     raise RuntimeError(
                         f"initial weights: {key} is {tuple(target[key].shape)}, not {tuple(value.shape)}"
                     )
-                target[key].copy_(value, non_blocking=False)
+                target[key].copy_(value)
 
 
 def _free() -> None:
