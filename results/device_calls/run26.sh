@@ -11,6 +11,6 @@ source scripts/device_lib.sh
 export PYTHONPATH=$PWD HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $LOGS/gpu.txt
 python3 -c "import torch, transformer_engine, megatron.core, megatron.bridge as b; print(torch.__version__, transformer_engine.__version__, megatron.core.__version__, b.__version__)" > $LOGS/versions.txt 2>&1
-R u1_peft8b 540 "python3 -m benchmarks.useful_tokens --out \$LOGS/useful_tokens_peft8b --model peft8b --num-mb 8 --warmup 2 --steps ${STEPS:-3} --profile-steps 0 --no-paired"
+R u1_peft8b ${BENCH_LIMIT:-540} "python3 -m benchmarks.useful_tokens --out \$LOGS/useful_tokens_peft8b --model peft8b --num-mb 8 --warmup 2 --steps ${STEPS:-3} --profile-steps 0 --no-paired"
 table
 tail -n 30 $LOGS/u1_peft8b.log
