@@ -335,12 +335,19 @@ class PackingFacts:
     Attributes:
         mode: ``qwen3_vl_step``: Bridge's Qwen3-VL step packs each micro-batch (``enable_in_batch_packing`` with
             ``defer_in_batch_packing_to_step``): one THD segment per sample, rows padded to the batch's longest,
-            and a ``cu_seqlens_q_padded`` of its own. The only packed path language graphs replay today.
-        fixed_width: The step pads every row to ``seq_length`` (Bridge does with pp > 1 or ep > 1): one budget.
+            and a ``cu_seqlens_q_padded`` of its own.
+            ``offline``: GPT SFT offline packing (``enable_offline_packing``, Bridge's ``GPTSFTPackedDataset``): rows
+            of ``seq_length`` tokens packed before training, micro-batch 1, static boundaries with
+            ``pad_cu_seqlens`` (:func:`bridge_cudagraph.validation.check_offline_packing`).
+        fixed_width: Every micro-batch is ``seq_length`` wide (the Qwen3-VL step pads to it with pp > 1 or ep > 1;
+            offline-packed rows always are): one budget.
+        separate_padded: The batch carries a ``cu_seqlens_q_padded`` of its own (the Qwen3-VL step always; offline
+            packing with ``pad_seq_to_mult`` > 1); else none, and TE sees no padding between sequences.
     """
 
     mode: str
     fixed_width: bool = False
+    separate_padded: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +366,8 @@ class PackedLanguagePlan:
             between sequences and picks its backend accordingly; the graphs are captured the same way).
         static_inputs: ``(budget, inputs)`` for every budget.
         copies: Graph sets, one per micro-batch a stage keeps in flight (1 without a pipeline).
+        offline: The rows come packed from GPT SFT's offline packing (one budget: ``seq_length``), not from the
+            Qwen3-VL step.
     """
 
     token_budgets: tuple[int, ...]
@@ -370,6 +379,7 @@ class PackedLanguagePlan:
     separate_padded: bool
     static_inputs: tuple[tuple[int, tuple[StaticInput, ...]], ...]
     copies: int
+    offline: bool = False
 
     @property
     def layout(self) -> PackedLayout:
@@ -556,7 +566,11 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
         lines += ["                 " + s for s in inputs[1:]]
         return lines
     budget_lines = ["  budgets [" + ", ".join(map(str, packed.token_budgets)) + "] tokens"]
-    if packed.budgets_derived:
+    if packed.offline:
+        budget_lines.append(
+            f"    offline-packed rows of S {packed.max_seqlen} (dataset.offline_packing_specs), one per micro-batch"
+        )
+    elif packed.budgets_derived:
         budget_lines.append(
             f"    derived: mbs {packed.max_tokens // packed.max_seqlen} x S {packed.max_seqlen} = {packed.max_tokens} "
             f"max, {len(packed.token_budgets)} rungs <= 1.25x apart"
@@ -792,19 +806,42 @@ def _plan_vision(
     )
 
 
+def offline_max_sequences(seq_length: int) -> int:
+    """The sequences an offline-packed row may hold and replay, when ``max_sequences`` is not given: one per 32
+    tokens. Bridge's packer knows the real count only after packing (``max_samples_per_bin``); a larger static
+    ``cu_seqlens`` costs zero-length segments only, and a row with more runs eagerly (counted, logged once)."""
+    return max(2, seq_length // 32)
+
+
 def _plan_packed(
     cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, mbs: int, num_mb: int
 ) -> PackedLanguagePlan:
     """The packed language graphs' budgets and static shapes, or a refusal with the setting and the fix."""
     where = "model.cuda_graph.language"
-    if packing.mode != "qwen3_vl_step":
+    if packing.mode not in ("qwen3_vl_step", "offline"):
         raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
+    offline = packing.mode == "offline"
+    unpack = (
+        "set model.cuda_graph.language.enabled=false, or pack no more (dataset.enable_offline_packing=false, "
+        "pad_to_max_length=true)"
+        if offline
+        else "pad instead (dataset.enable_in_batch_packing=false, pad_to_max_length=true)"
+    )
     if facts.cp > 1:
+        chunks = f"({facts.cp} ranks x 2 chunks per row)"
+        split = (
+            "Bridge's GPT step partitions each packed row over cp ranks by its own boundaries"
+            if offline
+            else f"Bridge's Qwen3-VL step splits packed rows over cp ranks by index {chunks}"
+        )
         raise CudaGraphConfigError(
             f"{where}.enabled=true with packed micro-batches and model.context_parallel_size={facts.cp}: the "
-            "packed graphs replay one THD sequence per rank and Bridge's Qwen3-VL step splits packed rows over cp "
-            f"ranks by index ({facts.cp} ranks x 2 chunks per row); set context_parallel_size=1, or pad instead "
-            "(dataset.enable_in_batch_packing=false, pad_to_max_length=true)"
+            f"packed graphs replay one THD sequence per rank and {split}; set context_parallel_size=1, or {unpack}"
+        )
+    if offline and mbs != 1:
+        raise CudaGraphConfigError(
+            f"train.micro_batch_size={mbs} with dataset.enable_offline_packing=true: Bridge trains offline-packed "
+            "rows one per micro-batch; set train.micro_batch_size=1"
         )
     if cfg.language.modules is not None:
         raise CudaGraphConfigError(
@@ -814,8 +851,7 @@ def _plan_packed(
     if facts.num_moe_experts:
         raise CudaGraphConfigError(
             f"{where}.enabled=true with packed micro-batches on an MoE model ({facts.num_moe_experts} experts): "
-            "packed graphs of MoE layers are not supported yet; pad instead (dataset.enable_in_batch_packing=false, "
-            f"pad_to_max_length=true) or set {where}.enabled=false"
+            f"packed graphs of MoE layers are not supported yet; {unpack}"
         )
     # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple of
     # lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
@@ -824,7 +860,16 @@ def _plan_packed(
     max_seqlen = -(-facts.seq_length // row) * row
     max_tokens = mbs * max_seqlen
     multiple = mbs * row
-    if cfg.language.token_budgets is not None:
+    if offline:  # the rows are packed to seq_length before training (check_offline_packing): one budget
+        if cfg.language.token_budgets is not None and tuple(cfg.language.token_budgets) != (facts.seq_length,):
+            raise CudaGraphConfigError(
+                f"{where}.token_budgets={list(cfg.language.token_budgets)} with offline packing: every packed row is "
+                f"model.seq_length = {facts.seq_length} tokens wide; set token_budgets to null (or "
+                f"[{facts.seq_length}])"
+            )
+        max_seqlen = max_tokens = multiple = facts.seq_length
+        budgets, derived = (facts.seq_length,), cfg.language.token_budgets is None
+    elif cfg.language.token_budgets is not None:
         budgets = tuple(cfg.language.token_budgets)
         derived = False
         bad = [b for b in budgets if b % tp]
@@ -837,9 +882,12 @@ def _plan_packed(
         budgets, derived = (max_tokens,), True
     else:
         budgets, derived = tuple(derive_language_budgets(max_tokens, multiple)), True
-    sequences = cfg.language.max_sequences or mbs
+    sequences = cfg.language.max_sequences or (offline_max_sequences(facts.seq_length) if offline else mbs)
     layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
     cu = (layout.cu_seqlens_length,)
+    # mRoPE has one rotary row per token; RoPE one per position inside a sequence (the fused THD kernel indexes it
+    # by position), which the static table holds for every position up to the budget.
+    rotary_note = "(mRoPE)" if facts.position_embedding_type == "mrope" else "(RoPE, by position in its sequence)"
     inputs = tuple(
         (
             b,
@@ -847,9 +895,9 @@ def _plan_packed(
                 StaticInput(
                     "hidden_states", (b // tp, 1, facts.hidden_size), facts.dtype, ("T/tp" if tp > 1 else "T", "", "H")
                 ),
-                StaticInput("rotary_pos_emb", (b, 1, 1, facts.rotary_dim), "fp32", ("T", "", "", ""), "(mRoPE)"),
+                StaticInput("rotary_pos_emb", (b, 1, 1, facts.rotary_dim), "fp32", ("T", "", "", ""), rotary_note),
                 StaticInput("cu_seqlens", cu, "int32"),
-                StaticInput("cu_seqlens_padded", cu, "int32"),
+                *((StaticInput("cu_seqlens_padded", cu, "int32"),) if packing.separate_padded else ()),
             ),
         )
         for b in budgets
@@ -861,7 +909,8 @@ def _plan_packed(
         multiple=multiple,
         max_sequences=sequences,
         max_seqlen=max_seqlen,
-        separate_padded=True,
+        separate_padded=packing.separate_padded,
+        offline=offline,
         static_inputs=inputs,
         copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
     )

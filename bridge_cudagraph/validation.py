@@ -60,7 +60,11 @@ def packing_facts(config: Any) -> PackingFacts | None:
 
     dataset, model = getattr(config, "dataset", None), config.model
     if getattr(dataset, "enable_offline_packing", False):
-        return PackingFacts("offline")
+        specs = getattr(dataset, "offline_packing_specs", None)
+        # pad_seq_to_mult > 1 gives the batch a cu_seqlens_q_padded of its own (Bridge's GPTSFTPackedDataset)
+        return PackingFacts(
+            "offline", fixed_width=True, separate_padded=(getattr(specs, "pad_seq_to_mult", 1) or 1) > 1
+        )
     if not getattr(dataset, "enable_in_batch_packing", False):
         return None
     if not getattr(dataset, "defer_in_batch_packing_to_step", False):
@@ -84,22 +88,21 @@ def check_run(config: Any) -> PackingFacts | None:
     packing = packing_facts(config)
     if not cg.language.enabled:
         return packing
+    if packing is not None and packing.mode == "offline":
+        check_offline_packing(config)
+        return packing
     loader = getattr(dataset, "dataloader_type", None) or getattr(train, "dataloader_type", None)
     if loader == "batch":
         raise CudaGraphConfigError(
             "dataset.dataloader_type='batch' gives every step its own sequence length, but language graphs have "
             "static shapes; use dataloader_type 'single' or 'cyclic'"
         )
-    if packing is not None and packing.mode != "qwen3_vl_step":
-        what = {
-            "offline": "dataset.enable_offline_packing=true (GPT SFT packed sequences)",
-            "collate": "dataset.enable_in_batch_packing=true with collate-time packing (defer_in_batch_packing_to_step"
-            "=false)",
-        }[packing.mode]
+    if packing is not None and packing.mode == "collate":
         raise CudaGraphConfigError(
-            f"{what} is a packing path language graphs cannot replay yet (packed graphs follow Bridge's Qwen3-VL "
-            "step: enable_in_batch_packing=true with defer_in_batch_packing_to_step=true); pad instead "
-            "(dataset.pad_to_max_length=true, no packing) or set model.cuda_graph.language.enabled=false"
+            "dataset.enable_in_batch_packing=true with collate-time packing (defer_in_batch_packing_to_step=false) "
+            "is a packing path language graphs cannot replay yet (packed graphs follow Bridge's Qwen3-VL step, "
+            "enable_in_batch_packing=true with defer_in_batch_packing_to_step=true, and GPT SFT offline packing); "
+            "pad instead (dataset.pad_to_max_length=true, no packing) or set model.cuda_graph.language.enabled=false"
         )
     if packing is not None and not model.has_vision_encoder():
         raise CudaGraphConfigError(
@@ -120,6 +123,49 @@ def check_run(config: Any) -> PackingFacts | None:
             "model.seq_length; make them equal"
         )
     return packing
+
+
+def check_offline_packing(config: Any) -> None:
+    """GPT SFT offline packing (``dataset.enable_offline_packing``) under packed language graphs: every packed row
+    is ``seq_length`` wide, so one graph set replays them all, provided the rest of each micro-batch is static too
+    (Bridge 0.6.2 ``data/packing/gpt_sft.py`` ``collate_fn``, ``training/gpt_step.py``,
+    megatron-core 0.19.2 ``models/common/embeddings/rope_utils.py``):
+
+    * ``offline_packing_specs.pad_cu_seqlens=true`` (with ``pad_to_max_length``): the boundaries then have one
+      length for every row, and the batch's ``max_seqlen`` is one value; without it both vary per row;
+    * ``model.apply_rope_fusion=true`` for RoPE: the unfused THD rotary path splits the sequence on the host
+      (``cu_seqlens.tolist()``), which a graph cannot hold; TE's fused kernel reads ``cu_seqlens`` on the GPU;
+    * the packed width is ``model.seq_length`` (the graphs' one budget); no vision encoder (Bridge's VLM recipes
+      pack in the step instead).
+    """
+    dataset, model = config.dataset, config.model
+    specs = getattr(dataset, "offline_packing_specs", None)
+    kwargs = getattr(dataset, "dataset_kwargs", None) or {}
+    pad_to_max = getattr(dataset, "pad_to_max_length", False) is True or kwargs.get("pad_to_max_length") is True
+    if not (getattr(specs, "pad_cu_seqlens", False) and pad_to_max):
+        raise CudaGraphConfigError(
+            "dataset.enable_offline_packing=true with language graphs needs static packed rows: set "
+            "dataset.offline_packing_specs.pad_cu_seqlens=true and dataset.dataset_kwargs.pad_to_max_length=true "
+            "(every row seq_length wide, every cu_seqlens one length), or set model.cuda_graph.language.enabled=false"
+        )
+    if getattr(model, "position_embedding_type", "rope") == "rope" and not getattr(model, "apply_rope_fusion", False):
+        raise CudaGraphConfigError(
+            "dataset.enable_offline_packing=true with language graphs and model.apply_rope_fusion=false: "
+            "megatron-core applies RoPE to packed sequences by splitting them on the host (cu_seqlens.tolist()), "
+            "which a CUDA graph cannot hold; set model.apply_rope_fusion=true (Transformer Engine's fused kernel "
+            "reads cu_seqlens on the GPU)"
+        )
+    size = getattr(specs, "packed_sequence_size", -1)
+    if size != model.seq_length:
+        raise CudaGraphConfigError(
+            f"dataset.offline_packing_specs.packed_sequence_size={size} != model.seq_length {model.seq_length}: the "
+            "packed graphs capture rows of model.seq_length tokens; make them equal"
+        )
+    if model.has_vision_encoder():
+        raise CudaGraphConfigError(
+            f"dataset.enable_offline_packing=true on {type(model).__name__}: offline packing is GPT SFT's text path; "
+            "Qwen3-VL packs in its step (dataset.enable_in_batch_packing=true, defer_in_batch_packing_to_step=true)"
+        )
 
 
 def check_optimizer_graph(config: Any) -> None:

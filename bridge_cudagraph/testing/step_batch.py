@@ -1,4 +1,4 @@
-"""A collated Qwen3-VL micro-batch turned into the model's keyword arguments, as Bridge's Qwen3-VL step does it.
+"""A collated micro-batch turned into the model's keyword arguments, as Bridge's Qwen3-VL and GPT steps do it.
 
 Bridge 0.6.2's ``qwen3_vl_step.forward_step`` owns the last part of the data path: ``get_batch`` moves the
 collated batch to the GPU (the attention mask dropped: ``skip_getting_attention_mask_from_dataset`` defaults to
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["VISUAL_KEYS", "qwen3_vl_step_inputs"]
+__all__ = ["VISUAL_KEYS", "gpt_step_inputs", "qwen3_vl_step_inputs"]
 
 #: The visual tensors the step hands the model (``GenericVisualInputs.normalized_for_model``).
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
@@ -99,4 +99,37 @@ def qwen3_vl_step_inputs(
     for key in VISUAL_KEYS:
         if tensors.get(key) is not None:
             args[key] = to_device(tensors[key])
+    return args
+
+
+def gpt_step_inputs(collated: Mapping[str, Any], config: Any, pg_collection) -> dict[str, Any]:
+    """The model's keyword arguments (and ``loss_mask``) for one collated GPT micro-batch, as Bridge's ``gpt_step``
+    builds them: its ``get_batch`` (the batch on the GPU, boundary lengths on the host, the context-parallel
+    split) and, for a packed batch, ``get_packed_seq_params`` (``_forward_step_common``).
+
+    Args:
+        collated: What Bridge's GPT SFT collate returns (for offline packing, one packed row: ``tokens``,
+            ``labels``, ``loss_mask``, ``position_ids``, ``cu_seqlens_q``, ``max_seqlen_q``...).
+        config: The run's ``ConfigContainer`` (``get_batch`` reads its model and dataset settings).
+        pg_collection: The language model's process-group collection.
+
+    Returns:
+        ``input_ids``, ``labels``, ``loss_mask``, ``attention_mask``, ``position_ids`` and, for a packed batch,
+        ``packed_seq_params``.
+    """
+    from megatron.bridge.training.gpt_step import get_batch
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+
+    tokens, labels, loss_mask, attention_mask, position_ids, packed = get_batch(
+        iter([dict(collated)]), config, pg_collection=pg_collection
+    )
+    args = {
+        "input_ids": tokens,
+        "labels": labels,
+        "loss_mask": loss_mask,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
+    if packed is not None:
+        args["packed_seq_params"] = get_packed_seq_params(packed)
     return args

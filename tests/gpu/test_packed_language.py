@@ -219,3 +219,104 @@ def test_packed_graphs_over_the_plans_ladder_at_sequence_2048(world, record):
     assert helper.stats.replays == 2 * len(batches) and helper.stats.eager_fallbacks == 0
     assert_captured(helper.stats)
     helper.uninstall()
+
+
+# GPT SFT offline packing (Bridge's GPTSFTDatasetConfig with enable_offline_packing, pad_cu_seqlens): the rows of
+# recipes/tiny_gpt_packed.yaml, packed by Bridge's own packer and collate, handed to the model by Bridge's gpt_step.
+GPT_RECIPE = "recipes/tiny_gpt_packed.yaml"
+GPT_ROWS = 6
+
+
+def _gpt_config(*overrides: str):
+    from bridge_cudagraph.planning import finalize_config
+    from bridge_cudagraph.recipe import load_recipe
+
+    cfg = load_recipe(GPT_RECIPE, overrides).config
+    finalize_config(cfg, world_size=1)
+    return cfg
+
+
+@pytest.mark.parametrize("pad_seq_to_mult", [1, 8], ids=["no_padding_between", "pad_seq_to_mult_8"])
+def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq_to_mult):
+    """Packed GPT rows from Bridge's real data path: the plan of the recipe (one budget of seq_length, static
+    ``cu_seqlens``), the helper the provider builds from it, every row replayed; per-token loss and every gradient
+    equal to the plugin's graphs-off model and to Bridge's unmodified ``GPTModelProvider`` (deterministic mode:
+    bit-exact; otherwise within the eager-vs-eager floor). A helper whose ``max_sequences`` is below the rows'
+    segment count runs them eagerly, counted, and equal to eager."""
+    import torch
+
+    from bridge_cudagraph.budgets import PackedLayout
+    from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.examples.gpt_packed import packed_microbatches
+    from bridge_cudagraph.planning import plan_finalized
+    from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
+    from bridge_cudagraph.testing.step_batch import gpt_step_inputs
+
+    mult = f"dataset.offline_packing_specs.pad_seq_to_mult={pad_seq_to_mult}"
+    cfg = _gpt_config(mult)
+    plan = plan_finalized(cfg, world_size=1)
+    packed = plan.language.packed
+    assert packed is not None and packed.offline and packed.token_budgets == (cfg.model.seq_length,)
+    assert packed.separate_padded == (pad_seq_to_mult > 1)
+    graphed = tiny.build(cfg.model, world.language)
+    off_cfg = _gpt_config(mult, "model.cuda_graph.language.enabled=false")
+    ours_off = tiny.build(off_cfg.model, world.language)
+    tiny.copy_weights(graphed, ours_off)
+    bridge_provider = tiny.upstream_provider(off_cfg.model)
+    bridge_provider.cuda_graph_impl = "none"  # Bridge's unmodified GPTModelProvider, graphs off
+    bridge = tiny.build(bridge_provider, world.language)
+    tiny.copy_weights(graphed, bridge)
+
+    seq = cfg.model.seq_length
+    rows = packed_microbatches(GPT_ROWS, seq, cache=tmp_path, pad_seq_to_mult=pad_seq_to_mult)
+    batches = [gpt_step_inputs(r, cfg, world.language) for r in rows]
+    for b in batches:
+        params = b["packed_seq_params"]
+        assert b["input_ids"].shape == (1, seq) and params.qkv_format == "thd"
+        assert (params.cu_seqlens_q_padded is not None) == (pad_seq_to_mult > 1)
+    floors = {}
+    for i, batch in enumerate(batches):
+        a, b, c = loss_and_grads(graphed, batch), loss_and_grads(ours_off, batch), loss_and_grads(bridge, batch)
+        floors[i] = float((b[0] - loss_and_grads(ours_off, batch)[0]).abs().max())
+        _assert_match(b, c, f"row {i}: plugin graphs-off vs Bridge", floors[i])
+        _assert_match(a, b, f"row {i}: before capture", floors[i])
+
+    (helper,) = cfg.model.make_graph_helpers(graphed, plan=plan)
+    assert isinstance(helper, PackedLanguageGraphHelper)
+    helper.create_cudagraphs()
+    assert helper.stats.failed is None and helper.stats.graphs == cfg.model.num_layers, helper.stats.failed
+    for i, batch in enumerate(batches):
+        before = helper.stats.replays
+        got = loss_and_grads(graphed, batch)
+        assert helper.stats.replays == before + 1, f"row {i} did not replay ({helper.stats.eager_fallbacks} eager)"
+        _assert_match(got, loss_and_grads(ours_off, batch), f"row {i}: graphs vs plugin eager", floors[i])
+        _assert_match(got, loss_and_grads(bridge, batch), f"row {i}: graphs vs Bridge", floors[i])
+        params = batch["packed_seq_params"]
+        record(
+            case=f"gpt_row_{i}",
+            pad_seq_to_mult=pad_seq_to_mult,
+            sequences=int((params.cu_seqlens_q.diff() > 0).sum()),
+            cu_seqlens_length=params.cu_seqlens_q.numel(),
+            max_seqlen=params.max_seqlen_q,
+            fill=float(batch["loss_mask"].sum()) / seq,
+            deterministic=DETERMINISTIC,
+            floor=floors[i],
+        )
+    assert_captured(helper.stats, where="offline-packed GPT")
+    helper.uninstall()
+
+    # Fewer static sequences than the rows' boundaries: every row runs eagerly, counted, and is the eager model.
+    small = PackedLanguageGraphHelper(
+        graphed,
+        layout=PackedLayout((seq,), max_sequences=4, max_seqlen=seq),
+        separate_padded=pad_seq_to_mult > 1,
+    )
+    small.create_cudagraphs()
+    assert small.graphs_created()
+    got = loss_and_grads(graphed, batches[0])
+    assert small.stats.eager_fallbacks == 1 and small.stats.replays == 0
+    ref = loss_and_grads(ours_off, batches[0])
+    assert torch.equal(got[0], ref[0]), "an eager fallback must be the eager model itself"
+    record(case="gpt_fallback", pad_seq_to_mult=pad_seq_to_mult, eager_fallbacks=small.stats.eager_fallbacks)
+    small.uninstall()

@@ -196,6 +196,56 @@ def test_run_level_check_refuses(run_config, name, dataset, fragments, record):
     assert _untouched()
 
 
+@pytest.fixture(scope="module")
+def gpt_packed_config(tmp_path_factory):
+    """The tiny GPT on Bridge's GPT SFT offline packing (recipes/tiny_gpt_packed.yaml's function), finalized."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    from bridge_cudagraph.examples.gpt_packed_recipe import tiny_gpt_packed_config
+
+    cfg = tiny_gpt_packed_config(cache=tmp_path_factory.mktemp("gpt_packed"))
+    cfg.model.cuda_graph = cuda_graph_config_from_dict({"language": {"enabled": True}})
+    runtime_config_update(cfg)
+    return cfg
+
+
+# GPT SFT offline packing: what makes its rows unstatic, or its rotary path uncapturable (check_offline_packing).
+OFFLINE_CASES = [
+    ("offline-no-pad-cu-seqlens", {"dataset.offline_packing_specs.pad_cu_seqlens": False}, ["pad_cu_seqlens=true"]),
+    (
+        "offline-no-pad-to-max-length",
+        {"dataset.dataset_kwargs": {}},
+        ["static packed rows", "dataset_kwargs.pad_to_max_length=true"],
+    ),
+    ("offline-unfused-rope", {"model.apply_rope_fusion": False}, ["cu_seqlens.tolist()", "apply_rope_fusion=true"]),
+    (
+        "offline-packed-size",
+        {"dataset.offline_packing_specs.packed_sequence_size": 1024},
+        ["packed_sequence_size=1024 != model.seq_length 512", "equal"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "changes", "fragments"), OFFLINE_CASES, ids=[c[0] for c in OFFLINE_CASES])
+def test_offline_packing_check_refuses(gpt_packed_config, name, changes, fragments, record):
+    """Each case changes one setting of an accepted configuration (asserted first) and is refused in one line."""
+    import copy
+
+    from bridge_cudagraph.validation import check_run
+
+    assert check_run(gpt_packed_config).mode == "offline"
+    cfg = copy.deepcopy(gpt_packed_config)
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        obj = cfg
+        for part in parents:
+            obj = getattr(obj, part)
+        object.__setattr__(obj, leaf, value)
+    with pytest.raises(CudaGraphConfigError) as info:
+        check_run(cfg)
+    _one_line(record, info.value, fragments)
+
+
 # Bridge's optimizer graph (optimizer.optimizer_cuda_graph=true) next to ours: what it freezes or cannot capture.
 OPTIMIZER_GRAPH_CASES = [
     (
