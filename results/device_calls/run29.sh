@@ -14,11 +14,11 @@ python3 -c "import torch, transformer_engine, megatron.core, megatron.bridge as 
 DET=NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
 PYT='python3 -m pytest -q -rA -p no:cacheprovider --durations=5'
 GPT='python3 -m bridge_cudagraph train recipes/tiny_gpt_packed.yaml train.train_iters=30'
-( R g0_gpt_packed_det 150 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_gpt_packed_det.json $PYT tests/gpu/test_packed_language.py -k offline"
-  R g1_gpt_graphs 120 "BRIDGE_CUDAGRAPH_CACHE=/tmp/c1 $DET MASTER_ADDR=127.0.0.1 MASTER_PORT=29621 $GPT"
-  R g2_gpt_eager 120 "BRIDGE_CUDAGRAPH_CACHE=/tmp/c2 $DET MASTER_ADDR=127.0.0.1 MASTER_PORT=29622 $GPT model.cuda_graph.language.enabled=false"
-  R g3_gpt_eager_again 120 "BRIDGE_CUDAGRAPH_CACHE=/tmp/c3 $DET MASTER_ADDR=127.0.0.1 MASTER_PORT=29623 $GPT model.cuda_graph.language.enabled=false"
-  R g4_gpt_compare 30 "python3 -m benchmarks.loop_logs --out \$LOGS/gpt_loop.json --reference \$LOGS/g2_gpt_eager.log --floor \$LOGS/g3_gpt_eager_again.log \$LOGS/g1_gpt_graphs.log" ) &
+( R g0_gpt_packed_det 120 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_gpt_packed_det.json $PYT tests/gpu/test_packed_language.py -k offline"
+  R g1_gpt_graphs 100 "BRIDGE_CUDAGRAPH_CACHE=/tmp/c1 $DET MASTER_ADDR=127.0.0.1 MASTER_PORT=29621 $GPT"
+  R g2_gpt_eager 100 "BRIDGE_CUDAGRAPH_CACHE=/tmp/c2 $DET MASTER_ADDR=127.0.0.1 MASTER_PORT=29622 $GPT model.cuda_graph.language.enabled=false"
+  R g3_gpt_eager_again 100 "BRIDGE_CUDAGRAPH_CACHE=/tmp/c3 $DET MASTER_ADDR=127.0.0.1 MASTER_PORT=29623 $GPT model.cuda_graph.language.enabled=false"
+  R g4_gpt_compare 20 "python3 -m benchmarks.loop_logs --out \$LOGS/gpt_loop.json --reference \$LOGS/g2_gpt_eager.log --floor \$LOGS/g3_gpt_eager_again.log \$LOGS/g1_gpt_graphs.log" ) &
 ( R s6_bridge_loop 420 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop.json $PYT tests/gpu/test_bridge_loop.py tests/unit/test_host_patches.py" ) &
 ( R s1_language 150 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_language.json $PYT tests/gpu/test_language_capture.py tests/gpu/test_plan_helpers.py"
   R s2_vision 170 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_vision.json $PYT tests/gpu/test_vision_capture.py"
