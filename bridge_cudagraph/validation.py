@@ -7,6 +7,7 @@ run fails at config time with the setting and the fix, not with a shape error fr
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +203,9 @@ def check_optimizer_graph(config: Any) -> None:
             f"host); train in bf16 (mixed_precision=bf16_mixed) {fix}"
         )
     threshold = getattr(optimizer, "grad_norm_skip_threshold", float("inf"))
-    if threshold is not None and threshold != float("inf"):
+    # megatron-core skips only under a finite threshold (optimizer.py, ChainedOptimizer.step: math.isfinite); inf,
+    # -inf and NaN all mean no skip test, nothing the capture could freeze.
+    if threshold is not None and math.isfinite(threshold):
         raise CudaGraphConfigError(
             f"optimizer.optimizer_cuda_graph=true with optimizer.grad_norm_skip_threshold={threshold}: the skip "
             "test reads the grad norm on the host inside the capture, and every replay reports the capture step's "

@@ -294,6 +294,10 @@ def test_optimizer_graph_with_what_it_keeps_live_is_accepted(run_config):
     _set(run_config, "scheduler.start_weight_decay", 0.1)
     _set(run_config, "scheduler.end_weight_decay", 0.1)
     check_run(run_config)
+    for off in (float("-inf"), float("nan")):  # megatron-core skips only under a finite threshold: no skip test
+        _set(run_config, "optimizer.grad_norm_skip_threshold", off)
+        check_run(run_config)
+    _set(run_config, "optimizer.grad_norm_skip_threshold", float("inf"))
     _set(run_config, "optimizer.optimizer_cuda_graph", False)  # and without the optimizer graph, none of it matters
     _set(run_config, "optimizer.fp16", True)
     check_run(run_config)

@@ -79,8 +79,7 @@ def runs():
         "plan": _cli("plan", "recipes/qwen3_vl_8b_sft_graphs.yaml", "--world-size", "8"),
         "validate": _cli(
             "validate",
-            "recipes/qwen3_8b_sft_graphs.yaml",
-            "model.cuda_graph.language.modules=[attn]",
+            "recipes/qwen3_8b_sft_graphs.yaml",  # Bridge's offline packing: packed graphs of whole layers
             "--world-size",
             "64",
         ),

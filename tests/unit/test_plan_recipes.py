@@ -50,9 +50,13 @@ CASES = {
             ],
         ),
     ),
-    "qwen3-8b-8": (
+    "qwen3-8b-8": (  # unpacked (the file packs offline: test_the_offline_packed_plan_holds_the_pinned_numbers)
         "qwen3_8b_sft_graphs.yaml",
-        [],
+        [
+            "dataset.enable_offline_packing=false",
+            "dataset.offline_packing_specs=null",
+            "dataset.dataloader_type=single",
+        ],
         8,
         dict(
             mbs=1,
@@ -155,3 +159,26 @@ def test_plan_prints_the_same_object_it_planned(planned):
     for s in plan.language.static_inputs:
         assert s.describe() in text
     assert f"capture after {plan.language.warmup_steps} steps" in text
+
+
+def test_the_offline_packed_plan_holds_the_pinned_numbers():
+    """Qwen3 8B on Bridge's offline packing (the recipe file as it is): one budget of seq_length per packed row,
+    micro-batch 1, 2048 / 32 = 64 sequences, no separate padded boundaries (pad_seq_to_mult 1), and the helper gets
+    exactly these (:func:`~bridge_cudagraph.mixin.packed_helper_arguments`)."""
+    from bridge_cudagraph.mixin import packed_helper_arguments
+
+    plan = plan_recipe(load_recipe(RECIPES / "qwen3_8b_sft_graphs.yaml"), world_size=8)
+    packed = plan.language.packed
+    assert (plan.micro_batch_size, plan.num_microbatches) == (1, 16)
+    assert packed.offline and packed.token_budgets == (2048,) and packed.budgets_derived is not False
+    assert (packed.max_sequences, packed.max_seqlen, packed.separate_padded) == (64, 2048, False)
+    assert plan.language.graphs_per_stage == (36,)
+    ((budget, inputs),) = packed.static_inputs
+    assert budget == 2048 and _shapes(inputs) == [
+        ("hidden_states", (2048, 1, 4096), "bf16"),
+        ("rotary_pos_emb", (2048, 1, 1, 128), "fp32"),
+        ("cu_seqlens", (66,), "int32"),
+    ]
+    args = packed_helper_arguments(plan)
+    assert args["layout"] == packed.layout and args["separate_padded"] is False and args["copies"] == 1
+    assert "offline-packed rows of S 2048" in plan.describe()
