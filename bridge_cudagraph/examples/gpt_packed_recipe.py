@@ -21,7 +21,7 @@ import os
 
 from bridge_cudagraph.examples.gpt_packed import build_gpt_packed_data, gpt_packed_dataset_config
 from bridge_cudagraph.examples.tiny import TINY_VOCAB, tiny_gpt_provider
-from bridge_cudagraph.examples.tiny_recipe import adam_with_cosine
+from bridge_cudagraph.examples.tiny_recipe import example_config
 
 __all__ = ["SEQ_LENGTH", "tiny_gpt_packed_config"]
 
@@ -47,41 +47,24 @@ def tiny_gpt_packed_config(
             (:func:`~bridge_cudagraph.examples.photo_recipe.cache_dir` by default).
         checkpoint_dir: Where to save; default none (``checkpoint.save`` unset).
     """
-    from megatron.bridge.training.config import (
-        CheckpointConfig,
-        ConfigContainer,
-        DistributedDataParallelConfig,
-        DistributedInitConfig,
-        LoggerConfig,
-        RNGConfig,
-        TokenizerConfig,
-        TrainingConfig,
-        ValidationConfig,
-    )
+    from megatron.bridge.training.config import TokenizerConfig
 
     data_root, tokenizer_folder, tokenizer = build_gpt_packed_data(cache, seq_length)
     if tokenizer.vocab_size > TINY_VOCAB:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the tiny GPT's {TINY_VOCAB}")
     model = tiny_gpt_provider(seq_length=seq_length, apply_rope_fusion=True)
-    return ConfigContainer(
+    return example_config(
         model=model,
-        train=TrainingConfig(
-            micro_batch_size=1, global_batch_size=4, train_iters=train_iters, exit_signal_handler=True
-        ),
-        validation=ValidationConfig(eval_interval=None, eval_iters=0),
-        **adam_with_cosine(warmup_iters=5, overlap_param_gather=True),
-        ddp=DistributedDataParallelConfig(
-            use_distributed_optimizer=True,
-            overlap_grad_reduce=True,
-            overlap_param_gather=True,
-            grad_reduce_in_fp32=True,
-            check_for_nan_in_grad=True,
-        ),
         dataset=gpt_packed_dataset_config(data_root, tokenizer_folder, seq_length, seed=seed),
-        logger=LoggerConfig(log_interval=1),
         tokenizer=TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(tokenizer_folder)),
-        checkpoint=CheckpointConfig(save=checkpoint_dir, ckpt_format="torch_dist", save_tokenizer_assets=False),
-        dist=DistributedInitConfig(use_decentralized_pg=True, use_gloo_process_groups=False),
-        rng=RNGConfig(seed=seed),
-        mixed_precision="bf16_mixed",
+        micro_batch_size=1,
+        global_batch_size=4,
+        train_iters=train_iters,
+        eval_interval=None,
+        eval_iters=0,
+        warmup_iters=5,
+        overlap=True,
+        log_interval=1,
+        checkpoint_save=checkpoint_dir,
+        seed=seed,
     )

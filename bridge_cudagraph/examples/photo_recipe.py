@@ -31,7 +31,7 @@ from pathlib import Path
 from bridge_cudagraph.examples.photos import PROMPT, PhotoSetSpec, answer_texts, build_photo_set
 from bridge_cudagraph.examples.processor import ProcessorFolder, build_processor_folder, content_key
 from bridge_cudagraph.examples.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
-from bridge_cudagraph.examples.tiny_recipe import adam_with_cosine
+from bridge_cudagraph.examples.tiny_recipe import example_config
 
 __all__ = ["CACHE_ENV", "build_photo_data", "cache_dir", "photo_dataset_config", "tiny_qwen3_vl_photos_config"]
 
@@ -96,17 +96,7 @@ def tiny_qwen3_vl_photos_config(
         seed: Seed of the model initialisation (``rng.seed``); the photo set has its own (:class:`PhotoSetSpec`).
         cache: Where the photo set and the processor are built; default :func:`cache_dir`.
     """
-    from megatron.bridge.training.config import (
-        CheckpointConfig,
-        ConfigContainer,
-        DistributedDataParallelConfig,
-        DistributedInitConfig,
-        LoggerConfig,
-        RNGConfig,
-        TokenizerConfig,
-        TrainingConfig,
-        ValidationConfig,
-    )
+    from megatron.bridge.training.config import TokenizerConfig
 
     photos, processor = build_photo_data(cache)
     if processor.vocab_size > TINY_VOCAB:
@@ -119,27 +109,19 @@ def tiny_qwen3_vl_photos_config(
         vision_start_token_id=processor.vision_start_token_id,
         vision_end_token_id=processor.vision_end_token_id,
     )
-    return ConfigContainer(
+    return example_config(
         model=model,
-        train=TrainingConfig(
-            micro_batch_size=2, global_batch_size=2, train_iters=train_iters, exit_signal_handler=True
-        ),
-        validation=ValidationConfig(eval_interval=10, eval_iters=2),
-        **adam_with_cosine(warmup_iters=2, overlap_param_gather=False),
-        # Bridge's VLM recipes: no gradient-reduce or parameter-gather overlap.
-        ddp=DistributedDataParallelConfig(
-            use_distributed_optimizer=True,
-            overlap_grad_reduce=False,
-            overlap_param_gather=False,
-            grad_reduce_in_fp32=True,
-            average_in_collective=True,
-            check_for_nan_in_grad=True,
-        ),
         dataset=photo_dataset_config(photos, processor, seq_length),
-        logger=LoggerConfig(log_interval=1),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=TINY_VOCAB),
-        checkpoint=CheckpointConfig(save=None, load=None, ckpt_format="torch_dist", save_tokenizer_assets=False),
-        dist=DistributedInitConfig(use_decentralized_pg=True, use_gloo_process_groups=False),
-        rng=RNGConfig(seed=seed),
-        mixed_precision="bf16_mixed",
+        micro_batch_size=2,
+        global_batch_size=2,
+        train_iters=train_iters,
+        eval_interval=10,
+        eval_iters=2,
+        warmup_iters=2,
+        overlap=False,  # Bridge's VLM recipes: no gradient-reduce or parameter-gather overlap
+        average_in_collective=True,
+        log_interval=1,
+        checkpoint_save=None,
+        seed=seed,
     )

@@ -211,6 +211,59 @@ def tiny_qwen3_vl_config(*, checkpoint_dir: str | None = None, train_iters: int 
         train_iters: Training iterations.
         seed: Seed of the model initialisation (``rng.seed``) and of the synthetic data.
     """
+    from megatron.bridge.training.config import TokenizerConfig
+
+    model = tiny_qwen3_vl_provider()
+    vision = model.vision_config
+    return example_config(
+        model=model,
+        dataset=TinyVLMDatasetConfig(
+            seq_length=model.seq_length,
+            seed=seed,
+            patch_dim=vision.in_channels * vision.temporal_patch_size * vision.patch_size**2,
+            spatial_merge_size=vision.spatial_merge_size,
+        ),
+        # Bridge builds a tokenizer even when the data is made of ids; the null tokenizer needs no files.
+        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=TINY_VOCAB),
+        micro_batch_size=2,
+        global_batch_size=2,
+        train_iters=train_iters,
+        eval_interval=20,
+        eval_iters=2,
+        warmup_iters=5,
+        overlap=True,
+        log_interval=10,
+        checkpoint_save=checkpoint_dir or default_checkpoint_dir(),
+        seed=seed,
+    )
+
+
+def example_config(
+    *,
+    model: Any,
+    dataset: Any,
+    tokenizer: Any,
+    micro_batch_size: int,
+    global_batch_size: int,
+    train_iters: int,
+    eval_interval: int | None,
+    eval_iters: int,
+    warmup_iters: int,
+    overlap: bool,
+    log_interval: int,
+    checkpoint_save: str | None,
+    seed: int,
+    average_in_collective: bool = False,
+):
+    """The ``ConfigContainer`` every example recipe shares around its own model, data and tokenizer.
+
+    * ``train.exit_signal_handler=True``: SIGTERM finishes the step, saves (when ``checkpoint_save`` is set),
+      deletes the graphs and exits 0, instead of dying mid-step;
+    * :func:`adam_with_cosine`; the distributed optimizer with fp32 gradient reduce, with the gradient-reduce and
+      parameter-gather overlap on or off (``overlap``: Bridge's VLM recipes have it off), NaN checks on;
+    * pure M4 groups (``dist.use_decentralized_pg=True``: Bridge builds them from ``HyperCommGrid`` and never
+      initialises ``parallel_state``), bf16, ``torch_dist`` checkpoints without tokenizer assets, nothing loaded.
+    """
     from megatron.bridge.training.config import (
         CheckpointConfig,
         ConfigContainer,
@@ -218,42 +271,35 @@ def tiny_qwen3_vl_config(*, checkpoint_dir: str | None = None, train_iters: int 
         DistributedInitConfig,
         LoggerConfig,
         RNGConfig,
-        TokenizerConfig,
         TrainingConfig,
         ValidationConfig,
     )
 
-    model = tiny_qwen3_vl_provider()
-    vision = model.vision_config
-    seq_length = model.seq_length
+    ddp = dict(
+        use_distributed_optimizer=True,
+        overlap_grad_reduce=overlap,
+        overlap_param_gather=overlap,
+        grad_reduce_in_fp32=True,
+        check_for_nan_in_grad=True,
+    )
+    if average_in_collective:
+        ddp["average_in_collective"] = True
     return ConfigContainer(
         model=model,
-        # SIGTERM: finish the step, save, delete the graphs and exit 0, instead of dying mid-step.
         train=TrainingConfig(
-            micro_batch_size=2, global_batch_size=2, train_iters=train_iters, exit_signal_handler=True
+            micro_batch_size=micro_batch_size,
+            global_batch_size=global_batch_size,
+            train_iters=train_iters,
+            exit_signal_handler=True,
         ),
-        validation=ValidationConfig(eval_interval=20, eval_iters=2),
-        **adam_with_cosine(warmup_iters=5, overlap_param_gather=True),
-        ddp=DistributedDataParallelConfig(
-            use_distributed_optimizer=True,
-            overlap_grad_reduce=True,
-            overlap_param_gather=True,
-            grad_reduce_in_fp32=True,
-            check_for_nan_in_grad=True,
-        ),
-        dataset=TinyVLMDatasetConfig(
-            seq_length=seq_length,
-            seed=seed,
-            patch_dim=vision.in_channels * vision.temporal_patch_size * vision.patch_size**2,
-            spatial_merge_size=vision.spatial_merge_size,
-        ),
-        logger=LoggerConfig(log_interval=10),
-        # Bridge builds a tokenizer even when the data is made of ids; the null tokenizer needs no files.
-        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=TINY_VOCAB),
+        validation=ValidationConfig(eval_interval=eval_interval, eval_iters=eval_iters),
+        **adam_with_cosine(warmup_iters=warmup_iters, overlap_param_gather=overlap),
+        ddp=DistributedDataParallelConfig(**ddp),
+        dataset=dataset,
+        logger=LoggerConfig(log_interval=log_interval),
+        tokenizer=tokenizer,
         checkpoint=CheckpointConfig(
-            save=checkpoint_dir or default_checkpoint_dir(),
-            ckpt_format="torch_dist",
-            save_tokenizer_assets=False,
+            save=checkpoint_save, load=None, ckpt_format="torch_dist", save_tokenizer_assets=False
         ),
         dist=DistributedInitConfig(use_decentralized_pg=True, use_gloo_process_groups=False),
         rng=RNGConfig(seed=seed),
