@@ -867,6 +867,11 @@ def _plan_packed(
                 f"model.seq_length = {facts.seq_length} tokens wide; set token_budgets to null (or "
                 f"[{facts.seq_length}])"
             )
+        if facts.seq_length % tp:
+            raise CudaGraphConfigError(
+                f"model.seq_length={facts.seq_length} with offline packing and sequence parallelism over tp "
+                f"{facts.tp}: the packed row is split over the tp ranks; use a seq_length that is a multiple of {tp}"
+            )
         max_seqlen = max_tokens = multiple = facts.seq_length
         budgets, derived = (facts.seq_length,), cfg.language.token_budgets is None
     elif cfg.language.token_budgets is not None:

@@ -1,4 +1,5 @@
-"""Language graphs that replay packed (THD) micro-batches, as Bridge's Qwen3-VL fine-tuning feeds them.
+"""Language graphs that replay packed (THD) micro-batches, as Bridge's Qwen3-VL fine-tuning and GPT SFT offline
+packing feed them.
 
 megatron-core 0.19.2's TE replay asserts ``packed_seq_params is None`` (``transformer_layer.py``
 ``_te_cuda_graph_replay``), so upstream's graphs, and our BSHD ones (:mod:`bridge_cudagraph.capture.language`),
@@ -25,6 +26,12 @@ micro-batch, so the static shapes come from a **token budget ladder**, the schem
 TE picks the attention backend from whether ``cu_seqlens_q_padded`` *is* ``cu_seqlens_q`` (``pad_between_seqs``
 auto-detection, ``dot_product_attention.py``); the graphs are captured in the form the data path uses
 (``separate_padded``) and a micro-batch in the other form runs eagerly, so replay never changes the backend.
+
+GPT SFT offline packing (Bridge's ``GPTSFTPackedDataset``, ``gpt_step``) hands one row of ``seq_length`` tokens per
+micro-batch, its boundaries padded to one length (``pad_cu_seqlens``), and no ``cu_seqlens_q_padded`` unless samples
+are padded to a multiple: one budget of ``seq_length``, captured without the separate padded copy where the data has
+none; its RoPE table has a row per position within a sequence (fewer rows than the budget, the rest zeros) and TE's
+fused THD kernel reads it by position (:func:`bridge_cudagraph.validation.check_offline_packing`).
 
 The replay is the decoder's forward: :func:`install_packed_replay` gives the decoder instance a subclass of its
 own class (:class:`PackedReplayBlock`) whose ``forward`` replays the graphs when a training micro-batch is packed

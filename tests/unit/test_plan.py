@@ -514,3 +514,45 @@ def test_packed_plan_takes_given_budgets_and_refuses_what_it_cannot_replay():
         _packed_plan(modules=["attn"])
     with pytest.raises(CudaGraphConfigError, match=r"multiples of tp 2"):
         _packed_plan(token_budgets=[1023], facts={"tp": 2, "sequence_parallel": True})
+
+
+def _offline_plan(micro_batch_size: int = 1, *, separate_padded: bool = False, **fields):
+    """A GPT on GPT SFT offline packing (rows of seq_length, one per micro-batch)."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.plan import ModelFacts, PackingFacts, build_plan
+
+    language = {k: fields.pop(k) for k in ("token_budgets", "max_sequences") if k in fields}
+    shape = dict(num_layers=4, hidden_size=512, num_attention_heads=8, kv_channels=64, seq_length=1024)
+    facts = ModelFacts(provider="CudaGraphGPTModelProvider", **{**shape, **fields})
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, **language))
+    return build_plan(
+        facts,
+        cfg,
+        world_size=facts.tp * facts.cp,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=micro_batch_size * 4,
+        packing=PackingFacts("offline", fixed_width=True, separate_padded=separate_padded),
+    )
+
+
+def test_offline_packed_plan_is_one_budget_of_seq_length_and_refuses_what_it_cannot_replay():
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    packed = _offline_plan().language.packed
+    assert packed.offline and packed.token_budgets == (1024,) and packed.budgets_derived
+    assert (packed.max_sequences, packed.max_seqlen, packed.separate_padded) == (1024 // 32, 1024, False)
+    ((_, inputs),) = packed.static_inputs
+    assert [x.name for x in inputs] == ["hidden_states", "rotary_pos_emb", "cu_seqlens"]  # no padded copy
+    assert inputs[1].note == "(RoPE, by position in its sequence)"
+    padded = _offline_plan(separate_padded=True, max_sequences=8).language.packed
+    assert padded.separate_padded and padded.max_sequences == 8
+    assert [x.name for x in padded.static_inputs[0][1]][-1] == "cu_seqlens_padded"
+    assert _offline_plan(token_budgets=[1024]).language.packed.token_budgets == (1024,)
+    with pytest.raises(CudaGraphConfigError, match=r"token_budgets=\[512, 1024\] with offline packing"):
+        _offline_plan(token_budgets=[512, 1024])
+    with pytest.raises(CudaGraphConfigError, match=r"set train\.micro_batch_size=1"):
+        _offline_plan(2)
+    with pytest.raises(CudaGraphConfigError, match="GPT step partitions each packed row"):
+        _offline_plan(cp=2)
+    with pytest.raises(CudaGraphConfigError, match="a multiple of 3"):
+        _offline_plan(tp=3, sequence_parallel=True, num_attention_heads=9)
