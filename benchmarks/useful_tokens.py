@@ -33,7 +33,7 @@ Run (from the repository root)::
     python -m benchmarks.useful_tokens --out results/useful_tokens --model small --seq 4096 --mbs 2
     python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
-        --steps 3 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py), one 10-minute call
+        --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
 
 ``--model peft8b`` takes every variant from Bridge's 8B LoRA recipe file, sequence and micro-batch included
 (:mod:`benchmarks.recipe_variants`: the recipe loaded with a few overrides per variant, its own capture plan, its
@@ -116,8 +116,8 @@ SHAPE_DEFAULTS = {"seq": 4096, "mbs": 2, "num_mb": 2}
 def fill_shape(args: argparse.Namespace) -> str | None:
     """Fill ``--seq``, ``--mbs`` and ``--num-mb`` left out: :data:`SHAPE_DEFAULTS`, or a recipe model's own
     sequence, micro-batch and global batch (:func:`benchmarks.recipe_variants.recipe_shape`). A recipe model
-    trains at its recipe's sequence and micro-batch: a different one given is refused (one sentence), as is
-    a step count that is not ``--num-mb``'s only choice to make."""
+    trains at its recipe's sequence and micro-batch: a different one given is refused (one sentence); ``--num-mb``
+    stays free and defaults to the recipe's global batch over its micro-batch."""
     if args.model not in recipe_variants.RECIPES:
         for name, value in SHAPE_DEFAULTS.items():
             if getattr(args, name) is None:
