@@ -44,13 +44,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from bridge_cudagraph.examples.cache import publish_folder, sample_rng
 
 __all__ = [
     "QUESTIONS",
@@ -166,25 +166,6 @@ def _tokenizer_files(topics: dict[str, str]) -> dict[str, bytes]:
     return {name: files[name] for name in TOKENIZER_FILES}
 
 
-def _publish(target: Path, marker: str, write) -> Path:
-    """Build a folder under a temporary name with ``write(folder)`` and rename it to ``target``, unless ``target``
-    already holds ``marker`` (the last file written); a concurrent builder of the same content may win the rename."""
-    if (target / marker).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        write(staging)
-        try:
-            os.replace(staging, target)
-        except OSError:  # another builder renamed its identical folder into place first
-            if not (target / marker).is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
 def build_tokenizer_folder(cache: str | os.PathLike[str] | None = None) -> Path:
     """The tokenizer folder under ``cache``/``pydoc-tokenizer-<key>``: trained once (about a second), then reused."""
     from bridge_cudagraph.examples.photo_recipe import cache_dir
@@ -197,12 +178,7 @@ def build_tokenizer_folder(cache: str | os.PathLike[str] | None = None) -> Path:
         for name in sorted(files, key=lambda n: n == "tokenizer.json"):  # tokenizer.json last: the marker
             (folder / name).write_bytes(files[name])
 
-    return _publish(target, "tokenizer.json", write)
-
-
-def _rng(seed: int, split: str, index: int) -> np.random.Generator:
-    key = f"{seed}/{split}/{index}".encode()
-    return np.random.default_rng(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
+    return publish_folder(target, "tokenizer.json", write)
 
 
 class _Cutter:
@@ -238,7 +214,7 @@ class _Cutter:
 
 
 def _sample(spec: PydocSftSpec, split: str, index: int, names: list[str], cut: _Cutter) -> dict[str, str]:
-    rng = _rng(spec.seed, split, index)
+    rng = sample_rng(spec.seed, split, index)
     name = names[int(rng.integers(len(names)))]
     question = QUESTIONS[int(rng.integers(len(QUESTIONS)))].format(topic=name)
     lo, hi = np.log(spec.min_answer_tokens), np.log(spec.max_answer_tokens)
@@ -275,7 +251,7 @@ def build_pydoc_sft_set(cache: str | os.PathLike[str] | None = None, spec: Pydoc
         meta = {"spec": asdict(spec), "tokenizer": tokenizer_folder.name, "format": _FORMAT, "longest": longest}
         (folder / "spec.json").write_text(json.dumps(meta, sort_keys=True) + "\n")
 
-    return _publish(root / f"pydoc-sft-{key}", "spec.json", write)
+    return publish_folder(root / f"pydoc-sft-{key}", "spec.json", write)
 
 
 def _preprocessing():

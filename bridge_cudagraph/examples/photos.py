@@ -23,13 +23,13 @@ import hashlib
 import io
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bridge_cudagraph.examples.cache import publish_folder, sample_rng
 
 __all__ = [
     "ASPECT_RATIOS",
@@ -134,11 +134,6 @@ class PhotoSetSpec:
 _FORMAT = 1
 
 
-def _rng(seed: int, split: str, index: int) -> np.random.Generator:
-    key = f"{seed}/{split}/{index}".encode()
-    return np.random.default_rng(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
-
-
 def _crop_and_resize(image: np.ndarray, rng: np.random.Generator, spec: PhotoSetSpec):
     """A random crop of one of :data:`ASPECT_RATIOS`, resized (Lanczos) to a long side drawn log-uniformly."""
     from PIL import Image
@@ -196,7 +191,7 @@ def _parse(photo: Photo, image, rng: np.random.Generator, spec: PhotoSetSpec) ->
 
 def photo_sample(spec: PhotoSetSpec, split: str, index: int) -> tuple[str, Any, dict[str, Any]]:
     """Sample ``index`` of ``split``: ``(photo name, PIL image, parse)``; a pure function of its arguments."""
-    rng = _rng(spec.seed, split, index)
+    rng = sample_rng(spec.seed, split, index)
     photo = PHOTOS[int(rng.integers(len(PHOTOS)))]
     image = _crop_and_resize(photo.load(), rng, spec)
     return photo.name, image, _parse(photo, image, rng, spec)
@@ -236,22 +231,13 @@ def build_photo_set(root: str | os.PathLike[str], spec: PhotoSetSpec | None = No
     spec = spec or PhotoSetSpec()
     root = Path(root)
     target = root / f"photos-{spec.key()}"
-    if (target / "spec.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=".photos-"))
-    try:
+
+    def write(folder: Path) -> None:
         for split, size in zip(SPLITS, spec.sizes, strict=True):
-            _write_split(staging, spec, split, size)
-        (staging / "spec.json").write_text(json.dumps(spec.__dict__, sort_keys=True) + "\n")
-        try:
-            os.replace(staging, target)
-        except OSError:  # another builder renamed its identical set into place first
-            if not (target / "spec.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+            _write_split(folder, spec, split, size)
+        (folder / "spec.json").write_text(json.dumps(spec.__dict__, sort_keys=True) + "\n")  # the marker: last
+
+    return publish_folder(target, "spec.json", write)
 
 
 def answer_texts(folder: str | os.PathLike[str]) -> list[str]:
