@@ -111,8 +111,19 @@ def recipe_shape(model: str) -> tuple[int, int, int]:
     return int(cfg.model.seq_length), int(cfg.train.micro_batch_size), int(cfg.train.global_batch_size)
 
 
-def load_variant(model: str, variant: str, *, num_microbatches: int, upstream_vision_seq_length: int) -> RecipeVariant:
+def load_variant(
+    model: str,
+    variant: str,
+    *,
+    seq_length: int,
+    micro_batch_size: int,
+    num_microbatches: int,
+    upstream_vision_seq_length: int,
+) -> RecipeVariant:
     """The recipe of ``--model`` as ``variant`` at ``num_microbatches`` micro-batches per step on one GPU.
+
+    ``seq_length`` and ``micro_batch_size`` are the recipe's own (:func:`recipe_shape`, which the caller read once):
+    the global batch override is built from them, and the finalized variant must have them.
 
     Raises:
         KeyError: An unknown variant.
@@ -121,10 +132,8 @@ def load_variant(model: str, variant: str, *, num_microbatches: int, upstream_vi
     from bridge_cudagraph.planning import finalize_config, plan_finalized
     from bridge_cudagraph.recipe import load_recipe
 
-    path = recipe_path(model)
-    seq, mbs, _ = recipe_shape(model)
-    overrides = (*VARIANT_OVERRIDES[variant], f"train.global_batch_size={mbs * num_microbatches}")
-    cfg = load_recipe(path, overrides).config
+    overrides = (*VARIANT_OVERRIDES[variant], f"train.global_batch_size={micro_batch_size * num_microbatches}")
+    cfg = load_recipe(recipe_path(model), overrides).config
     finalize_config(cfg, world_size=1, base_checkpoint_needed=False)
     graphs = cfg.model.cuda_graph.any_enabled
     plan = plan_finalized(cfg, world_size=1) if graphs else None
@@ -135,6 +144,10 @@ def load_variant(model: str, variant: str, *, num_microbatches: int, upstream_vi
         plain.vision_cuda_graph_impl = "transformer_engine"
         plain.max_vision_cuda_graph_seq_length = upstream_vision_seq_length
         cfg.model = plain
-    if int(cfg.model.seq_length) != seq:
-        raise RuntimeError(f"{variant}: the finalized seq_length {cfg.model.seq_length} is not the recipe's {seq}")
+    got = (int(cfg.model.seq_length), int(cfg.train.micro_batch_size))
+    if got != (seq_length, micro_batch_size):
+        raise RuntimeError(
+            f"{variant}: the finalized (seq_length, micro_batch_size) {got} are not the recipe's "
+            f"{(seq_length, micro_batch_size)}"
+        )
     return RecipeVariant(config=cfg, plan=plan)

@@ -280,6 +280,8 @@ class _Run:
         return recipe_variants.load_variant(
             self.args.model,
             variant,
+            seq_length=self.args.seq,
+            micro_batch_size=self.args.mbs,
             num_microbatches=self.args.num_mb,
             upstream_vision_seq_length=self.cfg.upstream_vision_seq_length(),
         )
@@ -666,7 +668,12 @@ def prepare(args: argparse.Namespace, world) -> _Run:
     vision_budgets, vision_segments = cfg.vision_budgets(), cfg.vision_max_segments()
     if args.model in recipe_variants.RECIPES:  # the recipe's plan: its budgets, not ones derived here
         plan = recipe_variants.load_variant(
-            args.model, "ours_packed", num_microbatches=args.num_mb, upstream_vision_seq_length=0
+            args.model,
+            "ours_packed",
+            seq_length=args.seq,
+            micro_batch_size=args.mbs,
+            num_microbatches=args.num_mb,
+            upstream_vision_seq_length=0,  # unused: no upstream variant is made here
         ).plan
         layout = plan.language.packed.layout
         vision_budgets, vision_segments = list(plan.vision.token_budgets), plan.vision.max_images_per_microbatch

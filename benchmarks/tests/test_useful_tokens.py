@@ -202,7 +202,9 @@ def test_a_recipe_model_takes_its_shape_and_plan_from_the_recipe_file():
     assert useful_tokens.check_args(small) is None and (small.seq, small.mbs, small.num_mb) == (4096, 2, 2)
 
     got = {
-        v: recipe_variants.load_variant("peft8b", v, num_microbatches=4, upstream_vision_seq_length=8192)
+        v: recipe_variants.load_variant(
+            "peft8b", v, seq_length=4096, micro_batch_size=2, num_microbatches=4, upstream_vision_seq_length=8192
+        )
         for v in ("eager_packed", "upstream_padded", "ours_padded", "ours_packed")
     }
     assert got["eager_packed"].plan is None and got["upstream_padded"].plan is None
