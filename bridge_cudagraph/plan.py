@@ -853,13 +853,7 @@ def _plan_packed(
             f"{where}.enabled=true with packed micro-batches on an MoE model ({facts.num_moe_experts} experts): "
             f"packed graphs of MoE layers are not supported yet; {unpack}"
         )
-    # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple of
-    # lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
     tp = facts.tp if facts.sequence_parallel and facts.tp > 1 else 1
-    row = math.lcm(facts.tp, 16)
-    max_seqlen = -(-facts.seq_length // row) * row
-    max_tokens = mbs * max_seqlen
-    multiple = mbs * row
     if offline:  # the rows are packed to seq_length before training (check_offline_packing): one budget
         if cfg.language.token_budgets is not None and tuple(cfg.language.token_budgets) != (facts.seq_length,):
             raise CudaGraphConfigError(
@@ -874,19 +868,27 @@ def _plan_packed(
             )
         max_seqlen = max_tokens = multiple = facts.seq_length
         budgets, derived = (facts.seq_length,), cfg.language.token_budgets is None
-    elif cfg.language.token_budgets is not None:
-        budgets = tuple(cfg.language.token_budgets)
-        derived = False
-        bad = [b for b in budgets if b % tp]
-        if bad:
-            raise CudaGraphConfigError(
-                f"{where}.token_budgets {list(bad)} are not multiples of tp {facts.tp} (sequence parallel splits the "
-                f"static hidden states over tp ranks): use multiples of {tp}, e.g. {[-(-b // tp) * tp for b in bad]}"
-            )
-    elif packing.fixed_width:
-        budgets, derived = (max_tokens,), True
     else:
-        budgets, derived = tuple(derive_language_budgets(max_tokens, multiple)), True
+        # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple
+        # of lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
+        row = math.lcm(facts.tp, 16)
+        max_seqlen = -(-facts.seq_length // row) * row
+        max_tokens = mbs * max_seqlen
+        multiple = mbs * row
+        if cfg.language.token_budgets is not None:
+            budgets = tuple(cfg.language.token_budgets)
+            derived = False
+            bad = [b for b in budgets if b % tp]
+            if bad:
+                raise CudaGraphConfigError(
+                    f"{where}.token_budgets {list(bad)} are not multiples of tp {facts.tp} (sequence parallel splits "
+                    f"the static hidden states over tp ranks): use multiples of {tp}, e.g. "
+                    f"{[-(-b // tp) * tp for b in bad]}"
+                )
+        elif packing.fixed_width:
+            budgets, derived = (max_tokens,), True
+        else:
+            budgets, derived = tuple(derive_language_budgets(max_tokens, multiple)), True
     sequences = cfg.language.max_sequences or (offline_max_sequences(facts.seq_length) if offline else mbs)
     layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
     cu = (layout.cu_seqlens_length,)
