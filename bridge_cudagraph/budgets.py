@@ -152,3 +152,16 @@ class PackedLayout:
             raise ValueError(f"{tokens} tokens in {sequences} sequences do not fit budget {budget} of {self}")
         out = list(real) + self.tail(tokens, budget)
         return out + [budget] * (self.cu_seqlens_length - len(out))
+
+
+def vision_segments(depth: int, taps: Sequence[int], unit: str) -> tuple[tuple[int, int], ...]:
+    """The layer ranges ``[start, end)`` one vision graph each spans, for ``model.cuda_graph.vision.graph_unit``
+    ``unit``: runs ending at each deepstack layer of ``taps`` and then the rest (``deepstack``), or single layers
+    (``layer``). Every deepstack layer ends a range, so each graph has one output. The plan counts graphs with it
+    and the capture builds them with it."""
+    if unit == "layer":
+        return tuple((i, i + 1) for i in range(depth))
+    if unit == "deepstack":
+        ends = sorted({t + 1 for t in taps if 0 <= t < depth} | {depth})
+        return tuple(zip([0, *ends[:-1]], ends, strict=True))
+    raise ValueError(f"unknown vision graph unit {unit!r}")

@@ -22,6 +22,9 @@ from typing import Any
 #: ``transformer/enums.py``). ``mamba`` is left out: neither GPT nor Qwen3-VL has Mamba layers.
 GRAPHABLE_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
+#: What one vision graph may span (``VisionGraphConfig.graph_unit``): the layers up to each deepstack layer, or one.
+VISION_GRAPH_UNITS: tuple[str, ...] = ("deepstack", "layer")
+
 
 class CudaGraphConfigError(ValueError):
     """A ``cuda_graph`` setting that cannot work; the message names the setting and the fix."""
@@ -149,9 +152,22 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     segments x heads x max_seqlen**2), so set it to your processor's ``max_pixels / patch_size**2`` (3920 for
     Bridge's Qwen-VL collate). A micro-batch with a larger image runs eagerly (counted)."""
 
+    graph_unit: str | None = None
+    """What one vision graph spans: ``deepstack``, the layers up to and including each deepstack layer, then the
+    rest (4 graphs per budget on Qwen3-VL's 24 layers, deepstack layers 5, 11, 17), or ``layer``, one graph per
+    layer per budget. Fewer graphs are fewer launches and autograd nodes per micro-batch; both are bit-exact
+    against eager. A graph cannot span a deepstack layer: its output then has two consumers inside and outside
+    the graph, and autograd sums the gradient's three parts in another order than eager does (measured: run 31,
+    ``benchmarks/vision_unit_probe.py``). ``None``: ``deepstack``."""
+
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
+        if self.graph_unit is not None and self.graph_unit not in VISION_GRAPH_UNITS:
+            raise CudaGraphConfigError(
+                f"{where}.graph_unit={self.graph_unit!r}: use one of {list(VISION_GRAPH_UNITS)} "
+                "(or null for 'deepstack')"
+            )
         if self.modules is not None:
             raise CudaGraphConfigError(
                 f"{where}.modules={self.modules}: vision layers are captured whole (packed attention with per-image "

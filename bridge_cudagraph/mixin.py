@@ -313,6 +313,7 @@ def vision_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "max_segments": vision.max_images_per_microbatch,
         "max_seqlen": vision.max_patches_per_image,
         "copies": vision.copies,
+        "graph_unit": vision.graph_unit,
         "static_inputs": dict(vision.static_inputs),
         "on_capture_error": plan.on_capture_error,
     }

@@ -35,6 +35,7 @@ from bridge_cudagraph.budgets import (
     derive_token_budgets,
     in_flight_microbatches,
     max_patches_per_microbatch,
+    vision_segments,
 )
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.layout import (
@@ -439,8 +440,10 @@ class VisionPlan:
         static_inputs: ``(budget, inputs)`` for every budget.
         copies: Independent graph sets, one per micro-batch the first pipeline stage keeps in flight (1 without a
             pipeline; :func:`~bridge_cudagraph.budgets.in_flight_microbatches`).
-        graphs: Graphs on each vision rank: ``depth x len(token_budgets) x copies``.
+        graphs: Graphs on each vision rank: ``len(token_budgets) x copies``, times ``depth`` per layer.
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
+        graph_unit: What one graph spans: ``deepstack`` (the layers up to each deepstack layer) or ``layer``,
+            resolved.
     """
 
     enabled: bool
@@ -456,6 +459,15 @@ class VisionPlan:
     graphs: int
     warmup_steps: int
     max_patches_per_image: int = 0
+    graph_unit: str = "deepstack"
+
+    segments: tuple[tuple[int, int], ...] = ()
+    """The layer ranges ``[start, end)`` of one budget's graphs (:func:`~bridge_cudagraph.budgets.vision_segments`)."""
+
+    @property
+    def graphs_per_budget(self) -> int:
+        """Graphs one budget's set holds: one per segment."""
+        return len(self.segments)
 
     @property
     def layout(self) -> PackedLayout:
@@ -613,9 +625,16 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
     cap = []
     if vision.max_patches_per_image != vision.token_budgets[-1]:
         cap = [f"  at most {vision.max_patches_per_image} patches per image (the static attention max_seqlen)"]
+    if vision.graph_unit == "layer":
+        span, spans = f"{vision.depth} layers", []
+    else:
+        span = f"{len(vision.segments)} graphs"
+        ranges = ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in vision.segments)
+        spans = [f"  each budget's graphs span layers {ranges} (cut after each deepstack layer)"]
     lines = [
-        f"vision: {vision.depth} layers x {len(vision.token_budgets)} budgets{copies} = {vision.graphs} graphs "
+        f"vision: {span} x {len(vision.token_budgets)} budgets{copies} = {vision.graphs} graphs "
         f"per rank{where}, {_modules_text(vision.modules)}, capture after {vision.warmup_steps} steps",
+        *spans,
         budget_line,
         images_line,
         *cap,
@@ -789,6 +808,8 @@ def _plan_vision(
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
     copies = 1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb)
+    unit = cfg.vision.graph_unit or "deepstack"
+    segments = vision_segments(v.depth, v.deepstack_visual_indexes, unit)
     return VisionPlan(
         enabled=True,
         depth=v.depth,
@@ -800,9 +821,11 @@ def _plan_vision(
         images_derived=images_derived,
         static_inputs=inputs,
         copies=copies,
-        graphs=v.depth * len(budgets) * copies,
+        graphs=len(segments) * len(budgets) * copies,
         warmup_steps=warmup,
         max_patches_per_image=longest,
+        graph_unit=unit,
+        segments=segments,
     )
 
 

@@ -72,14 +72,16 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
         graphs = helper.graphs[budget][copy]
         graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens, helper.layout)
         helper.before_replay()
-        deepstack = []
         block = self.decoder
-        for index, layer in enumerate(block.layers):
-            for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
-                hook(*hook_args)
-            h = graphs.layers[index](h, graphs.rotary, graphs.cu_seqlens)
-            if index in block.deepstack_visual_indexes:
-                merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(index)]
+        deepstack = []
+        for (start, end), graph in zip(graphs.segments, graphs.layers, strict=True):
+            # Each layer's parameter all-gather hook (overlap_param_gather) before the replay that runs it.
+            for layer in block.layers[start:end]:
+                for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
+                    hook(*hook_args)
+            h = graph(h, graphs.rotary, graphs.cu_seqlens)
+            if end - 1 in block.deepstack_visual_indexes:  # a segment ends at each deepstack layer
+                merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(end - 1)]
                 deepstack.append(merger(h[:n]))
         helper.copies.release_after_backward(copy, h)
         helper.stats.replays += 1

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.budgets import PackedLayout, check_token_budgets
+from bridge_cudagraph.budgets import PackedLayout, check_token_budgets, vision_segments
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -93,6 +93,22 @@ class _PackedVisionLayer(torch.nn.Module):
         return out
 
 
+class _PackedVisionStack(torch.nn.Module):
+    """Consecutive layers as one graphable callable (a segment of ``graph_unit: deepstack``): the layers of
+    :class:`_PackedVisionLayer` one after the other, returning the last one's output, the only one any other code
+    reads (a segment ends at each deepstack layer). One launch and one backward node per segment instead of one
+    per layer, and no copy of each layer's output into the next graph's static input."""
+
+    def __init__(self, layers: Sequence[torch.nn.Module], max_seqlen: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_PackedVisionLayer(layer, max_seqlen) for layer in layers)
+
+    def forward(self, hidden_states: torch.Tensor, rotary_pos_emb: torch.Tensor, cu_seqlens: torch.Tensor):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, rotary_pos_emb, cu_seqlens)
+        return hidden_states
+
+
 @dataclass
 class GraphSet:
     """One budget's graphed layers (one copy) and the static inputs every layer of it reads.
@@ -105,6 +121,8 @@ class GraphSet:
     layers: list
     rotary: torch.Tensor
     cu_seqlens: torch.Tensor
+    segments: tuple[tuple[int, int], ...] = ()
+    """The layer range ``[start, end)`` each graph of ``layers`` spans (one per layer: ``(i, i + 1)``)."""
 
     @property
     def budget(self) -> int:
@@ -139,6 +157,8 @@ class VisionGraphHelper:
             (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`; 1 without a pipeline).
         static_inputs: The plan's :class:`~bridge_cudagraph.plan.StaticInput` s per budget; the capture buffers
             are checked against them (None: not checked, for callers without a plan).
+        graph_unit: ``deepstack`` or ``layer``: the layers each graph spans
+            (:func:`~bridge_cudagraph.budgets.vision_segments`).
     """
 
     submodule = "vision"
@@ -155,6 +175,7 @@ class VisionGraphHelper:
         on_capture_error: str = "eager",
         copies: int = 1,
         static_inputs: Mapping[int, Sequence[StaticInput]] | None = None,
+        graph_unit: str = "deepstack",
     ) -> None:
         if not isinstance(vision_model, GraphedQwen3VLVisionModel):
             raise CaptureError(
@@ -179,6 +200,14 @@ class VisionGraphHelper:
             raise CaptureError(
                 f"vision: the plan's static inputs are for budgets {sorted(self.planned_inputs)}, not {budgets}"
             )
+        from bridge_cudagraph.config import VISION_GRAPH_UNITS
+
+        if graph_unit not in VISION_GRAPH_UNITS:
+            raise CaptureError(f"vision graph_unit must be one of {list(VISION_GRAPH_UNITS)}, got {graph_unit!r}")
+        self.graph_unit = graph_unit
+        self.segments = vision_segments(
+            len(vision_model.decoder.layers), vision_model.decoder.deepstack_visual_indexes, graph_unit
+        )
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
         self.copies = GraphCopies(int(copies))
@@ -283,8 +312,15 @@ class VisionGraphHelper:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
-        callables = tuple(_PackedVisionLayer(layer, min(budget, self.layout.max_seqlen)) for layer in layers)
+        max_seqlen = min(budget, self.layout.max_seqlen)
         hidden_states, rotary, cu = self._sample_inputs(budget)
+        callables = tuple(
+            _PackedVisionLayer(layers[start], max_seqlen)
+            if end - start == 1
+            else _PackedVisionStack(layers[start:end], max_seqlen)
+            for start, end in self.segments
+        )
+        hidden_states = hidden_states[: len(callables)]
         with get_cuda_rng_tracker().fork() if self.vision_model.config.sequence_parallel else contextlib.nullcontext():
             graphed = make_graphed_callables(
                 callables,
@@ -294,7 +330,9 @@ class VisionGraphHelper:
                 pool=pool,
                 **extra_kwargs,
             )
-        return GraphSet(list(graphed), rotary, cu)
+        if not isinstance(graphed, tuple | list):
+            graphed = (graphed,)
+        return GraphSet(list(graphed), rotary, cu, segments=self.segments)
 
     def graphs_created(self) -> bool:
         """Whether any vision graph exists."""

@@ -43,12 +43,14 @@ FALLBACK_SETS = {
 }
 
 
-def _cfg(language: bool, vision: bool, budgets=BUDGETS):
+def _cfg(language: bool, vision: bool, budgets=BUDGETS, graph_unit=None):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
         language=LanguageGraphConfig(enabled=language),
-        vision=VisionGraphConfig(enabled=vision, token_budgets=list(budgets), max_images_per_microbatch=MAX_SEGMENTS),
+        vision=VisionGraphConfig(
+            enabled=vision, token_budgets=list(budgets), max_images_per_microbatch=MAX_SEGMENTS, graph_unit=graph_unit
+        ),
     )
 
 
@@ -83,11 +85,14 @@ def test_vision_encoder_has_its_own_groups(world):
     assert encoder.config.cuda_graph_impl == "none"
 
 
-def test_vision_graphs_match_reference(world, record):
+@pytest.mark.parametrize("graph_unit", ["deepstack", "layer"])
+def test_vision_graphs_match_reference(world, record, graph_unit):
+    """Both graph units: graphs cut after each deepstack layer (the tiny encoder's are layers 1 and 2 of 4: graphs
+    over layers 0-1, 2 and 3) and one graph per layer."""
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.testing.parity import FLOOR_FACTOR, assert_captured, diff, loss_and_grads
 
-    provider, graphed = _build(world, _cfg(False, True))
+    provider, graphed = _build(world, _cfg(False, True, graph_unit=graph_unit))
     _, reference = _build(world, _cfg(False, False))
     tiny.copy_weights(graphed, reference)
     batches = {name: _batch(images) for name, images in {**SETS, **FALLBACK_SETS}.items()}
@@ -113,9 +118,11 @@ def test_vision_graphs_match_reference(world, record):
     helper, _ = _vision_helper(provider, graphed)
     helper.create_cudagraphs()
     assert helper.graphs_created(), helper.stats.failed
-    assert helper.stats.graphs == len(BUDGETS) * 4
+    assert helper.graph_unit == graph_unit
+    assert helper.stats.graphs == len(BUDGETS) * {"deepstack": 3, "layer": 4}[graph_unit]
     record(
         phase="capture",
+        graph_unit=graph_unit,
         graphs=helper.stats.graphs,
         seconds=helper.stats.seconds,
         graph_memory_mib=helper.stats.graph_memory_bytes / 2**20,
@@ -128,13 +135,20 @@ def test_vision_graphs_match_reference(world, record):
         replayed = helper.stats.replays - replays
         if name in FALLBACK_SETS:
             d = min((diff(got, s) for s in samples[name]), key=lambda x: x.grad_max_rel_l2)
-            record(phase="replay", batch=name, replayed=replayed, nearest_eager_sample=True, **d.as_dict())
+            record(
+                phase="replay",
+                graph_unit=graph_unit,
+                batch=name,
+                replayed=replayed,
+                nearest_eager_sample=True,
+                **d.as_dict(),
+            )
             assert (replayed, helper.stats.eager_fallbacks - fallbacks) == (0, 1), name
             assert d.loss_exact, (name, d)
             assert d.within_bound(0.0, FLOOR_FACTOR * floors[name]), (name, d, floors[name])
         else:
             d = diff(got, loss_and_grads(reference, batch))
-            record(phase="replay", batch=name, replayed=replayed, **d.as_dict())
+            record(phase="replay", graph_unit=graph_unit, batch=name, replayed=replayed, **d.as_dict())
             assert replayed == 1, name
             d.require_exact(name)  # README: vision graphs bit-exact per budget
     assert_captured(helper.stats)

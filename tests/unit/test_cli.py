@@ -103,8 +103,8 @@ def test_plan_prints_the_plan(runs):
     assert (
         "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps" in lines
     )
-    assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
-    assert lines[-1].startswith("busiest rank: 144 graphs")
+    assert any(line.startswith("vision: 4 graphs x 4 budgets = 16 graphs per rank") for line in lines)
+    assert lines[-1].startswith("busiest rank: 52 graphs")
     assert max(map(len, lines)) <= 119
 
 
@@ -126,7 +126,7 @@ def test_error_is_one_line_without_traceback(runs):
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert errors == [
         "error: unknown setting model.cuda_graph.vision.token_budget (did you mean 'token_budgets'?); valid keys of "
-        "model.cuda_graph.vision: enabled, max_images_per_microbatch, max_patches_per_image, modules, "
+        "model.cuda_graph.vision: enabled, graph_unit, max_images_per_microbatch, max_patches_per_image, modules, "
         "tensor_parallel_size, token_budgets, warmup_steps"
     ]
     assert err.rstrip("\n").splitlines()[-1] == errors[0]

@@ -105,7 +105,9 @@ class TestQwen3VL8B:
         assert v.token_budgets == (4096, 8192, 16384, 32768) and v.budgets_derived
         assert v.max_patches_per_microbatch == 4096 * 4 * 2
         assert v.max_images_per_microbatch == 32768 // (4 * 16) == 512 and v.images_derived
-        assert v.graphs == 27 * 4 == 108
+        # Deepstack layers 8, 16, 24 of 27 cut the stack into layers 0-8, 9-16, 17-24, 25-26: 4 graphs per budget.
+        assert v.graph_unit == "deepstack" and v.segments == ((0, 9), (9, 17), (17, 25), (25, 27))
+        assert v.graphs_per_budget == 4 and v.graphs == 16
         assert [(s.name, s.shape, s.dtype) for s in v.inputs_at(4096)] == [
             ("hidden_states", (4096, 1, 1152), "bf16"),
             ("rotary_pos_emb", (4096, 1, 1, 72), "fp32"),
@@ -116,13 +118,20 @@ class TestQwen3VL8B:
             "rotary_pos_emb (4096, 1, 1, 72) fp32",
             "cu_seqlens (514,) int32",
         )
-        assert p.total_graphs == 36 + 108
+        assert p.total_graphs == 36 + 16
+
+    def test_one_graph_per_layer_when_asked(self):
+        """``graph_unit: layer``: one graph per layer per budget, and the plan says so."""
+        p = plan(qwen3_vl_8b(), both_on(graph_unit="layer"))
+        assert p.vision.graph_unit == "layer" and p.vision.graphs == 27 * 4 == 108
+        lines = p.describe().splitlines()
+        assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
 
     def test_given_budgets_are_kept(self):
         """Budgets from the recipe are used as given, with the images bound derived from the largest."""
         v = plan(qwen3_vl_8b(), both_on(token_budgets=[1024, 4096])).vision
         assert v.token_budgets == (1024, 4096) and not v.budgets_derived
-        assert v.max_images_per_microbatch == 4096 // 64 and v.graphs == 54
+        assert v.max_images_per_microbatch == 4096 // 64 and v.graphs == 2 * 4
 
     def test_given_image_bound_is_kept(self):
         """``max_images_per_microbatch`` sizes ``cu_seqlens`` (plus the leading 0 and the padding segment)."""
@@ -164,7 +173,7 @@ class TestVisionUnderPipeline:
         p = plan(qwen3_vl_8b(tp=4, pp=2), both_on(), gbs=8)
         assert p.num_microbatches == 4
         assert p.vision.copies == 2
-        assert p.vision.graphs == p.vision.depth * len(p.vision.token_budgets) * 2
+        assert p.vision.graphs == 4 * len(p.vision.token_budgets) * 2
         assert "x 2 in-flight copies" in p.describe()
 
     def test_one_micro_batch_needs_one_copy(self):
@@ -433,9 +442,11 @@ class TestDescribe:
             "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps"
             in lines
         )
-        assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
+        vision = "vision: 4 graphs x 4 budgets = 16 graphs per rank"
+        assert any(line.startswith(vision) for line in lines)
+        assert "  each budget's graphs span layers 0-8, 9-16, 17-24, 25-26 (cut after each deepstack layer)" in lines
         assert any("budgets [4096, 8192, 16384, 32768] patches" in line for line in lines)
-        assert lines[-1].startswith("busiest rank: 144 graphs")
+        assert lines[-1].startswith("busiest rank: 52 graphs")
         assert max(map(len, lines)) <= 119 and not text.endswith("\n")
 
     @pytest.mark.parametrize("world", [1, 8, 64, 512])

@@ -41,7 +41,7 @@ CASES = {
             budgets=(256, 512, 1024, 2048),
             images=32,
             copies=1,
-            vision_graphs=16,
+            vision_graphs=3 * 4,  # layers 0-1, 2, 3 (deepstack layers 1 and 2) x 4 budgets
             vision_warmup=3,
             vision_inputs_at_first=[
                 ("hidden_states", (256, 1, 256), "bf16"),
@@ -89,7 +89,7 @@ CASES = {
             budgets=(4096, 8192, 16384, 32768),
             images=512,
             copies=2,
-            vision_graphs=27 * 4 * 2,
+            vision_graphs=4 * 4 * 2,  # 4 segments (deepstack 8, 16, 24 of 27) x 4 budgets x 2 copies
             vision_warmup=5,
             vision_inputs_at_first=[
                 ("hidden_states", (4096, 1, 1152), "bf16"),
@@ -147,6 +147,7 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
             "max_segments": want["images"],
             "max_seqlen": want["budgets"][-1],  # max_patches_per_image unset: any image up to the largest budget
             "copies": want["copies"],
+            "graph_unit": "deepstack",  # graph_unit unset: graphs cut after each deepstack layer
             "static_inputs": dict(plan.vision.static_inputs),
             "on_capture_error": "eager",
         }
