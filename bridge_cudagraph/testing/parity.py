@@ -11,9 +11,10 @@ propagate NaN, and a non-finite value on either side is a failure of its own, na
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -253,8 +254,14 @@ def diff(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> Diff:
     return out
 
 
-def megatron_optimizer(model: list[torch.nn.Module], pg_collection, *, lr: float = 1e-4):
-    """Bridge's default fine-tuning optimizer: distributed Adam in bf16 with fp32 main params, clip 1.0."""
+def megatron_optimizer(
+    model: list[torch.nn.Module], pg_collection, *, lr: float = 1e-4, optimizer_cuda_graph: bool = False
+):
+    """Bridge's default fine-tuning optimizer: distributed Adam in bf16 with fp32 main params, clip 1.0.
+
+    ``optimizer_cuda_graph`` is Bridge's ``optimizer.optimizer_cuda_graph``: megatron-core then builds TE's
+    ``FusedAdam`` with ``capturable=True`` (a device learning rate and step, another kernel, 1-2 fp32 ulps from the
+    default one); :func:`optimizer_step_graph` adds the graph itself."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(
@@ -268,8 +275,31 @@ def megatron_optimizer(model: list[torch.nn.Module], pg_collection, *, lr: float
         clip_grad=1.0,
         adam_beta1=0.9,
         adam_beta2=0.95,
+        optimizer_cuda_graph=optimizer_cuda_graph,
     )
     return get_megatron_optimizer(config, model, use_gloo_process_groups=False, pg_collection=pg_collection)
+
+
+@contextlib.contextmanager
+def optimizer_step_graph(optimizer, *, capture_at: int) -> Iterator[None]:
+    """The optimizer step under megatron-core's ``OptimizerCudaGraphWrapper``, installed as Megatron-Bridge 0.6.2's
+    ``train()`` installs it for ``optimizer.optimizer_cuda_graph=true`` (``train.py:321``): eager for the first
+    ``capture_at`` calls, captured and replayed at that call, replayed after. The wrapper keeps its graph, result
+    and call count on the class (one per process); on exit they are cleared as Bridge's ``_delete_cuda_graphs``
+    clears them, and the count too, so that a later optimizer in the same process captures again."""
+    from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
+
+    if OptimizerCudaGraphWrapper.cuda_graph is not None:
+        raise RuntimeError("another optimizer graph is alive in this process (megatron-core keeps one per class)")
+    OptimizerCudaGraphWrapper.curr_iteration = 0
+    optimizer.step = OptimizerCudaGraphWrapper(optimizer.step, cuda_graph_warmup_steps=capture_at)
+    try:
+        yield
+    finally:
+        del optimizer.step  # the instance attribute: the class's step again
+        OptimizerCudaGraphWrapper.cuda_graph = None
+        OptimizerCudaGraphWrapper.result = None
+        OptimizerCudaGraphWrapper.curr_iteration = 0
 
 
 def _loss_func(batch: dict, output: torch.Tensor):
