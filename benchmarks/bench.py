@@ -92,6 +92,7 @@ from benchmarks.bench_trace import (
     gpu_busy_summary,
     host_time_breakdown,
     kernel_time_per_step,
+    top_kernels,
 )
 from benchmarks.configs import (
     DEFAULT_MEASURED_STEPS,
@@ -107,12 +108,25 @@ from benchmarks.configs import (
     quick_configs,
 )
 from benchmarks.progress import say
-from benchmarks.schema import CONTROL, FAILED, FINISHED, UNGRAPHED, VARIANTS, command_line, json_safe
+from benchmarks.schema import (
+    CONTROL,
+    FAILED,
+    FINISHED,
+    OURS_VARIANTS,
+    UNGRAPHED,
+    VARIANTS,
+    command_line,
+    is_ours,
+    json_safe,
+)
 
 logger = logging.getLogger("benchmarks.bench")
 
-#: What ``--variants`` chooses from by default (the control is switched by ``--no-control``).
-MAIN_VARIANTS = tuple(v for v in VARIANTS if v != CONTROL)
+#: What runs by default (the control is switched by ``--no-control``); ours' speed levers (the other names of
+#: :data:`~benchmarks.schema.OURS_VARIANTS`) run when ``--variants`` names them.
+MAIN_VARIANTS = ("eager", "upstream", "ours")
+#: A configuration's variants when the caller names none: the main ones and the control.
+DEFAULT_VARIANTS = (*MAIN_VARIANTS, CONTROL)
 SEED = 1234
 
 
@@ -171,8 +185,9 @@ def make_provider(cfg: BenchConfig, cuda_graph=None, **overrides: Any):
     raise ValueError(f"unknown bench model {cfg.model!r}")
 
 
-def ours_graph_config(cfg: BenchConfig):
-    """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager)."""
+def ours_graph_config(cfg: BenchConfig, vision_graph_unit: str | None = None):
+    """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
+    ``vision_graph_unit`` as ``model.cuda_graph.vision.graph_unit`` (None: the product's default)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
@@ -181,6 +196,7 @@ def ours_graph_config(cfg: BenchConfig):
             enabled=True,
             token_budgets=cfg.vision_budgets(),
             max_images_per_microbatch=cfg.vision_max_segments(),
+            graph_unit=vision_graph_unit,
         ),
         num_microbatches=cfg.num_microbatches,
         on_capture_error="raise",
@@ -194,8 +210,9 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
 
     if variant in UNGRAPHED:  # the control is built exactly like eager
         return make_provider(cfg, None, **overrides)
-    if variant == "ours":
-        return make_provider(cfg, ours_graph_config(cfg), **overrides)
+    if is_ours(variant):
+        unit = OURS_VARIANTS[variant].get("vision_graph_unit")
+        return make_provider(cfg, ours_graph_config(cfg, unit), **overrides)
     if variant == "upstream":
         # the host class, with cuda_graph_impl="transformer_engine"
         plain = tiny.upstream_provider(make_provider(cfg, None, **overrides))
@@ -685,11 +702,15 @@ class _Shared:
     eager_fixed_loss: torch.Tensor | None = None
     eager_fixed_grad_norm: float | None = None
     eager_profile: dict | None = None
+    paired_with: str = "ours"
+    lever_pairs: list[tuple[str, str]] = field(default_factory=list)
+    flops_per_step: list[float] = field(default_factory=list)
+    """Model FLOPs of every step of the plan (:mod:`benchmarks.flops`), for MFU."""
 
 
 def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.testing.parity import megatron_optimizer
+    from bridge_cudagraph.testing.parity import megatron_optimizer, optimizer_step_graph
 
     world = shared.world
     provider = variant_provider(shared.cfg, variant)
@@ -703,7 +724,15 @@ def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
         shared.initial_state = _snapshot(model)
     else:
         _load(model, shared.initial_state, aliases_allowed=variant == "upstream")
-    objs["optimizer"] = megatron_optimizer(model, world.language)
+    optimizer_graph = bool(OURS_VARIANTS.get(variant, {}).get("optimizer_graph"))
+    objs["optimizer"] = megatron_optimizer(model, world.language, optimizer_cuda_graph=optimizer_graph)
+    if optimizer_graph:
+        # Captured at the last warmup step, outside the timed steps (Bridge captures it at the step its layer
+        # graphs are captured in); it needs the optimizer state of the steps before it.
+        objs["exits"] = contextlib.ExitStack()
+        objs["exits"].enter_context(
+            optimizer_step_graph(objs["optimizer"], capture_at=max(1, shared.warmup_steps - 1))
+        )
 
 
 def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
@@ -711,7 +740,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
     if variant in UNGRAPHED:
         return []
-    if variant == "ours":
+    if is_ours(variant):
         from bridge_cudagraph.plan import plan_for
 
         plan = plan_for(
@@ -804,7 +833,7 @@ def _capture(variant: str, helpers: list) -> dict:
     out: dict[str, Any] = {"capture_s": total.seconds, "graph_memory_bytes": total.graph_memory_bytes}
     if errors:
         out["capture_errors"] = errors
-    if variant == "ours":
+    if is_ours(variant):
         out["capture"] = {
             h.submodule: {
                 "seconds": h.stats.seconds,
@@ -853,6 +882,7 @@ def _profile(
         if markers is not None:
             markers.remove()
     kernels = kernel_time_per_step(trace, n)
+    kernels["top_kernels"] = top_kernels(trace, n)
     try:
         host = host_time_breakdown(trace)
     except Exception as error:  # an analysis aid: never a reason to lose the kernel times
@@ -960,6 +990,7 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
         timer.active = False
     rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    rec.update(_throughput(shared, range(first, first + shared.measured_steps), times))
     if timing_only:
         rec["step_ms"] = times
         rec["step_ms_median"] = _median(times)
@@ -1026,6 +1057,14 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
     )
     if profile is not None:
         rec["profile"] = profile
+    kernel_ms = rec.get("kernel_ms_per_step")
+    if kernel_ms and shared.flops_per_step:
+        from benchmarks.flops import mfu, peak_tflops
+
+        profiled = [shared.flops_per_step[i] for i in range(p_first, p_first + shared.profile_steps)]
+        peak = peak_tflops(torch.cuda.get_device_name())
+        # The MFU the step would reach if the GPU never waited for the host: the graphs' limit.
+        rec["mfu_at_kernel_time"] = mfu(statistics.fmean(profiled), kernel_ms, peak) if profiled else None
 
     # Fixed-batch check with the initial weights copied back in (in place: the graphs stay valid).
     _load(model, shared.initial_state, aliases_allowed=variant == "upstream")
@@ -1061,11 +1100,19 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
         )
     _record_counters(rec, variant, helpers)
     require_finite(losses, grad_norms)
+    if variant != CONTROL:
+        # Last, so the compared losses are untouched: one more step, where the host waits for the GPU.
+        from benchmarks.host_syncs import census
+
+        # Any step's micro-batches will do: the first profiled step's, or the last measured one's without a profile.
+        # A runner of its own, so the step's loss and grad norm join no recorded series (eager's is the reference).
+        census_step = _step_runner(shared, objs)
+        rec["host_syncs"] = census(lambda: census_step(min(p_first, len(shared.plan) - 1)))
 
 
 def _record_counters(rec: dict, variant: str, helpers: list) -> None:
     """Ours' replay and fallback counters (upstream's helpers keep none)."""
-    if variant != "ours":
+    if not is_ours(variant):
         return
     rec["counters"] = {
         h.submodule: {
@@ -1083,8 +1130,32 @@ def _record_counters(rec: dict, variant: str, helpers: list) -> None:
 #: The paired phase holds both graphed models at once; it runs only when their first runs' peaks (less what was
 #: allocated before either, counted once) fit in this share of the GPU's memory.
 PAIRED_MEMORY_FRACTION = 0.9
-#: The two variants of the paired phase (ratios are the first's step time over the second's).
+#: The two variants of the paired phase by default (ratios are the first's step time over the second's);
+#: ``--paired-with`` picks the second.
 PAIRED = ("upstream", "ours")
+
+
+def paired_names(paired_with: str = PAIRED[1]) -> tuple[str, str]:
+    """The paired phase's two variants: upstream and ``paired_with`` (one of ours)."""
+    if not is_ours(paired_with):
+        raise ValueError(f"--paired-with {paired_with!r}: pair upstream with one of {list(OURS_VARIANTS)}")
+    return (PAIRED[0], paired_with)
+
+
+def parse_lever_pairs(text: str | Sequence[str] | None) -> list[tuple[str, str]]:
+    """``--lever-pairs`` (``A:B,C:D``): pairs of ours' variants whose steps a paired phase interleaves, each
+    ratio ``A``'s step over ``B``'s (above 1: ``B`` faster). Separate runs of two levers a few percent apart cannot
+    tell them apart (the eager step moved 25% between two device calls of this benchmark); pairs can."""
+    if not text:
+        return []
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    pairs = []
+    for item in (i for i in items if i):
+        a, sep, b = item.partition(":")
+        if not sep or not (is_ours(a) and is_ours(b)) or a == b:
+            raise ValueError(f"--lever-pairs {item!r}: write A:B with two different variants of {list(OURS_VARIANTS)}")
+        pairs.append((a, b))
+    return pairs
 
 
 def paired_memory_check(results: dict[str, dict], total_bytes: int, names: Sequence[str] = PAIRED) -> str | None:
@@ -1103,23 +1174,25 @@ def paired_memory_check(results: dict[str, dict], total_bytes: int, names: Seque
     return None
 
 
-def _run_paired(shared: _Shared) -> dict:
+def _run_paired(shared: _Shared, names: tuple[str, str] | None = None) -> dict:
     """Upstream and ours built side by side, each warmed up and captured, then their measured steps interleaved:
     step ``i`` on one, at once step ``i`` on the other, the first of each pair alternating. Host conditions that
     drift over seconds (the step times wander by 10-20% on a host-bound step) then weigh on both halves of a pair
     alike, and the per-pair ratios give a distribution-free confidence interval
-    (:func:`benchmarks.bench_report.paired_verdict`). Always frees both."""
+    (:func:`benchmarks.bench_report.paired_verdict`). ``names``: another pair (two of ours' levers). Always
+    frees both."""
     from bridge_cudagraph.testing.world import seed_rng
 
-    rec: dict[str, Any] = {"status": "running", "variants": list(PAIRED)}
-    objs: dict[str, dict] = {name: {} for name in PAIRED}
+    names = names or paired_names(shared.paired_with)
+    rec: dict[str, Any] = {"status": "running", "variants": list(names)}
+    objs: dict[str, dict] = {name: {} for name in names}
     started = time.perf_counter()
     _free()
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     runners: dict[str, Callable[[int], float]] = {}
     try:
-        for name in PAIRED:
+        for name in names:
             seed_rng(shared.world.language, SEED)
             _build_variant(shared, name, objs[name])
             objs[name]["helpers"] = _make_helpers(shared, name, objs[name])
@@ -1127,23 +1200,23 @@ def _run_paired(shared: _Shared) -> dict:
             for i in range(shared.warmup_steps):
                 runners[name](i)
             rec.setdefault("capture_s", {})[name] = _capture(name, objs[name]["helpers"])["capture_s"]
-        times: dict[str, list[float]] = {name: [] for name in PAIRED}
+        times: dict[str, list[float]] = {name: [] for name in names}
         first = shared.warmup_steps
         for k, i in enumerate(range(first, first + shared.measured_steps)):
-            for name in PAIRED if k % 2 == 0 else PAIRED[::-1]:
+            for name in names if k % 2 == 0 else names[::-1]:
                 times[name].append(runners[name](i))
         rec["step_ms"] = times
         rec["step_ms_median"] = {name: _median(t) for name, t in times.items()}
-        rec["ratios"] = [a / b for a, b in zip(*(times[name] for name in PAIRED), strict=True)]
+        rec["ratios"] = [a / b for a, b in zip(*(times[name] for name in names), strict=True)]
         rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
         rec["status"] = "ok"
     except Exception as error:  # recorded; the variants' own results stand
         _record_failure(rec, error, f"{shared.cfg.name} paired")
     finally:
         runners.clear()  # their closures hold the models: without this both outlive the teardown
-        survivors = {name: _teardown(objs[name]) for name in PAIRED}
+        survivors = {name: _teardown(objs[name]) for name in names}
         # Survivors first: releasing them leaves a clean count for a variant that left none.
-        for name in sorted(PAIRED, key=lambda n: not survivors[n]):
+        for name in sorted(names, key=lambda n: not survivors[n]):
             part: dict[str, Any] = {"allocated_at_start_bytes": rec["allocated_at_start_bytes"]}
             _check_freed(part, survivors[name])
             if "leak" in part:
@@ -1151,6 +1224,35 @@ def _run_paired(shared: _Shared) -> dict:
         rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
     rec["seconds"] = time.perf_counter() - started
     return rec
+
+
+def _throughput(shared: _Shared, steps: Iterable[int], times: Sequence[float]) -> dict[str, Any]:
+    """Model FLOPs per step, achieved TFLOP/s and MFU (:mod:`benchmarks.flops`) over the timed ``steps``."""
+    from benchmarks.flops import PEAK_BF16_TFLOPS, peak_tflops
+
+    flops = [shared.flops_per_step[i] for i in steps] if shared.flops_per_step else []
+    if not flops or not times:
+        return {}
+    tflops = sum(flops) / (sum(times) * 1e-3) / 1e12
+    peak = peak_tflops(torch.cuda.get_device_name())
+    return {
+        "model_flops_per_step": statistics.fmean(flops),
+        "model_tflops_per_s": tflops,
+        "peak_tflops": peak,
+        "peak_tflops_table": dict(PEAK_BF16_TFLOPS),
+        "mfu": tflops / peak if peak else None,
+    }
+
+
+def _flops_per_step(cfg: BenchConfig, shared: _Shared) -> list[float]:
+    """Model FLOPs of every step of ``shared.plan`` (:func:`benchmarks.flops.step_flops` on its micro-batches)."""
+    from benchmarks.flops import step_flops
+
+    if not all("input_ids" in b for b in shared.batches):
+        return []  # not model inputs (the CPU tests' stand-ins): no MFU
+    provider = make_provider(cfg, None)
+    per_batch = [step_flops(provider, [b]) for b in shared.batches]
+    return [sum(per_batch[k] for k in step) for step in shared.plan]
 
 
 def _gpu_memory_bytes() -> int:
@@ -1218,6 +1320,8 @@ def _teardown(objs: dict) -> dict:
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
         destroy_num_microbatches_calculator()
+    if objs.get("exits") is not None:
+        objs["exits"].close()  # the optimizer graph, its class-level state cleared
     _break_ddp_cycles(objs.get("model"))
     objs.clear()
     _free()
@@ -1240,9 +1344,11 @@ def run_config(
     warmup_steps: int,
     profile: bool,
     profiler_sees_graph_kernels: bool | None,
-    variants: Sequence[str] = VARIANTS,
+    variants: Sequence[str] = DEFAULT_VARIANTS,
     rounds: int = DEFAULT_ROUNDS,
     paired: bool = True,
+    paired_with: str = PAIRED[1],
+    lever_pairs: Sequence[tuple[str, str]] = (),
     on_progress: Callable[[dict], None] | None = None,
 ) -> dict:
     """All variants of one configuration (in :func:`run_plan`); the result dict of ``bench.json``'s ``configs``
@@ -1273,7 +1379,10 @@ def run_config(
         measured_steps=measured_steps,
         profile_steps=profile_steps,
         profiler_sees_graph_kernels=profiler_sees_graph_kernels,
+        paired_with=paired_with,
+        lever_pairs=list(lever_pairs),
     )
+    shared.flops_per_step = _flops_per_step(cfg, shared)
     out["profile_steps"] = profile_steps
     results: dict[str, dict] = {}
     plan = run_plan(variants, rounds)
@@ -1300,16 +1409,26 @@ def run_config(
             on_progress({**out, "status": "running", "variants": dict(results)})
     _finish_variants(results)
     out["variants"] = results
-    if paired and all(name in results for name in PAIRED):
-        why_not = paired_memory_check(results, _gpu_memory_bytes())
+    names = paired_names(paired_with)
+    if paired and all(name in results for name in names):
+        why_not = paired_memory_check(results, _gpu_memory_bytes(), names)
         if why_not is None:
-            say(f"{cfg.name}: paired phase (upstream and ours side by side, steps interleaved)")
+            say(f"{cfg.name}: paired phase ({' and '.join(names)} side by side, steps interleaved)")
             out["paired"] = _run_paired(shared)
             out["paired"]["position"] = len(plan)
             say(f"{cfg.name} paired: {bench_report.fmt_paired(out['paired'])}")
         else:
             out["paired"] = {"status": "skipped", "reason": why_not}
             say(f"{cfg.name}: paired phase skipped: {why_not}")
+    for pair in shared.lever_pairs if paired else []:
+        if not all(name in results for name in pair):
+            continue
+        why_not = paired_memory_check(results, _gpu_memory_bytes(), pair)
+        rec = (
+            {"status": "skipped", "variants": list(pair), "reason": why_not} if why_not else _run_paired(shared, pair)
+        )
+        out.setdefault("lever_pairs", []).append(rec)
+        say(f"{cfg.name} paired {pair[0]} vs {pair[1]}: {bench_report.fmt_paired(rec, second=pair[1])}")
     out["status"] = FINISHED
     out["seconds"] = time.perf_counter() - started
     del shared, batches, fixed_batch
@@ -1404,9 +1523,11 @@ def run(
     measured_steps: int = DEFAULT_MEASURED_STEPS,
     warmup_steps: int = DEFAULT_WARMUP_STEPS,
     profile: bool = True,
-    variants: Sequence[str] = VARIANTS,
+    variants: Sequence[str] = DEFAULT_VARIANTS,
     rounds: int = DEFAULT_ROUNDS,
     paired: bool = True,
+    paired_with: str = PAIRED[1],
+    lever_pairs: Sequence[tuple[str, str]] = (),
     world=None,
     command: str | None = None,
 ) -> dict:
@@ -1419,6 +1540,7 @@ def run(
     if measured_steps < 1 or warmup_steps < 0:
         raise ValueError("measured_steps must be >= 1 and warmup_steps >= 0")
     run_plan(variants, rounds)  # raises on an unknown variant or a bad round count before the GPU is touched
+    paired_names(paired_with)
     if not torch.cuda.is_available():
         raise RuntimeError("the benchmark needs a CUDA GPU")
     resolved = [c if isinstance(c, BenchConfig) else configs_by_name([c])[0] for c in configs]
@@ -1440,6 +1562,8 @@ def run(
     meta["variants"] = run_order(variants)
     meta["rounds"] = rounds
     meta["paired"] = paired
+    meta["paired_with"] = paired_with
+    meta["lever_pairs"] = [list(p) for p in lever_pairs]
     meta["noise_floor_control"] = CONTROL in meta["variants"]
     meta["noise_factor"] = bench_report.NOISE_FACTOR
     data = {"meta": meta, "configs": []}
@@ -1467,6 +1591,8 @@ def run(
                 variants=variants,
                 rounds=rounds,
                 paired=paired,
+                paired_with=paired_with,
+                lever_pairs=lever_pairs,
                 on_progress=write,
             )
         )
@@ -1531,10 +1657,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "verdict rests on",
     )
     parser.add_argument(
+        "--paired-with",
+        default=PAIRED[1],
+        help=f"which of ours the paired phase sets against upstream: one of {', '.join(OURS_VARIANTS)}",
+    )
+    parser.add_argument(
+        "--lever-pairs",
+        default="",
+        help="after the paired phase, more of them between two of ours' variants: A:B[,C:D] (ratio A's step over "
+        "B's); both must be among --variants",
+    )
+    parser.add_argument(
         "--variants",
         default=",".join(MAIN_VARIANTS),
-        help="comma-separated subset of eager,upstream,ours (eager always runs; the eager_repeat control too, "
-        "unless --no-control)",
+        help=f"comma-separated, of {','.join(v for v in VARIANTS if v != CONTROL)} (eager always runs; the "
+        "eager_repeat control too, unless --no-control)",
     )
     parser.add_argument(
         "--no-control",
@@ -1642,6 +1779,8 @@ def main(args: Sequence[str] | argparse.Namespace | None = None) -> int:
             variants=variants,
             rounds=int(getattr(args, "rounds", None) or DEFAULT_ROUNDS),
             paired=not bool(getattr(args, "no_paired", False)),
+            paired_with=str(getattr(args, "paired_with", None) or PAIRED[1]),
+            lever_pairs=parse_lever_pairs(getattr(args, "lever_pairs", None)),
         )
     finally:
         if owns_world and dist.is_initialized():

@@ -177,6 +177,10 @@ def child_argv(options: argparse.Namespace, names: Sequence[str], out_dir: Path)
         argv.append("--no-control")
     if getattr(options, "no_paired", False):
         argv.append("--no-paired")
+    if getattr(options, "paired_with", None):
+        argv += ["--paired-with", str(options.paired_with)]
+    if getattr(options, "lever_pairs", None):
+        argv += ["--lever-pairs", str(options.lever_pairs)]
     return argv
 
 

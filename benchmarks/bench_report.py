@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.schema import CONTROL, FINISHED, GRAPHED, UNGRAPHED
+from benchmarks.schema import CONTROL, FINISHED, GRAPHED, OURS_VARIANTS, UNGRAPHED
 from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report renders without torch
 
 #: Variants in the order they are shown (the control next to its reference; run order is schema.VARIANTS).
@@ -37,6 +37,8 @@ LABELS = {
     CONTROL: "eager again (run-to-run noise floor)",
     "upstream": "upstream (Bridge/megatron-core TE graphs)",
     "ours": "ours (bridge_cudagraph)",
+    "ours_per_layer": "ours, one vision graph per layer (the first version)",
+    "ours_optgraph": "ours + Bridge's optimizer graph",
 }
 #: A graphed variant's max loss difference vs eager counts as "within the noise floor" when it is at most this many
 #: times eager-vs-eager's. Two runs that are each not bitwise deterministic drift apart chaotically to similar
@@ -175,11 +177,12 @@ def variant_row(name: str, variant: dict | None) -> list[str]:
 
 
 def shown_variants(config: dict) -> list[str]:
-    """The rows of a configuration's table: every variant of :data:`VARIANTS`, except the control where the run
-    had none (``--no-control``, or a ``bench.json`` from before the control existed): a control that was never
-    asked for is not a failed variant."""
+    """The rows of a configuration's table: eager, upstream and ours, and the control and ours' levers where the
+    run had them (a control or lever that was never asked for, ``--no-control`` or an older ``bench.json``, is not
+    a failed variant)."""
     present = config.get("variants") or {}
-    return [name for name in VARIANTS if name != CONTROL or name in present]
+    always = ("eager", "upstream", "ours")  # ours' levers and the control: rows where they ran
+    return [name for name in VARIANTS if name in always or name in present]
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -322,6 +325,9 @@ def _config_notes(config: dict) -> list[str]:
         notes += _paired_note(config["paired"])
     notes += _work_note(variants)
     notes += _limit_note(variants)
+    notes += _syncs_note(variants)
+    notes += _kernels_note(variants)
+    notes += _gaps_note(variants)
     notes += _noise_notes(variants)
     for name in VARIANTS:
         v = variants.get(name) or {}
@@ -383,6 +389,75 @@ def _noise_notes(variants: dict) -> list[str]:
         where = "" if first is None else f" (first differs at step {first})"
         notes.append(f"- {name} vs the noise floor{where}: {verdict['summary']}.")
     return notes
+
+
+# ---------------------------------------------------------------------------------------------- speed levers
+LEVER_COLUMNS = (
+    "variant",
+    "what it changes",
+    "step ms",
+    "vs ours_per_layer",
+    "kernel ms / step",
+    "step / kernel",
+    "GPU busy in profiled steps",
+    "MFU",
+    "MFU at kernel time",
+    "loss over the run vs eager",
+    "fixed-batch per-token diff",
+)
+
+
+def levers_section(config: dict) -> list[str]:
+    """Issue #18's table: each of ours' variants (the levers) with its step time, its kernel time (the limit a
+    graph can approach), their ratio, GPU busy inside the profiled steps, MFU at its step time and at its kernel
+    time, and its parity; nothing when fewer than two of ours ran."""
+    variants = config.get("variants") or {}
+    present = [name for name in OURS_VARIANTS if name in variants]
+    if len(present) < 2:
+        return []
+    base = _num((variants.get("ours_per_layer") or {}).get("step_ms_median"))
+    control = variants.get(CONTROL)
+    rows = []
+    for name in present:
+        v = variants[name]
+        if v.get("status") != "ok":
+            rows.append([name, LABELS.get(name, name), "failed", *["n/a"] * (len(LEVER_COLUMNS) - 3)])
+            continue
+        step, kernel = _num(v.get("step_ms_median")), _num(v.get("kernel_ms_per_step"))
+        fixed = v.get("fixed_batch") or {}
+        rows.append(
+            [
+                name,
+                LABELS.get(name, name),
+                fmt_ms(step),
+                f"{base / step:.3f}x" if base and step else "n/a",
+                fmt_ms(kernel),
+                f"{step / kernel:.2f}x" if step and kernel else "n/a",
+                fmt_ratio(v.get("gpu_busy_in_profiled_steps")),
+                _fmt_pct(v.get("mfu")),
+                _fmt_pct(v.get("mfu_at_kernel_time")),
+                _fmt_diff_vs_floor(v, control),
+                fmt_diff(fixed.get("loss_max_abs_diff")),
+            ]
+        )
+    pairs = [
+        f"- Paired, {rec['variants'][1]} against {rec['variants'][0]} (their steps interleaved; ratio "
+        f"{rec['variants'][0]}'s step over {rec['variants'][1]}'s): {fmt_paired(rec, second=rec['variants'][1])}."
+        for rec in config.get("lever_pairs") or []
+        if len(rec.get("variants") or []) == 2
+    ]
+    return [
+        "### Speed levers (issue #18)",
+        "",
+        "Each of ours' variants, measured one after the other in this process (separate runs: compare with the "
+        "eager-vs-eager timing spread above; the paired phase is the close comparison). Kernel time per step is "
+        "the sum of the union of kernel intervals in the profiled steps, the limit a captured step can approach; "
+        "MFU counts the model's matrix multiplications (`benchmarks/flops.py`) against the GPU's dense BF16 peak.",
+        "",
+        *_table(LEVER_COLUMNS, rows),
+        "",
+        *([*pairs, ""] if pairs else []),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- host time
@@ -568,8 +643,9 @@ def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENC
     return out
 
 
-def fmt_paired(paired: Mapping[str, Any] | None) -> str:
-    """One line for a paired phase: its verdict, median ratio and interval, or why it did not run."""
+def fmt_paired(paired: Mapping[str, Any] | None, *, second: str = "ours") -> str:
+    """One line for a paired phase: its verdict, median ratio and interval, or why it did not run; ``second`` names
+    the pair's second variant (whose faster pairs are counted)."""
     if not paired:
         return "not run"
     if paired.get("status") == "skipped":
@@ -584,7 +660,7 @@ def fmt_paired(paired: Mapping[str, Any] | None) -> str:
     lo, hi = judged["ci"]
     return (
         f"{judged['median']:.3f}x, {judged['confidence']:.0%} CI [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
-        f"({judged['ours_faster_pairs']} with ours faster): {judged['verdict']}"
+        f"({judged['ours_faster_pairs']} with {second} faster): {judged['verdict']}"
     )
 
 
@@ -720,15 +796,58 @@ def _limit_note(variants: Mapping[str, Any]) -> list[str]:
     return [f"- Step time over kernel time (the limit is 1.00x): {'; '.join(parts)}."]
 
 
+def _syncs_note(variants: Mapping[str, Any], top: int = 6) -> list[str]:
+    """Each variant's host waits on the GPU in one training step (:mod:`benchmarks.host_syncs`), with the sites
+    that ask for most of them."""
+    lines = []
+    for name in ("eager", *GRAPHED):
+        syncs = (variants.get(name) or {}).get("host_syncs")
+        if not syncs:
+            continue
+        sites = "; ".join(f"{n} x `{site}`" for site, n in (syncs.get("sites") or [])[:top])
+        lines.append(f"- {name}: {syncs.get('total', 0)} host waits on the GPU in one step; most from: {sites}.")
+    return lines
+
+
+def _kernels_note(variants: Mapping[str, Any], top: int = 5) -> list[str]:
+    """The kernels that take most GPU time per profiled step, for eager and each of ours (where a lever moved the
+    kernel time, which kernels moved)."""
+    lines = []
+    for name in ("eager", *OURS_VARIANTS):
+        kernels = ((variants.get(name) or {}).get("profile") or {}).get("top_kernels")
+        if not kernels:
+            continue
+        parts = "; ".join(f"`{k[:60]}` {fmt_ms(ms)} ms ({count:.0f}x)" for k, ms, count in kernels[:top])
+        lines.append(f"- {name}, most GPU time per step: {parts}.")
+    return lines
+
+
+def _gaps_note(variants: Mapping[str, Any], top: int = 5) -> list[str]:
+    """Each of ours' longest GPU-idle gaps in the profiled steps: length, phase, and the CPU op at its end."""
+    lines = []
+    for name in OURS_VARIANTS:
+        gaps = ((variants.get(name) or {}).get("host_time") or {}).get("longest_gaps")
+        if not gaps:
+            continue
+        parts = "; ".join(
+            f"{fmt_ms(g.get('ms'))} ms in {g.get('phase') or 'no phase'} (ends in `{g.get('op_at_end') or '-'}`)"
+            for g in gaps[:top]
+        )
+        lines.append(f"- {name}, longest GPU-idle gaps of the profiled steps: {parts}.")
+    return lines
+
+
 def _paired_note(paired: Mapping[str, Any]) -> list[str]:
     """The paired phase: each side's median step in it and the verdict, or why it did not run."""
     if paired.get("status") != "ok":
         return [f"- Paired phase (upstream and ours side by side): {fmt_paired(paired)}."]
     medians = paired.get("step_ms_median") or {}
-    sides = ", ".join(f"{name} {fmt_ms(medians.get(name))}" for name in GRAPHED)
+    names = paired.get("variants") or ["upstream", "ours"]  # older files: the pair was always these two
+    sides = ", ".join(f"{name} {fmt_ms(medians.get(name))}" for name in names)
+    ours = names[-1] if names else "ours"
     return [
-        f"- Paired phase (upstream and ours built side by side, their measured steps interleaved): median step ms "
-        f"{sides}; upstream/ours per pair {fmt_paired(paired)}."
+        f"- Paired phase ({' and '.join(names)} built side by side, their measured steps interleaved): median step "
+        f"ms {sides}; upstream/{ours} per pair {fmt_paired(paired)}."
     ]
 
 
@@ -763,7 +882,7 @@ def _summary_row(config: dict) -> list[str]:
         speed = "" if name == "eager" else f" ({fmt_ratio(v.get('speedup_vs_eager'), 'x')})"
         cells.append(fmt_ms(v.get("step_ms_median")) + speed)
     cells.append(_fmt_speed_vs_upstream(variants, config.get("paired")))
-    cells += [_fmt_diff_vs_floor(variants.get(name) or {}, control) for name in GRAPHED]
+    cells += [_fmt_diff_vs_floor(variants.get(name) or {}, control) for name in ("upstream", "ours")]
     if not control:
         cells.append("not run")
     else:
@@ -771,7 +890,27 @@ def _summary_row(config: dict) -> list[str]:
         cells.append(fmt_diff(control.get("loss_max_abs_diff_vs_eager")) if ok else "failed")
     ours = variants.get("ours") or {}
     cells.append(_fmt_busy(ours) if ours.get("status") == "ok" else "n/a")
+    fastest = fastest_ours(variants)
+    if fastest is None:
+        cells += ["n/a"] * 3
+    else:
+        name, v = fastest
+        step, kernel = _num(v.get("step_ms_median")), _num(v.get("kernel_ms_per_step"))
+        ratio = f"{step / kernel:.2f}x" if step and kernel else "n/a"
+        cells += [f"{name}: {fmt_ms(step)}", f"{fmt_ms(kernel)} ms, {ratio}", _fmt_pct(v.get("mfu"))]
     return cells
+
+
+def fastest_ours(variants: Mapping[str, Any]) -> tuple[str, dict] | None:
+    """Ours' variant (of :data:`~benchmarks.schema.OURS_VARIANTS`) with the lowest median step, and its record."""
+    ok = [(name, variants[name]) for name in OURS_VARIANTS if (variants.get(name) or {}).get("status") == "ok"]
+    ok = [(n, v) for n, v in ok if _num(v.get("step_ms_median"))]
+    return min(ok, key=lambda nv: _num(nv[1]["step_ms_median"]) or 0.0) if ok else None
+
+
+def _fmt_pct(value: Any) -> str:
+    x = _num(value)
+    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 SUMMARY_COLUMNS = (
@@ -784,6 +923,9 @@ SUMMARY_COLUMNS = (
     "ours loss diff",
     "eager vs eager (noise floor)",
     "ours GPU busy",
+    "fastest of ours: step ms",
+    "its kernel time per step, step / kernel",
+    "its MFU",
 )
 
 
@@ -844,6 +986,7 @@ def render_markdown(data: dict) -> str:
         if notes:
             out += notes
             out.append("")
+        out += levers_section(config)
         out += host_time_section(config)
     out.append("## How it is measured")
     out.append("")
@@ -898,7 +1041,7 @@ def _yes_no(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------- plot
 #: Bars of bench.png: the control is left out (its bar would repeat eager's); its loss difference is printed under
 #: the graphed variants' as the noise floor instead.
-PLOTTED = ("eager", "upstream", "ours")
+PLOTTED = ("eager", "upstream", *OURS_VARIANTS)
 
 
 def _bar_annotation(name: str, variant: dict, control: dict | None) -> tuple[list[str], str]:
@@ -933,18 +1076,26 @@ def render_png(data: dict, path: Path) -> Path | None:
     configs = data.get("configs") or []
     n = max(1, len(configs))
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n + 0.6, 4.8), squeeze=False)
-    colors = {"eager": "#9e9e9e", "upstream": "#f28e2b", "ours": "#59a14f"}
+    colors = {
+        "eager": "#9e9e9e",
+        "upstream": "#f28e2b",
+        "ours": "#59a14f",
+        "ours_per_layer": "#8cd17d",
+        "ours_optgraph": "#2f7d32",
+    }
     for ax, config in zip(axes[0], configs or [{}], strict=False):
         variants = config.get("variants") or {}
         control = variants.get(CONTROL)
+        # The levers appear where they ran; the three main variants always (a missing one says so).
+        names = [n for n in PLOTTED if n in ("eager", "upstream", "ours") or n in variants]
         heights = [
             _num((variants.get(name) or {}).get("step_ms_median"))
             if (variants.get(name) or {}).get("status") == "ok"
             else None
-            for name in PLOTTED
+            for name in names
         ]
         top = max([h for h in heights if h is not None] or [1.0])
-        for i, (name, h) in enumerate(zip(PLOTTED, heights, strict=True)):
+        for i, (name, h) in enumerate(zip(names, heights, strict=True)):
             v = variants.get(name) or {}
             if h is None:
                 ax.text(i, top * 0.05, "failed" if v else "not run", ha="center", va="bottom", fontsize=8, rotation=90)
@@ -952,8 +1103,8 @@ def render_png(data: dict, path: Path) -> Path | None:
             ax.bar(i, h, color=colors[name], width=0.7)
             lines, color = _bar_annotation(name, v, control)
             ax.text(i, h + top * 0.02, "\n".join(lines), ha="center", va="bottom", fontsize=8, color=color)
-        ax.set_xticks(range(len(PLOTTED)))
-        ax.set_xticklabels(PLOTTED)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=20 if len(names) > 3 else 0, fontsize=8)
         ax.set_ylim(0, top * 1.55)
         ax.set_title(config.get("name", "?"), fontsize=10)
         ax.set_ylabel("step time (ms, median)")

@@ -35,6 +35,26 @@ def trace_kernels(trace: dict) -> list[tuple[float, float, Any]]:
     return out
 
 
+def top_kernels(trace: dict, n_steps: int, top: int = 12) -> list[list[Any]]:
+    """The kernels that take most GPU time in the profiled steps: ``[name (first 120 characters), ms per step,
+    launches per step]``, most time first. Where a lever moves the kernel time (a captured optimizer runs TE's
+    capturable Adam kernel), this says which kernels moved."""
+    windows = trace_windows(trace)
+    totals: dict[str, list[float]] = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
+            continue
+        ts = float(e.get("ts", 0.0))
+        if not any(lo <= ts < hi for lo, hi in windows):
+            continue
+        entry = totals.setdefault(str(e.get("name", "?"))[:120], [0.0, 0.0])
+        entry[0] += float(e.get("dur", 0.0)) / 1e3
+        entry[1] += 1
+    steps = max(1, n_steps)
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return [[name, ms / steps, count / steps] for name, (ms, count) in ranked]
+
+
 def trace_windows(trace: dict, prefix: str = STEP_MARK) -> list[tuple[float, float]]:
     """The CPU ranges ``record_function(f"{prefix}{j}")`` marked, ordered by ``j``."""
     found = {}
@@ -370,4 +390,37 @@ def host_time_breakdown(trace: dict, *, prefix: str = PHASE_PREFIX, top: int = 1
         "by_phase": by_phase,
         "top_cpu_ops": _top(overlap_by_name(idle, ops), n, top),
         "top_runtime": _top(overlap_by_name(idle, runtime), n, top),
+        "longest_gaps": longest_gaps(idle, phases, ops, top=top),
     }
+
+
+def longest_gaps(
+    idle: list[tuple[float, float]],
+    phases: list[tuple[float, float, str]],
+    ops: list[tuple[float, float, str, Any]],
+    *,
+    top: int = 10,
+) -> list[dict]:
+    """The ``top`` longest GPU-idle gaps of the profiled steps, each with its length (ms), the innermost phase open
+    when it starts, and the outermost CPU ops running at its start and at its end (what the host was doing while
+    the GPU waited, and what ended the wait)."""
+
+    def innermost_phase(t: float) -> str | None:
+        open_ = [(s, e, name) for s, e, name in phases if s <= t < e]
+        return max(open_, key=lambda r: r[0])[2] if open_ else None
+
+    def op_at(t: float) -> str | None:
+        names = [name for s, e, name, _ in ops if s <= t < e]
+        return names[0][:100] if names else None
+
+    out = []
+    for start, end in sorted(idle, key=lambda g: g[0] - g[1])[:top]:
+        out.append(
+            {
+                "ms": (end - start) / 1e3,
+                "phase": innermost_phase(start),
+                "op_at_start": op_at(start),
+                "op_at_end": op_at(max(start, end - 1.0)),
+            }
+        )
+    return out

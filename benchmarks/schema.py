@@ -21,8 +21,18 @@ EAGER = "eager"
 CONTROL = "eager_repeat"
 #: Variants without graphs (no capture time, no graph memory).
 UNGRAPHED = (EAGER, CONTROL)
+#: Ours and the speed levers of issue #18, each measured against it: variant -> what it changes from the product's
+#: defaults (``ours``: one vision graph over the whole layer stack per budget, the optimizer stepping eagerly).
+OURS_VARIANTS: dict[str, dict[str, Any]] = {
+    "ours": {},
+    # The first version's vision graphs: one per layer per budget.
+    "ours_per_layer": {"vision_graph_unit": "layer"},
+    # Bridge's optimizer graph on top (optimizer.optimizer_cuda_graph=true: capturable FusedAdam + megatron-core's
+    # OptimizerCudaGraphWrapper), opt-in: its kernel rounds 1-2 ulps from the default one.
+    "ours_optgraph": {"optimizer_graph": True},
+}
 #: Variants whose loss drift is judged against the noise floor.
-GRAPHED = ("upstream", "ours")
+GRAPHED = ("upstream", *OURS_VARIANTS)
 #: Every variant, in the order they run: eager first (the reference), the graphed ones, the control last.
 VARIANTS = (EAGER, *GRAPHED, CONTROL)
 
@@ -34,6 +44,11 @@ INCOMPLETE = "incomplete"
 #: A variant's (or a configuration's) outcome.
 OK = "ok"
 FAILED = "failed"
+
+
+def is_ours(variant: str) -> bool:
+    """Whether ``variant`` is built by this plugin (``ours`` or one of its levers)."""
+    return variant in OURS_VARIANTS
 
 
 def json_safe(value: Any) -> Any:

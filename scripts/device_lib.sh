@@ -26,3 +26,12 @@ table() {
   sort -k1,1 "$LOGS/steps.txt" | while read -r n r s; do printf '%-28s %5s %6s\n' "$n" "$r" "$s"; done
   for f in "$LOGS"/*.log; do echo "== tail $(basename "$f")"; tail -n 6 "$f"; done | cut -c1-300
 }
+
+# What every call's script did first (runs 18-29 repeated these lines): the plugin's wheel, offline Hugging Face,
+# and the GPU and stack versions into $LOGS.
+prologue() {
+  python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | grep -v -i warn
+  export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$LOGS/gpu.txt"
+  python3 -c "import torch, transformer_engine, megatron.core, megatron.bridge as b; print(torch.__version__, transformer_engine.__version__, megatron.core.__version__, b.__version__)" >"$LOGS/versions.txt" 2>&1
+}

@@ -140,9 +140,12 @@ def test_phase_markers_mark_a_real_step_and_leave_nothing_behind(tmp_path):
 def test_run_order_puts_eager_first_and_the_control_last():
     assert bench.run_order(["ours", "eager_repeat", "upstream"]) == ["eager", "ours", "upstream", "eager_repeat"]
     assert bench.run_order(["ours"]) == ["eager", "ours"]
-    assert bench.run_order(bench.VARIANTS) == ["eager", "upstream", "ours", "eager_repeat"]
+    assert bench.run_order(bench.DEFAULT_VARIANTS) == ["eager", "upstream", "ours", "eager_repeat"]
     with pytest.raises(ValueError, match="unknown variants"):
         bench.run_order(["eager", "fast"])
+    # ours' speed levers run where they are named, in the order given, between eager and the control
+    levers = ["upstream", "ours", "ours_per_layer", "ours_optgraph", "eager_repeat"]
+    assert bench.run_order(levers) == ["eager", *levers]
 
 
 def test_select_variants_adds_or_removes_the_control():
@@ -212,12 +215,17 @@ def test_run_config_runs_the_control_last_and_reports_progress(monkeypatch):
 
 
 def test_run_plan_times_the_graphed_variants_again_in_reverse_after_the_control():
-    assert bench.run_plan(bench.VARIANTS, 1) == [(v, 1) for v in ("eager", "upstream", "ours", "eager_repeat")]
-    assert bench.run_plan(bench.VARIANTS, 2)[4:] == [("ours", 2), ("upstream", 2)]
-    assert bench.run_plan(bench.VARIANTS, 3)[4:] == [("ours", 2), ("upstream", 2), ("upstream", 3), ("ours", 3)]
+    assert bench.run_plan(bench.DEFAULT_VARIANTS, 1) == [(v, 1) for v in ("eager", "upstream", "ours", "eager_repeat")]
+    assert bench.run_plan(bench.DEFAULT_VARIANTS, 2)[4:] == [("ours", 2), ("upstream", 2)]
+    assert bench.run_plan(bench.DEFAULT_VARIANTS, 3)[4:] == [
+        ("ours", 2),
+        ("upstream", 2),
+        ("upstream", 3),
+        ("ours", 3),
+    ]
     assert bench.run_plan(["eager", "ours"], 2) == [("eager", 1), ("ours", 1), ("ours", 2)]
     with pytest.raises(ValueError, match="rounds must be >= 1"):
-        bench.run_plan(bench.VARIANTS, 0)
+        bench.run_plan(bench.DEFAULT_VARIANTS, 0)
 
 
 def _run_tiny_config_with(monkeypatch, fake_run_variant, **kwargs) -> dict:
@@ -438,3 +446,14 @@ def test_a_nan_step_is_not_reported_as_no_difference():
     with pytest.raises(bench.NonFiniteStepError, match="grad norm"):
         bench.require_finite([1.0], [float("inf")])
     bench.require_finite([1.0, 2.0], [0.5, 0.5])
+
+
+def test_lever_pairs_are_two_different_variants_of_ours():
+    assert bench.parse_lever_pairs("ours_per_layer:ours, ours:ours_optgraph") == [
+        ("ours_per_layer", "ours"),
+        ("ours", "ours_optgraph"),
+    ]
+    assert bench.parse_lever_pairs("") == []
+    for bad in ("ours", "ours:ours", "upstream:ours", "ours:fast"):
+        with pytest.raises(ValueError, match="--lever-pairs"):
+            bench.parse_lever_pairs(bad)

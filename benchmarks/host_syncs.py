@@ -1,0 +1,68 @@
+"""Where a training step makes the host wait for the GPU (issue #18: "the remaining host syncs").
+
+A graphed step is fast only while the host runs ahead of the GPU: each wait drains the GPU's queue, and the GPU then
+idles until the host has launched the next work. The profiler counts the waits (``cudaStreamSynchronize``: 38 per
+step of ours at micro-batch 1, sequence 2048, 2026-11-29) but not who asked for them. torch's sync debug mode does:
+it warns at every synchronizing call (``.item()``, ``.tolist()``, ``.cpu()``, a boolean-mask index, a
+``nonzero``...) from the Python frame that made it, and :func:`census` records each warning's Python stack.
+
+A site is the innermost frame outside torch itself (the line of Megatron, Bridge, TE or this plugin that asked),
+with its two callers for context. The synchronize calls the benchmark itself makes around a step are not in it:
+those are ``torch.cuda.synchronize``, which sync debug mode does not report.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+#: Frames under these path parts are torch's own (the op, not who called it).
+_TORCH_PARTS = (f"{os.sep}torch{os.sep}", f"{os.sep}contextlib.py", f"{os.sep}warnings.py")
+
+
+def _site(stack: list[traceback.FrameSummary]) -> str:
+    frames = [f for f in stack if not any(part in f.filename for part in _TORCH_PARTS)]
+    frames = [f for f in frames if not f.filename.endswith("host_syncs.py")]
+    chain = frames[-3:]
+    return " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(chain)) or "(no Python frame)"
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    here = os.getcwd() + os.sep
+    return path[len(here) :] if path.startswith(here) else path
+
+
+def census(fn: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``fn`` once under ``torch.cuda.set_sync_debug_mode("warn")``; ``{"total": n, "sites": [[site, count],
+    ...]}``, most frequent first."""
+    import torch
+
+    counts: collections.Counter[str] = collections.Counter()
+    original = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            counts[_site(traceback.extract_stack()[:-1])] += 1
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            warnings.showwarning = original
+    return {"total": sum(counts.values()), "sites": [[site, n] for site, n in counts.most_common()]}
