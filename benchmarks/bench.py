@@ -9,7 +9,9 @@ For each configuration, in one process on one GPU under pure M4 process groups
    ``vision_cuda_graph_impl="transformer_engine"``, and the helpers built exactly as Megatron-Bridge 0.6.2's
    ``train()`` builds them (``train.py:268-303``): megatron-core's ``TECudaGraphHelper`` and
    ``VisionTECudaGraphHelper`` under the language collection, with Megatron's global micro-batch calculator;
-3. ``ours``: :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision);
+3. ``ours``: :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision), and,
+   where ``--variants`` names them, ours' speed levers (:data:`benchmarks.schema.OURS_VARIANTS`): ``ours_per_layer``
+   (one vision graph per layer, the first version) and ``ours_optgraph`` (+ Bridge's optimizer graph);
 4. ``eager_repeat`` (the control; ``--no-control`` skips it): eager again, built and run exactly like ``eager``
    (same provider, initial weights, batches and step plan), last, so it also runs in the process state the graphed
    variants left. Its differences from eager (every step's loss, the fixed batch, the grad norms) are the run-to-run
