@@ -157,3 +157,19 @@ def test_host_time_breakdown_needs_step_windows():
 
 
 # ------------------------------------------------------------------------------------------ phase markers (CPU)
+
+
+def test_top_kernels_and_longest_gaps_on_the_synthetic_trace():
+    trace = _host_trace()
+    # k3 500 us, k0 200, k1 150, k2 100 over 2 steps; the kernel outside every window is not counted
+    top = bench_trace.top_kernels(trace, 2, top=2)
+    assert top == [["k3", pytest.approx(0.25), 0.5], ["k0", pytest.approx(0.1), 0.5]]
+    out = bench_trace.host_time_breakdown(trace, top=2)
+    gaps = out["longest_gaps"]
+    # Step 0's idle: 0-100, 400-600, 700-1000. The longest, 700-1000, starts inside vision_backward (the innermost
+    # phase open at 700) under the autograd thread's MulBackward0, and its last microsecond is under no op; the
+    # next, 400-600, starts in vision_forward under aten::copy_ (420-580 ends before the gap does).
+    assert [g["ms"] for g in gaps] == pytest.approx([0.3, 0.2])
+    assert gaps[0]["phase"] == "vision_backward" and gaps[0]["op_at_start"].endswith("MulBackward0")
+    assert gaps[0]["op_at_end"] is None
+    assert gaps[1]["phase"] == "vision_forward" and gaps[1]["op_at_end"] is None

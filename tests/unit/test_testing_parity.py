@@ -116,3 +116,26 @@ def test_assert_captured():
     ):
         with pytest.raises(AssertionError, match=message):
             assert_captured(stats)
+
+
+def test_optimizer_step_graph_installs_megatron_cores_wrapper_and_undoes_it():
+    """Installed as Bridge's train() installs it; on exit the class-level graph, result and call count are cleared
+    and the optimizer's own step is back (the graph itself is a GPU test)."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
+
+    from bridge_cudagraph.testing.parity import optimizer_step_graph
+
+    class Optimizer:
+        def step(self):
+            return "eager"
+
+    opt = Optimizer()
+    OptimizerCudaGraphWrapper.curr_iteration = 7  # left over from an earlier run in the process
+    with optimizer_step_graph(opt, capture_at=2):
+        assert isinstance(opt.step, OptimizerCudaGraphWrapper)
+        assert opt.step.cuda_graph_warmup_steps == 2 and OptimizerCudaGraphWrapper.curr_iteration == 0
+        OptimizerCudaGraphWrapper.result = ("held",)
+    assert opt.step() == "eager"
+    assert OptimizerCudaGraphWrapper.cuda_graph is None and OptimizerCudaGraphWrapper.result is None
+    assert OptimizerCudaGraphWrapper.curr_iteration == 0

@@ -1,0 +1,22 @@
+"""Where a host wait is attributed: the innermost frame outside torch, with two callers (CPU)."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+from benchmarks import host_syncs
+
+
+def test_a_site_skips_torch_frames_and_names_two_callers():
+    torch_file = os.path.join("x", "site-packages", "torch", "nn", "modules", "module.py")
+    stack = [
+        traceback.FrameSummary("/work/benchmarks/bench.py", 10, "run"),
+        traceback.FrameSummary("/work/bridge_cudagraph/testing/parity.py", 20, "train_steps"),
+        traceback.FrameSummary(os.path.join("y", "site-packages", "megatron", "core", "m.py"), 30, "forward"),
+        traceback.FrameSummary(torch_file, 40, "_call_impl"),
+    ]
+    site = host_syncs._site(stack)
+    assert site.startswith("megatron/core/m.py:30 forward <- ")
+    assert "parity.py:20 train_steps" in site and "_call_impl" not in site
+    assert host_syncs._site([traceback.FrameSummary(torch_file, 1, "f")]) == "(no Python frame)"
