@@ -71,7 +71,7 @@ class VisionFacts:
     """The vision encoder numbers a plan needs (Qwen3-VL's HF ``vision_config``).
 
     Attributes:
-        depth: Transformer layers of the encoder (one graph each per budget).
+        depth: Transformer layers of the encoder.
         hidden_size: Encoder width ``Hv``.
         num_heads: Encoder attention heads; vision tp must divide them.
         patch_size: Spatial patch edge in pixels.
@@ -423,7 +423,7 @@ class LanguagePlan:
 
 @dataclass(frozen=True, slots=True)
 class VisionPlan:
-    """The vision encoder's graphs: one set of ``depth`` layer graphs per token budget.
+    """The vision encoder's graphs: one set per token budget, of one graph per segment of layers (``segments``).
 
     Attributes:
         enabled: Whether vision graphs are captured.
@@ -440,7 +440,7 @@ class VisionPlan:
         static_inputs: ``(budget, inputs)`` for every budget.
         copies: Independent graph sets, one per micro-batch the first pipeline stage keeps in flight (1 without a
             pipeline; :func:`~bridge_cudagraph.budgets.in_flight_microbatches`).
-        graphs: Graphs on each vision rank: ``len(token_budgets) x copies``, times ``depth`` per layer.
+        graphs: Graphs on each vision rank: ``len(segments) x len(token_budgets) x copies``.
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         graph_unit: What one graph spans: ``deepstack`` (the layers up to each deepstack layer) or ``layer``,
             resolved.

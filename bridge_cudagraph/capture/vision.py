@@ -4,8 +4,9 @@ Upstream's vision graphs (Bridge ``vision_model.py``) pad every micro-batch to o
 ``cu_seqlens`` and pass a padding mask that the encoder's ``no_mask`` attention ignores: images attend to each
 other and to padding, from step 0 (max abs per-token-loss difference 0.06 on a tiny model, DESIGN.md).
 
-Here each vision layer is captured in Qwen3-VL's own eager format - packed THD attention - with the per-image
-boundaries as a *static tensor input*:
+Here the vision layers are captured in Qwen3-VL's own eager format - packed THD attention - with the per-image
+boundaries as a *static tensor input*, one graph per run of layers that ends at a deepstack layer (``graph_unit:
+deepstack``, :func:`~bridge_cudagraph.budgets.vision_segments`) or per layer:
 
 * the patches of a micro-batch (``N``) are padded to the smallest captured budget ``B >= N`` (in patches, the
   unit the layers run on);
@@ -121,7 +122,7 @@ class GraphSet:
     layers: list
     rotary: torch.Tensor
     cu_seqlens: torch.Tensor
-    segments: tuple[tuple[int, int], ...] = ()
+    segments: tuple[tuple[int, int], ...]
     """The layer range ``[start, end)`` each graph of ``layers`` spans (one per layer: ``(i, i + 1)``)."""
 
     @property

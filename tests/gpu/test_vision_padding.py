@@ -117,7 +117,8 @@ def test_vision_graphs_replay_the_padded_eager_computation(world, record):
         # The same layers, eagerly, on the very static inputs the replay reads (same budget, same padding).
         replayed = helper.graphs[budget][0]
         eager_layers = [_PackedVisionLayer(layer, min(budget, MAX_PATCHES)) for layer in vision.decoder.layers]
-        helper.graphs[budget][0] = GraphSet(eager_layers, replayed.rotary, replayed.cu_seqlens)
+        per_layer = tuple((i, i + 1) for i in range(len(eager_layers)))
+        helper.graphs[budget][0] = GraphSet(eager_layers, replayed.rotary, replayed.cu_seqlens, per_layer)
         try:
             padded = loss_and_grads(graphed, batch)
         finally:

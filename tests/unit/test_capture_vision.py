@@ -58,7 +58,7 @@ def test_padded_cu_seqlens_refuses_what_does_not_fit(seqlens, budget, segments):
 
 def test_a_graph_set_loads_a_microbatch_into_the_static_inputs_in_place():
     rotary, cu = torch.full((8, 1, 1, 4), 7.0), torch.full((5,), -1, dtype=torch.int32)
-    graphs = _vision().GraphSet(layers=[], rotary=rotary, cu_seqlens=cu)
+    graphs = _vision().GraphSet(layers=[], rotary=rotary, cu_seqlens=cu, segments=())
     ptrs = (rotary.data_ptr(), cu.data_ptr())
     graphs.load(torch.ones(3, 1, 1, 4), torch.tensor([2, 1]), _layout(8, 3))
     assert (graphs.rotary.data_ptr(), graphs.cu_seqlens.data_ptr()) == ptrs  # what the layers were captured with
