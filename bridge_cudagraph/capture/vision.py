@@ -50,6 +50,7 @@ from bridge_cudagraph.capture.common import (
     check_static_inputs,
     reset_graph_sets,
 )
+from bridge_cudagraph.config import VISION_GRAPH_UNITS
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 
 if TYPE_CHECKING:
@@ -201,8 +202,6 @@ class VisionGraphHelper:
             raise CaptureError(
                 f"vision: the plan's static inputs are for budgets {sorted(self.planned_inputs)}, not {budgets}"
             )
-        from bridge_cudagraph.config import VISION_GRAPH_UNITS
-
         if graph_unit not in VISION_GRAPH_UNITS:
             raise CaptureError(f"vision graph_unit must be one of {list(VISION_GRAPH_UNITS)}, got {graph_unit!r}")
         self.graph_unit = graph_unit
@@ -265,9 +264,9 @@ class VisionGraphHelper:
             param.grad_added_to_main_grad = True
 
     # ------------------------------------------------------------------ capture
-    def _sample_inputs(self, budget: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """Per-layer hidden states, and the rotary embedding and ``cu_seqlens`` all layers share (the static
-        inputs of :class:`GraphSet`)."""
+    def _sample_inputs(self, budget: int, graphs: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Hidden states for each of ``graphs`` graphs, and the rotary embedding and ``cu_seqlens`` all of them
+        share (the static inputs of :class:`GraphSet`)."""
         vm = self.vision_model
         device = torch.cuda.current_device()
         dtype = next(vm.decoder.layers.parameters()).dtype
@@ -279,10 +278,9 @@ class VisionGraphHelper:
         # Warmup values only (every replay writes its own): one real segment as long as replay allows, then padding.
         first = min(budget, self.layout.max_seqlen)
         cu = torch.tensor(self.layout.static_cu_seqlens([0, first], budget), dtype=torch.int32, device=device)
-        layers = len(vm.decoder.layers)
         hidden_states = [
             (torch.randn(budget, 1, hidden, device=device, dtype=dtype) * 0.02).requires_grad_(True)
-            for _ in range(layers)
+            for _ in range(graphs)
         ]
         planned = self.planned_inputs.get(budget, ())
         check_static_inputs(
@@ -314,14 +312,13 @@ class VisionGraphHelper:
         from transformer_engine.pytorch import make_graphed_callables
 
         max_seqlen = min(budget, self.layout.max_seqlen)
-        hidden_states, rotary, cu = self._sample_inputs(budget)
+        hidden_states, rotary, cu = self._sample_inputs(budget, len(self.segments))
         callables = tuple(
             _PackedVisionLayer(layers[start], max_seqlen)
             if end - start == 1
             else _PackedVisionStack(layers[start:end], max_seqlen)
             for start, end in self.segments
         )
-        hidden_states = hidden_states[: len(callables)]
         with get_cuda_rng_tracker().fork() if self.vision_model.config.sequence_parallel else contextlib.nullcontext():
             graphed = make_graphed_callables(
                 callables,
@@ -331,8 +328,6 @@ class VisionGraphHelper:
                 pool=pool,
                 **extra_kwargs,
             )
-        if not isinstance(graphed, tuple | list):
-            graphed = (graphed,)
         return GraphSet(list(graphed), rotary, cu, segments=self.segments)
 
     def graphs_created(self) -> bool:
