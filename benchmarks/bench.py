@@ -109,6 +109,7 @@ from benchmarks.configs import (
     full_configs,
     quick_configs,
 )
+from benchmarks.flops import PEAK_BF16_TFLOPS
 from benchmarks.progress import say
 from benchmarks.schema import (
     CONTROL,
@@ -1061,12 +1062,13 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
         rec["profile"] = profile
     kernel_ms = rec.get("kernel_ms_per_step")
     if kernel_ms and shared.flops_per_step:
-        from benchmarks.flops import mfu, peak_tflops
+        from benchmarks.flops import mfu
 
         profiled = [shared.flops_per_step[i] for i in range(p_first, p_first + shared.profile_steps)]
-        peak = peak_tflops(torch.cuda.get_device_name())
         # The MFU the step would reach if the GPU never waited for the host: the graphs' limit.
-        rec["mfu_at_kernel_time"] = mfu(statistics.fmean(profiled), kernel_ms, peak) if profiled else None
+        rec["mfu_at_kernel_time"] = (
+            mfu(statistics.fmean(profiled), kernel_ms, rec.get("peak_tflops")) if profiled else None
+        )
 
     # Fixed-batch check with the initial weights copied back in (in place: the graphs stay valid).
     _load(model, shared.initial_state, aliases_allowed=variant == "upstream")
@@ -1230,7 +1232,7 @@ def _run_paired(shared: _Shared, names: tuple[str, str] | None = None) -> dict:
 
 def _throughput(shared: _Shared, steps: Iterable[int], times: Sequence[float]) -> dict[str, Any]:
     """Model FLOPs per step, achieved TFLOP/s and MFU (:mod:`benchmarks.flops`) over the timed ``steps``."""
-    from benchmarks.flops import PEAK_BF16_TFLOPS, peak_tflops
+    from benchmarks.flops import peak_tflops
 
     flops = [shared.flops_per_step[i] for i in steps] if shared.flops_per_step else []
     if not flops or not times:
@@ -1241,7 +1243,6 @@ def _throughput(shared: _Shared, steps: Iterable[int], times: Sequence[float]) -
         "model_flops_per_step": statistics.fmean(flops),
         "model_tflops_per_s": tflops,
         "peak_tflops": peak,
-        "peak_tflops_table": dict(PEAK_BF16_TFLOPS),
         "mfu": tflops / peak if peak else None,
     }
 
@@ -1515,6 +1516,7 @@ def _meta(*, measured_steps: int, warmup_steps: int, probe: dict | None, command
         "profiler_probe": probe,
         "profiler_sees_graph_kernels": None if probe is None else probe.get("sees_graph_kernels"),
         "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else None,
+        "peak_tflops_table": dict(PEAK_BF16_TFLOPS),  # the dense BF16 peaks each variant's MFU is taken against
     }
 
 

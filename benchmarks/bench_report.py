@@ -423,7 +423,7 @@ def levers_section(config: dict) -> list[str]:
         if v.get("status") != "ok":
             rows.append([name, LABELS.get(name, name), "failed", *["n/a"] * (len(LEVER_COLUMNS) - 3)])
             continue
-        step, kernel = _num(v.get("step_ms_median")), _num(v.get("kernel_ms_per_step"))
+        step = _num(v.get("step_ms_median"))
         fixed = v.get("fixed_batch") or {}
         rows.append(
             [
@@ -431,11 +431,11 @@ def levers_section(config: dict) -> list[str]:
                 LABELS.get(name, name),
                 fmt_ms(step),
                 f"{base / step:.3f}x" if base and step else "n/a",
-                fmt_ms(kernel),
-                f"{step / kernel:.2f}x" if step and kernel else "n/a",
+                fmt_ms(v.get("kernel_ms_per_step")),
+                _fmt_step_over_kernel(v),
                 fmt_ratio(v.get("gpu_busy_in_profiled_steps")),
-                _fmt_pct(v.get("mfu")),
-                _fmt_pct(v.get("mfu_at_kernel_time")),
+                _pct(v.get("mfu"), 1),
+                _pct(v.get("mfu_at_kernel_time"), 1),
                 _fmt_diff_vs_floor(v, control),
                 fmt_diff(fixed.get("loss_max_abs_diff")),
             ]
@@ -541,9 +541,21 @@ def host_time_section(config: dict, *, target: float = GPU_BUSY_TARGET) -> list[
     return out
 
 
-def _pct(value: Any) -> str:
+def _pct(value: Any, digits: int = 0) -> str:
     x = _num(value)
-    return "n/a" if x is None else f"{100 * x:.0f}%"
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
+    """A variant's median step over its kernel time per step (1.00x is the limit a graph can approach: the GPU
+    never waits for the host); None when either is missing."""
+    step, kernel = _num(variant.get("step_ms_median")), _num(variant.get("kernel_ms_per_step"))
+    return step / kernel if step and kernel else None
+
+
+def _fmt_step_over_kernel(variant: Mapping[str, Any]) -> str:
+    ratio = step_over_kernel(variant)
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
 def _gap_text(gaps: Any) -> str:
@@ -780,17 +792,16 @@ def _work_note(variants: Mapping[str, Any]) -> list[str]:
 
 
 def _limit_note(variants: Mapping[str, Any]) -> list[str]:
-    """Each variant's median step over its kernel time per step (1.00x is the limit a graph can approach: the GPU
-    never waits for the host), next to its GPU busy inside the profiled steps (issue #18's figures)."""
+    """Each variant's :func:`step_over_kernel`, next to its GPU busy inside the profiled steps (issue #18's
+    figures)."""
     parts = []
     for name in ("eager", *GRAPHED):
         v = variants.get(name) or {}
-        step, kernel = _num(v.get("step_ms_median")), _num(v.get("kernel_ms_per_step"))
-        if v.get("status") != "ok" or not step or not kernel:
+        if v.get("status") != "ok" or step_over_kernel(v) is None:
             continue
         inside = _num(v.get("gpu_busy_in_profiled_steps"))
         busy = "" if inside is None else f", busy {inside:.2f} inside the profiled steps"
-        parts.append(f"{name} {step / kernel:.2f}x{busy}")
+        parts.append(f"{name} {_fmt_step_over_kernel(v)}{busy}")
     if not parts:
         return []
     return [f"- Step time over kernel time (the limit is 1.00x): {'; '.join(parts)}."]
@@ -895,9 +906,11 @@ def _summary_row(config: dict) -> list[str]:
         cells += ["n/a"] * 3
     else:
         name, v = fastest
-        step, kernel = _num(v.get("step_ms_median")), _num(v.get("kernel_ms_per_step"))
-        ratio = f"{step / kernel:.2f}x" if step and kernel else "n/a"
-        cells += [f"{name}: {fmt_ms(step)}", f"{fmt_ms(kernel)} ms, {ratio}", _fmt_pct(v.get("mfu"))]
+        cells += [
+            f"{name}: {fmt_ms(v.get('step_ms_median'))}",
+            f"{fmt_ms(v.get('kernel_ms_per_step'))} ms, {_fmt_step_over_kernel(v)}",
+            _pct(v.get("mfu"), 1),
+        ]
     return cells
 
 
@@ -906,11 +919,6 @@ def fastest_ours(variants: Mapping[str, Any]) -> tuple[str, dict] | None:
     ok = [(name, variants[name]) for name in OURS_VARIANTS if (variants.get(name) or {}).get("status") == "ok"]
     ok = [(n, v) for n, v in ok if _num(v.get("step_ms_median"))]
     return min(ok, key=lambda nv: _num(nv[1]["step_ms_median"]) or 0.0) if ok else None
-
-
-def _fmt_pct(value: Any) -> str:
-    x = _num(value)
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 SUMMARY_COLUMNS = (
