@@ -188,9 +188,12 @@ def make_provider(cfg: BenchConfig, cuda_graph=None, **overrides: Any):
     raise ValueError(f"unknown bench model {cfg.model!r}")
 
 
-def ours_graph_config(cfg: BenchConfig, vision_graph_unit: str | None = None):
+def ours_graph_config(
+    cfg: BenchConfig, vision_graph_unit: str | None = None, optimizer_host_cache: bool | None = None
+):
     """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
-    ``vision_graph_unit`` as ``model.cuda_graph.vision.graph_unit`` (None: the product's default)."""
+    ``vision_graph_unit`` as ``model.cuda_graph.vision.graph_unit`` and ``optimizer_host_cache`` as
+    ``model.cuda_graph.optimizer_host_cache`` (None: the product's defaults)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
@@ -203,6 +206,7 @@ def ours_graph_config(cfg: BenchConfig, vision_graph_unit: str | None = None):
         ),
         num_microbatches=cfg.num_microbatches,
         on_capture_error="raise",
+        optimizer_host_cache=optimizer_host_cache,
     )
 
 
@@ -214,8 +218,9 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
     if variant in UNGRAPHED:  # the control is built exactly like eager
         return make_provider(cfg, None, **overrides)
     if is_ours(variant):
-        unit = OURS_VARIANTS[variant].get("vision_graph_unit")
-        return make_provider(cfg, ours_graph_config(cfg, unit), **overrides)
+        lever = OURS_VARIANTS[variant]
+        graphs = ours_graph_config(cfg, lever.get("vision_graph_unit"), lever.get("optimizer_host_cache"))
+        return make_provider(cfg, graphs, **overrides)
     if variant == "upstream":
         # the host class, with cuda_graph_impl="transformer_engine"
         plain = tiny.upstream_provider(make_provider(cfg, None, **overrides))
@@ -752,6 +757,11 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
             micro_batch_size=cfg.micro_batch_size,
             num_microbatches=cfg.num_microbatches,
         )
+        if plan.optimizer_host_cache:  # as the Bridge callback installs it (CudaGraphCallback.on_train_start)
+            from bridge_cudagraph import optimizer_host
+
+            installed = optimizer_host.install(optimizer)
+            objs.setdefault("exits", contextlib.ExitStack()).callback(optimizer_host.uninstall, installed)
         return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global
     # micro-batch calculator megatron-core's helpers read.

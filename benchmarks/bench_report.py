@@ -39,6 +39,7 @@ LABELS = {
     "ours": "ours (bridge_cudagraph)",
     "ours_per_layer": "ours, one vision graph per layer (the first version)",
     "ours_optgraph": "ours + Bridge's optimizer graph",
+    "ours_plain_optimizer": "ours without the optimizer host cache (megatron-core's step as it is)",
 }
 #: A graphed variant's max loss difference vs eager counts as "within the noise floor" when it is at most this many
 #: times eager-vs-eager's. Two runs that are each not bitwise deterministic drift apart chaotically to similar
@@ -1090,6 +1091,7 @@ def render_png(data: dict, path: Path) -> Path | None:
         "ours": "#59a14f",
         "ours_per_layer": "#8cd17d",
         "ours_optgraph": "#2f7d32",
+        "ours_plain_optimizer": "#b07aa1",
     }
     for ax, config in zip(axes[0], configs or [{}], strict=False):
         variants = config.get("variants") or {}

@@ -109,3 +109,20 @@ def apex_gradient_accumulation_fusion_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+
+
+#: The megatron-core and Transformer Engine releases whose optimizer steps :mod:`bridge_cudagraph.optimizer_host`
+#: mirrors (``DistributedOptimizer``'s per-parameter walks, ``FusedAdam.step``'s plain fp32 path), by prefix.
+OPTIMIZER_STEP_MIRRORS = ("0.19.", "2.20.")
+
+
+@functools.cache
+def optimizer_step_is_mirrored() -> bool:
+    """Whether the installed megatron-core and Transformer Engine are the releases of :data:`OPTIMIZER_STEP_MIRRORS`
+    (read from their modules, so a source install counts too). Another release may have changed what those steps
+    do per parameter, so the cache stays off there rather than risk a different step."""
+    import megatron.core
+    import transformer_engine
+
+    core, te = OPTIMIZER_STEP_MIRRORS
+    return str(megatron.core.__version__).startswith(core) and str(transformer_engine.__version__).startswith(te)

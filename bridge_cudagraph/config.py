@@ -201,6 +201,12 @@ class CudaGraphConfig:
     """What a failed capture does: ``eager`` logs one warning with the cause and trains on without graphs;
     ``raise`` stops the run."""
 
+    optimizer_host_cache: bool | None = None
+    """Do the optimizer step's per-parameter host work once instead of on every step
+    (:mod:`bridge_cudagraph.optimizer_host`: the same kernels on the same tensors, bitwise the same step, less Python
+    while the GPU waits). ``None`` turns it on wherever graphs are; ``false`` keeps megatron-core's step as it is. It
+    belongs to the graphed step: ``true`` without graphs is refused."""
+
     @property
     def any_enabled(self) -> bool:
         """Whether either submodule asks for graphs."""
@@ -225,6 +231,16 @@ class CudaGraphConfig:
             raise CudaGraphConfigError(
                 f"{where}.num_microbatches must be an integer >= 1 (or null to derive it), "
                 f"got {self.num_microbatches!r}"
+            )
+        if self.optimizer_host_cache is not None and not isinstance(self.optimizer_host_cache, bool):
+            raise CudaGraphConfigError(
+                f"{where}.optimizer_host_cache must be true, false or null (on wherever graphs are), "
+                f"got {self.optimizer_host_cache!r}"
+            )
+        if self.optimizer_host_cache and not self.any_enabled:
+            raise CudaGraphConfigError(
+                f"{where}.optimizer_host_cache=true caches the graphed step's optimizer work, but no graphs are "
+                f"enabled; set {where}.language.enabled or {where}.vision.enabled to true, or leave it null"
             )
         if self.on_capture_error not in ("eager", "raise"):
             raise CudaGraphConfigError(

@@ -499,6 +499,8 @@ class CapturePlan:
         language: The language graphs.
         vision: The vision graphs, or None for a text-only model.
         on_capture_error: ``eager`` or ``raise``.
+        optimizer_host_cache: The optimizer step's per-parameter host work is cached
+            (:mod:`bridge_cudagraph.optimizer_host`): on wherever graphs are, unless the block turns it off.
     """
 
     facts: ModelFacts
@@ -510,6 +512,7 @@ class CapturePlan:
     language: LanguagePlan
     vision: VisionPlan | None
     on_capture_error: str
+    optimizer_host_cache: bool = False
 
     @property
     def language_layout(self) -> ResolvedLayout:
@@ -543,6 +546,11 @@ class CapturePlan:
         if self.vision is not None:
             lines += _describe_vision(self.vision, f, self.vision_layout)
         if self.language.enabled or (self.vision is not None and self.vision.enabled):
+            lines.append(
+                "optimizer: the step's per-parameter host work cached (same kernels, same step)"
+                if self.optimizer_host_cache
+                else "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
+            )
             lines.append(
                 f"busiest rank: {self.total_graphs} graphs; a failed capture "
                 + ("trains on eagerly (on_capture_error=eager)" if self.on_capture_error == "eager" else "stops")
@@ -1076,6 +1084,7 @@ def build_plan(
         language=language,
         vision=vision,
         on_capture_error=cfg.on_capture_error,
+        optimizer_host_cache=cfg.any_enabled and cfg.optimizer_host_cache is not False,
     )
 
 

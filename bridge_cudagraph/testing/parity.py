@@ -255,9 +255,15 @@ def diff(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> Diff:
 
 
 def megatron_optimizer(
-    model: list[torch.nn.Module], pg_collection, *, lr: float = 1e-4, optimizer_cuda_graph: bool = False
+    model: list[torch.nn.Module],
+    pg_collection,
+    *,
+    lr: float = 1e-4,
+    optimizer_cuda_graph: bool = False,
+    weight_decay: float = 0.0,
 ):
-    """Bridge's default fine-tuning optimizer: distributed Adam in bf16 with fp32 main params, clip 1.0.
+    """Bridge's default fine-tuning optimizer: distributed Adam in bf16 with fp32 main params, clip 1.0
+    (``weight_decay`` applies to the group megatron-core decays: weights, not biases or norms).
 
     ``optimizer_cuda_graph`` is Bridge's ``optimizer.optimizer_cuda_graph``: megatron-core then builds TE's
     ``FusedAdam`` with ``capturable=True`` (a device learning rate and step, another kernel, 1-2 fp32 ulps from the
@@ -268,7 +274,7 @@ def megatron_optimizer(
         optimizer="adam",
         lr=lr,
         min_lr=lr,
-        weight_decay=0.0,
+        weight_decay=weight_decay,
         bf16=True,
         params_dtype=torch.bfloat16,
         use_distributed_optimizer=True,

@@ -21,7 +21,7 @@ import time
 import torch
 from megatron.bridge.training.callbacks import Callback
 
-from bridge_cudagraph import bridge_loop
+from bridge_cudagraph import bridge_loop, optimizer_host
 from bridge_cudagraph.callback import Phase
 from bridge_cudagraph.host_patches import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
@@ -87,6 +87,7 @@ class Recorder(Callback):
         self.data["bridge_helper_name_installed"] = bridge_helper_installed()
         self.data["model_cuda_graph_impl"] = get_model_config(context.model[0]).cuda_graph_impl
         self.data["parallel_state_untouched_at_start"] = parallel_state_untouched()
+        self.data["optimizer_host_cache"] = optimizer_host.installed(context.optimizer)
         self.data["weights_at_start"] = _fingerprint(context.model)
         handler = signal.getsignal(signal.SIGTERM)  # Bridge's, with train.exit_signal_handler
         self.data["sigterm_handler"] = getattr(handler, "__qualname__", repr(handler))
@@ -112,6 +113,8 @@ class Recorder(Callback):
                 "grad_norm": None if context.grad_norm is None else float(context.grad_norm),
             }
         )
+        # Read at every step: the callback drops the counts with the cache when it releases the graphs.
+        self.data["optimizer_cached_steps"] = optimizer_host.cached_steps(context.optimizer)
         self._snapshot()
         self.flush()
         if iteration == self.args.end_at and self.args.end == "exception":

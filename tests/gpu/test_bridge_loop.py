@@ -272,6 +272,23 @@ def test_callback_captured_after_warmup_and_again_after_resume(runs, record):
     )
 
 
+def test_optimizer_host_cache_steps_every_graphed_run(runs, record):
+    """The callback puts the optimizer host cache on where graphs are (the plan's default) and every step takes it;
+    graphs off leave megatron-core's step as it is. The losses test below is then the cache's parity against Bridge's
+    graphs-off loop too."""
+    runs.on.require_ok()
+    runs.off.require_ok()
+    assert runs.on.data["optimizer_host_cache"] and not runs.off.data["optimizer_host_cache"]
+    counts = runs.on.data["optimizer_cached_steps"]
+    # Adam's first step is the host's (it creates the state); every gradient view and parameter copy is cached.
+    assert counts == {"distributed_optimizer": ITERS, "adam": ITERS - 1}, counts
+    assert runs.off.data["optimizer_cached_steps"] == {"distributed_optimizer": 0, "adam": 0}
+    resumed = _require_resumed(runs, "resumed")
+    after = resumed.data["optimizer_cached_steps"]
+    assert after["distributed_optimizer"] == ITERS - SAVE_AT and after["adam"] >= ITERS - SAVE_AT - 1, after
+    record(graphs_on=counts, resumed=after)
+
+
 def test_both_runs_start_from_the_same_weights(runs):
     # Otherwise a loss difference below would come from the model build, not from the graphs.
     for run in (runs.on, runs.off):

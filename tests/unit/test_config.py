@@ -134,6 +134,8 @@ ERRORS = [
     ({"vision": {"max_images_per_microbatch": 0}}, CudaGraphConfigError, ["max_images_per_microbatch", ">= 1"]),
     ({"num_microbatches": 0}, CudaGraphConfigError, ["cuda_graph.num_microbatches", ">= 1"]),
     ({"on_capture_error": "ignore"}, CudaGraphConfigError, ["on_capture_error", "'eager' or 'raise'"]),
+    ({"optimizer_host_cache": "yes"}, CudaGraphConfigError, ["optimizer_host_cache", "true, false or null"]),
+    ({"optimizer_host_cache": True}, CudaGraphConfigError, ["optimizer_host_cache=true", "no graphs"]),
     # wrong scalar types from YAML
     ({"language": {"enabled": "yes"}}, CudaGraphConfigError, ["cuda_graph.language.enabled", "true or false"]),
     ({"vision": {"tensor_parallel_size": "2"}}, CudaGraphConfigError, ["tensor_parallel_size", "integer"]),

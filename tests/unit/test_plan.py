@@ -456,6 +456,20 @@ class TestDescribe:
         text = plan(facts, both_on(), world=world, gbs=2 * world).describe()
         assert max(map(len, text.splitlines())) <= 119
 
+    def test_optimizer_host_cache_follows_the_graphs_unless_turned_off(self):
+        """On wherever graphs are (the default), off with ``optimizer_host_cache: false`` and with graphs off; the
+        plan says which, above the busiest-rank line."""
+        on = plan(qwen3_vl_8b(), both_on())
+        assert on.optimizer_host_cache
+        assert "optimizer: the step's per-parameter host work cached (same kernels, same step)" in on.describe()
+        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "optimizer_host_cache": False})
+        off = plan(qwen3_8b(), block)
+        assert not off.optimizer_host_cache
+        plain = "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
+        assert off.describe().splitlines()[-2] == plain
+        no_graphs = plan(qwen3_vl_8b(), CudaGraphConfig())
+        assert not no_graphs.optimizer_host_cache and "optimizer:" not in no_graphs.describe()
+
     def test_graphs_off_and_pipeline_lines(self):
         """Off submodules say so; a pipeline lists its stages."""
         off = plan(qwen3_vl_8b(), CudaGraphConfig()).describe()
