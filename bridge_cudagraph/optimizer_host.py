@@ -23,6 +23,7 @@ DTensor or non-fp32 state), so a configuration this module was not written for s
 
 from __future__ import annotations
 
+import abc
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,12 +127,17 @@ def _quantized(optimizer: Any, model_param: torch.Tensor) -> bool:
     return bool(optimizer._is_distopt_quantized_param(model_param) or is_nvfp4tensor(model_param))
 
 
-class CachedShardViews:
+class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for the layout, below)
     """Mixin for one megatron-core 0.19.2 ``DistributedOptimizer``: its per-parameter walks, cached.
 
     Overrides ``_copy_model_grads_to_main_grads``, ``get_grads_for_grad_norm``, ``_copy_main_params_to_model_params``
     and ``zero_grad`` (which only marks the cached gradients stale after the host's own); everything else is the
     host's. Adds one instance attribute, :data:`CACHE`.
+
+    It derives from ``abc.ABC`` as ``MegatronOptimizer`` does: Python allows the ``__class__`` assignment of
+    :func:`~bridge_cudagraph.host_patches.extend_instance_class` only between classes whose instance dict and weakref
+    slots are added on top of the same base, and ``MegatronOptimizer`` adds them on top of ``ABC`` (a plain mixin
+    adds them on top of ``object``: "object layout differs", run 34).
     """
 
     def _bcg_views(self) -> _ShardViews:

@@ -16,7 +16,7 @@ PYT='python3 -m pytest -q -rA -p no:cacheprovider --durations=5'
 ( R t1_optimizer_host 150 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_optimizer_host.json $PYT tests/gpu/test_optimizer_host.py"
   R t3_vision_reference_det 150 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_vision_reference_det.json $PYT tests/gpu/test_bridge_reference.py -k vision"
   R t4_vision_padding_det 120 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_vision_padding_det.json $PYT tests/gpu/test_vision_padding.py" ) &
-( R t2_bridge_loop 260 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop.json $PYT tests/gpu/test_bridge_loop.py" ) &
+( R t2_bridge_loop 300 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop.json $PYT tests/gpu/test_bridge_loop.py" ) &
 wait
 R b1_host_cache_2b 330 "python3 -m benchmarks.bench --out \$LOGS/bench_2b --configs small-mbs1-seq2048 --variants eager,upstream,ours,ours_plain_optimizer --paired-with ours --lever-pairs ours_plain_optimizer:ours"
 python3 - <<'PY'
