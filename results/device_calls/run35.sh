@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Device call of run 35 (2026-12-01, session 11, issue #18): the optimizer host cache
-# Run 34 (the same script) stopped at the first class swap: "object layout differs" (CachedShardViews now derives from ABC).
-# (bridge_cudagraph.optimizer_host, model.cuda_graph.optimizer_host_cache, on by default where graphs are).
-# First the GPU checks, side by side (tiny models): the cache's bit-for-bit test against megatron-core's own step,
-# Bridge's training loop with the cache on through the callback (losses vs graphs off, resume, cached-step counts),
-# and the two deterministic vision checks left from session 10 (never run; they passed in run 34). Then the benchmark alone on
-# the GPU, 2B shape: eager, upstream, ours (cache on), ours_plain_optimizer (cache off), the control, the paired
-# phase upstream vs ours and the paired lever phase ours_plain_optimizer vs ours.
+# Device call of run 35 (2026-12-01, session 11, issue #18): the optimizer host cache (bridge_cudagraph.optimizer_host,
+# model.cuda_graph.optimizer_host_cache, on by default where graphs are). Run 34 (the same steps) stopped at the first
+# class swap, "object layout differs" (CachedShardViews now derives from ABC); its two deterministic vision checks
+# passed there and are not repeated. First the GPU checks, side by side (tiny models): the cache's bit-for-bit test
+# against megatron-core's own step, and Bridge's training loop with the cache on through the callback (losses vs graphs
+# off, resume, cached-step counts). Then the benchmark alone on the GPU, 2B shape: eager, upstream, ours (cache on),
+# ours_plain_optimizer (cache off), the control, the paired phase upstream vs ours and the paired lever phase
+# ours_plain_optimizer vs ours.
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash results/device_calls/run35.sh
 set +e
 export LOGS=/tmp/dl_run35
@@ -14,9 +14,7 @@ source scripts/device_lib.sh
 prologue
 DET=NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
 PYT='python3 -m pytest -q -rA -p no:cacheprovider --durations=5'
-( R t1_optimizer_host 150 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_optimizer_host.json $PYT tests/gpu/test_optimizer_host.py"
-  R t3_vision_reference_det 150 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_vision_reference_det.json $PYT tests/gpu/test_bridge_reference.py -k vision"
-  R t4_vision_padding_det 120 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_vision_padding_det.json $PYT tests/gpu/test_vision_padding.py" ) &
+( R t1_optimizer_host 150 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_optimizer_host.json $PYT tests/gpu/test_optimizer_host.py" ) &
 ( R t2_bridge_loop 300 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop.json $PYT tests/gpu/test_bridge_loop.py" ) &
 wait
 R b1_host_cache_2b 330 "python3 -m benchmarks.bench --out \$LOGS/bench_2b --configs small-mbs1-seq2048 --variants eager,upstream,ours,ours_plain_optimizer --paired-with ours --lever-pairs ours_plain_optimizer:ours"
