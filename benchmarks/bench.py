@@ -728,6 +728,11 @@ def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
     else:
         model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     objs["model"] = model
+    if OURS_VARIANTS.get(variant, {}).get("vision_position_cache") is False:
+        from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+
+        for encoder in (m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)):
+            encoder.position_cache_size = 0
     if shared.initial_state is None:
         shared.initial_state = _snapshot(model)
     else:

@@ -33,6 +33,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours_optgraph": {"optimizer_graph": True},
     # megatron-core's optimizer step as it is (model.cuda_graph.optimizer_host_cache=false): what the cache gives.
     "ours_plain_optimizer": {"optimizer_host_cache": False},
+    # Bridge's per-micro-batch derivation of the vision position indices, weights and rotary rows
+    # (GraphedQwen3VLVisionModel.position_cache_size = 0): what the per-image-size cache gives.
+    "ours_uncached_positions": {"vision_position_cache": False},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

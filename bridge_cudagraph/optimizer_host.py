@@ -3,9 +3,10 @@
 Why: a graphed step is host-bound (issue #18: on the 2B shape the GPU runs 119 ms of kernels in a 177 ms step), and
 the optimizer step is the longest stretch without a kernel. megatron-core 0.19.2's ``DistributedOptimizer.step`` and
 Transformer Engine 2.20's ``FusedAdam.step`` walk every parameter in Python on every step: the main-gradient views
-(``_copy_model_grads_to_main_grads``), the gradients of the norm (``get_grads_for_grad_norm``), Adam's tensor lists
-(``FusedAdam.step``) and one ``copy_`` launch per parameter back into the bf16 buffer
-(``_copy_main_params_to_model_params``), 541 parameters each for Qwen3-VL-2B. Bridge's optimizer graph removes that
+(``_copy_model_grads_to_main_grads``), the gradients of the norm (``get_grads_for_grad_norm``) and of the clip
+(``clip_grad_by_total_norm_fp32``), Adam's tensor lists (``FusedAdam.step``), one ``copy_`` launch per parameter back
+into the bf16 buffer (``_copy_main_params_to_model_params``) and the ``.grad`` resets of ``zero_grad``, 541 parameters
+each for Qwen3-VL-2B. Bridge's optimizer graph removes that
 work too (run 32: the step went from 176.9 to 154.8 ms), but it needs the capturable Adam kernel, 1.5x slower at 2.1B
 parameters and 1-2 ulps off the default one.
 
@@ -57,6 +58,11 @@ class _ShardViews:
         norm_lists: ``grad_norm_group -> the host's get_grads_for_grad_norm list``, taken on a step with
             :attr:`grads_assigned`.
         cached_steps: Steps whose gradient assignment and parameter copy took the cached path.
+        clip_grads: The main gradients ``clip_grad_by_total_norm_fp32`` scales (its ``param.grad.detach()`` of every
+            main param), taken on a step with :attr:`grads_assigned`; None until then.
+        separate_norm_groups: Some parameter is in a separate grad-norm group (megatron-core's MTP): the clip is the
+            host's.
+        grad_params: Every parameter whose ``.grad`` the host's ``zero_grad(set_to_none=True)`` clears.
     """
 
     key: tuple
@@ -66,6 +72,9 @@ class _ShardViews:
     grads_assigned: bool = False
     norm_lists: dict[Any, list[torch.Tensor]] = field(default_factory=dict)
     cached_steps: int = 0
+    clip_grads: list[torch.Tensor] | None = None
+    separate_norm_groups: bool = False
+    grad_params: list[torch.Tensor] = field(default_factory=list)
 
 
 def _buffers_key(optimizer: Any) -> tuple:
@@ -118,7 +127,23 @@ def _build_views(optimizer: Any, key: tuple) -> _ShardViews:
                         world = ranges["gbuf_world_in_bucket"]
                         copy_to.append(buffer.view(-1)[world.start : world.end].data)
                         copy_from.append(shard_main_param)
-    return _ShardViews(key=key, grads=grads, copy_to=copy_to, copy_from=copy_from)
+    from megatron.core.optimizer.optimizer import _get_param_grad_norm_group
+
+    groups = [
+        optimizer.model_float16_groups,
+        optimizer.model_fp32_groups,
+        optimizer.shard_float16_groups,
+        optimizer.shard_fp32_groups,
+        optimizer.shard_fp32_from_float16_groups,
+    ]  # the groups the host's zero_grad walks (distrib_optimizer.py:2576)
+    return _ShardViews(
+        key=key,
+        grads=grads,
+        copy_to=copy_to,
+        copy_from=copy_from,
+        separate_norm_groups=any(_get_param_grad_norm_group(p) is not None for p in optimizer.get_parameters()),
+        grad_params=[p for group_list in groups for group in group_list for p in group],
+    )
 
 
 def _quantized(optimizer: Any, model_param: torch.Tensor) -> bool:
@@ -130,9 +155,9 @@ def _quantized(optimizer: Any, model_param: torch.Tensor) -> bool:
 class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for the layout, below)
     """Mixin for one megatron-core 0.19.2 ``DistributedOptimizer``: its per-parameter walks, cached.
 
-    Overrides ``_copy_model_grads_to_main_grads``, ``get_grads_for_grad_norm``, ``_copy_main_params_to_model_params``
-    and ``zero_grad`` (which only marks the cached gradients stale after the host's own); everything else is the
-    host's. Adds one instance attribute, :data:`CACHE`.
+    Overrides ``_copy_model_grads_to_main_grads``, ``get_grads_for_grad_norm``, ``clip_grad_norm``,
+    ``_copy_main_params_to_model_params`` and ``zero_grad`` (which also marks the cached gradients stale); everything
+    else is the host's. Adds one instance attribute, :data:`CACHE`.
 
     It derives from ``abc.ABC`` as ``MegatronOptimizer`` does: Python allows the ``__class__`` assignment of
     :func:`~bridge_cudagraph.host_patches.extend_instance_class` only between classes whose instance dict and weakref
@@ -172,6 +197,26 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
             cached = views.norm_lists[grad_norm_group] = super().get_grads_for_grad_norm(grad_norm_group)
         return list(cached)
 
+    def clip_grad_norm(self, clip_grad: float):
+        views = self.__dict__.get(CACHE)
+        if views is None or not views.grads_assigned or views.separate_norm_groups or not self.get_parameters():
+            return super().clip_grad_norm(clip_grad)
+        from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+
+        # The host's clip_grad_norm (optimizer.py:374) without a separate grad-norm group: the norm of the cached
+        # list, then clip_grad_by_total_norm_fp32's scale of every main gradient (clip_grads.py:143), whose
+        # per-parameter walk only rebuilds the list of the same gradients.
+        self.grad_norms_by_group = {}
+        grad_norm = get_grad_norm_fp32(
+            self.get_grads_for_grad_norm(), grad_stats_parallel_group=self.get_grad_stats_parallel_group()
+        )
+        if clip_grad > 0.0:
+            self._compute_grad_norms_by_group()
+            if views.clip_grads is None:
+                views.clip_grads = [p.grad.detach() for p in self.get_parameters() if p.grad is not None]
+            _scale_by_total_norm(views.clip_grads, clip_grad, grad_norm)
+        return grad_norm
+
     def _copy_main_params_to_model_params(self) -> None:
         views = self._bcg_views()
         if views.copy_to is None or views.copy_from is None:
@@ -185,9 +230,33 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         views = self.__dict__.get(CACHE)
-        if views is not None:
-            views.grads_assigned = False
-        return super().zero_grad(set_to_none)
+        if views is None or not set_to_none or views.grads is None:
+            if views is not None:
+                views.grads_assigned = False
+            return super().zero_grad(set_to_none)
+        # The host's zero_grad(set_to_none=True) sets every .grad of its five groups that is not None to None.
+        for param in views.grad_params:
+            param.grad = None
+        views.grads_assigned = False
+        return None
+
+
+def _scale_by_total_norm(grads: list[torch.Tensor], max_norm: float, total_norm) -> None:
+    """The scale of megatron-core 0.19.2's ``clip_grad_by_total_norm_fp32`` (clip_grads.py:176-193), on its list of
+    gradients: the same coefficient, kernel and overflow buffer."""
+    from megatron.core.optimizer import clip_grads
+
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    dummy_overflow_buf = torch.zeros(1, dtype=torch.int, device="cuda")
+    if isinstance(clip_coeff, torch.Tensor):
+        clip_coeff.clamp_max_(1.0)
+        clip_grads.multi_tensor_applier(
+            clip_grads.multi_tensor_scale_tensor_impl, dummy_overflow_buf, [grads, grads], clip_coeff
+        )
+    elif clip_coeff < 1.0:
+        clip_grads.multi_tensor_applier(
+            clip_grads.multi_tensor_scale_impl, dummy_overflow_buf, [grads, grads], clip_coeff
+        )
 
 
 # ------------------------------------------------------------------------------------------- TE's FusedAdam

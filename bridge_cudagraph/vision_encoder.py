@@ -44,6 +44,22 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
     ``graph_helper``) and a micro-batch fits a budget; otherwise Bridge's eager forward."""
 
     graph_helper: VisionGraphHelper | None = None
+    position_cache_size: int = 256
+    """Image sizes whose position indices, weights and rotary rows a replaying encoder keeps
+    (:class:`~bridge_cudagraph.vision_positions.GridPositions`); 0 derives them on every micro-batch as Bridge does
+    (the benchmark's lever ``ours_uncached_positions``)."""
+
+    def grid_positions(self):
+        """This encoder's :class:`~bridge_cudagraph.vision_positions.GridPositions`, or None when
+        :attr:`position_cache_size` is 0."""
+        if self.position_cache_size <= 0:
+            return None
+        cache = self.__dict__.get("_grid_positions")
+        if cache is None:
+            from bridge_cudagraph.vision_positions import GridPositions
+
+            cache = self.__dict__["_grid_positions"] = GridPositions(self.position_cache_size)
+        return cache
 
     def forward(self, hidden_states, grid_thw, inference_params=None, extra_block_kwargs=None):
         helper = self.graph_helper
@@ -67,10 +83,16 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
                 f"vision input has {x.size(0)} patch rows but image_grid_thw describes {n} (sum of t*h*w); "
                 "pixel_values and image_grid_thw must come from the same processor call"
             )
-        x = x + self.fast_pos_embed_interpolate(grid)
+        positions = self.grid_positions()
+        if positions is None:
+            x = x + self.fast_pos_embed_interpolate(grid)
+            rotary = self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
+        else:  # the same values, without Bridge's per-image host work for an image size seen before
+            x = x + positions.pos_embeds(self, grid)
+            rotary = positions.rotary(self, grid)
         h = F.pad(x, (0, 0, 0, budget - n))[:, None]
         graphs = helper.graphs[budget][copy]
-        graphs.load(self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2), seqlens, helper.layout)
+        graphs.load(rotary, seqlens, helper.layout)
         helper.before_replay()
         block = self.decoder
         deepstack = []
