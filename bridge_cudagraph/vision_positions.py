@@ -114,8 +114,19 @@ def _derive(model: Any, t: int, h: int, w: int) -> _ImagePositions:
         (dh[None].T * dw[None]).flatten(),
     ]
     table = model.pos_embed.weight
-    idx = torch.tensor([i.tolist() for i in indices], dtype=torch.long, device=table.device)
-    weight = torch.tensor([x.tolist() for x in weights], dtype=table.dtype, device=table.device)
+    idx = _upload([i.tolist() for i in indices], torch.long, table.device)
+    weight = _upload([x.tolist() for x in weights], table.dtype, table.device)
     rows = model.rot_pos_emb(torch.tensor([[t, h, w]]))
     rotary = rows.reshape(rows.shape[0], 1, 1, -1).repeat(1, 1, 1, 2)
     return _ImagePositions(idx=idx, weight=weight, rotary=rotary)
+
+
+def _upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype, device=device)`` without the host waiting for the device: the same host
+    tensor (the lists convert on the host either way), copied from pinned memory as the graphs' ``cu_seqlens`` is.
+    Bridge's pageable upload blocks the host twice per micro-batch; one per new image size here would be 16 waits for
+    eight new sizes (run 36, ``test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times``)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

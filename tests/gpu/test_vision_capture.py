@@ -308,8 +308,10 @@ def _host_syncs(fn) -> int:
 def test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times(world, record):
     """Bridge's position helpers read ``image_grid_thw`` element by element: several host syncs per image on a
     device tensor (136 for eight images on 2026-11-29, H200). The replay path reads the grid once on the host and
-    ships ``cu_seqlens`` back without waiting, so its syncs do not grow with the images: the grid's read and the
-    two uploads of Bridge's ``fast_pos_embed_interpolate`` (``torch.tensor(..., device=...)``) are left."""
+    ships ``cu_seqlens`` back without waiting, so its syncs do not grow with the images. Both micro-batches here are
+    the first of their image sizes, so the position cache (``bridge_cudagraph.vision_positions``) derives and uploads
+    every image's indices and weights: from pinned memory, without a wait (run 36 uploaded them pageable: 16 waits
+    for the eight new sizes against 4 for one)."""
     import torch
 
     from bridge_cudagraph.testing.parity import assert_captured
