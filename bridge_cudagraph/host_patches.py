@@ -25,8 +25,10 @@ Entry (what it rebinds; host version; how it is undone):
   0.19.2; leaving the block.
 * :func:`extend_instance_class`: the class of one host *object* (the language decoder, a megatron-core
   ``TransformerBlock`` or Bridge 0.6.2's ``Qwen3VLTransformerBlock``), given a subclass that puts a mixin in front
-  (the packed-sequence replay, :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`); the host's classes are
-  untouched; :func:`restore_instance_class`.
+  (the packed-sequence replay, :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`), or the optimizer's
+  objects (megatron-core 0.19.2's ``DistributedOptimizer`` and Transformer Engine 2.20's ``FusedAdam``: the
+  optimizer host cache of :mod:`bridge_cudagraph.optimizer_host`, whose ``install`` and ``uninstall`` call these
+  two); the host's classes are untouched; :func:`restore_instance_class`.
 
 Every undo puts back the very object that was there before (``tests/unit/test_host_patches.py`` checks identity).
 Each replacement carries the original under :data:`ORIGINAL`, which is how the install/uninstall pairs find it.
@@ -367,8 +369,10 @@ def extend_instance_class(obj: Any, mixin: type) -> None:
     """Give ``obj`` (one instance) a subclass of its own class with ``mixin`` in front, cached per class.
 
     For a host method with no hook, overridden for one object only: megatron-core 0.19.2's decoder
-    (``TransformerBlock.forward``) for the packed replay. The mixin must add no state of its own, so parameters,
-    buffers, hooks and the state dict are untouched. Undone by :func:`restore_instance_class`.
+    (``TransformerBlock.forward``) for the packed replay, the optimizer's per-parameter walks for the host cache. The
+    mixin must add no state the host saves or reads: parameters, buffers, hooks and state dicts are untouched (the
+    optimizer cache keeps one private instance attribute, dropped on uninstall). Undone by
+    :func:`restore_instance_class`.
     """
     cls = type(obj)
     if issubclass(cls, mixin):
