@@ -656,3 +656,26 @@ def test_process_groups_alive_follows_torch_distributed(tmp_path, monkeypatch):
     finally:
         dist.destroy_process_group()
     assert not _process_groups_alive()
+
+
+def test_the_optimizer_host_cache_goes_on_at_train_start_and_off_with_the_graphs():
+    """The callback puts the cache (``bridge_cudagraph.optimizer_host``) on the run's real optimizer classes when
+    the plan says so (the default where graphs are), and takes it off when it releases the graphs; a plan with
+    ``optimizer_host_cache: false`` leaves the optimizer alone. The instances are bare (their ``__init__`` needs a
+    GPU); the classes are megatron-core's and Transformer Engine's."""
+    import torch  # noqa: F401  (first: Transformer Engine finds NCCL through torch's libraries)
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    from bridge_cudagraph import optimizer_host
+
+    for cache in (None, False):
+        world = _world(_provider(optimizer_host_cache=cache))
+        optimizer = object.__new__(DistributedOptimizer)
+        optimizer.optimizer = object.__new__(FusedAdam)
+        world.context.optimizer = optimizer
+        world.callback.on_train_start(world.context)
+        assert world.plan.optimizer_host_cache is (cache is None)
+        assert optimizer_host.installed(optimizer) is (cache is None), cache
+        world.callback.release_graphs(reason="test")
+        assert type(optimizer) is DistributedOptimizer and type(optimizer.optimizer) is FusedAdam
