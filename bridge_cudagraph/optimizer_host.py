@@ -13,10 +13,11 @@ parameters and 1-2 ulps off the default one.
 What those walks compute is the same on every step: views into the DDP buffers, a list of the same gradient tensors,
 the same tensor lists. The two mixins here compute it once (and again only when a DDP buffer is replaced) and launch
 the same kernels on the same tensors with the same arguments, so a step is bitwise the host's
-(``tests/gpu/test_optimizer_host.py``): only the Python around the kernels goes, and the 541 parameter copies become
-one ``torch._foreach_copy_``. Each overridden method falls back to the host's own where a precondition does not hold
-(precision-aware optimizer, Megatron-FSDP, quantized parameters, bf16 main gradients, capturable or master-weight Adam,
-DTensor or non-fp32 state), so a configuration this module was not written for steps exactly as before.
+(``tests/gpu/test_optimizer_host_step.py``): only the Python around the kernels goes, and the 541 parameter copies
+become one ``torch._foreach_copy_``. Each overridden method falls back to the host's own where a precondition does
+not hold (precision-aware optimizer, Megatron-FSDP, quantized parameters, bf16 main gradients, a separate grad-norm
+group, capturable or master-weight Adam, DTensor or non-fp32 state), so a configuration this module was not written
+for steps exactly as before.
 
 :func:`install` puts the mixins in front of the optimizer objects' classes (one object each, through
 :func:`bridge_cudagraph.host_patches.extend_instance_class`); :func:`uninstall` takes them off and drops the cache.

@@ -1,7 +1,7 @@
 """The optimizer host cache's install on the host's real classes, without a GPU.
 
-The step itself is ``tests/gpu/test_optimizer_host.py``'s: megatron-core's distributed optimizer and TE's FusedAdam
-need CUDA to be built.
+The step itself is ``tests/gpu/test_optimizer_host_step.py``'s: megatron-core's distributed optimizer and TE's
+FusedAdam need CUDA to be built.
 """
 
 from __future__ import annotations
