@@ -306,7 +306,7 @@ class CudaGraphCallback(Callback):
         self.lifecycle: GraphLifecycle | None = None
         self._provider = None
         self._hooks: PreHooks | None = None
-        self._optimizer_host: list = []
+        self._optimizer_host: list[tuple[Any, type]] = []  # what optimizer_host.install changed, for uninstall
         self.releases: list[dict[str, Any]] = []
         """One entry per :meth:`release_graphs` call of a run with graphs: ``reason``, ``time``, ``deleted``
         (submodules whose graphs this call freed) and ``process_groups_alive`` (``torch.distributed`` still

@@ -31,6 +31,7 @@ from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3
 
 if TYPE_CHECKING:
     from bridge_cudagraph.capture.vision import VisionGraphHelper
+    from bridge_cudagraph.vision_positions import GridPositions
 
 
 def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
@@ -49,7 +50,7 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
     (:class:`~bridge_cudagraph.vision_positions.GridPositions`); 0 derives them on every micro-batch as Bridge does
     (the benchmark's lever ``ours_uncached_positions``)."""
 
-    def grid_positions(self):
+    def grid_positions(self) -> GridPositions | None:
         """This encoder's :class:`~bridge_cudagraph.vision_positions.GridPositions`, or None when
         :attr:`position_cache_size` is 0."""
         if self.position_cache_size <= 0:
