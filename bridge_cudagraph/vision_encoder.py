@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
 
+from bridge_cudagraph.vision_positions import GridPositions, rotary_input
+
 if TYPE_CHECKING:
     from bridge_cudagraph.capture.vision import VisionGraphHelper
-    from bridge_cudagraph.vision_positions import GridPositions
 
 
 def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
@@ -57,8 +58,6 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
             return None
         cache = self.__dict__.get("_grid_positions")
         if cache is None:
-            from bridge_cudagraph.vision_positions import GridPositions
-
             cache = self.__dict__["_grid_positions"] = GridPositions(self.position_cache_size)
         return cache
 
@@ -86,11 +85,10 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
             )
         positions = self.grid_positions()
         if positions is None:
-            x = x + self.fast_pos_embed_interpolate(grid)
-            rotary = self.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
+            pos_embeds, rotary = self.fast_pos_embed_interpolate(grid), rotary_input(self.rot_pos_emb(grid))
         else:  # the same values, without Bridge's per-image host work for an image size seen before
-            x = x + positions.pos_embeds(self, grid)
-            rotary = positions.rotary(self, grid)
+            pos_embeds, rotary = positions.positions(self, grid)
+        x = x + pos_embeds
         h = F.pad(x, (0, 0, 0, budget - n))[:, None]
         graphs = helper.graphs[budget][copy]
         graphs.load(rotary, seqlens, helper.layout)

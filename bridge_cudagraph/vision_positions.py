@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["GridPositions"]
+__all__ = ["GridPositions", "rotary_input"]
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,7 @@ class _ImagePositions:
 
 
 class GridPositions:
-    """Per image size, what :meth:`pos_embeds` and :meth:`rotary` need; at most ``max_sizes`` sizes, least recently
-    used out first."""
+    """Per image size, what :meth:`positions` needs; at most ``max_sizes`` sizes, least recently used out first."""
 
     def __init__(self, max_sizes: int = 256) -> None:
         self.max_sizes = max_sizes
@@ -59,9 +58,13 @@ class GridPositions:
             out.append(((t, h, w), entry))
         return out
 
-    def pos_embeds(self, model: Any, grid: torch.Tensor) -> torch.Tensor:
-        """``model.fast_pos_embed_interpolate(grid)`` (vision_model.py:227): the cached indices and weights of every
-        image, concatenated as Bridge's lists are, then Bridge's operations on the learned table."""
+    def positions(self, model: Any, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(model.fast_pos_embed_interpolate(grid), rotary_input(model.rot_pos_emb(grid)))`` for one micro-batch,
+        from one lookup of its image sizes.
+
+        The position embeddings (vision_model.py:227): the cached indices and weights of every image, concatenated as
+        Bridge's lists are, then Bridge's operations on the learned table. The rotary input of the vision graphs:
+        Bridge's rows depend on each patch's position only (``freq_table[pos_ids]``), image after image."""
         images = self._images(model, grid)
         idx = torch.cat([entry.idx for _, entry in images], dim=1)
         weight = torch.cat([entry.weight for _, entry in images], dim=1)
@@ -78,12 +81,13 @@ class GridPositions:
                 .flatten(0, 4)
             )
             permuted.append(pos_embed)
-        return torch.cat(permuted)
+        return torch.cat(permuted), torch.cat([entry.rotary for _, entry in images])
 
-    def rotary(self, model: Any, grid: torch.Tensor) -> torch.Tensor:
-        """``model.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)``, the rotary input of the vision
-        graphs: Bridge's rows depend on each patch's position only (``freq_table[pos_ids]``), image after image."""
-        return torch.cat([entry.rotary for _, entry in self._images(model, grid)])
+
+def rotary_input(rows: torch.Tensor) -> torch.Tensor:
+    """Bridge's ``rot_pos_emb`` rows (patches x head dim / 2) in the layout its eager forward feeds the layers and
+    the vision graphs read: patches x 1 x 1 x head dim, the rows repeated along the last dimension."""
+    return rows.reshape(rows.shape[0], 1, 1, -1).repeat(1, 1, 1, 2)
 
 
 def _derive(model: Any, t: int, h: int, w: int) -> _ImagePositions:
@@ -116,8 +120,7 @@ def _derive(model: Any, t: int, h: int, w: int) -> _ImagePositions:
     table = model.pos_embed.weight
     idx = _upload([i.tolist() for i in indices], torch.long, table.device)
     weight = _upload([x.tolist() for x in weights], table.dtype, table.device)
-    rows = model.rot_pos_emb(torch.tensor([[t, h, w]]))
-    rotary = rows.reshape(rows.shape[0], 1, 1, -1).repeat(1, 1, 1, 2)
+    rotary = rotary_input(model.rot_pos_emb(torch.tensor([[t, h, w]])))
     return _ImagePositions(idx=idx, weight=weight, rotary=rotary)
 
 

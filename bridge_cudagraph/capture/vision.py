@@ -52,6 +52,7 @@ from bridge_cudagraph.capture.common import (
 )
 from bridge_cudagraph.config import VISION_GRAPH_UNITS
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+from bridge_cudagraph.vision_positions import rotary_input
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import StaticInput
@@ -274,7 +275,7 @@ class VisionGraphHelper:
         # Two rows of merge blocks: a valid image grid for any budget that is a multiple of merge**2.
         grid = torch.tensor([[1, vm.spatial_merge_size, budget // vm.spatial_merge_size]], device=device)
         with torch.no_grad():
-            rotary = vm.rot_pos_emb(grid).reshape(budget, 1, 1, -1).repeat(1, 1, 1, 2).contiguous()
+            rotary = rotary_input(vm.rot_pos_emb(grid))
         # Warmup values only (every replay writes its own): one real segment as long as replay allows, then padding.
         first = min(budget, self.layout.max_seqlen)
         cu = torch.tensor(self.layout.static_cu_seqlens([0, first], budget), dtype=torch.int32, device=device)

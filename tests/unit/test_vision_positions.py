@@ -65,7 +65,7 @@ def test_cached_positions_are_bridges_bit_for_bit(dtype):
         grid = torch.tensor(images)
         n = int(grid.prod(dim=1).sum())
         upstream = encoder.fast_pos_embed_interpolate(grid)
-        ours = cache.pos_embeds(encoder, grid)
+        ours, rotary = cache.positions(encoder, grid)
         assert ours.shape == upstream.shape == (n, 32) and ours.dtype == upstream.dtype
         assert torch.equal(_bits(ours), _bits(upstream)), images
         probe = torch.randn(n, 32, dtype=dtype)
@@ -73,7 +73,6 @@ def test_cached_positions_are_bridges_bit_for_bit(dtype):
         (g_ours,) = torch.autograd.grad((ours * probe).sum(), encoder.pos_embed.weight)
         assert torch.equal(_bits(g_ours), _bits(g_up)), images
         rotary_up = encoder.rot_pos_emb(grid).reshape(n, 1, 1, -1).repeat(1, 1, 1, 2)
-        rotary = cache.rotary(encoder, grid)
         assert rotary.shape == rotary_up.shape and torch.equal(_bits(rotary), _bits(rotary_up)), images
     assert cache.hits > 0 and cache.misses > 0
     assert len(cache._sizes) == 4  # the least recently used sizes left
@@ -84,9 +83,9 @@ def test_a_changed_table_is_read_not_cached():
     encoder = _encoder(torch.float32)
     cache = GridPositions()
     grid = torch.tensor([(1, 16, 16)])
-    before = cache.pos_embeds(encoder, grid).detach().clone()
+    before = cache.positions(encoder, grid)[0].detach().clone()
     with torch.no_grad():
         encoder.pos_embed.weight.mul_(2.0)
-    after = cache.pos_embeds(encoder, grid)
+    after = cache.positions(encoder, grid)[0]
     assert cache.hits == 1
     assert torch.equal(after, encoder.fast_pos_embed_interpolate(grid)) and not torch.equal(after, before)
