@@ -111,9 +111,15 @@ def apex_gradient_accumulation_fusion_available() -> bool:
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
+def _release(version: str) -> str:
+    """``major.minor.`` of a version string (``0.19.2`` -> ``0.19.``)."""
+    return ".".join(version.split(".")[:2]) + "."
+
+
 #: The megatron-core and Transformer Engine releases whose optimizer steps :mod:`bridge_cudagraph.optimizer_host`
-#: mirrors (``DistributedOptimizer``'s per-parameter walks, ``FusedAdam.step``'s plain fp32 path), by prefix.
-OPTIMIZER_STEP_MIRRORS = ("0.19.", "2.20.")
+#: mirrors (``DistributedOptimizer``'s per-parameter walks, ``FusedAdam.step``'s plain fp32 path), by prefix: the
+#: releases of :data:`TESTED_STACK`.
+OPTIMIZER_STEP_MIRRORS = (_release(TESTED_STACK["megatron-core"]), _release(TESTED_STACK["transformer-engine"]))
 
 
 @functools.cache
