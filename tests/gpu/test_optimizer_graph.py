@@ -17,40 +17,12 @@ bitwise deterministic otherwise).
 
 from __future__ import annotations
 
+import _optimizer_runs as opt_runs
 import pytest
 
 from bridge_cudagraph.plan import plan_for
 
 pytestmark = pytest.mark.gpu
-
-SEQ = 256
-MBS = 2
-STEPS = 30
-IMAGE_SETS = [[[], []], [[(1, 8, 8)], []], [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]]]
-
-
-def _provider(kind: str, graphs: bool):
-    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
-    from bridge_cudagraph.examples import tiny
-
-    if kind == "gpt":
-        cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True)) if graphs else None
-        return tiny.tiny_gpt_provider(cfg)
-    cfg = None
-    if graphs:
-        cfg = CudaGraphConfig(
-            language=LanguageGraphConfig(enabled=True),
-            vision=VisionGraphConfig(enabled=True, token_budgets=[256, 512, 1024], max_images_per_microbatch=8),
-        )
-    return tiny.tiny_qwen3_vl_provider(cfg)
-
-
-def _steps(kind: str):
-    from bridge_cudagraph.examples.data import gpt_batch, qwen3_vl_batch
-
-    if kind == "gpt":
-        return [[gpt_batch(MBS, SEQ, seed=100 + i)] for i in range(STEPS)]
-    return [[qwen3_vl_batch(IMAGE_SETS[i % len(IMAGE_SETS)], SEQ, seed=100 + i)] for i in range(STEPS)]
 
 
 def _run(world, kind: str, *, graphs: bool, capturable: bool, optimizer_graph: bool, initial=None):
@@ -62,7 +34,7 @@ def _run(world, kind: str, *, graphs: bool, capturable: bool, optimizer_graph: b
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.testing.parity import megatron_optimizer, optimizer_step_graph, train_steps
 
-    provider = _provider(kind, graphs)
+    provider = opt_runs.provider(kind, graphs)
     model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     if initial is None:
         initial = [copy.deepcopy(chunk.state_dict()) for chunk in model]
@@ -73,7 +45,7 @@ def _run(world, kind: str, *, graphs: bool, capturable: bool, optimizer_graph: b
     warmup = provider.cuda_graph_warmup_steps
     helpers = []
     if graphs:
-        plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+        plan = plan_for(provider, world_size=1, micro_batch_size=opt_runs.MBS, num_microbatches=1)
         helpers = provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
 
     def capture(i):
@@ -85,7 +57,7 @@ def _run(world, kind: str, *, graphs: bool, capturable: bool, optimizer_graph: b
     wrap = optimizer_step_graph(optimizer, capture_at=warmup) if optimizer_graph else contextlib.nullcontext()
     with wrap:
         losses = train_steps(
-            model, optimizer, _steps(kind), pg_collection=world.language, on_step=capture, grad_norms=norms
+            model, optimizer, opt_runs.steps(kind), pg_collection=world.language, on_step=capture, grad_norms=norms
         )
     from bridge_cudagraph.testing.parity import assert_captured
 

@@ -13,6 +13,7 @@ paths start from one state and launch the same kernels.
 
 from __future__ import annotations
 
+import _optimizer_runs as opt_runs
 import pytest
 import torch
 
@@ -20,30 +21,8 @@ from bridge_cudagraph.plan import plan_for
 
 pytestmark = pytest.mark.gpu
 
-SEQ = 256
-MBS = 2
-STEPS = 30
 LRS = (3e-4, 1e-4, 5e-5)  # a different learning rate on consecutive steps: a cached value would show
 CLIPS = (1e-3, 1e6)  # clip_grad: clips every gradient / never clips
-IMAGE_SETS = [[[], []], [[(1, 8, 8)], []], [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]]]
-
-
-def _provider(kind: str):
-    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
-    from bridge_cudagraph.examples import tiny
-
-    if kind == "gpt":
-        return tiny.tiny_gpt_provider(CudaGraphConfig(language=LanguageGraphConfig(enabled=True)))
-    vision = VisionGraphConfig(enabled=True, token_budgets=[256, 512, 1024], max_images_per_microbatch=8)
-    return tiny.tiny_qwen3_vl_provider(CudaGraphConfig(language=LanguageGraphConfig(enabled=True), vision=vision))
-
-
-def _steps(kind: str):
-    from bridge_cudagraph.examples.data import gpt_batch, qwen3_vl_batch
-
-    if kind == "gpt":
-        return [[gpt_batch(MBS, SEQ, seed=100 + i)] for i in range(STEPS)]
-    return [[qwen3_vl_batch(IMAGE_SETS[i % len(IMAGE_SETS)], SEQ, seed=100 + i)] for i in range(STEPS)]
 
 
 def _state(targets) -> tuple[dict[str, torch.Tensor], list]:
@@ -117,10 +96,10 @@ def test_cached_step_is_the_host_step_bit_for_bit(world, record, kind):
     from bridge_cudagraph.host_patches import extend_instance_class, restore_instance_class
     from bridge_cudagraph.testing.parity import assert_captured, megatron_optimizer, train_steps
 
-    provider = _provider(kind)
+    provider = opt_runs.provider(kind)
     model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     optimizer = megatron_optimizer(model, world.language, weight_decay=0.1)
-    plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    plan = plan_for(provider, world_size=1, micro_batch_size=opt_runs.MBS, num_microbatches=1)
     assert plan.optimizer_host_cache, "the plan's default must turn the cache on where graphs are"
     helpers = provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     targets = optimizer_host.install(optimizer)
@@ -165,7 +144,7 @@ def test_cached_step_is_the_host_step_bit_for_bit(world, record, kind):
 
     optimizer.step = twin_step
     try:
-        losses = train_steps(model, optimizer, _steps(kind), pg_collection=world.language, on_step=capture)
+        losses = train_steps(model, optimizer, opt_runs.steps(kind), pg_collection=world.language, on_step=capture)
     finally:
         del optimizer.step
     counts = optimizer_host.cached_steps(optimizer)
@@ -186,10 +165,10 @@ def test_cached_step_is_the_host_step_bit_for_bit(world, record, kind):
         last_loss=losses[-1],
         grad_norms=[row["grad_norm"][1] for row in log],
     )
-    assert len(log) == STEPS
+    assert len(log) == opt_runs.STEPS
     assert not bad, f"{len(bad)} steps differ; first: step {bad[0]['step']}: {bad[0]['differences'][:5]}"
     assert all(row["success"] == (True, True) for row in log)
     assert all(row["grad_norm"][0] == row["grad_norm"][1] and row["grad_norm"][0] > 0 for row in log)
     assert all(torch.isfinite(torch.tensor(losses))), losses
-    assert sum(row["clipped"] for row in log) >= STEPS // len(CLIPS)
-    assert counts == {"distributed_optimizer": STEPS, "adam": STEPS - 1}, counts
+    assert sum(row["clipped"] for row in log) >= opt_runs.STEPS // len(CLIPS)
+    assert counts == {"distributed_optimizer": opt_runs.STEPS, "adam": opt_runs.STEPS - 1}, counts
