@@ -67,12 +67,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import gzip
 import json
 import logging
 import math
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -93,6 +95,7 @@ from benchmarks.bench_trace import (
     STEP_MARK,
     gpu_busy_summary,
     host_time_breakdown,
+    idle_by_python_function,
     kernel_time_per_step,
     top_kernels,
 )
@@ -714,6 +717,9 @@ class _Shared:
     lever_pairs: list[tuple[str, str]] = field(default_factory=list)
     flops_per_step: list[float] = field(default_factory=list)
     """Model FLOPs of every step of the plan (:mod:`benchmarks.flops`), for MFU."""
+    trace_dir: str | None = None
+    """``--profile-stacks``: profile with Python stacks, attribute the GPU-idle time to Python functions
+    (:func:`~benchmarks.bench_trace.idle_by_python_function`) and keep each variant's trace here, gzipped."""
 
 
 def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
@@ -870,17 +876,27 @@ def _capture(variant: str, helpers: list) -> dict:
 
 
 def _profile(
-    shared: _Shared, run_step: Callable[[int], None], first_step: int, *, model=None, optimizer=None
+    shared: _Shared,
+    run_step: Callable[[int], None],
+    first_step: int,
+    *,
+    model=None,
+    optimizer=None,
+    label: str = "variant",
+    stacks: bool = False,
 ) -> tuple[dict, dict]:
     """Profile ``shared.profile_steps`` steps from ``first_step``, with :class:`PhaseMarkers` on ``model`` and
-    ``optimizer`` for those steps only; ``(kernel_time_per_step, host_time_breakdown or {"error": ...})``."""
+    ``optimizer`` for those steps only; ``(kernel_time_per_step, host_time_breakdown or {"error": ...})``. With
+    ``stacks`` (and ``shared.trace_dir``) the profile records Python stacks, the breakdown gains ``python`` (idle
+    time by Python function) and the trace is kept as ``<trace_dir>/trace_<label>.json.gz``."""
     from torch.profiler import ProfilerActivity, profile
 
     n = shared.profile_steps
     markers = PhaseMarkers(model, optimizer) if model is not None else None
+    stacks = stacks and shared.trace_dir is not None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks) as prof:
                 _preroll()
                 for j in range(n):
                     with torch.profiler.record_function(f"{STEP_MARK}{j}"):
@@ -896,6 +912,11 @@ def _profile(
             prof.export_chrome_trace(path)
             with open(path) as f:
                 trace = json.load(f)
+            if stacks:
+                os.makedirs(shared.trace_dir, exist_ok=True)
+                kept = os.path.join(shared.trace_dir, f"trace_{label}.json.gz")
+                with open(path, "rb") as f, gzip.open(kept, "wb") as g:
+                    shutil.copyfileobj(f, g)
     finally:
         if markers is not None:
             markers.remove()
@@ -903,6 +924,8 @@ def _profile(
     kernels["top_kernels"] = top_kernels(trace, n)
     try:
         host = host_time_breakdown(trace)
+        if stacks:
+            host["python"] = idle_by_python_function(trace)
     except Exception as error:  # an analysis aid: never a reason to lose the kernel times
         host = {"error": f"{type(error).__name__}: {error}"[:500]}
     return kernels, host
@@ -1032,7 +1055,15 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
             run_step(i)
     elif shared.profile_steps:
         try:
-            profile, rec["host_time"] = _profile(shared, run_step, p_first, model=model, optimizer=optimizer)
+            profile, rec["host_time"] = _profile(
+                shared,
+                run_step,
+                p_first,
+                model=model,
+                optimizer=optimizer,
+                label=f"{shared.cfg.name}_{variant}",
+                stacks=variant not in UNGRAPHED,  # eager's Python under the profiler's stacks: a trace too large
+            )
         except Exception as error:  # the profiler is a measurement aid, never a reason to lose the timings
             rec["profile_error"] = f"{type(error).__name__}: {error}"[:500]
             say(f"{cfg.name} {variant}: profiling failed: {rec['profile_error']}")
@@ -1368,6 +1399,7 @@ def run_config(
     paired_with: str = PAIRED[1],
     lever_pairs: Sequence[tuple[str, str]] = (),
     on_progress: Callable[[dict], None] | None = None,
+    trace_dir: str | None = None,
 ) -> dict:
     """All variants of one configuration (in :func:`run_plan`); the result dict of ``bench.json``'s ``configs``
     list, with ``status="complete"``. A graphed variant's later rounds go into its record's ``repeat_rounds``
@@ -1399,6 +1431,7 @@ def run_config(
         profiler_sees_graph_kernels=profiler_sees_graph_kernels,
         paired_with=paired_with,
         lever_pairs=list(lever_pairs),
+        trace_dir=trace_dir,
     )
     shared.flops_per_step = _flops_per_step(cfg, shared)
     out["profile_steps"] = profile_steps
@@ -1549,12 +1582,13 @@ def run(
     lever_pairs: Sequence[tuple[str, str]] = (),
     world=None,
     command: str | None = None,
+    profile_stacks: bool = False,
 ) -> dict:
     """Run ``configs`` (objects or names) and write ``bench.json``, ``bench.md`` and ``bench.png`` into ``out_dir``
     (rewritten after every configuration, so a run cut short keeps what it finished). Returns the JSON's content.
 
     ``world``: a :class:`~bridge_cudagraph.testing.world.World` to run in (the GPU tests' session world); by
-    default a one-GPU pure-M4 world is initialised here.
+    default a one-GPU pure-M4 world is initialised here. ``profile_stacks``: ``--profile-stacks``.
     """
     if measured_steps < 1 or warmup_steps < 0:
         raise ValueError("measured_steps must be >= 1 and warmup_steps >= 0")
@@ -1585,6 +1619,7 @@ def run(
     meta["lever_pairs"] = [list(p) for p in lever_pairs]
     meta["noise_floor_control"] = CONTROL in meta["variants"]
     meta["noise_factor"] = bench_report.NOISE_FACTOR
+    meta["profile_stacks"] = profile_stacks
     data = {"meta": meta, "configs": []}
     json_path = out / "bench.json"
 
@@ -1613,6 +1648,7 @@ def run(
                 paired_with=paired_with,
                 lever_pairs=lever_pairs,
                 on_progress=write,
+                trace_dir=str(out) if profile_stacks else None,
             )
         )
         write()
@@ -1662,6 +1698,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--measured-steps", type=int, default=DEFAULT_MEASURED_STEPS)
     parser.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP_STEPS)
     parser.add_argument("--no-profile", action="store_true", help="skip torch.profiler (no GPU-busy fraction)")
+    parser.add_argument(
+        "--profile-stacks",
+        action="store_true",
+        help="profile with Python stacks: the host-time report names the Python functions the GPU waited on, and "
+        "each variant's trace is kept in --out (trace_<config>_<variant>.json.gz; the stacks add host overhead, so "
+        "that run's GPU busy is a lower bound)",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -1800,6 +1843,7 @@ def main(args: Sequence[str] | argparse.Namespace | None = None) -> int:
             paired=not bool(getattr(args, "no_paired", False)),
             paired_with=str(getattr(args, "paired_with", None) or PAIRED[1]),
             lever_pairs=parse_lever_pairs(getattr(args, "lever_pairs", None)),
+            profile_stacks=bool(getattr(args, "profile_stacks", False)),
         )
     finally:
         if owns_world and dist.is_initialized():

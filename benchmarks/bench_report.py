@@ -540,6 +540,24 @@ def host_time_section(config: dict, *, target: float = GPU_BUSY_TARGET) -> list[
             out += [*_table(header, rows), ""]
     if host.get("top_cpu_ops") or host.get("top_runtime"):
         out += ["(-: not among eager's top entries.)", ""]
+    python = host.get("python") or {}
+    for key, what in (("self", "own lines and the C++ ops they call"), ("inclusive", "whole subtree")):
+        rows = [
+            [
+                r.get("thread"),
+                f"`{str(r.get('name')).replace('|', '/')}`",
+                fmt_ms(r.get("idle_ms_per_step")),
+                fmt_count(r.get("calls_per_step")),
+            ]
+            for r in (python.get(key) or [])[:15]
+        ]
+        if rows:
+            out += [
+                f"Ours' GPU-idle time per step by Python function ({key}: its {what}; `--profile-stacks`):",
+                "",
+                *_table(("thread", "Python function", "GPU-idle ms/step", "calls/step"), rows),
+                "",
+            ]
     return out
 
 

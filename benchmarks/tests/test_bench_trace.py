@@ -151,6 +151,51 @@ def test_host_time_breakdown_on_a_synthetic_trace():
     assert gaps["< 10 us"]["gaps_per_step"] == 0
 
 
+def test_idle_by_python_function_splits_idle_time_into_self_and_inclusive():
+    # Step 0's idle time is 0-100, 400-600 and 700-1000 (600 us); step 1 has none.
+    py = "python_function"
+    trace = _host_trace()
+    trace["traceEvents"] += [
+        _x(py, "loop(1): step", 0, 1000, **{"Python id": 1}),
+        _x(py, "model(2): fwd", 0, 450, **{"Python id": 2, "Python parent id": 1}),
+        _x(py, "model(9): helper", 380, 70, **{"Python id": 3, "Python parent id": 2}),
+        _x(py, "model(2): fwd", 450, 200, **{"Python id": 4, "Python parent id": 1}),
+        _x(py, "tree(5): walk", 700, 200, **{"Python id": 5, "Python parent id": 1}),
+        _x(py, "tree(5): walk", 750, 50, **{"Python id": 6, "Python parent id": 5}),  # recursion
+        _x(py, "ddp(7): hook", 650, 150, tid=20, **{"Python id": 1}),  # the autograd thread
+        _x(py, "elsewhere(1): f", 0, 1000, pid=2, **{"Python id": 1}),  # another process: ignored
+        _x(py, "late(1): f", 1200, 100, **{"Python id": 9}),  # in no step window: ignored
+        _x(py, "worker(3): wait", 0, 1000, tid=30, **{"Python id": 1}),  # a thread running no torch op: ignored
+    ]
+    out = bench_trace.idle_by_python_function(trace)
+    assert out["steps"] == 2 and out["idle_ms_per_step"] == pytest.approx(0.3)
+    self_ = {(r["thread"], r["name"]): r["idle_ms_per_step"] for r in out["self"]}
+    assert self_ == pytest.approx(
+        {
+            ("main", "model(2): fwd"): 0.125,  # (100 + 150) / 2 steps
+            ("main", "tree(5): walk"): 0.1,  # 150 outer + 50 inner
+            ("main", "loop(1): step"): 0.05,  # 600 - 150 - 150 - 200
+            ("main", "model(9): helper"): 0.025,
+            ("other", "ddp(7): hook"): 0.05,
+        }
+    )
+    assert sum(v for (thread, _), v in self_.items() if thread == "main") == pytest.approx(out["idle_ms_per_step"])
+    assert out["self"][0]["name"] == "model(2): fwd"  # most idle first
+    incl = {(r["thread"], r["name"]): r for r in out["inclusive"]}
+    assert incl[("main", "loop(1): step")]["idle_ms_per_step"] == pytest.approx(0.3)
+    assert incl[("main", "loop(1): step")]["wall_ms_per_step"] == pytest.approx(0.5)
+    assert incl[("main", "model(2): fwd")]["idle_ms_per_step"] == pytest.approx(0.15)
+    assert incl[("main", "model(2): fwd")]["calls_per_step"] == pytest.approx(1.0)
+    walk = incl[("main", "tree(5): walk")]
+    assert walk["idle_ms_per_step"] == pytest.approx(0.1) and walk["calls_per_step"] == pytest.approx(0.5)
+    assert out["python_events"] == 7
+
+
+def test_idle_by_python_function_needs_step_windows():
+    with pytest.raises(RuntimeError, match="bench_step_"):
+        bench_trace.idle_by_python_function({"traceEvents": []})
+
+
 def test_host_time_breakdown_needs_step_windows():
     with pytest.raises(RuntimeError, match="bench_step_"):
         bench_trace.host_time_breakdown({"traceEvents": [_x("cpu_op", "aten::add", 0, 10)]})
