@@ -322,6 +322,25 @@ def _forward_step(data_iterator, model):
     return out, functools.partial(_loss_func, batch)
 
 
+def prepare_finalize(model: list[torch.nn.Module]) -> None:
+    """Give ``model``'s config megatron-core's ``finalize_model_grads`` and the vision replicas' gradient average, as
+    Bridge's set-up does (``setup.py:577``, then :class:`~bridge_cudagraph.mixin.CudaGraphProviderMixin`'s wrap).
+
+    Once per model: :func:`train_steps` calls it while the config has no function yet. Each call walks every module
+    of the model (to find the encoder), host time Bridge's loop pays once and a step must not (run 37: the harness
+    did it on every call, and the benchmark calls once per step)."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.utils import get_model_config
+
+    from bridge_cudagraph.replicas import install_grad_sync
+    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+
+    config = get_model_config(model[0])
+    if not getattr(config.finalize_model_grads_func, "_bridge_cudagraph_replica_sync", False):
+        config.finalize_model_grads_func = finalize_model_grads
+    install_grad_sync(config, model, GraphedQwen3VLVisionModel)
+
+
 def train_steps(
     model: list[torch.nn.Module],
     optimizer,
@@ -336,17 +355,12 @@ def train_steps(
     ``on_step(i)`` runs before step ``i`` (the place Bridge's loop captures graphs). Returns the loss per step
     (the last pipeline stage's; NaN elsewhere); ``grad_norms``, when a list, receives the optimizer's grad norms.
     """
-    from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
     from megatron.core.utils import get_model_config
 
-    from bridge_cudagraph.replicas import install_grad_sync
-    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
-
     config = get_model_config(model[0])
-    if not getattr(config.finalize_model_grads_func, "_bridge_cudagraph_replica_sync", False):
-        config.finalize_model_grads_func = finalize_model_grads
-    install_grad_sync(config, model, GraphedQwen3VLVisionModel)
+    if config.finalize_model_grads_func is None:
+        prepare_finalize(model)
     forward_backward = get_forward_backward_func(pp_size=pg_collection.pp.size())
     extra = {}
     if pg_collection.pp.size() > 1:
