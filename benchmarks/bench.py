@@ -768,11 +768,14 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
             micro_batch_size=cfg.micro_batch_size,
             num_microbatches=cfg.num_microbatches,
         )
-        if plan.optimizer_host_cache:  # as the Bridge callback installs it (CudaGraphCallback.on_train_start)
-            from bridge_cudagraph import optimizer_host
+        if plan.optimizer_host_cache:  # as the Bridge callback installs them (CudaGraphCallback.on_train_start)
+            from bridge_cudagraph import step_host
+            from bridge_cudagraph.testing.parity import prepare_finalize
 
-            installed = optimizer_host.install(optimizer)
-            objs.setdefault("exits", contextlib.ExitStack()).callback(optimizer_host.uninstall, installed)
+            prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
+            finalize = OURS_VARIANTS[variant].get("finalize_listing") is not False
+            installed = step_host.install(model, optimizer, finalize=finalize)
+            objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
         return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global
     # micro-batch calculator megatron-core's helpers read.

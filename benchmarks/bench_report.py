@@ -41,6 +41,7 @@ LABELS = {
     "ours_optgraph": "ours + Bridge's optimizer graph",
     "ours_plain_optimizer": "ours without the optimizer host cache (megatron-core's step as it is)",
     "ours_uncached_positions": "ours deriving the vision positions per micro-batch, as Bridge does",
+    "ours_walking_finalize": "ours with megatron-core's module walk in every gradient finalisation",
 }
 #: A graphed variant's max loss difference vs eager counts as "within the noise floor" when it is at most this many
 #: times eager-vs-eager's. Two runs that are each not bitwise deterministic drift apart chaotically to similar
@@ -1112,6 +1113,7 @@ def render_png(data: dict, path: Path) -> Path | None:
         "ours_optgraph": "#2f7d32",
         "ours_plain_optimizer": "#b07aa1",
         "ours_uncached_positions": "#9c755f",
+        "ours_walking_finalize": "#d4a6c8",
     }
     for ax, config in zip(axes[0], configs or [{}], strict=False):
         variants = config.get("variants") or {}

@@ -36,6 +36,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # Bridge's per-micro-batch derivation of the vision position indices, weights and rotary rows
     # (GraphedQwen3VLVisionModel.position_cache_size = 0): what the per-image-size cache gives.
     "ours_uncached_positions": {"vision_position_cache": False},
+    # megatron-core's module walk at the end of finalize_model_grads on every step (the step host caches without
+    # bridge_cudagraph.finalize_host): what listing its modules once gives.
+    "ours_walking_finalize": {"finalize_listing": False},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

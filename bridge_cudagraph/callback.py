@@ -56,6 +56,7 @@ from bridge_cudagraph.host_patches import bridge_helper_installed
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan import CapturePlan
+    from bridge_cudagraph.step_host import StepHostCaches
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -306,7 +307,7 @@ class CudaGraphCallback(Callback):
         self.lifecycle: GraphLifecycle | None = None
         self._provider = None
         self._hooks: PreHooks | None = None
-        self._optimizer_host: list[tuple[Any, type]] = []  # what optimizer_host.install changed, for uninstall
+        self._step_host: StepHostCaches | None = None  # what step_host.install changed, for uninstall
         self.releases: list[dict[str, Any]] = []
         """One entry per :meth:`release_graphs` call of a run with graphs: ``reason``, ``time``, ``deleted``
         (submodules whose graphs this call freed) and ``process_groups_alive`` (``torch.distributed`` still
@@ -339,9 +340,9 @@ class CudaGraphCallback(Callback):
             plan = self.plan = plan_finalized(cfg, world_size=_world_size())
         helpers = self._helper_factory(provider, context.model, plan=plan, optimizers=[context.optimizer])
         if plan.optimizer_host_cache:
-            from bridge_cudagraph import optimizer_host
+            from bridge_cudagraph import step_host
 
-            self._optimizer_host = optimizer_host.install(context.optimizer)
+            self._step_host = step_host.install(context.model, context.optimizer)
         warmups = {"language": plan.language.warmup_steps}
         if plan.vision is not None:
             warmups["vision"] = plan.vision.warmup_steps
@@ -405,11 +406,11 @@ class CudaGraphCallback(Callback):
         when the loop raises. Never raises for a failing delete (logged by :meth:`GraphLifecycle.teardown`): it runs on
         the way out of a failed run and must not mask that failure.
         """
-        if self._optimizer_host:
-            from bridge_cudagraph import optimizer_host
+        if self._step_host is not None:
+            from bridge_cudagraph import step_host
 
-            optimizer_host.uninstall(self._optimizer_host)
-            self._optimizer_host = []
+            step_host.uninstall(self._step_host)
+            self._step_host = None
         lifecycle = self.lifecycle
         if lifecycle is None:
             return []

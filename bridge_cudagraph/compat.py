@@ -132,3 +132,13 @@ def optimizer_step_is_mirrored() -> bool:
 
     core, te = OPTIMIZER_STEP_MIRRORS
     return str(megatron.core.__version__).startswith(core) and str(transformer_engine.__version__).startswith(te)
+
+
+@functools.cache
+def finalize_walk_is_mirrored() -> bool:
+    """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose ``reset_model_temporary_tensors``
+    (finalize_model_grads.py:316) :mod:`bridge_cudagraph.finalize_host` lists the modules of (its three attribute
+    tests); another release may test others, so the walk stays the host's there."""
+    import megatron.core
+
+    return str(megatron.core.__version__).startswith(_release(TESTED_STACK["megatron-core"]))

@@ -202,10 +202,11 @@ class CudaGraphConfig:
     ``raise`` stops the run."""
 
     optimizer_host_cache: bool | None = None
-    """Do the optimizer step's per-parameter host work once instead of on every step
-    (:mod:`bridge_cudagraph.optimizer_host`: the same kernels on the same tensors, bitwise the same step, less Python
-    while the GPU waits). ``None`` turns it on wherever graphs are; ``false`` keeps megatron-core's step as it is. It
-    belongs to the graphed step: ``true`` without graphs is refused."""
+    """Do the optimizer step's host work once instead of on every step (:mod:`bridge_cudagraph.step_host`: the
+    optimizer's per-parameter walks, :mod:`~bridge_cudagraph.optimizer_host`, and the module walk that ends the
+    gradient finalisation before it, :mod:`~bridge_cudagraph.finalize_host`; the same kernels on the same tensors,
+    bitwise the same step, less Python while the GPU waits). ``None`` turns it on wherever graphs are; ``false`` keeps
+    megatron-core's step as it is. It belongs to the graphed step: ``true`` without graphs is refused."""
 
     @property
     def any_enabled(self) -> bool:

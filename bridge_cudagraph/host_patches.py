@@ -23,6 +23,9 @@ Entry (what it rebinds; host version; how it is undone):
   Bridge 0.6.2's MoE recipes; leaving the block.
 * :func:`explicit_num_microbatches`: ``megatron.core.transformer.cuda_graphs.get_num_microbatches``; megatron-core
   0.19.2; leaving the block.
+* :func:`listed_reset_modules`: ``megatron.core.distributed.finalize_model_grads.reset_model_temporary_tensors``;
+  megatron-core 0.19.2; leaving the block (entered around one model's ``finalize_model_grads`` call by
+  :mod:`bridge_cudagraph.finalize_host`).
 * :func:`extend_instance_class`: the class of one host *object* (the language decoder, a megatron-core
   ``TransformerBlock`` or Bridge 0.6.2's ``Qwen3VLTransformerBlock``), given a subclass that puts a mixin in front
   (the packed-sequence replay, :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`), or the optimizer's
@@ -55,6 +58,7 @@ __all__ = [
     "explicit_num_microbatches",
     "extend_instance_class",
     "from_hf_pretrained_hook",
+    "listed_reset_modules",
     "offline_hub",
     "rebind_bridge_helper",
     "release_graphs_if_training_raises",
@@ -359,6 +363,48 @@ def explicit_num_microbatches(count: int) -> Iterator[None]:
         yield
     finally:
         cuda_graphs.get_num_microbatches = original
+
+
+# ------------------------------------------------------- finalize_model_grads' module walk (megatron-core 0.19.2)
+class _ListedModules:
+    """Stands in for one model chunk inside ``reset_model_temporary_tensors``: its ``modules()`` are a list."""
+
+    def __init__(self, modules: list[Any]) -> None:
+        self._modules_listed = modules
+
+    def modules(self) -> list[Any]:
+        return self._modules_listed
+
+
+@contextlib.contextmanager
+def listed_reset_modules(chunks: list[Any], modules: list[list[Any]]) -> Iterator[None]:
+    """While the block runs, megatron-core's ``reset_model_temporary_tensors`` visits ``modules[i]`` for chunk
+    ``chunks[i]`` instead of walking ``chunks[i].modules()``; a call for any other model walks as before.
+
+    Patches: ``megatron.core.distributed.finalize_model_grads.reset_model_temporary_tensors`` (megatron-core 0.19.2,
+    finalize_model_grads.py:316), the module-level name ``finalize_model_grads`` calls at its end (:675). Why: it
+    walks every module of every chunk on every step (1,028 on Qwen3-VL-2B) while the GPU waits for the optimizer;
+    :mod:`bridge_cudagraph.finalize_host` lists the modules it can act on once. The host's function still runs, on
+    those modules (through :class:`_ListedModules`, which ``get_attr_wrapped_model(chunk, "modules")`` returns as it
+    is). Undone when the block is left.
+    """
+    # The package exports the function finalize_model_grads under its module's name: the module, by its path.
+    host = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    original = host.reset_model_temporary_tensors
+    ids = [id(chunk) for chunk in chunks]
+    listed = [_ListedModules(m) for m in modules]
+
+    def reset_model_temporary_tensors(config: Any, model: list[Any]) -> None:
+        if [id(chunk) for chunk in model] == ids:
+            return original(config, listed)
+        return original(config, model)
+
+    setattr(reset_model_temporary_tensors, ORIGINAL, original)
+    host.reset_model_temporary_tensors = reset_model_temporary_tensors
+    try:
+        yield
+    finally:
+        host.reset_model_temporary_tensors = original
 
 
 # ------------------------------------------------------------------ one host object's class (megatron-core 0.19.2)

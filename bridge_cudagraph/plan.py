@@ -499,8 +499,9 @@ class CapturePlan:
         language: The language graphs.
         vision: The vision graphs, or None for a text-only model.
         on_capture_error: ``eager`` or ``raise``.
-        optimizer_host_cache: The optimizer step's per-parameter host work is cached
-            (:mod:`bridge_cudagraph.optimizer_host`): on wherever graphs are, unless the block turns it off.
+        optimizer_host_cache: The step's host caches are on (:mod:`bridge_cudagraph.step_host`: the optimizer's
+            per-parameter walks and the gradient finalisation's module walk): on wherever graphs are, unless the
+            block turns them off.
     """
 
     facts: ModelFacts
@@ -547,7 +548,7 @@ class CapturePlan:
             lines += _describe_vision(self.vision, f, self.vision_layout)
         if self.language.enabled or (self.vision is not None and self.vision.enabled):
             lines.append(
-                "optimizer: the step's per-parameter host work cached (same kernels, same step)"
+                "optimizer: the step's per-parameter and per-module host work cached (same kernels, same step)"
                 if self.optimizer_host_cache
                 else "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
             )

@@ -20,8 +20,9 @@ import time
 
 import torch
 from megatron.bridge.training.callbacks import Callback
+from megatron.core.utils import get_model_config
 
-from bridge_cudagraph import bridge_loop, optimizer_host
+from bridge_cudagraph import bridge_loop, finalize_host, optimizer_host
 from bridge_cudagraph.callback import Phase
 from bridge_cudagraph.host_patches import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
@@ -115,6 +116,7 @@ class Recorder(Callback):
         )
         # Read at every step: the callback drops the counts with the cache when it releases the graphs.
         self.data["optimizer_cached_steps"] = optimizer_host.cached_steps(context.optimizer)
+        self.data["finalize_listed"] = finalize_host.installed(get_model_config(context.model[0]))
         self._snapshot()
         self.flush()
         if iteration == self.args.end_at and self.args.end == "exception":

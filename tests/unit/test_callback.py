@@ -667,15 +667,24 @@ def test_the_optimizer_host_cache_goes_on_at_train_start_and_off_with_the_graphs
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from transformer_engine.pytorch.optimizers import FusedAdam
 
-    from bridge_cudagraph import optimizer_host
+    from bridge_cudagraph import finalize_host, optimizer_host
+
+    def finalize(*args, **kwargs):  # stands in for Bridge's partial(finalize_model_grads, ...)
+        return None
 
     for cache in (None, False):
-        world = _world(_provider(optimizer_host_cache=cache))
+        provider = _provider(optimizer_host_cache=cache)
+        provider.finalize_model_grads_func = finalize
+        world = _world(provider)
         optimizer = object.__new__(DistributedOptimizer)
         optimizer.optimizer = object.__new__(FusedAdam)
         world.context.optimizer = optimizer
         world.callback.on_train_start(world.context)
         assert world.plan.optimizer_host_cache is (cache is None)
         assert optimizer_host.installed(optimizer) is (cache is None), cache
+        # The finalisation's module walk goes with it (bridge_cudagraph.step_host).
+        assert finalize_host.installed(provider) is (cache is None), cache
+        assert (provider.finalize_model_grads_func is finalize) is (cache is not None)
         world.callback.release_graphs(reason="test")
         assert type(optimizer) is DistributedOptimizer and type(optimizer.optimizer) is FusedAdam
+        assert provider.finalize_model_grads_func is finalize

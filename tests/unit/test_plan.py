@@ -461,7 +461,8 @@ class TestDescribe:
         plan says which, above the busiest-rank line."""
         on = plan(qwen3_vl_8b(), both_on())
         assert on.optimizer_host_cache
-        assert "optimizer: the step's per-parameter host work cached (same kernels, same step)" in on.describe()
+        line = "optimizer: the step's per-parameter and per-module host work cached (same kernels, same step)"
+        assert line in on.describe()
         block = cuda_graph_config_from_dict({"language": {"enabled": True}, "optimizer_host_cache": False})
         off = plan(qwen3_8b(), block)
         assert not off.optimizer_host_cache
