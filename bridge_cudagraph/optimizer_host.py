@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,15 @@ import torch
 from bridge_cudagraph import compat
 from bridge_cudagraph.host_patches import extend_instance_class, restore_instance_class
 
-__all__ = ["CachedAdamLists", "CachedShardViews", "cached_steps", "install", "installed", "uninstall"]
+__all__ = [
+    "CachedAdamLists",
+    "CachedChainedStep",
+    "CachedShardViews",
+    "cached_steps",
+    "install",
+    "installed",
+    "uninstall",
+]
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -63,6 +72,7 @@ class _ShardViews:
             main param), taken on a step with :attr:`grads_assigned`; None until then.
         separate_norm_groups: Some parameter is in a separate grad-norm group (megatron-core's MTP): the clip is the
             host's.
+        has_params: ``get_parameters()`` is not empty (a chained step skips the clip of an empty optimizer).
         grad_params: Every parameter whose ``.grad`` the host's ``zero_grad(set_to_none=True)`` clears.
     """
 
@@ -75,6 +85,7 @@ class _ShardViews:
     cached_steps: int = 0
     clip_grads: list[torch.Tensor] | None = None
     separate_norm_groups: bool = False
+    has_params: bool = True
     grad_params: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -143,6 +154,7 @@ def _build_views(optimizer: Any, key: tuple) -> _ShardViews:
         copy_to=copy_to,
         copy_from=copy_from,
         separate_norm_groups=any(_get_param_grad_norm_group(p) is not None for p in optimizer.get_parameters()),
+        has_params=bool(optimizer.get_parameters()),
         grad_params=[p for group_list in groups for group in group_list for p in group],
     )
 
@@ -198,24 +210,35 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
             cached = views.norm_lists[grad_norm_group] = super().get_grads_for_grad_norm(grad_norm_group)
         return list(cached)
 
-    def clip_grad_norm(self, clip_grad: float):
+    def get_grad_norm(self):
         views = self.__dict__.get(CACHE)
-        if views is None or not views.grads_assigned or views.separate_norm_groups or not self.get_parameters():
-            return super().clip_grad_norm(clip_grad)
-        from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+        if views is None or not views.grads_assigned:
+            return super().get_grad_norm()
+        # The host's get_grad_norm (optimizer.py:353): get_grad_norm_fp32 of the norm list, whose per-gradient
+        # DTensor checks find none in the cached list (plain views into the DDP buffers).
+        return _l2_norm(self.get_grads_for_grad_norm(), self.get_grad_stats_parallel_group())
 
+    def _bcg_clip_grads(self) -> list[torch.Tensor] | None:
+        """The gradients ``clip_grad_by_total_norm_fp32`` would scale this step, or None where its walk must run."""
+        views = self.__dict__.get(CACHE)
+        if views is None or not views.grads_assigned or views.separate_norm_groups or not views.has_params:
+            return None
+        if views.clip_grads is None:
+            views.clip_grads = [p.grad.detach() for p in self.get_parameters() if p.grad is not None]
+        return views.clip_grads
+
+    def clip_grad_norm(self, clip_grad: float):
+        clip_grads = self._bcg_clip_grads()
+        if clip_grads is None:
+            return super().clip_grad_norm(clip_grad)
         # The host's clip_grad_norm (optimizer.py:374) without a separate grad-norm group: the norm of the cached
         # list, then clip_grad_by_total_norm_fp32's scale of every main gradient (clip_grads.py:143), whose
         # per-parameter walk only rebuilds the list of the same gradients.
         self.grad_norms_by_group = {}
-        grad_norm = get_grad_norm_fp32(
-            self.get_grads_for_grad_norm(), grad_stats_parallel_group=self.get_grad_stats_parallel_group()
-        )
+        grad_norm = self.get_grad_norm()
         if clip_grad > 0.0:
             self._compute_grad_norms_by_group()
-            if views.clip_grads is None:
-                views.clip_grads = [p.grad.detach() for p in self.get_parameters() if p.grad is not None]
-            _scale_by_total_norm(views.clip_grads, clip_grad, grad_norm)
+            _scale_by_total_norm(clip_grads, clip_grad, grad_norm)
         return grad_norm
 
     def _copy_main_params_to_model_params(self) -> None:
@@ -242,6 +265,23 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
         return None
 
 
+def _l2_norm(grads: list[torch.Tensor], group: Any):
+    """megatron-core 0.19.2's ``get_grad_norm_fp32`` (clip_grads.py:55) at norm 2 for plain (non-DTensor) gradients:
+    the same kernel, overflow buffer, power, all-reduce and root."""
+    from megatron.core.optimizer import clip_grads
+
+    norm_type = 2.0
+    total_norm = torch.zeros(1, dtype=torch.float, device="cuda")
+    if grads:
+        dummy_overflow_buf = torch.zeros(1, dtype=torch.int, device="cuda")
+        grad_norm, _ = clip_grads.multi_tensor_applier(clip_grads.l2_norm_impl, dummy_overflow_buf, [grads], False)
+        total_norm = grad_norm**norm_type
+    torch.distributed.all_reduce(total_norm, op=torch.distributed.ReduceOp.SUM, group=group)
+    if clip_grads.multi_tensor_scale_tensor_impl is not None:
+        return total_norm.pow(1.0 / norm_type)
+    return total_norm.item() ** (1.0 / norm_type)
+
+
 def _scale_by_total_norm(grads: list[torch.Tensor], max_norm: float, total_norm) -> None:
     """The scale of megatron-core 0.19.2's ``clip_grad_by_total_norm_fp32`` (clip_grads.py:176-193), on its list of
     gradients: the same coefficient, kernel and overflow buffer."""
@@ -258,6 +298,72 @@ def _scale_by_total_norm(grads: list[torch.Tensor], max_norm: float, total_norm)
         clip_grads.multi_tensor_applier(
             clip_grads.multi_tensor_scale_impl, dummy_overflow_buf, [grads, grads], clip_coeff
         )
+
+
+# ------------------------------------------------------------------------------------ the chained optimizer
+class CachedChainedStep(abc.ABC):  # noqa: B024 (no abstract method: ABC only for the layout, as above)
+    """Mixin for one megatron-core 0.19.2 ``ChainedOptimizer`` (what ``get_megatron_optimizer`` returns, also around
+    a single distributed optimizer): its ``step`` without the per-parameter walks of the clip.
+
+    The host's ``step`` (optimizer.py:1854) computes the norm through its members and then clips each member by
+    itself: ``get_parameters()``, a grad-norm-group lookup per parameter, and ``clip_grad_by_total_norm_fp32``, which
+    walks the parameters again to list their gradients. With every member on the cached path
+    (:class:`CachedShardViews`: no separate grad-norm group, no stub, no decoupled gradient) those lists are the
+    members' cached ones; the coefficient, the kernel, the skip threshold and the order of the calls are the host's.
+    Otherwise the step is the host's. The cache (:data:`CACHE`) counts the steps taken here.
+    """
+
+    def step(self):
+        members = self.chained_optimizers
+        if not all(isinstance(m, CachedShardViews) and _plain_member(m) for m in members):
+            return super().step()
+        self.grad_norms_by_group = {}
+        found_inf_flag = self.prepare_grads()
+        if found_inf_flag:
+            return False, None, None
+        grad_norm = self.get_grad_norm()
+        should_skip_update = False
+        if any(m.config.clip_grad > 0.0 for m in members):
+            self._compute_grad_norms_by_group()
+        for member in members:
+            views = member.__dict__[CACHE]
+            if not views.has_params:
+                continue
+            if member.config.clip_grad > 0.0:
+                clip_grads = member._bcg_clip_grads()
+                if clip_grads is None:  # this step's views were not assigned (a DDP buffer replaced): the host's walk
+                    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+                    clip_grad_by_total_norm_fp32(
+                        member.get_parameters(), max_norm=member.config.clip_grad, total_norm=grad_norm
+                    )
+                else:
+                    _scale_by_total_norm(clip_grads, member.config.clip_grad, grad_norm)
+            threshold = member.config.grad_norm_skip_threshold
+            if math.isfinite(threshold) and grad_norm > threshold:
+                from megatron.core.optimizer import optimizer as host
+                from megatron.core.utils import log_single_rank
+
+                log_single_rank(host.logger, logging.INFO, "skipping grad norm because it's too large %s", grad_norm)
+                should_skip_update = True
+        num_zeros_in_grad = self.count_zeros() if self.config.log_num_zeros_in_grad else None
+        update_successful = False if should_skip_update else self.step_with_ready_grads()
+        self.__dict__[CACHE] = self.__dict__.get(CACHE, 0) + 1
+        return update_successful, grad_norm, num_zeros_in_grad
+
+
+def _plain_member(member: Any) -> bool:
+    """A member whose part of the chained step :class:`CachedChainedStep` can take: views already taken (from an
+    earlier step), with the main gradients as views, no separate grad-norm group, no stub and no decoupled
+    gradient (precision-aware or Megatron-FSDP members keep ``grads=None``)."""
+    views = member.__dict__.get(CACHE)
+    return (
+        views is not None
+        and views.grads is not None
+        and not views.separate_norm_groups
+        and not getattr(member, "is_stub_optimizer", False)
+        and not member.config.use_precision_aware_optimizer
+    )
 
 
 # ------------------------------------------------------------------------------------------- TE's FusedAdam
@@ -341,12 +447,15 @@ def _adam_lists(adam: Any) -> list[list[list[torch.Tensor]] | None] | None:
 
 # -------------------------------------------------------------------------------------------- install / undo
 def _targets(optimizer: Any) -> list[tuple[Any, type]]:
-    """``(object, mixin)`` for every distributed optimizer and TE ``FusedAdam`` inside ``optimizer`` (a megatron-core
-    optimizer, possibly a ``ChainedOptimizer``)."""
+    """``(object, mixin)`` for ``optimizer`` itself when it is a ``ChainedOptimizer``, and for every distributed
+    optimizer and TE ``FusedAdam`` inside it."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
     from transformer_engine.pytorch.optimizers import FusedAdam
 
     out: list[tuple[Any, type]] = []
+    if isinstance(optimizer, ChainedOptimizer):
+        out.append((optimizer, CachedChainedStep))
     for member in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
         if isinstance(member, DistributedOptimizer):
             out.append((member, CachedShardViews))
@@ -388,12 +497,15 @@ def installed(optimizer: Any) -> bool:
 
 def cached_steps(optimizer: Any) -> dict[str, int]:
     """Steps each kind of object inside ``optimizer`` took on the cached path: ``distributed_optimizer`` (gradient
-    views and the one-launch parameter copy) and ``adam`` (the listed fused step); what a test asserts is > 0."""
-    out = {"distributed_optimizer": 0, "adam": 0}
+    views and the one-launch parameter copy), ``adam`` (the listed fused step) and, for a ``ChainedOptimizer``,
+    ``chained`` (its step with the members' cached clip lists); what a test asserts is > 0."""
+    out = {"distributed_optimizer": 0, "adam": 0, "chained": 0}
     for obj, mixin in _targets(optimizer):
         value = obj.__dict__.get(CACHE)
         if mixin is CachedShardViews and value is not None:
             out["distributed_optimizer"] += value.cached_steps
         elif mixin is CachedAdamLists and value is not None:
             out["adam"] += value
+        elif mixin is CachedChainedStep:
+            out["chained"] += value or 0
     return out

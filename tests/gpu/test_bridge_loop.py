@@ -279,13 +279,17 @@ def test_optimizer_host_cache_steps_every_graphed_run(runs, record):
     runs.on.require_ok()
     runs.off.require_ok()
     assert runs.on.data["optimizer_host_cache"] and not runs.off.data["optimizer_host_cache"]
+    # The finalisation's module walk is listed with it (bridge_cudagraph.step_host), at every step.
+    assert runs.on.data["finalize_listed"] and not runs.off.data["finalize_listed"]
     counts = runs.on.data["optimizer_cached_steps"]
     # Adam's first step is the host's (it creates the state); every gradient view and parameter copy is cached.
-    assert counts == {"distributed_optimizer": ITERS, "adam": ITERS - 1}, counts
-    assert runs.off.data["optimizer_cached_steps"] == {"distributed_optimizer": 0, "adam": 0}
+    # The chained step's first is the host's too (its members' views do not exist yet).
+    assert counts == {"distributed_optimizer": ITERS, "adam": ITERS - 1, "chained": ITERS - 1}, counts
+    assert runs.off.data["optimizer_cached_steps"] == {"distributed_optimizer": 0, "adam": 0, "chained": 0}
     resumed = _require_resumed(runs, "resumed")
     after = resumed.data["optimizer_cached_steps"]
     assert after["distributed_optimizer"] == ITERS - SAVE_AT and after["adam"] >= ITERS - SAVE_AT - 1, after
+    assert after["chained"] == ITERS - SAVE_AT - 1, after
     record(graphs_on=counts, resumed=after)
 
 

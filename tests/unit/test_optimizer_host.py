@@ -16,19 +16,21 @@ def _bare(cls):
     return object.__new__(cls)
 
 
-@pytest.mark.parametrize("which", ["distributed_optimizer", "fused_adam"])
+@pytest.mark.parametrize("which", ["distributed_optimizer", "fused_adam", "chained_optimizer"])
 def test_mixins_go_on_and_off_the_host_classes(which):
     """Python refuses a ``__class__`` assignment between layouts that differ; megatron-core's optimizers derive from
     ``ABC``, which a plain mixin breaks (run 34's failure). On and off again: the very host class is back."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
     from transformer_engine.pytorch.optimizers import FusedAdam
 
     from bridge_cudagraph.host_patches import extend_instance_class, restore_instance_class
-    from bridge_cudagraph.optimizer_host import CachedAdamLists, CachedShardViews
+    from bridge_cudagraph.optimizer_host import CachedAdamLists, CachedChainedStep, CachedShardViews
 
     pairs = {
         "distributed_optimizer": (DistributedOptimizer, CachedShardViews),
         "fused_adam": (FusedAdam, CachedAdamLists),
+        "chained_optimizer": (ChainedOptimizer, CachedChainedStep),
     }
     cls, mixin = pairs[which]
     obj = _bare(cls)
