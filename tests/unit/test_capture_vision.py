@@ -20,6 +20,11 @@ def test_frame_seqlens_lists_every_frame_as_a_segment():
     from bridge_cudagraph.vision_encoder import frame_seqlens
 
     assert frame_seqlens(grid).tolist() == [24, 4, 4, 64]
+    # What Bridge's layout is: torch's repeat_interleave of h*w by t, same values and dtype, also for no image.
+    for g in (grid, torch.tensor([[3, 2, 5], [1, 1, 1]], dtype=torch.int32), torch.zeros((0, 3), dtype=torch.long)):
+        want = torch.repeat_interleave(g[:, 1] * g[:, 2], g[:, 0])
+        got = frame_seqlens(g)
+        assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 def _layout(budget: int, segments: int, max_seqlen: int | None = None):
