@@ -29,9 +29,9 @@ Entry (what it rebinds; host version; how it is undone):
 * :func:`extend_instance_class`: the class of one host *object* (the language decoder, a megatron-core
   ``TransformerBlock`` or Bridge 0.6.2's ``Qwen3VLTransformerBlock``), given a subclass that puts a mixin in front
   (the packed-sequence replay, :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`), or the optimizer's
-  objects (megatron-core 0.19.2's ``DistributedOptimizer`` and Transformer Engine 2.20's ``FusedAdam``: the
-  optimizer host cache of :mod:`bridge_cudagraph.optimizer_host`, whose ``install`` and ``uninstall`` call these
-  two); the host's classes are untouched; :func:`restore_instance_class`.
+  objects (megatron-core 0.19.2's ``ChainedOptimizer`` and ``DistributedOptimizer``, Transformer Engine 2.20's
+  ``FusedAdam``: the optimizer host cache of :mod:`bridge_cudagraph.optimizer_host`, whose ``install`` and
+  ``uninstall`` call these two); the host's classes are untouched; :func:`restore_instance_class`.
 
 Every undo puts back the very object that was there before (``tests/unit/test_host_patches.py`` checks identity).
 Each replacement carries the original under :data:`ORIGINAL`, which is how the install/uninstall pairs find it.

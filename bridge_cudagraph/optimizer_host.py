@@ -11,8 +11,10 @@ work too (run 32: the step went from 176.9 to 154.8 ms), but it needs the captur
 parameters and 1-2 ulps off the default one.
 
 What those walks compute is the same on every step: views into the DDP buffers, a list of the same gradient tensors,
-the same tensor lists. The two mixins here compute it once (and again only when a DDP buffer is replaced) and launch
-the same kernels on the same tensors with the same arguments, so a step is bitwise the host's
+the same tensor lists. The three mixins here (the distributed optimizer's, FusedAdam's, and the ``ChainedOptimizer``'s
+that ``get_megatron_optimizer`` always wraps them in, whose own ``step`` does the clip) compute it once (and again
+only when a DDP buffer is replaced) and launch the same kernels on the same tensors with the same arguments, so a
+step is bitwise the host's
 (``tests/gpu/test_optimizer_host_step.py``): only the Python around the kernels goes, and the 541 parameter copies
 become one ``torch._foreach_copy_``. Each overridden method falls back to the host's own where a precondition does
 not hold (precision-aware optimizer, Megatron-FSDP, quantized parameters, bf16 main gradients, a separate grad-norm

@@ -152,6 +152,18 @@ def test_explicit_num_microbatches_is_undone(raising):
     assert cuda_graphs.get_num_microbatches is original
 
 
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_listed_reset_modules_is_undone(raising):
+    import importlib
+
+    host = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    original = host.reset_model_temporary_tensors
+    with host_patches.listed_reset_modules([object()], [[]]):
+        assert getattr(host.reset_model_temporary_tensors, host_patches.ORIGINAL) is original
+    _leave(host_patches.listed_reset_modules([object()], [[]]), raising)
+    assert host.reset_model_temporary_tensors is original
+
+
 # A child process: whether megatron.bridge.recipes is imported depends on what ran before in this one. With
 # BLOCK_DIFFUSERS, `diffusers` cannot be imported, as on the GPU machine's image.
 _RECIPES_CHILD = """
@@ -223,6 +235,7 @@ def test_nothing_else_in_the_package_rebinds_these_names():
         ".from_hf_pretrained =",
         ".get_device_properties =",
         ".get_num_microbatches =",
+        ".reset_model_temporary_tensors =",
         "sys.modules[",
     )
     root = os.path.dirname(bridge_cudagraph.__file__)
