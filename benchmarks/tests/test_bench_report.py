@@ -642,9 +642,17 @@ def test_graph_memory_per_submodule_note():
 def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(tmp_path, folder):
     """results/bench/bench.md is rendered from results/bench/bench.json (the full matrix of 2026-11-29 22:34 on
     two H200s), full_2138 from the one of 21:38 (before the budgets shared memory and the clones went), rounds_2121
-    from the two-round run of 21:21; a renderer change that alters them must come with a re-render."""
+    from the two-round run of 21:21; a renderer change that alters them must come with a re-render. The older two
+    JSON files are stored gzipped (the device tool's size limit on the tree)."""
+    import gzip
+
     path = tmp_path / "bench.json"
-    shutil.copy(REPO / "results" / folder / "bench.json", path)
+    stored = REPO / "results" / folder / "bench.json"
+    if stored.exists():
+        shutil.copy(stored, path)
+    else:
+        with gzip.open(stored.with_name("bench.json.gz"), "rb") as f:
+            path.write_bytes(f.read())
     md = bench_report.render(path)["md"].read_text()
     assert md == (REPO / "results" / folder / "bench.md").read_text()
     expected = {
