@@ -170,9 +170,11 @@ def _quantized(optimizer: Any, model_param: torch.Tensor) -> bool:
 class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for the layout, below)
     """Mixin for one megatron-core 0.19.2 ``DistributedOptimizer``: its per-parameter walks, cached.
 
-    Overrides ``_copy_model_grads_to_main_grads``, ``get_grads_for_grad_norm``, ``clip_grad_norm``,
+    Overrides ``_copy_model_grads_to_main_grads``, ``get_grads_for_grad_norm``, ``get_grad_norm``,
     ``_copy_main_params_to_model_params`` and ``zero_grad`` (which also marks the cached gradients stale); everything
-    else is the host's. Adds one instance attribute, :data:`CACHE`.
+    else is the host's. Its clip list (``_bcg_clip_grads``) serves :class:`CachedChainedStep`, which does the clip:
+    megatron-core's ``ChainedOptimizer`` never calls a member's own ``clip_grad_norm``, so that stays the host's.
+    Adds one instance attribute, :data:`CACHE`.
 
     It derives from ``abc.ABC`` as ``MegatronOptimizer`` does: Python allows the ``__class__`` assignment of
     :func:`~bridge_cudagraph.host_patches.extend_instance_class` only between classes whose instance dict and weakref
@@ -228,20 +230,6 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
         if views.clip_grads is None:
             views.clip_grads = [p.grad.detach() for p in self.get_parameters() if p.grad is not None]
         return views.clip_grads
-
-    def clip_grad_norm(self, clip_grad: float):
-        clip_grads = self._bcg_clip_grads()
-        if clip_grads is None:
-            return super().clip_grad_norm(clip_grad)
-        # The host's clip_grad_norm (optimizer.py:374) without a separate grad-norm group: the norm of the cached
-        # list, then clip_grad_by_total_norm_fp32's scale of every main gradient (clip_grads.py:143), whose
-        # per-parameter walk only rebuilds the list of the same gradients.
-        self.grad_norms_by_group = {}
-        grad_norm = self.get_grad_norm()
-        if clip_grad > 0.0:
-            self._compute_grad_norms_by_group()
-            _scale_by_total_norm(clip_grads, clip_grad, grad_norm)
-        return grad_norm
 
     def _copy_main_params_to_model_params(self) -> None:
         views = self._bcg_views()
