@@ -31,9 +31,6 @@ class StepHostCaches:
     optimizer: list[tuple[Any, type]] = field(default_factory=list)
     finalize_config: Any | None = None
 
-    def __bool__(self) -> bool:
-        return bool(self.optimizer) or self.finalize_config is not None
-
 
 def install(model_chunks: list[Any], optimizer: Any, *, finalize: bool = True) -> StepHostCaches:
     """Put both caches on ``model_chunks`` (their config's finalisation function, where one is set) and
