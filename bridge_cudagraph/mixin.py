@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
 
@@ -37,6 +37,10 @@ class CudaGraphProviderMixin:
 
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
+
+    #: :meth:`provide` builds ``gradient_accumulation_fusion=true`` without APEX
+    #: (:mod:`bridge_cudagraph.wgrad_fusion`); ``validation.check_stack`` reads this instead of refusing the setting.
+    fuses_te_layers_without_apex: ClassVar[bool] = True
 
     # Process groups stay shared references when Bridge deep-copies a provider (its __deepcopy__ honours this).
     _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection", "_built_chunks"})
@@ -148,10 +152,21 @@ class CudaGraphProviderMixin:
 
     # ------------------------------------------------------------------ build time
     def provide(self, pre_process=None, post_process=None, vp_stage=None):
-        """Build the host's model, then restore the checkpoint keys language graphs would change."""
-        from bridge_cudagraph.capture.language import drop_language_aliases
+        """Build the host's model, then restore the checkpoint keys language graphs would change.
 
-        model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+        ``gradient_accumulation_fusion=true`` on a stack without APEX: the host builds unfused and TE's own layers
+        fuse afterwards (:mod:`bridge_cudagraph.wgrad_fusion`), graphs or not.
+        """
+        from bridge_cudagraph.capture.language import drop_language_aliases
+        from bridge_cudagraph.wgrad_fusion import fuse_te_modules, unfused_build
+
+        with unfused_build(self) as te_only:
+            model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+        if te_only and not fuse_te_modules(model, self):
+            raise RuntimeError(
+                "bridge_cudagraph: model.gradient_accumulation_fusion=true, but no Transformer Engine module of the "
+                "language model was built from its provider's config; the fusion would be silently off"
+            )
         drop_language_aliases(model)
         if self.has_vision_encoder():
             from bridge_cudagraph.vision_encoder import rebuild_vision_encoder

@@ -133,6 +133,8 @@ class ModelFacts:
         virtual_pipeline_size: Virtual pipeline stages per rank, or None.
         vision_dp_when_cp: Qwen3-VL splits images over cp ranks (its provider flag).
         cuda_graph_warmup_steps: The model's ``cuda_graph_warmup_steps``: the warmup of a submodule that sets none.
+        gradient_accumulation_fusion: The language model's TE layers accumulate weight gradients into ``main_grad``
+            in their GEMMs (:mod:`bridge_cudagraph.wgrad_fusion`), graphs or not.
         vision: The vision encoder, or None for a text-only model.
     """
 
@@ -161,6 +163,7 @@ class ModelFacts:
     virtual_pipeline_size: int | None = None
     vision_dp_when_cp: bool = False
     cuda_graph_warmup_steps: int = 3
+    gradient_accumulation_fusion: bool = False
     vision: VisionFacts | None = None
 
     @property
@@ -272,6 +275,7 @@ def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
         virtual_pipeline_size=getattr(provider, "virtual_pipeline_model_parallel_size", None),
         vision_dp_when_cp=bool(getattr(provider, "vision_dp_when_cp", False)),
         cuda_graph_warmup_steps=int(getattr(provider, "cuda_graph_warmup_steps", 3)),
+        gradient_accumulation_fusion=bool(getattr(provider, "gradient_accumulation_fusion", False)),
         vision=vision,
     )
 
@@ -552,11 +556,19 @@ class CapturePlan:
                 if self.optimizer_host_cache
                 else "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
             )
+            lines.append(_describe_wgrad_accumulation(f))
             lines.append(
                 f"busiest rank: {self.total_graphs} graphs; a failed capture "
                 + ("trains on eagerly (on_capture_error=eager)" if self.on_capture_error == "eager" else "stops")
             )
         return "\n".join(lines)
+
+
+def _describe_wgrad_accumulation(facts: ModelFacts) -> str:
+    """Where the weight gradients are summed, graphs on and off alike (:mod:`bridge_cudagraph.wgrad_fusion`)."""
+    if not facts.gradient_accumulation_fusion:
+        return "weight gradients: added to main_grad one parameter at a time (gradient_accumulation_fusion=false)"
+    return "weight gradients: summed in the language TE layers' GEMMs (the output layer fuses only with APEX)"
 
 
 def _modules_text(modules: tuple[str, ...] | None) -> str:

@@ -33,19 +33,20 @@ def check_stack(config: Any) -> None:
     so a configuration error keeps ``validate``'s line) and by the random base builder, before any model exists;
     ``validate`` and ``plan`` may run for another machine and leave it out.
 
-    ``model.gradient_accumulation_fusion=true`` without APEX: Bridge enables it whenever Transformer Engine
-    imports, but megatron-core's non-TE output layer then raises deep inside model construction (see
-    :func:`bridge_cudagraph.compat.apex_gradient_accumulation_fusion_available`)."""
-    from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
+    ``model.gradient_accumulation_fusion=true`` without APEX on a provider that is not this plugin's: Bridge enables
+    it whenever Transformer Engine imports, but megatron-core's non-TE output layer then raises deep inside model
+    construction (see :func:`bridge_cudagraph.compat.apex_gradient_accumulation_fusion_available`). This plugin's
+    providers build it (TE's layers fuse, :mod:`bridge_cudagraph.wgrad_fusion`)."""
+    from bridge_cudagraph.wgrad_fusion import fuses_te_layers_only
 
-    if getattr(config.model, "gradient_accumulation_fusion", False) and not (
-        apex_gradient_accumulation_fusion_available()
-    ):
+    # Read off the class (the mixin's ClassVar), not by importing the mixin: it imports this module.
+    if fuses_te_layers_only(config.model) and not getattr(config.model, "fuses_te_layers_without_apex", False):
         raise CudaGraphConfigError(
             "model.gradient_accumulation_fusion=true needs APEX's fused_weight_gradient_mlp_cuda extension "
             "(megatron-core's output layer, a ColumnParallelLinear, refuses to build without it), which this "
             "machine lacks (Bridge turns the fusion on whenever Transformer Engine imports); set "
-            "model.gradient_accumulation_fusion=false, or install APEX with its CUDA extensions"
+            "model.gradient_accumulation_fusion=false, build the model with a bridge_cudagraph provider (its "
+            "Transformer Engine layers fuse without APEX), or install APEX with its CUDA extensions"
         )
 
 

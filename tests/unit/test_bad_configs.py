@@ -314,19 +314,25 @@ def test_train_with_graphs_on_a_cpu_machine_is_refused(run_config, record):
     _one_line(record, info.value, ["no CUDA device", "plan"])
 
 
-def test_a_fusion_this_stack_cannot_build_is_refused_by_train(run_config, record):
-    """``train`` (and the random base builder) refuse ``model.gradient_accumulation_fusion=true`` where APEX is absent:
-    megatron-core's output layer would raise inside model construction (run 22). A machine check, like the GPU's:
-    ``validate`` may plan for another machine and leaves it out."""
+def test_a_fusion_this_stack_cannot_build_is_refused_only_on_the_hosts_provider(run_config, record):
+    """``model.gradient_accumulation_fusion=true`` where APEX is absent: Bridge's own provider would raise inside
+    megatron-core's output layer (run 22), so ``train`` and the random base builder refuse it in one line, before
+    any model exists (a machine check, like the GPU's: ``validate`` may plan for another machine). This plugin's
+    provider builds it (:mod:`bridge_cudagraph.wgrad_fusion`: TE's layers fuse), so the same setting passes there."""
     from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
+    from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.validation import check_stack
 
     if apex_gradient_accumulation_fusion_available():
         pytest.skip("APEX's fused_weight_gradient_mlp_cuda is installed here: the stack builds the fusion")
     _set(run_config, "model.gradient_accumulation_fusion", True)
+    check_stack(run_config)  # the plugin's provider: accepted
+    host = tiny.upstream_provider(run_config.model)
+    assert host.gradient_accumulation_fusion is True
+    object.__setattr__(run_config, "model", host)
     with pytest.raises(CudaGraphConfigError) as info:
         check_stack(run_config)
-    _one_line(record, info.value, ["model.gradient_accumulation_fusion=false", "APEX"])
+    _one_line(record, info.value, ["model.gradient_accumulation_fusion=false", "APEX", "bridge_cudagraph provider"])
 
 
 def test_layout_that_does_not_divide_the_world_is_refused(record):

@@ -37,7 +37,7 @@ CHANGED = {
     "model.vision_start_token_id",
     "model.vision_end_token_id",
     "model.cuda_graph",
-    "model.gradient_accumulation_fusion",  # the YAML: off, as this stack has no APEX (validation.check_stack)
+    "model.gradient_accumulation_fusion",  # the YAML: off, LoRA freezes the TE weights the fusion serves
 }
 LANGUAGE_BUDGETS = (512, 768, 1024, 1280, 1536, 1792, 2048, 2304, 2560)
 

@@ -467,9 +467,19 @@ class TestDescribe:
         off = plan(qwen3_8b(), block)
         assert not off.optimizer_host_cache
         plain = "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
-        assert off.describe().splitlines()[-2] == plain
+        assert off.describe().splitlines()[-3] == plain
         no_graphs = plan(qwen3_vl_8b(), CudaGraphConfig())
         assert not no_graphs.optimizer_host_cache and "optimizer:" not in no_graphs.describe()
+
+    def test_the_weight_gradient_line_follows_the_providers_fusion(self):
+        """Above the busiest-rank line: where the weight gradients are summed, as the provider's
+        ``gradient_accumulation_fusion`` says (TE's GEMMs with it, one addition per parameter without)."""
+        import dataclasses
+
+        unfused = plan(qwen3_vl_8b(), both_on()).describe().splitlines()[-2]
+        assert unfused.startswith("weight gradients: added to main_grad") and "=false" in unfused
+        fused = plan(dataclasses.replace(qwen3_vl_8b(), gradient_accumulation_fusion=True), both_on())
+        assert fused.describe().splitlines()[-2].startswith("weight gradients: summed in the language TE layers")
 
     def test_graphs_off_and_pipeline_lines(self):
         """Off submodules say so; a pipeline lists its stages."""

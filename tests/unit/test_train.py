@@ -248,11 +248,11 @@ def test_train_refuses_what_validate_refuses_with_the_same_line_before_the_gpu_c
 
 
 @pytest.mark.slow
-def test_train_refuses_a_fusion_this_stack_cannot_build_before_the_gpu_check():
+def test_train_builds_bridges_default_fusion_without_apex_up_to_the_gpu_check():
     """Bridge turns ``gradient_accumulation_fusion`` on whenever TE imports, and megatron-core's output layer then
-    raises deep inside model construction without APEX (run 22's first 8B call). On this machine (no APEX) ``train``
-    refuses it in one line that names the setting and the fix, before the CUDA check; with the fix it gets as far as
-    that check; ``validate``, which may plan for another machine, accepts it."""
+    raises deep inside model construction without APEX (run 22's first 8B call). The SFT recipe keeps Bridge's
+    default: on this machine (no APEX) ``train`` gets as far as the CUDA check with it, as with the fusion off,
+    because this plugin's provider builds it (:mod:`bridge_cudagraph.wgrad_fusion`); ``validate`` accepts it."""
     import os
     import subprocess
 
@@ -273,26 +273,29 @@ def test_train_refuses_a_fusion_this_stack_cannot_build_before_the_gpu_check():
             cwd=REPO,
         )
 
-    fix = "model.gradient_accumulation_fusion=false"
-    runs = [cli("train", recipe), cli("train", recipe, fix), cli("validate", recipe)]
-    (_, refused), (_, fixed), (ok, validate_err) = (p.communicate(timeout=600) for p in runs)
+    runs = [cli("train", recipe), cli("train", recipe, "model.gradient_accumulation_fusion=false")]
+    runs.append(cli("validate", recipe))
+    (_, fused), (_, unfused), (ok, validate_err) = (p.communicate(timeout=600) for p in runs)
     codes = [p.returncode for p in runs]
-    errors = [line for line in refused.splitlines() if line.startswith("error:")]
-    assert codes[0] == 2 and len(errors) == 1 and "Traceback" not in refused, refused[-2000:]
-    assert "model.gradient_accumulation_fusion=false" in errors[0] and "APEX" in errors[0]
-    assert codes[1] == 2 and fixed.splitlines()[-1].startswith("error: train needs a CUDA GPU"), fixed[-2000:]
+    for code, err in ((codes[0], fused), (codes[1], unfused)):
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+        assert err.splitlines()[-1].startswith("error: train needs a CUDA GPU"), err[-2000:]
     assert codes[2] == 0 and ok.startswith("ok:"), validate_err[-2000:]
 
 
 def test_check_stack_reads_the_providers_switch():
-    """The check itself, on whatever carries ``model.gradient_accumulation_fusion``: off passes everywhere."""
+    """The check itself: off passes everywhere; on passes on this plugin's provider (TE's layers fuse without APEX)
+    and, without APEX, is refused on anything else that carries ``model.gradient_accumulation_fusion``."""
     from types import SimpleNamespace
 
     from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
     from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.validation import check_stack
 
     check_stack(SimpleNamespace(model=SimpleNamespace(gradient_accumulation_fusion=False)))
+    check_stack(SimpleNamespace(model=tiny.tiny_gpt_provider(gradient_accumulation_fusion=True)))
     on = SimpleNamespace(model=SimpleNamespace(gradient_accumulation_fusion=True))
     if apex_gradient_accumulation_fusion_available():
         check_stack(on)
