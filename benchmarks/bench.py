@@ -223,6 +223,8 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
     if is_ours(variant):
         lever = OURS_VARIANTS[variant]
         graphs = ours_graph_config(cfg, lever.get("vision_graph_unit"), lever.get("optimizer_host_cache"))
+        if "gradient_accumulation_fusion" in lever:
+            overrides = {"gradient_accumulation_fusion": lever["gradient_accumulation_fusion"], **overrides}
         return make_provider(cfg, graphs, **overrides)
     if variant == "upstream":
         # the host class, with cuda_graph_impl="transformer_engine"

@@ -42,6 +42,7 @@ LABELS = {
     "ours_plain_optimizer": "ours without the optimizer host cache (megatron-core's step as it is)",
     "ours_uncached_positions": "ours deriving the vision positions per micro-batch, as Bridge does",
     "ours_walking_finalize": "ours with megatron-core's module walk in every gradient finalisation",
+    "ours_fused": "ours with model.gradient_accumulation_fusion=true (TE's layers fuse, no APEX needed)",
 }
 #: A graphed variant's max loss difference vs eager counts as "within the noise floor" when it is at most this many
 #: times eager-vs-eager's. Two runs that are each not bitwise deterministic drift apart chaotically to similar
@@ -1114,6 +1115,7 @@ def render_png(data: dict, path: Path) -> Path | None:
         "ours_plain_optimizer": "#b07aa1",
         "ours_uncached_positions": "#9c755f",
         "ours_walking_finalize": "#d4a6c8",
+        "ours_fused": "#9c755f",
     }
     for ax, config in zip(axes[0], configs or [{}], strict=False):
         variants = config.get("variants") or {}

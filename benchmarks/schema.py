@@ -39,6 +39,10 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # megatron-core's module walk at the end of finalize_model_grads on every step (the step host caches without
     # bridge_cudagraph.finalize_host): what listing its modules once gives.
     "ours_walking_finalize": {"finalize_listing": False},
+    # Bridge's default model.gradient_accumulation_fusion=true, which this stack (no APEX) builds only through this
+    # plugin's provider (bridge_cudagraph.wgrad_fusion): TE's layers sum weight gradients into main_grad in their
+    # GEMMs. It changes the gradients' rounding, so its drift from the unfused eager run is not noise alone.
+    "ours_fused": {"gradient_accumulation_fusion": True},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

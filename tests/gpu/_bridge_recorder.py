@@ -22,7 +22,7 @@ import torch
 from megatron.bridge.training.callbacks import Callback
 from megatron.core.utils import get_model_config
 
-from bridge_cudagraph import bridge_loop, finalize_host, optimizer_host
+from bridge_cudagraph import bridge_loop, finalize_host, optimizer_host, wgrad_fusion
 from bridge_cudagraph.callback import Phase
 from bridge_cudagraph.host_patches import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
@@ -90,6 +90,7 @@ class Recorder(Callback):
         self.data["parallel_state_untouched_at_start"] = parallel_state_untouched()
         self.data["optimizer_host_cache"] = optimizer_host.installed(context.optimizer)
         self.data["weights_at_start"] = _fingerprint(context.model)
+        self.data["te_modules_fusing_wgrad"] = sum(wgrad_fusion.te_modules_fusing(chunk) for chunk in context.model)
         handler = signal.getsignal(signal.SIGTERM)  # Bridge's, with train.exit_signal_handler
         self.data["sigterm_handler"] = getattr(handler, "__qualname__", repr(handler))
         self._snapshot()
@@ -117,6 +118,9 @@ class Recorder(Callback):
         # Read at every step: the callback drops the counts with the cache when it releases the graphs.
         self.data["optimizer_cached_steps"] = optimizer_host.cached_steps(context.optimizer)
         self.data["finalize_listed"] = finalize_host.installed(get_model_config(context.model[0]))
+        self.data["params_marked_added_to_main_grad"] = sum(
+            bool(getattr(p, "grad_added_to_main_grad", False)) for chunk in context.model for p in chunk.parameters()
+        )
         self._snapshot()
         self.flush()
         if iteration == self.args.end_at and self.args.end == "exception":

@@ -56,6 +56,7 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--end-at", type=int, default=None, help="iteration of --end exception/signal")
     p.add_argument("--signal-wait", type=float, default=120.0, help="--end signal: longest wait for the signal (s)")
     p.add_argument("--no-eval", action="store_true", help="no evaluation, during or after training")
+    p.add_argument("--override", action="append", default=[], help="one more recipe override, key=value")
     args = p.parse_args(argv)
     if args.end != "normal" and args.end_at is None:
         p.error(f"--end {args.end} needs --end-at")
@@ -75,7 +76,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
         out += ["model.cuda_graph.language.enabled=false", "model.cuda_graph.vision.enabled=false"]
     if args.no_eval:  # Bridge builds no validation or test data then, and evaluates neither during nor after training
         out += ["validation.eval_iters=0", "validation.eval_interval=null"]
-    return out
+    return out + list(args.override)
 
 
 def main(argv=None) -> int:

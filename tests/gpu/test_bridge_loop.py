@@ -1,6 +1,6 @@
 """The tiny Qwen3-VL recipe through Megatron-Bridge's real training loop, graphs on and off, on one GPU.
 
-Five Bridge runs, each in its own process (``_bridge_runner.py`` under ``torch.distributed.run``), same seed and
+Seven Bridge runs, each in its own process (``_bridge_runner.py`` under ``torch.distributed.run``), same seed and
 same data:
 
 * ``graphs_on``: 50 iterations with the recipe's language and vision graphs, checkpoints at 30 and 50;
@@ -9,7 +9,9 @@ same data:
 
   * ``resumed``: graphs on, resumed from ``graphs_on``'s checkpoint at 30 and trained to 50;
   * ``resumed_off_from_on``: graphs off, resumed from ``graphs_on``'s checkpoint at 30;
-  * ``resumed_on_from_off``: graphs on, resumed from ``graphs_off``'s checkpoint at 30 (captures again at 33).
+  * ``resumed_on_from_off``: graphs on, resumed from ``graphs_off``'s checkpoint at 30 (captures again at 33);
+  * ``fused_on`` and ``fused_off``: 50 iterations, graphs on and off, with Bridge's default
+    ``model.gradient_accumulation_fusion=true`` that the recipe turns off (:mod:`bridge_cudagraph.wgrad_fusion`).
 
 Checked: the CudaGraphCallback captured after warmup (again after resume) and nothing failed; both runs start
 from the same weights; the loss at every iteration is identical to graphs-off and finite (NaN-safe:
@@ -54,6 +56,11 @@ RESUMED = {
     "resumed_off_from_on": ("off", "graphs_on", False),
     "resumed_on_from_off": ("on", "graphs_off", False),
 }
+
+#: Bridge's own default, which the recipe turns off; without APEX only this plugin's provider builds it
+#: (bridge_cudagraph.wgrad_fusion: TE's layers sum their weight gradients into main_grad in their GEMMs).
+FUSION_ON = ("--override", "model.gradient_accumulation_fusion=true")
+FUSED = {"fused_on": "on", "fused_off": "off"}
 
 
 @dataclass
@@ -169,8 +176,11 @@ def runs(tmp_path_factory):
         if (sources[source].checkpoint / f"iter_{SAVE_AT:07d}").is_dir():
             load = ["--load", str(sources[source].checkpoint), "--ckpt-step", str(SAVE_AT)]
             started.append(_start(tmp, name, "--graphs", graphs, *load, save=save, timeout=PARALLEL_TIMEOUT_S))
+    for name, graphs in FUSED.items():  # not timed either: they only compare losses
+        fused = ["--graphs", graphs, *FUSION_ON]
+        started.append(_start(tmp, name, *fused, save=False, timeout=PARALLEL_TIMEOUT_S))
     finished = _finish_all(started)  # the deadlines run concurrently: at most PARALLEL_TIMEOUT_S
-    return SimpleNamespace(on=on, off=off, **{name: finished.get(name) for name in RESUMED})
+    return SimpleNamespace(on=on, off=off, **{name: finished.get(name) for name in (*RESUMED, *FUSED)})
 
 
 def _require_resumed(runs, name: str = "resumed") -> Run:
@@ -316,6 +326,41 @@ def test_losses_match_graphs_off_at_every_iteration(runs, record):
         last=on[ITERS],
     )
     d.require_identical()  # README: "losses identical to graphs-off at every iteration"
+
+
+def test_fused_weight_gradients_match_graphs_off_at_every_iteration(runs, record):
+    """``model.gradient_accumulation_fusion=true`` on this stack (no APEX needed: TE's layers fuse): the language
+    model's TE modules sum their weight gradients into ``main_grad`` (counted in the model Bridge built), DDP's hook
+    skips their placeholders (the marks), the graphs capture and replay, and the loss equals graphs-off's fused loss at
+    every iteration. Against the unfused runs the loss moves only by the fused sum's rounding (recorded)."""
+    from bridge_cudagraph.testing.parity import assert_captured
+
+    runs.off.require_ok()
+    fused_on, fused_off = runs.fused_on, runs.fused_off
+    for run in (fused_on, fused_off):
+        run.require_ok()
+        assert sorted(run.steps) == list(range(1, ITERS + 1)), run.name
+    fusing = fused_on.data["te_modules_fusing_wgrad"]
+    assert fusing > 0 and fused_off.data["te_modules_fusing_wgrad"] == fusing, (fusing, fused_off.data)
+    assert runs.on.data["te_modules_fusing_wgrad"] == 0  # the recipe's own setting: off
+    assert fused_on.data["params_marked_added_to_main_grad"] >= fusing, fused_on.data
+    final = {g["submodule"]: g for g in fused_on.data["graphs"]}
+    for sub in ("language", "vision"):
+        captured = fused_on.capture(sub)
+        assert captured is not None and captured["failure"] is None, (sub, fused_on.data["graphs"])
+        assert_captured({**final[sub], "graphs": captured["graphs"]}, where=f"fused_on {sub}")
+    d = _compare(fused_on.losses(), fused_off.losses(), "loss, fused, graphs on vs off")
+    rounding = _compare(fused_off.losses(), runs.off.losses(), "loss, fused vs unfused, graphs off")
+    record(
+        te_modules_fusing=fusing,
+        marked=fused_on.data["params_marked_added_to_main_grad"],
+        loss_max_abs_diff=d.max_abs,
+        identical_iterations=d.exact_steps,
+        vs_unfused_max_abs=rounding.max_abs,
+        vs_unfused_identical_iterations=rounding.exact_steps,
+    )
+    d.require_identical()
+    assert not rounding.nonfinite_steps and rounding.max_abs < 0.05, rounding
 
 
 def test_evaluation_mid_training_is_eager_and_matches(runs, record):

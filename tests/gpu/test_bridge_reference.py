@@ -7,12 +7,14 @@ vision encoder). Here the reference is megatron.bridge's ``GPTModelProvider`` / 
 vision encoder built under the language collection), with the weights copied into it from the plugin's model
 (``tiny.copy_weights``, strict: the state-dict keys must be identical).
 
-Three cases, per-token loss and every parameter gradient compared with ``torch.equal``:
+Four cases, per-token loss and every parameter gradient compared with ``torch.equal``:
 
 (a) the plugin's provider, graphs off;
 (b) the plugin with language graphs on, after capture, replaying (replays counted);
 (c) Qwen3-VL with vision graphs on, replaying. The lead is fixing a deterministic-mode vision memory issue: where
     the vision capture falls back to eager, (c) is skipped and says so, with the capture's own cause.
+(d) language graphs on with ``gradient_accumulation_fusion=true`` (TE's layers fuse without APEX), against Bridge's
+    model with TE's fusion on in the same modules.
 
 Parameter names: the plugin rebuilds Qwen3-VL's vision encoder under its own groups
 (``vision_encoder.rebuild_vision_encoder``) with the same module tree, so its state-dict keys and parameter names are
@@ -155,6 +157,46 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
     try:
         assert helper.graphs_created(), helper.stats.failed
         _require_bit_identical(plugin, bridge, batches, f"{kind} language graphs", record)
+        assert helper.stats.replays == len(batches), helper.stats
+        assert_captured(helper.stats)
+    finally:
+        helper.delete_cuda_graphs()
+
+
+@pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
+def test_fused_weight_gradients_match_bridge_bit_for_bit(world, record, kind):
+    """``gradient_accumulation_fusion=true`` without APEX (:mod:`bridge_cudagraph.wgrad_fusion`), language graphs on,
+    against Bridge's unmodified provider with TE's fusion on in the same modules: what Bridge's own config gives its TE
+    layers where APEX lets it build (it cannot here: megatron-core's output layer needs APEX). Every gradient is read
+    from ``main_grad``, where the fused GEMMs wrote it; the fused modules are counted and must be marked as added."""
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.plan import plan_for
+    from bridge_cudagraph.testing.parity import assert_captured
+    from bridge_cudagraph.wgrad_fusion import fuse_te_modules, te_modules_fusing
+
+    plain = tiny.upstream_provider(_make(kind))
+    plain.cuda_graph_impl = "none"
+    bridge = tiny.build(plain, world.language)
+    fused_in_bridge = fuse_te_modules(bridge[0], plain)
+    provider = _make(kind, _cfg(True, False))
+    provider.gradient_accumulation_fusion = True
+    plugin = tiny.build(provider, world.language, vision_pg_collection=world.vision)
+    assert provider.gradient_accumulation_fusion is True  # the recipe's value, kept through the unfused build
+    assert te_modules_fusing(plugin[0]) == fused_in_bridge > 0, (te_modules_fusing(plugin[0]), fused_in_bridge)
+    tiny.copy_weights(bridge, plugin)
+    _require_deterministic(bridge)
+    _require_deterministic(plugin)
+    plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    helper = provider.make_language_graph_helper(plugin, plan=plan)
+    helper.create_cudagraphs()
+    try:
+        assert helper.graphs_created(), helper.stats.failed
+        batches = _batches(kind)
+        _require_bit_identical(plugin, bridge, batches, f"{kind} fused language graphs", record)
+        fused_weights = {id(m.weight) for m in plugin[0].modules() if getattr(m, "fuse_wgrad_accumulation", False)}
+        marked = [p for p in plugin[0].parameters() if id(p) in fused_weights and p.grad_added_to_main_grad]
+        record(case="fused", kind=kind, te_modules_fusing=fused_in_bridge, marked=len(marked))
+        assert len(marked) == len(fused_weights), (len(marked), len(fused_weights))
         assert helper.stats.replays == len(batches), helper.stats
         assert_captured(helper.stats)
     finally:

@@ -67,22 +67,30 @@ def _packed_batch(rows, *, seed: int, pg_collection, seq: int = SEQ) -> dict:
     return qwen3_vl_step_inputs(collated, pg_collection, packed=True, seq_length=seq)
 
 
-def _models(world, seq: int = SEQ):
+def _models(world, seq: int = SEQ, fused: bool = False):
+    """The graphed plugin model, the plugin's graphs-off twin and Bridge's unmodified model, with the same weights;
+    ``fused``: ``gradient_accumulation_fusion=true`` (:mod:`bridge_cudagraph.wgrad_fusion`) on the plugin's, and TE's
+    fusion on in the same modules of Bridge's (which cannot build the setting itself without APEX)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
     from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.wgrad_fusion import fuse_te_modules, te_modules_fusing
 
     fields = dict(seq_length=seq, language_max_sequence_length=seq)
+    plugin = dict(fields, gradient_accumulation_fusion=fused)
     graphed_provider = tiny.tiny_qwen3_vl_provider(
-        CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), **fields
+        CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), **plugin
     )
     graphed = tiny.build(graphed_provider, world.language, vision_pg_collection=world.vision)
     ours_off = tiny.build(
-        tiny.tiny_qwen3_vl_provider(None, **fields), world.language, vision_pg_collection=world.vision
+        tiny.tiny_qwen3_vl_provider(None, **plugin), world.language, vision_pg_collection=world.vision
     )
     tiny.copy_weights(graphed, ours_off)
     bridge = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider(None, **fields))
     bridge.cuda_graph_impl = "none"  # Bridge's unmodified provider, graphs off
     bridge_model = tiny.build(bridge, world.language)
+    if fused:
+        fusing = fuse_te_modules(bridge_model[0], bridge)
+        assert fusing > 0 and te_modules_fusing(graphed[0]) == te_modules_fusing(ours_off[0]) == fusing
     tiny.copy_weights(graphed, bridge_model)
     return graphed, ours_off, bridge_model
 
@@ -105,14 +113,19 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 
 # The static attention max_seqlen: the model's seq_length (what the plan uses), and 4x it. Eager attention gets the
 # micro-batch's own longest row; the second case shows whether the kernels' numbers depend on max_seqlen.
-@pytest.mark.parametrize("max_seqlen", [SEQ, 4 * SEQ], ids=["max_seqlen_S", "max_seqlen_4S"])
-def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen):
+# ``fused``: with gradient_accumulation_fusion=true, which the packed replay marks before each replay.
+@pytest.mark.parametrize(
+    ("max_seqlen", "fused"),
+    [(SEQ, False), (4 * SEQ, False), (SEQ, True)],
+    ids=["max_seqlen_S", "max_seqlen_4S", "max_seqlen_S_fused"],
+)
+def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused):
     import torch
 
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
     from bridge_cudagraph.testing.parity import loss_and_grads
 
-    graphed, ours_off, bridge = _models(world)
+    graphed, ours_off, bridge = _models(world, fused=fused)
     layout = PackedLayout(budgets=BUDGETS, max_sequences=MBS, max_seqlen=max_seqlen)
     batches = {
         name: _packed_batch(rows, seed=11 * i, pg_collection=world.language)
@@ -146,6 +159,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen):
         record(
             case=name,
             max_seqlen=max_seqlen,
+            fused=fused,
             tokens=tokens,
             budget=layout.budget_for(tokens, MBS),
             fill=tokens / BUDGETS[-1],
