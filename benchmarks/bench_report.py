@@ -1115,7 +1115,7 @@ def render_png(data: dict, path: Path) -> Path | None:
         "ours_plain_optimizer": "#b07aa1",
         "ours_uncached_positions": "#9c755f",
         "ours_walking_finalize": "#d4a6c8",
-        "ours_fused": "#9c755f",
+        "ours_fused": "#4e79a7",
     }
     for ax, config in zip(axes[0], configs or [{}], strict=False):
         variants = config.get("variants") or {}
