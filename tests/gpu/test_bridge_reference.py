@@ -84,28 +84,34 @@ def _cfg(language: bool, vision: bool):
     )
 
 
-def _make(kind: str, cfg=None):
+def _make(kind: str, cfg=None, **fields):
     from bridge_cudagraph.examples import tiny
 
-    return tiny.tiny_gpt_provider(cfg) if kind == "gpt" else tiny.tiny_qwen3_vl_provider(cfg)
+    return tiny.tiny_gpt_provider(cfg, **fields) if kind == "gpt" else tiny.tiny_qwen3_vl_provider(cfg, **fields)
 
 
-def _bridge_model(kind: str, world):
-    """The same model on Bridge's own provider class, graphs off (``cuda_graph_impl="none"``)."""
+def _bridge_model(kind: str, world, *, fused: bool = False):
+    """The same model on Bridge's own provider class, graphs off (``cuda_graph_impl="none"``); ``fused``: with TE's
+    weight-gradient fusion on in the modules built from its config (what its ``gradient_accumulation_fusion=true``
+    gives them where APEX lets the host build it)."""
     from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.wgrad_fusion import fuse_te_modules
 
     plain = tiny.upstream_provider(_make(kind))
     plain.cuda_graph_impl = "none"
     assert not hasattr(plain, "cuda_graph"), type(plain)
     assert type(plain).__module__.startswith("megatron.bridge"), type(plain)
-    return tiny.build(plain, world.language)
+    model = tiny.build(plain, world.language)
+    if fused:
+        fuse_te_modules(model[0], plain)
+    return model
 
 
-def _plugin_model(kind: str, world, cfg, bridge):
-    """The plugin's model under ``cfg`` holding exactly Bridge's model's weights."""
+def _plugin_model(kind: str, world, cfg, bridge, **fields):
+    """The plugin's model under ``cfg`` (and provider ``fields``) holding exactly Bridge's model's weights."""
     from bridge_cudagraph.examples import tiny
 
-    provider = _make(kind, cfg)
+    provider = _make(kind, cfg, **fields)
     model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     assert sorted(model[0].state_dict()) == sorted(bridge[0].state_dict())
     tiny.copy_weights(bridge, model)
@@ -169,21 +175,15 @@ def test_fused_weight_gradients_match_bridge_bit_for_bit(world, record, kind):
     against Bridge's unmodified provider with TE's fusion on in the same modules: what Bridge's own config gives its TE
     layers where APEX lets it build (it cannot here: megatron-core's output layer needs APEX). Every gradient is read
     from ``main_grad``, where the fused GEMMs wrote it; the fused modules are counted and must be marked as added."""
-    from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.plan import plan_for
     from bridge_cudagraph.testing.parity import assert_captured
-    from bridge_cudagraph.wgrad_fusion import fuse_te_modules, te_modules_fusing
+    from bridge_cudagraph.wgrad_fusion import te_modules_fusing
 
-    plain = tiny.upstream_provider(_make(kind))
-    plain.cuda_graph_impl = "none"
-    bridge = tiny.build(plain, world.language)
-    fused_in_bridge = fuse_te_modules(bridge[0], plain)
-    provider = _make(kind, _cfg(True, False))
-    provider.gradient_accumulation_fusion = True
-    plugin = tiny.build(provider, world.language, vision_pg_collection=world.vision)
+    bridge = _bridge_model(kind, world, fused=True)
+    fused_in_bridge = te_modules_fusing(bridge[0])
+    provider, plugin = _plugin_model(kind, world, _cfg(True, False), bridge, gradient_accumulation_fusion=True)
     assert provider.gradient_accumulation_fusion is True  # the recipe's value, kept through the unfused build
     assert te_modules_fusing(plugin[0]) == fused_in_bridge > 0, (te_modules_fusing(plugin[0]), fused_in_bridge)
-    tiny.copy_weights(bridge, plugin)
     _require_deterministic(bridge)
     _require_deterministic(plugin)
     plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
