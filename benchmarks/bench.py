@@ -192,11 +192,14 @@ def make_provider(cfg: BenchConfig, cuda_graph=None, **overrides: Any):
 
 
 def ours_graph_config(
-    cfg: BenchConfig, vision_graph_unit: str | None = None, optimizer_host_cache: bool | None = None
+    cfg: BenchConfig,
+    vision_graph_unit: str | None = None,
+    optimizer_host_cache: bool | None = None,
+    fewer_host_waits: bool | None = None,
 ):
     """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
-    ``vision_graph_unit`` as ``model.cuda_graph.vision.graph_unit`` and ``optimizer_host_cache`` as
-    ``model.cuda_graph.optimizer_host_cache`` (None: the product's defaults)."""
+    ``vision_graph_unit``, ``optimizer_host_cache`` and ``fewer_host_waits`` as those settings of
+    ``model.cuda_graph`` (None: the product's defaults)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
@@ -210,6 +213,7 @@ def ours_graph_config(
         num_microbatches=cfg.num_microbatches,
         on_capture_error="raise",
         optimizer_host_cache=optimizer_host_cache,
+        fewer_host_waits=fewer_host_waits,
     )
 
 
@@ -222,7 +226,9 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
         return make_provider(cfg, None, **overrides)
     if is_ours(variant):
         lever = OURS_VARIANTS[variant]
-        graphs = ours_graph_config(cfg, lever.get("vision_graph_unit"), lever.get("optimizer_host_cache"))
+        graphs = ours_graph_config(
+            cfg, lever.get("vision_graph_unit"), lever.get("optimizer_host_cache"), lever.get("fewer_host_waits")
+        )
         if "gradient_accumulation_fusion" in lever:
             overrides = {"gradient_accumulation_fusion": lever["gradient_accumulation_fusion"], **overrides}
         return make_provider(cfg, graphs, **overrides)
@@ -770,13 +776,13 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
             micro_batch_size=cfg.micro_batch_size,
             num_microbatches=cfg.num_microbatches,
         )
-        if plan.optimizer_host_cache:  # as the Bridge callback installs them (CudaGraphCallback.on_train_start)
+        if plan.optimizer_host_cache or plan.fewer_host_waits:  # as CudaGraphCallback.on_train_start does
             from bridge_cudagraph import step_host
             from bridge_cudagraph.testing.parity import prepare_finalize
 
             prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
             finalize = OURS_VARIANTS[variant].get("finalize_listing") is not False
-            installed = step_host.install(model, optimizer, finalize=finalize)
+            installed = step_host.install_planned(plan, model, optimizer, finalize=finalize)
             objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
         return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global

@@ -43,6 +43,8 @@ LABELS = {
     "ours_uncached_positions": "ours deriving the vision positions per micro-batch, as Bridge does",
     "ours_walking_finalize": "ours with megatron-core's module walk in every gradient finalisation",
     "ours_fused": "ours with model.gradient_accumulation_fusion=true (TE's layers fuse, no APEX needed)",
+    "ours_host_waits": "ours with Bridge's Qwen3-VL forward as it is (fewer_host_waits=false: ~20 host waits)",
+    "ours_fused_host_waits": "ours_fused with Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)",
 }
 #: A graphed variant's max loss difference vs eager counts as "within the noise floor" when it is at most this many
 #: times eager-vs-eager's. Two runs that are each not bitwise deterministic drift apart chaotically to similar
@@ -1116,6 +1118,8 @@ def render_png(data: dict, path: Path) -> Path | None:
         "ours_uncached_positions": "#9c755f",
         "ours_walking_finalize": "#d4a6c8",
         "ours_fused": "#4e79a7",
+        "ours_host_waits": "#edc948",
+        "ours_fused_host_waits": "#76b7b2",
     }
     for ax, config in zip(axes[0], configs or [{}], strict=False):
         variants = config.get("variants") or {}

@@ -43,6 +43,11 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # plugin's provider (bridge_cudagraph.wgrad_fusion): TE's layers sum weight gradients into main_grad in their
     # GEMMs. It changes the gradients' rounding, so its drift from the unfused eager run is not noise alone.
     "ours_fused": {"gradient_accumulation_fusion": True},
+    # Bridge's Qwen3-VL forward as it is (model.cuda_graph.fewer_host_waits=false): ~20 host waits per micro-batch
+    # in get_rope_index and the deepstack merge; what bridge_cudagraph.forward_host gives.
+    "ours_host_waits": {"fewer_host_waits": False},
+    # ours_fused with Bridge's forward as it is: the same lever against the fused step.
+    "ours_fused_host_waits": {"gradient_accumulation_fusion": True, "fewer_host_waits": False},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

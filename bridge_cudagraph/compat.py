@@ -142,3 +142,18 @@ def finalize_walk_is_mirrored() -> bool:
     import megatron.core
 
     return str(megatron.core.__version__).startswith(_release(TESTED_STACK["megatron-core"]))
+
+
+#: The Megatron-Bridge release whose Qwen3-VL forward :mod:`bridge_cudagraph.forward_host` mirrors, by prefix: when
+#: ``Qwen3VLModel.forward`` calls ``get_rope_index`` and with which arguments, and ``_deepstack_process``.
+QWEN3_VL_FORWARD_MIRRORS = _release(TESTED_STACK["megatron-bridge"])
+
+
+@functools.cache
+def qwen3_vl_forward_is_mirrored() -> bool:
+    """Whether the installed Megatron-Bridge is the release of :data:`QWEN3_VL_FORWARD_MIRRORS` (read from its
+    module, so a source install counts too). Another release may derive the positions elsewhere or with other
+    arguments, so the forward stays the host's there."""
+    import megatron.bridge
+
+    return str(megatron.bridge.__version__).startswith(QWEN3_VL_FORWARD_MIRRORS)

@@ -208,6 +208,14 @@ class CudaGraphConfig:
     bitwise the same step, less Python while the GPU waits). ``None`` turns it on wherever graphs are; ``false`` keeps
     megatron-core's step as it is. It belongs to the graphed step: ``true`` without graphs is refused."""
 
+    fewer_host_waits: bool | None = None
+    """Qwen3-VL's forward without most of its waits for the GPU (:mod:`bridge_cudagraph.forward_host`): the mRoPE
+    positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids (one wait instead of about
+    7 + 3 per image), the deepstack merge by row positions instead of a boolean mask (no wait instead of 12 per
+    micro-batch); the same values, bitwise. ``None`` turns it on wherever graphs are on a Qwen3-VL model; ``false``
+    keeps Bridge's forward as it is. It belongs to the graphed step: ``true`` without graphs is refused, and so is
+    ``true`` on a model without a vision encoder."""
+
     @property
     def any_enabled(self) -> bool:
         """Whether either submodule asks for graphs."""
@@ -233,16 +241,20 @@ class CudaGraphConfig:
                 f"{where}.num_microbatches must be an integer >= 1 (or null to derive it), "
                 f"got {self.num_microbatches!r}"
             )
-        if self.optimizer_host_cache is not None and not isinstance(self.optimizer_host_cache, bool):
-            raise CudaGraphConfigError(
-                f"{where}.optimizer_host_cache must be true, false or null (on wherever graphs are), "
-                f"got {self.optimizer_host_cache!r}"
-            )
-        if self.optimizer_host_cache and not self.any_enabled:
-            raise CudaGraphConfigError(
-                f"{where}.optimizer_host_cache=true caches the graphed step's optimizer work, but no graphs are "
-                f"enabled; set {where}.language.enabled or {where}.vision.enabled to true, or leave it null"
-            )
+        for name, what in (
+            ("optimizer_host_cache", "caches the graphed step's optimizer work"),
+            ("fewer_host_waits", "takes the graphed step's forward off the host's waits"),
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise CudaGraphConfigError(
+                    f"{where}.{name} must be true, false or null (on wherever graphs are), got {value!r}"
+                )
+            if value and not self.any_enabled:
+                raise CudaGraphConfigError(
+                    f"{where}.{name}=true {what}, but no graphs are enabled; set {where}.language.enabled or "
+                    f"{where}.vision.enabled to true, or leave it null"
+                )
         if self.on_capture_error not in ("eager", "raise"):
             raise CudaGraphConfigError(
                 f"{where}.on_capture_error must be 'eager' or 'raise', got {self.on_capture_error!r}"

@@ -423,16 +423,31 @@ def extend_instance_class(obj: Any, mixin: type) -> None:
     cls = type(obj)
     if issubclass(cls, mixin):
         return
+    obj.__class__ = extend_instance_class_of(cls, mixin)
+
+
+def extend_instance_class_of(cls: type, mixin: type) -> type:
+    """The subclass of ``cls`` with ``mixin`` in front, made once per pair."""
     key = (cls, mixin)
     if key not in _EXTENDED_CLASSES:
         _EXTENDED_CLASSES[key] = type(
             f"{mixin.__name__}{cls.__name__}", (mixin, cls), {"__module__": mixin.__module__}
         )
-    obj.__class__ = _EXTENDED_CLASSES[key]
+    return _EXTENDED_CLASSES[key]
 
 
 def restore_instance_class(obj: Any, mixin: type) -> None:
-    """Give ``obj`` back the class it had before :func:`extend_instance_class`."""
+    """Take ``mixin`` off ``obj``'s class (:func:`extend_instance_class`), keeping any other mixin put on it: the
+    packed replay's decoder mixin and :mod:`bridge_cudagraph.forward_host`'s deepstack one share an object, and
+    their owners take them off in either order."""
     cls = type(obj)
-    if issubclass(cls, mixin):
-        obj.__class__ = next(b for b in cls.__mro__[1:] if not issubclass(b, mixin))
+    if not issubclass(cls, mixin):
+        return
+    layers: list[type] = []  # the mixins on obj, outermost first
+    while cls in _EXTENDED_CLASSES.values():
+        outer, cls = cls.__bases__
+        layers.append(outer)
+    for outer in reversed(layers):
+        if outer is not mixin:
+            cls = extend_instance_class_of(cls, outer)
+    obj.__class__ = cls

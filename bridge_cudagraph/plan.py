@@ -506,6 +506,8 @@ class CapturePlan:
         optimizer_host_cache: The step's host caches are on (:mod:`bridge_cudagraph.step_host`: the optimizer's
             per-parameter walks and the gradient finalisation's module walk): on wherever graphs are, unless the
             block turns them off.
+        fewer_host_waits: Qwen3-VL's forward without most of its host waits (:mod:`bridge_cudagraph.forward_host`):
+            on wherever graphs are on a Qwen3-VL model, unless the block turns it off.
     """
 
     facts: ModelFacts
@@ -518,6 +520,7 @@ class CapturePlan:
     vision: VisionPlan | None
     on_capture_error: str
     optimizer_host_cache: bool = False
+    fewer_host_waits: bool = False
 
     @property
     def language_layout(self) -> ResolvedLayout:
@@ -556,6 +559,13 @@ class CapturePlan:
                 if self.optimizer_host_cache
                 else "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
             )
+            if self.vision is not None:
+                lines.append(
+                    "forward: mRoPE positions from one host copy, deepstack merge by index (same values, 1 host wait "
+                    "instead of ~20)"
+                    if self.fewer_host_waits
+                    else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
+                )
             lines.append(_describe_wgrad_accumulation(f))
             lines.append(
                 f"busiest rank: {self.total_graphs} graphs; a failed capture "
@@ -987,6 +997,11 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
             f"model.virtual_pipeline_model_parallel_size={facts.virtual_pipeline_size} with Qwen3-VL: its provider "
             "ignores vp_stage, so a virtual pipeline builds wrong chunks; set it to null"
         )
+    if cfg.fewer_host_waits and v is None:
+        raise CudaGraphConfigError(
+            f"model.cuda_graph.fewer_host_waits=true but {facts.provider} is not Qwen3-VL: it changes Qwen3-VL's "
+            "forward (mRoPE positions, deepstack merge); leave it null"
+        )
     if v is not None:
         check_vision_heads(cfg.vision.tensor_parallel_size, v.num_heads)
 
@@ -1098,6 +1113,7 @@ def build_plan(
         vision=vision,
         on_capture_error=cfg.on_capture_error,
         optimizer_host_cache=cfg.any_enabled and cfg.optimizer_host_cache is not False,
+        fewer_host_waits=cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False,
     )
 
 

@@ -1,22 +1,25 @@
-"""The graphed step's host caches, put on and taken off together: what ``model.cuda_graph.optimizer_host_cache``
-switches (null: on wherever graphs are).
+"""The graphed step's host work, put on and taken off together: what ``model.cuda_graph.optimizer_host_cache`` and
+``model.cuda_graph.fewer_host_waits`` switch (null: on wherever graphs are).
 
-Two pieces of per-step host work that recompute the same answer every step and leave the GPU idle between the
-backward and the optimizer: megatron-core's module walk at the end of the gradient finalisation
-(:mod:`bridge_cudagraph.finalize_host`) and the optimizer step's per-parameter walks
-(:mod:`bridge_cudagraph.optimizer_host`). Both keep the host's kernels and arguments, so a step is bitwise the
-host's. Bridge's callback installs them at ``on_train_start`` and takes them off with the graphs; the benchmark
-installs them for its ``ours`` variants through the same function.
+Per-step host work that recomputes the same answer every step or waits for the GPU where it need not, leaving the
+GPU idle: megatron-core's module walk at the end of the gradient finalisation (:mod:`bridge_cudagraph.finalize_host`)
+and the optimizer step's per-parameter walks (:mod:`bridge_cudagraph.optimizer_host`), which keep the host's kernels
+and arguments, and Qwen3-VL's forward waits (:mod:`bridge_cudagraph.forward_host`), which keep its values. A step is
+bitwise the host's. Bridge's callback installs them at ``on_train_start`` as the plan says and takes them off with
+the graphs; the benchmark installs them for its ``ours`` variants through the same function.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge_cudagraph import finalize_host, optimizer_host
+from bridge_cudagraph import finalize_host, forward_host, optimizer_host
 
-__all__ = ["StepHostCaches", "install", "uninstall"]
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan import CapturePlan
+
+__all__ = ["StepHostCaches", "install", "install_planned", "uninstall"]
 
 
 @dataclass
@@ -26,23 +29,41 @@ class StepHostCaches:
     Attributes:
         optimizer: The optimizer objects given a mixin (:func:`bridge_cudagraph.optimizer_host.install`).
         finalize_config: The model config whose ``finalize_model_grads_func`` was wrapped, or None.
+        forward: The model objects given a mixin (:func:`bridge_cudagraph.forward_host.install`).
     """
 
     optimizer: list[tuple[Any, type]] = field(default_factory=list)
     finalize_config: Any | None = None
+    forward: list[tuple[Any, type]] = field(default_factory=list)
 
 
-def install(model_chunks: list[Any], optimizer: Any, *, finalize: bool = True) -> StepHostCaches:
-    """Put both caches on ``model_chunks`` (their config's finalisation function, where one is set) and
-    ``optimizer``; ``finalize=False`` leaves the finalisation as it is (the benchmark's lever)."""
+def install(
+    model_chunks: list[Any], optimizer: Any, *, caches: bool = True, finalize: bool = True, forward: bool = False
+) -> StepHostCaches:
+    """Put the optimizer and finalisation caches on ``model_chunks`` (their config's finalisation function, where
+    one is set) and ``optimizer`` (``caches``; ``finalize=False`` leaves the finalisation as it is: the benchmark's
+    lever), and Qwen3-VL's forward with fewer host waits on the models in ``model_chunks`` (``forward``)."""
     from megatron.core.utils import get_model_config
 
-    done = StepHostCaches(optimizer=optimizer_host.install(optimizer))
-    if finalize and model_chunks:
-        config = get_model_config(model_chunks[0])
-        if finalize_host.install(config, model_chunks):
-            done.finalize_config = config
+    done = StepHostCaches()
+    if caches:
+        done.optimizer = optimizer_host.install(optimizer)
+        if finalize and model_chunks:
+            config = get_model_config(model_chunks[0])
+            if finalize_host.install(config, model_chunks):
+                done.finalize_config = config
+    if forward:
+        done.forward = forward_host.install(model_chunks)
     return done
+
+
+def install_planned(
+    plan: CapturePlan, model_chunks: list[Any], optimizer: Any, *, finalize: bool = True
+) -> StepHostCaches:
+    """:func:`install` as ``plan`` says (``optimizer_host_cache``, ``fewer_host_waits``)."""
+    return install(
+        model_chunks, optimizer, caches=plan.optimizer_host_cache, finalize=finalize, forward=plan.fewer_host_waits
+    )
 
 
 def uninstall(done: StepHostCaches) -> None:
@@ -53,3 +74,6 @@ def uninstall(done: StepHostCaches) -> None:
     if done.finalize_config is not None:
         finalize_host.uninstall(done.finalize_config)
         done.finalize_config = None
+    if done.forward:
+        forward_host.uninstall(done.forward)
+        done.forward = []

@@ -22,7 +22,7 @@ import torch
 from megatron.bridge.training.callbacks import Callback
 from megatron.core.utils import get_model_config
 
-from bridge_cudagraph import bridge_loop, finalize_host, optimizer_host, wgrad_fusion
+from bridge_cudagraph import bridge_loop, finalize_host, forward_host, optimizer_host, wgrad_fusion
 from bridge_cudagraph.callback import Phase
 from bridge_cudagraph.host_patches import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
@@ -89,6 +89,7 @@ class Recorder(Callback):
         self.data["model_cuda_graph_impl"] = get_model_config(context.model[0]).cuda_graph_impl
         self.data["parallel_state_untouched_at_start"] = parallel_state_untouched()
         self.data["optimizer_host_cache"] = optimizer_host.installed(context.optimizer)
+        self.data["fewer_host_waits"] = forward_host.installed(context.model)
         self.data["weights_at_start"] = _fingerprint(context.model)
         self.data["te_modules_fusing_wgrad"] = sum(wgrad_fusion.te_modules_fusing(chunk) for chunk in context.model)
         handler = signal.getsignal(signal.SIGTERM)  # Bridge's, with train.exit_signal_handler
@@ -118,6 +119,7 @@ class Recorder(Callback):
         # Read at every step: the callback drops the counts with the cache when it releases the graphs.
         self.data["optimizer_cached_steps"] = optimizer_host.cached_steps(context.optimizer)
         self.data["finalize_listed"] = finalize_host.installed(get_model_config(context.model[0]))
+        self.data["host_positions_calls"] = forward_host.host_positions_calls(context.model)
         self.data["params_marked_added_to_main_grad"] = sum(
             bool(getattr(p, "grad_added_to_main_grad", False)) for chunk in context.model for p in chunk.parameters()
         )

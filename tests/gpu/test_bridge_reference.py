@@ -227,3 +227,116 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
         assert_captured(helper.stats)
     finally:
         helper.delete_cuda_graphs()
+
+
+def _host_waits(fn) -> int:
+    """How many times ``fn`` makes the host wait for the GPU: torch's sync debug mode warns once per wait."""
+    import warnings
+
+    import torch
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+@pytest.mark.parametrize("language", [False, True], ids=["graphs_off", "language_graphs"])
+def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
+    """``fewer_host_waits`` (:mod:`bridge_cudagraph.forward_host`: mRoPE positions from one host copy, the deepstack
+    merge by row positions) on the plugin's Qwen3-VL, graphs off and language graphs replaying: per-token loss and
+    every gradient bit for bit Bridge's unmodified model's, on every image mix; every micro-batch took the host copy;
+    a forward and backward with images waits less often than Bridge's (both counted and recorded)."""
+    from bridge_cudagraph import forward_host
+    from bridge_cudagraph.plan import plan_for
+    from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
+
+    bridge = _bridge_model("qwen3_vl", world)
+    provider, plugin = _plugin_model("qwen3_vl", world, _cfg(language, False), bridge)
+    _require_deterministic(bridge)
+    _require_deterministic(plugin)
+    helper = None
+    if language:
+        plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+        assert plan.fewer_host_waits
+        helper = provider.make_language_graph_helper(plugin, plan=plan)
+        helper.create_cudagraphs()
+        assert helper.graphs_created(), helper.stats.failed
+    done = forward_host.install(plugin)
+    try:
+        mixins = {mixin for _, mixin in done}
+        assert mixins == {forward_host.HostRopeIndex, forward_host.IndexedDeepstack}, done
+        batches = _batches("qwen3_vl")
+        _require_bit_identical(plugin, bridge, batches, f"fewer host waits, language graphs {language}", record)
+        (qwen,) = (obj for obj, mixin in done if mixin is forward_host.HostRopeIndex)
+        assert qwen.host_positions_calls == len(batches)
+        for name, batch in batches.items():
+            ours = _host_waits(lambda batch=batch: loss_and_grads(plugin, batch))
+            theirs = _host_waits(lambda batch=batch: loss_and_grads(bridge, batch))
+            record(case="host waits per forward and backward", batch=name, ours=ours, bridge=theirs)
+            if batch["image_grid_thw"] is not None:
+                assert ours < theirs, (name, ours, theirs)
+        if helper is not None:
+            assert helper.stats.replays == 2 * len(batches), helper.stats
+            assert_captured(helper.stats)
+    finally:
+        forward_host.uninstall(done)
+        if helper is not None:
+            helper.delete_cuda_graphs()
+    assert not forward_host.installed(plugin)
+
+
+def test_the_deepstack_merge_and_the_positions_wait_at_most_once(world, record):
+    """In isolation, on the GPU: the deepstack merge by row positions, forward and backward, never waits, and gives
+    Bridge's method's output and gradients bit for bit; the pending positions wait at most once (for their own host
+    copies) and equal Bridge's ``get_rope_index`` on the GPU's tensors (which waits many times)."""
+    import torch
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope import get_rope_index
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
+
+    from bridge_cudagraph.forward_host import IndexedDeepstack, PendingPositions
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mask = torch.rand(MBS, SEQ, generator=g, device="cuda") < 0.3
+    hidden = torch.randn(SEQ, MBS, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    embeds = torch.randn(int(mask.sum()), 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(SEQ, MBS, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+
+    def merge(method):
+        h, e = hidden.clone().requires_grad_(True), embeds.clone().requires_grad_(True)
+        out = method(None, h, mask, e)
+        (out * weight).sum().backward()
+        return out.detach(), h.grad, e.grad
+
+    theirs = merge(Qwen3VLTransformerBlock._deepstack_process)
+    ours = merge(IndexedDeepstack._deepstack_process)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    waits = {
+        "deepstack_bridge": _host_waits(lambda: merge(Qwen3VLTransformerBlock._deepstack_process)),
+        "deepstack_ours": _host_waits(lambda: merge(IndexedDeepstack._deepstack_process)),
+    }
+    model = _bridge_model("qwen3_vl", world)[0].module
+    while not hasattr(model, "image_token_id"):
+        model = model.module
+    batch = _batches("qwen3_vl")["several_sizes"]
+    args = (model.config.spatial_merge_size, model.image_token_id, model.video_token_id, model.vision_start_token_id)
+    theirs = get_rope_index(*args, batch["input_ids"], image_grid_thw=batch["image_grid_thw"])[0]
+
+    def ours_positions():
+        pending = PendingPositions(model, batch)
+        pending.fill()
+        return pending.positions
+
+    assert torch.equal(ours_positions(), theirs)
+    waits["positions_bridge"] = _host_waits(
+        lambda: get_rope_index(*args, batch["input_ids"], image_grid_thw=batch["image_grid_thw"])
+    )
+    waits["positions_ours"] = _host_waits(ours_positions)
+    record(case="host waits in isolation", **waits)
+    assert waits["deepstack_ours"] == 0 < waits["deepstack_bridge"], waits
+    assert waits["positions_ours"] <= 1 < waits["positions_bridge"], waits

@@ -115,13 +115,17 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 # micro-batch's own longest row; the second case shows whether the kernels' numbers depend on max_seqlen.
 # ``fused``: with gradient_accumulation_fusion=true, which the packed replay marks before each replay.
 @pytest.mark.parametrize(
-    ("max_seqlen", "fused"),
-    [(SEQ, False), (4 * SEQ, False), (SEQ, True)],
-    ids=["max_seqlen_S", "max_seqlen_4S", "max_seqlen_S_fused"],
+    ("max_seqlen", "fused", "fewer_waits"),
+    [(SEQ, False, False), (4 * SEQ, False, False), (SEQ, True, False), (SEQ, True, True)],
+    ids=["max_seqlen_S", "max_seqlen_4S", "max_seqlen_S_fused", "max_seqlen_S_fused_fewer_waits"],
 )
-def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused):
+def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, fewer_waits):
+    """``fewer_waits``: the graphed model also runs Qwen3-VL's forward with fewer host waits
+    (:mod:`bridge_cudagraph.forward_host`, as the callback installs it with the graphs): the step's packed rows take
+    its positions and its deepstack merge, and stay exact against both references."""
     import torch
 
+    from bridge_cudagraph import forward_host
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
     from bridge_cudagraph.testing.parity import loss_and_grads
 
@@ -145,6 +149,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused):
         _assert_match(a, b, f"{name}: before capture", floors[name])
 
     helper = PackedLanguageGraphHelper(graphed, layout=layout)
+    waits = forward_host.install(graphed) if fewer_waits else []
     helper.create_cudagraphs()
     assert helper.stats.failed is None, helper.stats.failed
     assert helper.graphs_created() and helper.stats.graphs == 4 * len(BUDGETS)
@@ -182,8 +187,13 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused):
         graph_memory_mib=helper.stats.graph_memory_bytes / 2**20,
         capture_s=helper.stats.seconds,
     )
+    if fewer_waits:
+        (qwen,) = (obj for obj, mixin in waits if mixin is forward_host.HostRopeIndex)
+        record(case="fewer host waits", host_positions_calls=qwen.host_positions_calls)
+        assert qwen.host_positions_calls == len(batches) + 1  # every graphed call, the fallback too
     helper.uninstall()
-    assert not helper.graphs_created()
+    forward_host.uninstall(waits)
+    assert not helper.graphs_created() and not forward_host.installed(graphed)
 
 
 # Rows as the main job's photo micro-batches make them at sequence 2048 (every width a multiple of 128): packed widths

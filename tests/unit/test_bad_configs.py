@@ -101,6 +101,7 @@ BLOCK_CASES = [
     ("bad-on-capture-error", {"on_capture_error": "skip"}, CudaGraphConfigError, ["'eager' or 'raise'"]),
     ("host-cache-not-bool", {"optimizer_host_cache": "yes"}, CudaGraphConfigError, ["true, false or null"]),
     ("host-cache-without-graphs", {"optimizer_host_cache": True}, CudaGraphConfigError, ["no graphs are enabled"]),
+    ("fewer-waits-without-graphs", {"fewer_host_waits": True}, CudaGraphConfigError, ["no graphs are enabled"]),
     ("unknown-key", {"vision": {"token_budget": [64]}}, UnknownKeyError, ["token_budget", "'token_budgets'"]),
     ("wrong-type", {"vision": {"tensor_parallel_size": "2"}}, CudaGraphConfigError, ["integer"]),
     ("wrong-bool", {"language": {"enabled": "yes"}}, CudaGraphConfigError, ["true or false"]),

@@ -136,6 +136,8 @@ ERRORS = [
     ({"on_capture_error": "ignore"}, CudaGraphConfigError, ["on_capture_error", "'eager' or 'raise'"]),
     ({"optimizer_host_cache": "yes"}, CudaGraphConfigError, ["optimizer_host_cache", "true, false or null"]),
     ({"optimizer_host_cache": True}, CudaGraphConfigError, ["optimizer_host_cache=true", "no graphs"]),
+    ({"fewer_host_waits": 1}, CudaGraphConfigError, ["fewer_host_waits", "true, false or null"]),
+    ({"fewer_host_waits": True}, CudaGraphConfigError, ["fewer_host_waits=true", "no graphs"]),
     # wrong scalar types from YAML
     ({"language": {"enabled": "yes"}}, CudaGraphConfigError, ["cuda_graph.language.enabled", "true or false"]),
     ({"vision": {"tensor_parallel_size": "2"}}, CudaGraphConfigError, ["tensor_parallel_size", "integer"]),

@@ -249,3 +249,33 @@ def test_nothing_else_in_the_package_rebinds_these_names():
                 text = f.read()
             offenders += [f"{os.path.relpath(path, root)}: {n}" for n in names if n in text]
     assert not offenders, offenders
+
+
+def test_instance_mixins_come_off_in_either_order():
+    """Two owners extend one object's class (the packed replay's decoder mixin, the forward's deepstack one): each
+    takes its own off, in either order, and the other stays; both off gives the host class back."""
+
+    class Host:
+        def who(self):
+            return ["host"]
+
+    class First:
+        def who(self):
+            return ["first", *super().who()]
+
+    class Second:
+        def who(self):
+            return ["second", *super().who()]
+
+    for off in ((First, Second), (Second, First)):
+        obj = Host()
+        host_patches.extend_instance_class(obj, First)
+        host_patches.extend_instance_class(obj, Second)
+        assert obj.who() == ["second", "first", "host"]
+        host_patches.restore_instance_class(obj, off[0])
+        assert obj.who() == [off[1].__name__.lower(), "host"]
+        assert isinstance(obj, off[1]) and not isinstance(obj, off[0])
+        host_patches.restore_instance_class(obj, off[1])
+        assert type(obj) is Host
+        host_patches.restore_instance_class(obj, off[1])  # idempotent
+        assert type(obj) is Host

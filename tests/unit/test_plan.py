@@ -471,6 +471,25 @@ class TestDescribe:
         no_graphs = plan(qwen3_vl_8b(), CudaGraphConfig())
         assert not no_graphs.optimizer_host_cache and "optimizer:" not in no_graphs.describe()
 
+    def test_fewer_host_waits_follow_the_graphs_on_qwen3_vl_unless_turned_off(self):
+        """On wherever graphs are on a Qwen3-VL model (the default), off with ``fewer_host_waits: false``, with graphs
+        off, and on a text-only model, where ``true`` is refused; the plan says which, below the optimizer line."""
+        on = plan(qwen3_vl_8b(), both_on())
+        assert on.fewer_host_waits
+        lines = on.describe().splitlines()
+        assert lines[lines.index(next(x for x in lines if x.startswith("optimizer:"))) + 1].startswith(
+            "forward: mRoPE positions from one host copy, deepstack merge by index"
+        )
+        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "fewer_host_waits": False})
+        off = plan(qwen3_vl_8b(), block)
+        assert not off.fewer_host_waits
+        assert "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)" in off.describe()
+        gpt = plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True}}))
+        assert not gpt.fewer_host_waits and "forward:" not in gpt.describe()
+        assert not plan(qwen3_vl_8b(), CudaGraphConfig()).fewer_host_waits
+        with pytest.raises(CudaGraphConfigError, match=r"fewer_host_waits=true but .* is not Qwen3-VL"):
+            plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True}, "fewer_host_waits": True}))
+
     def test_the_weight_gradient_line_follows_the_providers_fusion(self):
         """Above the busiest-rank line: where the weight gradients are summed, as the provider's
         ``gradient_accumulation_fusion`` says (TE's GEMMs with it, one addition per parameter without)."""
