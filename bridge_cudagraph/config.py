@@ -210,9 +210,10 @@ class CudaGraphConfig:
 
     fewer_host_waits: bool | None = None
     """Qwen3-VL's forward without most of its waits for the GPU (:mod:`bridge_cudagraph.forward_host`): the mRoPE
-    positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids (one wait instead of about
-    7 + 3 per image), the deepstack merge by row positions instead of a boolean mask (no wait instead of 12 per
-    micro-batch); the same values, bitwise. ``None`` turns it on wherever graphs are on a Qwen3-VL model; ``false``
+    positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids, read while the vision
+    encoder runs (a wait for those copies only, instead of about 7 + 3 per image for the whole queue), the deepstack
+    merge by row positions instead of a boolean mask (no wait instead of 6 per merge, 3 merges per micro-batch); the
+    same values, bitwise. ``None`` turns it on wherever graphs are on a Qwen3-VL model; ``false``
     keeps Bridge's forward as it is. It belongs to the graphed step: ``true`` without graphs is refused, and so is
     ``true`` on a model without a vision encoder."""
 

@@ -65,7 +65,7 @@ def _is_mrope(position_ids: Any) -> bool:
 
 
 def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A pinned host copy, enqueued without waiting (the caller synchronizes once)."""
+    """A pinned host copy, enqueued without waiting (the caller waits on an event recorded after its copies)."""
     if tensor is None or not tensor.is_cuda:
         return tensor
     return tensor.to("cpu", non_blocking=True)

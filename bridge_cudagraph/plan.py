@@ -561,8 +561,8 @@ class CapturePlan:
             )
             if self.vision is not None:
                 lines.append(
-                    "forward: mRoPE positions from one host copy, deepstack merge by index (same values, 1 host wait "
-                    "instead of ~20)"
+                    "forward: mRoPE positions from one host copy, deepstack merge by index (same values, the GPU's "
+                    "queue not drained)"
                     if self.fewer_host_waits
                     else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
                 )
