@@ -31,7 +31,10 @@ Entry (what it rebinds; host version; how it is undone):
   (the packed-sequence replay, :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`), or the optimizer's
   objects (megatron-core 0.19.2's ``ChainedOptimizer`` and ``DistributedOptimizer``, Transformer Engine 2.20's
   ``FusedAdam``: the optimizer host cache of :mod:`bridge_cudagraph.optimizer_host`, whose ``install`` and
-  ``uninstall`` call these two); the host's classes are untouched; :func:`restore_instance_class`.
+  ``uninstall`` call these two), or Bridge 0.6.2's ``Qwen3VLModel`` and its decoder (the forward with fewer host
+  waits, :mod:`bridge_cudagraph.forward_host`, which also puts a forward pre-hook on the model's input embedding and
+  removes it on ``uninstall``); the host's classes are untouched; :func:`restore_instance_class`, which takes one
+  mixin off an object that carries two (the decoder's packed replay and deepstack merge) in either order.
 
 Every undo puts back the very object that was there before (``tests/unit/test_host_patches.py`` checks identity).
 Each replacement carries the original under :data:`ORIGINAL`, which is how the install/uninstall pairs find it.
@@ -415,10 +418,11 @@ def extend_instance_class(obj: Any, mixin: type) -> None:
     """Give ``obj`` (one instance) a subclass of its own class with ``mixin`` in front, cached per class.
 
     For a host method with no hook, overridden for one object only: megatron-core 0.19.2's decoder
-    (``TransformerBlock.forward``) for the packed replay, the optimizer's per-parameter walks for the host cache. The
-    mixin must add no state the host saves or reads: parameters, buffers, hooks and state dicts are untouched (the
-    optimizer cache keeps one private instance attribute, dropped on uninstall). Undone by
-    :func:`restore_instance_class`.
+    (``TransformerBlock.forward``) for the packed replay, the optimizer's per-parameter walks for the host cache,
+    Bridge 0.6.2's Qwen3-VL forward and deepstack merge (:mod:`bridge_cudagraph.forward_host`). The mixin must add no
+    state the host saves or reads: parameters, buffers and state dicts are untouched (the optimizer cache keeps one
+    private instance attribute, the forward a call counter and its embedding hook's handle, dropped on uninstall).
+    Undone by :func:`restore_instance_class`.
     """
     cls = type(obj)
     if issubclass(cls, mixin):
