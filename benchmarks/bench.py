@@ -776,14 +776,15 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
             micro_batch_size=cfg.micro_batch_size,
             num_microbatches=cfg.num_microbatches,
         )
-        if plan.optimizer_host_cache or plan.fewer_host_waits:  # as CudaGraphCallback.on_train_start does
-            from bridge_cudagraph import step_host
+        from bridge_cudagraph import step_host  # as CudaGraphCallback.on_train_start installs it
+
+        if plan.optimizer_host_cache:
             from bridge_cudagraph.testing.parity import prepare_finalize
 
             prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
-            finalize = OURS_VARIANTS[variant].get("finalize_listing") is not False
-            installed = step_host.install_planned(plan, model, optimizer, finalize=finalize)
-            objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
+        finalize = OURS_VARIANTS[variant].get("finalize_listing") is not False
+        installed = step_host.install_planned(plan, model, optimizer, finalize=finalize)
+        objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
         return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global
     # micro-batch calculator megatron-core's helpers read.

@@ -339,10 +339,9 @@ class CudaGraphCallback(Callback):
 
             plan = self.plan = plan_finalized(cfg, world_size=_world_size())
         helpers = self._helper_factory(provider, context.model, plan=plan, optimizers=[context.optimizer])
-        if plan.optimizer_host_cache or plan.fewer_host_waits:
-            from bridge_cudagraph import step_host
+        from bridge_cudagraph import step_host
 
-            self._step_host = step_host.install_planned(plan, context.model, context.optimizer)
+        self._step_host = step_host.install_planned(plan, context.model, context.optimizer)
         warmups = {"language": plan.language.warmup_steps}
         if plan.vision is not None:
             warmups["vision"] = plan.vision.warmup_steps

@@ -59,11 +59,6 @@ logger = logging.getLogger(__name__)
 _PACKED_OFFSETS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 
 
-def _is_mrope(position_ids: Any) -> bool:
-    """Bridge's ``_is_mrope_position_ids``: explicit positions that its forward keeps."""
-    return isinstance(position_ids, torch.Tensor) and position_ids.dim() == 3 and position_ids.size(0) == 3
-
-
 def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """A pinned host copy, enqueued without waiting (the caller waits on an event recorded after its copies)."""
     if tensor is None or not tensor.is_cuda:
@@ -169,12 +164,15 @@ class HostRopeIndex:
         return output
 
     def _positions_are_derived(self, kwargs: dict[str, Any]) -> bool:
+        # Bridge's own test of explicit positions, which its forward keeps instead of deriving them.
+        from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import _is_mrope_position_ids
+
         input_ids = kwargs.get("input_ids")
         return (
             isinstance(input_ids, torch.Tensor)
             and input_ids.is_cuda
             and input_ids.dim() == 2
-            and not _is_mrope(kwargs.get("position_ids"))
+            and not _is_mrope_position_ids(kwargs.get("position_ids"))
             and kwargs.get("inference_params") is None
             and self.pg_collection.cp.size() == 1
         )

@@ -230,20 +230,10 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
 
 
 def _host_waits(fn) -> int:
-    """How many times ``fn`` makes the host wait for the GPU: torch's sync debug mode warns once per wait."""
-    import warnings
+    """How many times ``fn`` makes the host wait for the GPU (the benchmark's census: torch's sync debug mode)."""
+    from benchmarks.host_syncs import census
 
-    import torch
-
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    return census(fn)["total"]
 
 
 @pytest.mark.parametrize("language", [False, True], ids=["graphs_off", "language_graphs"])
