@@ -196,14 +196,15 @@ def ours_graph_config(
     vision_graph_unit: str | None = None,
     optimizer_host_cache: bool | None = None,
     fewer_host_waits: bool | None = None,
+    language_graph_unit: str | None = None,
 ):
     """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
-    ``vision_graph_unit``, ``optimizer_host_cache`` and ``fewer_host_waits`` as those settings of
-    ``model.cuda_graph`` (None: the product's defaults)."""
+    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits`` and ``language_graph_unit`` as those settings
+    of ``model.cuda_graph`` (None: the product's defaults)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
-        language=LanguageGraphConfig(enabled=True),
+        language=LanguageGraphConfig(enabled=True, graph_unit=language_graph_unit),
         vision=VisionGraphConfig(
             enabled=True,
             token_budgets=cfg.vision_budgets(),
@@ -227,7 +228,11 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
     if is_ours(variant):
         lever = OURS_VARIANTS[variant]
         graphs = ours_graph_config(
-            cfg, lever.get("vision_graph_unit"), lever.get("optimizer_host_cache"), lever.get("fewer_host_waits")
+            cfg,
+            lever.get("vision_graph_unit"),
+            lever.get("optimizer_host_cache"),
+            lever.get("fewer_host_waits"),
+            lever.get("language_graph_unit"),
         )
         if "gradient_accumulation_fusion" in lever:
             overrides = {"gradient_accumulation_fusion": lever["gradient_accumulation_fusion"], **overrides}

@@ -48,6 +48,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours_host_waits": {"fewer_host_waits": False},
     # ours_fused with Bridge's forward as it is: the same lever against the fused step.
     "ours_fused_host_waits": {"gradient_accumulation_fusion": True, "fewer_host_waits": False},
+    # ours_fused with one language graph per layer (model.cuda_graph.language.graph_unit=layer, megatron-core's unit)
+    # instead of one per run of layers between deepstack merges: what the runs give.
+    "ours_fused_layer_graphs": {"gradient_accumulation_fusion": True, "language_graph_unit": "layer"},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

@@ -154,14 +154,18 @@ class PackedLayout:
         return out + [budget] * (self.cu_seqlens_length - len(out))
 
 
-def vision_segments(depth: int, taps: Sequence[int], unit: str) -> tuple[tuple[int, int], ...]:
-    """The layer ranges ``[start, end)`` one vision graph each spans, for ``model.cuda_graph.vision.graph_unit``
-    ``unit``: runs ending at each deepstack layer of ``taps`` and then the rest (``deepstack``), or single layers
-    (``layer``). Every deepstack layer ends a range, so each graph has one output. The plan counts graphs with it
-    and the capture builds them with it."""
+def layer_segments(depth: int, cut_after: Sequence[int], unit: str) -> tuple[tuple[int, int], ...]:
+    """The layer ranges ``[start, end)`` one graph each spans, for a ``graph_unit`` of ``model.cuda_graph``: runs of
+    layers cut after each layer of ``cut_after`` and then the rest (``deepstack``), or single layers (``layer``).
+
+    The cuts are where something outside the layers reads or changes their output: Qwen3-VL's vision encoder reads
+    the output of each deepstack layer (its deepstack mergers), its language model adds a deepstack feature after
+    each of its first layers (one per feature). A graph never spans a cut, so each graph has one input and one
+    output, both the eager layers' own. The plan counts graphs with it and the captures build them with it.
+    """
     if unit == "layer":
         return tuple((i, i + 1) for i in range(depth))
     if unit == "deepstack":
-        ends = sorted({t + 1 for t in taps if 0 <= t < depth} | {depth})
-        return tuple(zip([0, *ends[:-1]], ends, strict=True))
-    raise ValueError(f"unknown vision graph unit {unit!r}")
+        ends = sorted({t + 1 for t in cut_after if 0 <= t < depth} | {depth})
+        return tuple(zip([0, *ends[:-1]], ends, strict=True)) if depth else ()
+    raise ValueError(f"unknown graph unit {unit!r}")

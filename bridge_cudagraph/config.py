@@ -22,8 +22,9 @@ from typing import Any
 #: ``transformer/enums.py``). ``mamba`` is left out: neither GPT nor Qwen3-VL has Mamba layers.
 GRAPHABLE_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
-#: What one vision graph may span (``VisionGraphConfig.graph_unit``): the layers up to each deepstack layer, or one.
-VISION_GRAPH_UNITS: tuple[str, ...] = ("deepstack", "layer")
+#: What one graph may span (``graph_unit`` of either part): a run of layers cut at each deepstack point
+#: (:func:`bridge_cudagraph.budgets.layer_segments`), or one layer.
+GRAPH_UNITS: tuple[str, ...] = ("deepstack", "layer")
 
 
 class CudaGraphConfigError(ValueError):
@@ -104,6 +105,13 @@ def _check_budget_list(where: str, budgets: Any, unit: str) -> None:
         )
 
 
+def _check_graph_unit(where: str, unit: Any) -> None:
+    if unit is not None and unit not in GRAPH_UNITS:
+        raise CudaGraphConfigError(
+            f"{where}.graph_unit={unit!r}: use one of {list(GRAPH_UNITS)} (or null to choose from the model)"
+        )
+
+
 @dataclass
 class LanguageGraphConfig(SubmoduleGraphConfig):
     """The language model's per-layer graphs."""
@@ -119,9 +127,24 @@ class LanguageGraphConfig(SubmoduleGraphConfig):
     static length of its ``cu_seqlens``. ``None``: the micro batch size (Bridge's Qwen3-VL step makes one
     segment per sample)."""
 
+    graph_unit: str | None = None
+    """What one language graph spans: ``deepstack``, a run of consecutive layers that nothing outside the layers
+    interrupts (Qwen3-VL adds a deepstack feature after each of its first 3 layers, so its first pipeline stage has
+    4 graphs per micro-batch shape instead of 28: layers 0, 1, 2 and 3-27; a GPT stage, with nothing between its
+    layers, one), or ``layer``, one graph per layer (megatron-core's own unit). Fewer graphs are fewer launches and
+    less host work per layer; both replay the eager layers' kernels in the same order, bit for bit. ``None``:
+    ``deepstack`` where layers are captured whole on a dense model without per-layer quantization or offloading
+    contexts, else ``layer``."""
+
     def validate(self, where: str = "cuda_graph.language") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
+        _check_graph_unit(where, self.graph_unit)
+        if self.graph_unit == "deepstack" and self.modules is not None:
+            raise CudaGraphConfigError(
+                f"{where}.graph_unit='deepstack' with {where}.modules={self.modules}: a run of layers is captured "
+                "from whole layers; set modules to null, or graph_unit to 'layer' (or null)"
+            )
         _check_budget_list(where, self.token_budgets, "tokens")
         _check_positive_or_none(where, "max_sequences", self.max_sequences, "derive it")
 
@@ -163,11 +186,7 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
-        if self.graph_unit is not None and self.graph_unit not in VISION_GRAPH_UNITS:
-            raise CudaGraphConfigError(
-                f"{where}.graph_unit={self.graph_unit!r}: use one of {list(VISION_GRAPH_UNITS)} "
-                "(or null for 'deepstack')"
-            )
+        _check_graph_unit(where, self.graph_unit)
         if self.modules is not None:
             raise CudaGraphConfigError(
                 f"{where}.modules={self.modules}: vision layers are captured whole (packed attention with per-image "

@@ -301,6 +301,8 @@ def language_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "num_microbatches": plan.num_microbatches,
         "static_inputs": plan.language.static_inputs,
         "on_capture_error": plan.on_capture_error,
+        "graph_unit": plan.language.graph_unit,
+        "deepstack_merges": plan.language.deepstack_merges,
     }
 
 
@@ -315,6 +317,8 @@ def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "copies": packed.copies,
         "static_inputs": dict(packed.static_inputs),
         "on_capture_error": plan.on_capture_error,
+        "graph_unit": plan.language.graph_unit,
+        "deepstack_merges": plan.language.deepstack_merges,
     }
 
 

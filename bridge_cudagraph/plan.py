@@ -34,8 +34,8 @@ from bridge_cudagraph.budgets import (
     derive_max_segments,
     derive_token_budgets,
     in_flight_microbatches,
+    layer_segments,
     max_patches_per_microbatch,
-    vision_segments,
 )
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.layout import (
@@ -135,6 +135,9 @@ class ModelFacts:
         cuda_graph_warmup_steps: The model's ``cuda_graph_warmup_steps``: the warmup of a submodule that sets none.
         gradient_accumulation_fusion: The language model's TE layers accumulate weight gradients into ``main_grad``
             in their GEMMs (:mod:`bridge_cudagraph.wgrad_fusion`), graphs or not.
+        per_layer_contexts: The provider's settings that wrap or follow each decoder layer on its own in the
+            decoder's loop (``fp8``, ``fp4``: a quantization context per layer number; ``cpu_offloading``: a commit
+            after each layer): language graphs then span one layer each.
         vision: The vision encoder, or None for a text-only model.
     """
 
@@ -164,6 +167,7 @@ class ModelFacts:
     vision_dp_when_cp: bool = False
     cuda_graph_warmup_steps: int = 3
     gradient_accumulation_fusion: bool = False
+    per_layer_contexts: tuple[str, ...] = ()
     vision: VisionFacts | None = None
 
     @property
@@ -276,8 +280,15 @@ def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
         vision_dp_when_cp=bool(getattr(provider, "vision_dp_when_cp", False)),
         cuda_graph_warmup_steps=int(getattr(provider, "cuda_graph_warmup_steps", 3)),
         gradient_accumulation_fusion=bool(getattr(provider, "gradient_accumulation_fusion", False)),
+        per_layer_contexts=tuple(name for name in PER_LAYER_CONTEXTS if getattr(provider, name, None)),
         vision=vision,
     )
+
+
+#: Provider settings under which the decoder's loop does something of its own around or after each layer
+#: (megatron-core 0.19.2 ``TransformerBlock.forward``, Bridge 0.6.2 ``Qwen3VLTransformerBlock.forward``): a
+#: quantization context per layer number, or an offload commit after each layer.
+PER_LAYER_CONTEXTS: tuple[str, ...] = ("fp8", "fp4", "cpu_offloading", "fine_grained_activation_offloading")
 
 
 # ----------------------------------------------------------------------------------------------- plan
@@ -401,23 +412,33 @@ class LanguagePlan:
         modules: Captured part of each layer; ``None`` captures whole layers.
         layers_per_stage: Decoder layers each pipeline stage builds.
         captured_per_stage: Of those, the layers with graphs (Megatron-Core's ``_layer_is_graphable``).
-        graphs_per_layer: Graphs per captured layer: 1 when ``pp == 1``, else one per micro-batch of the step
-            (with a pipeline several micro-batches are in flight, and each needs its own static buffers).
-        graphs_per_stage: Graphs each rank of a stage captures: ``captured x graphs_per_layer``.
+        graphs_per_unit: Graphs per captured unit (a layer, or a run of layers): 1 when ``pp == 1``, else one per
+            micro-batch of the step (with a pipeline several micro-batches are in flight, and each needs its own
+            static buffers); packed: one per budget and in-flight copy.
+        graphs_per_stage: Graphs each rank of a stage captures: ``units x graphs_per_unit``.
         static_inputs: Captured inputs of every graph (shapes as megatron-core's helper allocates them).
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         packed: The packed (THD) graphs when the data path packs, else None (one static BSHD shape).
+        graph_unit: What one graph spans, resolved: ``deepstack`` (a run of layers between deepstack merges) or
+            ``layer``.
+        deepstack_merges: Layers of the first pipeline stage after which Qwen3-VL's decoder adds a deepstack feature
+            (its first ``len(deepstack_visual_indexes)`` layers); 0 for GPT. A run never spans one.
+        segments_per_stage: The layer ranges ``[start, end)`` of each stage's graphs, in the stage's own layer
+            indices (:func:`~bridge_cudagraph.budgets.layer_segments`); the helpers build them the same way.
     """
 
     enabled: bool
     modules: tuple[str, ...] | None
     layers_per_stage: tuple[int, ...]
     captured_per_stage: tuple[int, ...]
-    graphs_per_layer: int
+    graphs_per_unit: int
     graphs_per_stage: tuple[int, ...]
     static_inputs: tuple[StaticInput, ...]
     warmup_steps: int
     packed: PackedLanguagePlan | None = None
+    graph_unit: str = "layer"
+    deepstack_merges: int = 0
+    segments_per_stage: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     @property
     def graphs(self) -> int:
@@ -466,7 +487,7 @@ class VisionPlan:
     graph_unit: str = "deepstack"
 
     segments: tuple[tuple[int, int], ...] = ()
-    """The layer ranges ``[start, end)`` of one budget's graphs (:func:`~bridge_cudagraph.budgets.vision_segments`)."""
+    """The layer ranges ``[start, end)`` of one budget's graphs (:func:`~bridge_cudagraph.budgets.layer_segments`)."""
 
     @property
     def graphs_per_budget(self) -> int:
@@ -594,16 +615,30 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
         per = "1 graph each (pp 1)"
     else:
         layers = "+".join(map(str, stages)) + f" layers on {len(stages)} stages"
-        per = f"{language.graphs_per_layer} graphs each (one per micro-batch of the step)"
+        per = f"{language.graphs_per_unit} graphs each (one per micro-batch)"
+    runs = []
+    if language.graph_unit == "deepstack":
+        units = "+".join(str(len(s)) for s in language.segments_per_stage)
+        layers += f" in {units} run" + ("" if units == "1" else "s")
+        cut = (
+            f"cut after each of the first {language.deepstack_merges} (a deepstack merge follows)"
+            if language.deepstack_merges
+            else "nothing runs between the layers"
+        )
+        runs = [
+            f"  runs of layers: {_ranges(spans)}" + (f" on stage {stage}" if len(stages) > 1 else "") + f"; {cut}"
+            for stage, spans in enumerate(language.segments_per_stage)
+            if stage == 0 or len(stages) > 1
+        ][:2]
     packed = language.packed
     if packed is not None:
         copies = f" x {packed.copies} in-flight copies" if packed.copies > 1 else ""
         per = f"{len(packed.token_budgets)} budgets{copies} each (packed THD)"
     inputs = [s.describe() for s in language.static_inputs]
-    lines = [
-        f"language: {layers} x {per} = {language.graphs} graphs per rank, {_modules_text(language.modules)}, "
-        f"capture after {language.warmup_steps} steps",
-    ]
+    head = f"language: {layers} x {per} = {language.graphs} graphs per rank"
+    tail = f"{_modules_text(language.modules)}, capture after {language.warmup_steps} steps"
+    lines = [f"{head}, {tail}" if len(head) + len(tail) < 118 else f"{head},\n  {tail}", *runs]
+    lines = [part for line in lines for part in line.split("\n")]
     if packed is None:
         lines.append("  static inputs: " + inputs[0])
         lines += ["                 " + s for s in inputs[1:]]
@@ -629,6 +664,11 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
     lines.append(f"  static inputs at T={budget} (each budget the same with its own T):")
     lines += ["    " + x.describe() for x in largest]
     return lines
+
+
+def _ranges(segments: tuple[tuple[int, int], ...]) -> str:
+    """``((0, 1), (1, 2), (2, 28))`` as ``0, 1, 2-27``."""
+    return ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in segments)
 
 
 def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayout | None) -> list[str]:
@@ -660,8 +700,7 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
         span, spans = f"{vision.depth} layers", []
     else:
         span = f"{len(vision.segments)} graphs"
-        ranges = ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in vision.segments)
-        spans = [f"  each budget's graphs span layers {ranges} (cut after each deepstack layer)"]
+        spans = [f"  each budget's graphs span layers {_ranges(vision.segments)} (cut after each deepstack layer)"]
     lines = [
         f"vision: {span} x {len(vision.token_budgets)} budgets{copies} = {vision.graphs} graphs "
         f"per rank{where}, {_modules_text(vision.modules)}, capture after {vision.warmup_steps} steps",
@@ -813,6 +852,38 @@ def _derive_num_microbatches(
     return derived
 
 
+def deepstack_merges(facts: ModelFacts) -> int:
+    """Layers of the language model's first stage after which Qwen3-VL's decoder adds a deepstack feature: one per
+    deepstack layer of the encoder (Bridge 0.6.2 ``Qwen3VLTransformerBlock.forward``, ``l_no in
+    range(len(deepstack_visual_embeds))``); 0 for a text-only model."""
+    return len(facts.vision.deepstack_visual_indexes) if facts.vision is not None else 0
+
+
+def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> str:
+    """``model.cuda_graph.language.graph_unit`` resolved: ``deepstack`` (runs of layers) where the decoder's loop
+    does nothing of its own between whole dense layers, else ``layer``; an explicit ``deepstack`` where it cannot
+    work is refused with the reason and the fix."""
+    where = "model.cuda_graph.language.graph_unit"
+    asked = cfg.language.graph_unit
+    if asked == "layer" or cfg.language.modules is not None:  # config.validate refused deepstack with modules
+        return "layer"
+    reasons = [
+        f"model.{name} is set (the decoder wraps or follows each layer on its own)"
+        for name in facts.per_layer_contexts
+    ]
+    if facts.num_moe_experts:
+        reasons.append(f"{facts.provider} has MoE layers (runs of MoE layers are not verified yet)")
+    if (facts.virtual_pipeline_size or 1) > 1:
+        reasons.append("model.virtual_pipeline_model_parallel_size > 1 (runs inside virtual chunks are not built yet)")
+    if not reasons:
+        return "deepstack"
+    if asked == "deepstack":
+        raise CudaGraphConfigError(
+            f"{where}='deepstack' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)"
+        )
+    return "layer"
+
+
 def _plan_vision(
     cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, num_mb: int | None, warmup: int
 ) -> VisionPlan:
@@ -840,7 +911,7 @@ def _plan_vision(
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
     copies = 1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb)
     unit = cfg.vision.graph_unit or "deepstack"
-    segments = vision_segments(v.depth, v.deepstack_visual_indexes, unit)
+    segments = layer_segments(v.depth, v.deepstack_visual_indexes, unit)
     return VisionPlan(
         enabled=True,
         depth=v.depth,
@@ -1071,7 +1142,8 @@ def build_plan(
                 f"equal slices: use a multiple of {by}"
             )
         stages = _stage_layers(facts, "model.cuda_graph.language")
-        captured = tuple(sum(_graphable(i, facts, modules) for i in layers) for layers in stages)
+        graphable = [[i for i, layer in enumerate(layers) if _graphable(layer, facts, modules)] for layers in stages]
+        captured = tuple(len(local) for local in graphable)
         if not any(captured):
             raise CudaGraphConfigError(
                 f"model.cuda_graph.language.modules={list(modules or [])} captures no layer of {facts.provider} "
@@ -1082,19 +1154,30 @@ def build_plan(
         packed = None
         if packing is not None:
             packed = _plan_packed(cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb)
-            per_layer = len(packed.token_budgets) * packed.copies
+            per_unit = len(packed.token_budgets) * packed.copies
         else:
-            per_layer = 1 if facts.pp == 1 else num_mb
+            per_unit = 1 if facts.pp == 1 else num_mb
+        unit = _language_unit(cfg, facts)
+        merges = deepstack_merges(facts)
+        segments = tuple(
+            layer_segments(len(local), range(merges if stage == 0 else 0), unit)
+            if unit == "deepstack"
+            else tuple((i, i + 1) for i in local)
+            for stage, local in enumerate(graphable)
+        )
         language = LanguagePlan(
             enabled=True,
             modules=modules,
             layers_per_stage=tuple(len(s) for s in stages),
             captured_per_stage=captured,
-            graphs_per_layer=per_layer,
-            graphs_per_stage=tuple(c * per_layer for c in captured),
+            graphs_per_unit=per_unit,
+            graphs_per_stage=tuple(len(units) * per_unit for units in segments),
             static_inputs=() if packed else _language_static_inputs(facts, micro_batch_size, modules),
             warmup_steps=language_warmup,
             packed=packed,
+            graph_unit=unit,
+            deepstack_merges=merges,
+            segments_per_stage=segments,
         )
     else:
         language = LanguagePlan(False, modules, (), (), 0, (), (), language_warmup)

@@ -16,11 +16,13 @@ Built on megatron-core's ``TECudaGraphHelper`` and changed at three narrow point
 
 It also checks static shapes against the groups before capture, keeps Qwen3-VL's checkpoint keys
 unchanged (:func:`drop_language_aliases`), can capture again after :meth:`delete_cuda_graphs` (resume),
-and turns a failed capture into an eager run when asked.
+and turns a failed capture into an eager run when asked. With ``graph_unit="deepstack"`` the helper's callables are
+runs of layers (:mod:`bridge_cudagraph.capture.runs`): one graph per run instead of one per layer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -31,6 +33,7 @@ from megatron.core.transformer.enums import CudaGraphModule
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
+from bridge_cudagraph.budgets import layer_segments
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -41,6 +44,7 @@ from bridge_cudagraph.capture.common import (
     measure,
     param_grad_return_kwargs,
 )
+from bridge_cudagraph.capture.runs import LayerRun, group_runs, heads_of
 from bridge_cudagraph.host_patches import explicit_num_microbatches
 
 if TYPE_CHECKING:
@@ -98,6 +102,9 @@ class LanguageGraphHelper(TECudaGraphHelper):
             helper allocates the buffers, and each is checked against them before capture.
         optimizers: Optimizers whose gradients capture's warmup iterations must clear.
         on_capture_error: ``"eager"`` to continue without graphs after a failed capture, ``"raise"`` to stop.
+        graph_unit: ``layer`` (one graph per layer, megatron-core's unit) or ``deepstack`` (one per run of layers,
+            cut after the first ``deepstack_merges`` layers of a chunk that merges deepstack features).
+        deepstack_merges: The plan's :attr:`~bridge_cudagraph.plan.LanguagePlan.deepstack_merges`.
     """
 
     submodule = "language"
@@ -114,6 +121,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
         static_inputs: Sequence[StaticInput] = (),
         optimizers=(),
         on_capture_error: str = "eager",
+        graph_unit: str = "layer",
+        deepstack_merges: int = 0,
     ) -> None:
         if pg_collection is None:
             raise CaptureError(
@@ -141,9 +150,54 @@ class LanguageGraphHelper(TECudaGraphHelper):
             pg_collection=pg_collection,
         )
         self.stats.layers = len(self.flattened_callables)
+        self.graph_unit = graph_unit
+        if graph_unit != "layer":
+            self._group_runs(graph_unit, deepstack_merges)
+
+    def _group_runs(self, unit: str, merges: int) -> None:
+        """Replace each chunk's layers by the runs :func:`~bridge_cudagraph.budgets.layer_segments` cuts them into
+        (the plan's segments for that stage): the helper then captures, indexes and deletes one graph per run."""
+        for index, callables in enumerate(self.callables_per_chunk):
+            if not callables:
+                continue
+            decoder = self.chunks_with_decoder[index].decoder
+            is_mtp = self.callables_per_chunk_is_mtp[index]
+            layers = [c for c, mtp in zip(callables, is_mtp, strict=True) if not mtp]
+            mtp = [c for c, mtp in zip(callables, is_mtp, strict=True) if mtp]  # MTP layers stay one graph each
+            if layers != list(decoder.layers):
+                raise CaptureError(
+                    f"language: graph_unit={unit!r} needs every decoder layer captured whole (chunk {index} captures "
+                    f"{len(layers)} of {len(decoder.layers)} layers); set model.cuda_graph.language.graph_unit=layer"
+                )
+            cuts = range(merges if getattr(decoder, "pre_process", True) else 0)
+            runs = group_runs(layers, layer_segments(len(layers), cuts, unit))
+            self.callables_per_chunk[index] = runs + mtp
+            self.callables_per_chunk_is_mtp[index] = [False] * len(runs) + [True] * len(mtp)
+            self.num_layers_per_chunk[index] = len(runs) + len(mtp)
+        self.flattened_callables = [c for callables in self.callables_per_chunk for c in callables]
+        self.flattened_callables_is_mtp = [m for flags in self.callables_per_chunk_is_mtp for m in flags]
+
+    @contextlib.contextmanager
+    def _as_layers(self):
+        """While the block runs, each callable is its first layer: megatron-core's sample-argument code asserts its
+        callables are the decoder's layers, and a run reads exactly its first layer's inputs."""
+        chunks, flat = self.callables_per_chunk, self.flattened_callables
+        self.callables_per_chunk = [heads_of(runs) for runs in chunks]
+        self.flattened_callables = heads_of(flat)
+        try:
+            yield
+        finally:
+            self.callables_per_chunk, self.flattened_callables = chunks, flat
+
+    def _runs(self) -> list[LayerRun]:
+        return [c for c in self.flattened_callables if isinstance(c, LayerRun)]
 
     # ----------------------------------------------------------------- static inputs
     def _get_sample_arguments(self, order, chunk_id_list=None):
+        with self._as_layers():
+            return self._layer_sample_arguments(order, chunk_id_list)
+
+    def _layer_sample_arguments(self, order, chunk_id_list):
         sample_args, sample_kwargs = super()._get_sample_arguments(order, chunk_id_list)
         dtype = activation_dtype(self.config)
         retyped: dict[int, torch.Tensor] = {}
@@ -215,6 +269,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
             self._graphs_created = False
             self._capture_finished = True
             return
+        for run in self._runs():
+            run.wire()
         self.stats.graphs = sum(len(layer.cuda_graphs) for layer in self.flattened_callables)
         self._count_replays()
 
@@ -236,6 +292,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
         """Free every graph (TE ``reset()``), and allow a later re-capture."""
         if self._graphs_created:
             super().delete_cuda_graphs()
+        for run in self._runs():
+            run.unwire()
         for handle in getattr(self, "_replay_hooks", []):
             handle.remove()
         self._replay_hooks = []

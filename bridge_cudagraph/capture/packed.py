@@ -21,7 +21,9 @@ micro-batch, so the static shapes come from a **token budget ladder**, the schem
   with False), with Bridge's own ``_deepstack_process``;
 * each layer is captured as :class:`_PackedLanguageLayer`, whose inputs are tensors only and which rebuilds the
   ``PackedSeqParams`` inside from the static ``cu_seqlens`` (the approach of Megatron-LM dev #4359, kept in our
-  capture path instead of changing megatron-core's layer).
+  capture path instead of changing megatron-core's layer); with ``graph_unit: deepstack`` (the default) the layers
+  between two deepstack merges are one graph (:class:`~bridge_cudagraph.capture.common.LayerChain`), so a budget
+  holds 4 graphs on Qwen3-VL's first stage instead of one per layer.
 
 TE picks the attention backend from whether ``cu_seqlens_q_padded`` *is* ``cu_seqlens_q`` (``pad_between_seqs``
 auto-detection, ``dot_product_attention.py``); the graphs are captured in the form the data path uses
@@ -52,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.budgets import PackedLayout
+from bridge_cudagraph.budgets import PackedLayout, layer_segments
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -61,6 +63,7 @@ from bridge_cudagraph.capture.common import (
     capture_budget_ladder,
     check_static_inputs,
     reset_graph_sets,
+    segment_callables,
 )
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -104,6 +107,7 @@ class PackedGraphSet:
     """
 
     layers: list
+    """The graphed callables, one per segment of layers."""
     rotary: torch.Tensor
     cu_seqlens: torch.Tensor
     cu_seqlens_padded: torch.Tensor | None
@@ -215,6 +219,8 @@ class PackedLanguageGraphHelper:
         static_inputs: ``{budget: StaticInput...}`` from the plan; capture checks its buffers against them.
         num_warmup_iters: TE warmup iterations per callable before capture.
         on_capture_error: ``"eager"`` or ``"raise"``.
+        graph_unit: ``deepstack`` (one graph per run of layers between deepstack merges) or ``layer``.
+        deepstack_merges: Layers after which a first-stage decoder merges a deepstack feature (the plan's).
     """
 
     submodule = "language"
@@ -229,6 +235,8 @@ class PackedLanguageGraphHelper:
         static_inputs: dict | None = None,
         num_warmup_iters: int = 3,
         on_capture_error: str = "eager",
+        graph_unit: str = "layer",
+        deepstack_merges: int = 0,
     ) -> None:
         from bridge_cudagraph.capture.language import language_model_of
 
@@ -251,6 +259,13 @@ class PackedLanguageGraphHelper:
         self.decoders = [d for d in self.decoders if len(d.layers)]
         if len(self.decoders) > 1:
             raise CaptureError("packed language graphs support one model chunk per rank (no virtual pipeline)")
+        #: The layer ranges ``[start, end)`` each graph of a set spans, per decoder.
+        self.segments = [
+            layer_segments(
+                len(d.layers), range(deepstack_merges if getattr(d, "pre_process", True) else 0), graph_unit
+            )
+            for d in self.decoders
+        ]
         self.copies = GraphCopies(int(copies))
         #: ``graphs[budget][copy]``.
         self.graphs: dict[int, list[PackedGraphSet]] = {}
@@ -262,7 +277,7 @@ class PackedLanguageGraphHelper:
             install_packed_replay(decoder, self)
 
     # ------------------------------------------------------------------ capture
-    def _sample_inputs(self, decoder, budget: int):
+    def _sample_inputs(self, decoder, budget: int, graphs: int):
         config = decoder.config
         device = torch.cuda.current_device()
         dtype = activation_dtype(config)
@@ -279,7 +294,7 @@ class PackedLanguageGraphHelper:
         cu_padded = cu_host.to(device) if self.separate_padded else None
         hidden = [
             (torch.randn(rows, 1, config.hidden_size, device=device, dtype=dtype) * 0.02).requires_grad_(True)
-            for _ in decoder.layers
+            for _ in range(graphs)
         ]
         return hidden, rotary, cu, cu_padded
 
@@ -287,8 +302,12 @@ class PackedLanguageGraphHelper:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
-        callables = tuple(_PackedLanguageLayer(layer, self.layout.max_seqlen) for layer in decoder.layers)
-        hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget)
+        max_seqlen = self.layout.max_seqlen
+        segments = self.segments[self.decoders.index(decoder)]
+        callables = segment_callables(
+            list(decoder.layers), segments, lambda layer: _PackedLanguageLayer(layer, max_seqlen)
+        )
+        hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget, len(callables))
         tensors = {"hidden_states": hidden[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}
         if cu_padded is not None:
             tensors["cu_seqlens_padded"] = cu_padded
@@ -399,14 +418,22 @@ class PackedLanguageGraphHelper:
         statics = (graphs.rotary, graphs.cu_seqlens) + (
             () if graphs.cu_seqlens_padded is None else (graphs.cu_seqlens_padded,)
         )
+        merges = len(deepstack) if block.pre_process and deepstack is not None else 0
+        segments = self.segments[self.decoders.index(block)]
+        if not set(range(merges)) <= {end - 1 for _, end in segments}:  # a merge must follow a segment's last layer
+            raise RuntimeError(
+                f"bridge_cudagraph: this micro-batch merges {merges} deepstack features, but the packed graphs span "
+                f"layers {list(segments)} (captured for the plan's deepstack merges); the plan and the model disagree"
+            )
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if config.sequence_parallel else contextlib.nullcontext()
         with rng:
-            for index, layer in enumerate(block.layers):
-                for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
-                    hook(*hook_args)
-                h = graphs.layers[index](h, *statics)
-                if block.pre_process and deepstack is not None and index < len(deepstack):
-                    h = block._deepstack_process(h, visual, deepstack[index])
+            for (start, end), graph in zip(segments, graphs.layers, strict=True):
+                for layer in block.layers[start:end]:
+                    for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
+                        hook(*hook_args)
+                h = graph(h, *statics)
+                if end - 1 < merges:
+                    h = block._deepstack_process(h, visual, deepstack[end - 1])
                     h = make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
         self.copies.release_after_backward(copy, h)
         h = h[:rows]

@@ -6,7 +6,7 @@ other and to padding, from step 0 (max abs per-token-loss difference 0.06 on a t
 
 Here the vision layers are captured in Qwen3-VL's own eager format - packed THD attention - with the per-image
 boundaries as a *static tensor input*, one graph per run of layers that ends at a deepstack layer (``graph_unit:
-deepstack``, :func:`~bridge_cudagraph.budgets.vision_segments`) or per layer:
+deepstack``, :func:`~bridge_cudagraph.budgets.layer_segments`) or per layer:
 
 * the patches of a micro-batch (``N``) are padded to the smallest captured budget ``B >= N`` (in patches, the
   unit the layers run on);
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.budgets import PackedLayout, check_token_budgets, vision_segments
+from bridge_cudagraph.budgets import PackedLayout, check_token_budgets, layer_segments
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -49,8 +49,9 @@ from bridge_cudagraph.capture.common import (
     capture_budget_ladder,
     check_static_inputs,
     reset_graph_sets,
+    segment_callables,
 )
-from bridge_cudagraph.config import VISION_GRAPH_UNITS
+from bridge_cudagraph.config import GRAPH_UNITS
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
 from bridge_cudagraph.vision_positions import rotary_input
 
@@ -94,22 +95,6 @@ class _PackedVisionLayer(torch.nn.Module):
             hidden_states=hidden_states, attention_mask=None, rotary_pos_emb=rotary_pos_emb, packed_seq_params=params
         )
         return out
-
-
-class _PackedVisionStack(torch.nn.Module):
-    """Consecutive layers as one graphable callable (a segment of ``graph_unit: deepstack``): the layers of
-    :class:`_PackedVisionLayer` one after the other, returning the last one's output, the only one any other code
-    reads (a segment ends at each deepstack layer). One launch and one backward node per segment instead of one
-    per layer, and no copy of each layer's output into the next graph's static input."""
-
-    def __init__(self, layers: Sequence[torch.nn.Module], max_seqlen: int) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(_PackedVisionLayer(layer, max_seqlen) for layer in layers)
-
-    def forward(self, hidden_states: torch.Tensor, rotary_pos_emb: torch.Tensor, cu_seqlens: torch.Tensor):
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, rotary_pos_emb, cu_seqlens)
-        return hidden_states
 
 
 @dataclass
@@ -161,7 +146,7 @@ class VisionGraphHelper:
         static_inputs: The plan's :class:`~bridge_cudagraph.plan.StaticInput` s per budget; the capture buffers
             are checked against them (None: not checked, for callers without a plan).
         graph_unit: ``deepstack`` or ``layer``: the layers each graph spans
-            (:func:`~bridge_cudagraph.budgets.vision_segments`).
+            (:func:`~bridge_cudagraph.budgets.layer_segments`).
     """
 
     submodule = "vision"
@@ -203,10 +188,10 @@ class VisionGraphHelper:
             raise CaptureError(
                 f"vision: the plan's static inputs are for budgets {sorted(self.planned_inputs)}, not {budgets}"
             )
-        if graph_unit not in VISION_GRAPH_UNITS:
-            raise CaptureError(f"vision graph_unit must be one of {list(VISION_GRAPH_UNITS)}, got {graph_unit!r}")
+        if graph_unit not in GRAPH_UNITS:
+            raise CaptureError(f"vision graph_unit must be one of {list(GRAPH_UNITS)}, got {graph_unit!r}")
         self.graph_unit = graph_unit
-        self.segments = vision_segments(
+        self.segments = layer_segments(
             len(vision_model.decoder.layers), vision_model.decoder.deepstack_visual_indexes, graph_unit
         )
         self.num_warmup_iters = num_warmup_iters
@@ -314,12 +299,7 @@ class VisionGraphHelper:
 
         max_seqlen = min(budget, self.layout.max_seqlen)
         hidden_states, rotary, cu = self._sample_inputs(budget, len(self.segments))
-        callables = tuple(
-            _PackedVisionLayer(layers[start], max_seqlen)
-            if end - start == 1
-            else _PackedVisionStack(layers[start:end], max_seqlen)
-            for start, end in self.segments
-        )
+        callables = segment_callables(layers, self.segments, lambda layer: _PackedVisionLayer(layer, max_seqlen))
         with get_cuda_rng_tracker().fork() if self.vision_model.config.sequence_parallel else contextlib.nullcontext():
             graphed = make_graphed_callables(
                 callables,

@@ -25,13 +25,13 @@ IMAGE_SETS = {
 }
 
 
-def _graph_config(modules=None):
+def _graph_config(modules=None, unit=None):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
 
-    return CudaGraphConfig(language=LanguageGraphConfig(enabled=True, modules=modules))
+    return CudaGraphConfig(language=LanguageGraphConfig(enabled=True, modules=modules, graph_unit=unit))
 
 
-def _pair(kind: str, world, modules=None):
+def _pair(kind: str, world, modules=None, unit=None):
     """(reference, graphed, graphed provider) with identical weights."""
     from bridge_cudagraph.examples import tiny
 
@@ -40,7 +40,7 @@ def _pair(kind: str, world, modules=None):
         "qwen3_vl": tiny.tiny_qwen3_vl_provider,
         "qwen3_vl_moe": lambda cg=None: tiny.tiny_qwen3_vl_provider(cg, moe=True),
     }[kind]
-    graphed_provider = make(_graph_config(modules))
+    graphed_provider = make(_graph_config(modules, unit))
     graphed = tiny.build(graphed_provider, world.language, vision_pg_collection=world.vision)
     reference = tiny.build(make(None), world.language, vision_pg_collection=world.vision)
     tiny.copy_weights(graphed, reference)
@@ -55,17 +55,27 @@ def _batches(kind: str):
     return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_SETS.items()}
 
 
-CASES = [("gpt", None), ("qwen3_vl", None), ("qwen3_vl_moe", ["attn"])]
+# (kind, modules, graph unit, graphs): runs of layers (the default, ``deepstack``) are one graph for the tiny GPT's 4
+# layers and 3 for the tiny Qwen3-VL's (a deepstack merge follows layers 0 and 1); ``layer`` is one per layer.
+CASES = [
+    ("gpt", None, None, 1),
+    ("gpt", None, "layer", 4),
+    ("qwen3_vl", None, None, 3),
+    ("qwen3_vl", None, "layer", 4),
+    ("qwen3_vl_moe", ["attn"], None, 4),
+]
 
 
-@pytest.mark.parametrize(("kind", "modules"), CASES, ids=[c[0] for c in CASES])
-def test_language_graphs_match_reference(world, record, kind, modules):
+@pytest.mark.parametrize(
+    ("kind", "modules", "unit", "graphs"), CASES, ids=[f"{c[0]}-{c[2] or 'default'}" for c in CASES]
+)
+def test_language_graphs_match_reference(world, record, kind, modules, unit, graphs):
     from megatron.core import num_microbatches_calculator
 
     from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads
     from bridge_cudagraph.testing.world import parallel_state_untouched
 
-    reference, graphed, provider = _pair(kind, world, modules)
+    reference, graphed, provider = _pair(kind, world, modules, unit)
     assert sorted(graphed[0].state_dict()) == sorted(reference[0].state_dict())
     batches = _batches(kind)
 
@@ -83,6 +93,7 @@ def test_language_graphs_match_reference(world, record, kind, modules):
     assert helper.graphs_created(), helper.stats.failed
     layers = helper.flattened_callables
     assert layers and all(len(layer.cuda_graphs) == 1 for layer in layers)
+    assert helper.stats.graphs == graphs and helper.stats.layers == 4
     record(
         kind=kind,
         phase="capture",
@@ -93,13 +104,17 @@ def test_language_graphs_match_reference(world, record, kind, modules):
 
     for name, batch in batches.items():
         d = diff(loss_and_grads(graphed, batch), loss_and_grads(reference, batch))
-        record(kind=kind, phase="replay", batch=name, **d.as_dict())
+        record(kind=kind, unit=unit or "default", phase="replay", batch=name, **d.as_dict())
         d.require_exact(f"{kind}/{name} after capture")  # the README's "bit-exact": loss and every gradient
     assert helper.stats.replays == len(batches)
     assert_captured(helper.stats)
     assert parallel_state_untouched()
     helper.delete_cuda_graphs()
     assert all(not layer.cuda_graphs for layer in layers)
+    from bridge_cudagraph.capture.runs import RunMember
+
+    decoder_layers = list(helper.chunks_with_decoder[0].decoder.layers)  # every run member has its own class back
+    assert len(decoder_layers) == 4 and not any(isinstance(m, RunMember) or m.cuda_graphs for m in decoder_layers)
 
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])

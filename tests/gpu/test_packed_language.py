@@ -114,12 +114,26 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 # The static attention max_seqlen: the model's seq_length (what the plan uses), and 4x it. Eager attention gets the
 # micro-batch's own longest row; the second case shows whether the kernels' numbers depend on max_seqlen.
 # ``fused``: with gradient_accumulation_fusion=true, which the packed replay marks before each replay.
+# ``unit``: the language graph unit; ``deepstack`` (the product's default) captures layers 2-3 of the tiny model as one
+# graph (a deepstack merge follows layers 0 and 1), so a budget holds 3 graphs instead of 4.
 @pytest.mark.parametrize(
-    ("max_seqlen", "fused", "fewer_waits"),
-    [(SEQ, False, False), (4 * SEQ, False, False), (SEQ, True, False), (SEQ, True, True)],
-    ids=["max_seqlen_S", "max_seqlen_4S", "max_seqlen_S_fused", "max_seqlen_S_fused_fewer_waits"],
+    ("max_seqlen", "fused", "fewer_waits", "unit"),
+    [
+        (SEQ, False, False, "layer"),
+        (4 * SEQ, False, False, "layer"),
+        (SEQ, True, False, "layer"),
+        (SEQ, True, True, "layer"),
+        (SEQ, True, True, "deepstack"),
+    ],
+    ids=[
+        "max_seqlen_S",
+        "max_seqlen_4S",
+        "max_seqlen_S_fused",
+        "max_seqlen_S_fused_fewer_waits",
+        "max_seqlen_S_fused_fewer_waits_runs",
+    ],
 )
-def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, fewer_waits):
+def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, fewer_waits, unit):
     """``fewer_waits``: the graphed model also runs Qwen3-VL's forward with fewer host waits
     (:mod:`bridge_cudagraph.forward_host`, as the callback installs it with the graphs): the step's packed rows take
     its positions and its deepstack merge, and stay exact against both references."""
@@ -148,11 +162,15 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
         _assert_match(b, c, f"{name}: plugin graphs-off vs Bridge", floors[name])
         _assert_match(a, b, f"{name}: before capture", floors[name])
 
-    helper = PackedLanguageGraphHelper(graphed, layout=layout)
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.plan import deepstack_merges, model_facts
+
+    merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))  # the tiny encoder's 2 deepstack taps
+    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit=unit, deepstack_merges=merges)
     waits = forward_host.install(graphed) if fewer_waits else []
     helper.create_cudagraphs()
     assert helper.stats.failed is None, helper.stats.failed
-    assert helper.graphs_created() and helper.stats.graphs == 4 * len(BUDGETS)
+    assert helper.graphs_created() and helper.stats.graphs == {"layer": 4, "deepstack": 3}[unit] * len(BUDGETS)
 
     for name, batch in batches.items():
         tokens = batch["input_ids"].numel()
@@ -170,6 +188,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
             fill=tokens / BUDGETS[-1],
             deterministic=DETERMINISTIC,
             floor=floors[name],
+            unit=unit,
         )
     fills = sorted(round(b["input_ids"].numel() / BUDGETS[-1], 2) for b in batches.values())
     assert fills[0] <= 0.35 and 0.65 <= fills[1] <= 0.75 and fills[2] == 1.0, fills
@@ -309,7 +328,10 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     (helper,) = cfg.model.make_graph_helpers(graphed, plan=plan)
     assert isinstance(helper, PackedLanguageGraphHelper)
     helper.create_cudagraphs()
-    assert helper.stats.failed is None and helper.stats.graphs == cfg.model.num_layers, helper.stats.failed
+    # GPT merges nothing between layers: the plan's one run of every layer, one graph per budget.
+    layers = cfg.model.num_layers
+    assert plan.language.graph_unit == "deepstack" and plan.language.segments_per_stage == (((0, layers),),)
+    assert helper.stats.failed is None and helper.stats.graphs == 1, helper.stats.failed
     for i, batch in enumerate(batches):
         before = helper.stats.replays
         got = loss_and_grads(graphed, batch)

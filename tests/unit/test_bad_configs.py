@@ -103,6 +103,18 @@ BLOCK_CASES = [
     ("host-cache-without-graphs", {"optimizer_host_cache": True}, CudaGraphConfigError, ["no graphs are enabled"]),
     ("fewer-waits-without-graphs", {"fewer_host_waits": True}, CudaGraphConfigError, ["no graphs are enabled"]),
     ("unknown-key", {"vision": {"token_budget": [64]}}, UnknownKeyError, ["token_budget", "'token_budgets'"]),
+    (
+        "language-graph-unit-unknown",
+        {"language": {"graph_unit": "block"}},
+        CudaGraphConfigError,
+        ["language.graph_unit='block'", "['deepstack', 'layer']"],
+    ),
+    (
+        "language-runs-of-partial-layers",
+        {"language": {"graph_unit": "deepstack", "modules": ["attn"]}},
+        CudaGraphConfigError,
+        ["graph_unit='deepstack'", "modules=['attn']", "set modules to null"],
+    ),
     ("wrong-type", {"vision": {"tensor_parallel_size": "2"}}, CudaGraphConfigError, ["integer"]),
     ("wrong-bool", {"language": {"enabled": "yes"}}, CudaGraphConfigError, ["true or false"]),
 ]
@@ -374,6 +386,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VL_8B = "recipes/qwen3_vl_8b_sft_graphs.yaml"  # tp 2, micro batch 2, global batch 128, world size 8
 QWEN3_8B = "recipes/qwen3_8b_sft_graphs.yaml"
 TINY = "recipes/tiny_qwen3_vl.yaml"
+VL_30B_MOE = "recipes/qwen3_vl_30b_a3b_sft_graphs.yaml"
 
 # (id, argv after the verb, fragments of the one error line). Each was found by running the CLI: before the early
 # size check, the zeros ended in a ZeroDivisionError from Bridge's runtime_config_update and the non-dividing batch
@@ -427,6 +440,17 @@ CLI_CASES = [
         "graph-unit-encoder",
         [VL_8B, "model.cuda_graph.vision.graph_unit=encoder"],
         ["graph_unit='encoder'", "deepstack"],
+    ),
+    (
+        "language-runs-of-moe-layers",
+        [
+            VL_30B_MOE,
+            "model.cuda_graph.language.modules=null",
+            "model.moe_expert_capacity_factor=1.0",
+            "model.moe_pad_expert_input_to_capacity=true",
+            "model.cuda_graph.language.graph_unit=deepstack",
+        ],
+        ["language.graph_unit='deepstack'", "MoE layers", "set it to 'layer'"],
     ),
     (
         "host-cache-without-graphs",

@@ -82,16 +82,16 @@ def test_a_copy_taken_by_a_failed_forward_is_free_again():
 def test_vision_segments_end_at_every_deepstack_layer():
     """One derivation for the plan and the capture: ranges [start, end) that cover the stack once, each deepstack
     layer the last of its range (so no graph has a second output), or single layers."""
-    from bridge_cudagraph.budgets import vision_segments
+    from bridge_cudagraph.budgets import layer_segments
 
-    assert vision_segments(24, (5, 11, 17), "deepstack") == ((0, 6), (6, 12), (12, 18), (18, 24))
-    assert vision_segments(27, [8, 16, 24], "deepstack") == ((0, 9), (9, 17), (17, 25), (25, 27))
-    assert vision_segments(4, (1, 2), "deepstack") == ((0, 2), (2, 3), (3, 4))
-    assert vision_segments(4, (3,), "deepstack") == ((0, 4),)  # the last layer's output is the graph's own
-    assert vision_segments(4, (), "deepstack") == ((0, 4),)
-    assert vision_segments(3, (1,), "layer") == ((0, 1), (1, 2), (2, 3))
+    assert layer_segments(24, (5, 11, 17), "deepstack") == ((0, 6), (6, 12), (12, 18), (18, 24))
+    assert layer_segments(27, [8, 16, 24], "deepstack") == ((0, 9), (9, 17), (17, 25), (25, 27))
+    assert layer_segments(4, (1, 2), "deepstack") == ((0, 2), (2, 3), (3, 4))
+    assert layer_segments(4, (3,), "deepstack") == ((0, 4),)  # the last layer's output is the graph's own
+    assert layer_segments(4, (), "deepstack") == ((0, 4),)
+    assert layer_segments(3, (1,), "layer") == ((0, 1), (1, 2), (2, 3))
     with pytest.raises(ValueError, match="encoder"):
-        vision_segments(4, (1,), "encoder")  # tried and withdrawn: not bit-exact across a deepstack layer
+        layer_segments(4, (1,), "encoder")  # tried and withdrawn: not bit-exact across a deepstack layer
 
 
 def test_graph_unit_is_checked_with_the_fix():

@@ -101,10 +101,12 @@ def test_plan_prints_the_plan(runs):
     assert "  micro-batch 2, global batch 128, micro-batches per step 16" in lines
     assert "  dense  tp 2 x cp 1 x dp 4 x pp 1 = 8" in lines and "  dense  tp 1 x cp 1 x dp 8 x pp 1 = 8" in lines
     assert (
-        "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps" in lines
+        "language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank, whole layers, capture after 3 "
+        "steps" in lines
     )
+    assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
     assert any(line.startswith("vision: 4 graphs x 4 budgets = 16 graphs per rank") for line in lines)
-    assert lines[-1].startswith("busiest rank: 52 graphs")
+    assert lines[-1].startswith("busiest rank: 20 graphs")
     assert max(map(len, lines)) <= 119
 
 
@@ -113,7 +115,7 @@ def test_validate_says_ok_in_one_line(runs):
     code, out, err = runs("validate")
     assert code == 0, err
     assert out == (
-        "ok: recipes/qwen3_8b_sft_graphs.yaml at 64 GPUs: language 36 + vision 0 graphs per rank, "
+        "ok: recipes/qwen3_8b_sft_graphs.yaml at 64 GPUs: language 1 + vision 0 graphs per rank, "
         "2 micro-batches per step\n"
     )
 

@@ -162,15 +162,16 @@ def test_the_token_ids_are_the_processors_and_fit_the_8b_vocabulary(loaded):
 
 
 def test_it_plans_the_packed_graphs_on_one_gpu(loaded):
-    """The plan of the recipe: 36 layers x the data path's 9 packed widths, 4 vision graphs per budget (cut after the
-    deepstack layers 8, 16, 24), 16 micro-batches per step, capture after Bridge's 3 warm-up steps; the base
-    checkpoint's path is kept."""
+    """The plan of the recipe: 4 runs of the 36 layers (0, 1, 2, 3-35: a deepstack merge follows each of the first
+    3) x the data path's 9 packed widths, 4 vision graphs per budget (cut after the deepstack layers 8, 16, 24), 16
+    micro-batches per step, capture after Bridge's 3 warm-up steps; the base checkpoint's path is kept."""
     cfg = dataclasses.replace(loaded, config=copy.deepcopy(loaded.config))
     plan = plan_recipe(cfg)
     packed = plan.language.packed
     assert packed is not None and packed.token_budgets == LANGUAGE_BUDGETS and not packed.budgets_derived
     assert (packed.max_sequences, packed.max_seqlen, packed.copies) == (2, 4096, 1)
-    assert plan.language.graphs == 36 * 9 and plan.language.warmup_steps == 3
+    assert plan.language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 36)),)
+    assert plan.language.graphs == 4 * 9 and plan.language.warmup_steps == 3
     vision = plan.vision
     assert vision is not None and vision.token_budgets == (1024, 2048, 4096, 8192) and vision.graphs == 4 * 4
     assert (vision.max_images_per_microbatch, vision.max_patches_per_image) == (4, 3920)
@@ -191,7 +192,7 @@ def test_validate_needs_no_arguments(cli):
     assert code == 0, err[-3000:]
     base = random_base_dir(1234, Path(os.environ["BRIDGE_CUDAGRAPH_CACHE"]))
     assert out == (
-        "ok: recipes/qwen3_vl_8b_peft_photos_graphs.yaml at 1 GPU: language 324 + vision 16 graphs per rank, "
+        "ok: recipes/qwen3_vl_8b_peft_photos_graphs.yaml at 1 GPU: language 36 + vision 16 graphs per rank, "
         f"16 micro-batches per step; base checkpoint {base} not on this machine (train needs it)\n"
     )
 
@@ -206,11 +207,11 @@ def test_plan_needs_no_arguments_and_no_diffusers(cli):
     at = lines.index("  base checkpoint not on this machine (a plan does not read it; train loads it):")
     assert lines[at + 1] == f"    {base}"
     assert (
-        "language: 36 layers x 9 budgets each (packed THD) = 324 graphs per rank, whole layers, capture after 3 steps"
-        in lines
+        "language: 36 layers in 4 runs x 9 budgets each (packed THD) = 36 graphs per rank, whole layers, capture "
+        "after 3 steps" in lines
     )
     assert "  budgets [512, 768, 1024, 1280, 1536, 1792, 2048, 2304, 2560] tokens" in lines
-    assert lines[-1].startswith("busiest rank: 340 graphs")
+    assert lines[-1].startswith("busiest rank: 52 graphs")
     assert max(len(line) for i, line in enumerate(lines) if i != at + 1) <= 119  # the path may be longer
 
 

@@ -90,7 +90,10 @@ class TestQwen3VL8B:
         assert (p.vision_layout.tp, p.vision_layout.dp, p.vision_layout.rank_offset) == (1, vision_dp, 0)
         assert p.num_microbatches == num_mb
         assert p.language.layers_per_stage == (36,) and p.language.captured_per_stage == (36,)
-        assert p.language.graphs_per_layer == 1 and p.language.graphs == 36
+        # Deepstack merges after language layers 0, 1, 2 cut the decoder into runs 0, 1, 2 and 3-35: 4 graphs.
+        assert p.language.graph_unit == "deepstack" and p.language.deepstack_merges == 3
+        assert p.language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 36)),)
+        assert p.language.graphs_per_unit == 1 and p.language.graphs == 4
         assert [(s.name, s.shape, s.dtype) for s in p.language.static_inputs] == [
             ("hidden_states", (4096, 2, 4096), "bf16"),
             ("attention_mask", (2, 1, 4096, 4096), "bool"),
@@ -118,7 +121,7 @@ class TestQwen3VL8B:
             "rotary_pos_emb (4096, 1, 1, 72) fp32",
             "cu_seqlens (514,) int32",
         )
-        assert p.total_graphs == 36 + 16
+        assert p.total_graphs == 4 + 16
 
     def test_one_graph_per_layer_when_asked(self):
         """``graph_unit: layer``: one graph per layer per budget, and the plan says so."""
@@ -126,6 +129,38 @@ class TestQwen3VL8B:
         assert p.vision.graph_unit == "layer" and p.vision.graphs == 27 * 4 == 108
         lines = p.describe().splitlines()
         assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
+
+    def test_one_language_graph_per_layer_when_asked(self):
+        """``language.graph_unit: layer``: megatron-core's unit, one graph per layer, and the plan says so."""
+        cfg = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "layer"}})
+        p = plan(qwen3_vl_8b(), cfg)
+        assert p.language.graph_unit == "layer" and p.language.graphs == 36
+        assert p.language.segments_per_stage == (tuple((i, i + 1) for i in range(36)),)
+        lines = p.describe().splitlines()
+        assert (
+            "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps"
+            in (lines)
+        )
+        assert not any("runs of layers" in line for line in lines)
+
+    @pytest.mark.fast
+    def test_language_runs_fall_back_to_layers_where_the_decoder_works_between_layers(self):
+        """Per-layer quantization or offloading contexts, MoE layers, a virtual pipeline, a partial capture: null
+        means one graph per layer; an explicit ``deepstack`` there is refused with the reason and the fix."""
+        runs = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "deepstack"}})
+        cases = [
+            (qwen3_8b(per_layer_contexts=("fp8",)), "model.fp8 is set"),
+            (qwen3_8b(per_layer_contexts=("cpu_offloading",)), "model.cpu_offloading is set"),
+            (qwen3_vl_8b(num_moe_experts=8, moe_layer_pattern=(1,) * 36), "MoE layers"),
+            (qwen3_8b(tp=2, pp=2, virtual_pipeline_size=2), "virtual_pipeline_model_parallel_size"),
+        ]
+        for facts, reason in cases:
+            assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.graph_unit == "layer"
+            with pytest.raises(CudaGraphConfigError, match=reason) as info:
+                plan(facts, runs, mbs=1, gbs=32)
+            assert "graph_unit='deepstack'" in str(info.value) and "set it to 'layer'" in str(info.value)
+        partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
+        assert plan(qwen3_8b(), partial, mbs=1, gbs=32).language.graph_unit == "layer"
 
     def test_given_budgets_are_kept(self):
         """Budgets from the recipe are used as given, with the images bound derived from the largest."""
@@ -215,13 +250,18 @@ class TestLanguage:
         p = plan(qwen3_8b(tp=2, pp=4), LANGUAGE_ON, world=8, mbs=1, gbs=32)
         assert p.language_layout.dp == 1 and p.num_microbatches == 32
         assert p.language.layers_per_stage == (9, 9, 9, 9)
-        assert p.language.graphs_per_layer == 32 and p.language.graphs_per_stage == (288,) * 4
+        # A GPT stage merges nothing between its layers: one run of 9 layers, one graph per micro-batch.
+        assert p.language.segments_per_stage == (((0, 9),),) * 4
+        assert p.language.graphs_per_unit == 32 and p.language.graphs_per_stage == (32,) * 4
+        per_layer = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "layer"}})
+        p = plan(qwen3_8b(tp=2, pp=4), per_layer, world=8, mbs=1, gbs=32)
+        assert p.language.graphs_per_unit == 32 and p.language.graphs_per_stage == (288,) * 4
 
     def test_explicit_microbatch_count(self):
         """``num_microbatches`` is used when the global batch is unknown."""
         cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "num_microbatches": 6})
         p = plan(qwen3_8b(tp=2, pp=4), cfg, world=8, mbs=1, gbs=None)
-        assert p.num_microbatches == 6 and p.language.graphs_per_stage == (54,) * 4
+        assert p.num_microbatches == 6 and p.language.graphs_per_stage == (6,) * 4
 
     def test_uneven_pipeline_split(self):
         """First/last stage sizes as Megatron-Core's ``get_num_layers_to_build`` places them."""
@@ -286,6 +326,12 @@ class TestModelFacts:
             "fp32",
             None,
         )
+
+    def test_per_layer_contexts_are_the_set_ones(self):
+        """fp8 (a recipe name when set), fp4, CPU offloading: the decoder wraps or follows each layer on its own."""
+        assert model_facts(self.provider()).per_layer_contexts == ()
+        f = model_facts(self.provider(fp8="hybrid", cpu_offloading=True, fp4=None))
+        assert f.per_layer_contexts == ("fp8", "cpu_offloading")
 
     def test_expert_tp_follows_bridge(self):
         """Unset expert tp is 1 under expert parallelism (Bridge's default), else tp (Megatron-Core's)."""
@@ -439,14 +485,15 @@ class TestDescribe:
         assert lines[1] == "  micro-batch 2, global batch 128, micro-batches per step 16"
         assert "language: ranks 0-7 of 8" in lines and "vision: ranks 0-7 of 8" in lines
         assert (
-            "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps"
-            in lines
+            "language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank, whole layers, capture after 3 "
+            "steps" in lines
         )
+        assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
         vision = "vision: 4 graphs x 4 budgets = 16 graphs per rank"
         assert any(line.startswith(vision) for line in lines)
         assert "  each budget's graphs span layers 0-8, 9-16, 17-24, 25-26 (cut after each deepstack layer)" in lines
         assert any("budgets [4096, 8192, 16384, 32768] patches" in line for line in lines)
-        assert lines[-1].startswith("busiest rank: 52 graphs")
+        assert lines[-1].startswith("busiest rank: 20 graphs")
         assert max(map(len, lines)) <= 119 and not text.endswith("\n")
 
     @pytest.mark.parametrize("world", [1, 8, 64, 512])
@@ -507,7 +554,9 @@ class TestDescribe:
         assert "busiest rank" not in off
         cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "on_capture_error": "raise"})
         pipe = plan(qwen3_8b(tp=2, pp=4), cfg, mbs=1, gbs=32).describe()
-        assert "language: 9+9+9+9 layers on 4 stages x 32 graphs each" in pipe and "stops" in pipe
+        assert "language: 9+9+9+9 layers on 4 stages in 1+1+1+1 runs x 32 graphs each" in pipe and "stops" in pipe
+        assert "  runs of layers: 0-8 on stage 0; nothing runs between the layers" in pipe.splitlines()
+        assert max(map(len, pipe.splitlines())) <= 119
 
 
 def test_planning_imports_no_torch():
@@ -521,6 +570,9 @@ def _packed_plan(**language):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
     from bridge_cudagraph.plan import ModelFacts, PackingFacts, VisionFacts, build_plan
 
+    vision = VisionFacts(
+        depth=4, hidden_size=256, num_heads=4, patch_size=16, temporal_patch_size=2, spatial_merge_size=2
+    )
     facts = ModelFacts(
         provider="CudaGraphQwen3VLModelProvider",
         num_layers=4,
@@ -529,10 +581,7 @@ def _packed_plan(**language):
         kv_channels=64,
         seq_length=2048,
         position_embedding_type="mrope",
-        vision=VisionFacts(
-            depth=4, hidden_size=256, num_heads=4, patch_size=16, temporal_patch_size=2, spatial_merge_size=2
-        ),
-        **language.pop("facts", {}),
+        **{"vision": vision, **language.pop("facts", {})},
     )
     cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, **language))
     world = facts.tp * facts.cp
@@ -546,7 +595,13 @@ def test_packed_plan_derives_a_ladder_the_sequence_cap_and_static_shapes():
     packed = plan.language.packed
     assert packed is not None and plan.language.static_inputs == ()
     assert packed.token_budgets[-1] == 2 * 2048 and packed.max_seqlen == 2048 and packed.max_sequences == 2
-    assert plan.language.graphs == 4 * len(packed.token_budgets)
+    # No deepstack merge in these facts: the 4 layers are one run, one graph per budget.
+    assert plan.language.graphs == 1 * len(packed.token_budgets)
+    taps = _packed_plan(facts={"vision": dataclasses.replace(plan.facts.vision, deepstack_visual_indexes=(1, 2))})
+    assert taps.language.segments_per_stage == (((0, 1), (1, 2), (2, 4)),)
+    assert taps.language.graphs == 3 * len(packed.token_budgets)
+    per_layer = _packed_plan(graph_unit="layer")
+    assert per_layer.language.graphs == 4 * len(packed.token_budgets)
     _, inputs = packed.static_inputs[-1]
     shapes = {x.name: x.shape for x in inputs}
     assert shapes == {

@@ -31,7 +31,8 @@ CASES = {
             mbs=2,
             gbs=2,
             num_mb=1,
-            language_graphs_per_stage=(4,),
+            language_graphs_per_stage=(3,),  # runs of layers 0, 1, 2-3 (a deepstack merge follows layers 0 and 1)
+            language_merges=2,
             language_warmup=3,
             language_inputs=[
                 ("hidden_states", (256, 2, 512), "bf16"),
@@ -62,7 +63,8 @@ CASES = {
             mbs=1,
             gbs=32,
             num_mb=16,
-            language_graphs_per_stage=(36,),
+            language_graphs_per_stage=(1,),  # GPT: nothing runs between the layers, one run of 36
+            language_merges=0,
             language_warmup=3,
             language_inputs=[
                 ("hidden_states", (2048, 1, 4096), "bf16"),
@@ -79,7 +81,8 @@ CASES = {
             mbs=2,
             gbs=128,
             num_mb=32,
-            language_graphs_per_stage=(18 * 32, 18 * 32),
+            language_graphs_per_stage=(4 * 32, 1 * 32),  # runs 0, 1, 2, 3-17 on stage 0, 0-17 on stage 1; x 32 mb
+            language_merges=3,
             language_warmup=3,
             language_inputs=[
                 ("hidden_states", (4096, 2, 4096), "bf16"),
@@ -139,6 +142,8 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
         "num_microbatches": want["num_mb"],
         "static_inputs": plan.language.static_inputs,
         "on_capture_error": "eager",
+        "graph_unit": "deepstack",  # graph_unit unset: runs of layers between deepstack merges
+        "deepstack_merges": want["language_merges"],
     }
     if "budgets" in want:
         vision = vision_helper_arguments(plan)
@@ -173,7 +178,7 @@ def test_the_offline_packed_plan_holds_the_pinned_numbers():
     assert (plan.micro_batch_size, plan.num_microbatches) == (1, 16)
     assert packed.offline and packed.token_budgets == (2048,) and packed.budgets_derived is not False
     assert (packed.max_sequences, packed.max_seqlen, packed.separate_padded) == (64, 2048, False)
-    assert plan.language.graphs_per_stage == (36,)
+    assert plan.language.graphs_per_stage == (1,)  # one run of the 36 layers, one budget
     ((budget, inputs),) = packed.static_inputs
     assert budget == 2048 and _shapes(inputs) == [
         ("hidden_states", (2048, 1, 4096), "bf16"),
