@@ -197,10 +197,11 @@ def ours_graph_config(
     optimizer_host_cache: bool | None = None,
     fewer_host_waits: bool | None = None,
     language_graph_unit: str | None = None,
+    param_grads_per_graph: bool | None = None,
 ):
     """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
-    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits`` and ``language_graph_unit`` as those settings
-    of ``model.cuda_graph`` (None: the product's defaults)."""
+    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits``, ``language_graph_unit`` and
+    ``param_grads_per_graph`` as those settings of ``model.cuda_graph`` (None: the product's defaults)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
@@ -215,6 +216,7 @@ def ours_graph_config(
         on_capture_error="raise",
         optimizer_host_cache=optimizer_host_cache,
         fewer_host_waits=fewer_host_waits,
+        param_grads_per_graph=param_grads_per_graph,
     )
 
 
@@ -233,6 +235,7 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
             lever.get("optimizer_host_cache"),
             lever.get("fewer_host_waits"),
             lever.get("language_graph_unit"),
+            lever.get("param_grads_per_graph"),
         )
         if "gradient_accumulation_fusion" in lever:
             overrides = {"gradient_accumulation_fusion": lever["gradient_accumulation_fusion"], **overrides}

@@ -157,3 +157,14 @@ def qwen3_vl_forward_is_mirrored() -> bool:
     import megatron.bridge
 
     return str(megatron.bridge.__version__).startswith(QWEN3_VL_FORWARD_MIRRORS)
+
+
+@functools.cache
+def ddp_grad_hook_is_mirrored() -> bool:
+    """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose DDP gradient hook
+    (``DistributedDataParallel._make_backward_post_hook``: ``main_grad.add_`` unless ``grad_added_to_main_grad``, then
+    ``register_grad_ready(param, force_all_reduce)`` under ``overlap_grad_reduce``) :mod:`bridge_cudagraph.capture.
+    grad_sink` does once per graph; another release may do more there, so its parameters keep the hook."""
+    import megatron.core
+
+    return str(megatron.core.__version__).startswith(_release(TESTED_STACK["megatron-core"]))

@@ -529,6 +529,8 @@ class CapturePlan:
             block turns them off.
         fewer_host_waits: Qwen3-VL's forward without most of its host waits (:mod:`bridge_cudagraph.forward_host`):
             on wherever graphs are on a Qwen3-VL model, unless the block turns it off.
+        param_grads_per_graph: Each graph's parameter gradients summed into ``main_grad`` once per replay
+            (:mod:`bridge_cudagraph.capture.grad_sink`): on wherever graphs are, unless the block turns it off.
     """
 
     facts: ModelFacts
@@ -542,6 +544,7 @@ class CapturePlan:
     on_capture_error: str
     optimizer_host_cache: bool = False
     fewer_host_waits: bool = False
+    param_grads_per_graph: bool = False
 
     @property
     def language_layout(self) -> ResolvedLayout:
@@ -588,6 +591,11 @@ class CapturePlan:
                     else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
                 )
             lines.append(_describe_wgrad_accumulation(f))
+            lines.append(
+                "parameter gradients: into main_grad once per graph replay (one autograd node per graph)"
+                if self.param_grads_per_graph
+                else "parameter gradients: one AccumulateGrad node and DDP hook each (param_grads_per_graph=false)"
+            )
             lines.append(
                 f"busiest rank: {self.total_graphs} graphs; a failed capture "
                 + ("trains on eagerly (on_capture_error=eager)" if self.on_capture_error == "eager" else "stops")
@@ -1197,6 +1205,7 @@ def build_plan(
         on_capture_error=cfg.on_capture_error,
         optimizer_host_cache=cfg.any_enabled and cfg.optimizer_host_cache is not False,
         fewer_host_waits=cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False,
+        param_grads_per_graph=cfg.any_enabled and cfg.param_grads_per_graph is not False,
     )
 
 

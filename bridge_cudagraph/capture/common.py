@@ -40,6 +40,9 @@ class CaptureStats:
     param_grads_cloned: bool | None = None
     """Whether each backward replay clones the parameter gradients it returns (TE's default); False when
     Megatron's DDP consumes them before the buffers can be written again (:func:`param_grad_return_kwargs`)."""
+    param_grads_per_graph: bool | None = None
+    """Whether each graph's parameter gradients go to ``main_grad`` once per replay
+    (:mod:`~bridge_cudagraph.capture.grad_sink`) rather than through a node and a DDP hook per parameter."""
 
 
 def activation_dtype(config) -> torch.dtype:
@@ -213,6 +216,20 @@ def fused_grad_params(layers) -> list:
     Python marked them ``grad_added_to_main_grad`` during capture); a replay runs no TE Python, so the budgeted
     helpers mark them again before each replay."""
     return [p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)]
+
+
+def sink_param_grads(stats: CaptureStats, model_chunks, graphs: list, units: list) -> list:
+    """``graphs`` (one per module of ``units``) with each graph's parameter gradients summed into ``main_grad`` once
+    per replay (:func:`~bridge_cudagraph.capture.grad_sink.sink_graphs`), where megatron-core's DDP owns every
+    parameter of ``units``; else ``graphs`` as they are. Records which in ``stats``."""
+    from bridge_cudagraph.capture.grad_sink import GradSink, sink_graphs
+
+    if not ddp_consumes_param_grads(model_chunks, units):
+        stats.param_grads_per_graph = False
+        return graphs
+    sunk = sink_graphs(graphs, [list(unit.parameters()) for unit in units], model_chunks)
+    stats.param_grads_per_graph = all(isinstance(g, GradSink) for g in sunk)
+    return sunk
 
 
 def reset_graph_sets(graphs) -> None:

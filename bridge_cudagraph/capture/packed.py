@@ -64,6 +64,7 @@ from bridge_cudagraph.capture.common import (
     check_static_inputs,
     reset_graph_sets,
     segment_callables,
+    sink_param_grads,
 )
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -221,6 +222,8 @@ class PackedLanguageGraphHelper:
         on_capture_error: ``"eager"`` or ``"raise"``.
         graph_unit: ``deepstack`` (one graph per run of layers between deepstack merges) or ``layer``.
         deepstack_merges: Layers after which a first-stage decoder merges a deepstack feature (the plan's).
+        param_grads_per_graph: Sum each graph's parameter gradients into ``main_grad`` once per replay
+            (:mod:`~bridge_cudagraph.capture.grad_sink`).
     """
 
     submodule = "language"
@@ -237,6 +240,7 @@ class PackedLanguageGraphHelper:
         on_capture_error: str = "eager",
         graph_unit: str = "layer",
         deepstack_merges: int = 0,
+        param_grads_per_graph: bool = False,
     ) -> None:
         from bridge_cudagraph.capture.language import language_model_of
 
@@ -251,6 +255,7 @@ class PackedLanguageGraphHelper:
             )
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
+        self.param_grads_per_graph = param_grads_per_graph
         self.decoders = [
             language_model_of(chunk).decoder
             for chunk in self.model
@@ -323,7 +328,10 @@ class PackedLanguageGraphHelper:
                 pool=pool,
                 **extra_kwargs,
             )
-        return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
+        graphed = list(graphed)
+        if self.param_grads_per_graph:
+            graphed = sink_param_grads(self.stats, self.model, graphed, list(callables))
+        return PackedGraphSet(graphed, rotary, cu, cu_padded)
 
     def create_cudagraphs(self) -> None:
         """Capture every layer for every budget and copy, the budgets of a copy sharing its memory

@@ -50,6 +50,7 @@ from bridge_cudagraph.capture.common import (
     check_static_inputs,
     reset_graph_sets,
     segment_callables,
+    sink_param_grads,
 )
 from bridge_cudagraph.config import GRAPH_UNITS
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
@@ -147,6 +148,8 @@ class VisionGraphHelper:
             are checked against them (None: not checked, for callers without a plan).
         graph_unit: ``deepstack`` or ``layer``: the layers each graph spans
             (:func:`~bridge_cudagraph.budgets.layer_segments`).
+        param_grads_per_graph: Sum each graph's parameter gradients into ``main_grad`` once per replay
+            (:mod:`~bridge_cudagraph.capture.grad_sink`).
     """
 
     submodule = "vision"
@@ -164,6 +167,7 @@ class VisionGraphHelper:
         copies: int = 1,
         static_inputs: Mapping[int, Sequence[StaticInput]] | None = None,
         graph_unit: str = "deepstack",
+        param_grads_per_graph: bool = False,
     ) -> None:
         if not isinstance(vision_model, GraphedQwen3VLVisionModel):
             raise CaptureError(
@@ -191,6 +195,7 @@ class VisionGraphHelper:
         if graph_unit not in GRAPH_UNITS:
             raise CaptureError(f"vision graph_unit must be one of {list(GRAPH_UNITS)}, got {graph_unit!r}")
         self.graph_unit = graph_unit
+        self.param_grads_per_graph = param_grads_per_graph
         self.segments = layer_segments(
             len(vision_model.decoder.layers), vision_model.decoder.deepstack_visual_indexes, graph_unit
         )
@@ -309,7 +314,10 @@ class VisionGraphHelper:
                 pool=pool,
                 **extra_kwargs,
             )
-        return GraphSet(list(graphed), rotary, cu, segments=self.segments)
+        graphed = list(graphed)
+        if self.param_grads_per_graph:
+            graphed = sink_param_grads(self.stats, self.model, graphed, list(callables))
+        return GraphSet(graphed, rotary, cu, segments=self.segments)
 
     def graphs_created(self) -> bool:
         """Whether any vision graph exists."""

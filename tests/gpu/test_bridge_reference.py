@@ -165,6 +165,7 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
         # The product's unit: runs of layers (GPT's 4 layers one graph, Qwen3-VL's 0, 1 and 2-3).
         assert plan.language.graph_unit == "deepstack"
         assert helper.stats.graphs == len(plan.language.segments_per_stage[0]) < helper.stats.layers
+        assert helper.stats.param_grads_per_graph is True  # and the gradients summed once per graph
         _require_bit_identical(plugin, bridge, batches, f"{kind} language graphs", record)
         assert helper.stats.replays == len(batches), helper.stats
         assert_captured(helper.stats)

@@ -94,6 +94,7 @@ def test_language_graphs_match_reference(world, record, kind, modules, unit, gra
     layers = helper.flattened_callables
     assert layers and all(len(layer.cuda_graphs) == 1 for layer in layers)
     assert helper.stats.graphs == graphs and helper.stats.layers == 4
+    assert helper.stats.param_grads_per_graph is True  # the plan's default: gradients summed once per graph
     record(
         kind=kind,
         phase="capture",

@@ -115,7 +115,8 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 # micro-batch's own longest row; the second case shows whether the kernels' numbers depend on max_seqlen.
 # ``fused``: with gradient_accumulation_fusion=true, which the packed replay marks before each replay.
 # ``unit``: the language graph unit; ``deepstack`` (the product's default) captures layers 2-3 of the tiny model as one
-# graph (a deepstack merge follows layers 0 and 1), so a budget holds 3 graphs instead of 4.
+# graph (a deepstack merge follows layers 0 and 1), so a budget holds 3 graphs instead of 4; that case also sums each
+# graph's parameter gradients once per replay (param_grads_per_graph, the plan's default too).
 @pytest.mark.parametrize(
     ("max_seqlen", "fused", "fewer_waits", "unit"),
     [
@@ -130,7 +131,7 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
         "max_seqlen_4S",
         "max_seqlen_S_fused",
         "max_seqlen_S_fused_fewer_waits",
-        "max_seqlen_S_fused_fewer_waits_runs",
+        "max_seqlen_S_fused_fewer_waits_runs_sink",
     ],
 )
 def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, fewer_waits, unit):
@@ -166,11 +167,14 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
     from bridge_cudagraph.plan import deepstack_merges, model_facts
 
     merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))  # the tiny encoder's 2 deepstack taps
-    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit=unit, deepstack_merges=merges)
+    helper = PackedLanguageGraphHelper(
+        graphed, layout=layout, graph_unit=unit, deepstack_merges=merges, param_grads_per_graph=unit == "deepstack"
+    )
     waits = forward_host.install(graphed) if fewer_waits else []
     helper.create_cudagraphs()
     assert helper.stats.failed is None, helper.stats.failed
     assert helper.graphs_created() and helper.stats.graphs == {"layer": 4, "deepstack": 3}[unit] * len(BUDGETS)
+    assert helper.stats.param_grads_per_graph is (True if unit == "deepstack" else None)
 
     for name, batch in batches.items():
         tokens = batch["input_ids"].numel()
@@ -332,6 +336,7 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     layers = cfg.model.num_layers
     assert plan.language.graph_unit == "deepstack" and plan.language.segments_per_stage == (((0, layers),),)
     assert helper.stats.failed is None and helper.stats.graphs == 1, helper.stats.failed
+    assert helper.stats.param_grads_per_graph is True
     for i, batch in enumerate(batches):
         before = helper.stats.replays
         got = loss_and_grads(graphed, batch)

@@ -102,6 +102,8 @@ BLOCK_CASES = [
     ("host-cache-not-bool", {"optimizer_host_cache": "yes"}, CudaGraphConfigError, ["true, false or null"]),
     ("host-cache-without-graphs", {"optimizer_host_cache": True}, CudaGraphConfigError, ["no graphs are enabled"]),
     ("fewer-waits-without-graphs", {"fewer_host_waits": True}, CudaGraphConfigError, ["no graphs are enabled"]),
+    ("grads-per-graph-without-graphs", {"param_grads_per_graph": True}, CudaGraphConfigError, ["no graphs are"]),
+    ("grads-per-graph-not-bool", {"param_grads_per_graph": "once"}, CudaGraphConfigError, ["true, false or null"]),
     ("unknown-key", {"vision": {"token_budget": [64]}}, UnknownKeyError, ["token_budget", "'token_budgets'"]),
     (
         "language-graph-unit-unknown",
