@@ -51,9 +51,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # ours_fused with one language graph per layer (model.cuda_graph.language.graph_unit=layer, megatron-core's unit)
     # instead of one per run of layers between deepstack merges: what the runs give.
     "ours_fused_layer_graphs": {"gradient_accumulation_fusion": True, "language_graph_unit": "layer"},
-    # ours_fused with one AccumulateGrad node and megatron-core DDP hook per parameter of every graph
-    # (model.cuda_graph.param_grads_per_graph=false): what summing them once per graph gives.
-    "ours_fused_param_hooks": {"gradient_accumulation_fusion": True, "param_grads_per_graph": False},
+    # ours_fused with each graph's parameter gradients summed into main_grad once per replay
+    # (model.cuda_graph.param_grads_per_graph=true, opt-in until measured) instead of a node and a DDP hook each.
+    "ours_fused_grads_per_graph": {"gradient_accumulation_fusion": True, "param_grads_per_graph": True},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

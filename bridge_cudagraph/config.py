@@ -240,9 +240,11 @@ class CudaGraphConfig:
     """Sum each graph's parameter gradients into ``main_grad`` once per backward replay, in one multi-tensor add,
     instead of through one ``AccumulateGrad`` node and one megatron-core DDP hook per parameter
     (:mod:`bridge_cudagraph.capture.grad_sink`: the same additions, the same readiness for the overlapped reduction,
-    541 fewer autograd nodes and Python hooks per micro-batch at the Qwen3-VL-2B shape). ``None`` turns it on wherever
-    graphs are (and megatron-core's DDP owns the parameters); ``false`` keeps the per-parameter path. It belongs to
-    the graphed step: ``true`` without graphs is refused."""
+    541 fewer autograd nodes and Python hooks per micro-batch at the Qwen3-VL-2B shape; bit for bit Bridge's model and
+    identical losses in Bridge's loop, run 49). Opt-in: ``true`` turns it on where megatron-core's DDP owns the
+    graphs' parameters; ``None`` and ``false`` keep the per-parameter path, because its speed has not been measured
+    yet (a lever is on by default only where a paired benchmark showed it pays). ``true`` without graphs is
+    refused."""
 
     @property
     def any_enabled(self) -> bool:

@@ -530,7 +530,7 @@ class CapturePlan:
         fewer_host_waits: Qwen3-VL's forward without most of its host waits (:mod:`bridge_cudagraph.forward_host`):
             on wherever graphs are on a Qwen3-VL model, unless the block turns it off.
         param_grads_per_graph: Each graph's parameter gradients summed into ``main_grad`` once per replay
-            (:mod:`bridge_cudagraph.capture.grad_sink`): on wherever graphs are, unless the block turns it off.
+            (:mod:`bridge_cudagraph.capture.grad_sink`): only where the block asks for it (``true``) and graphs are.
     """
 
     facts: ModelFacts
@@ -594,7 +594,7 @@ class CapturePlan:
             lines.append(
                 "parameter gradients: into main_grad once per graph replay (one autograd node per graph)"
                 if self.param_grads_per_graph
-                else "parameter gradients: one AccumulateGrad node and DDP hook each (param_grads_per_graph=false)"
+                else "parameter gradients: one AccumulateGrad node and DDP hook each (param_grads_per_graph off)"
             )
             lines.append(
                 f"busiest rank: {self.total_graphs} graphs; a failed capture "
@@ -1205,7 +1205,7 @@ def build_plan(
         on_capture_error=cfg.on_capture_error,
         optimizer_host_cache=cfg.any_enabled and cfg.optimizer_host_cache is not False,
         fewer_host_waits=cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False,
-        param_grads_per_graph=cfg.any_enabled and cfg.param_grads_per_graph is not False,
+        param_grads_per_graph=cfg.any_enabled and cfg.param_grads_per_graph is True,
     )
 
 

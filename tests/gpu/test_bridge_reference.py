@@ -69,9 +69,12 @@ def _require_deterministic(model) -> int:
 
 
 def _cfg(language: bool, vision: bool):
+    """The block of these tests, with each graph's parameter gradients summed once per replay (the opt-in
+    ``param_grads_per_graph``, as run 49 ran them; run 47 ran them without it)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
+        param_grads_per_graph=(language or vision) or None,
         language=LanguageGraphConfig(enabled=language),
         # The largest image here is 12 x 12 = 144 patches: the static attention max_seqlen, so TE's deterministic
         # fused attention stays within its workspace limit (with the budget as max_seqlen it falls back to eager).
@@ -165,7 +168,7 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
         # The product's unit: runs of layers (GPT's 4 layers one graph, Qwen3-VL's 0, 1 and 2-3).
         assert plan.language.graph_unit == "deepstack"
         assert helper.stats.graphs == len(plan.language.segments_per_stage[0]) < helper.stats.layers
-        assert helper.stats.param_grads_per_graph is True  # and the gradients summed once per graph
+        assert helper.stats.param_grads_per_graph is True  # and the gradients summed once per graph (opted in)
         _require_bit_identical(plugin, bridge, batches, f"{kind} language graphs", record)
         assert helper.stats.replays == len(batches), helper.stats
         assert_captured(helper.stats)

@@ -116,7 +116,7 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 # ``fused``: with gradient_accumulation_fusion=true, which the packed replay marks before each replay.
 # ``unit``: the language graph unit; ``deepstack`` (the product's default) captures layers 2-3 of the tiny model as one
 # graph (a deepstack merge follows layers 0 and 1), so a budget holds 3 graphs instead of 4; that case also sums each
-# graph's parameter gradients once per replay (param_grads_per_graph, the plan's default too).
+# graph's parameter gradients once per replay (the opt-in param_grads_per_graph).
 @pytest.mark.parametrize(
     ("max_seqlen", "fused", "fewer_waits", "unit"),
     [
@@ -301,7 +301,7 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     from bridge_cudagraph.testing.step_batch import gpt_step_inputs
 
     mult = f"dataset.offline_packing_specs.pad_seq_to_mult={pad_seq_to_mult}"
-    cfg = _gpt_config(mult)
+    cfg = _gpt_config(mult, "model.cuda_graph.param_grads_per_graph=true")  # as run 49 ran it (then the default)
     plan = plan_finalized(cfg, world_size=1)
     packed = plan.language.packed
     assert packed is not None and packed.offline and packed.token_budgets == (cfg.model.seq_length,)
@@ -336,7 +336,7 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     layers = cfg.model.num_layers
     assert plan.language.graph_unit == "deepstack" and plan.language.segments_per_stage == (((0, layers),),)
     assert helper.stats.failed is None and helper.stats.graphs == 1, helper.stats.failed
-    assert helper.stats.param_grads_per_graph is True
+    assert helper.stats.param_grads_per_graph is True  # opted in by the override above
     for i, batch in enumerate(batches):
         before = helper.stats.replays
         got = loss_and_grads(graphed, batch)

@@ -493,7 +493,7 @@ class TestDescribe:
         assert any(line.startswith(vision) for line in lines)
         assert "  each budget's graphs span layers 0-8, 9-16, 17-24, 25-26 (cut after each deepstack layer)" in lines
         assert any("budgets [4096, 8192, 16384, 32768] patches" in line for line in lines)
-        assert "parameter gradients: into main_grad once per graph replay (one autograd node per graph)" in lines
+        assert "parameter gradients: one AccumulateGrad node and DDP hook each (param_grads_per_graph off)" in lines
         assert lines[-1].startswith("busiest rank: 20 graphs")
         assert max(map(len, lines)) <= 119 and not text.endswith("\n")
 
@@ -549,16 +549,18 @@ class TestDescribe:
         assert fused.describe().splitlines()[-3].startswith("weight gradients: summed in the language TE layers")
 
     def test_the_parameter_gradient_line_follows_the_block(self):
-        """Above the busiest-rank line: the graphs' parameter gradients once per graph (the default wherever graphs
-        are), or a node and a hook each with ``param_grads_per_graph: false``; no line without graphs."""
-        on = plan(qwen3_vl_8b(), both_on())
-        assert on.param_grads_per_graph and on.describe().splitlines()[-2].startswith("parameter gradients: into")
-        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "param_grads_per_graph": False})
-        off = plan(qwen3_8b(), block)
-        assert not off.param_grads_per_graph
-        assert off.describe().splitlines()[-2] == (
-            "parameter gradients: one AccumulateGrad node and DDP hook each (param_grads_per_graph=false)"
+        """Above the busiest-rank line: the graphs' parameter gradients once per graph where the block asks for it
+        (``param_grads_per_graph: true``, opt-in), else a node and a hook each; no line without graphs."""
+        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "param_grads_per_graph": True})
+        on = plan(qwen3_8b(), block)
+        assert on.param_grads_per_graph and on.describe().splitlines()[-2] == (
+            "parameter gradients: into main_grad once per graph replay (one autograd node per graph)"
         )
+        for off in (plan(qwen3_vl_8b(), both_on()), plan(qwen3_8b(), LANGUAGE_ON)):
+            assert not off.param_grads_per_graph
+            assert off.describe().splitlines()[-2] == (
+                "parameter gradients: one AccumulateGrad node and DDP hook each (param_grads_per_graph off)"
+            )
         no_graphs = plan(qwen3_vl_8b(), CudaGraphConfig())
         assert not no_graphs.param_grads_per_graph and "parameter gradients" not in no_graphs.describe()
 

@@ -144,7 +144,7 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
         "on_capture_error": "eager",
         "graph_unit": "deepstack",  # graph_unit unset: runs of layers between deepstack merges
         "deepstack_merges": want["language_merges"],
-        "param_grads_per_graph": True,  # unset: on wherever graphs are
+        "param_grads_per_graph": False,  # unset: off (opt-in until its speed is measured)
     }
     if "budgets" in want:
         vision = vision_helper_arguments(plan)
@@ -156,7 +156,7 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
             "graph_unit": "deepstack",  # graph_unit unset: graphs cut after each deepstack layer
             "static_inputs": dict(plan.vision.static_inputs),
             "on_capture_error": "eager",
-            "param_grads_per_graph": True,
+            "param_grads_per_graph": False,
         }
 
 
