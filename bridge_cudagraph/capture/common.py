@@ -224,11 +224,11 @@ def sink_param_grads(stats: CaptureStats, model_chunks, graphs: list, units: lis
     parameter of ``units``; else ``graphs`` as they are. Records which in ``stats``."""
     from bridge_cudagraph.capture.grad_sink import GradSink, sink_graphs
 
-    if not ddp_consumes_param_grads(model_chunks, units):
-        stats.param_grads_per_graph = False
-        return graphs
-    sunk = sink_graphs(graphs, [list(unit.parameters()) for unit in units], model_chunks)
-    stats.param_grads_per_graph = all(isinstance(g, GradSink) for g in sunk)
+    sunk = graphs
+    if ddp_consumes_param_grads(model_chunks, units):
+        sunk = sink_graphs(graphs, [list(unit.parameters()) for unit in units], model_chunks)
+    done = all(isinstance(g, GradSink) for g in sunk)
+    stats.param_grads_per_graph = done and stats.param_grads_per_graph is not False  # every call of a capture
     return sunk
 
 

@@ -108,12 +108,13 @@ class LayerRun(torch.nn.Module):
             restore_instance_class(member, RunMember)
         self._output_key = None
 
-    def replaying(self, member: torch.nn.Module) -> bool:
-        """Whether the head's call replays the run now: the condition of megatron-core's ``__call__``
-        (``_should_call_te_cudagraph``) with graphs present, outside any capture."""
+    def replaying(self) -> bool:
+        """Whether the head's call replays the run now: megatron-core's own condition for it (``__call__``:
+        ``_should_call_te_cudagraph`` with graphs present), outside any capture (then every layer computes itself)."""
         from megatron.core.transformer.cuda_graphs import is_graph_capturing
 
-        return bool(member.training and self.head.cuda_graphs and not is_graph_capturing())
+        head = self.head
+        return bool(head.cuda_graphs) and not is_graph_capturing() and head._should_call_te_cudagraph()
 
     def note_output(self, output: torch.Tensor) -> None:
         self._output_key = (output.data_ptr(), tuple(output.shape))
@@ -151,7 +152,7 @@ class RunMember:
 
     def __call__(self, *args, **kwargs):
         run = self.__dict__.get("_bcg_run")
-        if run is None or not run.replaying(self):
+        if run is None or not run.replaying():
             return super().__call__(*args, **kwargs)
         hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         run.check_member_input(self, hidden_states)
