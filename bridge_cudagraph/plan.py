@@ -628,16 +628,14 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
     if language.graph_unit == "deepstack":
         units = "+".join(str(len(s)) for s in language.segments_per_stage)
         layers += f" in {units} run" + ("" if units == "1" else "s")
-        cut = (
-            f"cut after each of the first {language.deepstack_merges} (a deepstack merge follows)"
-            if language.deepstack_merges
-            else "nothing runs between the layers"
-        )
+        merges = f"cut after each of the first {language.deepstack_merges} (a deepstack merge follows)"
+        # Stage 0 merges the deepstack features; the later stages look alike, the first of them stands for all.
         runs = [
-            f"  runs of layers: {_ranges(spans)}" + (f" on stage {stage}" if len(stages) > 1 else "") + f"; {cut}"
-            for stage, spans in enumerate(language.segments_per_stage)
-            if stage == 0 or len(stages) > 1
-        ][:2]
+            f"  runs of layers: {_ranges(spans)}"
+            + (f" on stage {stage}" if len(stages) > 1 else "")
+            + f"; {merges if stage == 0 and language.deepstack_merges else 'nothing runs between the layers'}"
+            for stage, spans in enumerate(language.segments_per_stage[:2])
+        ]
     packed = language.packed
     if packed is not None:
         copies = f" x {packed.copies} in-flight copies" if packed.copies > 1 else ""

@@ -130,6 +130,15 @@ class TestQwen3VL8B:
         lines = p.describe().splitlines()
         assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
 
+    def test_language_runs_per_pipeline_stage(self):
+        """Only the first stage merges deepstack features: its runs are cut there, the later stages' are not."""
+        p = plan(qwen3_vl_8b(pp=2), both_on(), world=8, mbs=2, gbs=128)
+        assert p.language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 18)), ((0, 18),))
+        lines = p.describe().splitlines()
+        first = "  runs of layers: 0, 1, 2, 3-17 on stage 0; cut after each of the first 3 (a deepstack merge follows)"
+        assert first in lines
+        assert "  runs of layers: 0-17 on stage 1; nothing runs between the layers" in lines
+
     def test_one_language_graph_per_layer_when_asked(self):
         """``language.graph_unit: layer``: megatron-core's unit, one graph per layer, and the plan says so."""
         cfg = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "layer"}})
