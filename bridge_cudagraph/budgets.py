@@ -154,6 +154,13 @@ class PackedLayout:
         return out + [budget] * (self.cu_seqlens_length - len(out))
 
 
+def language_segments(layers: int, merges: int, *, first_stage: bool, unit: str) -> tuple[tuple[int, int], ...]:
+    """The layer ranges of one language chunk's graphs: Qwen3-VL's decoder adds a deepstack feature after each of
+    its first ``merges`` layers on the first pipeline stage only (Bridge 0.6.2 ``Qwen3VLTransformerBlock.forward``,
+    ``pre_process``), so runs are cut there and nowhere else. The plan and both language helpers derive them here."""
+    return layer_segments(layers, range(merges if first_stage else 0), unit)
+
+
 def layer_segments(depth: int, cut_after: Sequence[int], unit: str) -> tuple[tuple[int, int], ...]:
     """The layer ranges ``[start, end)`` one graph each spans, for a ``graph_unit`` of ``model.cuda_graph``: runs of
     layers cut after each layer of ``cut_after`` and then the rest (``deepstack``), or single layers (``layer``).

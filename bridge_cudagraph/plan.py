@@ -34,6 +34,7 @@ from bridge_cudagraph.budgets import (
     derive_max_segments,
     derive_token_budgets,
     in_flight_microbatches,
+    language_segments,
     layer_segments,
     max_patches_per_microbatch,
 )
@@ -1166,7 +1167,7 @@ def build_plan(
         unit = _language_unit(cfg, facts)
         merges = deepstack_merges(facts)
         segments = tuple(
-            layer_segments(len(local), range(merges if stage == 0 else 0), unit)
+            language_segments(len(local), merges, first_stage=stage == 0, unit=unit)
             if unit == "deepstack"
             else tuple((i, i + 1) for i in local)
             for stage, local in enumerate(graphable)

@@ -33,7 +33,7 @@ from megatron.core.transformer.enums import CudaGraphModule
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from bridge_cudagraph.budgets import layer_segments
+from bridge_cudagraph.budgets import language_segments
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -174,8 +174,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
                     f"language: graph_unit={unit!r} needs every decoder layer captured whole (chunk {index} captures "
                     f"{len(layers)} of {len(decoder.layers)} layers); set model.cuda_graph.language.graph_unit=layer"
                 )
-            cuts = range(merges if getattr(decoder, "pre_process", True) else 0)
-            runs = group_runs(layers, layer_segments(len(layers), cuts, unit))
+            first_stage = getattr(decoder, "pre_process", True)
+            runs = group_runs(layers, language_segments(len(layers), merges, first_stage=first_stage, unit=unit))
             self.callables_per_chunk[index] = runs + mtp
             self.callables_per_chunk_is_mtp[index] = [False] * len(runs) + [True] * len(mtp)
             self.num_layers_per_chunk[index] = len(runs) + len(mtp)

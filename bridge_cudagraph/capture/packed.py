@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.budgets import PackedLayout, layer_segments
+from bridge_cudagraph.budgets import PackedLayout, language_segments
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -266,8 +266,8 @@ class PackedLanguageGraphHelper:
             raise CaptureError("packed language graphs support one model chunk per rank (no virtual pipeline)")
         #: The layer ranges ``[start, end)`` each graph of a set spans, per decoder.
         self.segments = [
-            layer_segments(
-                len(d.layers), range(deepstack_merges if getattr(d, "pre_process", True) else 0), graph_unit
+            language_segments(
+                len(d.layers), deepstack_merges, first_stage=getattr(d, "pre_process", True), unit=graph_unit
             )
             for d in self.decoders
         ]

@@ -94,6 +94,17 @@ def test_vision_segments_end_at_every_deepstack_layer():
         layer_segments(4, (1,), "encoder")  # tried and withdrawn: not bit-exact across a deepstack layer
 
 
+def test_language_segments_cut_after_each_merge_on_the_first_stage_only():
+    """Qwen3-VL's decoder adds a deepstack feature after each of its first layers, on pipeline stage 0 only."""
+    from bridge_cudagraph.budgets import language_segments
+
+    assert language_segments(28, 3, first_stage=True, unit="deepstack") == ((0, 1), (1, 2), (2, 3), (3, 28))
+    assert language_segments(14, 3, first_stage=False, unit="deepstack") == ((0, 14),)
+    assert language_segments(4, 0, first_stage=True, unit="deepstack") == ((0, 4),)  # GPT
+    assert language_segments(3, 3, first_stage=True, unit="deepstack") == ((0, 1), (1, 2), (2, 3))
+    assert language_segments(3, 2, first_stage=True, unit="layer") == ((0, 1), (1, 2), (2, 3))
+
+
 def test_graph_unit_is_checked_with_the_fix():
     from bridge_cudagraph.config import CudaGraphConfigError, VisionGraphConfig
 
