@@ -10,9 +10,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 R() {
   local name=$1 limit=$2; shift 2
-  local t0=$SECONDS rc=0
+  local t0=$SECONDS rc=0 packer
   echo "[device] $(date -u +%H:%M:%S) start $name (limit ${limit}s)"
+  # Packed every 30 s while the step runs too: a step the call's own limit kills keeps its log so far (run 49 lost a
+  # benchmark's whole log that way).
+  ( while sleep 30; do pack; done ) &
+  packer=$!
   timeout -k 15 "$limit" bash -c "$*" >"$LOGS/$name.log" 2>&1 || rc=$?
+  kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
   echo "$name $rc $((SECONDS - t0))" >>"$LOGS/steps.txt"
   echo "[device] $(date -u +%H:%M:%S) end $name rc=$rc $((SECONDS - t0))s"
   pack
