@@ -22,6 +22,7 @@ ddp_consumes_param_grads`); any other owner keeps the per-parameter path.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -132,15 +133,21 @@ def ddp_owners(model_chunks) -> dict | None:
     return owners if overlap else None
 
 
+@functools.cache
+def _warn_not_mirrored() -> None:
+    """Once per process: the budgeted helpers ask once per budget and copy."""
+    logger.warning(
+        "bridge_cudagraph: model.cuda_graph.param_grads_per_graph is on, but this megatron-core is not the "
+        "release whose DDP gradient hook it mirrors; the parameters keep megatron-core's per-parameter path"
+    )
+
+
 def sink_graphs(graphs: list, params: Sequence[Sequence[torch.nn.Parameter]], model_chunks) -> list:
     """``graphs[i]`` wrapped in a :class:`GradSink` for ``params[i]``, where the host allows it; else unchanged."""
     from bridge_cudagraph.compat import ddp_grad_hook_is_mirrored
 
     if not ddp_grad_hook_is_mirrored():
-        logger.warning(
-            "bridge_cudagraph: model.cuda_graph.param_grads_per_graph is on, but this megatron-core is not the "
-            "release whose DDP gradient hook it mirrors; the parameters keep megatron-core's per-parameter path"
-        )
+        _warn_not_mirrored()
         return list(graphs)
     owners = ddp_owners(model_chunks)
     return [GradSink(graph, unit, owners) for graph, unit in zip(graphs, params, strict=True)]

@@ -274,11 +274,18 @@ class LanguageGraphHelper(TECudaGraphHelper):
             self._graphs_created = False
             self._capture_finished = True
             return
-        if self.param_grads_per_graph:
-            for unit in self.flattened_callables:  # a layer's graphs, one per micro-batch, or a run's
-                unit.cuda_graphs = sink_param_grads(
-                    self.stats, self.model, unit.cuda_graphs, [unit] * len(unit.cuda_graphs)
+        if self.param_grads_per_graph:  # every unit's graphs (one per micro-batch) in one call, then back in place
+            units = self.flattened_callables
+            sunk = iter(
+                sink_param_grads(
+                    self.stats,
+                    self.model,
+                    [graph for unit in units for graph in unit.cuda_graphs],
+                    [unit for unit in units for _ in unit.cuda_graphs],
                 )
+            )
+            for unit in units:
+                unit.cuda_graphs = [next(sunk) for _ in unit.cuda_graphs]
         for run in self._runs():
             run.wire()
         self.stats.graphs = sum(len(layer.cuda_graphs) for layer in self.flattened_callables)
