@@ -215,7 +215,15 @@ def _write_split(folder: Path, spec: PhotoSetSpec, split: str, size: int) -> Non
     features = datasets.Features(
         {"image": datasets.Image(), "ground_truth": datasets.Value("string"), "photo": datasets.Value("string")}
     )
-    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(folder / f"{split}.parquet"))
+    # Without its progress bars: the set is built inside verbs whose stderr is the user's (a refusal there must stay
+    # one ``error:`` line; the first build of a fresh checkout printed nine bar lines before it).
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(str(folder / f"{split}.parquet"))
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
 
 
 def build_photo_set(root: str | os.PathLike[str], spec: PhotoSetSpec | None = None) -> Path:
