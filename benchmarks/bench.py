@@ -198,10 +198,12 @@ def ours_graph_config(
     fewer_host_waits: bool | None = None,
     language_graph_unit: str | None = None,
     param_grads_per_graph: bool | None = None,
+    vision_gradient_accumulation_fusion: bool | None = None,
 ):
     """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
-    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits``, ``language_graph_unit`` and
-    ``param_grads_per_graph`` as those settings of ``model.cuda_graph`` (None: the product's defaults)."""
+    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits``, ``language_graph_unit``,
+    ``param_grads_per_graph`` and ``vision_gradient_accumulation_fusion`` as those settings of ``model.cuda_graph``
+    (None: the product's defaults)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
@@ -211,6 +213,7 @@ def ours_graph_config(
             token_budgets=cfg.vision_budgets(),
             max_images_per_microbatch=cfg.vision_max_segments(),
             graph_unit=vision_graph_unit,
+            gradient_accumulation_fusion=vision_gradient_accumulation_fusion,
         ),
         num_microbatches=cfg.num_microbatches,
         on_capture_error="raise",
@@ -236,6 +239,7 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
             lever.get("fewer_host_waits"),
             lever.get("language_graph_unit"),
             lever.get("param_grads_per_graph"),
+            lever.get("vision_gradient_accumulation_fusion"),
         )
         if "gradient_accumulation_fusion" in lever:
             overrides = {"gradient_accumulation_fusion": lever["gradient_accumulation_fusion"], **overrides}

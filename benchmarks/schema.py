@@ -54,6 +54,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # ours_fused with each graph's parameter gradients summed into main_grad once per replay
     # (model.cuda_graph.param_grads_per_graph=true, opt-in until measured) instead of a node and a DDP hook each.
     "ours_fused_grads_per_graph": {"gradient_accumulation_fusion": True, "param_grads_per_graph": True},
+    # ours_fused with the vision encoder's TE layers fusing their weight gradients into main_grad too
+    # (model.cuda_graph.vision.gradient_accumulation_fusion=true; off by default, as Bridge builds the encoder).
+    "ours_fused_vision_wgrad": {"gradient_accumulation_fusion": True, "vision_gradient_accumulation_fusion": True},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

@@ -470,6 +470,8 @@ class VisionPlan:
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         graph_unit: What one graph spans: ``deepstack`` (the layers up to each deepstack layer) or ``layer``,
             resolved.
+        gradient_accumulation_fusion: The encoder's TE layers sum their weight gradients into ``main_grad`` in
+            their GEMMs (``model.cuda_graph.vision.gradient_accumulation_fusion``), graphs on or off.
     """
 
     enabled: bool
@@ -486,6 +488,7 @@ class VisionPlan:
     warmup_steps: int
     max_patches_per_image: int = 0
     graph_unit: str = "deepstack"
+    gradient_accumulation_fusion: bool = False
 
     segments: tuple[tuple[int, int], ...] = ()
     """The layer ranges ``[start, end)`` of one budget's graphs (:func:`~bridge_cudagraph.budgets.layer_segments`)."""
@@ -591,7 +594,7 @@ class CapturePlan:
                     if self.fewer_host_waits
                     else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
                 )
-            lines.append(_describe_wgrad_accumulation(f))
+            lines += _describe_wgrad_accumulation(f, self.vision)
             lines.append(
                 "parameter gradients: into main_grad once per graph replay (one autograd node per graph)"
                 if self.param_grads_per_graph
@@ -604,11 +607,19 @@ class CapturePlan:
         return "\n".join(lines)
 
 
-def _describe_wgrad_accumulation(facts: ModelFacts) -> str:
+def _describe_wgrad_accumulation(facts: ModelFacts, vision: VisionPlan | None) -> list[str]:
     """Where the weight gradients are summed, graphs on and off alike (:mod:`bridge_cudagraph.wgrad_fusion`)."""
     if not facts.gradient_accumulation_fusion:
-        return "weight gradients: added to main_grad one parameter at a time (gradient_accumulation_fusion=false)"
-    return "weight gradients: summed in the language TE layers' GEMMs (the output layer fuses only with APEX)"
+        lines = ["weight gradients: added to main_grad one parameter at a time (gradient_accumulation_fusion=false)"]
+    else:
+        lines = ["weight gradients: summed in the language TE layers' GEMMs (the output layer fuses only with APEX)"]
+    if vision is not None:
+        lines.append(
+            "  vision encoder: summed in its TE layers' GEMMs too (vision.gradient_accumulation_fusion=true)"
+            if vision.gradient_accumulation_fusion
+            else "  vision encoder: one at a time, as Bridge builds it (vision.gradient_accumulation_fusion off)"
+        )
+    return lines
 
 
 def _modules_text(modules: tuple[str, ...] | None) -> str:
@@ -897,8 +908,23 @@ def _plan_vision(
     where = "model.cuda_graph.vision"
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
+    fused = cfg.vision.gradient_accumulation_fusion is True
     if not cfg.vision.enabled:
-        return VisionPlan(False, v.depth, modules, (), False, max_patches, 0, False, (), 1, 0, warmup)
+        return VisionPlan(
+            False,
+            v.depth,
+            modules,
+            (),
+            False,
+            max_patches,
+            0,
+            False,
+            (),
+            1,
+            0,
+            warmup,
+            gradient_accumulation_fusion=fused,
+        )
     if cfg.vision.token_budgets is None:
         budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
         derived = True
@@ -934,6 +960,7 @@ def _plan_vision(
         warmup_steps=warmup,
         max_patches_per_image=longest,
         graph_unit=unit,
+        gradient_accumulation_fusion=fused,
         segments=segments,
     )
 

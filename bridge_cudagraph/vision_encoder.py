@@ -149,6 +149,10 @@ def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
         config, layer_spec, merger_spec, pre_process=True, post_process=True, pg_collection=vision_pg_collection
     )
     new.to(device=next(old.parameters()).device)
+    if provider.cuda_graph.vision.gradient_accumulation_fusion:
+        from bridge_cudagraph.wgrad_fusion import fuse_vision_encoder
+
+        fuse_vision_encoder(new)
     # What Bridge builds on the encoder later from its modules' config finds the encoder's groups there, as it finds
     # the language model's on the provider (``model_provider.py`` sets ``_pg_collection``): its PEFT adapters
     # (``peft/utils.py`` ``_get_pg_collection_from_module``), which otherwise fall back to parallel_state's globals,

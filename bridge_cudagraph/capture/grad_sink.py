@@ -18,6 +18,11 @@ per-parameter path, :func:`~bridge_cudagraph.compat.ddp_grad_hook_is_mirrored`).
 
 Only where megatron-core's DDP owns every parameter of the graphs (:func:`~bridge_cudagraph.capture.common.
 ddp_consumes_param_grads`); any other owner keeps the per-parameter path.
+
+Measured at the 2B shape on an H200 (run 50): 512 of the 541 ``AccumulateGrad`` nodes gone, but the step paired
+against the per-parameter path is 1.005x (95% CI 0.983-1.021). The nested ``torch.autograd.grad`` costs the host
+about what the nodes and hooks did (45 ms of profiled CPU per step for 8 graphs, where TE's ``GraphedBackward``
+alone takes 21), and ``_foreach_add_`` of fp32 ``main_grad`` with bf16 gradients runs per tensor. Hence opt-in.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ Four cases, per-token loss and every parameter gradient compared with ``torch.eq
 (c) Qwen3-VL with vision graphs on, replaying. The lead is fixing a deterministic-mode vision memory issue: where
     the vision capture falls back to eager, (c) is skipped and says so, with the capture's own cause.
 (d) language graphs on with ``gradient_accumulation_fusion=true`` (TE's layers fuse without APEX), against Bridge's
-    model with TE's fusion on in the same modules.
+    model with TE's fusion on in the same modules;
+(e) vision graphs on with ``vision.gradient_accumulation_fusion=true``, against Bridge's model with TE's fusion on in
+    its encoder's modules.
 
 Parameter names: the plugin rebuilds Qwen3-VL's vision encoder under its own groups
 (``vision_encoder.rebuild_vision_encoder``) with the same module tree, so its state-dict keys and parameter names are
@@ -230,6 +232,51 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
         assert helper.graphs_created()
         batches = {k: v for k, v in _batches("qwen3_vl").items() if k != "no_image"}  # each replays a budget
         _require_bit_identical(plugin, bridge, batches, "qwen3_vl vision graphs", record)
+        assert helper.stats.replays == len(batches) and helper.stats.eager_fallbacks == 0, helper.stats
+        assert_captured(helper.stats)
+    finally:
+        helper.delete_cuda_graphs()
+
+
+def test_vision_fused_weight_gradients_match_bridge_bit_for_bit(world, record):
+    """``model.cuda_graph.vision.gradient_accumulation_fusion=true`` (:func:`bridge_cudagraph.wgrad_fusion.
+    fuse_vision_encoder`), vision graphs on, against Bridge's unmodified model with TE's fusion turned on in the same
+    encoder modules (those built from the encoder's config). Bridge never builds that itself (its encoder config
+    leaves the setting off), so this pins the numbers of the fusion, graphs on, to Bridge's eager encoder fusing the
+    same way. Every gradient is read from ``main_grad``; each fused weight must be marked as added, the counts of
+    fused modules equal and as many as the encoder's layers and mergers hold (4 per layer, 2 per merger)."""
+    from bridge_cudagraph.testing.parity import assert_captured
+    from bridge_cudagraph.wgrad_fusion import fuse_te_modules, te_modules_fusing
+
+    bridge = _bridge_model("qwen3_vl", world)
+    bridge_encoder = bridge[0].module.module.vision_model
+    fused_in_bridge = fuse_te_modules(bridge_encoder, bridge_encoder.config)
+    cfg = _cfg(False, True)
+    cfg.vision.gradient_accumulation_fusion = True
+    provider, plugin = _plugin_model("qwen3_vl", world, cfg, bridge)
+    encoder = plugin[0].module.module.vision_model
+    mergers = 1 + len(encoder.decoder.deepstack_merger_list)
+    assert te_modules_fusing(encoder) == te_modules_fusing(plugin[0]) == fused_in_bridge, fused_in_bridge
+    assert fused_in_bridge == 4 * len(encoder.decoder.layers) + 2 * mergers, (fused_in_bridge, mergers)
+    _require_deterministic(bridge)
+    _require_deterministic(plugin)
+    from bridge_cudagraph.plan import plan_for
+
+    plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    assert plan.vision.gradient_accumulation_fusion
+    (helper,) = (h for h in provider.make_graph_helpers(plugin, plan=plan) if h.submodule == "vision")
+    helper.create_cudagraphs()
+    try:
+        if helper.stats.failed is not None:
+            record(case="vision fused", skipped=helper.stats.failed)
+            pytest.skip(f"vision capture fell back to eager under deterministic TE kernels: {helper.stats.failed}")
+        assert helper.graphs_created()
+        batches = {k: v for k, v in _batches("qwen3_vl").items() if k != "no_image"}  # each replays a budget
+        _require_bit_identical(plugin, bridge, batches, "qwen3_vl fused vision graphs", record)
+        fused_weights = {id(m.weight) for m in encoder.modules() if getattr(m, "fuse_wgrad_accumulation", False)}
+        marked = [p for p in encoder.parameters() if id(p) in fused_weights and p.grad_added_to_main_grad]
+        record(case="vision fused", te_modules_fusing=fused_in_bridge, marked=len(marked))
+        assert len(marked) == len(fused_weights) == fused_in_bridge, (len(marked), len(fused_weights))
         assert helper.stats.replays == len(batches) and helper.stats.eager_fallbacks == 0, helper.stats
         assert_captured(helper.stats)
     finally:

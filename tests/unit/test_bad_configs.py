@@ -104,6 +104,12 @@ BLOCK_CASES = [
     ("fewer-waits-without-graphs", {"fewer_host_waits": True}, CudaGraphConfigError, ["no graphs are enabled"]),
     ("grads-per-graph-without-graphs", {"param_grads_per_graph": True}, CudaGraphConfigError, ["no graphs are"]),
     ("grads-per-graph-not-bool", {"param_grads_per_graph": "once"}, CudaGraphConfigError, ["true, false or null"]),
+    (
+        "vision-wgrad-fusion-not-bool",
+        {"vision": {"gradient_accumulation_fusion": "yes"}},
+        CudaGraphConfigError,
+        ["vision.gradient_accumulation_fusion", "true, false or null"],
+    ),
     ("unknown-key", {"vision": {"token_budget": [64]}}, UnknownKeyError, ["token_budget", "'token_budgets'"]),
     (
         "language-graph-unit-unknown",

@@ -128,8 +128,8 @@ def test_error_is_one_line_without_traceback(runs):
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert errors == [
         "error: unknown setting model.cuda_graph.vision.token_budget (did you mean 'token_budgets'?); valid keys of "
-        "model.cuda_graph.vision: enabled, graph_unit, max_images_per_microbatch, max_patches_per_image, modules, "
-        "tensor_parallel_size, token_budgets, warmup_steps"
+        "model.cuda_graph.vision: enabled, gradient_accumulation_fusion, graph_unit, max_images_per_microbatch, "
+        "max_patches_per_image, modules, tensor_parallel_size, token_budgets, warmup_steps"
     ]
     assert err.rstrip("\n").splitlines()[-1] == errors[0]
 

@@ -552,10 +552,25 @@ class TestDescribe:
         ``gradient_accumulation_fusion`` says (TE's GEMMs with it, one addition per parameter without)."""
         import dataclasses
 
-        unfused = plan(qwen3_vl_8b(), both_on()).describe().splitlines()[-3]
+        unfused = plan(qwen3_vl_8b(), both_on()).describe().splitlines()[-4]
         assert unfused.startswith("weight gradients: added to main_grad") and "=false" in unfused
         fused = plan(dataclasses.replace(qwen3_vl_8b(), gradient_accumulation_fusion=True), both_on())
-        assert fused.describe().splitlines()[-3].startswith("weight gradients: summed in the language TE layers")
+        assert fused.describe().splitlines()[-4].startswith("weight gradients: summed in the language TE layers")
+        gpt = plan(qwen3_8b(), LANGUAGE_ON).describe().splitlines()
+        assert gpt[-3].startswith("weight gradients:") and "vision encoder" not in gpt[-2]
+
+    @pytest.mark.parametrize("enabled", [True, False])
+    def test_the_vision_weight_gradient_line_follows_its_block(self, enabled):
+        """Under the weight-gradient line: the vision encoder's fusion as ``vision.gradient_accumulation_fusion``
+        says (off for null and false, as Bridge builds the encoder), with vision graphs on or off."""
+        for value, fused in [(None, False), (False, False), (True, True)]:
+            block = cuda_graph_config_from_dict(
+                {"language": {"enabled": True}, "vision": {"enabled": enabled, "gradient_accumulation_fusion": value}}
+            )
+            p = plan(qwen3_vl_8b(), block)
+            assert p.vision.gradient_accumulation_fusion is fused
+            line = p.describe().splitlines()[-3]
+            assert line.startswith("  vision encoder: " + ("summed in its TE layers' GEMMs" if fused else "one at a"))
 
     def test_the_parameter_gradient_line_follows_the_block(self):
         """Above the busiest-rank line: the graphs' parameter gradients once per graph where the block asks for it

@@ -1,0 +1,37 @@
+"""``bridge_cudagraph.wgrad_fusion`` on the CPU: what can be checked without building TE modules (they need CUDA's
+libraries here). The fusion itself, counted per module and bit for bit Bridge's model fusing the same modules, is
+``tests/gpu/test_bridge_reference.py`` (language: run 40; vision encoder: run 51)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from bridge_cudagraph.wgrad_fusion import fuse_vision_encoder, te_modules_fusing, unfused_build
+
+pytestmark = pytest.mark.fast
+
+
+def test_a_vision_encoder_without_te_modules_of_its_config_is_refused():
+    """``vision.gradient_accumulation_fusion=true`` on an encoder none of whose TE modules came from its config would
+    be silently off: refused with the setting's name instead."""
+    encoder = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    encoder.config = types.SimpleNamespace(gradient_accumulation_fusion=False)
+    with pytest.raises(RuntimeError, match=r"model\.cuda_graph\.vision\.gradient_accumulation_fusion=true"):
+        fuse_vision_encoder(encoder)
+    assert te_modules_fusing(encoder) == 0
+
+
+def test_the_unfused_build_restores_the_recipes_value_when_the_build_raises(monkeypatch):
+    """Where only TE can fuse (no APEX), the host builds with the setting off and gets the recipe's value back, also
+    when its build raises: a refused build must not leave a changed config behind."""
+    import bridge_cudagraph.compat as compat
+
+    monkeypatch.setattr(compat, "apex_gradient_accumulation_fusion_available", lambda: False)
+    provider = types.SimpleNamespace(gradient_accumulation_fusion=True)
+    with pytest.raises(ValueError, match="boom"), unfused_build(provider) as te_only:
+        assert te_only and provider.gradient_accumulation_fusion is False
+        raise ValueError("boom")
+    assert provider.gradient_accumulation_fusion is True
