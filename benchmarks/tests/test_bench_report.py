@@ -751,3 +751,24 @@ def test_limit_note_gives_step_time_over_kernel_time_and_busy_in_profile():
         "steps."
     )
     assert bench_report._limit_note({"ours": {"status": "ok", "step_ms_median": 1.0}}) == []
+
+
+def test_limit_note_adds_the_paired_phase_median_over_the_same_kernel_time():
+    """Run 51: the first round measured ours_fused at 148.8 ms, the paired phase of the same process at 127.9; both
+    over the one kernel time the profiled steps gave. A variant without a kernel time (upstream failed, say) is left
+    out of the paired part."""
+    variants = {
+        "upstream": {"status": "ok", "step_ms_median": 192.48, "kernel_ms_per_step": 108.59},
+        "ours_fused": {"status": "ok", "step_ms_median": 148.79, "kernel_ms_per_step": 115.21},
+    }
+    paired = {"step_ms_median": {"upstream": 164.28, "ours_fused": 127.92}}
+    (note,) = bench_report._limit_note(variants, paired)
+    assert note.endswith(
+        "ours_fused 1.29x. In the paired phase (median step over the same kernel time): upstream 164.3 ms, 1.51x; "
+        "ours_fused 127.9 ms, 1.11x."
+    ), note
+    del variants["upstream"]["kernel_ms_per_step"]
+    (note,) = bench_report._limit_note(variants, paired)
+    assert note.endswith("(median step over the same kernel time): ours_fused 127.9 ms, 1.11x."), note
+    (note,) = bench_report._limit_note(variants, {"status": "failed"})
+    assert note.endswith("ours_fused 1.29x."), note
