@@ -911,18 +911,18 @@ def _plan_vision(
     fused = cfg.vision.gradient_accumulation_fusion is True
     if not cfg.vision.enabled:
         return VisionPlan(
-            False,
-            v.depth,
-            modules,
-            (),
-            False,
-            max_patches,
-            0,
-            False,
-            (),
-            1,
-            0,
-            warmup,
+            enabled=False,
+            depth=v.depth,
+            modules=modules,
+            token_budgets=(),
+            budgets_derived=False,
+            max_patches_per_microbatch=max_patches,
+            max_images_per_microbatch=0,
+            images_derived=False,
+            static_inputs=(),
+            copies=1,
+            graphs=0,
+            warmup_steps=warmup,
             gradient_accumulation_fusion=fused,
         )
     if cfg.vision.token_budgets is None:
@@ -1087,7 +1087,8 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
     :func:`build_plan` and by the provider's ``finalize()`` (which must refuse them before a model is built).
 
     Raises:
-        CudaGraphConfigError: Vision graphs on a model without an encoder, or a virtual pipeline with Qwen3-VL.
+        CudaGraphConfigError: Vision graphs or the vision fusion on a model without an encoder, or a virtual
+            pipeline with Qwen3-VL.
         LayoutError: The vision tensor-parallel size does not divide the encoder's heads
             (:func:`~bridge_cudagraph.layout.check_vision_heads`, also reached by the group derivation).
     """
@@ -1096,6 +1097,11 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
         raise CudaGraphConfigError(
             f"model.cuda_graph.vision.enabled=true but {facts.provider} has no vision encoder; set it to false "
             "(vision graphs apply to Qwen3-VL providers)"
+        )
+    if cfg.vision.gradient_accumulation_fusion and v is None:
+        raise CudaGraphConfigError(
+            f"model.cuda_graph.vision.gradient_accumulation_fusion=true but {facts.provider} has no vision encoder; "
+            "leave it null (it applies to Qwen3-VL providers)"
         )
     if v is not None and (facts.virtual_pipeline_size or 1) > 1:
         raise CudaGraphConfigError(

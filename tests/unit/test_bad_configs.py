@@ -75,6 +75,11 @@ FINALIZE_CASES = [
         ["vision_cuda_graph_impl", "cuda_graph.vision.enabled=true"],
     ),
     ("vision-on-gpt", lambda: _gpt(VIS), ["no vision encoder", "false"]),
+    (
+        "vision-fusion-on-gpt",
+        lambda: _gpt({"language": {"enabled": True}, "vision": {"gradient_accumulation_fusion": True}}),
+        ["vision.gradient_accumulation_fusion=true", "no vision encoder", "leave it null"],
+    ),
     ("vision-tp-vs-heads", lambda: _vl({"vision": {"tensor_parallel_size": 3}}), ["4 attention heads", "divisor"]),
     (
         "vision-tp-vs-language-tp",
