@@ -194,6 +194,12 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     unfused encoder. Applied when the encoder is built, vision graphs on or off; the gradients then live in
     megatron-core DDP's ``main_grad`` buffers, as the language fusion's do."""
 
+    @property
+    def fuses_weight_gradients(self) -> bool:
+        """Whether :attr:`gradient_accumulation_fusion` turns the encoder's fusion on (``true``; ``None`` and
+        ``false`` are off): the one reading of the setting, for the plan, the model check and the encoder's build."""
+        return self.gradient_accumulation_fusion is True
+
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)

@@ -908,7 +908,7 @@ def _plan_vision(
     where = "model.cuda_graph.vision"
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
-    fused = cfg.vision.gradient_accumulation_fusion is True
+    fused = cfg.vision.fuses_weight_gradients
     if not cfg.vision.enabled:
         return VisionPlan(
             enabled=False,
@@ -1098,7 +1098,7 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
             f"model.cuda_graph.vision.enabled=true but {facts.provider} has no vision encoder; set it to false "
             "(vision graphs apply to Qwen3-VL providers)"
         )
-    if cfg.vision.gradient_accumulation_fusion and v is None:
+    if cfg.vision.fuses_weight_gradients and v is None:
         raise CudaGraphConfigError(
             f"model.cuda_graph.vision.gradient_accumulation_fusion=true but {facts.provider} has no vision encoder; "
             "leave it null (it applies to Qwen3-VL providers)"

@@ -149,7 +149,7 @@ def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
         config, layer_spec, merger_spec, pre_process=True, post_process=True, pg_collection=vision_pg_collection
     )
     new.to(device=next(old.parameters()).device)
-    if provider.cuda_graph.vision.gradient_accumulation_fusion:
+    if provider.cuda_graph.vision.fuses_weight_gradients:
         from bridge_cudagraph.wgrad_fusion import fuse_vision_encoder
 
         fuse_vision_encoder(new)

@@ -37,6 +37,8 @@ its own pytest process, with the variable set for the whole process:
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -212,30 +214,38 @@ def test_fused_weight_gradients_match_bridge_bit_for_bit(world, record, kind):
         helper.delete_cuda_graphs()
 
 
-def test_vision_graphs_match_bridge_bit_for_bit(world, record):
+@contextlib.contextmanager
+def _replaying_vision_graphs(provider, plugin, plan, record, case: str):
+    """The plugin's vision helper under ``plan``, captured; yields the image batches (each replays a budget).
+    Where the capture fell back to eager under deterministic TE kernels, the test is skipped with the capture's own
+    cause. After the body: every batch replayed, none ran eagerly, the capture counted; the graphs are deleted."""
     from bridge_cudagraph.testing.parity import assert_captured
+
+    (helper,) = (h for h in provider.make_graph_helpers(plugin, plan=plan) if h.submodule == "vision")
+    helper.create_cudagraphs()
+    try:
+        if helper.stats.failed is not None:
+            record(case=case, skipped=helper.stats.failed)
+            pytest.skip(f"vision capture fell back to eager under deterministic TE kernels: {helper.stats.failed}")
+        assert helper.graphs_created()
+        batches = {k: v for k, v in _batches("qwen3_vl").items() if k != "no_image"}
+        yield batches
+        assert helper.stats.replays == len(batches) and helper.stats.eager_fallbacks == 0, helper.stats
+        assert_captured(helper.stats)
+    finally:
+        helper.delete_cuda_graphs()
+
+
+def test_vision_graphs_match_bridge_bit_for_bit(world, record):
+    from bridge_cudagraph.plan import plan_for
 
     bridge = _bridge_model("qwen3_vl", world)
     provider, plugin = _plugin_model("qwen3_vl", world, _cfg(False, True), bridge)
     _require_deterministic(bridge)
     _require_deterministic(plugin)
-    from bridge_cudagraph.plan import plan_for
-
     plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
-    helpers = provider.make_graph_helpers(plugin, plan=plan)
-    (helper,) = (h for h in helpers if h.submodule == "vision")
-    helper.create_cudagraphs()
-    try:
-        if helper.stats.failed is not None:
-            record(case="vision graphs", skipped=helper.stats.failed)
-            pytest.skip(f"vision capture fell back to eager under deterministic TE kernels: {helper.stats.failed}")
-        assert helper.graphs_created()
-        batches = {k: v for k, v in _batches("qwen3_vl").items() if k != "no_image"}  # each replays a budget
+    with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs") as batches:
         _require_bit_identical(plugin, bridge, batches, "qwen3_vl vision graphs", record)
-        assert helper.stats.replays == len(batches) and helper.stats.eager_fallbacks == 0, helper.stats
-        assert_captured(helper.stats)
-    finally:
-        helper.delete_cuda_graphs()
 
 
 def test_vision_fused_weight_gradients_match_bridge_bit_for_bit(world, record):
@@ -245,7 +255,7 @@ def test_vision_fused_weight_gradients_match_bridge_bit_for_bit(world, record):
     leaves the setting off), so this pins the numbers of the fusion, graphs on, to Bridge's eager encoder fusing the
     same way. Every gradient is read from ``main_grad``; each fused weight must be marked as added, the counts of
     fused modules equal and as many as the encoder's layers and mergers hold (4 per layer, 2 per merger)."""
-    from bridge_cudagraph.testing.parity import assert_captured
+    from bridge_cudagraph.plan import plan_for
     from bridge_cudagraph.wgrad_fusion import fuse_te_modules, te_modules_fusing
 
     bridge = _bridge_model("qwen3_vl", world)
@@ -260,27 +270,14 @@ def test_vision_fused_weight_gradients_match_bridge_bit_for_bit(world, record):
     assert fused_in_bridge == 4 * len(encoder.decoder.layers) + 2 * mergers, (fused_in_bridge, mergers)
     _require_deterministic(bridge)
     _require_deterministic(plugin)
-    from bridge_cudagraph.plan import plan_for
-
     plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
     assert plan.vision.gradient_accumulation_fusion
-    (helper,) = (h for h in provider.make_graph_helpers(plugin, plan=plan) if h.submodule == "vision")
-    helper.create_cudagraphs()
-    try:
-        if helper.stats.failed is not None:
-            record(case="vision fused", skipped=helper.stats.failed)
-            pytest.skip(f"vision capture fell back to eager under deterministic TE kernels: {helper.stats.failed}")
-        assert helper.graphs_created()
-        batches = {k: v for k, v in _batches("qwen3_vl").items() if k != "no_image"}  # each replays a budget
+    with _replaying_vision_graphs(provider, plugin, plan, record, "vision fused") as batches:
         _require_bit_identical(plugin, bridge, batches, "qwen3_vl fused vision graphs", record)
         fused_weights = {id(m.weight) for m in encoder.modules() if getattr(m, "fuse_wgrad_accumulation", False)}
         marked = [p for p in encoder.parameters() if id(p) in fused_weights and p.grad_added_to_main_grad]
         record(case="vision fused", te_modules_fusing=fused_in_bridge, marked=len(marked))
         assert len(marked) == len(fused_weights) == fused_in_bridge, (len(marked), len(fused_weights))
-        assert helper.stats.replays == len(batches) and helper.stats.eager_fallbacks == 0, helper.stats
-        assert_captured(helper.stats)
-    finally:
-        helper.delete_cuda_graphs()
 
 
 def _host_waits(fn) -> int:
