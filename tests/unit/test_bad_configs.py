@@ -552,15 +552,33 @@ def test_the_cli_subprocess_refuses_a_zero_micro_batch(record):
     ]
 
 
+TRAIN_CASES = [
+    ("micro-batch-0", [TINY, "train.micro_batch_size=0"], "train.micro_batch_size must be a positive integer"),
+    (
+        "vision-fusion-on-gpt",
+        [QWEN3_8B, "model.cuda_graph.vision.gradient_accumulation_fusion=true"],
+        "vision.gradient_accumulation_fusion=true but CudaGraphGPTModelProvider has no vision encoder",
+    ),
+]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
-def test_train_refuses_a_bad_size_before_asking_for_a_gpu(capsys, monkeypatch):
-    """``train`` refuses the configuration that ``validate`` refuses, with the same line, before the GPU check."""
+@pytest.mark.parametrize(("name", "argv", "message"), TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_train_refuses_what_validate_refuses_before_asking_for_a_gpu(name, argv, message, capsys, monkeypatch):
+    """``train`` refuses the configuration that ``validate`` refuses, with the same line, before the GPU check (at
+    the recipe's world size: ``train`` reads it from ``WORLD_SIZE``)."""
     from bridge_cudagraph.cli import main
 
     monkeypatch.chdir(ROOT)
-    code = main(["train", TINY, "train.micro_batch_size=0"])
-    err = capsys.readouterr().err
-    assert code == 2 and "error: train.micro_batch_size must be a positive integer" in err, err
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    lines = []
+    for verb in ("validate", "train"):
+        code = main([verb, *argv])
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert code == 2 and len(errors) == 1 and message in errors[0], (verb, err)
+        lines.append(errors[0])
+    assert lines[0] == lines[1], lines
 
 
 # ------------------------------------------------------------------------------ the recipe file's own structure
