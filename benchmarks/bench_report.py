@@ -48,6 +48,7 @@ LABELS = {
     "ours_fused_layer_graphs": "ours_fused with one language graph per layer (language.graph_unit=layer)",
     "ours_fused_grads_per_graph": "ours_fused with each graph's parameter gradients once per replay (opt-in)",
     "ours_fused_vision_wgrad": "ours_fused with the vision encoder's weight gradients fused too (opt-in)",
+    "ours_fused_merge_waits": "ours_fused with Bridge's image-token merge through the boolean mask (3 waits)",
 }
 #: A graphed variant's max loss difference vs eager counts as "within the noise floor" when it is at most this many
 #: times eager-vs-eager's. Two runs that are each not bitwise deterministic drift apart chaotically to similar
@@ -1135,6 +1136,7 @@ def render_png(data: dict, path: Path) -> Path | None:
         "ours_fused_layer_graphs": "#ff9da7",
         "ours_fused_grads_per_graph": "#bab0ac",
         "ours_fused_vision_wgrad": "#86bcb6",
+        "ours_fused_merge_waits": "#e15759",
     }
     for ax, config in zip(axes[0], configs or [{}], strict=False):
         variants = config.get("variants") or {}

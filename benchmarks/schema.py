@@ -58,6 +58,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # ours_fused with the vision encoder's TE layers fusing their weight gradients into main_grad too
     # (model.cuda_graph.vision.gradient_accumulation_fusion=true; off by default, as Bridge builds the encoder).
     "ours_fused_vision_wgrad": {"gradient_accumulation_fusion": True, "vision_gradient_accumulation_fusion": True},
+    # ours_fused with Bridge's image-token merge through the boolean mask (fewer_host_waits without
+    # bridge_cudagraph.forward_host.RowMerge): one wait forward, two backward; what the row merge gives.
+    "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "row_merge": False},
 }
 #: Variants whose loss drift is judged against the noise floor.
 GRAPHED = ("upstream", *OURS_VARIANTS)

@@ -18,14 +18,21 @@ graphs keep full, and the GPU then idles while the host catches up:
   deepstack layers. :class:`IndexedDeepstack` gathers and scatters the same rows by their positions, found with
   ``nonzero_static`` (its size is the number of visual rows, known on the host): no wait; the device asserts that
   the mask holds exactly that many rows. The same rows, the same additions, the same gradients.
+* the image-token merge: Bridge's forward writes the encoder's output into the text embeddings through a boolean
+  mask (``combined_embeddings[vision_mask] = vision_embeds``), which waits once forward and twice backward. The
+  backward waits cost most: they drain the whole language backward from the queue, and the GPU then idles while the
+  host walks the vision backward (run 51's profile: 15.6 ms of idle per step there). The statement sits inside
+  Bridge's forward, so the encoder's output reaches it as a :class:`VisionRows` (a forward hook on the encoder,
+  :class:`RowMerge`): a tensor that, assigned through a boolean mask, is written at the mask's positions found with
+  ``nonzero_static`` (its size is the output's row count; the device asserts the count, as above). The same
+  ``index_put_`` kernel at the same positions: the same embeddings and gradients, without a wait.
 
-Both are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host_patches.
-extend_instance_class`; the model's instance dict gets a call counter and the embedding hook's handle, nothing the
-host saves or reads) and taken off by :func:`uninstall`; the callback and the benchmark call them through
+They are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host_patches.
+extend_instance_class`; the model's instance dict gets call counters and its hooks' handles, nothing the host
+saves or reads) and taken off by :func:`uninstall`; the callback and the benchmark call them through
 :mod:`bridge_cudagraph.step_host`. They mirror Bridge 0.6's forward (:func:`bridge_cudagraph.compat.
-qwen3_vl_forward_is_mirrored`); on another release nothing is installed. The image-token merge
-(``combined_embeddings[vision_mask] = vision_embeds``: one wait forward, two backward) sits inside Bridge's forward
-and stays. At the 2B shape a step waits 7 times instead of 35 (run 43).
+qwen3_vl_forward_is_mirrored`); on another release nothing is installed. With the first two a step at the 2B shape
+waited 7 times instead of 35 (run 43); the row merge takes three more off each micro-batch.
 """
 
 from __future__ import annotations
@@ -45,10 +52,13 @@ __all__ = [
     "HostRopeIndex",
     "IndexedDeepstack",
     "PendingPositions",
+    "RowMerge",
+    "VisionRows",
     "host_positions_calls",
     "install",
     "installed",
     "rope_positions",
+    "row_merges",
     "uninstall",
 ]
 
@@ -178,9 +188,11 @@ class HostRopeIndex:
         )
 
 
-#: Instance-dict keys of a model with :class:`HostRopeIndex`: the embedding's pre-hook handle, the pending positions.
+#: Instance-dict keys of a model with :class:`HostRopeIndex`: the embedding's pre-hook handle, the pending positions;
+#: with :class:`RowMerge`: the encoder's forward-hook handle.
 _EMBEDDING_HOOK = "_bridge_cudagraph_positions_hook"
 _PENDING = "_bridge_cudagraph_pending_positions"
+_VISION_HOOK = "_bridge_cudagraph_vision_rows_hook"
 
 
 def _fill_pending(model_ref: weakref.ref) -> Callable[..., None]:
@@ -218,6 +230,76 @@ class IndexedDeepstack:
         return hidden_states.transpose(0, 1).contiguous()
 
 
+def _merge_by_rows(target: Any, index: Any, value: Any) -> bool:
+    """``target[index] = value`` written at ``index``'s positions, where ``value`` is a :class:`VisionRows` and
+    ``index`` a boolean mask over ``target``'s leading dimensions that selects one row of ``value`` per True; False
+    (nothing written) for any other assignment."""
+    lead = index.dim() if isinstance(index, torch.Tensor) else -1
+    if not (
+        lead > 0
+        and isinstance(value, VisionRows)
+        and index.dtype == torch.bool
+        and isinstance(target, torch.Tensor)
+        and index.device == target.device
+        and value.dim() >= 1
+        and tuple(index.shape) == tuple(target.shape[:lead])
+        and tuple(value.shape[1:]) == tuple(target.shape[lead:])
+    ):
+        return False
+    rows = value.shape[0]
+    # Bridge's boolean index raises on a count mismatch; nonzero_static would drop or repeat rows silently.
+    torch._assert_async(index.sum() == rows)
+    target.index_put_(torch.nonzero_static(index, size=rows).unbind(1), value)
+    owner = value.owner() if value.owner is not None else None
+    if owner is not None:
+        owner.row_merges += 1
+    return True
+
+
+class VisionRows(torch.Tensor):
+    """The vision encoder's output as Bridge's forward receives it under :class:`RowMerge`: the same tensor
+    (``as_subclass``: its storage and autograd history) but for one thing, how a boolean mask writes it.
+
+    ``target[mask] = rows`` is ``target.index_put_(positions, rows)``, the positions found with ``nonzero_static``
+    (size ``len(rows)``) where torch finds them with ``nonzero``, which waits. Every other operation runs on the plain
+    tensor and returns plain tensors, so the type ends at the merge."""
+
+    #: The model whose :attr:`RowMerge.row_merges` counts this tensor's merge (a weak reference; set by the hook).
+    owner: weakref.ref | None = None
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is torch.Tensor.__setitem__ and not kwargs and len(args) == 3 and _merge_by_rows(*args):
+                return None
+            return func(*args, **(kwargs or {}))
+
+
+class RowMerge:
+    """Mixin for Bridge's ``Qwen3VLModel`` on the first pipeline stage: its vision encoder's output reaches the
+    image-token merge as :class:`VisionRows` (a forward hook, put on by :func:`install`; see the module docstring)."""
+
+    #: Image-token merges written by row positions; what a test asserts is > 0.
+    row_merges: int = 0
+
+
+#: The instance-dict key of each mixin's hook handle.
+_HOOKS: dict[type, str] = {HostRopeIndex: _EMBEDDING_HOOK, RowMerge: _VISION_HOOK}
+
+
+def _vision_rows(model_ref: weakref.ref) -> Callable[..., Any]:
+    def hook(module: Any, args: Any, output: Any) -> Any:
+        if model_ref() is None or not isinstance(output, tuple) or not output:
+            return None
+        if not isinstance(output[0], torch.Tensor):
+            return None
+        rows = output[0].as_subclass(VisionRows)
+        rows.owner = model_ref
+        return (rows, *output[1:])
+
+    return hook
+
+
 def _targets(model_chunks: list[Any]) -> list[tuple[Any, type]]:
     """``(object, mixin)`` for every Bridge ``Qwen3VLModel`` in ``model_chunks`` and its language decoder."""
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
@@ -228,6 +310,8 @@ def _targets(model_chunks: list[Any]) -> list[tuple[Any, type]]:
         for module in chunk.modules():
             if isinstance(module, Qwen3VLModel):
                 out.append((module, HostRopeIndex))
+                if getattr(module, "pre_process", False) and getattr(module, "vision_model", None) is not None:
+                    out.append((module, RowMerge))
                 decoder = getattr(module.language_model, "decoder", None)
                 if isinstance(decoder, Qwen3VLTransformerBlock):
                     out.append((decoder, IndexedDeepstack))
@@ -251,6 +335,8 @@ def install(model_chunks: list[Any]) -> list[tuple[Any, type]]:
         embedding = getattr(getattr(obj, "language_model", None), "embedding", None)
         if mixin is HostRopeIndex and getattr(obj, "pre_process", False) and embedding is not None:
             obj.__dict__[_EMBEDDING_HOOK] = embedding.register_forward_pre_hook(_fill_pending(weakref.ref(obj)))
+        if mixin is RowMerge:
+            obj.__dict__[_VISION_HOOK] = obj.vision_model.register_forward_hook(_vision_rows(weakref.ref(obj)))
     return done
 
 
@@ -258,9 +344,12 @@ def uninstall(done: list[tuple[Any, type]]) -> None:
     """Undo :func:`install`: the host classes back, the counter dropped."""
     for obj, mixin in done:
         restore_instance_class(obj, mixin)
-        obj.__dict__.pop("host_positions_calls", None)
-        obj.__dict__.pop(_PENDING, None)
-        handle = obj.__dict__.pop(_EMBEDDING_HOOK, None)
+        if mixin is HostRopeIndex:
+            obj.__dict__.pop("host_positions_calls", None)
+            obj.__dict__.pop(_PENDING, None)
+        if mixin is RowMerge:
+            obj.__dict__.pop("row_merges", None)
+        handle = obj.__dict__.pop(_HOOKS.get(mixin, ""), None)
         if handle is not None:
             handle.remove()
 
@@ -269,6 +358,11 @@ def host_positions_calls(model_chunks: list[Any]) -> int:
     """Micro-batches whose positions came from the host copy, over the Qwen3-VL models in ``model_chunks`` (0 once
     :func:`uninstall` dropped the counters)."""
     return sum(obj.__dict__.get("host_positions_calls", 0) for obj, mixin in _targets(model_chunks))
+
+
+def row_merges(model_chunks: list[Any]) -> int:
+    """Image-token merges written by row positions (:class:`RowMerge`) over the Qwen3-VL models in ``model_chunks``."""
+    return sum(obj.__dict__.get("row_merges", 0) for obj, mixin in _targets(model_chunks) if mixin is RowMerge)
 
 
 def installed(model_chunks: list[Any]) -> bool:

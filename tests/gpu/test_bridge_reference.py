@@ -38,6 +38,7 @@ its own pytest process, with the variable set for the whole process:
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import pytest
 
@@ -290,9 +291,10 @@ def _host_waits(fn) -> int:
 @pytest.mark.parametrize("language", [False, True], ids=["graphs_off", "language_graphs"])
 def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
     """``fewer_host_waits`` (:mod:`bridge_cudagraph.forward_host`: mRoPE positions from one host copy, the deepstack
-    merge by row positions) on the plugin's Qwen3-VL, graphs off and language graphs replaying: per-token loss and
-    every gradient bit for bit Bridge's unmodified model's, on every image mix; every micro-batch took the host copy;
-    a forward and backward with images waits less often than Bridge's (both counted and recorded)."""
+    and image-token merges by row positions) on the plugin's Qwen3-VL, graphs off and language graphs replaying:
+    per-token loss and every gradient bit for bit Bridge's unmodified model's, on every image mix; every micro-batch
+    took the host copy, every one with images the row merge; a forward and backward with images waits less often than
+    Bridge's (both counted and recorded)."""
     from bridge_cudagraph import forward_host
     from bridge_cudagraph.plan import plan_for
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
@@ -311,11 +313,13 @@ def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
     done = forward_host.install(plugin)
     try:
         mixins = {mixin for _, mixin in done}
-        assert mixins == {forward_host.HostRopeIndex, forward_host.IndexedDeepstack}, done
+        assert mixins == {forward_host.HostRopeIndex, forward_host.IndexedDeepstack, forward_host.RowMerge}, done
         batches = _batches("qwen3_vl")
         _require_bit_identical(plugin, bridge, batches, f"fewer host waits, language graphs {language}", record)
         (qwen,) = (obj for obj, mixin in done if mixin is forward_host.HostRopeIndex)
         assert qwen.host_positions_calls == len(batches)
+        with_images = sum(batch["image_grid_thw"] is not None for batch in batches.values())
+        assert forward_host.row_merges(plugin) == with_images > 0, (forward_host.row_merges(plugin), with_images)
         for name, batch in batches.items():
             ours = _host_waits(lambda batch=batch: loss_and_grads(plugin, batch))
             theirs = _host_waits(lambda batch=batch: loss_and_grads(bridge, batch))
@@ -332,15 +336,15 @@ def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
     assert not forward_host.installed(plugin)
 
 
-def test_the_deepstack_merge_and_the_positions_wait_at_most_once(world, record):
-    """In isolation, on the GPU: the deepstack merge by row positions, forward and backward, never waits, and gives
-    Bridge's method's output and gradients bit for bit; the pending positions wait at most once (for their own host
-    copies) and equal Bridge's ``get_rope_index`` on the GPU's tensors (which waits many times)."""
+def test_the_merges_never_wait_and_the_positions_wait_at_most_once(world, record):
+    """In isolation, on the GPU: the deepstack merge and the image-token merge by row positions, forward and backward,
+    never wait, and give Bridge's output and gradients bit for bit; the pending positions wait at most once (for their
+    own host copies) and equal Bridge's ``get_rope_index`` on the GPU's tensors (which waits many times)."""
     import torch
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope import get_rope_index
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
 
-    from bridge_cudagraph.forward_host import IndexedDeepstack, PendingPositions
+    from bridge_cudagraph.forward_host import IndexedDeepstack, PendingPositions, RowMerge, VisionRows
 
     g = torch.Generator(device="cuda").manual_seed(0)
     mask = torch.rand(MBS, SEQ, generator=g, device="cuda") < 0.3
@@ -361,6 +365,24 @@ def test_the_deepstack_merge_and_the_positions_wait_at_most_once(world, record):
         "deepstack_bridge": _host_waits(lambda: merge(Qwen3VLTransformerBlock._deepstack_process)),
         "deepstack_ours": _host_waits(lambda: merge(IndexedDeepstack._deepstack_process)),
     }
+
+    def image_merge(counter=None):  # Bridge's statement in its forward (model.py), as test_forward_host's CPU case
+        h, e = hidden.clone().requires_grad_(True), embeds.clone().requires_grad_(True)
+        rows = e * 1.0
+        if counter is not None:
+            rows = rows.as_subclass(VisionRows)
+            rows.owner = weakref.ref(counter)
+        combined = (h * 1.0).transpose(0, 1).contiguous()
+        combined[mask] = rows
+        out = combined.transpose(0, 1).contiguous()
+        (out * weight).sum().backward()
+        return out.detach(), h.grad, e.grad
+
+    counter = RowMerge()
+    assert all(torch.equal(a, b) for a, b in zip(image_merge(counter), image_merge(), strict=True))
+    waits["image_merge_bridge"] = _host_waits(image_merge)
+    waits["image_merge_ours"] = _host_waits(lambda: image_merge(counter))
+    assert counter.row_merges == 2
     model = _bridge_model("qwen3_vl", world)[0].module
     while not hasattr(model, "image_token_id"):
         model = model.module
@@ -380,4 +402,5 @@ def test_the_deepstack_merge_and_the_positions_wait_at_most_once(world, record):
     waits["positions_ours"] = _host_waits(ours_positions)
     record(case="host waits in isolation", **waits)
     assert waits["deepstack_ours"] == 0 < waits["deepstack_bridge"], waits
+    assert waits["image_merge_ours"] == 0 < waits["image_merge_bridge"], waits
     assert waits["positions_ours"] <= 1 < waits["positions_bridge"], waits

@@ -1,12 +1,13 @@
 """Qwen3-VL's forward with fewer host waits (:mod:`bridge_cudagraph.forward_host`), on the CPU against Bridge's own
-functions: the deepstack merge by row positions gives Bridge's values and gradients bit for bit, and the positions
-from the host copy are Bridge's ``get_rope_index`` output for every path its forward takes (padded rows, one flat
-packed row of several sequences, the step's packed rows). That nothing waits is what the GPU test counts
-(``tests/gpu/test_bridge_reference.py``)."""
+functions: the deepstack merge and the image-token merge by row positions give Bridge's values and gradients bit for
+bit, and the positions from the host copy are Bridge's ``get_rope_index`` output for every path its forward takes
+(padded rows, one flat packed row of several sequences, the step's packed rows). That nothing waits is what the GPU
+test counts (``tests/gpu/test_bridge_reference.py``)."""
 
 from __future__ import annotations
 
 import types
+import weakref
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.examples.data import qwen3_vl_batch
 from bridge_cudagraph.examples.tiny import IMAGE_TOKEN_ID, VIDEO_TOKEN_ID, VISION_START_TOKEN_ID
-from bridge_cudagraph.forward_host import IndexedDeepstack, rope_positions
+from bridge_cudagraph.forward_host import IndexedDeepstack, RowMerge, VisionRows, rope_positions
 
 MERGE = 2
 
@@ -53,6 +54,64 @@ def test_a_mask_that_does_not_hold_one_row_per_embedding_is_refused():
     hidden_states, mask, embeds = _deepstack_case(0)
     with pytest.raises(RuntimeError):
         IndexedDeepstack._deepstack_process(None, hidden_states, mask, embeds[:-1])
+
+
+def _image_merge(hidden_states, mask, embeds, counter=None):
+    """Bridge's image-token merge as its forward writes it (``model.py``: the embeddings [s, b, h] to [b, s, h], the
+    encoder's output assigned through the mask, back to [s, b, h]), its output and gradients; with a ``counter``
+    (a :class:`~bridge_cudagraph.forward_host.RowMerge`) the encoder's output is a :class:`VisionRows` counted there,
+    as the mixin's hook makes it."""
+    h = hidden_states.clone().requires_grad_(True)
+    e = embeds.clone().requires_grad_(True)
+    vision_embeds = e * 1.0  # a non-leaf, as the encoder's merger output is
+    if counter is not None:
+        vision_embeds = vision_embeds.as_subclass(VisionRows)
+        vision_embeds.owner = weakref.ref(counter)
+    combined = (h * 1.0).transpose(0, 1).contiguous()
+    combined[mask] = vision_embeds
+    out = combined.transpose(0, 1).contiguous()
+    weight = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape).cos()
+    (out * weight).sum().backward()
+    return out.detach(), h.grad, e.grad
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_image_merge_by_rows_is_bridges_bit_for_bit(seed):
+    case = _deepstack_case(seed, batch=1 + seed % 2)
+    theirs = _image_merge(*case)
+    counter = RowMerge()
+    ours = _image_merge(*case, counter=counter)
+    assert counter.row_merges == 1  # the merge went by rows
+    for name, a, b in zip(("output", "embedding gradient", "vision gradient"), ours, theirs, strict=True):
+        assert type(a) is torch.Tensor and a.shape == b.shape and torch.equal(a, b), name
+    assert not torch.equal(theirs[0], case[0])  # the merge did write something
+
+
+def test_vision_rows_end_at_the_merge():
+    """Every operation but the masked assignment gives plain tensors, so the type reaches nothing past the merge;
+    an assignment the row merge does not take (integer positions, a value that is not the rows) is torch's own."""
+    _, mask, embeds = _deepstack_case(1)
+    counter = RowMerge()
+    rows = (embeds * 1.0).as_subclass(VisionRows)
+    rows.owner = weakref.ref(counter)
+    for result in (rows * 2, rows[:1], rows.to(torch.float32), torch.cat([rows, rows]), rows.transpose(0, 1)):
+        assert type(result) is torch.Tensor
+    target = torch.zeros(len(rows) + 2, rows.shape[1], dtype=rows.dtype)
+    target[torch.arange(len(rows))] = rows
+    assert type(target) is torch.Tensor and torch.equal(target[: len(rows)], embeds)
+    plain = torch.zeros(*mask.shape, embeds.shape[1], dtype=embeds.dtype)
+    plain[mask] = embeds
+    assert counter.row_merges == 0
+    ours = torch.zeros_like(plain)
+    ours[mask] = rows
+    assert torch.equal(ours, plain) and counter.row_merges == 1
+
+
+def test_an_image_merge_mask_that_does_not_hold_one_row_per_embedding_is_refused():
+    """Bridge's boolean assignment raises on a count mismatch; the row merge must not drop or repeat rows silently."""
+    hidden_states, mask, embeds = _deepstack_case(0)
+    with pytest.raises(RuntimeError):
+        _image_merge(hidden_states, mask, embeds[:-1], counter=RowMerge())
 
 
 def _owner():
