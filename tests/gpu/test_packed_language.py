@@ -212,8 +212,10 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
     )
     if fewer_waits:
         (qwen,) = (obj for obj, mixin in waits if mixin is forward_host.HostRopeIndex)
-        record(case="fewer host waits", host_positions_calls=qwen.host_positions_calls)
+        merged = forward_host.row_merges(graphed)
+        record(case="fewer host waits", host_positions_calls=qwen.host_positions_calls, row_merges=merged)
         assert qwen.host_positions_calls == len(batches) + 1  # every graphed call, the fallback too
+        assert 0 < merged <= qwen.host_positions_calls  # the image-token merge by rows, in calls with images
     helper.uninstall()
     forward_host.uninstall(waits)
     assert not helper.graphs_created() and not forward_host.installed(graphed)
