@@ -589,8 +589,8 @@ class CapturePlan:
             )
             if self.vision is not None:
                 lines.append(
-                    "forward: mRoPE positions from one host copy, deepstack merge by index (same values, the GPU's "
-                    "queue not drained)"
+                    "forward: mRoPE positions from one host copy, deepstack and image-token merges by index (same "
+                    "values, no wait)"
                     if self.fewer_host_waits
                     else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
                 )

@@ -535,7 +535,7 @@ class TestDescribe:
         assert on.fewer_host_waits
         lines = on.describe().splitlines()
         assert lines[lines.index(next(x for x in lines if x.startswith("optimizer:"))) + 1].startswith(
-            "forward: mRoPE positions from one host copy, deepstack merge by index"
+            "forward: mRoPE positions from one host copy, deepstack and image-token merges by index"
         )
         block = cuda_graph_config_from_dict({"language": {"enabled": True}, "fewer_host_waits": False})
         off = plan(qwen3_vl_8b(), block)
