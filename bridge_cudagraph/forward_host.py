@@ -341,7 +341,8 @@ def install(model_chunks: list[Any]) -> list[tuple[Any, type]]:
 
 
 def uninstall(done: list[tuple[Any, type]]) -> None:
-    """Undo :func:`install`: the host classes back, the counter dropped."""
+    """Undo :func:`install` for the pairs in ``done``: the host classes back, their counters and hooks dropped (a
+    pair's own only: the benchmark takes :class:`RowMerge` off alone)."""
     for obj, mixin in done:
         restore_instance_class(obj, mixin)
         if mixin is HostRopeIndex:
