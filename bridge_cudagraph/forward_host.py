@@ -358,7 +358,8 @@ def uninstall(done: list[tuple[Any, type]]) -> None:
 def host_positions_calls(model_chunks: list[Any]) -> int:
     """Micro-batches whose positions came from the host copy, over the Qwen3-VL models in ``model_chunks`` (0 once
     :func:`uninstall` dropped the counters)."""
-    return sum(obj.__dict__.get("host_positions_calls", 0) for obj, mixin in _targets(model_chunks))
+    counted = (obj for obj, mixin in _targets(model_chunks) if mixin is HostRopeIndex)  # one per model
+    return sum(obj.__dict__.get("host_positions_calls", 0) for obj in counted)
 
 
 def row_merges(model_chunks: list[Any]) -> int:

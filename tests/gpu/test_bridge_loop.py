@@ -315,7 +315,8 @@ def test_fewer_host_waits_in_every_graphed_run(runs, record):
         run.require_ok()
         assert run.data["fewer_host_waits"], name
         assert run.data["host_positions_calls"] >= ITERS, (name, run.data["host_positions_calls"])
-        assert 0 < run.data["row_merges"] <= run.data["host_positions_calls"], (name, run.data["row_merges"])
+        # Every sample of the tiny recipe holds an image: every forward merges by rows.
+        assert run.data["row_merges"] == run.data["host_positions_calls"], (name, run.data["row_merges"])
     runs.off.require_ok()
     assert not runs.off.data["fewer_host_waits"] and runs.off.data["host_positions_calls"] == 0
     assert runs.off.data["row_merges"] == 0
