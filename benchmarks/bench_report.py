@@ -60,6 +60,12 @@ NOISE_FACTOR = 3.0
 GPU_BUSY_TARGET = 0.95
 #: Confidence of the paired phase's interval for the median ours-vs-upstream ratio.
 PAIRED_CONFIDENCE = 0.95
+#: Issue #18's targets for ours at the 2B shape (micro-batch 1, sequence 2048): step time at most this many times its
+#: kernel time, GPU busy inside the profiled steps at least this, and the paired interval's low end against upstream at
+#: least this (:func:`_targets_note` judges every configuration with a paired phase against them).
+STEP_OVER_KERNEL_TARGET = 1.1
+BUSY_IN_PROFILE_TARGET = 0.9
+PAIRED_LOW_END_TARGET = 1.25
 BOOTSTRAP_RESAMPLES = 4000
 #: How the host-time phases (``bcg_phase/<name>`` markers of bench.PhaseMarkers) read in bench.md.
 PHASE_LABELS = {
@@ -335,6 +341,7 @@ def _config_notes(config: dict) -> list[str]:
         notes += _paired_note(config["paired"])
     notes += _work_note(variants)
     notes += _limit_note(variants, config.get("paired"))
+    notes += _targets_note(variants, config.get("paired"))
     notes += _syncs_note(variants)
     notes += _kernels_note(variants)
     notes += _gaps_note(variants)
@@ -842,6 +849,34 @@ def _limit_note(variants: Mapping[str, Any], paired: Mapping[str, Any] | None = 
             again.append(f"{name} {fmt_ms(_num(ms))} ms, {_num(ms) / kernel:.2f}x")
     tail = f" In the paired phase (median step over the same kernel time): {'; '.join(again)}." if again else ""
     return [f"- Step time over kernel time (the limit is 1.00x): {'; '.join(parts)}.{tail}"]
+
+
+def _targets_note(variants: Mapping[str, Any], paired: Mapping[str, Any] | None) -> list[str]:
+    """Issue #18's three targets, judged on the paired phase's variant of ours in this one call: its first-round step
+    over its kernel time, its GPU busy inside the profiled steps, and the low end of the paired interval against
+    upstream; nothing where the phase did not run or recorded no interval."""
+    if not paired or paired.get("status") != "ok" or not paired.get("ratios"):
+        return []
+    names = paired.get("variants") or []
+    low = (paired_verdict(paired["ratios"]).get("ci") or [None])[0]
+    if len(names) != 2 or low is None:
+        return []
+    name = names[1]
+    v = variants.get(name) or {}
+    ratio, busy = step_over_kernel(v), _num(v.get("gpu_busy_in_profiled_steps"))
+
+    def judged(value: float | None, text: str, target: float, at_most: bool) -> str:
+        if value is None:
+            return f"{text} not measured"
+        met = value <= target if at_most else value >= target
+        return f"{text} {value:.3f} ({'<=' if at_most else '>='} {target:g}: {'met' if met else 'not met'})"
+
+    parts = [
+        judged(ratio, "step over kernel time", STEP_OVER_KERNEL_TARGET, True),
+        judged(busy, "GPU busy inside the profiled steps", BUSY_IN_PROFILE_TARGET, False),
+        judged(low, "paired against upstream, the interval's low end", PAIRED_LOW_END_TARGET, False),
+    ]
+    return [f"- Issue #18's targets (set for micro-batch 1, sequence 2048), {name}: {'; '.join(parts)}."]
 
 
 def _syncs_note(variants: Mapping[str, Any], top: int = 6) -> list[str]:

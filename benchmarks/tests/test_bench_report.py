@@ -772,3 +772,33 @@ def test_limit_note_adds_the_paired_phase_median_over_the_same_kernel_time():
     assert note.endswith("(median step over the same kernel time): ours_fused 127.9 ms, 1.11x."), note
     (note,) = bench_report._limit_note(variants, {"status": "failed"})
     assert note.endswith("ours_fused 1.29x."), note
+
+
+def test_targets_note_judges_issue_18s_three_targets_on_the_paired_variant():
+    """Run 54's figures meet all three; run 51's first round misses two. No paired phase (or too few pairs for an
+    interval): no line."""
+    ratios = [1.44 + 0.01 * (i % 3) for i in range(30)]
+    paired = {"status": "ok", "variants": ["upstream", "ours_fused"], "ratios": ratios}
+    variants = {
+        "ours_fused": {
+            "status": "ok",
+            "step_ms_median": 119.78,
+            "kernel_ms_per_step": 114.68,
+            "gpu_busy_in_profiled_steps": 0.92,
+        }
+    }
+    (note,) = bench_report._targets_note(variants, paired)
+    low = bench_report.paired_verdict(ratios)["ci"][0]
+    assert note == (
+        "- Issue #18's targets (set for micro-batch 1, sequence 2048), ours_fused: step over kernel time 1.044 "
+        "(<= 1.1: met); GPU busy inside the profiled steps 0.920 (>= 0.9: met); paired against upstream, the "
+        f"interval's low end {low:.3f} (>= 1.25: met)."
+    )
+    variants["ours_fused"].update(step_ms_median=148.79, kernel_ms_per_step=115.21, gpu_busy_in_profiled_steps=0.71)
+    (note,) = bench_report._targets_note(variants, {**paired, "ratios": [r - 0.2 for r in ratios]})
+    assert note.count("not met") == 3, note
+    del variants["ours_fused"]["gpu_busy_in_profiled_steps"]
+    (note,) = bench_report._targets_note(variants, paired)
+    assert "GPU busy inside the profiled steps not measured" in note
+    assert bench_report._targets_note(variants, {"status": "skipped", "reason": "memory"}) == []
+    assert bench_report._targets_note(variants, {**paired, "ratios": ratios[:3]}) == []
