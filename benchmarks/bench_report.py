@@ -55,8 +55,9 @@ LABELS = {
 #: magnitudes, so the ratio of two such maxima scatters around 1; 3x leaves room for that scatter, while a real
 #: defect (upstream's dropped mRoPE: 0.4-0.7 on a fixed batch) sits orders of magnitude above.
 NOISE_FACTOR = 3.0
-#: The issue's target for ours' GPU-busy fraction (small model, micro-batch 1); under it bench.md says where the
-#: remaining host time goes.
+#: Ours' GPU-busy fraction (unprofiled denominator, small model, micro-batch 1) under which bench.md says where the
+#: remaining host time goes: an earlier issue's target; issue #18's are :data:`BUSY_IN_PROFILE_TARGET` and the two next
+#: to it.
 GPU_BUSY_TARGET = 0.95
 #: Confidence of the paired phase's interval for the median ours-vs-upstream ratio.
 PAIRED_CONFIDENCE = 0.95
