@@ -283,8 +283,10 @@ class RowMerge:
     row_merges: int = 0
 
 
-#: The instance-dict key of each mixin's hook handle.
+#: The instance-dict key of each mixin's hook handle, and of its call counter (a class attribute of the mixin, set on
+#: the instance at the first count).
 _HOOKS: dict[type, str] = {HostRopeIndex: _EMBEDDING_HOOK, RowMerge: _VISION_HOOK}
+_COUNTERS: dict[type, str] = {HostRopeIndex: "host_positions_calls", RowMerge: "row_merges"}
 
 
 def _vision_rows(model_ref: weakref.ref) -> Callable[..., Any]:
@@ -345,26 +347,29 @@ def uninstall(done: list[tuple[Any, type]]) -> None:
     pair's own only: the benchmark takes :class:`RowMerge` off alone)."""
     for obj, mixin in done:
         restore_instance_class(obj, mixin)
+        obj.__dict__.pop(_COUNTERS.get(mixin, ""), None)
         if mixin is HostRopeIndex:
-            obj.__dict__.pop("host_positions_calls", None)
             obj.__dict__.pop(_PENDING, None)
-        if mixin is RowMerge:
-            obj.__dict__.pop("row_merges", None)
         handle = obj.__dict__.pop(_HOOKS.get(mixin, ""), None)
         if handle is not None:
             handle.remove()
 
 
+def _count(model_chunks: list[Any], mixin: type) -> int:
+    """``mixin``'s call counter summed over its objects in ``model_chunks``, each object once (one model carries two
+    mixins), 0 once :func:`uninstall` dropped the counters."""
+    name = _COUNTERS[mixin]
+    return sum(obj.__dict__.get(name, 0) for obj, on in _targets(model_chunks) if on is mixin)
+
+
 def host_positions_calls(model_chunks: list[Any]) -> int:
-    """Micro-batches whose positions came from the host copy, over the Qwen3-VL models in ``model_chunks`` (0 once
-    :func:`uninstall` dropped the counters)."""
-    counted = (obj for obj, mixin in _targets(model_chunks) if mixin is HostRopeIndex)  # one per model
-    return sum(obj.__dict__.get("host_positions_calls", 0) for obj in counted)
+    """Micro-batches whose positions came from the host copy, over the Qwen3-VL models in ``model_chunks``."""
+    return _count(model_chunks, HostRopeIndex)
 
 
 def row_merges(model_chunks: list[Any]) -> int:
     """Image-token merges written by row positions (:class:`RowMerge`) over the Qwen3-VL models in ``model_chunks``."""
-    return sum(obj.__dict__.get("row_merges", 0) for obj, mixin in _targets(model_chunks) if mixin is RowMerge)
+    return _count(model_chunks, RowMerge)
 
 
 def installed(model_chunks: list[Any]) -> bool:
