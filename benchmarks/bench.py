@@ -197,13 +197,10 @@ def ours_graph_config(
     optimizer_host_cache: bool | None = None,
     fewer_host_waits: bool | None = None,
     language_graph_unit: str | None = None,
-    param_grads_per_graph: bool | None = None,
-    vision_gradient_accumulation_fusion: bool | None = None,
 ):
     """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
-    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits``, ``language_graph_unit``,
-    ``param_grads_per_graph`` and ``vision_gradient_accumulation_fusion`` as those settings of ``model.cuda_graph``
-    (None: the product's defaults)."""
+    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits`` and ``language_graph_unit`` as those settings
+    of ``model.cuda_graph`` (None: the product's defaults)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
@@ -213,13 +210,11 @@ def ours_graph_config(
             token_budgets=cfg.vision_budgets(),
             max_images_per_microbatch=cfg.vision_max_segments(),
             graph_unit=vision_graph_unit,
-            gradient_accumulation_fusion=vision_gradient_accumulation_fusion,
         ),
         num_microbatches=cfg.num_microbatches,
         on_capture_error="raise",
         optimizer_host_cache=optimizer_host_cache,
         fewer_host_waits=fewer_host_waits,
-        param_grads_per_graph=param_grads_per_graph,
     )
 
 
@@ -238,8 +233,6 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
             lever.get("optimizer_host_cache"),
             lever.get("fewer_host_waits"),
             lever.get("language_graph_unit"),
-            lever.get("param_grads_per_graph"),
-            lever.get("vision_gradient_accumulation_fusion"),
         )
         if "gradient_accumulation_fusion" in lever:
             overrides = {"gradient_accumulation_fusion": lever["gradient_accumulation_fusion"], **overrides}
@@ -858,6 +851,41 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     return helpers
 
 
+def capture_record(stats) -> dict[str, Any]:
+    """What one helper's :class:`~bridge_cudagraph.capture.common.CaptureStats` says about its capture and memory."""
+    return {
+        "seconds": stats.seconds,
+        "graphs": stats.graphs,
+        "layers": stats.layers,
+        "graph_memory_bytes": stats.graph_memory_bytes,
+        "per_budget": dict(stats.per_budget),
+        "per_budget_live": dict(stats.per_budget_live),
+        "budgets_captured": list(stats.budgets_captured),
+        "budget_source": stats.budget_source,
+        "late_captures": stats.late_captures,
+        "above_captured": stats.above_captured,
+        "param_grads_cloned": stats.param_grads_cloned,
+    }
+
+
+def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Callable[[int], float]:
+    """``run_step`` with, before each step and untimed, the budgets a micro-batch above a ladder's captured top asked
+    for captured (what the callback's lifecycle does in Bridge's loop, :meth:`GraphLifecycle.grow`); each growth is
+    listed in ``record["late_captures"]``."""
+    ladders = [h for h in helpers if hasattr(h, "capture_pending")]
+
+    def run(i: int) -> float:
+        for helper in ladders:
+            rungs = helper.capture_pending()
+            if rungs:
+                record.setdefault("late_captures", []).append(
+                    {"step": i, "submodule": helper.submodule, "budgets": list(rungs)}
+                )
+        return run_step(i)
+
+    return run
+
+
 def _capture(variant: str, helpers: list) -> dict:
     """Capture every helper (as Bridge's loop does at the warmup step), measured like our own capture."""
     from bridge_cudagraph.capture.common import CaptureStats, abandon_capture, measure
@@ -888,17 +916,7 @@ def _capture(variant: str, helpers: list) -> dict:
     if errors:
         out["capture_errors"] = errors
     if is_ours(variant):
-        out["capture"] = {
-            h.submodule: {
-                "seconds": h.stats.seconds,
-                "graphs": h.stats.graphs,
-                "layers": h.stats.layers,
-                "graph_memory_bytes": h.stats.graph_memory_bytes,
-                "per_budget": dict(h.stats.per_budget),
-                "param_grads_cloned": h.stats.param_grads_cloned,
-            }
-            for h in helpers
-        }
+        out["capture"] = {h.submodule: capture_record(h.stats) for h in helpers}
         vision = [h for h in helpers if h.submodule == "vision"]
         if vision:
             out["vision_graph_memory_per_budget"] = dict(vision[0].stats.per_budget)
@@ -1335,8 +1353,25 @@ def _flops_per_step(cfg: BenchConfig, shared: _Shared) -> list[float]:
 
 
 def _gpu_memory_bytes() -> int:
-    """The current GPU's memory."""
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    """The current GPU's memory, or the cap ``--gpu-memory`` set on this process (:func:`cap_gpu_memory`)."""
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return min(total, GPU_MEMORY_CAP[0]) if GPU_MEMORY_CAP else total
+
+
+#: The cap :func:`cap_gpu_memory` set (bytes), empty without one.
+GPU_MEMORY_CAP: list[int] = []
+
+
+def cap_gpu_memory(gib: float | None) -> float | None:
+    """``--gpu-memory GIB``: cap this process's CUDA allocations at GIB (torch's per-process memory fraction, as
+    ``bridge-cudagraph train --gpu-memory`` does: an 80 GB H100 on a larger GPU); returns the fraction set."""
+    if gib is None:
+        return None
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    fraction = min(1.0, gib * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    GPU_MEMORY_CAP[:] = [int(fraction * total)]
+    return fraction
 
 
 def _step_runner(

@@ -46,8 +46,6 @@ LABELS = {
     "ours_host_waits": "ours with Bridge's Qwen3-VL forward as it is (fewer_host_waits=false: ~20 host waits)",
     "ours_fused_host_waits": "ours_fused with Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)",
     "ours_fused_layer_graphs": "ours_fused with one language graph per layer (language.graph_unit=layer)",
-    "ours_fused_grads_per_graph": "ours_fused with each graph's parameter gradients once per replay (opt-in)",
-    "ours_fused_vision_wgrad": "ours_fused with the vision encoder's weight gradients fused too (opt-in)",
     "ours_fused_merge_waits": "ours_fused with Bridge's image-token merge through the boolean mask (3 waits)",
 }
 #: A graphed variant's max loss difference vs eager counts as "within the noise floor" when it is at most this many
@@ -1170,8 +1168,6 @@ def render_png(data: dict, path: Path) -> Path | None:
         "ours_host_waits": "#edc948",
         "ours_fused_host_waits": "#76b7b2",
         "ours_fused_layer_graphs": "#ff9da7",
-        "ours_fused_grads_per_graph": "#bab0ac",
-        "ours_fused_vision_wgrad": "#86bcb6",
         "ours_fused_merge_waits": "#e15759",
     }
     for ax, config in zip(axes[0], configs or [{}], strict=False):

@@ -51,13 +51,6 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # ours_fused with one language graph per layer (model.cuda_graph.language.graph_unit=layer, megatron-core's unit)
     # instead of one per run of layers between deepstack merges: what the runs give.
     "ours_fused_layer_graphs": {"gradient_accumulation_fusion": True, "language_graph_unit": "layer"},
-    # ours_fused with each graph's parameter gradients summed into main_grad once per replay
-    # (model.cuda_graph.param_grads_per_graph=true, opt-in: paired 1.005x, run 50) instead of a node and a DDP hook
-    # each.
-    "ours_fused_grads_per_graph": {"gradient_accumulation_fusion": True, "param_grads_per_graph": True},
-    # ours_fused with the vision encoder's TE layers fusing their weight gradients into main_grad too
-    # (model.cuda_graph.vision.gradient_accumulation_fusion=true; off by default, as Bridge builds the encoder).
-    "ours_fused_vision_wgrad": {"gradient_accumulation_fusion": True, "vision_gradient_accumulation_fusion": True},
     # ours_fused with Bridge's image-token merge through the boolean mask (fewer_host_waits without
     # bridge_cudagraph.forward_host.RowMerge): one wait forward, two backward; what the row merge gives.
     "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "row_merge": False},

@@ -106,6 +106,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
     parser.add_argument("--no-paired", action="store_true", help="skip the eager_packed/ours_packed paired phase")
     parser.add_argument("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        metavar="A,B",
+        help=f"run only these variants, in the usual order (default: all of {','.join(VARIANTS)})",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="cap the process at GIB of GPU memory (80: an 80 GB H100 on a larger GPU), as train --gpu-memory does",
+    )
     return parser.parse_args(argv)
 
 
@@ -153,6 +166,15 @@ def check_args(args: argparse.Namespace) -> str | None:
     for name in ("warmup", "profile_steps"):
         if getattr(args, name) < 0:
             return f"--{name.replace('_', '-')} {getattr(args, name)}: must be 0 or more"
+    if args.gpu_memory is not None and not args.gpu_memory > 0:
+        return f"--gpu-memory {args.gpu_memory:g}: give the GiB to cap the process at (80 for an 80 GB H100)"
+    if args.variants is not None:
+        chosen = [v for v in args.variants.split(",") if v]
+        unknown = [v for v in chosen if v not in VARIANTS]
+        if unknown or not chosen:
+            return f"--variants {args.variants}: choose from {','.join(VARIANTS)}"
+        if REFERENCE[PACKED] not in chosen:
+            return f"--variants {args.variants}: include {REFERENCE[PACKED]}, the reference of every packed variant"
     if args.microbatches * args.mbs > PHOTO_TRAIN_SAMPLES:
         return (
             f"--microbatches {args.microbatches} x --mbs {args.mbs} = {args.microbatches * args.mbs} samples, more "
@@ -347,9 +369,57 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
     helpers = bench._make_helpers(shared, "ours", objs)
     if variant == "ours_packed":
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+        from bridge_cudagraph.plan import deepstack_merges, model_facts
 
-        helpers.insert(0, PackedLanguageGraphHelper(objs["model"], layout=run.layout, on_capture_error="raise"))
+        # As the product's plan builds it: one graph per run of layers between deepstack merges.
+        merges = deepstack_merges(model_facts(objs["provider"]))
+        helper = PackedLanguageGraphHelper(
+            objs["model"], layout=run.layout, on_capture_error="raise", graph_unit="deepstack", deepstack_merges=merges
+        )
+        helpers.insert(0, helper)
     return helpers
+
+
+def memory_estimates(run: _Run, objs: dict, capture: dict) -> dict[str, dict]:
+    """Each ladder's measured pool against :func:`bridge_cudagraph.memory.pool_estimate` at the top it captured."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.memory import TrainingFacts, pool_estimate
+    from bridge_cudagraph.plan import PackingFacts, build_plan, model_facts
+
+    provider = objs["provider"]
+    block = CudaGraphConfig(
+        language=LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets)),
+        vision=VisionGraphConfig(
+            enabled=True,
+            token_budgets=run.cfg.vision_budgets(),
+            max_images_per_microbatch=run.cfg.vision_max_segments(),
+        ),
+        num_microbatches=run.args.num_mb,
+    )
+    facts = model_facts(provider)
+    plan = build_plan(
+        facts,
+        block,
+        world_size=1,
+        micro_batch_size=run.args.mbs,
+        global_batch_size=run.args.mbs * run.args.num_mb,
+        packing=PackingFacts("qwen3_vl_step"),
+        training=TrainingFacts(),
+    )
+    out = {}
+    for submodule, rec in capture.items():
+        captured = rec.get("budgets_captured") or []
+        if not captured:
+            continue
+        estimate = pool_estimate(plan, submodule, captured[-1])
+        measured = rec.get("graph_memory_bytes") or 0
+        out[submodule] = {
+            "top": captured[-1],
+            "estimate_bytes": estimate,
+            "measured_bytes": measured,
+            "measured_over_estimate": measured / estimate if estimate else None,
+        }
+    return out
 
 
 def _release(objs: dict) -> dict:
@@ -416,6 +486,12 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         rec.update(bench._capture("upstream" if variant == "upstream_padded" else "ours", helpers))
         rec["graph_memory_gib"] = rec["graph_memory_bytes"] / report.GIB
         say(f"{variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_gib']:.2f} GiB")
+        run_step = bench.growing(run_step, helpers, rec)
+        if variant == "ours_packed" and not run.from_recipe:
+            try:
+                rec["memory_estimate"] = memory_estimates(run, objs, rec.get("capture") or {})
+            except Exception as error:  # an aid to read the figures, never a reason to lose them
+                rec["memory_estimate_error"] = f"{type(error).__name__}: {error}"[:300]
     first = shared.warmup_steps
     measured = list(range(first, first + shared.measured_steps))
     times = [run_step(i) for i in measured]
@@ -575,6 +651,7 @@ def _run_paired(run: _Run) -> dict:
                 runners[name](i)
             if objs[name]["helpers"]:
                 rec.setdefault("capture_s", {})[name] = bench._capture("ours", objs[name]["helpers"])["capture_s"]
+                runners[name] = bench.growing(runners[name], objs[name]["helpers"], rec)
         times: dict[str, list[float]] = {name: [] for name in PAIRED}
         first = shared.warmup_steps
         steps = list(range(first, first + shared.measured_steps))
@@ -643,6 +720,7 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
             "paired": not args.no_paired,
             "control": not args.no_control,
             "name": cfg.name,
+            "gpu_memory_cap_gib": args.gpu_memory,
         },
     }
 
@@ -745,7 +823,8 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
         run.profiler_sees_graph_kernels = probe.get("sees_graph_kernels")
     write()
     bench._import_providers([run.cfg], ["eager", "upstream", "ours"])  # see bench.py: a lazy import's pinned frames
-    for name in VARIANTS:
+    chosen = VARIANTS if args.variants is None else tuple(v for v in VARIANTS if v in args.variants.split(","))
+    for name in chosen:
         say(f"{name}: start")
         run.results[name] = _run_variant(run, name)
         write()
@@ -784,6 +863,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bridge_cudagraph.testing.world import close_world, init_world
 
     world = init_world(vision=VisionLayout(), seed=bench.SEED)
+    bench.cap_gpu_memory(args.gpu_memory)
     try:
         data = run_all(args, world=world, command=command_line(argv))
     finally:

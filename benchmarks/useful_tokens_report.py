@@ -252,6 +252,7 @@ COLUMNS = (
     "GPU busy",
     "kernel ms/step",
     "graph GiB",
+    "peak GiB (allocated / reserved)",
     "capture s",
     "replays / eager fallbacks",
     "parity: fixed micro-batch (max abs per-token loss diff vs reference)",
@@ -311,10 +312,98 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         busy,
         fmt_ms(rec.get("kernel_ms_per_step")),
         _fmt(rec.get("graph_memory_gib"), ".1f") if graphed else "-",
+        _fmt_peak(rec),
         fmt_ratio(rec.get("capture_s")) if graphed else "-",
         _fmt_counters(rec),
         _fmt_parity(name, rec),
     ]
+
+
+def _fmt_peak(rec: Mapping[str, Any]) -> str:
+    allocated, reserved = _num(rec.get("peak_memory_bytes")), _num(rec.get("peak_reserved_bytes"))
+    if allocated is None or reserved is None:
+        return "n/a"
+    return f"{allocated / GIB:.1f} / {reserved / GIB:.1f}"
+
+
+#: The memory targets of the packed ladder: ours_packed's peak reserved over eager_packed's, the language pools over
+#: the largest captured rung's alone.
+RESERVED_TARGET = 1.15
+LADDER_TARGET = 1.1
+
+
+def memory_section(data: Mapping[str, Any]) -> list[str]:
+    """``## Memory``: every variant's peaks against eager_packed's, and ours_packed's ladders rung by rung (what each
+    rung's capture added to the reserved memory, and of it the tensors it keeps alive), the captured tops and why,
+    the estimate of :mod:`bridge_cudagraph.memory` against the measured pools."""
+    variants = data.get("variants") or {}
+    base = variants.get(BASELINE) or {}
+    base_reserved = _num(base.get("peak_reserved_bytes"))
+    out = ["## Memory", ""]
+    rows = []
+    for name in shown(data):
+        rec = variants.get(name) or {}
+        if rec.get("status") != "ok":
+            continue
+        reserved = _num(rec.get("peak_reserved_bytes"))
+        ratio = fmt_ratio(reserved / base_reserved, "x") if reserved and base_reserved else "n/a"
+        graph = _fmt(rec.get("graph_memory_gib"), ".1f") if name in GRAPHED else "-"
+        rows.append([name, *_fmt_peak(rec).split(" / "), ratio, graph])
+    if rows:
+        out += _table(
+            ("variant", "peak allocated GiB", "peak reserved GiB", "reserved vs eager_packed", "graph GiB"), rows
+        )
+        out.append("")
+    ours = variants.get("ours_packed") or {}
+    capture = ours.get("capture") or {}
+    reserved = _num(ours.get("peak_reserved_bytes"))
+    if reserved and base_reserved:
+        ratio = reserved / base_reserved
+        met = "met" if ratio <= RESERVED_TARGET else "not met"
+        out.append(
+            f"- **ours_packed's peak reserved** is {ratio:.2f}x eager_packed's (target at most {RESERVED_TARGET}x: "
+            f"**{met}**)."
+        )
+    for submodule, rec in sorted(capture.items()):
+        per_budget = {int(k): int(v) for k, v in (rec.get("per_budget") or {}).items()}
+        live = {int(k): int(v) for k, v in (rec.get("per_budget_live") or {}).items()}
+        captured = rec.get("budgets_captured") or sorted(per_budget)
+        if not per_budget:
+            continue
+        top = max(per_budget)
+        total = sum(per_budget.values())
+        ratio = total / per_budget[top] if per_budget[top] else float("nan")
+        met = "met" if ratio <= LADDER_TARGET else "not met"
+        out.append(
+            f"- **{submodule} ladder**: budgets {list(captured)} captured "
+            f"(up to {rec.get('budget_source') or 'n/a'}); "
+            f"their pools take {total / GIB:.2f} GiB, {ratio:.2f}x the largest rung alone "
+            f"({per_budget[top] / GIB:.2f} GiB; target at most {LADDER_TARGET}x: **{met}**); "
+            f"{rec.get('late_captures', 0)} rungs captured later for larger micro-batches, "
+            f"{rec.get('above_captured', 0)} micro-batches above the captured top ran eagerly."
+        )
+        cells = [
+            [str(b), f"{per_budget[b] / 2**20:,.0f}", f"{live.get(b, 0) / 2**20:,.0f}"]
+            for b in sorted(per_budget, reverse=True)
+        ]
+        out += ["", *_table((f"{submodule} budget", "reserved growth MiB", "of it kept alive MiB"), cells), ""]
+    for submodule, est in sorted((ours.get("memory_estimate") or {}).items()):
+        ratio = _num(est.get("measured_over_estimate"))
+        out.append(
+            f"- **{submodule} estimate** (bridge_cudagraph/memory.py) at the captured top {est.get('top')}: "
+            f"{est.get('estimate_bytes', 0) / GIB:.2f} GiB, measured {est.get('measured_bytes', 0) / GIB:.2f} GiB "
+            f"({fmt_ratio(ratio, 'x')} of the estimate; within 20%: "
+            f"**{'yes' if ratio and abs(ratio - 1) <= 0.2 else 'no'}**)."
+        )
+    for grown in ours.get("late_captures") or []:
+        out.append(
+            f"- before step {grown.get('step')}: {grown.get('submodule')} budgets {grown.get('budgets')} captured."
+        )
+    cap = ((data.get("meta") or {}).get("config") or {}).get("gpu_memory_cap_gib")
+    if cap:
+        out.append(f"- The process was capped at {cap:g} GiB (`--gpu-memory`, torch's per-process memory fraction).")
+    out.append("")
+    return out
 
 
 def shown(data: Mapping[str, Any]) -> list[str]:
@@ -434,6 +523,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     out += _verdict_lines(data)
     out += _notes(data)
     out.append("")
+    out += memory_section(data)
     out += remaining_time(data)
     out += ["## How it is measured", "", *HOW, ""]
     return "\n".join(out)

@@ -207,6 +207,28 @@ class GraphLifecycle:
         slot.failure = getattr(getattr(slot.helper, "stats", None), "failed", None)
         slot.phase = Phase.FAILED if slot.failure else Phase.EMPTY
 
+    def grow(self, hooks: PreHooks) -> list[tuple[GraphSlot, tuple[int, ...]]]:
+        """Capture the budgets that micro-batches above a ladder's captured top asked for in earlier steps
+        (:class:`~bridge_cudagraph.capture.common.BudgetLadder`), the pre-hooks off around it as for a first capture.
+
+        Before a step no micro-batch is in flight and the gradient buffers hold nothing the optimizer still needs
+        (the capture's warmups write into them and are zeroed after). Returns what each slot captured."""
+        todo = [s for s in self.slots if s.phase is Phase.CAPTURED and getattr(s.helper, "pending_budgets", None)]
+        todo = [s for s in todo if s.helper.pending_budgets()]
+        if not todo:
+            return []
+        toggle = self.toggles_pre_hooks and hooks.enabled
+        if toggle:
+            hooks.disable()
+        grown = []
+        try:
+            for slot in todo:
+                grown.append((slot, tuple(slot.helper.capture_pending())))
+        finally:
+            if toggle:
+                hooks.enable()
+        return grown
+
     def set_manual_hooks(self, hooks: PreHooks) -> list[GraphSlot]:
         """Re-create, for replay, the pre-hooks that graphs bypass: once per captured slot, when the pre-hooks are on.
 
@@ -265,6 +287,13 @@ def capture_summary(slots: Sequence[GraphSlot], *, step: int, start_step: int) -
             f"{float(getattr(stats, 'seconds', 0.0)):>8.2f} {getattr(stats, 'graph_memory_bytes', 0) / _MIB:>9.1f}  "
             f"{status}"
         )
+        captured = tuple(getattr(stats, "budgets_captured", ()) or ())
+        ladder = getattr(getattr(slot.helper, "ladder", None), "budgets", ())
+        if captured and ladder:
+            lines.append(
+                f"    {slot.submodule} budgets {list(captured)} of {list(ladder)}: up to {stats.budget_source}; "
+                "a larger micro-batch runs eagerly, then gets its budget before the next step"
+            )
     return "\n".join(lines)
 
 
@@ -379,6 +408,16 @@ class CudaGraphCallback(Callback):
                 self.release_graphs(reason="capture raised")
                 raise
             _print_rank0(capture_summary(due, step=step, start_step=lifecycle.start_step))
+        for slot, rungs in lifecycle.grow(self._hooks):
+            stats = slot.helper.stats
+            _print_rank0(
+                f"bridge_cudagraph: before step {step} captured {slot.submodule} budgets {list(rungs)} for larger "
+                f"micro-batches; now {list(stats.budgets_captured)}, graph memory "
+                f"{stats.graph_memory_bytes / _MIB:.0f} MiB"
+                if rungs
+                else f"bridge_cudagraph: {slot.submodule} budgets above {list(stats.budgets_captured)} were not "
+                "captured (see the warning); such micro-batches run eagerly"
+            )
         lifecycle.set_manual_hooks(self._hooks)
 
     def on_train_step_end(self, context) -> None:

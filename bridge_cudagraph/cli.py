@@ -1,10 +1,12 @@
 """``bridge-cudagraph`` (also ``python -m bridge_cudagraph``): three verbs on a recipe file.
 
-    bridge-cudagraph validate RECIPE.yaml [key=value ...] [--world-size N]   load, finalize, check; one line
-    bridge-cudagraph plan     RECIPE.yaml [key=value ...] [--world-size N]   print layouts, graphs, shapes
-    bridge-cudagraph train    RECIPE.yaml [key=value ...]                    Bridge's loop with our graphs
+    bridge-cudagraph validate RECIPE.yaml [key=value ...] [--world-size N] [--gpu-memory GIB]   check; one line
+    bridge-cudagraph plan     RECIPE.yaml [key=value ...] [--world-size N] [--gpu-memory GIB]   graphs and memory
+    bridge-cudagraph train    RECIPE.yaml [key=value ...] [--gpu-memory GIB]                    Bridge's loop
 
 ``validate`` and ``plan`` need no GPU. A configuration error prints one ``error: ...`` line and exits 2.
+``--gpu-memory GIB`` refuses a run whose estimated memory per rank does not fit GIB (``plan`` prints the estimate);
+``train`` also caps the process at GIB (an 80 GB GPU on a larger one) and checks against the device it has.
 The verbs and flags are frozen by ``tests/unit/test_cli.py``; add knobs to the recipe, not here.
 """
 
@@ -51,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--world-size", type=int, default=None, metavar="N", help="GPUs to plan for (default: the YAML's)"
             )
+        sub.add_argument(
+            "--gpu-memory",
+            type=float,
+            default=None,
+            metavar="GIB",
+            help="GPU memory per rank to fit in (train: also caps the process at it)",
+        )
     return parser
 
 
@@ -95,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
         # the same line on any machine (train.check_before_gpu plans the run as `validate` does), and also a base
         # checkpoint that is not on this machine, which `validate` and `plan` only report.
         check = getattr(runner, "check_before_gpu", None)
-        ready = check(loaded) if check is not None else {}
+        ready = check(loaded, gpu_memory=args.gpu_memory) if check is not None else {}
         _require_cuda(args.verb)
         return int(runner.main(loaded, args, **ready) or 0)
     from bridge_cudagraph.planning import absent_base_checkpoint
@@ -103,6 +112,8 @@ def _run(args: argparse.Namespace) -> int:
     # A plan never reads a PEFT base checkpoint; one that is not on this machine is said, not refused (train needs it).
     no_base = absent_base_checkpoint(loaded.config)
     plan = plan_recipe(loaded, world_size=args.world_size)
+    if args.gpu_memory is not None:
+        check_memory(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
     if args.verb == "plan":
         print(f"recipe: {loaded.source}" + ("" if not args.overrides else " " + " ".join(args.overrides)))
         if loaded.description:
@@ -119,6 +130,19 @@ def _run(args: argparse.Namespace) -> int:
         + ("" if no_base is None else f"; base checkpoint {no_base} not on this machine (train needs it)")
     )
     return 0
+
+
+def check_memory(plan, gib: float, *, source: str) -> None:
+    """Refuse a plan whose estimated memory per rank does not fit ``gib`` (:func:`bridge_cudagraph.memory.check_fits`);
+    a ``gib`` that is no positive number is a command-line error."""
+    from bridge_cudagraph.memory import check_fits
+
+    if not gib > 0:
+        raise CliError(f"--gpu-memory must be a positive number of GiB (80 for an 80 GB H100), got {gib:g}")
+    if plan.memory is None:
+        return
+    graphs_on = plan.language.enabled or (plan.vision is not None and plan.vision.enabled)
+    check_fits(plan.memory, gib, graphs_on=graphs_on, source=source)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -55,6 +55,22 @@ def te_graphs_can_alias_param_grads() -> bool:
     return "clone_param_grads_on_return" in inspect.signature(make_graphed_callables).parameters
 
 
+@functools.cache
+def te_graphs_share_ladder_buffers() -> bool:
+    """TE 2.20 ``make_graphed_callables`` takes ``_order`` with ``_reuse_graph_input_output_buffers`` (written for
+    megatron-core's pipeline schedules): after each backward is captured, the forward's static outputs and the
+    consumed gradient buffers are held by weak reference only, so their memory goes back to the capture pool and the
+    next capture into that pool reuses it. A budget ladder captures one rung at a time into one pool
+    (:func:`bridge_cudagraph.capture.common.capture_budget_ladder`); without this, every rung keeps its own outputs
+    and, for weights whose gradient TE does not fuse, a full set of parameter gradients."""
+    from transformer_engine.pytorch import make_graphed_callables
+
+    names = inspect.signature(make_graphed_callables).parameters
+    return all(n in names for n in ("_order", "_num_layers_per_chunk", "_reuse_graph_input_output_buffers")) and (
+        te_graphs_can_alias_param_grads()
+    )
+
+
 def bridge_train_module():
     """Bridge's training-loop module (``megatron.bridge.training.train``), where it builds its helpers."""
     from megatron.bridge.training import train
@@ -157,14 +173,3 @@ def qwen3_vl_forward_is_mirrored() -> bool:
     import megatron.bridge
 
     return str(megatron.bridge.__version__).startswith(QWEN3_VL_FORWARD_MIRRORS)
-
-
-@functools.cache
-def ddp_grad_hook_is_mirrored() -> bool:
-    """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose DDP gradient hook
-    (``DistributedDataParallel._make_backward_post_hook``: ``main_grad.add_`` unless ``grad_added_to_main_grad``, then
-    ``register_grad_ready(param, force_all_reduce)`` under ``overlap_grad_reduce``) :mod:`bridge_cudagraph.capture.
-    grad_sink` does once per graph; another release may do more there, so its parameters keep the hook."""
-    import megatron.core
-
-    return str(megatron.core.__version__).startswith(_release(TESTED_STACK["megatron-core"]))

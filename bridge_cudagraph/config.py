@@ -183,32 +183,10 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     the graph, and autograd sums the gradient's three parts in another order than eager does (measured: run 31,
     ``benchmarks/vision_unit_probe.py``). ``None``: ``deepstack``."""
 
-    gradient_accumulation_fusion: bool | None = None
-    """The vision encoder's TE layers sum their weight gradients into ``main_grad`` in their GEMMs
-    (:func:`bridge_cudagraph.wgrad_fusion.fuse_vision_encoder`), as ``model.gradient_accumulation_fusion`` makes the
-    language model's do: no bf16 weight gradient per micro-batch and no DDP addition kernel for it. Each layer's four
-    linear weights fuse, its biases and norms do not: 104 of the encoder's 315 additions at the Qwen3-VL-2B shape.
-    Off for ``None`` and ``false``, as Bridge builds the encoder (its ``get_vision_model_config`` leaves the setting
-    off, APEX or not), so the default stays bit for bit Bridge's model. ``true`` rounds the encoder's weight gradients
-    once per micro-batch in fp32 instead of through bf16: graphs on and off alike, slightly differently from Bridge's
-    unfused encoder. Applied when the encoder is built, vision graphs on or off; the gradients then live in
-    megatron-core DDP's ``main_grad`` buffers, as the language fusion's do."""
-
-    @property
-    def fuses_weight_gradients(self) -> bool:
-        """Whether :attr:`gradient_accumulation_fusion` turns the encoder's fusion on (``true``; ``None`` and
-        ``false`` are off): the one reading of the setting, for the plan, the model check and the encoder's build."""
-        return self.gradient_accumulation_fusion is True
-
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
         _check_graph_unit(where, self.graph_unit)
-        if self.gradient_accumulation_fusion is not None and not isinstance(self.gradient_accumulation_fusion, bool):
-            raise CudaGraphConfigError(
-                f"{where}.gradient_accumulation_fusion must be true, false or null (off), got "
-                f"{self.gradient_accumulation_fusion!r}"
-            )
         if self.modules is not None:
             raise CudaGraphConfigError(
                 f"{where}.modules={self.modules}: vision layers are captured whole (packed attention with per-image "
@@ -258,16 +236,6 @@ class CudaGraphConfig:
     keeps Bridge's forward as it is. It belongs to the graphed step: ``true`` without graphs is refused, and so is
     ``true`` on a model without a vision encoder."""
 
-    param_grads_per_graph: bool | None = None
-    """Sum each graph's parameter gradients into ``main_grad`` once per backward replay, in one multi-tensor add,
-    instead of through one ``AccumulateGrad`` node and one megatron-core DDP hook per parameter
-    (:mod:`bridge_cudagraph.capture.grad_sink`: the same additions, the same readiness for the overlapped reduction,
-    541 fewer autograd nodes and Python hooks per micro-batch at the Qwen3-VL-2B shape; bit for bit Bridge's model and
-    identical losses in Bridge's loop, run 49). Opt-in: ``true`` turns it on where megatron-core's DDP owns the
-    graphs' parameters; ``None`` and ``false`` keep the per-parameter path. Paired against that path at the 2B shape
-    it gave 1.005x (95% CI 0.983-1.021, run 50): its own backward costs the host about what the nodes and hooks did,
-    so it is no default. ``true`` without graphs is refused."""
-
     @property
     def any_enabled(self) -> bool:
         """Whether either submodule asks for graphs."""
@@ -296,7 +264,6 @@ class CudaGraphConfig:
         for name, what in (
             ("optimizer_host_cache", "caches the graphed step's optimizer work"),
             ("fewer_host_waits", "takes the graphed step's forward off the host's waits"),
-            ("param_grads_per_graph", "sums the graphs' parameter gradients once per graph"),
         ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):

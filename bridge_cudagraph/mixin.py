@@ -303,7 +303,6 @@ def language_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "on_capture_error": plan.on_capture_error,
         "graph_unit": plan.language.graph_unit,
         "deepstack_merges": plan.language.deepstack_merges,
-        "param_grads_per_graph": plan.param_grads_per_graph,
     }
 
 
@@ -320,7 +319,6 @@ def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "on_capture_error": plan.on_capture_error,
         "graph_unit": plan.language.graph_unit,
         "deepstack_merges": plan.language.deepstack_merges,
-        "param_grads_per_graph": plan.param_grads_per_graph,
     }
 
 
@@ -337,7 +335,6 @@ def vision_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "graph_unit": vision.graph_unit,
         "static_inputs": dict(vision.static_inputs),
         "on_capture_error": plan.on_capture_error,
-        "param_grads_per_graph": plan.param_grads_per_graph,
     }
 
 

@@ -48,6 +48,7 @@ from bridge_cudagraph.layout import (
     format_layout,
     resolve_submodules,
 )
+from bridge_cudagraph.memory import MemoryEstimate, TrainingFacts, estimate
 from bridge_cudagraph.sizes import check_positive as _check_positive
 
 __all__ = [
@@ -80,6 +81,8 @@ class VisionFacts:
         spatial_merge_size: Edge of the patch block merged into one language token (2 for Qwen3-VL).
         deepstack_visual_indexes: Encoder layers whose outputs feed the language model (deepstack).
         num_position_embeddings: Learned position table size; upstream derives its vision graph length from it.
+        intermediate_size: Width of each layer's MLP (None: 4 x ``hidden_size``), for the memory estimate.
+        out_hidden_size: Width of the merged tokens handed to the language model (None: ``hidden_size``).
     """
 
     depth: int
@@ -90,6 +93,8 @@ class VisionFacts:
     spatial_merge_size: int
     deepstack_visual_indexes: tuple[int, ...] = ()
     num_position_embeddings: int | None = None
+    intermediate_size: int | None = None
+    out_hidden_size: int | None = None
 
     @property
     def merge_unit(self) -> int:
@@ -140,6 +145,12 @@ class ModelFacts:
             decoder's loop (``fp8``, ``fp4``: a quantization context per layer number; ``cpu_offloading``: a commit
             after each layer): language graphs then span one layer each.
         vision: The vision encoder, or None for a text-only model.
+        ffn_hidden_size: MLP width (None: 4 x ``hidden_size``); with the four below, for the memory estimate
+            (:mod:`bridge_cudagraph.memory`).
+        num_query_groups: Key/value heads (None: as many as attention heads).
+        gated_linear_unit: The MLP's first GEMM is gated (SwiGLU: twice ``ffn_hidden_size`` wide).
+        vocab_size: Vocabulary rows of the embedding and the output layer (0: unknown).
+        share_embeddings_and_output_weights: The output layer reuses the embedding's weights.
     """
 
     provider: str
@@ -170,6 +181,11 @@ class ModelFacts:
     gradient_accumulation_fusion: bool = False
     per_layer_contexts: tuple[str, ...] = ()
     vision: VisionFacts | None = None
+    ffn_hidden_size: int | None = None
+    num_query_groups: int | None = None
+    gated_linear_unit: bool = False
+    vocab_size: int = 0
+    share_embeddings_and_output_weights: bool = False
 
     @property
     def rotary_dim(self) -> int:
@@ -251,6 +267,8 @@ def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
             spatial_merge_size=int(vision_config.spatial_merge_size),
             deepstack_visual_indexes=tuple(getattr(vision_config, "deepstack_visual_indexes", None) or ()),
             num_position_embeddings=getattr(vision_config, "num_position_embeddings", None),
+            intermediate_size=getattr(vision_config, "intermediate_size", None),
+            out_hidden_size=getattr(vision_config, "out_hidden_size", None),
         )
     return ModelFacts(
         provider=type(provider).__name__,
@@ -283,7 +301,16 @@ def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
         gradient_accumulation_fusion=bool(getattr(provider, "gradient_accumulation_fusion", False)),
         per_layer_contexts=tuple(name for name in PER_LAYER_CONTEXTS if getattr(provider, name, None)),
         vision=vision,
+        ffn_hidden_size=_int_or_none(getattr(provider, "ffn_hidden_size", None)),
+        num_query_groups=_int_or_none(getattr(provider, "num_query_groups", None)),
+        gated_linear_unit=bool(getattr(provider, "gated_linear_unit", False)),
+        vocab_size=int(getattr(provider, "vocab_size", 0) or 0),
+        share_embeddings_and_output_weights=bool(getattr(provider, "share_embeddings_and_output_weights", False)),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value else None
 
 
 #: Provider settings under which the decoder's loop does something of its own around or after each layer
@@ -470,8 +497,6 @@ class VisionPlan:
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         graph_unit: What one graph spans: ``deepstack`` (the layers up to each deepstack layer) or ``layer``,
             resolved.
-        gradient_accumulation_fusion: The encoder's TE layers sum their weight gradients into ``main_grad`` in
-            their GEMMs (``model.cuda_graph.vision.gradient_accumulation_fusion``), graphs on or off.
     """
 
     enabled: bool
@@ -488,7 +513,6 @@ class VisionPlan:
     warmup_steps: int
     max_patches_per_image: int = 0
     graph_unit: str = "deepstack"
-    gradient_accumulation_fusion: bool = False
 
     segments: tuple[tuple[int, int], ...] = ()
     """The layer ranges ``[start, end)`` of one budget's graphs (:func:`~bridge_cudagraph.budgets.layer_segments`)."""
@@ -533,8 +557,8 @@ class CapturePlan:
             block turns them off.
         fewer_host_waits: Qwen3-VL's forward without most of its host waits (:mod:`bridge_cudagraph.forward_host`):
             on wherever graphs are on a Qwen3-VL model, unless the block turns it off.
-        param_grads_per_graph: Each graph's parameter gradients summed into ``main_grad`` once per replay
-            (:mod:`bridge_cudagraph.capture.grad_sink`): only where the block asks for it (``true``) and graphs are.
+        memory: The busiest rank's memory, estimated (:mod:`bridge_cudagraph.memory`); None where the plan was
+            built without the training facts (a plan of the provider alone).
     """
 
     facts: ModelFacts
@@ -548,7 +572,7 @@ class CapturePlan:
     on_capture_error: str
     optimizer_host_cache: bool = False
     fewer_host_waits: bool = False
-    param_grads_per_graph: bool = False
+    memory: MemoryEstimate | None = None
 
     @property
     def language_layout(self) -> ResolvedLayout:
@@ -595,11 +619,8 @@ class CapturePlan:
                     else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
                 )
             lines += _describe_wgrad_accumulation(f, self.vision)
-            lines.append(
-                "parameter gradients: into main_grad once per graph replay (one autograd node per graph)"
-                if self.param_grads_per_graph
-                else "parameter gradients: one AccumulateGrad node and DDP hook each (param_grads_per_graph off)"
-            )
+            if self.memory is not None:
+                lines += self.memory.describe()
             lines.append(
                 f"busiest rank: {self.total_graphs} graphs; a failed capture "
                 + ("trains on eagerly (on_capture_error=eager)" if self.on_capture_error == "eager" else "stops")
@@ -614,11 +635,7 @@ def _describe_wgrad_accumulation(facts: ModelFacts, vision: VisionPlan | None) -
     else:
         lines = ["weight gradients: summed in the language TE layers' GEMMs (the output layer fuses only with APEX)"]
     if vision is not None:
-        lines.append(
-            "  vision encoder: summed in its TE layers' GEMMs too (vision.gradient_accumulation_fusion=true)"
-            if vision.gradient_accumulation_fusion
-            else "  vision encoder: one at a time, as Bridge builds it (vision.gradient_accumulation_fusion off)"
-        )
+        lines.append("  vision encoder: one at a time, as Bridge builds it (its config leaves the fusion off)")
     return lines
 
 
@@ -908,7 +925,6 @@ def _plan_vision(
     where = "model.cuda_graph.vision"
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
-    fused = cfg.vision.fuses_weight_gradients
     if not cfg.vision.enabled:
         return VisionPlan(
             enabled=False,
@@ -923,7 +939,6 @@ def _plan_vision(
             copies=1,
             graphs=0,
             warmup_steps=warmup,
-            gradient_accumulation_fusion=fused,
         )
     if cfg.vision.token_budgets is None:
         budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
@@ -960,7 +975,6 @@ def _plan_vision(
         warmup_steps=warmup,
         max_patches_per_image=longest,
         graph_unit=unit,
-        gradient_accumulation_fusion=fused,
         segments=segments,
     )
 
@@ -1098,11 +1112,6 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
             f"model.cuda_graph.vision.enabled=true but {facts.provider} has no vision encoder; set it to false "
             "(vision graphs apply to Qwen3-VL providers)"
         )
-    if cfg.vision.fuses_weight_gradients and v is None:
-        raise CudaGraphConfigError(
-            f"model.cuda_graph.vision.gradient_accumulation_fusion=true but {facts.provider} has no vision encoder; "
-            "leave it null (it applies to Qwen3-VL providers)"
-        )
     if v is not None and (facts.virtual_pipeline_size or 1) > 1:
         raise CudaGraphConfigError(
             f"model.virtual_pipeline_model_parallel_size={facts.virtual_pipeline_size} with Qwen3-VL: its provider "
@@ -1125,6 +1134,7 @@ def build_plan(
     micro_batch_size: int,
     global_batch_size: int | None,
     packing: PackingFacts | None = None,
+    training: TrainingFacts | None = None,
 ) -> CapturePlan:
     """Decide what will be captured, or refuse with an error that names the setting and the fix.
 
@@ -1135,6 +1145,7 @@ def build_plan(
         micro_batch_size: ``train.micro_batch_size``.
         global_batch_size: ``train.global_batch_size`` (None when unset).
         packing: How the data path packs (None: every micro-batch padded to ``seq_length``).
+        training: What the training setup adds to the weights' memory; None: no memory estimate in the plan.
 
     Returns:
         The plan.
@@ -1225,7 +1236,7 @@ def build_plan(
     vision = None
     if v is not None:
         vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup)
-    return CapturePlan(
+    plan = CapturePlan(
         facts=facts,
         world_size=world_size,
         micro_batch_size=micro_batch_size,
@@ -1237,8 +1248,10 @@ def build_plan(
         on_capture_error=cfg.on_capture_error,
         optimizer_host_cache=cfg.any_enabled and cfg.optimizer_host_cache is not False,
         fewer_host_waits=cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False,
-        param_grads_per_graph=cfg.any_enabled and cfg.param_grads_per_graph is True,
     )
+    if training is None:
+        return plan
+    return dataclasses.replace(plan, memory=estimate(plan, training))
 
 
 def plan_for(provider: Any, *, world_size: int, micro_batch_size: int, num_microbatches: int) -> CapturePlan:

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from bridge_cudagraph.memory import TrainingFacts
     from bridge_cudagraph.plan import CapturePlan
 
 __all__ = [
@@ -65,6 +66,27 @@ def plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
         micro_batch_size=config.train.micro_batch_size,
         global_batch_size=config.train.global_batch_size,
         packing=packing,
+        training=training_facts(config, world_size=world_size),
+    )
+
+
+def training_facts(config: Any, *, world_size: int) -> TrainingFacts:
+    """What the run's optimizer, gradient buffers and PEFT add to the weights' memory
+    (:class:`~bridge_cudagraph.memory.TrainingFacts`), read off a finalized ``ConfigContainer``."""
+    from bridge_cudagraph.memory import TrainingFacts
+
+    model = config.model
+    model_parallel = (
+        int(model.tensor_model_parallel_size or 1)
+        * int(getattr(model, "pipeline_model_parallel_size", 1) or 1)
+        * int(getattr(model, "context_parallel_size", 1) or 1)
+    )
+    optimizer, ddp = getattr(config, "optimizer", None), getattr(config, "ddp", None)
+    return TrainingFacts(
+        dp=max(1, world_size // model_parallel),
+        distributed_optimizer=bool(getattr(optimizer, "use_distributed_optimizer", False)),
+        grad_bytes=4 if getattr(ddp, "grad_reduce_in_fp32", True) else 2,
+        peft=getattr(config, "peft", None) is not None,
     )
 
 

@@ -126,7 +126,7 @@ def run(
     print_rank_0(f"bridge_cudagraph: {entry.__name__}() finished in {time.perf_counter() - started:.0f} s")
 
 
-def check_before_gpu(loaded: Any) -> dict[str, Any]:
+def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[str, Any]:
     """What the CLI runs before its GPU check: the plan (every config check ``validate`` makes), so a refused
     configuration gets the same ``error:`` line on any machine. Returns the keyword arguments of :func:`main`.
 
@@ -136,7 +136,8 @@ def check_before_gpu(loaded: Any) -> dict[str, Any]:
     The checks ``validate`` and ``plan`` leave out, being about this machine, are made here: a base checkpoint
     (``checkpoint.pretrained_checkpoint``) that is not on it, which Bridge would refuse with the path alone
     (``CheckpointConfig.finalize``; the line says how to get one), and what its installed stack cannot build
-    (:func:`~bridge_cudagraph.validation.check_stack`).
+    (:func:`~bridge_cudagraph.validation.check_stack`). ``gpu_memory``: the ``--gpu-memory`` GiB the run must fit
+    (:func:`bridge_cudagraph.cli.check_memory`), checked here against the plan's estimate like ``validate`` does.
     """
     from bridge_cudagraph.config import CudaGraphConfigError
     from bridge_cudagraph.layout import LayoutError
@@ -159,12 +160,40 @@ def check_before_gpu(loaded: Any) -> dict[str, Any]:
     except (ValueError, AssertionError) as error:
         raise CudaGraphConfigError(" ".join(str(error).split()) or type(error).__name__) from error
     check_stack(loaded.config)
+    if gpu_memory is not None:
+        from bridge_cudagraph.cli import check_memory
+
+        check_memory(plan, gpu_memory, source=f"--gpu-memory {gpu_memory:g}")
     return {"plan": plan}
+
+
+def cap_device_memory(plan: CapturePlan, gpu_memory: float | None) -> None:
+    """Before the first step: with ``--gpu-memory GIB``, cap this process's CUDA allocations at GIB
+    (``torch.cuda.set_per_process_memory_fraction``: an allocation past it fails as on a GPU of that size, so an 80 GB
+    H100 is emulated on a larger one); then refuse, with one line, a plan whose estimate does not fit the device as
+    capped. The device is the rank's own (``LOCAL_RANK``, set by torchrun), which Bridge selects the same way."""
+    import os
+
+    import torch
+
+    from bridge_cudagraph.cli import check_memory
+
+    device = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    gib = total / 2**30
+    source = f"this GPU ({torch.cuda.get_device_name(device)})"
+    if gpu_memory is not None:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory * 2**30 / total), device)
+        gib, source = min(gib, gpu_memory), f"--gpu-memory {gpu_memory:g} on {source}"
+    check_memory(plan, gib, source=source)
 
 
 def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> int:
     """The CLI's ``train`` verb: ``loaded`` is a ``LoadedRecipe`` (its ``.config`` a ``ConfigContainer`` with every
     YAML and command-line override applied), ``plan`` its plan from :func:`check_before_gpu`; ``args``, the parsed
-    command line, is not needed today."""
+    command line, brings ``--gpu-memory`` (:func:`cap_device_memory`)."""
+    if plan is None:
+        plan = plan_run(loaded.config)
+    cap_device_memory(plan, getattr(args, "gpu_memory", None))
     run(loaded.config, plan=plan)
     return 0

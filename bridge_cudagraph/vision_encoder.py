@@ -69,6 +69,8 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
     def forward(self, hidden_states, grid_thw, inference_params=None, extra_block_kwargs=None):
         helper = self.graph_helper
         if helper is None or not helper.graphs_created() or not self.training or extra_block_kwargs:
+            if helper is not None and self.training and not extra_block_kwargs and not helper.graphs_created():
+                helper.observe(hidden_states.size(0))  # one row per patch: the ladder's top follows the data
             return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
         assert inference_params is None and self.input_tensor is None
         # The grid is read on the host once: Bridge's position helpers read it element by element, several device
@@ -76,10 +78,12 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
         grid = grid_thw.cpu()
         seqlens = frame_seqlens(grid)
         n = int(seqlens.sum())
-        budget = helper.budget_for(n, seqlens.numel(), int(seqlens.max()) if seqlens.numel() else 0)
+        longest = int(seqlens.max()) if seqlens.numel() else 0
+        budget = helper.captured_budget_for(n, seqlens.numel(), longest)
         copy = None if budget is None else helper.copies.acquire()
         if copy is None:
-            helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None)
+            above = budget is None and helper.budget_for(n, seqlens.numel(), longest) is not None
+            helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None, above=above)
             return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
         x = self.patch_embed(hidden_states)
         if x.size(0) != n:
@@ -149,10 +153,6 @@ def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
         config, layer_spec, merger_spec, pre_process=True, post_process=True, pg_collection=vision_pg_collection
     )
     new.to(device=next(old.parameters()).device)
-    if provider.cuda_graph.vision.fuses_weight_gradients:
-        from bridge_cudagraph.wgrad_fusion import fuse_vision_encoder
-
-        fuse_vision_encoder(new)
     # What Bridge builds on the encoder later from its modules' config finds the encoder's groups there, as it finds
     # the language model's on the provider (``model_provider.py`` sets ``_pg_collection``): its PEFT adapters
     # (``peft/utils.py`` ``_get_pg_collection_from_module``), which otherwise fall back to parallel_state's globals,

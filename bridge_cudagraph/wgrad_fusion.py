@@ -20,9 +20,8 @@ in exactly the TE modules built from the provider's own config (:func:`fuse_te_m
 construction reads ``config.gradient_accumulation_fusion`` (megatron-core's ``TELinear``,
 ``TELayerNormColumnParallelLinear``, ``TEGroupedLinear``, ``extensions/transformer_engine.py``). TE reads the
 attribute at every forward. The vision encoder's TE layers keep their own config's setting (Bridge's
-``get_vision_model_config`` leaves it off), as on a stack with APEX, unless
-``model.cuda_graph.vision.gradient_accumulation_fusion=true`` asks for it (:func:`fuse_vision_encoder`). The
-provider's field keeps the value the recipe set.
+``get_vision_model_config`` leaves it off), as on a stack with APEX. The provider's field keeps the value the recipe
+set.
 
 Graphs: TE marks each fused weight ``grad_added_to_main_grad`` in its Python, so DDP's hook skips the placeholder
 gradient TE returns; a replay runs no Python, which megatron-core's ``zero_grad_buffer`` allows for under
@@ -81,21 +80,6 @@ def fuse_te_modules(model: Any, config: Any) -> int:
             if hasattr(module, "fuse_wgrad_accumulation"):
                 module.fuse_wgrad_accumulation = True
                 fused += 1
-    return fused
-
-
-def fuse_vision_encoder(vision_model: Any) -> int:
-    """Turn TE's weight-gradient fusion on in the vision encoder's TE modules (its layers and patch mergers: those
-    built from the encoder's own config); how many there are. What ``model.cuda_graph.vision.gradient_accumulation_
-    fusion=true`` asks for: Bridge builds the encoder's config with the setting off (``get_vision_model_config``), so
-    neither Bridge's nor megatron-core's build would turn it on there. Raises when no module was turned on: the
-    setting would be silently off."""
-    fused = fuse_te_modules(vision_model, vision_model.config)
-    if not fused:
-        raise RuntimeError(
-            "bridge_cudagraph: model.cuda_graph.vision.gradient_accumulation_fusion=true, but no Transformer Engine "
-            "module of the vision encoder was built from its config; the fusion would be silently off"
-        )
     return fused
 
 

@@ -36,13 +36,23 @@ class CaptureStats:
     failed: str | None = None
     """The cause, when capture failed and the run went on eagerly."""
     per_budget: dict[int, int] = field(default_factory=dict)
-    """Vision: graph memory each token budget added (bytes), in capture order (largest budget first)."""
+    """Growth of reserved memory each token budget's capture caused (bytes), in capture order: the first (largest)
+    rung holds the pool every smaller rung reuses, so later rungs add only what they keep alive."""
+    per_budget_live: dict[int, int] = field(default_factory=dict)
+    """Of :attr:`per_budget`, the growth of allocated memory: tensors a rung keeps alive after its capture (static
+    inputs and gradient outputs, the buffers TE still holds); the rest is the pool's share of the rung."""
+    budgets_captured: tuple[int, ...] = ()
+    """The rungs of the ladder captured so far, ascending."""
+    budget_source: str = ""
+    """Why these rungs: the largest micro-batch the warmup steps showed, or the whole ladder when none was seen."""
+    late_captures: int = 0
+    """Rungs captured after the first capture, when a micro-batch above the captured top asked for them."""
+    above_captured: int = 0
+    """Eager micro-batches of :attr:`eager_fallbacks` that were above the captured top (their rung came later, or
+    did not fit in memory)."""
     param_grads_cloned: bool | None = None
     """Whether each backward replay clones the parameter gradients it returns (TE's default); False when
     Megatron's DDP consumes them before the buffers can be written again (:func:`param_grad_return_kwargs`)."""
-    param_grads_per_graph: bool | None = None
-    """Whether each graph's parameter gradients go to ``main_grad`` once per replay
-    (:mod:`~bridge_cudagraph.capture.grad_sink`) rather than through a node and a DDP hook per parameter."""
 
 
 def activation_dtype(config) -> torch.dtype:
@@ -122,27 +132,52 @@ def ddp_consumes_param_grads(model_chunks, modules) -> bool:
     return all(id(p) in owned for module in modules for p in module.parameters() if p.requires_grad)
 
 
-def param_grad_return_kwargs(model_chunks, modules) -> dict[str, bool]:
-    """``make_graphed_callables`` arguments that skip TE's clone of returned parameter gradients, when safe.
+def param_grad_return_kwargs(model_chunks, modules, *, rungs: int = 1) -> dict[str, bool]:
+    """``make_graphed_callables`` arguments that skip TE's clone of returned parameter gradients, when safe and
+    when it costs no memory.
 
     TE 2.20 clones each parameter gradient a backward replay returns, so that a later replay cannot overwrite a
     gradient someone kept. Under Megatron's DDP nobody keeps one (:func:`ddp_consumes_param_grads`): the clone is
     one allocation and one device copy per captured parameter per micro-batch (most of them full-size copies of
     the placeholder TE returns for weights it accumulated into ``main_grad`` itself), with values identical
     either way. Empty (TE's default) for any other owner of the parameters.
+
+    A ladder of ``rungs`` budgets captured into one pool (:func:`capture_budget_ladder`) is the exception where
+    no TE module of ``modules`` fuses its weight gradient: TE gives a rung's parameter-gradient buffers back to the
+    pool only where it clones them (it holds a returned alias strongly), so without the clone every rung would keep
+    a full set of parameter gradients (2.6 GiB per rung on the 2B language model). Where TE fuses, the weight
+    gradients it returns are its one cached placeholder per shape, shared by every rung already.
     """
     from bridge_cudagraph.compat import te_graphs_can_alias_param_grads
+    from bridge_cudagraph.wgrad_fusion import te_modules_fusing
 
-    if te_graphs_can_alias_param_grads() and ddp_consumes_param_grads(model_chunks, modules):
-        return {"clone_param_grads_on_return": False}
-    return {}
+    if not (te_graphs_can_alias_param_grads() and ddp_consumes_param_grads(model_chunks, modules)):
+        return {}
+    trainable = any(p.requires_grad for module in modules for p in module.parameters())
+    if rungs > 1 and trainable and not any(te_modules_fusing(module) for module in modules):
+        return {}
+    return {"clone_param_grads_on_return": False}
+
+
+def ladder_order_kwargs(callables: int) -> dict:
+    """``make_graphed_callables`` arguments under which one capture of ``callables`` chained graphs (a rung) gives
+    back to its pool, once its backward is captured, the memory of everything no later replay of that rung reads:
+    the forward's static outputs and the consumed gradient buffers (TE's ``_order`` path with
+    ``_reuse_graph_input_output_buffers``, one model chunk, one micro-batch: forward, then backward). The next rung
+    captured into the pool is carved out of it, so a ladder costs about one rung of memory
+    (:func:`capture_budget_ladder` has the safety argument). Empty where TE lacks the path
+    (:func:`bridge_cudagraph.compat.te_graphs_share_ladder_buffers`): each rung then keeps its own."""
+    from bridge_cudagraph.compat import te_graphs_share_ladder_buffers
+
+    if not te_graphs_share_ladder_buffers():
+        return {}
+    return {"_order": [1, -1], "_num_layers_per_chunk": [callables], "_reuse_graph_input_output_buffers": True}
 
 
 @contextlib.contextmanager
-def measure(stats: CaptureStats) -> Iterator[None]:
-    """Record capture wall time and the growth of reserved CUDA memory into ``stats``."""
-    import gc
-
+def measure(stats: CaptureStats, *, add: bool = False) -> Iterator[None]:
+    """Record capture wall time and the growth of reserved CUDA memory into ``stats`` (``add``: on top of what an
+    earlier capture of the same helper recorded)."""
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # so the baseline holds live tensors only, not blocks the capture will free anyway
@@ -152,8 +187,10 @@ def measure(stats: CaptureStats) -> Iterator[None]:
         yield
     finally:
         torch.cuda.synchronize()
-        stats.seconds = time.perf_counter() - start
-        stats.graph_memory_bytes = max(0, torch.cuda.memory_reserved() - reserved)
+        torch.cuda.empty_cache()  # the warmups' cached blocks are no graph memory
+        seconds, grown = time.perf_counter() - start, max(0, torch.cuda.memory_reserved() - reserved)
+        stats.seconds = stats.seconds + seconds if add else seconds
+        stats.graph_memory_bytes = stats.graph_memory_bytes + grown if add else grown
 
 
 @contextlib.contextmanager
@@ -216,20 +253,6 @@ def fused_grad_params(layers) -> list:
     Python marked them ``grad_added_to_main_grad`` during capture); a replay runs no TE Python, so the budgeted
     helpers mark them again before each replay."""
     return [p for layer in layers for p in layer.parameters() if getattr(p, "grad_added_to_main_grad", False)]
-
-
-def sink_param_grads(stats: CaptureStats, model_chunks, graphs: list, units: list) -> list:
-    """``graphs`` (one per module of ``units``) with each graph's parameter gradients summed into ``main_grad`` once
-    per replay (:func:`~bridge_cudagraph.capture.grad_sink.sink_graphs`), where megatron-core's DDP owns every
-    parameter of ``units``; else ``graphs`` as they are. Records which in ``stats``."""
-    from bridge_cudagraph.capture.grad_sink import GradSink, sink_graphs
-
-    sunk = graphs
-    if ddp_consumes_param_grads(model_chunks, units):
-        sunk = sink_graphs(graphs, [list(unit.parameters()) for unit in units], model_chunks)
-    done = all(isinstance(g, GradSink) for g in sunk)
-    stats.param_grads_per_graph = done and stats.param_grads_per_graph is not False  # every call of a capture
-    return sunk
 
 
 def reset_graph_sets(graphs) -> None:
@@ -318,48 +341,197 @@ class GraphCopies:
         self._busy = [False] * self.count
 
 
+class BudgetLadder:
+    """Which rungs of a token-budget ladder are captured: chosen from the sizes the data showed, never a silent cap.
+
+    Before the first capture every eager training micro-batch reports its size (:meth:`observe`; a shape, read on
+    the host without waiting for the GPU). The first capture takes the rungs up to the one that holds the largest
+    (:meth:`first_rungs`), every rung when nothing was seen (no warmup step, or no packed micro-batch). A micro-batch
+    above the captured top runs eagerly, counted by its helper, and asks for its rung (:meth:`want`); before the next
+    training step the lifecycle captures the rungs up to it (:meth:`pending`), or, where they do not fit in memory,
+    refuses them once (:meth:`refuse`) and such micro-batches go on running eagerly, counted.
+
+    A ladder's budgets are its *possible* rungs (``micro batch x seq_length`` at the top); photo micro-batches of
+    the 2B recipe pack to 692-1386 tokens, so the data needs a fraction of the top, and the pool's memory follows the
+    captured top (activations grow linearly with it).
+    """
+
+    def __init__(self, budgets: Sequence[int]) -> None:
+        self.budgets = tuple(sorted(int(b) for b in budgets))
+        self.seen = 0
+        self.captured: tuple[int, ...] = ()
+        self.wanted = 0
+        self.refused = 0
+
+    def observe(self, size: int) -> None:
+        """A micro-batch of ``size`` tokens (patches) ran before capture."""
+        self.seen = max(self.seen, int(size))
+
+    def first_rungs(self) -> tuple[int, ...]:
+        """The rungs of the first capture: up to the smallest that holds the largest size seen, else all."""
+        if not self.seen:
+            return self.budgets
+        top = next((b for b in self.budgets if b >= self.seen), self.budgets[-1])
+        return tuple(b for b in self.budgets if b <= top)
+
+    def source(self) -> str:
+        """Why :meth:`first_rungs` chose its top, for the capture summary."""
+        if not self.seen:
+            return "the whole ladder (no micro-batch seen before capture)"
+        return f"the largest micro-batch before capture ({self.seen})"
+
+    @property
+    def top(self) -> int:
+        """The largest captured rung (0 before any capture)."""
+        return self.captured[-1] if self.captured else 0
+
+    def holds(self, budget: int) -> bool:
+        """Whether ``budget`` is captured."""
+        return budget in self.captured
+
+    def want(self, budget: int) -> None:
+        """A micro-batch needed ``budget``, which is not captured (above the top)."""
+        if budget > self.top and budget > self.refused:
+            self.wanted = max(self.wanted, budget)
+
+    def pending(self) -> tuple[int, ...]:
+        """The rungs to capture before the next step: every rung above the top up to the largest wanted."""
+        return tuple(b for b in self.budgets if self.top < b <= self.wanted)
+
+    def add(self, rungs: Sequence[int]) -> None:
+        """``rungs`` are captured now."""
+        self.captured = tuple(sorted(set(self.captured) | {int(b) for b in rungs}))
+        if self.wanted <= self.top:
+            self.wanted = 0
+
+    def refuse(self) -> None:
+        """The pending rungs cannot be captured (memory, or a failed capture): stop asking for them."""
+        self.refused = max(self.refused, self.wanted)
+        self.wanted = 0
+
+    def reset(self) -> None:
+        """Nothing captured (graphs deleted); what was seen stays."""
+        self.captured = ()
+        self.wanted = 0
+        self.refused = 0
+
+
+class StaticBuffers:
+    """The static input buffers the rungs of one graph copy share: each rung's are views of the first rows of one
+    buffer, allocated at the largest rung of a capture.
+
+    Safe because one copy replays one rung per micro-batch: a replay writes the inputs of the rung it runs, and no
+    other rung's graph reads them before that micro-batch's backward is done (copies hold micro-batches in flight,
+    so they never share). A later, larger rung (:class:`BudgetLadder` growth) gets a new buffer; the earlier views
+    keep theirs.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._device = device
+
+    def view(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, requires_grad: bool = False):
+        """A ``shape`` view (the first ``shape[0]`` rows) of the buffer ``name``; a leaf when ``requires_grad``."""
+        shape = tuple(int(n) for n in shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.shape[1:] != shape[1:] or buffer.size(0) < shape[0]:
+            device = self._device if self._device is not None else torch.cuda.current_device()
+            buffer = self._buffers[name] = torch.zeros(shape, dtype=dtype, device=device)
+        view = buffer[: shape[0]]
+        return view.requires_grad_(True) if requires_grad else view
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers held now."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def clear(self) -> None:
+        """Drop the buffers (graphs deleted)."""
+        self._buffers.clear()
+
+
+def free_for_capture() -> int:
+    """Bytes a capture may still take on this device: what the driver has free plus what the caching allocator
+    holds unused, under the process's cap when one is set (``torch.cuda.set_per_process_memory_fraction``, the
+    80 GiB emulation of ``--gpu-memory``)."""
+    free, total = torch.cuda.mem_get_info()
+    reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    available = free + reserved - allocated
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is not None:
+        with contextlib.suppress(Exception):
+            available = min(available, int(fraction() * total) - allocated)
+    return max(0, available)
+
+
 def capture_budget_ladder(
     *,
     stats: CaptureStats,
     model_chunks,
     layers,
     budgets,
-    copies: int,
+    pools: Sequence,
     capture_one,
     on_capture_error: str,
     submodule: str,
+    ladder_rungs: int,
+    first: bool = True,
 ) -> tuple[dict, list]:
     """Capture one graph set per budget and copy, as the budgeted helpers (packed language, vision) do; returns
     ``(graphs, fused_params)``: ``{budget: [graph set per copy]}`` and :func:`fused_grad_params` of ``layers``.
 
-    Each copy has a pool of its own, and its budgets are captured into it largest first: a budget's activations
-    are freed into the pool once its backward is captured, and the caching allocator splits a free block but
-    never joins two, so each smaller budget is carved out of the larger one's memory. That is safe because one
-    copy holds one micro-batch at a time and only one budget runs per micro-batch; copies never share (they hold
-    micro-batches in flight at once). ``capture_one(budget, pool, extra_kwargs)`` captures one set.
+    One pool per copy (``pools``, kept by the helper so that a later rung goes into the same one), its budgets
+    captured into it largest first. What makes a rung's memory reusable by the next (as vLLM shares one pool
+    across batch sizes): a block of the pool goes back to it once no tensor holds it, and
+    a later capture into the pool carves its allocations out of such blocks. Each rung is one TE capture on TE's
+    ``_order`` path (:func:`ladder_order_kwargs`), which, once the rung's backward is captured, holds its forward
+    outputs and consumed gradient buffers by weak reference only; the activations saved between forward and
+    backward are freed by then too; the parameter gradients go back where TE clones them
+    (:func:`param_grad_return_kwargs`); the static inputs are views of buffers the rungs of a copy share
+    (:class:`StaticBuffers`). What a rung keeps to itself is its gradient-output buffer and its last gradient input.
 
-    On failure: re-raised with ``on_capture_error="raise"``, else the model is left eager
-    (:func:`abandon_capture`, the cause in ``stats.failed``) and ``({}, [])`` comes back.
+    Why no rung can overwrite what another still needs: within a copy one micro-batch runs at a time and it replays
+    one rung, forward then backward, before any other rung of that copy runs; every tensor a replay writes is either
+    read by the same micro-batch before its backward ends, or a static input written anew by the next replay. The
+    eager fallbacks allocate outside the pool. Copies never share a pool (they hold micro-batches in flight at once).
+    ``capture_one(budget, copy, pool, extra_kwargs)`` captures copy ``copy``'s set of ``budget``.
+
+    ``first``: the run's first capture. On failure: re-raised with ``on_capture_error="raise"``; else a first capture
+    leaves the model eager (:func:`abandon_capture`, the cause in ``stats.failed``), a later one (a ladder growing)
+    keeps the graphs it has; ``({}, [])`` comes back either way.
     """
     try:
-        with measure(stats), megatron_capturing():
-            skip_clones = param_grad_return_kwargs(model_chunks, layers)
-            stats.param_grads_cloned = not skip_clones
-            pools = [torch.cuda.graph_pool_handle() for _ in range(copies)]
+        with measure(stats, add=not first), megatron_capturing():
+            extra = param_grad_return_kwargs(model_chunks, layers, rungs=ladder_rungs)
+            stats.param_grads_cloned = not extra
             captured = {}
             for budget in sorted(budgets, reverse=True):
-                before = torch.cuda.memory_reserved()
-                captured[budget] = [capture_one(budget, pool, skip_clones) for pool in pools]
                 torch.cuda.synchronize()
+                torch.cuda.empty_cache()  # TE's warmups cache blocks on their own streams; count the pool alone
+                before, live = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+                captured[budget] = [capture_one(budget, copy, pool, extra) for copy, pool in enumerate(pools)]
+                gc.collect()
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
                 stats.per_budget[budget] = torch.cuda.memory_reserved() - before
+                stats.per_budget_live[budget] = torch.cuda.memory_allocated() - live
             fused = fused_grad_params(layers)
             zero_grad_buffers(model_chunks)
             gc.collect()
     except Exception as error:
         if on_capture_error == "raise":
             raise
-        stats.failed = abandon_capture(layers, model_chunks, error, submodule)
+        if first:
+            stats.failed = abandon_capture(layers, model_chunks, error, submodule)
+        else:
+            from megatron.core.transformer import cuda_graphs
+
+            cuda_graphs._set_capture_end()
+            zero_grad_buffers(model_chunks)
+            cause = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+            logger.warning(
+                "bridge_cudagraph: capturing more %s budgets failed; they run eagerly: %s", submodule, cause
+            )
         return {}, []
     graphs = dict(sorted(captured.items()))
-    stats.graphs = sum(len(g.layers) for sets in graphs.values() for g in sets)
+    stats.graphs += sum(len(g.layers) for sets in graphs.values() for g in sets)
     return graphs, fused

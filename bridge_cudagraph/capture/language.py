@@ -43,7 +43,6 @@ from bridge_cudagraph.capture.common import (
     check_static_inputs,
     measure,
     param_grad_return_kwargs,
-    sink_param_grads,
 )
 from bridge_cudagraph.capture.runs import LayerRun, group_runs, heads_of
 from bridge_cudagraph.host_patches import explicit_num_microbatches
@@ -106,8 +105,6 @@ class LanguageGraphHelper(TECudaGraphHelper):
         graph_unit: ``layer`` (one graph per layer, megatron-core's unit) or ``deepstack`` (one per run of layers,
             cut after the first ``deepstack_merges`` layers of a chunk that merges deepstack features).
         deepstack_merges: The plan's :attr:`~bridge_cudagraph.plan.LanguagePlan.deepstack_merges`.
-        param_grads_per_graph: Sum each graph's parameter gradients into ``main_grad`` once per replay
-            (:mod:`~bridge_cudagraph.capture.grad_sink`).
     """
 
     submodule = "language"
@@ -126,7 +123,6 @@ class LanguageGraphHelper(TECudaGraphHelper):
         on_capture_error: str = "eager",
         graph_unit: str = "layer",
         deepstack_merges: int = 0,
-        param_grads_per_graph: bool = False,
     ) -> None:
         if pg_collection is None:
             raise CaptureError(
@@ -155,7 +151,6 @@ class LanguageGraphHelper(TECudaGraphHelper):
         )
         self.stats.layers = len(self.flattened_callables)
         self.graph_unit = graph_unit
-        self.param_grads_per_graph = param_grads_per_graph
         if graph_unit != "layer":
             self._group_runs(graph_unit, deepstack_merges)
 
@@ -274,18 +269,6 @@ class LanguageGraphHelper(TECudaGraphHelper):
             self._graphs_created = False
             self._capture_finished = True
             return
-        if self.param_grads_per_graph:  # every unit's graphs (one per micro-batch) in one call, then back in place
-            units = self.flattened_callables
-            sunk = iter(
-                sink_param_grads(
-                    self.stats,
-                    self.model,
-                    [graph for unit in units for graph in unit.cuda_graphs],
-                    [unit for unit in units for _ in unit.cuda_graphs],
-                )
-            )
-            for unit in units:
-                unit.cuda_graphs = [next(sunk) for _ in unit.cuda_graphs]
         for run in self._runs():
             run.wire()
         self.stats.graphs = sum(len(layer.cuda_graphs) for layer in self.flattened_callables)

@@ -56,15 +56,18 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.budgets import PackedLayout, language_segments
 from bridge_cudagraph.capture.common import (
+    BudgetLadder,
     CaptureError,
     CaptureStats,
     GraphCopies,
+    StaticBuffers,
     activation_dtype,
     capture_budget_ladder,
     check_static_inputs,
+    free_for_capture,
+    ladder_order_kwargs,
     reset_graph_sets,
     segment_callables,
-    sink_param_grads,
 )
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -168,16 +171,18 @@ class PackedReplayBlock:
                 "extract_layer_indices",
             )
         )
-        if (
-            helper is None
-            or not helper.graphs_created()
-            or not self.training
-            or params is None
-            or getattr(params, "qkv_format", None) != "thd"
-            or kwargs.get("inference_context") is not None
-            or kwargs.get("inference_params") is not None
-            or not plain
-        ):
+        packed_training = (
+            helper is not None
+            and self.training
+            and params is not None
+            and getattr(params, "qkv_format", None) == "thd"
+            and kwargs.get("inference_context") is None
+            and kwargs.get("inference_params") is None
+            and plain
+        )
+        if not packed_training or not helper.graphs_created():
+            if packed_training:  # before capture: the ladder's top follows what the data shows
+                helper.observe(self, hidden_states)
             return super().forward(hidden_states, attention_mask, *args, **kwargs)
         out = helper.replay(self, hidden_states, params, kwargs)
         if out is None:  # did not fit (counted): the host's forward, unchanged
@@ -213,7 +218,8 @@ class PackedLanguageGraphHelper:
 
     Args:
         model: The DDP-wrapped model chunks.
-        layout: Budgets, sequence cap and ``max_seqlen`` (from the plan).
+        layout: Budgets, sequence cap and ``max_seqlen`` (from the plan): the ladder's possible rungs; the captured
+            ones follow the data (:class:`~bridge_cudagraph.capture.common.BudgetLadder`).
         separate_padded: Capture with a ``cu_seqlens_q_padded`` that is a tensor of its own (Bridge's Qwen3-VL
             step) rather than none (or the same object).
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight (1 without a pipeline).
@@ -222,8 +228,6 @@ class PackedLanguageGraphHelper:
         on_capture_error: ``"eager"`` or ``"raise"``.
         graph_unit: ``deepstack`` (one graph per run of layers between deepstack merges) or ``layer``.
         deepstack_merges: Layers after which a first-stage decoder merges a deepstack feature (the plan's).
-        param_grads_per_graph: Sum each graph's parameter gradients into ``main_grad`` once per replay
-            (:mod:`~bridge_cudagraph.capture.grad_sink`).
     """
 
     submodule = "language"
@@ -240,7 +244,6 @@ class PackedLanguageGraphHelper:
         on_capture_error: str = "eager",
         graph_unit: str = "layer",
         deepstack_merges: int = 0,
-        param_grads_per_graph: bool = False,
     ) -> None:
         from bridge_cudagraph.capture.language import language_model_of
 
@@ -255,7 +258,6 @@ class PackedLanguageGraphHelper:
             )
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
-        self.param_grads_per_graph = param_grads_per_graph
         self.decoders = [
             language_model_of(chunk).decoder
             for chunk in self.model
@@ -272,8 +274,11 @@ class PackedLanguageGraphHelper:
             for d in self.decoders
         ]
         self.copies = GraphCopies(int(copies))
+        self.ladder = BudgetLadder(layout.budgets)
         #: ``graphs[budget][copy]``.
         self.graphs: dict[int, list[PackedGraphSet]] = {}
+        self._pools: list = []
+        self._statics = [StaticBuffers() for _ in range(self.copies.count)]
         self._fused_grad_params: list[torch.nn.Parameter] = []
         layers = sum(len(d.layers) for d in self.decoders)
         self.stats = CaptureStats(self.submodule, layers=layers)
@@ -282,28 +287,37 @@ class PackedLanguageGraphHelper:
             install_packed_replay(decoder, self)
 
     # ------------------------------------------------------------------ capture
-    def _sample_inputs(self, decoder, budget: int, graphs: int):
+    def observe(self, block, hidden_states) -> None:
+        """A packed training micro-batch ran eagerly before capture: its token count (a shape) tells the ladder."""
+        config = block.config
+        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        self.ladder.observe(hidden_states.size(0) * tp)
+
+    def _sample_inputs(self, decoder, budget: int, graphs: int, statics: StaticBuffers):
         config = decoder.config
-        device = torch.cuda.current_device()
         dtype = activation_dtype(config)
         tp = decoder.config.tensor_model_parallel_size if config.sequence_parallel else 1
         rows = budget // tp
         rotary_dim = int(
             (config.kv_channels or config.hidden_size // config.num_attention_heads) * config.rotary_percent
         )
-        rotary = torch.zeros(budget, 1, 1, rotary_dim, device=device, dtype=torch.float32)
-        rotary.copy_(torch.randn_like(rotary))  # warmup values only; every replay writes the real table
+        rotary = statics.view("rotary", (budget, 1, 1, rotary_dim), torch.float32)
+        hidden = [
+            statics.view(f"hidden_states.{i}", (rows, 1, config.hidden_size), dtype, requires_grad=True)
+            for i in range(graphs)
+        ]
+        with torch.no_grad():  # warmup values only; every replay writes its own
+            rotary.copy_(torch.randn_like(rotary))
+            for h in hidden:
+                h.copy_(torch.randn_like(h) * 0.02)
         real = [0, budget // 2, budget] if budget >= 2 else [0, budget]
         cu_host = torch.tensor(self.layout.static_cu_seqlens(real, budget), dtype=torch.int32)
+        device = torch.cuda.current_device()
         cu = cu_host.to(device)
         cu_padded = cu_host.to(device) if self.separate_padded else None
-        hidden = [
-            (torch.randn(rows, 1, config.hidden_size, device=device, dtype=dtype) * 0.02).requires_grad_(True)
-            for _ in range(graphs)
-        ]
         return hidden, rotary, cu, cu_padded
 
-    def _capture_budget(self, decoder, budget: int, pool, extra_kwargs: dict) -> PackedGraphSet:
+    def _capture_budget(self, decoder, budget: int, copy: int, pool, extra_kwargs: dict) -> PackedGraphSet:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
@@ -312,7 +326,7 @@ class PackedLanguageGraphHelper:
         callables = segment_callables(
             list(decoder.layers), segments, lambda layer: _PackedLanguageLayer(layer, max_seqlen)
         )
-        hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget, len(callables))
+        hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget, len(callables), self._statics[copy])
         tensors = {"hidden_states": hidden[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}
         if cu_padded is not None:
             tensors["cu_seqlens_padded"] = cu_padded
@@ -327,29 +341,76 @@ class PackedLanguageGraphHelper:
                 allow_unused_input=True,
                 pool=pool,
                 **extra_kwargs,
+                **ladder_order_kwargs(len(callables)),
             )
-        graphed = list(graphed)
-        if self.param_grads_per_graph:
-            graphed = sink_param_grads(self.stats, self.model, graphed, list(callables))
-        return PackedGraphSet(graphed, rotary, cu, cu_padded)
+        return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
 
-    def create_cudagraphs(self) -> None:
-        """Capture every layer for every budget and copy, the budgets of a copy sharing its memory
-        (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on failure, raise or train on eagerly."""
-        if self.graphs or not self.decoders:
-            return
+    def _capture(self, rungs: Sequence[int], *, first: bool) -> bool:
         decoder = self.decoders[0]
-        self.graphs, self._fused_grad_params = capture_budget_ladder(
+        if not self._pools:
+            self._pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
+        graphs, fused = capture_budget_ladder(
             stats=self.stats,
             model_chunks=self.model,
             layers=list(decoder.layers),
-            budgets=self.layout.budgets,
-            copies=self.copies.count,
-            capture_one=lambda budget, pool, extra: self._capture_budget(decoder, budget, pool, extra),
+            budgets=rungs,
+            pools=self._pools,
+            capture_one=lambda budget, copy, pool, extra: self._capture_budget(decoder, budget, copy, pool, extra),
             on_capture_error=self.on_capture_error,
             submodule=self.submodule,
+            ladder_rungs=len(self.layout.budgets),
+            first=first,
         )
+        if not graphs:
+            return False
+        self.graphs = dict(sorted({**self.graphs, **graphs}.items()))
+        self._fused_grad_params = fused
+        self.ladder.add(graphs)
+        self.stats.budgets_captured = self.ladder.captured
+        return True
+
+    def create_cudagraphs(self) -> None:
+        """Capture every layer for the ladder's first rungs (:meth:`BudgetLadder.first_rungs`) and every copy, the
+        rungs of a copy sharing its memory (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on
+        failure, raise or train on eagerly."""
+        if self.graphs or not self.decoders:
+            return
+        self.stats.budget_source = self.ladder.source()
+        self._capture(self.ladder.first_rungs(), first=True)
         self.copies.reset()
+
+    def pending_budgets(self) -> tuple[int, ...]:
+        """Rungs a micro-batch above the captured top asked for, to capture before the next step."""
+        return self.ladder.pending() if self.graphs else ()
+
+    def capture_pending(self) -> tuple[int, ...]:
+        """Capture :meth:`pending_budgets` (between steps: the lifecycle calls it before a training step, where no
+        micro-batch is in flight and the gradients were consumed), if the pool's growth fits in free memory; else
+        refuse them once (logged): such micro-batches go on running eagerly, counted. Returns the rungs captured."""
+        rungs = self.pending_budgets()
+        if not rungs:
+            return ()
+        top = self.ladder.top
+        per_token = self.stats.per_budget.get(top, 0) / top if top else 0
+        need = int(per_token * (rungs[-1] - top) * self.copies.count * 1.2)
+        available = free_for_capture()
+        if need > available:
+            self.ladder.refuse()
+            logger.warning(
+                "bridge_cudagraph: language budgets %s would need about %.1f GiB more graph memory, %.1f GiB is "
+                "free; micro-batches above %d tokens go on running eagerly (counted)",
+                list(rungs),
+                need / 2**30,
+                available / 2**30,
+                top,
+            )
+            return ()
+        if not self._capture(rungs, first=False):
+            self.ladder.refuse()
+            return ()
+        self.stats.late_captures += len(rungs)
+        self.copies.reset()
+        return rungs
 
     def graphs_created(self) -> bool:
         """Whether any packed graph exists."""
@@ -387,6 +448,14 @@ class PackedLanguageGraphHelper:
                 f"{tokens} tokens in {sequences} sequences exceed the packed graphs (largest budget "
                 f"{self.layout.budgets[-1]} tokens, at most {self.layout.max_sequences} sequences); raise "
                 "model.cuda_graph.language.token_budgets / max_sequences to graph such batches",
+            )
+        elif not self.ladder.holds(budget):
+            self.ladder.want(budget)
+            self.stats.above_captured += 1
+            fallback = (
+                "above",
+                f"{tokens} tokens need budget {budget}, above the captured top {self.ladder.top} (chosen from the "
+                "micro-batches before capture); it is captured before the next step where memory allows",
             )
         elif has_padded != self.separate_padded:
             fallback = (
@@ -463,6 +532,10 @@ class PackedLanguageGraphHelper:
         """Free every packed graph (TE ``reset()``) before process groups go away; allows re-capture."""
         reset_graph_sets(self.graphs)
         self.graphs = {}
+        self._pools = []
+        for statics in self._statics:
+            statics.clear()
+        self.ladder.reset()
         self.copies.reset()
         self._fused_grad_params = []
         for decoder in self.decoders:

@@ -19,7 +19,9 @@ deepstack``, :func:`~bridge_cudagraph.budgets.layer_segments`) or per layer:
 
 A micro-batch larger than the largest budget, or with more frames than ``max_segments``, runs eagerly and is
 counted (:attr:`CaptureStats.eager_fallbacks`), logged once. The budgets share their memory: only one budget
-runs per micro-batch (:meth:`VisionGraphHelper.create_cudagraphs`).
+runs per micro-batch (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`). The captured rungs follow the
+data: those up to the largest micro-batch of the warmup steps, more when a later micro-batch needs them
+(:class:`~bridge_cudagraph.capture.common.BudgetLadder`).
 
 Under a pipelined language model the first stage holds several micro-batches between forward and backward (1F1B),
 so the graphs are captured in ``copies`` independent sets (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`):
@@ -43,14 +45,17 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.budgets import PackedLayout, check_token_budgets, layer_segments
 from bridge_cudagraph.capture.common import (
+    BudgetLadder,
     CaptureError,
     CaptureStats,
     GraphCopies,
+    StaticBuffers,
     capture_budget_ladder,
     check_static_inputs,
+    free_for_capture,
+    ladder_order_kwargs,
     reset_graph_sets,
     segment_callables,
-    sink_param_grads,
 )
 from bridge_cudagraph.config import GRAPH_UNITS
 from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
@@ -148,8 +153,6 @@ class VisionGraphHelper:
             are checked against them (None: not checked, for callers without a plan).
         graph_unit: ``deepstack`` or ``layer``: the layers each graph spans
             (:func:`~bridge_cudagraph.budgets.layer_segments`).
-        param_grads_per_graph: Sum each graph's parameter gradients into ``main_grad`` once per replay
-            (:mod:`~bridge_cudagraph.capture.grad_sink`).
     """
 
     submodule = "vision"
@@ -167,7 +170,6 @@ class VisionGraphHelper:
         copies: int = 1,
         static_inputs: Mapping[int, Sequence[StaticInput]] | None = None,
         graph_unit: str = "deepstack",
-        param_grads_per_graph: bool = False,
     ) -> None:
         if not isinstance(vision_model, GraphedQwen3VLVisionModel):
             raise CaptureError(
@@ -195,20 +197,23 @@ class VisionGraphHelper:
         if graph_unit not in GRAPH_UNITS:
             raise CaptureError(f"vision graph_unit must be one of {list(GRAPH_UNITS)}, got {graph_unit!r}")
         self.graph_unit = graph_unit
-        self.param_grads_per_graph = param_grads_per_graph
         self.segments = layer_segments(
             len(vision_model.decoder.layers), vision_model.decoder.deepstack_visual_indexes, graph_unit
         )
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error
         self.copies = GraphCopies(int(copies))
+        self.ladder = BudgetLadder(budgets)
         #: ``graphs[budget][copy]``: the graphed layers and their static inputs.
         self.graphs: dict[int, list[GraphSet]] = {}
+        self._pools: list = []
+        self._statics = [StaticBuffers() for _ in range(self.copies.count)]
         #: Parameters whose weight gradient TE accumulates into ``main_grad`` inside the graph (see before_replay).
         self._fused_grad_params: list[torch.nn.Parameter] = []
         self.stats = CaptureStats(self.submodule, layers=len(vision_model.decoder.layers))
         self._warned_fallback = False
         self._warned_no_copy = False
+        self._warned_above = False
         vision_model.graph_helper = self
 
     # ------------------------------------------------------------------ selection
@@ -219,9 +224,34 @@ class VisionGraphHelper:
             return None
         return self.layout.budget_for(patches, segments)
 
-    def count_fallback(self, patches: int, segments: int, *, no_free_copy: bool = False) -> None:
+    def captured_budget_for(self, patches: int, segments: int, longest: int = 0) -> int | None:
+        """:meth:`budget_for` when that budget is captured; else None, and a budget above the captured top is asked
+        for (:class:`~bridge_cudagraph.capture.common.BudgetLadder`) and counted."""
+        budget = self.budget_for(patches, segments, longest)
+        if budget is None or self.ladder.holds(budget):
+            return budget
+        self.ladder.want(budget)
+        self.stats.above_captured += 1
+        return None
+
+    def observe(self, patches: int) -> None:
+        """A training micro-batch of ``patches`` ran eagerly before capture."""
+        self.ladder.observe(patches)
+
+    def count_fallback(self, patches: int, segments: int, *, no_free_copy: bool = False, above: bool = False) -> None:
         """Count an eager micro-batch; log the first one of each cause with the numbers and the fix."""
         self.stats.eager_fallbacks += 1
+        if above:
+            if not self._warned_above:
+                self._warned_above = True
+                logger.warning(
+                    "bridge_cudagraph: a vision micro-batch of %d patches is above the captured budgets (up to %d, "
+                    "chosen from the micro-batches before capture); it runs eagerly (counted in stats) and its "
+                    "budget is captured before the next step where memory allows",
+                    patches,
+                    self.ladder.top,
+                )
+            return
         if no_free_copy:
             if not self._warned_no_copy:
                 self._warned_no_copy = True
@@ -255,9 +285,11 @@ class VisionGraphHelper:
             param.grad_added_to_main_grad = True
 
     # ------------------------------------------------------------------ capture
-    def _sample_inputs(self, budget: int, graphs: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    def _sample_inputs(
+        self, budget: int, graphs: int, statics: StaticBuffers
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """Hidden states for each of ``graphs`` graphs, and the rotary embedding and ``cu_seqlens`` all of them
-        share (the static inputs of :class:`GraphSet`)."""
+        share (the static inputs of :class:`GraphSet`); the first two are views of the copy's shared buffers."""
         vm = self.vision_model
         device = torch.cuda.current_device()
         dtype = next(vm.decoder.layers.parameters()).dtype
@@ -265,45 +297,93 @@ class VisionGraphHelper:
         # Two rows of merge blocks: a valid image grid for any budget that is a multiple of merge**2.
         grid = torch.tensor([[1, vm.spatial_merge_size, budget // vm.spatial_merge_size]], device=device)
         with torch.no_grad():
-            rotary = rotary_input(vm.rot_pos_emb(grid))
+            table = rotary_input(vm.rot_pos_emb(grid))
+            rotary = statics.view("rotary", table.shape, table.dtype)
+            rotary.copy_(table)
         # Warmup values only (every replay writes its own): one real segment as long as replay allows, then padding.
         first = min(budget, self.layout.max_seqlen)
         cu = torch.tensor(self.layout.static_cu_seqlens([0, first], budget), dtype=torch.int32, device=device)
         hidden_states = [
-            (torch.randn(budget, 1, hidden, device=device, dtype=dtype) * 0.02).requires_grad_(True)
-            for _ in range(graphs)
+            statics.view(f"hidden_states.{i}", (budget, 1, hidden), dtype, requires_grad=True) for i in range(graphs)
         ]
+        with torch.no_grad():
+            for h in hidden_states:
+                h.copy_(torch.randn_like(h) * 0.02)
         planned = self.planned_inputs.get(budget, ())
         check_static_inputs(
             {"hidden_states": hidden_states[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}, planned, self.submodule
         )
         return hidden_states, rotary, cu
 
-    def create_cudagraphs(self) -> None:
-        """Capture every layer for every budget and copy, the budgets of a copy sharing its memory
-        (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on failure, raise or run eagerly."""
-        if self.graphs:
-            return
+    def _capture(self, rungs, *, first: bool) -> bool:
         layers = list(self.vision_model.decoder.layers)
-        self.graphs, self._fused_grad_params = capture_budget_ladder(
+        if not self._pools:
+            self._pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
+        graphs, fused = capture_budget_ladder(
             stats=self.stats,
             model_chunks=self.model,
             layers=layers,
-            budgets=self.budgets,
-            copies=self.copies.count,
-            capture_one=lambda budget, pool, extra: self._capture_budget(layers, budget, pool, extra),
+            budgets=rungs,
+            pools=self._pools,
+            capture_one=lambda budget, copy, pool, extra: self._capture_budget(layers, budget, copy, pool, extra),
             on_capture_error=self.on_capture_error,
             submodule=self.submodule,
+            ladder_rungs=len(self.budgets),
+            first=first,
         )
+        if not graphs:
+            return False
+        self.graphs = dict(sorted({**self.graphs, **graphs}.items()))
+        self._fused_grad_params = fused
+        self.ladder.add(graphs)
+        self.stats.budgets_captured = self.ladder.captured
+        return True
+
+    def create_cudagraphs(self) -> None:
+        """Capture every layer for the ladder's first rungs and every copy, the rungs of a copy sharing its memory
+        (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on failure, raise or run eagerly."""
+        if self.graphs:
+            return
+        self.stats.budget_source = self.ladder.source()
+        self._capture(self.ladder.first_rungs(), first=True)
         self.copies.reset()
 
-    def _capture_budget(self, layers: list, budget: int, pool, extra_kwargs: dict) -> GraphSet:
+    def pending_budgets(self) -> tuple[int, ...]:
+        """Rungs a micro-batch above the captured top asked for, to capture before the next step."""
+        return self.ladder.pending() if self.graphs else ()
+
+    def capture_pending(self) -> tuple[int, ...]:
+        """Capture :meth:`pending_budgets` between steps where the pool's growth fits in free memory; else refuse
+        them once (logged). Returns the rungs captured (see the language helper's method of the same name)."""
+        rungs = self.pending_budgets()
+        if not rungs:
+            return ()
+        top = self.ladder.top
+        per_patch = self.stats.per_budget.get(top, 0) / top if top else 0
+        need = int(per_patch * (rungs[-1] - top) * self.copies.count * 1.2)
+        available = free_for_capture()
+        if need > available or not self._capture(rungs, first=False):
+            self.ladder.refuse()
+            logger.warning(
+                "bridge_cudagraph: vision budgets %s were not captured (about %.1f GiB more graph memory, %.1f GiB "
+                "free); micro-batches above %d patches go on running eagerly (counted)",
+                list(rungs),
+                need / 2**30,
+                available / 2**30,
+                top,
+            )
+            return ()
+        self.stats.late_captures += len(rungs)
+        self.copies.reset()
+        return rungs
+
+    def _capture_budget(self, layers: list, budget: int, copy: int, pool, extra_kwargs: dict) -> GraphSet:
         """One set of graphed layers at ``budget`` patches, in ``pool``."""
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
         max_seqlen = min(budget, self.layout.max_seqlen)
-        hidden_states, rotary, cu = self._sample_inputs(budget, len(self.segments))
+        hidden_states, rotary, cu = self._sample_inputs(budget, len(self.segments), self._statics[copy])
         callables = segment_callables(layers, self.segments, lambda layer: _PackedVisionLayer(layer, max_seqlen))
         with get_cuda_rng_tracker().fork() if self.vision_model.config.sequence_parallel else contextlib.nullcontext():
             graphed = make_graphed_callables(
@@ -313,11 +393,9 @@ class VisionGraphHelper:
                 allow_unused_input=True,
                 pool=pool,
                 **extra_kwargs,
+                **ladder_order_kwargs(len(callables)),
             )
-        graphed = list(graphed)
-        if self.param_grads_per_graph:
-            graphed = sink_param_grads(self.stats, self.model, graphed, list(callables))
-        return GraphSet(graphed, rotary, cu, segments=self.segments)
+        return GraphSet(list(graphed), rotary, cu, segments=self.segments)
 
     def graphs_created(self) -> bool:
         """Whether any vision graph exists."""
@@ -334,6 +412,10 @@ class VisionGraphHelper:
         """Free every vision graph (TE ``reset()``) before process groups go away; allows re-capture."""
         reset_graph_sets(self.graphs)
         self.graphs = {}
+        self._pools = []
+        for statics in self._statics:
+            statics.clear()
+        self.ladder.reset()
         self.copies.reset()
         self._fused_grad_params = []
         for layer in self.vision_model.decoder.layers:

@@ -25,15 +25,13 @@ IMAGE_SETS = {
 }
 
 
-def _graph_config(modules=None, unit=None, sink=None):
+def _graph_config(modules=None, unit=None):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
 
-    return CudaGraphConfig(
-        language=LanguageGraphConfig(enabled=True, modules=modules, graph_unit=unit), param_grads_per_graph=sink
-    )
+    return CudaGraphConfig(language=LanguageGraphConfig(enabled=True, modules=modules, graph_unit=unit))
 
 
-def _pair(kind: str, world, modules=None, unit=None, sink=None):
+def _pair(kind: str, world, modules=None, unit=None):
     """(reference, graphed, graphed provider) with identical weights."""
     from bridge_cudagraph.examples import tiny
 
@@ -42,7 +40,7 @@ def _pair(kind: str, world, modules=None, unit=None, sink=None):
         "qwen3_vl": tiny.tiny_qwen3_vl_provider,
         "qwen3_vl_moe": lambda cg=None: tiny.tiny_qwen3_vl_provider(cg, moe=True),
     }[kind]
-    graphed_provider = make(_graph_config(modules, unit, sink))
+    graphed_provider = make(_graph_config(modules, unit))
     graphed = tiny.build(graphed_provider, world.language, vision_pg_collection=world.vision)
     reference = tiny.build(make(None), world.language, vision_pg_collection=world.vision)
     tiny.copy_weights(graphed, reference)
@@ -57,29 +55,27 @@ def _batches(kind: str):
     return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_SETS.items()}
 
 
-# (kind, modules, graph unit, graphs, sink): runs of layers (the default, ``deepstack``) are one graph for the tiny
-# GPT's 4 layers and 3 for the tiny Qwen3-VL's (a deepstack merge follows layers 0 and 1); ``layer`` is one per layer.
-# ``sink``: each graph's parameter gradients once per replay (the opt-in param_grads_per_graph; run 49 ran every case
-# with it, run 47 every case without).
+# (kind, modules, graph unit, graphs): runs of layers (the default, ``deepstack``) are one graph for the tiny GPT's 4
+# layers and 3 for the tiny Qwen3-VL's (a deepstack merge follows layers 0 and 1); ``layer`` is one per layer.
 CASES = [
-    ("gpt", None, None, 1, True),
-    ("gpt", None, "layer", 4, None),
-    ("qwen3_vl", None, None, 3, True),
-    ("qwen3_vl", None, "layer", 4, None),
-    ("qwen3_vl_moe", ["attn"], None, 4, True),
+    ("gpt", None, None, 1),
+    ("gpt", None, "layer", 4),
+    ("qwen3_vl", None, None, 3),
+    ("qwen3_vl", None, "layer", 4),
+    ("qwen3_vl_moe", ["attn"], None, 4),
 ]
 
 
 @pytest.mark.parametrize(
-    ("kind", "modules", "unit", "graphs", "sink"), CASES, ids=[f"{c[0]}-{c[2] or 'default'}" for c in CASES]
+    ("kind", "modules", "unit", "graphs"), CASES, ids=[f"{c[0]}-{c[2] or 'default'}" for c in CASES]
 )
-def test_language_graphs_match_reference(world, record, kind, modules, unit, graphs, sink):
+def test_language_graphs_match_reference(world, record, kind, modules, unit, graphs):
     from megatron.core import num_microbatches_calculator
 
     from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads
     from bridge_cudagraph.testing.world import parallel_state_untouched
 
-    reference, graphed, provider = _pair(kind, world, modules, unit, sink)
+    reference, graphed, provider = _pair(kind, world, modules, unit)
     assert sorted(graphed[0].state_dict()) == sorted(reference[0].state_dict())
     batches = _batches(kind)
 
@@ -98,7 +94,6 @@ def test_language_graphs_match_reference(world, record, kind, modules, unit, gra
     layers = helper.flattened_callables
     assert layers and all(len(layer.cuda_graphs) == 1 for layer in layers)
     assert helper.stats.graphs == graphs and helper.stats.layers == 4
-    assert helper.stats.param_grads_per_graph is sink  # opted in: gradients summed once per graph
     record(
         kind=kind,
         phase="capture",

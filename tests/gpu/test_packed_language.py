@@ -115,8 +115,7 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 # micro-batch's own longest row; the second case shows whether the kernels' numbers depend on max_seqlen.
 # ``fused``: with gradient_accumulation_fusion=true, which the packed replay marks before each replay.
 # ``unit``: the language graph unit; ``deepstack`` (the product's default) captures layers 2-3 of the tiny model as one
-# graph (a deepstack merge follows layers 0 and 1), so a budget holds 3 graphs instead of 4; that case also sums each
-# graph's parameter gradients once per replay (the opt-in param_grads_per_graph).
+# graph (a deepstack merge follows layers 0 and 1), so a budget holds 3 graphs instead of 4.
 @pytest.mark.parametrize(
     ("max_seqlen", "fused", "fewer_waits", "unit"),
     [
@@ -131,7 +130,7 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
         "max_seqlen_4S",
         "max_seqlen_S_fused",
         "max_seqlen_S_fused_fewer_waits",
-        "max_seqlen_S_fused_fewer_waits_runs_sink",
+        "max_seqlen_S_fused_fewer_waits_runs",
     ],
 )
 def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, fewer_waits, unit):
@@ -167,14 +166,11 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
     from bridge_cudagraph.plan import deepstack_merges, model_facts
 
     merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))  # the tiny encoder's 2 deepstack taps
-    helper = PackedLanguageGraphHelper(
-        graphed, layout=layout, graph_unit=unit, deepstack_merges=merges, param_grads_per_graph=unit == "deepstack"
-    )
+    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit=unit, deepstack_merges=merges)
     waits = forward_host.install(graphed) if fewer_waits else []
     helper.create_cudagraphs()
     assert helper.stats.failed is None, helper.stats.failed
     assert helper.graphs_created() and helper.stats.graphs == {"layer": 4, "deepstack": 3}[unit] * len(BUDGETS)
-    assert helper.stats.param_grads_per_graph is (True if unit == "deepstack" else None)
 
     for name, batch in batches.items():
         tokens = batch["input_ids"].numel()
@@ -270,6 +266,92 @@ def test_packed_graphs_over_the_plans_ladder_at_sequence_2048(world, record):
     helper.uninstall()
 
 
+def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(world, record):
+    """The ladder's memory and its top (:class:`bridge_cudagraph.capture.common.BudgetLadder`,
+    :func:`~bridge_cudagraph.capture.common.capture_budget_ladder`).
+
+    One eager micro-batch before capture sets the captured top (the rung that holds it, not the ladder's); the rungs
+    share one pool: all of them together take at most 1.25x the largest alone (the 2B benchmark gives the product's
+    figure). Then micro-batches replay in an order unlike the capture order (largest first), interleaved with eager
+    ones (above the captured top, and with more sequences than the graphs hold), each bit-exact against the plugin's
+    model with graphs off and Bridge's unmodified model (deterministic kernels; else within the eager floor). The rung
+    the larger micro-batch asked for is captured between "steps" (:meth:`capture_pending`), into the same pool, and
+    replays exactly too; the earlier rungs still do after it."""
+    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
+    from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.plan import deepstack_merges, model_facts
+    from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
+
+    graphed, ours_off, bridge = _models(world, LADDER_SEQ)
+    budgets = tuple(derive_language_budgets(MBS * LADDER_SEQ, multiple=MBS * 16))
+    layout = PackedLayout(budgets=budgets, max_sequences=MBS, max_seqlen=LADDER_SEQ)
+    batches = {
+        name: _packed_batch(rows, seed=17 * i, pg_collection=world.language, seq=LADDER_SEQ)
+        for i, (name, rows) in enumerate(LADDER_CASES.items())
+    }
+    batches["three_rows"] = _packed_batch(FALLBACK, seed=5, pg_collection=world.language, seq=LADDER_SEQ)
+    floors = {}
+    for name, batch in batches.items():
+        b, again = loss_and_grads(ours_off, batch), loss_and_grads(ours_off, batch)
+        floors[name] = float((b[0] - again[0]).abs().max())
+    merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))
+    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit="deepstack", deepstack_merges=merges)
+    seen = batches["T_2048"]["input_ids"].numel()
+    loss_and_grads(graphed, batches["T_2048"])  # an eager training micro-batch before capture: the data's largest
+    helper.create_cudagraphs()
+    stats = helper.stats
+    assert stats.failed is None and stats.graphs > 0, stats.failed
+    first_top = layout.budget_for(seen, MBS)
+    assert stats.budgets_captured == tuple(b for b in budgets if b <= first_top), (stats.budgets_captured, budgets)
+    assert first_top < budgets[-1] and str(seen) in stats.budget_source
+    pools = sum(stats.per_budget.values())
+    record(
+        case="ladder memory",
+        captured=list(stats.budgets_captured),
+        ladder=list(budgets),
+        per_budget=dict(stats.per_budget),
+        per_budget_live=dict(stats.per_budget_live),
+        pools_over_top=pools / stats.per_budget[first_top],
+        param_grads_cloned=stats.param_grads_cloned,
+    )
+    assert pools <= 1.25 * stats.per_budget[first_top], (pools, stats.per_budget)
+
+    def check(name: str, graphed_run: bool) -> None:
+        before = (stats.replays, stats.eager_fallbacks)
+        got = loss_and_grads(graphed, batches[name])
+        assert (stats.replays - before[0], stats.eager_fallbacks - before[1]) == ((1, 0) if graphed_run else (0, 1)), (
+            name,
+            graphed_run,
+            stats,
+        )
+        _assert_match(got, loss_and_grads(ours_off, batches[name]), f"{name}: graphs vs plugin eager", floors[name])
+        _assert_match(got, loss_and_grads(bridge, batches[name]), f"{name}: graphs vs Bridge", floors[name])
+        record(case="ladder order", batch=name, graphed=graphed_run, tokens=batches[name]["input_ids"].numel())
+
+    # Smallest rung, then one above the captured top (eager, asks for its rung), the top, too many sequences (eager),
+    # a middle rung, the smallest again.
+    for name, graphed_run in [
+        ("T_1280", True),
+        ("T_4096", False),
+        ("T_2048", True),
+        ("three_rows", False),
+        ("T_2816", False),
+        ("T_1280", True),
+    ]:
+        check(name, graphed_run)
+    assert stats.above_captured == 2 and helper.pending_budgets(), (stats.above_captured, helper.pending_budgets())
+    grown = helper.capture_pending()
+    assert grown and grown[-1] == layout.budget_for(batches["T_4096"]["input_ids"].numel(), MBS), grown
+    assert stats.late_captures == len(grown) and not helper.pending_budgets()
+    record(case="ladder grown", grown=list(grown), per_budget=dict(stats.per_budget), graphs=stats.graphs)
+    for name in ("T_4096", "T_2816", "T_1280", "T_2048", "T_4096"):
+        check(name, True)
+    assert_captured(stats)
+    helper.uninstall()
+    assert not helper.graphs_created()
+
+
 # GPT SFT offline packing (Bridge's GPTSFTDatasetConfig with enable_offline_packing, pad_cu_seqlens): the rows of
 # recipes/tiny_gpt_packed.yaml, packed by Bridge's own packer and collate, handed to the model by Bridge's gpt_step.
 GPT_RECIPE = "recipes/tiny_gpt_packed.yaml"
@@ -303,7 +385,7 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     from bridge_cudagraph.testing.step_batch import gpt_step_inputs
 
     mult = f"dataset.offline_packing_specs.pad_seq_to_mult={pad_seq_to_mult}"
-    cfg = _gpt_config(mult, "model.cuda_graph.param_grads_per_graph=true")  # as run 49 ran it (then the default)
+    cfg = _gpt_config(mult)
     plan = plan_finalized(cfg, world_size=1)
     packed = plan.language.packed
     assert packed is not None and packed.offline and packed.token_budgets == (cfg.model.seq_length,)
@@ -338,7 +420,6 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     layers = cfg.model.num_layers
     assert plan.language.graph_unit == "deepstack" and plan.language.segments_per_stage == (((0, layers),),)
     assert helper.stats.failed is None and helper.stats.graphs == 1, helper.stats.failed
-    assert helper.stats.param_grads_per_graph is True  # opted in by the override above
     for i, batch in enumerate(batches):
         before = helper.stats.replays
         got = loss_and_grads(graphed, batch)

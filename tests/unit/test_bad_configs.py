@@ -75,11 +75,6 @@ FINALIZE_CASES = [
         ["vision_cuda_graph_impl", "cuda_graph.vision.enabled=true"],
     ),
     ("vision-on-gpt", lambda: _gpt(VIS), ["no vision encoder", "false"]),
-    (
-        "vision-fusion-on-gpt",
-        lambda: _gpt({"language": {"enabled": True}, "vision": {"gradient_accumulation_fusion": True}}),
-        ["vision.gradient_accumulation_fusion=true", "no vision encoder", "leave it null"],
-    ),
     ("vision-tp-vs-heads", lambda: _vl({"vision": {"tensor_parallel_size": 3}}), ["4 attention heads", "divisor"]),
     (
         "vision-tp-vs-language-tp",
@@ -107,14 +102,7 @@ BLOCK_CASES = [
     ("host-cache-not-bool", {"optimizer_host_cache": "yes"}, CudaGraphConfigError, ["true, false or null"]),
     ("host-cache-without-graphs", {"optimizer_host_cache": True}, CudaGraphConfigError, ["no graphs are enabled"]),
     ("fewer-waits-without-graphs", {"fewer_host_waits": True}, CudaGraphConfigError, ["no graphs are enabled"]),
-    ("grads-per-graph-without-graphs", {"param_grads_per_graph": True}, CudaGraphConfigError, ["no graphs are"]),
-    ("grads-per-graph-not-bool", {"param_grads_per_graph": "once"}, CudaGraphConfigError, ["true, false or null"]),
-    (
-        "vision-wgrad-fusion-not-bool",
-        {"vision": {"gradient_accumulation_fusion": "yes"}},
-        CudaGraphConfigError,
-        ["vision.gradient_accumulation_fusion", "true, false or null"],
-    ),
+    ("removed-grads-per-graph", {"param_grads_per_graph": True}, UnknownKeyError, ["param_grads_per_graph"]),
     ("unknown-key", {"vision": {"token_budget": [64]}}, UnknownKeyError, ["token_budget", "'token_budgets'"]),
     (
         "language-graph-unit-unknown",
@@ -555,9 +543,9 @@ def test_the_cli_subprocess_refuses_a_zero_micro_batch(record):
 TRAIN_CASES = [
     ("micro-batch-0", [TINY, "train.micro_batch_size=0"], "train.micro_batch_size must be a positive integer"),
     (
-        "vision-fusion-on-gpt",
-        [QWEN3_8B, "model.cuda_graph.vision.gradient_accumulation_fusion=true"],
-        "vision.gradient_accumulation_fusion=true but CudaGraphGPTModelProvider has no vision encoder",
+        "vision-graphs-on-gpt",
+        [QWEN3_8B, "model.cuda_graph.vision.enabled=true"],
+        "vision.enabled=true but CudaGraphGPTModelProvider has no vision encoder",
     ),
 ]
 

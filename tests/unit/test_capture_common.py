@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bridge_cudagraph.capture.common import ddp_consumes_param_grads, param_grad_return_kwargs
@@ -24,3 +25,168 @@ def test_frozen_parameters_need_no_owner_but_trainable_ones_do():
     # No chunk at all: every trainable parameter (none here) is owned, so the clone can go.
     assert ddp_consumes_param_grads([], [frozen])
     assert not ddp_consumes_param_grads([], [torch.nn.Linear(4, 4)])
+
+
+def test_a_ladder_of_frozen_layers_skips_the_clone_and_one_of_unfused_trainable_layers_keeps_it():
+    """Several rungs share one pool only where TE gives the parameter-gradient buffers back, i.e. where it clones them;
+    frozen layers (LoRA's base) have none, so the clone goes; a single rung never needs it."""
+    from bridge_cudagraph.capture.common import param_grad_return_kwargs
+
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    assert param_grad_return_kwargs([], [frozen], rungs=13) == {"clone_param_grads_on_return": False}
+    assert param_grad_return_kwargs([], [frozen], rungs=1) == {"clone_param_grads_on_return": False}
+
+
+def test_the_tested_te_shares_ladder_buffers():
+    """TE 2.20.2 has the ``_order`` path that gives a rung's outputs and consumed gradients back to the pool."""
+    from bridge_cudagraph.capture.common import ladder_order_kwargs
+    from bridge_cudagraph.compat import te_graphs_share_ladder_buffers
+
+    assert te_graphs_share_ladder_buffers()
+    assert ladder_order_kwargs(4) == {
+        "_order": [1, -1],
+        "_num_layers_per_chunk": [4],
+        "_reuse_graph_input_output_buffers": True,
+    }
+
+
+class TestBudgetLadder:
+    def test_the_first_capture_stops_at_the_rung_of_the_largest_size_seen(self):
+        from bridge_cudagraph.capture.common import BudgetLadder
+
+        ladder = BudgetLadder([4096, 512, 1024, 2048])
+        assert ladder.first_rungs() == (512, 1024, 2048, 4096) and "whole ladder" in ladder.source()
+        ladder.observe(700)
+        ladder.observe(900)
+        assert ladder.first_rungs() == (512, 1024) and "(900)" in ladder.source()
+        ladder.observe(10_000)  # above every rung: the whole ladder, never a silent cap below the data
+        assert ladder.first_rungs() == (512, 1024, 2048, 4096)
+
+    def test_a_wanted_rung_brings_every_rung_up_to_it_once(self):
+        from bridge_cudagraph.capture.common import BudgetLadder
+
+        ladder = BudgetLadder([512, 1024, 2048, 4096])
+        ladder.add((512, 1024))
+        assert ladder.top == 1024 and ladder.holds(512) and not ladder.holds(2048) and ladder.pending() == ()
+        ladder.want(4096)
+        ladder.want(2048)
+        assert ladder.pending() == (2048, 4096)
+        ladder.add(ladder.pending())
+        assert ladder.top == 4096 and ladder.pending() == ()
+
+    def test_a_refused_rung_is_not_asked_for_again(self):
+        from bridge_cudagraph.capture.common import BudgetLadder
+
+        ladder = BudgetLadder([512, 1024, 2048])
+        ladder.add((512,))
+        ladder.want(1024)
+        ladder.refuse()
+        ladder.want(1024)
+        assert ladder.pending() == ()
+        ladder.want(2048)  # a larger one still may be
+        assert ladder.pending() == (1024, 2048)
+        ladder.reset()
+        assert ladder.captured == () and ladder.pending() == ()
+
+
+def test_static_buffers_give_each_rung_a_view_of_one_buffer():
+    """Rungs of one copy share their static inputs: views of the first rows of the largest rung's buffer, leaves
+    that take a gradient of their own; a larger rung later gets a new buffer and the old views keep theirs."""
+    from bridge_cudagraph.capture.common import StaticBuffers
+
+    statics = StaticBuffers(device="cpu")
+    top = statics.view("h", (8, 1, 4), torch.float32, requires_grad=True)
+    small = statics.view("h", (4, 1, 4), torch.float32, requires_grad=True)
+    assert small.data_ptr() == top.data_ptr() and small.is_leaf and small.requires_grad
+    (small * 2).sum().backward()
+    assert small.grad.shape == (4, 1, 4) and top.grad is None
+    assert statics.nbytes() == 8 * 4 * 4
+    larger = statics.view("h", (16, 1, 4), torch.float32)
+    assert larger.data_ptr() != top.data_ptr() and top.shape == (8, 1, 4)
+    statics.clear()
+    assert statics.nbytes() == 0
+
+
+class _Set:
+    def __init__(self, budget, copy):
+        self.budget, self.copy, self.layers = budget, copy, [object(), object()]
+
+
+def _fake_device(monkeypatch, grow_by):
+    """The allocator calls the ladder makes, on a machine without CUDA: reserved memory grows by ``grow_by(budget)``
+    at each capture (a measurement stand-in; the GPU tests measure the real pools)."""
+    state = {"reserved": 0, "allocated": 0}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: state["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a, **k: state["allocated"])
+    return state
+
+
+def test_the_ladder_captures_each_copy_largest_first_and_measures_each_rung(monkeypatch):
+    from bridge_cudagraph.capture.common import CaptureStats, capture_budget_ladder
+
+    state = _fake_device(monkeypatch, None)
+    calls = []
+
+    def capture_one(budget, copy, pool, extra):
+        calls.append((budget, copy, pool, dict(extra)))
+        state["reserved"] += budget
+        state["allocated"] += 1
+        return _Set(budget, copy)
+
+    stats = CaptureStats("language")
+    layer = torch.nn.Linear(2, 2).requires_grad_(False)
+    graphs, fused = capture_budget_ladder(
+        stats=stats,
+        model_chunks=[],
+        layers=[layer],
+        budgets=(512, 2048, 1024),
+        pools=["p0", "p1"],
+        capture_one=capture_one,
+        on_capture_error="raise",
+        submodule="language",
+        ladder_rungs=3,
+    )
+    assert [(b, c, p) for b, c, p, _ in calls] == [
+        (2048, 0, "p0"),
+        (2048, 1, "p1"),
+        (1024, 0, "p0"),
+        (1024, 1, "p1"),
+        (512, 0, "p0"),
+        (512, 1, "p1"),
+    ]
+    assert all(extra == {"clone_param_grads_on_return": False} for *_, extra in calls)  # frozen: nothing to clone
+    assert sorted(graphs) == [512, 1024, 2048] and [s.copy for s in graphs[1024]] == [0, 1]
+    assert stats.per_budget == {2048: 4096, 1024: 2048, 512: 1024} and stats.per_budget_live == {
+        2048: 2,
+        1024: 2,
+        512: 2,
+    }
+    assert stats.graphs == 3 * 2 * 2 and fused == [] and stats.failed is None
+    assert stats.graph_memory_bytes == 4096 + 2048 + 1024
+
+
+def test_a_later_capture_that_fails_keeps_the_graphs_and_a_first_one_leaves_the_model_eager(monkeypatch):
+    from bridge_cudagraph.capture.common import CaptureStats, capture_budget_ladder
+
+    _fake_device(monkeypatch, None)
+
+    def broken(budget, copy, pool, extra):
+        raise RuntimeError("out of memory")
+
+    stats = CaptureStats("vision", graphs=8)
+    layer = torch.nn.Linear(2, 2).requires_grad_(False)
+    kwargs = dict(model_chunks=[], budgets=(4096,), pools=["p"], capture_one=broken, submodule="vision")
+    assert capture_budget_ladder(
+        stats=stats, layers=[layer], on_capture_error="eager", ladder_rungs=2, first=False, **kwargs
+    ) == ({}, [])
+    assert stats.failed is None and stats.graphs == 8  # the rungs captured before stay
+    first = CaptureStats("vision")
+    assert capture_budget_ladder(stats=first, layers=[layer], on_capture_error="eager", ladder_rungs=2, **kwargs) == (
+        {},
+        [],
+    )
+    assert "out of memory" in first.failed
+    with pytest.raises(RuntimeError, match="out of memory"):
+        capture_budget_ladder(stats=first, layers=[layer], on_capture_error="raise", ladder_rungs=2, **kwargs)

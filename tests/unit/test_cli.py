@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The whole command-line surface. A new flag is a deliberate change of this table (torchtitan's
 #: test_no_new_cli_options); knobs belong in the recipe.
 FROZEN = {
-    "validate": {"recipe", "overrides", "--world-size"},
-    "plan": {"recipe", "overrides", "--world-size"},
-    "train": {"recipe", "overrides"},
+    "validate": {"recipe", "overrides", "--world-size", "--gpu-memory"},
+    "plan": {"recipe", "overrides", "--world-size", "--gpu-memory"},
+    "train": {"recipe", "overrides", "--gpu-memory"},
 }
 
 
@@ -128,7 +128,7 @@ def test_error_is_one_line_without_traceback(runs):
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert errors == [
         "error: unknown setting model.cuda_graph.vision.token_budget (did you mean 'token_budgets'?); valid keys of "
-        "model.cuda_graph.vision: enabled, gradient_accumulation_fusion, graph_unit, max_images_per_microbatch, "
+        "model.cuda_graph.vision: enabled, graph_unit, max_images_per_microbatch, "
         "max_patches_per_image, modules, tensor_parallel_size, token_budgets, warmup_steps"
     ]
     assert err.rstrip("\n").splitlines()[-1] == errors[0]

@@ -144,7 +144,6 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
         "on_capture_error": "eager",
         "graph_unit": "deepstack",  # graph_unit unset: runs of layers between deepstack merges
         "deepstack_merges": want["language_merges"],
-        "param_grads_per_graph": False,  # unset: off (opt-in: no gain measured, run 50)
     }
     if "budgets" in want:
         vision = vision_helper_arguments(plan)
@@ -156,7 +155,6 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
             "graph_unit": "deepstack",  # graph_unit unset: graphs cut after each deepstack layer
             "static_inputs": dict(plan.vision.static_inputs),
             "on_capture_error": "eager",
-            "param_grads_per_graph": False,
         }
 
 
