@@ -178,6 +178,8 @@ def cap_device_memory(plan: CapturePlan, gpu_memory: float | None) -> None:
 
     from bridge_cudagraph.cli import check_memory
 
+    if not torch.cuda.is_available():  # the CLI refused train without a GPU already; nothing to cap
+        return
     device = int(os.environ.get("LOCAL_RANK", "0") or 0)
     total = torch.cuda.get_device_properties(device).total_memory
     gib = total / 2**30

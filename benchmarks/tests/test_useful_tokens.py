@@ -121,6 +121,7 @@ def _full():
                          counters={"language": {"replays": 36, "eager_fallbacks": 0}}),
         ours_packed=_rec(1500.0, graphed=True, fill_fraction=0.43, gpu_busy=0.8, kernel_ms_per_step=150.0,
                          graph_memory_gib=20.0, capture_s=25.0, parity=parity, useful_tokens_per_step=[500.0],
+                         peak_memory_bytes=50 * 2**30, peak_reserved_bytes=54 * 2**30,
                          counters={"language": {"replays": 40, "eager_fallbacks": 0},
                                    "vision": {"replays": 40, "eager_fallbacks": 1}}),
     )  # fmt: skip
@@ -133,10 +134,12 @@ def test_table_rows_say_each_variants_numbers_and_failures():
     assert list(rows) == list(report.VARIANTS)  # no control run: no control row
     ours = rows["ours_packed"]
     assert ours[1] == "1,500" and ours[2] == "1.50x" and ours[4] == "43%" and ours[5] == "0.80"
-    assert ours[7] == "20.0" and ours[9] == "language 40 / 0, vision 40 / 1"
-    assert ours[10] == "0 (exact) vs eager_packed"
-    assert rows["eager_packed"][10] == "reference" and rows["eager_packed"][7] == "-"
-    assert rows["ours_padded"][10] == "**6.0e-01** vs eager_padded (loss tokens: **4.0e-01**)"
+    assert ours[7] == "20.0" and ours[8] == "50.0 / 54.0" and ours[10] == "language 40 / 0, vision 40 / 1"
+    assert ours[11] == "0 (exact) vs eager_packed"
+    assert (
+        rows["eager_packed"][11] == "reference" and rows["eager_packed"][7] == "-" and rows["eager_packed"][8] == "n/a"
+    )
+    assert rows["ours_padded"][11] == "**6.0e-01** vs eager_padded (loss tokens: **4.0e-01**)"
     assert rows["upstream_padded"][1] == "failed: RuntimeError: capture / failed"
     assert report.variant_row(report.CONTROL, None)[1] == "not run"
     assert len(report.table(data)) == 2 + len(report.VARIANTS)
@@ -264,3 +267,38 @@ def test_the_photo_data_path_gives_both_forms_of_the_same_samples(tmp_path):
         assert 0 < m.loss_tokens < m.real_tokens <= m.packed_tokens
         assert m.images == len(images) == 2 and m.patches == sum(t * h * w for ((t, h, w),) in images)
     assert all(b is not None for b in got["fits"])  # every photo micro-batch replays in a budget
+
+
+@pytest.mark.fast
+def test_memory_section_judges_the_ladder_and_the_peaks():
+    """The memory section: ours_packed's peak reserved against eager_packed's (target 1.15x), each ladder's pools
+    against its largest rung alone (target 1.1x), rung by rung, and the estimate against the measured pool."""
+    data = _full()
+    data["variants"]["eager_packed"].update(peak_memory_bytes=45 * 2**30, peak_reserved_bytes=48 * 2**30)
+    gib = 2**30
+    data["variants"]["ours_packed"]["capture"] = {
+        "language": {
+            "per_budget": {"2112": 10 * gib, "1664": gib // 2, "1312": gib // 4},
+            "per_budget_live": {"2112": gib // 8, "1664": gib // 8, "1312": gib // 8},
+            "budgets_captured": [1312, 1664, 2112],
+            "budget_source": "the largest micro-batch before capture (2048)",
+            "late_captures": 1,
+            "above_captured": 2,
+        }
+    }
+    data["variants"]["ours_packed"]["memory_estimate"] = {
+        "language": {
+            "top": 2112,
+            "estimate_bytes": 10 * gib,
+            "measured_bytes": 11 * gib,
+            "measured_over_estimate": 1.1,
+        }
+    }
+    md = "\n".join(report.memory_section(data))
+    assert "ours_packed's peak reserved** is 1.12x eager_packed's (target at most 1.15x: **met**)" in md
+    assert "their pools take 10.75 GiB, 1.07x the largest rung alone (10.00 GiB; target at most 1.1x: **met**)" in md
+    assert "1 rungs captured later for larger micro-batches, 2 micro-batches above the captured top ran eagerly" in md
+    assert "| 2112 | 10,240 | 128 |" in md
+    assert "measured 11.00 GiB (1.10x of the estimate; within 20%: **yes**)" in md
+    data["variants"]["ours_packed"]["peak_reserved_bytes"] = 60 * gib
+    assert "1.25x eager_packed's (target at most 1.15x: **not met**)" in "\n".join(report.memory_section(data))
