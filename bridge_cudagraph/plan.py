@@ -151,6 +151,7 @@ class ModelFacts:
         gated_linear_unit: The MLP's first GEMM is gated (SwiGLU: twice ``ffn_hidden_size`` wide).
         vocab_size: Vocabulary rows of the embedding and the output layer (0: unknown).
         share_embeddings_and_output_weights: The output layer reuses the embedding's weights.
+        qk_layernorm: Queries and keys are normalised per head (Qwen3): their pre-norm values are saved too.
     """
 
     provider: str
@@ -186,6 +187,7 @@ class ModelFacts:
     gated_linear_unit: bool = False
     vocab_size: int = 0
     share_embeddings_and_output_weights: bool = False
+    qk_layernorm: bool = False
 
     @property
     def rotary_dim(self) -> int:
@@ -306,6 +308,7 @@ def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
         gated_linear_unit=bool(getattr(provider, "gated_linear_unit", False)),
         vocab_size=int(getattr(provider, "vocab_size", 0) or 0),
         share_embeddings_and_output_weights=bool(getattr(provider, "share_embeddings_and_output_weights", False)),
+        qk_layernorm=bool(getattr(provider, "qk_layernorm", False)),
     )
 
 

@@ -688,3 +688,53 @@ def test_the_optimizer_host_cache_goes_on_at_train_start_and_off_with_the_graphs
         world.callback.release_graphs(reason="test")
         assert type(optimizer) is DistributedOptimizer and type(optimizer.optimizer) is FusedAdam
         assert provider.finalize_model_grads_func is finalize
+
+
+class FakeLadderHelper(FakeHelper):
+    """A budgeted helper (packed language, vision): rungs a micro-batch above the captured top asked for wait in
+    ``pending`` until the lifecycle captures them before a step."""
+
+    def __init__(self, submodule, events, pending=()):
+        super().__init__(submodule, events)
+        self.stats.budgets_captured = (512, 1024)
+        self.pending = tuple(pending)
+
+    def pending_budgets(self):
+        return self.pending
+
+    def capture_pending(self):
+        self.events.append(("grow", self.stats.submodule, self.hooks.enabled, self.pending))
+        grown, self.pending = self.pending, ()
+        self.stats.budgets_captured = (*self.stats.budgets_captured, *grown)
+        return grown
+
+
+def test_growing_a_ladder_captures_pending_rungs_with_the_pre_hooks_off_and_only_when_asked():
+    events = []
+    hooks = FakePreHooks(events)
+    ladder = FakeLadderHelper("language", events, pending=(2048, 4096))
+    plain = FakeHelper("vision", events)
+    for helper in (ladder, plain):
+        helper.hooks = hooks
+    slots = [GraphSlot(ladder, "language", 0), GraphSlot(plain, "vision", 0)]
+    lifecycle = GraphLifecycle(slots, start_step=0, toggles_pre_hooks=True)
+    assert lifecycle.grow(hooks) == []  # nothing captured yet: a pending ladder waits for its first capture
+    lifecycle.capture(0, hooks)
+    events.clear()
+    grown = lifecycle.grow(hooks)
+    assert grown == [(slots[0], (2048, 4096))]
+    assert events == [("hooks", "off"), ("grow", "language", False, (2048, 4096)), ("hooks", "on")]
+    assert ladder.stats.budgets_captured == (512, 1024, 2048, 4096)
+    events.clear()
+    assert lifecycle.grow(hooks) == [] and events == []  # nothing pending: the pre-hooks are left alone
+
+
+def test_the_capture_summary_names_the_captured_rungs_and_why():
+    events = []
+    helper = FakeLadderHelper("language", events)
+    helper.ladder = SimpleNamespace(budgets=(512, 1024, 2048))
+    helper.stats.budget_source = "the largest micro-batch before capture (900)"
+    text = capture_summary([GraphSlot(helper, "language", 3, phase=Phase.CAPTURED)], step=3, start_step=0)
+    assert "language budgets [512, 1024] of [512, 1024, 2048]: up to the largest micro-batch before capture (900)" in (
+        text
+    )
