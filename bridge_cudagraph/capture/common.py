@@ -463,6 +463,79 @@ def free_for_capture() -> int:
     return max(0, available)
 
 
+class LadderHelper:
+    """What the budgeted helpers (packed language, vision) share about their ladder: which rungs exist, capturing more
+    of them between steps, and the manual hooks that must survive a re-capture.
+
+    A subclass sets ``self.ladder`` (:class:`BudgetLadder`), ``self.stats``, ``self.copies``, ``self.graphs`` and
+    ``self._manual_hooks = False``, and provides ``_capture(rungs, first=...)``, ``delete_cuda_graphs()`` and
+    ``_set_manual_hooks()``.
+
+    Growing re-captures the whole ladder up to the new top, largest first, into a fresh pool, rather than adding the
+    larger rungs to the pool the smaller ones left: their allocations are larger than every block the smaller rungs
+    freed, so the pool would grow by almost a whole rung (seen on the 8B LoRA recipe: 9.4 to 13.2 GiB for one rung
+    of 2048 above 1792) where the re-capture costs the difference alone, and a few seconds once.
+    """
+
+    unit = "tokens"
+
+    def graphs_created(self) -> bool:
+        """Whether any graph of the ladder exists."""
+        return bool(self.graphs)
+
+    def pending_budgets(self) -> tuple[int, ...]:
+        """Rungs a micro-batch above the captured top asked for, to capture before the next step."""
+        return self.ladder.pending() if self.graphs else ()
+
+    def cuda_graph_set_manual_hooks(self) -> None:
+        """Re-create the DDP parameter all-gather pre-hooks that replay bypasses (``overlap_param_gather``); again
+        after a re-capture (:meth:`capture_pending`), which deletes them with the graphs."""
+        self._set_manual_hooks()
+        self._manual_hooks = True
+
+    def capture_pending(self) -> tuple[int, ...]:
+        """Re-capture the ladder up to the largest of :meth:`pending_budgets`, where the new pool fits in what is
+        free now plus the pool it replaces; else refuse those rungs once (logged), and such micro-batches go on
+        running eagerly, counted. Between steps only (the lifecycle calls it before a training step: no micro-batch
+        is in flight, the gradients were consumed, and the capture's warmups write into buffers that are zeroed
+        after). Returns the rungs that are new."""
+        rungs = self.pending_budgets()
+        if not rungs:
+            return ()
+        before, top, new_top = self.ladder.captured, self.ladder.top, rungs[-1]
+        pool = sum(self.stats.per_budget.values())
+        per_unit = self.stats.per_budget.get(top, 0) / top if top else 0
+        need = int(per_unit * new_top * self.copies.count * 1.2)
+        available = free_for_capture() + pool
+        if need > available:
+            self.ladder.refuse()
+            logger.warning(
+                "bridge_cudagraph: %s budgets %s would need about %.1f GiB of graph memory, %.1f GiB is free with "
+                "the graphs they replace; micro-batches above %d %s go on running eagerly (counted)",
+                self.stats.submodule,
+                list(rungs),
+                need / 2**30,
+                available / 2**30,
+                top,
+                self.unit,
+            )
+            return ()
+        hooks = self._manual_hooks
+        late = self.stats.late_captures + len(rungs)
+        self.delete_cuda_graphs()
+        self.stats.per_budget.clear()
+        self.stats.per_budget_live.clear()
+        self.ladder.observe(new_top)
+        self.stats.budget_source = f"{self.ladder.source()}, then a larger one in training ({new_top})"
+        if not self._capture(self.ladder.first_rungs(), first=True):
+            return ()
+        self.copies.reset()
+        self.stats.late_captures = late
+        if hooks:
+            self.cuda_graph_set_manual_hooks()
+        return tuple(b for b in self.ladder.captured if b not in before)
+
+
 def capture_budget_ladder(
     *,
     stats: CaptureStats,

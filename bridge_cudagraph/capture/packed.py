@@ -60,11 +60,11 @@ from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
     GraphCopies,
+    LadderHelper,
     StaticBuffers,
     activation_dtype,
     capture_budget_ladder,
     check_static_inputs,
-    free_for_capture,
     ladder_order_kwargs,
     reset_graph_sets,
     segment_callables,
@@ -210,7 +210,7 @@ def remove_packed_replay(decoder: torch.nn.Module) -> None:
 
 
 # ------------------------------------------------------------------------------------------- helper
-class PackedLanguageGraphHelper:
+class PackedLanguageGraphHelper(LadderHelper):
     """Captures the decoder layers once per token budget for packed micro-batches, and replays them.
 
     Follows megatron-core's ``TECudaGraphHelper`` protocol (``create_cudagraphs``, ``graphs_created``,
@@ -280,6 +280,7 @@ class PackedLanguageGraphHelper:
         self._pools: list = []
         self._statics = [StaticBuffers() for _ in range(self.copies.count)]
         self._fused_grad_params: list[torch.nn.Parameter] = []
+        self._manual_hooks = False
         layers = sum(len(d.layers) for d in self.decoders)
         self.stats = CaptureStats(self.submodule, layers=layers)
         self._warned = set()
@@ -378,43 +379,6 @@ class PackedLanguageGraphHelper:
         self.stats.budget_source = self.ladder.source()
         self._capture(self.ladder.first_rungs(), first=True)
         self.copies.reset()
-
-    def pending_budgets(self) -> tuple[int, ...]:
-        """Rungs a micro-batch above the captured top asked for, to capture before the next step."""
-        return self.ladder.pending() if self.graphs else ()
-
-    def capture_pending(self) -> tuple[int, ...]:
-        """Capture :meth:`pending_budgets` (between steps: the lifecycle calls it before a training step, where no
-        micro-batch is in flight and the gradients were consumed), if the pool's growth fits in free memory; else
-        refuse them once (logged): such micro-batches go on running eagerly, counted. Returns the rungs captured."""
-        rungs = self.pending_budgets()
-        if not rungs:
-            return ()
-        top = self.ladder.top
-        per_token = self.stats.per_budget.get(top, 0) / top if top else 0
-        need = int(per_token * (rungs[-1] - top) * self.copies.count * 1.2)
-        available = free_for_capture()
-        if need > available:
-            self.ladder.refuse()
-            logger.warning(
-                "bridge_cudagraph: language budgets %s would need about %.1f GiB more graph memory, %.1f GiB is "
-                "free; micro-batches above %d tokens go on running eagerly (counted)",
-                list(rungs),
-                need / 2**30,
-                available / 2**30,
-                top,
-            )
-            return ()
-        if not self._capture(rungs, first=False):
-            self.ladder.refuse()
-            return ()
-        self.stats.late_captures += len(rungs)
-        self.copies.reset()
-        return rungs
-
-    def graphs_created(self) -> bool:
-        """Whether any packed graph exists."""
-        return bool(self.graphs)
 
     # ------------------------------------------------------------------ replay
     def _fallback(self, cause: str, detail: str) -> None:
@@ -521,8 +485,7 @@ class PackedLanguageGraphHelper:
         return h
 
     # ------------------------------------------------------------------ lifecycle
-    def cuda_graph_set_manual_hooks(self) -> None:
-        """Re-create the DDP parameter all-gather pre-hooks that replay bypasses (``overlap_param_gather``)."""
+    def _set_manual_hooks(self) -> None:
         for decoder in self.decoders:
             chunk = next(c for c in self.model if any(m is decoder for m in c.modules()))
             for layer in decoder.layers:

@@ -49,10 +49,10 @@ from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
     GraphCopies,
+    LadderHelper,
     StaticBuffers,
     capture_budget_ladder,
     check_static_inputs,
-    free_for_capture,
     ladder_order_kwargs,
     reset_graph_sets,
     segment_callables,
@@ -132,7 +132,7 @@ class GraphSet:
         self.cu_seqlens.copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
 
 
-class VisionGraphHelper:
+class VisionGraphHelper(LadderHelper):
     """Captures the vision layers once per token budget and serves the graphs to the encoder's forward.
 
     Follows megatron-core's ``TECudaGraphHelper`` protocol (``create_cudagraphs``, ``graphs_created``,
@@ -156,6 +156,7 @@ class VisionGraphHelper:
     """
 
     submodule = "vision"
+    unit = "patches"
 
     def __init__(
         self,
@@ -210,6 +211,7 @@ class VisionGraphHelper:
         self._statics = [StaticBuffers() for _ in range(self.copies.count)]
         #: Parameters whose weight gradient TE accumulates into ``main_grad`` inside the graph (see before_replay).
         self._fused_grad_params: list[torch.nn.Parameter] = []
+        self._manual_hooks = False
         self.stats = CaptureStats(self.submodule, layers=len(vision_model.decoder.layers))
         self._warned_fallback = False
         self._warned_no_copy = False
@@ -348,35 +350,6 @@ class VisionGraphHelper:
         self._capture(self.ladder.first_rungs(), first=True)
         self.copies.reset()
 
-    def pending_budgets(self) -> tuple[int, ...]:
-        """Rungs a micro-batch above the captured top asked for, to capture before the next step."""
-        return self.ladder.pending() if self.graphs else ()
-
-    def capture_pending(self) -> tuple[int, ...]:
-        """Capture :meth:`pending_budgets` between steps where the pool's growth fits in free memory; else refuse
-        them once (logged). Returns the rungs captured (see the language helper's method of the same name)."""
-        rungs = self.pending_budgets()
-        if not rungs:
-            return ()
-        top = self.ladder.top
-        per_patch = self.stats.per_budget.get(top, 0) / top if top else 0
-        need = int(per_patch * (rungs[-1] - top) * self.copies.count * 1.2)
-        available = free_for_capture()
-        if need > available or not self._capture(rungs, first=False):
-            self.ladder.refuse()
-            logger.warning(
-                "bridge_cudagraph: vision budgets %s were not captured (about %.1f GiB more graph memory, %.1f GiB "
-                "free); micro-batches above %d patches go on running eagerly (counted)",
-                list(rungs),
-                need / 2**30,
-                available / 2**30,
-                top,
-            )
-            return ()
-        self.stats.late_captures += len(rungs)
-        self.copies.reset()
-        return rungs
-
     def _capture_budget(self, layers: list, budget: int, copy: int, pool, extra_kwargs: dict) -> GraphSet:
         """One set of graphed layers at ``budget`` patches, in ``pool``."""
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -397,13 +370,8 @@ class VisionGraphHelper:
             )
         return GraphSet(list(graphed), rotary, cu, segments=self.segments)
 
-    def graphs_created(self) -> bool:
-        """Whether any vision graph exists."""
-        return bool(self.graphs)
-
-    def cuda_graph_set_manual_hooks(self) -> None:
-        """Re-create the DDP parameter all-gather pre-hooks that graph replay bypasses (overlap_param_gather):
-        the encoder runs them before each layer's replay. Upstream's vision helper makes this a no-op."""
+    def _set_manual_hooks(self) -> None:
+        # The encoder runs them before each layer's replay; upstream's vision helper makes this a no-op.
         chunk = next(c for c in self.model if _contains(c, self.vision_model))
         for layer in self.vision_model.decoder.layers:
             layer.setup_manual_hooks(chunk._make_forward_pre_hook)

@@ -275,8 +275,8 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     figure). Then micro-batches replay in an order unlike the capture order (largest first), interleaved with eager
     ones (above the captured top, and with more sequences than the graphs hold), each bit-exact against the plugin's
     model with graphs off and Bridge's unmodified model (deterministic kernels; else within the eager floor). The rung
-    the larger micro-batch asked for is captured between "steps" (:meth:`capture_pending`), into the same pool, and
-    replays exactly too; the earlier rungs still do after it."""
+    the larger micro-batch asked for is captured between "steps" (:meth:`capture_pending`: the ladder re-captured up to
+    the new top into one pool), and replays exactly too; the earlier rungs still do after it."""
     from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
     from bridge_cudagraph.examples import tiny
@@ -345,6 +345,9 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     assert grown and grown[-1] == layout.budget_for(batches["T_4096"]["input_ids"].numel(), MBS), grown
     assert stats.late_captures == len(grown) and not helper.pending_budgets()
     record(case="ladder grown", grown=list(grown), per_budget=dict(stats.per_budget), graphs=stats.graphs)
+    # Grown by a re-capture up to the new top, largest first: one pool of about one rung again.
+    assert stats.budgets_captured == budgets and stats.failed is None
+    assert sum(stats.per_budget.values()) <= 1.25 * stats.per_budget[budgets[-1]], stats.per_budget
     for name in ("T_4096", "T_2816", "T_1280", "T_2048", "T_4096"):
         check(name, True)
     assert_captured(stats)

@@ -190,3 +190,68 @@ def test_a_later_capture_that_fails_keeps_the_graphs_and_a_first_one_leaves_the_
     assert "out of memory" in first.failed
     with pytest.raises(RuntimeError, match="out of memory"):
         capture_budget_ladder(stats=first, layers=[layer], on_capture_error="raise", ladder_rungs=2, **kwargs)
+
+
+class _Ladder:
+    """A budgeted helper reduced to what :class:`LadderHelper` reads: its capture records rungs, its delete forgets
+    them (the GPU tests run the real helpers)."""
+
+    def __new__(cls, budgets, captured, per_unit):
+        from bridge_cudagraph.capture.common import BudgetLadder, CaptureStats, GraphCopies, LadderHelper
+
+        class Helper(LadderHelper):
+            def __init__(self):
+                self.ladder = BudgetLadder(budgets)
+                self.stats = CaptureStats("language")
+                self.copies = GraphCopies(1)
+                self.graphs = {}
+                self._manual_hooks = False
+                self.events = []
+                self._capture(captured, first=True)
+
+            def _capture(self, rungs, *, first):
+                self.events.append(("capture", tuple(rungs), first))
+                self.graphs = {b: [object()] for b in rungs}
+                self.stats.per_budget = {b: (per_unit * b if b == max(rungs) else 0) for b in rungs}
+                self.ladder.add(rungs)
+                self.stats.budgets_captured = self.ladder.captured
+                return True
+
+            def delete_cuda_graphs(self):
+                self.events.append(("delete",))
+                self.graphs = {}
+                self.ladder.reset()
+
+            def _set_manual_hooks(self):
+                self.events.append(("hooks",))
+
+        return Helper()
+
+
+def test_growing_recaptures_the_ladder_up_to_the_new_top_and_sets_the_hooks_again(monkeypatch):
+    import bridge_cudagraph.capture.common as common
+
+    monkeypatch.setattr(common, "free_for_capture", lambda: 10_000)
+    helper = _Ladder([512, 1024, 2048, 4096], (512, 1024), per_unit=1)
+    helper.cuda_graph_set_manual_hooks()
+    assert helper.capture_pending() == ()  # nothing asked for
+    helper.ladder.want(4096)
+    helper.events.clear()
+    assert helper.capture_pending() == (2048, 4096)
+    assert helper.events == [("delete",), ("capture", (512, 1024, 2048, 4096), True), ("hooks",)]
+    assert helper.stats.late_captures == 2 and helper.pending_budgets() == ()
+    assert "then a larger one in training (4096)" in helper.stats.budget_source
+
+
+def test_growing_that_does_not_fit_is_refused_once_and_keeps_the_graphs(monkeypatch, caplog):
+    import bridge_cudagraph.capture.common as common
+
+    monkeypatch.setattr(common, "free_for_capture", lambda: 100)
+    helper = _Ladder([512, 1024, 2048, 4096], (512, 1024), per_unit=1)
+    helper.ladder.want(4096)  # needs 1.2 x 4096 with 1024 of it the pool it replaces: more than 100 + 1024
+    helper.events.clear()
+    assert helper.capture_pending() == ()
+    assert helper.events == [] and helper.ladder.captured == (512, 1024)
+    assert "go on running eagerly" in caplog.text
+    helper.ladder.want(4096)
+    assert helper.pending_budgets() == ()  # refused once, not asked for again
