@@ -214,17 +214,21 @@ def _compare(a: dict[int, float], b: dict[int, float], name: str):
 
 
 def _checkpoint_keys(directory: Path) -> dict[str, list[str]]:
-    """Keys of a torch_dist checkpoint: the sharded ones (``.metadata``) and the common ones (``common.pt``)."""
+    """Keys of a torch_dist checkpoint: the sharded ones (``.metadata``) and the common ones (``common.pt``).
+
+    megatron-core writes ``common.pt`` into every torch_dist checkpoint; one that is missing or that this process
+    cannot read fails here, naming the file and the error. (It used to become the same placeholder on both sides of a
+    comparison, so two unreadable files compared equal.)"""
     import torch
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = {"sharded": sorted(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)}
     common = directory / "common.pt"
-    if common.exists():
-        try:
-            keys["common"] = sorted(torch.load(common, map_location="cpu", weights_only=False))
-        except Exception as error:  # pickled objects this process cannot rebuild: the sharded keys still compare
-            keys["common"] = [f"<unreadable: {type(error).__name__}>"]
+    assert common.is_file(), f"{common} is missing: the checkpoint is incomplete"
+    try:
+        keys["common"] = sorted(torch.load(common, map_location="cpu", weights_only=False))
+    except Exception as error:
+        raise AssertionError(f"{common} is unreadable: {type(error).__name__}: {error}") from error
     return keys
 
 
