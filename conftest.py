@@ -3,7 +3,8 @@
 Markers: ``gpu`` tests need a CUDA device and are skipped with a reason elsewhere (CI has none).
 
 And a recorder: ``record(**row)`` keeps a row under the test's name; with ``BRIDGE_CUDAGRAPH_RESULTS`` set to a JSON
-path, the rows are written there at the end with the date, versions and command (how ``results/`` is made).
+path, the rows are written there at the end with the date, versions, command and the environment settings that change
+what runs (``NVTE_*``, ``NCCL_*``, ``BRIDGE_CUDAGRAPH_*``, ...: pytest's own arguments alone lost them in runs 14-25).
 
 And ``world``: one pure-M4 world per GPU test session, shared by the GPU tests and the benchmark's short run (one
 NCCL world per process: two session fixtures would each try to start one).
@@ -19,6 +20,8 @@ import time
 import pytest
 
 _RECORDS: list[dict] = []
+#: Environment variables a record keeps (their names start so): the settings that change what a run computes.
+_RECORDED_ENV = ("NVTE_", "NCCL_", "BRIDGE_CUDAGRAPH_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")
 
 
 def _cuda_available() -> bool:
@@ -87,6 +90,7 @@ def pytest_sessionfinish(session, exitstatus):
         "command": os.environ.get(
             "BRIDGE_CUDAGRAPH_COMMAND", " ".join(["pytest", *map(str, session.config.invocation_params.args)])
         ),
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_RECORDED_ENV)},
         "exitstatus": int(exitstatus),
     }
     with open(path, "w") as f:

@@ -88,6 +88,34 @@ def bridge_builds_language_helper_by_name() -> bool:
     return "TECudaGraphHelper(" in source
 
 
+#: The fields of megatron-core 0.19.2's ``ProcessGroupCollection`` that name a GTP_remat group, each with the field
+#: whose very group it is while GTP_remat is off (``gtp_weight_remat_size`` and ``expert_gtp_weight_remat_size`` 1):
+#: ``parallel_state`` aliases them then (``parallel_state.py:1105-1108``, ``:1531``; the expert ``tp-ep-gtp_remat-pp``
+#: groups reduce to ``tp-ep-pp``, ``:1413-1427``). Megatron-Bridge 0.6.2's ``_create_pg_collection``
+#: (``training/initialize.py:534-555``), which builds the collection of ``dist.use_decentralized_pg=true``, sets none.
+GTP_REMAT_ALIASES = {
+    "dp_cp_gtp_remat": "dp_cp",
+    "expt_dp_gtp_remat": "expt_dp",
+    "tp_ep_pp_with_egtp_remat": "tp_ep_pp",
+}
+
+
+@functools.cache
+def collection_declares_gtp_remat_groups() -> bool:
+    """megatron-core 0.19.2 declares every field of :data:`GTP_REMAT_ALIASES` on ``ProcessGroupCollection`` (an unset
+    one reads as ``None``, its ``__getattr__``) and reads them where the host falls back to ``parallel_state`` on
+    ``None``: ``MoEMetricsTracker._sync_metrics`` (``moe_logging.py:255-268``, called by Bridge's ``training_log``
+    for every MoE model) asks for ``dp_cp_gtp_remat`` and, without it, for
+    ``parallel_state.get_data_parallel_group``, which asserts under pure M4. A core without these fields reads none
+    of them: :func:`bridge_cudagraph.host_patches.complete_bridge_collection` then changes nothing."""
+    import dataclasses
+
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    declared = {f.name for f in dataclasses.fields(ProcessGroupCollection)}
+    return all(name in declared and target in declared for name, target in GTP_REMAT_ALIASES.items())
+
+
 def init_signature(cls: type) -> inspect.Signature:
     """The signature of ``cls.__init__``, as Bridge's ``"pg_collection" in inspect.signature(...)`` probe sees it
     (megatron-core >= 0.17 adds ``pg_collection``, see :func:`helper_accepts_pg_collection`)."""

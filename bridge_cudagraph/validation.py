@@ -79,7 +79,8 @@ def packing_facts(config: Any) -> PackingFacts | None:
 
 def check_run(config: Any) -> PackingFacts | None:
     """Check a Bridge ``ConfigContainer`` whose model carries a ``cuda_graph`` block with graphs on; returns how its
-    data path packs (for the plan), None when it pads."""
+    data path packs (for the plan), None when it pads. :func:`check_decentralized` runs first, graphs or not."""
+    check_decentralized(config)
     model = config.model
     cg = getattr(model, "cuda_graph", None)
     if cg is None or not cg.any_enabled:
@@ -125,6 +126,44 @@ def check_run(config: Any) -> PackingFacts | None:
             "model.seq_length; make them equal"
         )
     return packing
+
+
+def check_decentralized(config: Any) -> None:
+    """Under pure M4 (``dist.use_decentralized_pg=true``, every example recipe) ``parallel_state`` is never
+    initialised; refuse the settings whose host paths still read it, graphs or not (issue #35's sweep of
+    megatron-core 0.19.2 and Bridge 0.6.2; MoE metric logging is completed instead, ``host_patches``):
+
+    * ``model.mtp_num_layers``: multi-token prediction asks ``parallel_state`` for its stage and its loss-averaging
+      group (``multi_token_prediction.py:635-654``, ``:707``, ``:873``);
+    * ``dist.distributed_timeout_seconds_after_init``: Bridge applies it to ``parallel_state``'s list of groups
+      (``train.py:395-398``, ``update_pg_timeout``), empty under pure M4: no group would get the timeout;
+    * GTP_remat above 1: Bridge builds no GTP_remat group (``initialize.py:534-555``) and ``finalize_model_grads``
+      takes them from ``parallel_state`` (``finalize_model_grads.py:513``).
+    """
+    dist = getattr(config, "dist", None)
+    if not getattr(dist, "use_decentralized_pg", False):
+        return
+    model, why = config.model, "with dist.use_decentralized_pg=true (no parallel_state groups): "
+    mtp = getattr(model, "mtp_num_layers", None)
+    if mtp:
+        raise CudaGraphConfigError(
+            f"model.mtp_num_layers={mtp} {why}megatron-core's multi-token prediction reads parallel_state's "
+            "pipeline stage and data-parallel group; set model.mtp_num_layers=null or dist.use_decentralized_pg=false"
+        )
+    timeout = getattr(dist, "distributed_timeout_seconds_after_init", None)
+    if timeout is not None:
+        raise CudaGraphConfigError(
+            f"dist.distributed_timeout_seconds_after_init={timeout} {why}Bridge applies it to parallel_state's group "
+            "list, which is empty, so no group would get it; set it to null or dist.use_decentralized_pg=false"
+        )
+    for prefix in ("", "expert_"):
+        size = getattr(model, f"{prefix}gtp_weight_remat_size", 1) or 1
+        if size > 1:
+            raise CudaGraphConfigError(
+                f"model.{prefix}gtp_weight_remat_size={size} {why}Bridge builds no GTP_remat groups and megatron-core "
+                f"reduces the gradients over parallel_state's; set model.{prefix}tensor_parallel_num_weight_shards "
+                "to null (GTP_remat 1) or dist.use_decentralized_pg=false"
+            )
 
 
 def check_offline_packing(config: Any) -> None:

@@ -16,6 +16,9 @@ because importing ``megatron.bridge.recipes`` needs ``diffusers``) on the tiny m
 * micro-batch 2 (Bridge refuses in-batch packing at micro-batch 1), global batch 2, 20 iterations, evaluation
   every 10 for 2, no checkpoint loaded or saved (``checkpoint.save=...`` to save).
 
+``tiny_qwen3_vl_moe_photos_config()`` is the same with the MoE tiny Qwen3-VL on padded rows
+(``recipes/tiny_qwen3_vl_moe_photos.yaml``).
+
 Both folders are built when the function runs, under ``$BRIDGE_CUDAGRAPH_CACHE`` (default: a fixed folder in the
 system temp dir), each named by a hash of its content and reused when present: every rank builds the same
 bytes, and a second run builds nothing. Needs scikit-image, ``datasets`` and ``qwen_vl_utils`` (Bridge's Qwen-VL
@@ -33,7 +36,14 @@ from bridge_cudagraph.examples.processor import ProcessorFolder, build_processor
 from bridge_cudagraph.examples.tiny import TINY_VOCAB, tiny_qwen3_vl_provider
 from bridge_cudagraph.examples.tiny_recipe import example_config
 
-__all__ = ["CACHE_ENV", "build_photo_data", "cache_dir", "photo_dataset_config", "tiny_qwen3_vl_photos_config"]
+__all__ = [
+    "CACHE_ENV",
+    "build_photo_data",
+    "cache_dir",
+    "photo_dataset_config",
+    "tiny_qwen3_vl_moe_photos_config",
+    "tiny_qwen3_vl_photos_config",
+]
 
 #: Environment variable naming the folder the photo set and the processor are built into.
 CACHE_ENV = "BRIDGE_CUDAGRAPH_CACHE"
@@ -57,8 +67,12 @@ def build_photo_data(root: str | os.PathLike[str] | None = None, spec: PhotoSetS
     return photos, processor
 
 
-def photo_dataset_config(photos: str | os.PathLike[str], processor: ProcessorFolder, seq_length: int):
-    """Bridge's ``DirectHFSFTDatasetConfig`` over the local photo set, as Bridge's Qwen3-VL recipes configure it."""
+def photo_dataset_config(
+    photos: str | os.PathLike[str], processor: ProcessorFolder, seq_length: int, *, packed: bool = True
+):
+    """Bridge's ``DirectHFSFTDatasetConfig`` over the local photo set, as Bridge's Qwen3-VL recipes configure it
+    (``packed``: in-batch packing deferred to the step); ``packed=False`` pads every row to ``seq_length`` instead,
+    Bridge's data path without packing (what language graphs of an MoE model replay)."""
     from megatron.bridge.data.builders import (
         ChatSFTPreprocessingConfig,
         DirectHFSFTDatasetConfig,
@@ -80,8 +94,9 @@ def photo_dataset_config(photos: str | os.PathLike[str], processor: ProcessorFol
         data_sharding=True,
         pin_memory=True,
         persistent_workers=False,
-        enable_in_batch_packing=True,
-        defer_in_batch_packing_to_step=True,
+        enable_in_batch_packing=packed,
+        defer_in_batch_packing_to_step=packed,
+        pad_to_max_length=not packed,
     )
 
 
@@ -96,12 +111,27 @@ def tiny_qwen3_vl_photos_config(
         seed: Seed of the model initialisation (``rng.seed``); the photo set has its own (:class:`PhotoSetSpec`).
         cache: Where the photo set and the processor are built; default :func:`cache_dir`.
     """
+    return _photos_config(moe=False, train_iters=train_iters, seq_length=seq_length, seed=seed, cache=cache)
+
+
+def tiny_qwen3_vl_moe_photos_config(
+    *, train_iters: int = 20, seq_length: int = 2048, seed: int = 1234, cache: str | os.PathLike[str] | None = None
+):
+    """:func:`tiny_qwen3_vl_photos_config` with the MoE tiny Qwen3-VL (4 experts, top 2, the alltoall dispatcher,
+    aux-loss balancing) and every row padded to ``seq_length`` (``recipes/tiny_qwen3_vl_moe_photos.yaml``): graphs of
+    an MoE model's attention, router and dispatch preprocess replay padded micro-batches, not packed ones. Pure M4
+    like every example, so Bridge logs its MoE metrics on its decentralized collection (issue #35)."""
+    return _photos_config(moe=True, train_iters=train_iters, seq_length=seq_length, seed=seed, cache=cache)
+
+
+def _photos_config(*, moe: bool, train_iters: int, seq_length: int, seed: int, cache: str | os.PathLike[str] | None):
     from megatron.bridge.training.config import TokenizerConfig
 
     photos, processor = build_photo_data(cache)
     if processor.vocab_size > TINY_VOCAB:
         raise ValueError(f"the processor has {processor.vocab_size} tokens, more than the tiny model's {TINY_VOCAB}")
     model = tiny_qwen3_vl_provider(
+        moe=moe,
         seq_length=seq_length,
         language_max_sequence_length=seq_length,
         image_token_id=processor.image_token_id,
@@ -111,7 +141,7 @@ def tiny_qwen3_vl_photos_config(
     )
     return example_config(
         model=model,
-        dataset=photo_dataset_config(photos, processor, seq_length),
+        dataset=photo_dataset_config(photos, processor, seq_length, packed=not moe),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=TINY_VOCAB),
         micro_batch_size=2,
         global_batch_size=2,

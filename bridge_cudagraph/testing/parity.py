@@ -158,7 +158,12 @@ def assert_captured(stats, *, where: str = "") -> None:
 
 @dataclass
 class Diff:
-    """How far two runs are apart."""
+    """How far two runs are apart.
+
+    A parameter with a gradient on one side only is a mismatch (``grad_missing``: never ``exact`` nor within any
+    bound); one with no gradient on either side is reported (``grad_absent``) and compared no further. Both used to
+    become zeros and compare "exact".
+    """
 
     loss_max_abs: float
     loss_rel_l2: float
@@ -166,20 +171,27 @@ class Diff:
     grad_max_rel_l2: float = 0.0
     grad_exact_fraction: float = 1.0
     grad_worst: str = ""
+    grad_missing: tuple[str, ...] = ()
+    """Parameters with a gradient on one side only, as ``"name (graphed only)"`` or ``"name (reference only)"``."""
+    grad_absent: tuple[str, ...] = ()
+    """Parameters that require a gradient and got none on either side."""
 
     @property
     def exact(self) -> bool:
-        """Per-token loss and every gradient bit-identical."""
-        return self.loss_exact and self.grad_exact_fraction == 1.0
+        """Per-token loss and every gradient bit-identical, no gradient on one side only."""
+        return self.loss_exact and self.grad_exact_fraction == 1.0 and not self.grad_missing
 
     def within_bound(self, loss_bound: float = LOSS_BOUND, grad_bound: float = GRAD_BOUND) -> bool:
-        """DESIGN.md's parity bound (or the given ones); False on any NaN (NaN compares False)."""
-        return self.loss_max_abs <= loss_bound and self.grad_max_rel_l2 <= grad_bound
+        """DESIGN.md's parity bound (or the given ones); False on any NaN (NaN compares False) and on a gradient
+        missing on one side."""
+        return self.loss_max_abs <= loss_bound and self.grad_max_rel_l2 <= grad_bound and not self.grad_missing
 
     def require_exact(self, what: str = "") -> None:
-        """Raise ``AssertionError`` unless the loss and every gradient are bit-identical."""
+        """Raise ``AssertionError`` unless the loss and every gradient are bit-identical (a gradient on one side only
+        is named first)."""
         if not self.exact:
-            raise AssertionError(f"{what}: not bit-identical: {self}")
+            missing = f"gradient on one side only: {list(self.grad_missing)}; " if self.grad_missing else ""
+            raise AssertionError(f"{what}: not bit-identical: {missing}{self}")
 
     def as_dict(self) -> dict:
         """For JSON."""
@@ -203,21 +215,39 @@ def masked_mean(loss: torch.Tensor, batch: dict) -> torch.Tensor:
     return (loss * mask).sum() / mask.sum().clamp(min=1)
 
 
-def loss_and_grads(model: list[torch.nn.Module], batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One forward/backward from zeroed gradient buffers; the per-token loss and every parameter's gradient."""
+def loss_and_grads(model: list[torch.nn.Module], batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+    """One forward/backward from zeroed gradient buffers; the per-token loss and every trainable parameter's
+    gradient (``main_grad`` where DDP keeps one, else ``.grad``), ``None`` for a parameter that has neither: a
+    missing gradient stays visible to :func:`diff` instead of becoming zeros. (A DDP buffer is zeroed, not absent,
+    so under DDP a parameter the backward never reached reads as zeros: that case only a value check can see.)"""
     for chunk in model:
         chunk.zero_grad_buffer()
     loss = per_token_loss(model, batch)
     masked_mean(loss, batch).backward()
-    grads = {}
+    grads: dict[str, torch.Tensor | None] = {}
     for name, p in model[0].named_parameters():
         if not p.requires_grad:
             continue
         g = getattr(p, "main_grad", None)
         if g is None:
             g = p.grad
-        grads[name] = torch.zeros_like(p, dtype=torch.float32) if g is None else g.detach().float().clone()
+        grads[name] = None if g is None else g.detach().float().clone()
     return loss.detach(), grads
+
+
+def grads_differ(a: Mapping[str, torch.Tensor | None], b: Mapping[str, torch.Tensor | None]) -> list[str]:
+    """Names (of ``b``'s parameters) whose gradient differs bitwise, or exists on one side only."""
+    out = []
+    for name, gb in b.items():
+        ga = a.get(name)
+        if (ga is None) != (gb is None) or (ga is not None and not torch.equal(ga, gb)):
+            out.append(name)
+    return out
+
+
+def nonfinite_grads(grads: Mapping[str, torch.Tensor | None]) -> list[str]:
+    """Names whose gradient holds a NaN or an infinity (a missing gradient is not one: see :func:`diff`)."""
+    return [name for name, g in grads.items() if g is not None and not bool(torch.isfinite(g).all())]
 
 
 def diff_losses(a: torch.Tensor, b: torch.Tensor) -> Diff:
@@ -232,16 +262,29 @@ def diff_losses(a: torch.Tensor, b: torch.Tensor) -> Diff:
 
 
 def diff(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> Diff:
-    """Compare ``loss_and_grads`` outputs of the graphed run ``a`` against the reference ``b``."""
+    """Compare ``loss_and_grads`` outputs of the graphed run ``a`` against the reference ``b``.
+
+    A gradient (``None`` in :func:`loss_and_grads`) missing on one side is listed in ``grad_missing`` and counts as
+    not exact; missing on both it is listed in ``grad_absent`` and left out of ``grad_exact_fraction``."""
     out = diff_losses(a[0], b[0])
     if set(a[1]) != set(b[1]):
         raise AssertionError(f"parameter names differ: {sorted(set(a[1]) ^ set(b[1]))[:5]}")
-    exact, worst, worst_name = 0, 0.0, ""
+    exact, compared, worst, worst_name = 0, 0, 0.0, ""
+    missing, absent = [], []
     for name, gb in b[1].items():
         ga = a[1][name]
+        if ga is None or gb is None:
+            if ga is None and gb is None:
+                absent.append(name)
+            else:
+                missing.append(f"{name} ({'reference' if ga is None else 'graphed'} only)")
+                compared += 1
+            continue
+        compared += 1
         if not (torch.isfinite(ga).all() and torch.isfinite(gb).all()):
-            worst, worst_name = math.nan, f"{name} (not finite)"
-            break
+            if not math.isnan(worst):  # the first one is named; the walk goes on for the missing gradients
+                worst, worst_name = math.nan, f"{name} (not finite)"
+            continue
         if torch.equal(ga, gb):
             exact += 1
             continue
@@ -249,8 +292,9 @@ def diff(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> Diff:
         if rel > worst:
             worst, worst_name = rel, name
     out.grad_max_rel_l2 = worst
-    out.grad_exact_fraction = exact / max(1, len(b[1]))
+    out.grad_exact_fraction = exact / max(1, compared)
     out.grad_worst = worst_name
+    out.grad_missing, out.grad_absent = tuple(missing), tuple(absent)
     return out
 
 

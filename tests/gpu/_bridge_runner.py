@@ -6,16 +6,16 @@ its globals once per process::
 
     python -m torch.distributed.run --standalone --nproc_per_node 1 tests/gpu/_bridge_runner.py \\
         --out run.json --graphs on --save DIR --save-interval 30 [--load DIR --ckpt-step 30] \\
-        [--end normal|exception|signal --end-at 6] [--no-eval]
+        [--end normal|exception|signal --end-at 6] [--no-eval] [--recipe recipes/OTHER.yaml]
 
-It loads ``recipes/tiny_qwen3_vl.yaml`` with :func:`bridge_cudagraph.recipe.load_recipe` (``--graphs off`` adds the
-overrides that disable both submodules) and trains through :func:`bridge_cudagraph.train.run`, as the CLI's
-``train`` verb does. It rewrites ``--out`` (JSON) after every training step, so a crash still leaves what ran:
-its pid, per-iteration loss, step time and wall-clock time, evaluation losses, what the ``CudaGraphCallback``
-captured, the initial weights' fingerprint, when training ended (the test times the exit from there) and whether
-``parallel_state`` was touched. A ``finally`` around ``run()`` writes the last word: how ``run()`` ended
-(``outcome``), the graphs' final phases and the callback's ``releases`` (who deleted the graphs, and whether the
-process groups were still up then).
+It loads ``recipes/tiny_qwen3_vl.yaml`` (or the ``--recipe`` file) with :func:`bridge_cudagraph.recipe.load_recipe`
+(``--graphs off`` adds the overrides that disable both submodules) and trains through
+:func:`bridge_cudagraph.train.run`, as the CLI's ``train`` verb does. It rewrites ``--out`` (JSON) after every
+training step, so a crash still leaves what ran: its pid, per-iteration loss, step time and wall-clock time,
+evaluation losses, what the ``CudaGraphCallback`` captured, the initial weights' fingerprint, when training ended
+(the test times the exit from there) and whether ``parallel_state`` was touched. A ``finally`` around ``run()``
+writes the last word: how ``run()`` ended (``outcome``), the graphs' final phases and the callback's ``releases``
+(who deleted the graphs, and whether the process groups were still up then).
 
 How it ends (``--end``, for the teardown test):
 
@@ -57,6 +57,7 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--signal-wait", type=float, default=120.0, help="--end signal: longest wait for the signal (s)")
     p.add_argument("--no-eval", action="store_true", help="no evaluation, during or after training")
     p.add_argument("--override", action="append", default=[], help="one more recipe override, key=value")
+    p.add_argument("--recipe", default=str(RECIPE), help="recipe file (default recipes/tiny_qwen3_vl.yaml)")
     args = p.parse_args(argv)
     if args.end != "normal" and args.end_at is None:
         p.error(f"--end {args.end} needs --end-at")
@@ -64,7 +65,7 @@ def _args(argv=None) -> argparse.Namespace:
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    """The run's settings as command-line overrides of ``recipes/tiny_qwen3_vl.yaml`` (what a user would type)."""
+    """The run's settings as command-line overrides of the recipe file (what a user would type)."""
     out = [f"train.train_iters={args.iters}", f"checkpoint.save={args.save or 'null'}"]
     if args.save_interval is not None:
         out.append(f"checkpoint.save_interval={args.save_interval}")
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     recorder.data["launch_time"] = time.time()
     recorder.flush()  # the pid, early: a test that must kill a hung run finds the worker by it
     # The CLI's path: ``bridge-cudagraph train recipes/tiny_qwen3_vl.yaml k=v ...`` loads the same way.
-    loaded = load_recipe(RECIPE, overrides(args))
+    loaded = load_recipe(args.recipe, overrides(args))
     recorder.data["overrides"] = list(loaded.overrides)
     outcome: dict = {"kind": "returned"}
     try:

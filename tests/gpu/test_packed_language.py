@@ -98,13 +98,17 @@ def _models(world, seq: int = SEQ, fused: bool = False):
 def _assert_match(a, b, what: str, floor: float | None) -> None:
     import torch
 
+    from bridge_cudagraph.testing.parity import grads_differ, nonfinite_grads
+
     la, ga = a
     lb, gb = b
-    for name, t in [("loss", la), *ga.items()]:
-        assert torch.isfinite(t).all(), f"{what}: non-finite {name}"
+    assert torch.isfinite(la).all(), f"{what}: non-finite loss"
+    assert not nonfinite_grads(ga), f"{what}: non-finite gradients {nonfinite_grads(ga)[:3]}"
+    one_side = [n for n in gb if (ga.get(n) is None) != (gb[n] is None)]
+    assert not one_side, f"{what}: a gradient on one side only: {one_side[:3]}"
     if DETERMINISTIC:
         assert torch.equal(la, lb), f"{what}: per-token loss differs, max {float((la - lb).abs().max())}"
-        bad = [n for n in gb if not torch.equal(ga[n], gb[n])]
+        bad = grads_differ(ga, gb)
         assert not bad, f"{what}: {len(bad)} gradients differ, e.g. {bad[:3]}"
         return
     d = float((la - lb).abs().max())

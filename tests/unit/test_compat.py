@@ -30,3 +30,18 @@ def test_every_probe_has_a_caller():
     ]
     unused = [n for n in names if not any(n in text for text in sources)]
     assert not unused, f"compat probes without a caller: {unused}"
+
+
+def test_gtp_remat_probe_matches_the_installed_collection():
+    """The probe says whether megatron-core declares the GTP_remat fields, and Bridge's decentralized builder (the one
+    the probe's patch completes) sets none of them: if a Bridge release starts to, the patch has nothing left to do."""
+    import dataclasses
+
+    from megatron.bridge.training import initialize
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    declared = {f.name for f in dataclasses.fields(ProcessGroupCollection)}
+    assert compat.collection_declares_gtp_remat_groups() == all(n in declared for n in compat.GTP_REMAT_ALIASES)
+    assert compat.collection_declares_gtp_remat_groups()  # megatron-core 0.19.2 (TESTED_STACK)
+    source = inspect.getsource(initialize._create_pg_collection)
+    assert not [n for n in compat.GTP_REMAT_ALIASES if f"{n}=" in source], "Bridge now sets a GTP_remat group"

@@ -26,3 +26,20 @@ def test_recipe_packs_as_bridges_qwen3_vl_recipes_and_plans(tmp_path, monkeypatc
     assert packed.separate_padded and packed.copies == 1
     assert plan.vision is not None and plan.vision.max_patches_per_image == 3920
     assert plan.vision.token_budgets == (1024, 2048, 4096, 8192)
+
+
+def test_the_moe_recipe_pads_and_plans_the_router_and_preprocess_graphs(tmp_path, monkeypatch):
+    """``recipes/tiny_qwen3_vl_moe_photos.yaml``, what the issue-#35 GPU test trains: the MoE tiny Qwen3-VL, pure M4,
+    the same photo data path with every row padded (MoE language graphs replay padded micro-batches only)."""
+    from bridge_cudagraph.providers import CudaGraphQwen3VLMoEModelProvider
+
+    monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
+    loaded = load_recipe(YAML.with_name("tiny_qwen3_vl_moe_photos.yaml"))
+    cfg = loaded.config
+    assert isinstance(cfg.model, CudaGraphQwen3VLMoEModelProvider) and cfg.model.num_moe_experts == 4
+    assert cfg.dist.use_decentralized_pg and cfg.logger.log_interval == 1
+    assert not cfg.dataset.enable_in_batch_packing and cfg.dataset.pad_to_max_length
+    assert cfg.dataset.source.schema_adapter == "cord_v2" and cfg.model.seq_length == cfg.dataset.seq_length == 2048
+    plan = plan_recipe(loaded)
+    assert plan.language.packed is None and plan.language.modules == ("attn", "moe_router", "moe_preprocess")
+    assert plan.vision is not None and plan.vision.token_budgets == (1024, 2048, 4096, 8192)

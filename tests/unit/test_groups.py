@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 import re
 import traceback
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _dist import bridge_collection as _bridge_collection
+from _dist import no_parallel_state as _no_parallel_state
 from _dist import run_world
+from _dist import tripwire as _tripwire
 
 pytestmark = pytest.mark.slow
 
@@ -68,40 +70,6 @@ def _assert_parallel_state_untouched(before: dict[str, Any]) -> None:
         if "GROUP" in key and not isinstance(value, dict):
             assert value is None, f"parallel_state.{key} is {value!r}"
     assert ps._HYBRID_DP_CP_GROUPS == {}
-
-
-@contextmanager
-def _tripwire(module: Any, names: list[str]):
-    """Make ``module.<name>`` raise for the duration, to prove a code path never calls it."""
-    saved = {n: getattr(module, n) for n in names}
-
-    def trip(name: str):
-        def raiser(*args: Any, **kwargs: Any) -> None:
-            raise AssertionError(f"{module.__name__}.{name} was called")
-
-        return raiser
-
-    for n in names:
-        setattr(module, n, trip(n))
-    try:
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(module, n, fn)
-
-
-def _no_parallel_state():
-    from megatron.core import parallel_state as ps
-
-    names = [
-        n
-        for n, v in vars(ps).items()
-        if callable(v)
-        and getattr(v, "__module__", None) == ps.__name__
-        and not isinstance(v, type)
-        and n.startswith(("get_", "set_", "initialize_", "destroy_", "model_parallel_is_initialized", "is_"))
-    ]
-    return _tripwire(ps, names)
 
 
 def _check_collection(rank: int, pgc: Any, layout: Any) -> None:
@@ -179,32 +147,6 @@ def _case_bad_layout(rank: int, world: int, lang: dict[str, Any], vis: dict[str,
     # The language layout is valid, the vision one is not: nothing at all may be created.
     with _tripwire(dist, ["new_group", "new_subgroups_by_enumeration"]), pytest.raises(LayoutError, match="vision tp"):
         build_collections(ParallelLayout(**lang), VisionLayout(**vis), backend="gloo")
-
-
-def _bridge_collection(lang: dict[str, Any]) -> Any:
-    """The collection Bridge builds with ``dist.use_decentralized_pg=True``, its NCCL backend swapped for gloo."""
-    import torch.distributed as dist
-    from megatron.bridge.training.initialize import _create_pg_collection
-
-    real = dist.new_subgroups_by_enumeration
-
-    def gloo_subgroups(*args: Any, **kwargs: Any) -> Any:
-        kwargs["backend"] = "gloo"
-        return real(*args, **kwargs)
-
-    config = SimpleNamespace(
-        tensor_model_parallel_size=lang.get("tp", 1),
-        pipeline_model_parallel_size=lang.get("pp", 1),
-        context_parallel_size=lang.get("cp", 1),
-        expert_model_parallel_size=lang.get("ep", 1),
-        expert_tensor_parallel_size=lang.get("etp"),
-        hierarchical_context_parallel_sizes=None,
-    )
-    dist.new_subgroups_by_enumeration = gloo_subgroups
-    try:
-        return _create_pg_collection(config, num_distributed_optimizer_instances=1)
-    finally:
-        dist.new_subgroups_by_enumeration = real
 
 
 def _case_derive_bridge(rank: int, world: int, lang: dict[str, Any], vis: dict[str, Any] | None) -> None:

@@ -1,5 +1,6 @@
 """The parity helpers cannot be fooled: a NaN or inf on either side fails, a missing step fails, a real
-difference is reported, and a capture that fell back to eager is not "captured"."""
+difference is reported, a gradient on one side only is a mismatch (and none on either side is reported), and a
+capture that fell back to eager is not "captured"."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from bridge_cudagraph.testing.parity import (
     capture_problems,
     compare_series,
     diff,
+    grads_differ,
+    loss_and_grads,
     noise_floor,
+    nonfinite_grads,
 )
 
 pytestmark = pytest.mark.fast
@@ -139,3 +143,73 @@ def test_optimizer_step_graph_installs_megatron_cores_wrapper_and_undoes_it():
     assert opt.step() == "eager"
     assert OptimizerCudaGraphWrapper.cuda_graph is None and OptimizerCudaGraphWrapper.result is None
     assert OptimizerCudaGraphWrapper.curr_iteration == 0
+
+
+def test_a_gradient_missing_on_one_side_is_a_mismatch():
+    """It used to become zeros on that side: a parameter the graphed run never reached compared "exact" with a
+    reference whose gradient was zero, and against any reference it was never named."""
+    loss = torch.tensor([[1.0, 2.0]])
+    reached = {"w": torch.tensor([1.0, 2.0]), "v": torch.zeros(1)}
+    not_reached = {"w": torch.tensor([1.0, 2.0]), "v": None}
+    d = diff((loss, not_reached), (loss.clone(), reached))
+    assert d.loss_exact and not d.exact and not d.within_bound(1e9, 1e9), d
+    assert d.grad_missing == ("v (reference only)",) and d.grad_absent == () and d.grad_exact_fraction == 0.5
+    assert d.as_dict()["grad_missing"] == ("v (reference only)",)
+    with pytest.raises(AssertionError, match=r"gradient on one side only: \['v \(reference only\)'\]"):
+        d.require_exact("graphed")
+    d = diff((loss, reached), (loss.clone(), not_reached))
+    assert not d.exact and d.grad_missing == ("v (graphed only)",)
+
+
+def test_a_gradient_missing_on_both_sides_is_reported_not_compared():
+    loss = torch.tensor([[1.0, 2.0]])
+    a = (loss, {"w": torch.tensor([1.0, 2.0]), "frozen_by_the_batch": None})
+    b = (loss.clone(), {"w": torch.tensor([1.0, 2.0]), "frozen_by_the_batch": None})
+    d = diff(a, b)
+    assert d.exact and d.grad_absent == ("frozen_by_the_batch",) and d.grad_missing == ()
+    assert d.grad_exact_fraction == 1.0 and d.as_dict()["grad_absent"] == ("frozen_by_the_batch",)
+    d.require_exact("both")
+
+
+def test_a_missing_gradient_after_a_non_finite_one_is_still_named():
+    loss = torch.tensor([[1.0]])
+    a = (loss, {"x": torch.tensor([math.nan]), "y": None})
+    b = (loss.clone(), {"x": torch.tensor([1.0]), "y": torch.tensor([1.0])})
+    d = diff(a, b)
+    assert (
+        math.isnan(d.grad_max_rel_l2)
+        and d.grad_worst == "x (not finite)"
+        and d.grad_missing == ("y (reference only)",)
+    )
+
+
+def test_loss_and_grads_keeps_a_missing_gradient_missing():
+    """A real backward through a module one of whose parameters the loss never reaches: ``None``, not zeros."""
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Linear(2, 1)
+            self.unused = torch.nn.Linear(2, 1)
+            self.frozen = torch.nn.Parameter(torch.ones(1), requires_grad=False)
+
+        def zero_grad_buffer(self):
+            self.zero_grad(set_to_none=True)
+
+        def forward(self, x):
+            return self.used(x).squeeze(-1)
+
+    torch.manual_seed(0)
+    model = Model()
+    batch = {"x": torch.ones(1, 3, 2)}
+    loss, grads = loss_and_grads([model], batch)
+    assert loss.shape == (1, 3) and set(grads) == {"used.weight", "used.bias", "unused.weight", "unused.bias"}
+    assert grads["unused.weight"] is None and grads["unused.bias"] is None
+    assert torch.equal(grads["used.bias"], torch.ones(1))
+    assert nonfinite_grads(grads) == [] and grads_differ(grads, grads) == []
+    zeros = {**grads, "unused.weight": torch.zeros(1, 2)}
+    assert grads_differ(grads, zeros) == ["unused.weight"] and grads_differ(zeros, grads) == ["unused.weight"]
+    assert nonfinite_grads({**grads, "used.bias": torch.tensor([math.inf])}) == ["used.bias"]
+    d = diff((loss, grads), (loss.clone(), zeros))
+    assert not d.exact and d.grad_missing == ("unused.weight (reference only)",)
+    assert d.grad_absent == ("unused.bias",)
