@@ -81,10 +81,15 @@ def test_pytest_records_name_the_command_their_device_call_ran():
             if f"$LOGS/{path.name}" not in text:
                 continue
             meta = _load(path)["meta"]
+            environment = meta.get("environment")
+            if environment is not None:  # recorded with its environment (conftest does since run 62)
+                if path.name.endswith("_det.json"):
+                    assert environment.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0", (path, environment)
+                continue
             assert meta["command"].split()[0] != "pytest", (path, meta["command"])
             assert meta.get("command_source", "").startswith(f"results/device_calls/{run}.sh, step "), path
             corrected.append(path)
             if path.name.endswith("_det.json"):
                 assert "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0" in meta["command"], (path, meta["command"])
     assert len([p for p in corrected if 14 <= int(p.parent.name[3:5]) <= 25]) == 25, corrected
-    assert len(corrected) == 75, len(corrected)
+    assert len(corrected) >= 78, len(corrected)

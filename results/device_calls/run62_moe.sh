@@ -5,7 +5,7 @@
 # graphs off (the eager-vs-eager floor) and graphs on resumed at 20: tests/gpu/test_bridge_loop.py -k moe alone (4
 # tests, at most about 8 minutes). Before the fix every run stopped at the first training log ("data parallel group
 # (with GTP_remat) is not initialized", Bridge's training_log -> track_moe_metrics).
-#   bash .devwheels/install.sh >/dev/null 2>&1; bash results/device_calls/run60_moe.sh
+#   bash .devwheels/install.sh >/dev/null 2>&1; bash results/device_calls/run62_moe.sh
 set +e
 export LOGS=/tmp/dl_run60
 source scripts/device_lib.sh
