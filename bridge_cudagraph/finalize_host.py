@@ -4,7 +4,7 @@ Why: megatron-core 0.19.2's ``finalize_model_grads`` (finalize_model_grads.py:56
 the last micro-batch's backward (``config.finalize_model_grads_func``, set by Bridge's set-up), ends with
 ``reset_model_temporary_tensors`` (:316): a walk of every module of every chunk (1,028 on Qwen3-VL-2B) that zeroes
 MoE routers' per-step tensors. The backward is done and the optimizer has not started, so the GPU has nothing to run
-while the host walks: run 37's profile with Python stacks found it the longest GPU-idle stretch of the graphed step
+while the host walks: a profile with Python stacks found it the longest GPU-idle stretch of the graphed step
 (``results/run37``). On a dense model it finds nothing to reset.
 
 What it looks for is fixed when the model is built: an ``expert_bias`` attribute, a ``reset_global_aux_loss_tracker``

@@ -1,12 +1,12 @@
 """Qwen3-VL's forward with fewer host waits: what ``model.cuda_graph.fewer_host_waits`` switches (null: on wherever
 graphs are on a Qwen3-VL model).
 
-Bridge 0.6.2's ``Qwen3VLModel.forward`` makes the host wait for the GPU about 20 times per micro-batch (run 42's
+Bridge 0.6.2's ``Qwen3VLModel.forward`` makes the host wait for the GPU about 20 times per micro-batch (the benchmark's
 profile at the 2B shape: 21 waits in the forward, 11 in the backward, 35 in the step). Each wait drains the queue the
 graphs keep full, and the GPU then idles while the host catches up:
 
 * the mRoPE positions: Bridge's ``get_rope_index`` reads the GPU's tokens and image grids element by element
-  (``.item()``, ``.tolist()``, boolean indexing: 30 waits for two samples holding five images, run 43).
+  (``.item()``, ``.tolist()``, boolean indexing: 30 waits for two samples holding five images).
   :class:`HostRopeIndex` enqueues host copies of the tokens, grids and sequence offsets at the forward's start,
   hands Bridge's forward an empty ``position_ids`` of the shape it accepts as explicit mRoPE positions
   ([3, batch, sequence]), and fills it just before the input embedding runs (:class:`PendingPositions`): Bridge's
@@ -21,7 +21,7 @@ graphs keep full, and the GPU then idles while the host catches up:
 * the image-token merge: Bridge's forward writes the encoder's output into the text embeddings through a boolean
   mask (``combined_embeddings[vision_mask] = vision_embeds``), which waits once forward and twice backward. The
   backward waits cost most: they drain the whole language backward from the queue, and the GPU then idles while the
-  host walks the vision backward (run 51's profile: 15.6 ms of idle per step there). The statement sits inside
+  host walks the vision backward (a profile showed 15.6 ms of idle per step there). The statement sits inside
   Bridge's forward, so the encoder's output reaches it as a :class:`VisionRows` (a forward hook on the encoder,
   :class:`RowMerge`): a tensor that, assigned through a boolean mask, is written at the mask's positions found with
   ``nonzero_static`` (its size is the output's row count; the device asserts the count, as above). The same
@@ -32,7 +32,7 @@ extend_instance_class`; the model's instance dict gets call counters and its hoo
 saves or reads) and taken off by :func:`uninstall`; the callback and the benchmark call them through
 :mod:`bridge_cudagraph.step_host`. They mirror Bridge 0.6's forward (:func:`bridge_cudagraph.compat.
 qwen3_vl_forward_is_mirrored`); on another release nothing is installed. With the first two a step at the 2B shape
-waited 7 times instead of 35 (run 43); the row merge takes three more off each micro-batch.
+waited 7 times instead of 35; the row merge takes three more off each micro-batch.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The optimizer step's per-parameter host work, done once instead of on every step.
 
-Why: a graphed step is host-bound (issue #18: on the 2B shape the GPU runs 119 ms of kernels in a 177 ms step), and
+Why: a graphed step is host-bound (on the 2B shape the GPU runs 119 ms of kernels in a 177 ms step), and
 the optimizer step is the longest stretch without a kernel. megatron-core 0.19.2's ``DistributedOptimizer.step`` and
 Transformer Engine 2.20's ``FusedAdam.step`` walk every parameter in Python on every step: the main-gradient views
 (``_copy_model_grads_to_main_grads``), the gradients of the norm (``get_grads_for_grad_norm``) and of the clip
 (``clip_grad_by_total_norm_fp32``), Adam's tensor lists (``FusedAdam.step``), one ``copy_`` launch per parameter back
 into the bf16 buffer (``_copy_main_params_to_model_params``) and the ``.grad`` resets of ``zero_grad``, 541 parameters
 each for Qwen3-VL-2B. Bridge's optimizer graph removes that
-work too (run 32: the step went from 176.9 to 154.8 ms), but it needs the capturable Adam kernel, 1.5x slower at 2.1B
+work too (the step went from 176.9 to 154.8 ms), but it needs the capturable Adam kernel, 1.5x slower at 2.1B
 parameters and 1-2 ulps off the default one.
 
 What those walks compute is the same on every step: views into the DDP buffers, a list of the same gradient tensors,
@@ -179,7 +179,7 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
     It derives from ``abc.ABC`` as ``MegatronOptimizer`` does: Python allows the ``__class__`` assignment of
     :func:`~bridge_cudagraph.host_patches.extend_instance_class` only between classes whose instance dict and weakref
     slots are added on top of the same base, and ``MegatronOptimizer`` adds them on top of ``ABC`` (a plain mixin
-    adds them on top of ``object``: "object layout differs", run 34).
+    adds them on top of ``object``: "object layout differs").
     """
 
     def _bcg_views(self) -> _ShardViews:

@@ -1,6 +1,6 @@
 """What Bridge's Qwen3-VL position helpers derive from an image's grid alone, derived once per image size.
 
-Why: a graphed vision forward is host-bound before its first replay (issue #18: 10 ms of GPU idle per step in the
+Why: a graphed vision forward is host-bound before its first replay (10 ms of GPU idle per step in the
 vision forward on the 2B shape). Megatron-Bridge 0.6.2's ``Qwen3VLVisionModel.fast_pos_embed_interpolate`` builds
 its bilinear indices and weights on the host, image by image, as Python lists (``tolist()`` of 8 values per patch,
 then ``torch.tensor`` of the lists), and ``rot_pos_emb`` launches a dozen small kernels per image. Both results
@@ -128,7 +128,7 @@ def _upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
     """``torch.tensor(values, dtype=dtype, device=device)`` without the host waiting for the device: the same host
     tensor (the lists convert on the host either way), copied from pinned memory as the graphs' ``cu_seqlens`` is.
     Bridge's pageable upload blocks the host twice per micro-batch; one per new image size here would be 16 waits for
-    eight new sizes (run 36, ``test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times``)."""
+    eight new sizes (``test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times``)."""
     host = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
         return host.to(device)

@@ -3,7 +3,7 @@
 megatron-core 0.19.2 captures one graph per decoder layer: each training call of a layer goes through
 ``GraphableMegatronModule.__call__`` to ``_te_cuda_graph_replay`` (argument checks, a zero attention mask built when
 the block passes none, the parameter-gather hooks, TE's replay: Python, a graph launch and an autograd node per layer
-and micro-batch). On a host-bound step that is most of the language forward's GPU idle time (issue #18). Between
+and micro-batch). On a host-bound step that is most of the language forward's GPU idle time. Between
 most layers nothing else runs, so the graph can span them:
 
 * :class:`LayerRun` is the callable the helper captures in place of a run's layers: each layer's own capture body

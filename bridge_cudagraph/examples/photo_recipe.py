@@ -120,7 +120,7 @@ def tiny_qwen3_vl_moe_photos_config(
     """:func:`tiny_qwen3_vl_photos_config` with the MoE tiny Qwen3-VL (4 experts, top 2, the alltoall dispatcher,
     aux-loss balancing) and every row padded to ``seq_length`` (``recipes/tiny_qwen3_vl_moe_photos.yaml``): graphs of
     an MoE model's attention, router and dispatch preprocess replay padded micro-batches, not packed ones. Pure M4
-    like every example, so Bridge logs its MoE metrics on its decentralized collection (issue #35)."""
+    like every example, so Bridge logs its MoE metrics on its decentralized collection."""
     return _photos_config(moe=True, train_iters=train_iters, seq_length=seq_length, seed=seed, cache=cache)
 
 

@@ -89,7 +89,7 @@ def compare_series(a: Sequence[float | None], b: Sequence[float | None], *, name
     """Compare series ``a`` (the run under test) with ``b`` (the reference), step by step.
 
     Raises ``ValueError`` when the lengths differ (a step went missing: no comparison can mean anything then), or
-    when both are empty (a run that logged nothing compares equal to anything: run 22's first 8B call, whose two
+    when both are empty (a run that logged nothing compares equal to anything: an 8B call once, whose two
     runs had refused to start, read as "identical"). ``max_rel`` is relative to ``|b|`` (floored at 1e-12).
     """
     if len(a) != len(b):
@@ -371,7 +371,7 @@ def prepare_finalize(model: list[torch.nn.Module]) -> None:
     Bridge's set-up does (``setup.py:577``, then :class:`~bridge_cudagraph.mixin.CudaGraphProviderMixin`'s wrap).
 
     Once per model: :func:`train_steps` calls it while the config has no function yet. Each call walks every module
-    of the model (to find the encoder), host time Bridge's loop pays once and a step must not (run 37: the harness
+    of the model (to find the encoder), host time Bridge's loop pays once and a step must not (once: the harness
     did it on every call, and the benchmark calls once per step)."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.utils import get_model_config
