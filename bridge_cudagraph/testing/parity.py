@@ -371,8 +371,8 @@ def prepare_finalize(model: list[torch.nn.Module]) -> None:
     Bridge's set-up does (``setup.py:577``, then :class:`~bridge_cudagraph.mixin.CudaGraphProviderMixin`'s wrap).
 
     Once per model: :func:`train_steps` calls it while the config has no function yet. Each call walks every module
-    of the model (to find the encoder), host time Bridge's loop pays once and a step must not (once: the harness
-    did it on every call, and the benchmark calls once per step)."""
+    of the model (to find the encoder), host time Bridge's loop pays once and a step must not (the benchmark calls
+    :func:`train_steps` once per step)."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.utils import get_model_config
 
