@@ -550,13 +550,22 @@ TRAIN_CASES = [
 ]
 
 
+def _driver_shows_a_gpu(monkeypatch) -> None:
+    """As on a machine whose CUDA driver shows a GPU: ``train``'s early check of the driver passes, and torch's
+    check, after the configuration's, is what a machine without CUDA stops at."""
+    import bridge_cudagraph.cli
+
+    monkeypatch.setattr(bridge_cudagraph.cli, "cuda_device_count", lambda: (1, ""))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
 @pytest.mark.parametrize(("name", "argv", "message"), TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_train_refuses_what_validate_refuses_before_asking_for_a_gpu(name, argv, message, capsys, monkeypatch):
-    """``train`` refuses the configuration that ``validate`` refuses, with the same line, before the GPU check (at
-    the recipe's world size: ``train`` reads it from ``WORLD_SIZE``)."""
+    """``train`` refuses the configuration that ``validate`` refuses, with the same line, before torch's GPU check (at
+    the recipe's world size: ``train`` reads it from ``WORLD_SIZE``), wherever the CUDA driver shows a GPU."""
     from bridge_cudagraph.cli import main
 
+    _driver_shows_a_gpu(monkeypatch)
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("WORLD_SIZE", "8")
     lines = []
