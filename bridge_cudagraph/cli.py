@@ -169,10 +169,11 @@ def _run(args: argparse.Namespace) -> int:
         ready = check(loaded, gpu_memory=args.gpu_memory) if check is not None else {}
         _require_cuda(args.verb)
         return int(runner.main(loaded, args, **ready) or 0)
-    from bridge_cudagraph.planning import absent_base_checkpoint
+    from bridge_cudagraph.planning import missing_base_checkpoint
 
-    # A plan never reads a PEFT base checkpoint; one that is not on this machine is said, not refused (train needs it).
-    no_base = absent_base_checkpoint(loaded.config)
+    # A plan never reads a PEFT base checkpoint; one not set or not on this machine is said, not refused (train needs
+    # it).
+    no_base = missing_base_checkpoint(loaded.config)
     plan = plan_recipe(loaded, world_size=args.world_size)
     if args.gpu_memory is not None:
         check_memory(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
@@ -181,15 +182,14 @@ def _run(args: argparse.Namespace) -> int:
         if loaded.description:
             print(f"  {loaded.description}")
         if no_base is not None:
-            print("  base checkpoint not on this machine (a plan does not read it; train loads it):")
-            print(f"    {no_base}")
+            print(f"  {no_base}: a plan does not read the base checkpoint; train needs it")
         print(plan.describe())
         return 0
     vision = plan.vision.graphs if plan.vision is not None and plan.vision.enabled else 0
     print(
         f"ok: {loaded.source} at {_count(plan.world_size, 'GPU')}: language {plan.language.graphs} + vision "
         f"{vision} graphs per rank, {_count(plan.num_microbatches, 'micro-batch')} per step"
-        + ("" if no_base is None else f"; base checkpoint {no_base} not on this machine (train needs it)")
+        + ("" if no_base is None else f"; {no_base} (train needs it)")
     )
     return 0
 

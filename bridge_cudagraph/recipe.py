@@ -622,9 +622,9 @@ def plan_recipe(
         loaded: From :func:`load_recipe`.
         world_size: GPUs to plan for; defaults to the recipe file's ``world_size``.
         base_checkpoint_needed: Whether a PEFT base checkpoint (``checkpoint.pretrained_checkpoint``) that is not
-            on this machine stops the plan, as it stops Bridge's training. False (``validate`` and ``plan``): a plan
-            never reads it (:func:`bridge_cudagraph.planning.absent_base_checkpoint` names it); ``train`` keeps
-            Bridge's check.
+            set or not on this machine stops the plan, as it stops Bridge's training. False (``validate`` and
+            ``plan``): a plan never reads it (:func:`bridge_cudagraph.planning.missing_base_checkpoint` says which);
+            ``train`` keeps Bridge's check.
 
     Returns:
         The capture plan.

@@ -104,14 +104,18 @@ def test_plan_prints_the_plan(runs):
     lines = out.splitlines()
     assert lines[0] == "recipe: recipes/qwen3_vl_8b_sft_graphs.yaml"
     assert "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16" in lines
-    assert "  micro-batch 2, global batch 128, micro-batches per step 16" in lines
+    assert "  micro-batch 2, global batch 128, micro-batches per step 16 (128 / (2 x dp 4))" in lines
     assert "  dense  tp 2 x cp 1 x dp 4 x pp 1 = 8" in lines and "  dense  tp 1 x cp 1 x dp 8 x pp 1 = 8" in lines
-    assert (
-        "language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank, whole layers, capture after 3 "
-        "steps" in lines
-    )
+    i = lines.index("language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank,")
+    assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
     assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
     assert any(line.startswith("vision: 4 graphs x 4 budgets = 16 graphs per rank") for line in lines)
+    # Bridge's recipe names Qwen/Qwen3-VL-8B-Instruct as its processor: Bridge's Qwen-VL collate caps an image at
+    # max_pixels 1003520, so at 3920 patches, and the plan says where the number comes from.
+    i = lines.index("  at most 3920 patches per image (the static attention max_seqlen):")
+    assert lines[i + 1] == (
+        "    from max_pixels 1003520 // 16**2 = 3920, passed to the processor by Bridge's collate, qwen2_5_collate_fn"
+    )
     assert lines[-1].startswith("busiest rank: 20 graphs")
     assert max(map(len, lines)) <= 119
 
