@@ -1136,9 +1136,9 @@ def _check_padded(cfg: CudaGraphConfig, facts: ModelFacts) -> None:
         else "dataset.enable_offline_packing=true (GPT SFT)"
     )
     raise CudaGraphConfigError(
-        f"model.cuda_graph.language.{' and '.join(given)} apply to packed micro-batches only, but this run pads every "
-        f"micro-batch to model.seq_length {facts.seq_length} (one static shape, one graph per layer run); set "
-        f"{'them' if len(given) > 1 else 'it'} to null, or pack: {pack}"
+        f"model.cuda_graph.language.{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to packed "
+        f"micro-batches only, but this run pads every micro-batch to model.seq_length {facts.seq_length} (one static "
+        f"shape, one graph per layer run); set {'them' if len(given) > 1 else 'it'} to null, or pack: {pack}"
     )
 
 

@@ -507,7 +507,7 @@ CLI_CASES = [
         "language-budgets-on-a-padded-recipe",
         [VL_8B, "model.cuda_graph.language.token_budgets=[1024,4096]"],
         [
-            "model.cuda_graph.language.token_budgets=[1024, 4096] apply to packed micro-batches only",
+            "model.cuda_graph.language.token_budgets=[1024, 4096] applies to packed micro-batches only",
             "pads every micro-batch to model.seq_length 4096",
             "set it to null, or pack: dataset.enable_in_batch_packing=true",
         ],
@@ -515,7 +515,7 @@ CLI_CASES = [
     (
         "language-max-sequences-on-a-padded-recipe",
         [*QWEN3_8B_PADDED, "model.cuda_graph.language.max_sequences=8"],
-        ["language.max_sequences=8 apply to packed micro-batches only", "dataset.enable_offline_packing=true"],
+        ["language.max_sequences=8 applies to packed micro-batches only", "dataset.enable_offline_packing=true"],
     ),
     (
         "max-patches-per-image-above-the-largest-budget",

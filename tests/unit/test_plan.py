@@ -750,7 +750,7 @@ def test_packed_only_language_settings_on_a_padded_run_are_refused(setting):
     with pytest.raises(CudaGraphConfigError) as info:
         plan(qwen3_vl_8b(), cfg)
     message = str(info.value)
-    assert message.startswith(f"model.cuda_graph.language.{name}={value!r} apply to packed micro-batches only")
+    assert message.startswith(f"model.cuda_graph.language.{name}={value!r} applies to packed micro-batches only")
     assert "pads every micro-batch to model.seq_length 4096" in message
     assert "enable_in_batch_packing=true" in message
     with pytest.raises(CudaGraphConfigError, match=r"enable_offline_packing=true \(GPT SFT\)"):
