@@ -769,7 +769,10 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
     if not vision.enabled:
         return [f"vision: graphs off ({vision.depth} layers run eagerly)"]
     budgets = "[" + ", ".join(map(str, vision.token_budgets)) + "]"
-    where = "" if layout is None else f" on ranks {layout.rank_offset}-{layout.rank_offset + layout.size - 1}"
+    where = ""
+    if layout is not None:
+        last = layout.rank_offset + layout.size - 1
+        where = f" on rank {last}" if layout.size == 1 else f" on ranks {layout.rank_offset}-{last}"
     most = vision.max_patches_per_microbatch
     mbs = most // (facts.seq_length * v.merge_unit)
     budget_line = f"  budgets {budgets} patches"

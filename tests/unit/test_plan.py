@@ -829,4 +829,6 @@ def test_counts_of_one_are_singular():
     i = lines.index("language: 1 layer in 1 run x 1 budget each (packed THD) = 1 graph per rank,")
     assert lines[i + 1] == "  whole layers, capture after 1 step (model.cuda_graph_warmup_steps)"
     assert lines[-1].startswith("busiest rank: 1 graph;")
+    one = build_plan(qwen3_vl_8b(tp=1), both_on(), world_size=1, micro_batch_size=2, global_batch_size=2).describe()
+    assert "vision: 4 graphs x 4 budgets = 16 graphs per rank on rank 0," in one.splitlines()
     assert not any(word in p.describe() for word in (" 1 graphs", " 1 budgets", " 1 steps", " 1 layers", " 1 runs"))
