@@ -4,7 +4,10 @@
     bridge-cudagraph plan     RECIPE.yaml [key=value ...] [--world-size N] [--gpu-memory GIB]   graphs and memory
     bridge-cudagraph train    RECIPE.yaml [key=value ...] [--gpu-memory GIB]                    Bridge's loop
 
-``validate`` and ``plan`` need no GPU. A configuration error prints one ``error: ...`` line and exits 2.
+``validate`` and ``plan`` need no GPU. A configuration error prints one ``error: ...`` line and exits 2. Errors in
+the command line itself (an override that is no ``key=value``, ``--world-size 0``, ``--gpu-memory 0``, a recipe file
+that is not there, ``train`` on a machine without a GPU) come before anything heavy is imported, in well under a
+second (:func:`check_command_line`); the recipe's own errors need Megatron-Bridge imported (15-25 s on a laptop).
 ``--gpu-memory GIB`` refuses a run whose estimated memory per rank does not fit GIB (``plan`` prints the estimate);
 ``train`` also caps the process at GIB (an 80 GB GPU on a larger one) and checks against the device it has.
 The verbs and flags are frozen by ``tests/unit/test_cli.py``; add knobs to the recipe, not here.
@@ -16,7 +19,10 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import math
+import os
 import sys
+import typing
 import warnings
 from collections.abc import Sequence
 
@@ -35,9 +41,16 @@ class CliError(Exception):
     """A condition the CLI reports as one ``error:`` line with exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors in the CLI's form: one ``error:`` line, exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (frozen: see the module docstring)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bridge-cudagraph",
         description="Faithful per-layer CUDA graphs for Megatron-Bridge recipes.",
         allow_abbrev=False,
@@ -75,14 +88,63 @@ def _one_line(error: BaseException) -> str:
     return " ".join(text.split()) or type(error).__name__
 
 
+def _no_gpu(verb: str, why: str) -> CliError:
+    return CliError(
+        f"{verb} needs a CUDA GPU and this machine has none ({why}); run it on a GPU machine (under torchrun for "
+        "several GPUs), or use `plan` / `validate` here"
+    )
+
+
+def cuda_device_count() -> tuple[int, str]:
+    """The CUDA devices the driver shows this process, asked of ``libcuda`` itself (no torch import: a few
+    milliseconds), and in words why there are none. Where the driver sees a device, torch may still not (a CPU-only
+    build): :func:`_require_cuda` asks torch once the configuration is checked."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0, "no CUDA driver: libcuda.so.1 does not load"
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return 0, "the CUDA driver shows no device" + (
+            "" if visible is None else f", CUDA_VISIBLE_DEVICES={visible!r}"
+        )
+    return count.value, ""
+
+
 def _require_cuda(verb: str) -> None:
-    import torch  # the least that can answer; the Megatron stack is imported only after this check
+    import torch  # after the configuration's checks: torch itself, then the Megatron stack, are heavy to import
 
     if not torch.cuda.is_available():
-        raise CliError(
-            f"{verb} needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False); run it on a "
-            "GPU machine (under torchrun for several GPUs), or use `plan` / `validate` here"
-        )
+        raise _no_gpu(verb, "torch.cuda.is_available() is False")
+
+
+def check_gpu_memory(gib: float) -> None:
+    """``--gpu-memory GIB`` must be a positive, finite number of GiB."""
+    if not (gib > 0 and math.isfinite(gib)):
+        raise CliError(f"--gpu-memory must be a positive number of GiB (80 for an 80 GB H100), got {gib:g}")
+
+
+def check_command_line(args: argparse.Namespace) -> None:
+    """The command line's own errors, before anything heavy is imported (the recipe's need Megatron-Bridge): each
+    override is ``key=value`` with a key Hydra can read, ``--world-size`` and ``--gpu-memory`` are positive, the recipe
+    file is there, and ``train`` has a GPU (asked of the CUDA driver; torch answers again after the configuration's
+    checks). One ``error:`` line each, like every refusal."""
+    from bridge_cudagraph.recipe import check_override_syntax, check_recipe_file
+    from bridge_cudagraph.sizes import check_world_size
+
+    check_override_syntax(args.overrides)
+    if getattr(args, "world_size", None) is not None:
+        check_world_size(args.world_size)
+    if args.gpu_memory is not None:
+        check_gpu_memory(args.gpu_memory)
+    check_recipe_file(args.recipe)
+    if args.verb in _NEEDS_GPU:
+        count, why = cuda_device_count()
+        if count < 1:
+            raise _no_gpu(args.verb, why)
 
 
 def _runner(verb: str):
@@ -107,10 +169,11 @@ def _run(args: argparse.Namespace) -> int:
         ready = check(loaded, gpu_memory=args.gpu_memory) if check is not None else {}
         _require_cuda(args.verb)
         return int(runner.main(loaded, args, **ready) or 0)
-    from bridge_cudagraph.planning import absent_base_checkpoint
+    from bridge_cudagraph.planning import missing_base_checkpoint
 
-    # A plan never reads a PEFT base checkpoint; one that is not on this machine is said, not refused (train needs it).
-    no_base = absent_base_checkpoint(loaded.config)
+    # A plan never reads a PEFT base checkpoint; one not set or not on this machine is said, not refused (train needs
+    # it).
+    no_base = missing_base_checkpoint(loaded.config)
     plan = plan_recipe(loaded, world_size=args.world_size)
     if args.gpu_memory is not None:
         check_memory(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
@@ -119,15 +182,14 @@ def _run(args: argparse.Namespace) -> int:
         if loaded.description:
             print(f"  {loaded.description}")
         if no_base is not None:
-            print("  base checkpoint not on this machine (a plan does not read it; train loads it):")
-            print(f"    {no_base}")
+            print(f"  {no_base}: a plan does not read the base checkpoint; train needs it")
         print(plan.describe())
         return 0
     vision = plan.vision.graphs if plan.vision is not None and plan.vision.enabled else 0
     print(
         f"ok: {loaded.source} at {_count(plan.world_size, 'GPU')}: language {plan.language.graphs} + vision "
         f"{vision} graphs per rank, {_count(plan.num_microbatches, 'micro-batch')} per step"
-        + ("" if no_base is None else f"; base checkpoint {no_base} not on this machine (train needs it)")
+        + ("" if no_base is None else f"; {no_base} (train needs it)")
     )
     return 0
 
@@ -137,8 +199,7 @@ def check_memory(plan, gib: float, *, source: str) -> None:
     a ``gib`` that is no positive number is a command-line error."""
     from bridge_cudagraph.memory import check_fits
 
-    if not gib > 0:
-        raise CliError(f"--gpu-memory must be a positive number of GiB (80 for an 80 GB H100), got {gib:g}")
+    check_gpu_memory(gib)
     if plan.memory is None:
         return
     graphs_on = plan.language.enabled or (plan.vision is not None and plan.vision.enabled)
@@ -160,16 +221,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a configuration error)."""
+    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.recipe import RecipeError
+    from bridge_cudagraph.strict import UnknownKeyError
+
     args = parse_args(argv)
+    try:
+        check_command_line(args)
+    except (CliError, RecipeError, CudaGraphConfigError) as error:
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return 2
     if args.verb in ("validate", "plan"):
         # Importing megatron.training sets the root logger to INFO on stdout (training.py: basicConfig);
         # configuring it first keeps stdout to the plan and the stack's chatter on stderr.
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
         # Import-time chatter of the stack (Apex missing, deprecations) says nothing about the recipe.
         warnings.simplefilter("ignore")
-    from bridge_cudagraph.config import CudaGraphConfigError
-    from bridge_cudagraph.strict import UnknownKeyError
-
     try:
         return _run(args)
     except (CliError, UnknownKeyError, CudaGraphConfigError) as error:

@@ -119,13 +119,13 @@ class LanguageGraphConfig(SubmoduleGraphConfig):
     token_budgets: list[int] | None = None
     """Packed (THD) micro-batches only: static token counts of the decoder input, ascending, one graph set per
     budget; a packed micro-batch replays in the smallest that holds it, one above the largest runs eagerly
-    (counted). ``None`` derives eight even rungs up to micro batch x ``seq_length``. Unused when every
-    micro-batch is padded to ``seq_length`` (one static shape)."""
+    (counted). ``None`` derives a geometric ladder (rungs at most 1.25x apart) up to micro batch x ``seq_length``.
+    Refused when every micro-batch is padded to ``seq_length`` (one static shape)."""
 
     max_sequences: int | None = None
     """Packed micro-batches only: most sequences (attention segments) one micro-batch may hold and replay, the
     static length of its ``cu_seqlens``. ``None``: the micro batch size (Bridge's Qwen3-VL step makes one
-    segment per sample)."""
+    segment per sample). Refused when every micro-batch is padded."""
 
     graph_unit: str | None = None
     """What one language graph spans: ``deepstack``, a run of consecutive layers that nothing outside the layers
@@ -170,10 +170,13 @@ class VisionGraphConfig(SubmoduleGraphConfig):
 
     max_patches_per_image: int | None = None
     """Most patches of one image (one video frame) that replay: the static ``max_seqlen`` of the encoder's
-    attention. ``None`` allows any image up to the largest budget. Attention workspaces grow with its square
-    (under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` TE 2.20 refuses its fused kernel past about 2**30
-    segments x heads x max_seqlen**2), so set it to your processor's ``max_pixels / patch_size**2`` (3920 for
-    Bridge's Qwen-VL collate). A micro-batch with a larger image runs eagerly (counted)."""
+    attention. ``None`` derives it from the data path: ``max_pixels // patch_size**2`` of the most pixels the
+    processor resizes an image to (3920 for Bridge's Qwen-VL collate, which passes ``max_pixels`` 1003520; else the
+    processor folder's own ``size.longest_edge``), at most the largest budget; the largest budget where the dataset
+    names no processor (the plan says which). Attention workspaces grow with its square (under
+    ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` TE 2.20 refuses its fused kernel past about 2**30 segments x heads x
+    max_seqlen**2). Above the largest budget it is refused. A micro-batch with a larger image runs eagerly
+    (counted)."""
 
     graph_unit: str | None = None
     """What one vision graph spans: ``deepstack``, the layers up to and including each deepstack layer, then the

@@ -507,7 +507,8 @@ def format_layout(
     """Readable table of one or more resolved layouts, for the CLI.
 
     Each submodule gets its sizes and, per group name, the group size, the number of groups and the first
-    ``max_groups`` rank lists (long lists are elided with ``... (N groups)``).
+    ``max_groups`` rank lists (long lists are elided with ``... (N groups)``). On one GPU, where every group is that
+    GPU alone, one line says so instead.
 
     Args:
         layouts: A layout, a list of them, or the dict returned by :func:`resolve_submodules`.
@@ -522,4 +523,7 @@ def format_layout(
         items = list(layouts.values())
     else:
         items = list(layouts)
+    if items and all(layout.world_size == 1 for layout in items):
+        names = ", ".join(layout.name for layout in items)
+        return f"process groups: all of size 1 (one GPU; {names})"
     return "\n".join(_describe_one(layout, max_groups=max_groups) for layout in items)

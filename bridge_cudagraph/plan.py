@@ -53,6 +53,7 @@ from bridge_cudagraph.sizes import check_positive as _check_positive
 
 __all__ = [
     "CapturePlan",
+    "ImageFacts",
     "LanguagePlan",
     "ModelFacts",
     "PackedLanguagePlan",
@@ -62,6 +63,7 @@ __all__ = [
     "VisionPlan",
     "build_plan",
     "check_model",
+    "check_packed_context_parallel",
     "model_facts",
     "plan_for",
 ]
@@ -398,6 +400,23 @@ class PackingFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageFacts:
+    """The most pixels one image (one video frame) reaches the vision encoder with on the run's data path, read off
+    the ``ConfigContainer``'s dataset (:func:`bridge_cudagraph.validation.image_facts`): the processor resizes every
+    image to at most ``max_pixels``, so it holds at most ``max_pixels // patch_size**2`` patches, the default of
+    ``vision.max_patches_per_image``.
+
+    Attributes:
+        max_pixels: The cap, or None where the data path names none that this machine can read.
+        source: Where the cap comes from, or why there is none, for the plan (``passed to the processor by
+            Bridge's collate, qwen2_5_collate_fn``, ``the dataset names no processor (dataset.hf_processor_path)``).
+    """
+
+    max_pixels: int | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class PackedLanguagePlan:
     """The packed (THD) language graphs: one graph set per token budget (:mod:`bridge_cudagraph.capture.packed`).
 
@@ -415,6 +434,7 @@ class PackedLanguagePlan:
         copies: Graph sets, one per micro-batch a stage keeps in flight (1 without a pipeline).
         offline: The rows come packed from GPT SFT's offline packing (one budget: ``seq_length``), not from the
             Qwen3-VL step.
+        sequences_source: Where a derived ``max_sequences`` comes from (empty when the block sets it).
     """
 
     token_budgets: tuple[int, ...]
@@ -427,6 +447,7 @@ class PackedLanguagePlan:
     static_inputs: tuple[tuple[int, tuple[StaticInput, ...]], ...]
     copies: int
     offline: bool = False
+    sequences_source: str = ""
 
     @property
     def layout(self) -> PackedLayout:
@@ -456,6 +477,8 @@ class LanguagePlan:
             (its first ``len(deepstack_visual_indexes)`` layers); 0 for GPT. A run never spans one.
         segments_per_stage: The layer ranges ``[start, end)`` of each stage's graphs, in the stage's own layer
             indices (:func:`~bridge_cudagraph.budgets.layer_segments`); the helpers build them the same way.
+        warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
+        unit_source: Why a derived ``graph_unit`` is ``layer`` (empty when set, or derived as ``deepstack``).
     """
 
     enabled: bool
@@ -470,6 +493,8 @@ class LanguagePlan:
     graph_unit: str = "layer"
     deepstack_merges: int = 0
     segments_per_stage: tuple[tuple[tuple[int, int], ...], ...] = ()
+    warmup_source: str = ""
+    unit_source: str = ""
 
     @property
     def graphs(self) -> int:
@@ -492,7 +517,7 @@ class VisionPlan:
             entries: the leading 0 and the padding segment).
         images_derived: ``max_images_per_microbatch`` was derived, not given.
         max_patches_per_image: Most patches of one image (frame) that replay: the static attention ``max_seqlen``
-            (the largest budget unless set).
+            (unless set: from the data path's max_pixels, at most the largest budget; see ``patches_source``).
         static_inputs: ``(budget, inputs)`` for every budget.
         copies: Independent graph sets, one per micro-batch the first pipeline stage keeps in flight (1 without a
             pipeline; :func:`~bridge_cudagraph.budgets.in_flight_microbatches`).
@@ -500,6 +525,8 @@ class VisionPlan:
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         graph_unit: What one graph spans: ``deepstack`` (the layers up to each deepstack layer) or ``layer``,
             resolved.
+        patches_source: Where a derived ``max_patches_per_image`` comes from (empty when the block sets it).
+        warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
     """
 
     enabled: bool
@@ -516,6 +543,8 @@ class VisionPlan:
     warmup_steps: int
     max_patches_per_image: int = 0
     graph_unit: str = "deepstack"
+    patches_source: str = ""
+    warmup_source: str = ""
 
     segments: tuple[tuple[int, int], ...] = ()
     """The layer ranges ``[start, end)`` of one budget's graphs (:func:`~bridge_cudagraph.budgets.layer_segments`)."""
@@ -562,6 +591,9 @@ class CapturePlan:
             on wherever graphs are on a Qwen3-VL model, unless the block turns it off.
         memory: The busiest rank's memory, estimated (:mod:`bridge_cudagraph.memory`); None where the plan was
             built without the training facts (a plan of the provider alone).
+        num_microbatches_source: How a derived ``num_microbatches`` was derived (empty when the block sets it).
+        switches_defaulted: The block's switches left null that the plan turns on (``optimizer_host_cache``,
+            ``fewer_host_waits``).
     """
 
     facts: ModelFacts
@@ -576,6 +608,8 @@ class CapturePlan:
     optimizer_host_cache: bool = False
     fewer_host_waits: bool = False
     memory: MemoryEstimate | None = None
+    num_microbatches_source: str = ""
+    switches_defaulted: tuple[str, ...] = ()
 
     @property
     def language_layout(self) -> ResolvedLayout:
@@ -595,13 +629,15 @@ class CapturePlan:
         return max(language + vision, self.language.graphs)
 
     def describe(self) -> str:
-        """A readable multi-line block for logs and the CLI (at most 119 columns, no trailing newline)."""
+        """A readable multi-line block for logs and the CLI (at most 119 columns, no trailing newline). A value the
+        plan derived says where it came from, in parentheses; one the block sets is printed as it is."""
         f = self.facts
         nmb = "n/a" if self.num_microbatches is None else str(self.num_microbatches)
+        if self.num_microbatches_source:
+            nmb += f" ({self.num_microbatches_source})"
         gbs = "unset" if self.global_batch_size is None else str(self.global_batch_size)
-        ranks = "1 rank" if self.world_size == 1 else f"{self.world_size} ranks"
         lines = [
-            f"capture plan: {f.provider} on {ranks}, {f.dtype}",
+            f"capture plan: {f.provider} on {plural(self.world_size, 'rank')}, {f.dtype}",
             f"  micro-batch {self.micro_batch_size}, global batch {gbs}, micro-batches per step {nmb}",
             format_layout(list(self.layouts)),
         ]
@@ -621,14 +657,31 @@ class CapturePlan:
                     if self.fewer_host_waits
                     else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
                 )
+            if self.switches_defaulted:
+                lines.append(f"  on wherever graphs are (left null): {', '.join(self.switches_defaulted)}")
             lines += _describe_wgrad_accumulation(f, self.vision)
             if self.memory is not None:
                 lines += self.memory.describe()
             lines.append(
-                f"busiest rank: {self.total_graphs} graphs; a failed capture "
+                f"busiest rank: {plural(self.total_graphs, 'graph')}; a failed capture "
                 + ("trains on eagerly (on_capture_error=eager)" if self.on_capture_error == "eager" else "stops")
             )
         return "\n".join(lines)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 graph``, ``2 graphs``: a count and its noun, for the plan's text."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _joined(head: str, tail: str) -> list[str]:
+    """``head, tail`` on one line where it fits 119 columns, else ``tail`` on an indented line of its own."""
+    return [f"{head}, {tail}"] if len(head) + len(tail) < 118 else [f"{head},", f"  {tail}"]
+
+
+def _sourced(text: str, source: str) -> str:
+    """``text (source)``, or ``text`` alone for a value the block sets."""
+    return f"{text} ({source})" if source else text
 
 
 def _describe_wgrad_accumulation(facts: ModelFacts, vision: VisionPlan | None) -> list[str]:
@@ -651,11 +704,11 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
         return [f"language: graphs off ({facts.num_layers} layers run eagerly)"]
     stages = language.captured_per_stage
     if len(stages) == 1:
-        layers = f"{stages[0]} layers"
+        layers = plural(stages[0], "layer")
         per = "1 graph each (pp 1)"
     else:
         layers = "+".join(map(str, stages)) + f" layers on {len(stages)} stages"
-        per = f"{language.graphs_per_unit} graphs each (one per micro-batch)"
+        per = f"{plural(language.graphs_per_unit, 'graph')} each (one per micro-batch)"
     runs = []
     if language.graph_unit == "deepstack":
         units = "+".join(str(len(s)) for s in language.segments_per_stage)
@@ -668,15 +721,16 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
             + f"; {merges if stage == 0 and language.deepstack_merges else 'nothing runs between the layers'}"
             for stage, spans in enumerate(language.segments_per_stage[:2])
         ]
+    elif language.unit_source:
+        runs = [f"  one graph per layer (graph_unit null: {language.unit_source})"]
     packed = language.packed
     if packed is not None:
         copies = f" x {packed.copies} in-flight copies" if packed.copies > 1 else ""
-        per = f"{len(packed.token_budgets)} budgets{copies} each (packed THD)"
+        per = f"{plural(len(packed.token_budgets), 'budget')}{copies} each (packed THD)"
     inputs = [s.describe() for s in language.static_inputs]
-    head = f"language: {layers} x {per} = {language.graphs} graphs per rank"
-    tail = f"{_modules_text(language.modules)}, capture after {language.warmup_steps} steps"
-    lines = [f"{head}, {tail}" if len(head) + len(tail) < 118 else f"{head},\n  {tail}", *runs]
-    lines = [part for line in lines for part in line.split("\n")]
+    head = f"language: {layers} x {per} = {plural(language.graphs, 'graph')} per rank"
+    warmup = _sourced(f"capture after {plural(language.warmup_steps, 'step')}", language.warmup_source)
+    lines = [*_joined(head, f"{_modules_text(language.modules)}, {warmup}"), *runs]
     if packed is None:
         lines.append("  static inputs: " + inputs[0])
         lines += ["                 " + s for s in inputs[1:]]
@@ -693,10 +747,13 @@ def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
             if len(packed.token_budgets) > 1
             else f"    derived: every row padded to S {packed.max_seqlen} (pp > 1 or ep > 1)"
         )
+    seqlen = "model.seq_length" if packed.max_seqlen == facts.seq_length else f"S {facts.seq_length} in padded rows"
     lines += [
         *budget_lines,
-        f"  max sequences per micro-batch {packed.max_sequences}, max sequence length {packed.max_seqlen}; a larger "
-        "micro-batch runs eagerly (counted)",
+        "  max sequences per micro-batch "
+        + _sourced(str(packed.max_sequences), packed.sequences_source)
+        + f", max sequence length {packed.max_seqlen} ({seqlen})",
+        "  a micro-batch with more tokens or sequences runs eagerly (counted)",
     ]
     budget, largest = packed.static_inputs[-1]
     lines.append(f"  static inputs at T={budget} (each budget the same with its own T):")
@@ -715,7 +772,10 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
     if not vision.enabled:
         return [f"vision: graphs off ({vision.depth} layers run eagerly)"]
     budgets = "[" + ", ".join(map(str, vision.token_budgets)) + "]"
-    where = "" if layout is None else f" on ranks {layout.rank_offset}-{layout.rank_offset + layout.size - 1}"
+    where = ""
+    if layout is not None:
+        last = layout.rank_offset + layout.size - 1
+        where = f" on rank {last}" if layout.size == 1 else f" on ranks {layout.rank_offset}-{last}"
     most = vision.max_patches_per_microbatch
     mbs = most // (facts.seq_length * v.merge_unit)
     budget_line = f"  budgets {budgets} patches"
@@ -730,22 +790,28 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
             f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "
             "(images of >= 4x4 merged tokens)"
         )
-    copies = f" x {vision.copies} in-flight copies (pipeline stage 0, 1F1B)" if vision.copies > 1 else ""
-    cap = []
-    if vision.max_patches_per_image != vision.token_budgets[-1]:
-        cap = [f"  at most {vision.max_patches_per_image} patches per image (the static attention max_seqlen)"]
-    if vision.graph_unit == "layer":
-        span, spans = f"{vision.depth} layers", []
+    patches = f"  at most {vision.max_patches_per_image} patches per image (the static attention max_seqlen)"
+    if vision.patches_source:
+        patches = [f"{patches}:", f"    {vision.patches_source}"]
     else:
-        span = f"{len(vision.segments)} graphs"
+        patches = [patches]
+    copies = f" x {vision.copies} in-flight copies (pipeline stage 0, 1F1B)" if vision.copies > 1 else ""
+    if vision.graph_unit == "layer":
+        span, spans = plural(vision.depth, "layer"), []
+    else:
+        span = plural(len(vision.segments), "graph")
         spans = [f"  each budget's graphs span layers {_ranges(vision.segments)} (cut after each deepstack layer)"]
+    head = (
+        f"vision: {span} x {plural(len(vision.token_budgets), 'budget')}{copies} = "
+        f"{plural(vision.graphs, 'graph')} per rank{where}"
+    )
+    warmup = _sourced(f"capture after {plural(vision.warmup_steps, 'step')}", vision.warmup_source)
     lines = [
-        f"vision: {span} x {len(vision.token_budgets)} budgets{copies} = {vision.graphs} graphs "
-        f"per rank{where}, {_modules_text(vision.modules)}, capture after {vision.warmup_steps} steps",
+        *_joined(head, f"{_modules_text(vision.modules)}, {warmup}"),
         *spans,
         budget_line,
         images_line,
-        *cap,
+        *patches,
         f"  a micro-batch with more than {vision.token_budgets[-1]} patches or more images runs eagerly (counted)",
     ]
     for budget, inputs in vision.static_inputs:
@@ -848,17 +914,21 @@ def _vision_static_inputs(vision: VisionFacts, budget: int, cu_length: int, dtyp
     )
 
 
-def _warmups(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[int, int]:
-    """Eager steps before each submodule's capture, ``(language, vision)``: its own ``warmup_steps``, else the
-    model's ``cuda_graph_warmup_steps``. The provider's ``finalize()`` copies a set language warmup onto the model
+def _warmups(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[tuple[int, str], tuple[int, str]]:
+    """Eager steps before each submodule's capture, ``(language, vision)``, each with the setting it comes from
+    (empty: the submodule's own ``warmup_steps``): its own ``warmup_steps``, else the model's
+    ``cuda_graph_warmup_steps``. The provider's ``finalize()`` copies a set language warmup onto the model
     (Megatron-Core reads it there), so a vision block without one follows the language graphs; resolving that here
     makes the plan the same before and after ``finalize()``."""
-    model = facts.cuda_graph_warmup_steps
+    model, source = facts.cuda_graph_warmup_steps, "model.cuda_graph_warmup_steps"
     language = cfg.language.warmup_steps
     if cfg.language.enabled and language is not None:
-        model = language
+        model, source = language, "language.warmup_steps"
     vision = cfg.vision.warmup_steps
-    return (model if language is None else language), (model if vision is None else vision)
+    return (
+        (model, source) if language is None else (language, ""),
+        (model, source) if vision is None else (vision, ""),
+    )
 
 
 def _derive_num_microbatches(
@@ -897,14 +967,16 @@ def deepstack_merges(facts: ModelFacts) -> int:
     return len(facts.vision.deepstack_visual_indexes) if facts.vision is not None else 0
 
 
-def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> str:
+def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[str, str]:
     """``model.cuda_graph.language.graph_unit`` resolved: ``deepstack`` (runs of layers) where the decoder's loop
-    does nothing of its own between whole dense layers, else ``layer``; an explicit ``deepstack`` where it cannot
-    work is refused with the reason and the fix."""
+    does nothing of its own between whole dense layers, else ``layer``, with the reason a null one is ``layer``
+    (empty otherwise); an explicit ``deepstack`` where it cannot work is refused with the reason and the fix."""
     where = "model.cuda_graph.language.graph_unit"
     asked = cfg.language.graph_unit
-    if asked == "layer" or cfg.language.modules is not None:  # config.validate refused deepstack with modules
-        return "layer"
+    if asked == "layer":
+        return "layer", ""
+    if cfg.language.modules is not None:  # config.validate refused deepstack with modules
+        return "layer", "language.modules captures parts of layers"
     reasons = [
         f"model.{name} is set (the decoder wraps or follows each layer on its own)"
         for name in facts.per_layer_contexts
@@ -914,16 +986,23 @@ def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> str:
     if (facts.virtual_pipeline_size or 1) > 1:
         reasons.append("model.virtual_pipeline_model_parallel_size > 1 (runs inside virtual chunks are not built yet)")
     if not reasons:
-        return "deepstack"
+        return "deepstack", ""
     if asked == "deepstack":
         raise CudaGraphConfigError(
             f"{where}='deepstack' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)"
         )
-    return "layer"
+    return "layer", reasons[0]
 
 
 def _plan_vision(
-    cfg: CudaGraphConfig, facts: ModelFacts, v: VisionFacts, *, mbs: int, num_mb: int | None, warmup: int
+    cfg: CudaGraphConfig,
+    facts: ModelFacts,
+    v: VisionFacts,
+    *,
+    mbs: int,
+    num_mb: int | None,
+    warmup: tuple[int, str],
+    pixels: ImageFacts | None,
 ) -> VisionPlan:
     where = "model.cuda_graph.vision"
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
@@ -941,7 +1020,8 @@ def _plan_vision(
             static_inputs=(),
             copies=1,
             graphs=0,
-            warmup_steps=warmup,
+            warmup_steps=warmup[0],
+            warmup_source=warmup[1],
         )
     if cfg.vision.token_budgets is None:
         budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
@@ -956,7 +1036,7 @@ def _plan_vision(
     else:
         images = cfg.vision.max_images_per_microbatch
         images_derived = False
-    longest = cfg.vision.max_patches_per_image or budgets[-1]
+    longest, patches_source = _max_patches_per_image(cfg, v, budgets, pixels)
     cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
@@ -975,11 +1055,38 @@ def _plan_vision(
         static_inputs=inputs,
         copies=copies,
         graphs=len(segments) * len(budgets) * copies,
-        warmup_steps=warmup,
+        warmup_steps=warmup[0],
         max_patches_per_image=longest,
         graph_unit=unit,
         segments=segments,
+        patches_source=patches_source,
+        warmup_source=warmup[1],
     )
+
+
+def _max_patches_per_image(
+    cfg: CudaGraphConfig, v: VisionFacts, budgets: list[int], images: ImageFacts | None
+) -> tuple[int, str]:
+    """``vision.max_patches_per_image`` resolved, with where a derived one comes from (empty when set): what the data
+    path's ``max_pixels`` allows one image (``max_pixels // patch_size**2``), at most the largest budget; else the
+    largest budget. A set value above the largest budget is refused: such an image runs eagerly anyway."""
+    top = budgets[-1]
+    given = cfg.vision.max_patches_per_image
+    if given is not None:
+        if given > top:
+            raise CudaGraphConfigError(
+                f"model.cuda_graph.vision.max_patches_per_image={given} is above the largest vision budget {top} "
+                "(model.cuda_graph.vision.token_budgets): an image that large runs eagerly whatever it says; set it "
+                f"to {top} or less (or null), or add a budget of at least {given}"
+            )
+        return given, ""
+    if images is None or images.max_pixels is None:
+        return top, "the largest budget; " + (images.source if images is not None else "no data path was read")
+    cap = images.max_pixels // v.patch_size**2
+    derived = f"max_pixels {images.max_pixels} // {v.patch_size}**2 = {cap}, {images.source}"
+    if cap >= top:
+        return top, f"the largest budget, below {derived}"
+    return cap, f"from {derived}"
 
 
 def offline_max_sequences(seq_length: int) -> int:
@@ -987,6 +1094,58 @@ def offline_max_sequences(seq_length: int) -> int:
     tokens. Bridge's packer knows the real count only after packing (``max_samples_per_bin``); a larger static
     ``cu_seqlens`` costs zero-length segments only, and a row with more runs eagerly (counted, logged once)."""
     return max(2, seq_length // 32)
+
+
+def _unpack_fix(packing: PackingFacts) -> str:
+    return (
+        "set model.cuda_graph.language.enabled=false, or pack no more (dataset.enable_offline_packing=false, "
+        "pad_to_max_length=true)"
+        if packing.mode == "offline"
+        else "pad instead (dataset.enable_in_batch_packing=false, pad_to_max_length=true)"
+    )
+
+
+def check_packed_context_parallel(cp: int, packing: PackingFacts) -> None:
+    """Packed language graphs replay one THD sequence per rank, and context parallelism splits each packed row over
+    ranks: refused. The one copy, for :func:`build_plan` and for the check before Bridge's finalization
+    (:func:`bridge_cudagraph.validation.check_before_bridge`), whose own lines about context parallelism would
+    otherwise come first and, once followed, lead to this refusal anyway."""
+    if cp <= 1:
+        return
+    if packing.mode == "offline":
+        split = "Bridge's GPT step partitions each packed row over cp ranks by its own boundaries"
+    else:
+        split = f"Bridge's Qwen3-VL step splits packed rows over cp ranks by index ({cp} ranks x 2 chunks per row)"
+    raise CudaGraphConfigError(
+        f"model.cuda_graph.language.enabled=true with packed micro-batches and model.context_parallel_size={cp}: "
+        f"the packed graphs replay one THD sequence per rank and {split}; set context_parallel_size=1, or "
+        f"{_unpack_fix(packing)}"
+    )
+
+
+def _check_padded(cfg: CudaGraphConfig, facts: ModelFacts) -> None:
+    """The packed-only settings of the language block on a run whose micro-batches are all padded to ``seq_length``
+    (one static shape): refused, not silently ignored."""
+    given = [
+        f"{name}={value!r}"
+        for name, value in (
+            ("token_budgets", cfg.language.token_budgets),
+            ("max_sequences", cfg.language.max_sequences),
+        )
+        if value is not None
+    ]
+    if not given:
+        return
+    pack = (
+        "dataset.enable_in_batch_packing=true with defer_in_batch_packing_to_step=true"
+        if facts.vision is not None
+        else "dataset.enable_offline_packing=true (GPT SFT)"
+    )
+    raise CudaGraphConfigError(
+        f"model.cuda_graph.language.{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to packed "
+        f"micro-batches only, but this run pads every micro-batch to model.seq_length {facts.seq_length} (one static "
+        f"shape, one graph per layer run); set {'them' if len(given) > 1 else 'it'} to null, or pack: {pack}"
+    )
 
 
 def _plan_packed(
@@ -997,23 +1156,8 @@ def _plan_packed(
     if packing.mode not in ("qwen3_vl_step", "offline"):
         raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
     offline = packing.mode == "offline"
-    unpack = (
-        "set model.cuda_graph.language.enabled=false, or pack no more (dataset.enable_offline_packing=false, "
-        "pad_to_max_length=true)"
-        if offline
-        else "pad instead (dataset.enable_in_batch_packing=false, pad_to_max_length=true)"
-    )
-    if facts.cp > 1:
-        chunks = f"({facts.cp} ranks x 2 chunks per row)"
-        split = (
-            "Bridge's GPT step partitions each packed row over cp ranks by its own boundaries"
-            if offline
-            else f"Bridge's Qwen3-VL step splits packed rows over cp ranks by index {chunks}"
-        )
-        raise CudaGraphConfigError(
-            f"{where}.enabled=true with packed micro-batches and model.context_parallel_size={facts.cp}: the "
-            f"packed graphs replay one THD sequence per rank and {split}; set context_parallel_size=1, or {unpack}"
-        )
+    unpack = _unpack_fix(packing)
+    check_packed_context_parallel(facts.cp, packing)
     if offline and mbs != 1:
         raise CudaGraphConfigError(
             f"train.micro_batch_size={mbs} with dataset.enable_offline_packing=true: Bridge trains offline-packed "
@@ -1065,7 +1209,10 @@ def _plan_packed(
             budgets, derived = (max_tokens,), True
         else:
             budgets, derived = tuple(derive_language_budgets(max_tokens, multiple)), True
-    sequences = cfg.language.max_sequences or (offline_max_sequences(facts.seq_length) if offline else mbs)
+    sequences, sequences_source = cfg.language.max_sequences, ""
+    if sequences is None:
+        sequences = offline_max_sequences(facts.seq_length) if offline else mbs
+        sequences_source = f"model.seq_length {facts.seq_length} // 32" if offline else "the micro-batch size"
     layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
     cu = (layout.cu_seqlens_length,)
     # mRoPE has one rotary row per token; RoPE one per position inside a sequence (the fused THD kernel indexes it
@@ -1096,6 +1243,7 @@ def _plan_packed(
         offline=offline,
         static_inputs=inputs,
         copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
+        sequences_source=sequences_source,
     )
 
 
@@ -1138,6 +1286,7 @@ def build_plan(
     global_batch_size: int | None,
     packing: PackingFacts | None = None,
     training: TrainingFacts | None = None,
+    images: ImageFacts | None = None,
 ) -> CapturePlan:
     """Decide what will be captured, or refuse with an error that names the setting and the fix.
 
@@ -1149,6 +1298,8 @@ def build_plan(
         global_batch_size: ``train.global_batch_size`` (None when unset).
         packing: How the data path packs (None: every micro-batch padded to ``seq_length``).
         training: What the training setup adds to the weights' memory; None: no memory estimate in the plan.
+        images: The most pixels of one image on the run's data path, which ``vision.max_patches_per_image`` defaults
+            to (None: unknown, the largest vision budget).
 
     Returns:
         The plan.
@@ -1181,7 +1332,10 @@ def build_plan(
     num_mb = _derive_num_microbatches(
         cfg, mbs=micro_batch_size, gbs=global_batch_size, dp=language_layout.dp, needed_by=needed_by
     )
-    language_warmup, vision_warmup = _warmups(cfg, facts)
+    num_mb_source = ""
+    if num_mb is not None and cfg.num_microbatches is None:
+        num_mb_source = f"{global_batch_size} / ({micro_batch_size} x dp {language_layout.dp})"
+    (language_warmup, language_warmup_source), vision_warmup = _warmups(cfg, facts)
 
     lang = cfg.language
     modules = tuple(lang.modules) if lang.modules is not None else None
@@ -1210,8 +1364,9 @@ def build_plan(
             packed = _plan_packed(cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb)
             per_unit = len(packed.token_budgets) * packed.copies
         else:
+            _check_padded(cfg, facts)
             per_unit = 1 if facts.pp == 1 else num_mb
-        unit = _language_unit(cfg, facts)
+        unit, unit_source = _language_unit(cfg, facts)
         merges = deepstack_merges(facts)
         segments = tuple(
             language_segments(len(local), merges, first_stage=stage == 0, unit=unit)
@@ -1232,13 +1387,17 @@ def build_plan(
             graph_unit=unit,
             deepstack_merges=merges,
             segments_per_stage=segments,
+            warmup_source=language_warmup_source,
+            unit_source=unit_source,
         )
     else:
         language = LanguagePlan(False, modules, (), (), 0, (), (), language_warmup)
 
     vision = None
     if v is not None:
-        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup)
+        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup, pixels=images)
+    host_cache = cfg.any_enabled and cfg.optimizer_host_cache is not False
+    fewer_waits = cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False
     plan = CapturePlan(
         facts=facts,
         world_size=world_size,
@@ -1249,8 +1408,14 @@ def build_plan(
         language=language,
         vision=vision,
         on_capture_error=cfg.on_capture_error,
-        optimizer_host_cache=cfg.any_enabled and cfg.optimizer_host_cache is not False,
-        fewer_host_waits=cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False,
+        optimizer_host_cache=host_cache,
+        fewer_host_waits=fewer_waits,
+        num_microbatches_source=num_mb_source,
+        switches_defaulted=tuple(
+            name
+            for name, on in (("optimizer_host_cache", host_cache), ("fewer_host_waits", fewer_waits))
+            if on and getattr(cfg, name) is None
+        ),
     )
     if training is None:
         return plan

@@ -53,6 +53,8 @@ __all__ = [
     "META_KEYS",
     "LoadedRecipe",
     "RecipeError",
+    "check_override_syntax",
+    "check_recipe_file",
     "hf_repo_id",
     "load_recipe",
     "offline_hf_config",
@@ -111,9 +113,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     """
     from omegaconf import OmegaConf
 
-    source = Path(path)
-    if not source.is_file():
-        raise RecipeError(f"recipe file {source} does not exist")
+    source = check_recipe_file(path)
     try:
         loaded = OmegaConf.to_container(OmegaConf.load(source), resolve=False)
     except Exception as error:  # yaml or OmegaConf syntax error: one line is enough
@@ -156,6 +156,15 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         recipe=spec,
         overrides=overrides,
     )
+
+
+def check_recipe_file(path: str | os.PathLike[str]) -> Path:
+    """The recipe file as a path, or :class:`RecipeError` when there is no such file (the CLI asks before it imports
+    anything heavy)."""
+    source = Path(path)
+    if not source.is_file():
+        raise RecipeError(f"recipe file {source} does not exist")
+    return source
 
 
 def resolve_recipe_function(spec: str) -> Callable[[], Any]:
@@ -494,15 +503,45 @@ def _check_type(path: str, value: Any, annotation: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------- CLI overrides
+#: What Hydra's override grammar lets a key hold (``OverrideLexer.g4``, key mode: ``ID``, ``DOT_PATH``,
+#: ``KEY_SPECIAL``, ``@package``), besides ASCII letters and digits; ``~`` and ``+`` only as a prefix.
+_KEY_PUNCTUATION = frozenset("_-$./@")
+
+
+def check_override_syntax(overrides: Sequence[str]) -> None:
+    """Refuse, in one line and before any import, what Hydra's parser would only answer with a lexer dump: an
+    override without ``=``, and a key with a character its grammar does not allow (named, with its column, and the
+    key as plain ASCII where that is one)."""
+    import unicodedata
+
+    for text in overrides:
+        if "=" not in text and not text.startswith("~"):
+            raise RecipeError(f"override {text!r} is not key=value (e.g. model.seq_length=4096)")
+        key = text.split("=", 1)[0]
+        body = key.lstrip("~+")
+        start = len(key) - len(body)
+        for column, char in enumerate(body, start=start + 1):
+            if (char.isascii() and char.isalnum()) or char in _KEY_PUNCTUATION:
+                continue
+            name = unicodedata.name(char, "")
+            ascii_key = unicodedata.normalize("NFKD", body).encode("ascii", "ignore").decode()
+            fix = "use ASCII letters, digits, '_', '-' and dots"
+            if ascii_key != body and all((c.isascii() and c.isalnum()) or c in _KEY_PUNCTUATION for c in ascii_key):
+                fix = f"did you mean {key[:start]}{ascii_key}?"
+            code = f"U+{ord(char):04X}" + (f" {name}" if name else "")
+            raise RecipeError(
+                f"override {text!r}: the key has {char!r} ({code}) at column {column}, which a setting's name "
+                f"cannot hold; {fix}"
+            )
+
+
 def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
     """Hydra's parse of the ``key=value`` strings (the same parser Bridge's ``parse_hydra_overrides`` uses)."""
     if not overrides:
         return []
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    for text in overrides:
-        if "=" not in text and not text.startswith("~"):
-            raise RecipeError(f"override {text!r} is not key=value (e.g. model.seq_length=4096)")
+    check_override_syntax(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
     except Exception as error:
@@ -583,9 +622,9 @@ def plan_recipe(
         loaded: From :func:`load_recipe`.
         world_size: GPUs to plan for; defaults to the recipe file's ``world_size``.
         base_checkpoint_needed: Whether a PEFT base checkpoint (``checkpoint.pretrained_checkpoint``) that is not
-            on this machine stops the plan, as it stops Bridge's training. False (``validate`` and ``plan``): a plan
-            never reads it (:func:`bridge_cudagraph.planning.absent_base_checkpoint` names it); ``train`` keeps
-            Bridge's check.
+            set or not on this machine stops the plan, as it stops Bridge's training. False (``validate`` and
+            ``plan``): a plan never reads it (:func:`bridge_cudagraph.planning.missing_base_checkpoint` says which);
+            ``train`` keeps Bridge's check.
 
     Returns:
         The capture plan.

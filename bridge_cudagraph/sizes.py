@@ -16,7 +16,7 @@ from typing import Any
 
 from bridge_cudagraph.config import CudaGraphConfigError
 
-__all__ = ["SIZES", "check_positive", "check_sizes"]
+__all__ = ["SIZES", "check_positive", "check_sizes", "check_world_size"]
 
 #: (setting, smallest allowed value, whether null is allowed, what the setting counts) for every size that Bridge,
 #: Megatron-Core or the graphs divide by, split by or loop over. The first part of the setting is the
@@ -83,6 +83,16 @@ def _lookup(config: Any, setting: str) -> Any:
     return obj
 
 
+def check_world_size(world_size: Any) -> None:
+    """Refuse a world size that is not a positive integer (the CLI asks this of ``--world-size`` before it imports
+    anything heavy; :func:`check_sizes` of every world size)."""
+    if not (_is_integer(world_size) and world_size >= 1):
+        raise CudaGraphConfigError(
+            f"world size must be a positive integer (GPUs of the job), got {world_size!r}; pass --world-size N "
+            "(validate, plan) or launch with torchrun (train)"
+        )
+
+
 def check_sizes(config: Any, world_size: Any) -> None:
     """Check every size in :data:`SIZES` on a Bridge ``ConfigContainer``, then the products that must divide.
 
@@ -96,11 +106,7 @@ def check_sizes(config: Any, world_size: Any) -> None:
         CudaGraphConfigError: A size is not an integer at its minimum, or a product does not divide; one line with
             the setting and the fix.
     """
-    if not (_is_integer(world_size) and world_size >= 1):
-        raise CudaGraphConfigError(
-            f"world size must be a positive integer (GPUs of the job), got {world_size!r}; pass --world-size N "
-            "(validate, plan) or launch with torchrun (train)"
-        )
+    check_world_size(world_size)
     for setting, minimum, nullable, counts in SIZES:
         value = _lookup(config, setting)
         if value is _MISSING or (value is None and nullable):

@@ -133,25 +133,34 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
     Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
     configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
 
-    The checks ``validate`` and ``plan`` leave out, being about this machine, are made here: a base checkpoint
-    (``checkpoint.pretrained_checkpoint``) that is not on it, which Bridge would refuse with the path alone
-    (``CheckpointConfig.finalize``; the line says how to get one), and what its installed stack cannot build
-    (:func:`~bridge_cudagraph.validation.check_stack`). ``gpu_memory``: the ``--gpu-memory`` GiB the run must fit
-    (:func:`bridge_cudagraph.cli.check_memory`), checked here against the plan's estimate like ``validate`` does.
+    The checks ``validate`` and ``plan`` leave out, being about this run or machine, are made here: a PEFT base
+    checkpoint (``checkpoint.pretrained_checkpoint``) that is not set or not on this machine, which Bridge would
+    refuse naming no setting or with the path alone (``PEFT requires a pretrained checkpoint path``,
+    ``CheckpointConfig.finalize``; the line says which setting to give and how to build one), and what its
+    installed stack cannot build (:func:`~bridge_cudagraph.validation.check_stack`). ``gpu_memory``: the
+    ``--gpu-memory`` GiB the run must fit (:func:`bridge_cudagraph.cli.check_memory`), checked here against the
+    plan's estimate like ``validate`` does.
     """
     from bridge_cudagraph.config import CudaGraphConfigError
     from bridge_cudagraph.layout import LayoutError
-    from bridge_cudagraph.planning import absent_base_checkpoint
+    from bridge_cudagraph.planning import absent_base_checkpoint, missing_base_checkpoint
     from bridge_cudagraph.validation import check_stack
 
     missing = absent_base_checkpoint(loaded.config)
+    overrides = "".join(f" {o}" for o in getattr(loaded, "overrides", ()))
+    build = f"python -m bridge_cudagraph.examples.random_base {loaded.source}{overrides}"
     if missing is not None:
-        overrides = "".join(f" {o}" for o in getattr(loaded, "overrides", ()))
         raise CudaGraphConfigError(
             f"checkpoint.pretrained_checkpoint={missing} does not exist on this machine: Bridge's fine-tuning loads "
             "the base weights from it (PEFT before applying the adapters); give an existing Megatron or Hugging "
-            "Face checkpoint, or build one with random weights: python -m bridge_cudagraph.examples.random_base "
-            f"{loaded.source}{overrides}"
+            f"Face checkpoint, or build one with random weights: {build}"
+        )
+    if missing_base_checkpoint(loaded.config) is not None:  # PEFT, and no path at all
+        peft = type(loaded.config.peft).__name__
+        raise CudaGraphConfigError(
+            f"checkpoint.pretrained_checkpoint is not set, and this recipe's PEFT ({peft}) trains adapters on a base "
+            "checkpoint: give checkpoint.pretrained_checkpoint=PATH (a Megatron or Hugging Face checkpoint of the "
+            f"model), or build one with random weights at PATH: {build} checkpoint.pretrained_checkpoint=PATH"
         )
     try:
         plan = plan_run(loaded.config)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from bridge_cudagraph.config import CudaGraphConfigError
 
 if TYPE_CHECKING:
-    from bridge_cudagraph.plan import PackingFacts
+    from bridge_cudagraph.plan import ImageFacts, PackingFacts
 
 
 def check_environment(environ: dict[str, str] | None = None) -> None:
@@ -263,3 +263,224 @@ def check_can_train_with_graphs(config: Any) -> None:
             "model.cuda_graph asks for CUDA graphs but this machine has no CUDA device; run on a GPU machine, or use "
             "`bridge-cudagraph plan` / `validate` here"
         )
+
+
+# --------------------------------------------------------------------------- before Bridge's own finalization
+def check_before_bridge(config: Any) -> None:
+    """What Bridge's ``ConfigContainer.validate`` (Bridge 0.6.2 ``training/config.py``) would refuse with a line that
+    names no setting, and what this plugin refuses anyway, checked on the config as the user wrote it, before
+    Bridge's ``runtime_config_update`` runs (:func:`bridge_cudagraph.planning.finalize_config`), so that the first
+    line a user reads names the setting and the fix. In Bridge's order, with this plugin's own refusal of context
+    parallelism under packed graphs first (Bridge's lines about it would come first, and following them leads to it):
+
+    * ``model.seq_length`` past the positions the model was trained for (accepted by Bridge; nothing in the stack
+      limits rotary positions, so such a run trains on positions no weight has seen);
+    * context parallelism with packed language graphs (:func:`~bridge_cudagraph.plan.check_packed_context_parallel`);
+    * under context parallelism on a fine-tuning dataset: ``model.seq_length`` a multiple of 2 x cp,
+      ``model.calculate_per_token_loss=true`` and ``ddp.average_in_collective=false`` (Bridge asserts them with
+      ``When finetuning with CP>1, ... must be ...``);
+    * ``dataset.seq_length`` equal to ``model.seq_length`` (Bridge: ``Please ensure sequence length configuration in
+      model config and dataset config match``).
+    """
+    check_positions(config.model)
+    cg = getattr(config.model, "cuda_graph", None)
+    if cg is not None and cg.language.enabled:
+        from bridge_cudagraph.plan import check_packed_context_parallel
+
+        packing = packing_facts(config)
+        if packing is not None:
+            check_packed_context_parallel(int(getattr(config.model, "context_parallel_size", 1) or 1), packing)
+    _check_finetuning_context_parallel(config)
+    _check_sequence_lengths(config)
+
+
+def max_positions(model: Any) -> int | None:
+    """The positions a provider's model was trained for, where the provider says: ``max_position_embeddings`` of the
+    Hugging Face text config Bridge keeps on it (Qwen3-VL's ``hf_text_config``: 262144); None where it keeps none
+    (Bridge maps a GPT checkpoint's ``max_position_embeddings`` onto ``seq_length``, which the recipe then sets)."""
+    value = getattr(getattr(model, "hf_text_config", None), "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_positions(model: Any) -> None:
+    """Refuse a ``model.seq_length`` past :func:`max_positions`."""
+    limit = max_positions(model)
+    if limit is not None and model.seq_length > limit:
+        raise CudaGraphConfigError(
+            f"model.seq_length={model.seq_length} is past the {limit} positions {type(model).__name__} was trained "
+            "for (max_position_embeddings of its Hugging Face text config; rotary positions past it were never "
+            f"trained); set model.seq_length and dataset.seq_length to {limit} or less"
+        )
+
+
+def _bridge_datasets(*names: str) -> tuple[type, ...]:
+    """Bridge's dataset config classes of these names, as ``training/config.py`` imports them."""
+    from megatron.bridge.training import config as bridge_config
+
+    return tuple(
+        getattr(bridge_config, name) for name in names if isinstance(getattr(bridge_config, name, None), type)
+    )
+
+
+#: Bridge 0.6.2's providers whose ``finalize()`` turns ``calculate_per_token_loss`` on under context parallelism
+#: (``models/qwen_vl/qwen3_vl_provider.py``, ``qwen35_vl_provider.py``), before ``ConfigContainer.validate`` asks.
+_PER_TOKEN_LOSS_UNDER_CP = frozenset(
+    {"Qwen3VLModelProvider", "Qwen3VLMoEModelProvider", "Qwen35VLModelProvider", "Qwen35VLMoEModelProvider"}
+)
+
+
+def _sets_per_token_loss_itself(model: Any) -> bool:
+    return any(cls.__name__ in _PER_TOKEN_LOSS_UNDER_CP for cls in type(model).__mro__)
+
+
+def _check_finetuning_context_parallel(config: Any) -> None:
+    """Bridge's checks of context parallelism on a fine-tuning dataset (``ConfigContainer.validate``: a rank whose
+    tokens are all masked would otherwise average to a NaN loss), with the settings named."""
+    model, dataset, ddp = config.model, getattr(config, "dataset", None), getattr(config, "ddp", None)
+    cp = int(getattr(model, "context_parallel_size", 1) or 1)
+    if cp <= 1:
+        return
+    if model.seq_length % (2 * cp):
+        raise CudaGraphConfigError(
+            f"model.seq_length={model.seq_length} with model.context_parallel_size={cp}: context parallelism splits "
+            f"each sequence into 2 x cp = {2 * cp} chunks; use a multiple of {2 * cp} (e.g. "
+            f"{-(-model.seq_length // (2 * cp)) * 2 * cp}), for dataset.seq_length too"
+        )
+    finetuning = _bridge_datasets(
+        "GPTSFTDatasetConfig", "DirectHFSFTDatasetConfig", "EnergonDatasetConfig", "MockVLMSFTDatasetConfig"
+    )
+    if not isinstance(dataset, finetuning):
+        return
+
+    def refusal(setting: str) -> CudaGraphConfigError:
+        return CudaGraphConfigError(
+            f"model.context_parallel_size={cp} on a fine-tuning dataset ({type(dataset).__name__}) needs {setting}: "
+            "a context-parallel rank whose tokens are all masked would otherwise average to a NaN loss (Bridge's "
+            f"rule); set {setting}"
+        )
+
+    if not getattr(model, "calculate_per_token_loss", False) and not _sets_per_token_loss_itself(model):
+        raise refusal("model.calculate_per_token_loss=true")
+    # Bridge turns average_in_collective off itself under Megatron-FSDP with NCCL symmetric registration
+    # (ConfigContainer._validate_and_apply_megatron_fsdp_configs, before this check).
+    fsdp = getattr(getattr(config, "dist", None), "use_megatron_fsdp", False) or getattr(
+        ddp, "use_megatron_fsdp", False
+    )
+    switched_off = fsdp and not getattr(ddp, "disable_symmetric_registration", False)
+    if getattr(ddp, "average_in_collective", False) and not switched_off:
+        raise refusal("ddp.average_in_collective=false")
+
+
+def _check_sequence_lengths(config: Any) -> None:
+    """Bridge's check that the dataset's sequence length is the model's, on its own dataset configs."""
+    dataset = getattr(config, "dataset", None)
+    canonical = _bridge_datasets(
+        "GPTDatasetConfig",
+        "GPTSFTDatasetConfig",
+        "DirectHFSFTDatasetConfig",
+        "EnergonDatasetConfig",
+        "MockVLMSFTDatasetConfig",
+    )
+    if not isinstance(dataset, canonical):
+        return
+    data, model = dataset.seq_length, config.model.seq_length
+    if data != model:
+        raise CudaGraphConfigError(
+            f"dataset.seq_length {data} != model.seq_length {model}: Bridge builds samples of dataset.seq_length "
+            f"tokens for a model of model.seq_length; set both to one value (e.g. dataset.seq_length={model})"
+        )
+
+
+# --------------------------------------------------------------------------------------- the data path's images
+#: Where Bridge's processors keep their class name, in a processor folder.
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+#: The processor of a Qwen3-VL checkpoint (its ``preprocessor_config.json``), for a folder not on this machine.
+_QWEN3_VL_PROCESSOR = "Qwen3VLProcessor"
+
+
+def image_facts(config: Any) -> ImageFacts:
+    """The most pixels one image reaches the vision encoder with on the run's data path
+    (:class:`~bridge_cudagraph.plan.ImageFacts`, the default of ``vision.max_patches_per_image``), read off the
+    dataset config and what it names, and where the number comes from:
+
+    1. an Energon task encoder's own ``max_pixels`` (``dataset.task_encoder.max_pixels``);
+    2. else the ``max_pixels`` Bridge's collate for the processor passes it with ``min_pixels`` (its signature's
+       defaults; transformers 5 resizes to them only when both are given): Bridge 0.6.2 picks the collate by the
+       processor's class (``data/collators/registry.py``), ``qwen2_5_collate_fn`` for Qwen2.5-VL and Qwen3-VL
+       processors, whose default is ``QWEN_VL_MAX_PIXELS`` = 1003520 (``models/qwen_vl/data/collate_fn.py``); the
+       class is read from the processor folder (``dataset.hf_processor_path``, a local folder or the Hugging Face
+       cache), else taken to be a Qwen3-VL checkpoint's;
+    3. else the processor's own ``size.longest_edge`` (or ``max_pixels``) in its ``preprocessor_config.json``.
+
+    Reads files only; ``max_pixels`` is None where the dataset names no processor or none of these is readable.
+    """
+    from bridge_cudagraph.plan import ImageFacts
+
+    dataset = getattr(config, "dataset", None)
+    encoder = getattr(dataset, "task_encoder", None)
+    given = getattr(encoder, "max_pixels", None)
+    if _is_count(given):
+        return ImageFacts(given, "dataset.task_encoder.max_pixels")
+    path = getattr(encoder, "hf_processor_path", None) or getattr(dataset, "hf_processor_path", None)
+    if not path:
+        return ImageFacts(None, "the dataset names no processor (dataset.hf_processor_path)")
+    settings = _processor_settings(str(path))
+    kind = next((settings[f].get("processor_class") for f in _PROCESSOR_FILES if f in settings), None)
+    collate, max_pixels = _collate_max_pixels(kind or _QWEN3_VL_PROCESSOR)
+    if max_pixels is not None:
+        return ImageFacts(max_pixels, f"passed to the processor by Bridge's collate, {collate}")
+    own = settings.get("preprocessor_config.json", {})
+    size = own.get("size") if isinstance(own.get("size"), dict) else {}
+    longest = size.get("longest_edge", own.get("max_pixels"))
+    if _is_count(longest):
+        return ImageFacts(longest, f"size.longest_edge of {path}'s preprocessor_config.json")
+    return ImageFacts(None, f"no max_pixels in reach: {path} has no readable preprocessor_config.json here")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _processor_settings(path: str) -> dict[str, dict[str, Any]]:
+    """The JSON files of :data:`_PROCESSOR_FILES` that a processor folder holds on this machine: a local folder, or
+    a Hugging Face model id in the local cache (never the network)."""
+    import json
+    from pathlib import Path
+
+    found: dict[str, dict[str, Any]] = {}
+    for name in _PROCESSOR_FILES:
+        file: Any = Path(path) / name
+        if not file.is_file():
+            try:
+                from huggingface_hub import try_to_load_from_cache
+
+                file = try_to_load_from_cache(path, name)
+            except Exception:  # not a model id, or no hub library: nothing cached
+                file = None
+            file = Path(file) if isinstance(file, str) else None
+        if file is None or not file.is_file():
+            continue
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            found[name] = data
+    return found
+
+
+def _collate_max_pixels(processor_class: str) -> tuple[str, int | None]:
+    """The collate Bridge picks for a processor class, and the ``max_pixels`` it resizes images to (None where it
+    passes none, or no ``min_pixels`` with it)."""
+    import inspect
+
+    try:
+        from megatron.bridge.data.collators.registry import resolve_model_collate
+
+        collate = resolve_model_collate(processor_class)
+        parameters = inspect.signature(collate).parameters
+    except (ImportError, ValueError, TypeError):
+        return "", None
+    name = getattr(collate, "__name__", str(collate))
+    bounds = [parameters[p].default if p in parameters else None for p in ("min_pixels", "max_pixels")]
+    return name, bounds[1] if all(_is_count(b) for b in bounds) else None

@@ -11,6 +11,13 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="$(bash scripts/setup.sh | tail -n 1)"
+# Neither the python nor the README's `bridge-cudagraph` is on PATH after set-up (the .venv is not activated): say both.
+echo "run.sh: python $PY" >&2
+if [ -x "$(dirname "$PY")/bridge-cudagraph" ]; then
+  echo "run.sh: bridge-cudagraph is $(dirname "$PY")/bridge-cudagraph (source $(dirname "$PY")/activate puts it on PATH)" >&2
+else
+  echo "run.sh: bridge-cudagraph is \"$PY -m bridge_cudagraph\" here (from $ROOT)" >&2
+fi
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   exec "$PY" -m bridge_cudagraph train recipes/tiny_qwen3_vl_photos.yaml "$@"

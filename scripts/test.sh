@@ -6,6 +6,13 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="$(bash scripts/setup.sh | tail -n 1)"
+# Neither the python nor the README's `bridge-cudagraph` is on PATH after set-up (the .venv is not activated): say both.
+echo "test.sh: python $PY" >&2
+if [ -x "$(dirname "$PY")/bridge-cudagraph" ]; then
+  echo "test.sh: bridge-cudagraph is $(dirname "$PY")/bridge-cudagraph (source $(dirname "$PY")/activate puts it on PATH)" >&2
+else
+  echo "test.sh: bridge-cudagraph is \"$PY -m bridge_cudagraph\" here (from $ROOT)" >&2
+fi
 status=0
 "$PY" -m pytest -q "$@" || status=$?
 if [ "$status" -eq 5 ]; then

@@ -388,6 +388,15 @@ VL_8B = "recipes/qwen3_vl_8b_sft_graphs.yaml"  # tp 2, micro batch 2, global bat
 QWEN3_8B = "recipes/qwen3_8b_sft_graphs.yaml"
 TINY = "recipes/tiny_qwen3_vl.yaml"
 VL_30B_MOE = "recipes/qwen3_vl_30b_a3b_sft_graphs.yaml"
+PHOTOS = "recipes/tiny_qwen3_vl_photos.yaml"  # packed in Bridge's Qwen3-VL step, world size 1
+PEFT_1GPU = "recipes/qwen3_vl_8b_peft_1gpu_graphs.yaml"  # names no base checkpoint
+# The Qwen3 8B recipe padded (the file packs offline; tests/unit/test_plan_recipes.py unpacks it the same way).
+QWEN3_8B_PADDED = [
+    QWEN3_8B,
+    "dataset.enable_offline_packing=false",
+    "dataset.offline_packing_specs=null",
+    "dataset.dataloader_type=single",
+]
 
 # (id, argv after the verb, fragments of the one error line). Each was found by running the CLI: before the early
 # size check, the zeros ended in a ZeroDivisionError from Bridge's runtime_config_update and the non-dividing batch
@@ -485,6 +494,77 @@ CLI_CASES = [
         ],
         ["optimizer.optimizer_cuda_graph=true freezes the weight decay", "'cosine'"],
     ),
+    # Issue #35: accepted though they cannot work.
+    (
+        "seq-length-past-the-models-positions",
+        [VL_8B, "model.seq_length=300000", "dataset.seq_length=300000"],
+        [
+            "model.seq_length=300000 is past the 262144 positions CudaGraphQwen3VLModelProvider was trained for",
+            "set model.seq_length and dataset.seq_length to 262144 or less",
+        ],
+    ),
+    (
+        "language-budgets-on-a-padded-recipe",
+        [VL_8B, "model.cuda_graph.language.token_budgets=[1024,4096]"],
+        [
+            "model.cuda_graph.language.token_budgets=[1024, 4096] applies to packed micro-batches only",
+            "pads every micro-batch to model.seq_length 4096",
+            "set it to null, or pack: dataset.enable_in_batch_packing=true",
+        ],
+    ),
+    (
+        "language-max-sequences-on-a-padded-recipe",
+        [*QWEN3_8B_PADDED, "model.cuda_graph.language.max_sequences=8"],
+        ["language.max_sequences=8 applies to packed micro-batches only", "dataset.enable_offline_packing=true"],
+    ),
+    (
+        "max-patches-per-image-above-the-largest-budget",
+        [VL_8B, "model.cuda_graph.vision.max_patches_per_image=40000"],
+        ["vision.max_patches_per_image=40000 is above the largest vision budget 32768", "set it to 32768 or less"],
+    ),
+    # Issue #35: Bridge's own lines that name no setting, said by us first with the settings.
+    (
+        "seq-lengths-differ",
+        [VL_8B, "dataset.seq_length=2048"],
+        ["dataset.seq_length 2048 != model.seq_length 4096", "dataset.seq_length=4096"],
+    ),
+    (  # Bridge's Qwen3-VL providers turn calculate_per_token_loss on themselves under cp; a GPT's does not
+        "cp-without-per-token-loss",
+        [*QWEN3_8B_PADDED, "model.context_parallel_size=2"],
+        [
+            "model.context_parallel_size=2 on a fine-tuning dataset (GPTSFTDatasetConfig)",
+            "set model.calculate_per_token_loss=true",
+        ],
+    ),
+    (
+        "cp-with-average-in-collective",
+        [VL_8B, "model.context_parallel_size=2"],
+        [
+            "model.context_parallel_size=2 on a fine-tuning dataset (DirectHFSFTDatasetConfig)",
+            "set ddp.average_in_collective=false",
+        ],
+    ),
+    (
+        "cp-seq-length-not-a-multiple-of-2cp",
+        [VL_8B, "model.context_parallel_size=2", "model.seq_length=4090", "dataset.seq_length=4090"],
+        ["model.seq_length=4090 with model.context_parallel_size=2", "multiple of 4 (e.g. 4092)"],
+    ),
+    (
+        "cp-on-packed-graphs-ours-first",
+        [PHOTOS, "model.context_parallel_size=2", "--world-size", "2"],
+        ["packed micro-batches and model.context_parallel_size=2", "set context_parallel_size=1"],
+    ),
+    # Issue #35: the command line itself (also fast and without the stack: tests/unit/test_cli.py).
+    (
+        "override-key-not-ascii",
+        [TINY, "model.cuda_graph.lánguage.enabled=true"],
+        [
+            "'á' (U+00E1 LATIN SMALL LETTER A WITH ACUTE) at column 19",
+            "did you mean model.cuda_graph.language.enabled?",
+        ],
+    ),
+    ("override-without-equals", [TINY, "foo"], ["override 'foo' is not key=value"]),
+    ("gpu-memory-0", [TINY, "--gpu-memory", "0"], ["--gpu-memory must be a positive number of GiB", "got 0"]),
 ]
 
 
@@ -550,13 +630,22 @@ TRAIN_CASES = [
 ]
 
 
+def _driver_shows_a_gpu(monkeypatch) -> None:
+    """As on a machine whose CUDA driver shows a GPU: ``train``'s early check of the driver passes, and torch's
+    check, after the configuration's, is what a machine without CUDA stops at."""
+    import bridge_cudagraph.cli
+
+    monkeypatch.setattr(bridge_cudagraph.cli, "cuda_device_count", lambda: (1, ""))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
 @pytest.mark.parametrize(("name", "argv", "message"), TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_train_refuses_what_validate_refuses_before_asking_for_a_gpu(name, argv, message, capsys, monkeypatch):
-    """``train`` refuses the configuration that ``validate`` refuses, with the same line, before the GPU check (at
-    the recipe's world size: ``train`` reads it from ``WORLD_SIZE``)."""
+    """``train`` refuses the configuration that ``validate`` refuses, with the same line, before torch's GPU check (at
+    the recipe's world size: ``train`` reads it from ``WORLD_SIZE``), wherever the CUDA driver shows a GPU."""
     from bridge_cudagraph.cli import main
 
+    _driver_shows_a_gpu(monkeypatch)
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("WORLD_SIZE", "8")
     lines = []
@@ -567,6 +656,33 @@ def test_train_refuses_what_validate_refuses_before_asking_for_a_gpu(name, argv,
         assert code == 2 and len(errors) == 1 and message in errors[0], (verb, err)
         lines.append(errors[0])
     assert lines[0] == lines[1], lines
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
+def test_a_peft_recipe_without_a_base_plans_and_train_names_the_setting(capsys, monkeypatch, record):
+    """Issue #35: ``recipes/qwen3_vl_8b_peft_1gpu_graphs.yaml`` names no base checkpoint. ``validate`` and ``plan``
+    need none (a plan does not read it) and say it is not set; ``train`` refuses in one line that names
+    ``checkpoint.pretrained_checkpoint`` and how to give or build one, before any GPU check."""
+    from bridge_cudagraph.cli import main
+
+    _driver_shows_a_gpu(monkeypatch)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["validate", PEFT_1GPU]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"ok: {PEFT_1GPU} at 1 GPU:") and out.endswith(
+        "; checkpoint.pretrained_checkpoint is not set (train needs it)\n"
+    )
+    assert main(["train", PEFT_1GPU]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    record(argv=["train", PEFT_1GPU], code=2, message=errors[-1] if errors else "")
+    assert errors == [
+        "error: checkpoint.pretrained_checkpoint is not set, and this recipe's PEFT (LoRA) trains adapters on a base "
+        "checkpoint: give checkpoint.pretrained_checkpoint=PATH (a Megatron or Hugging Face checkpoint of the model), "
+        f"or build one with random weights at PATH: python -m bridge_cudagraph.examples.random_base {PEFT_1GPU} "
+        "checkpoint.pretrained_checkpoint=PATH"
+    ], err
 
 
 # ------------------------------------------------------------------------------ the recipe file's own structure

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,10 @@ from _processes import awaited
 from bridge_cudagraph.cli import VERBS, build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: Seconds an error in the command line itself may take, start to exit: Python's start and the light modules (about
+#: 0.15 s here); importing Megatron-Bridge first took 17-21 s.
+FAST = 5.0
 
 #: The whole command-line surface. A new flag is a deliberate change of this table (torchtitan's
 #: test_no_new_cli_options); knobs belong in the recipe.
@@ -98,14 +104,18 @@ def test_plan_prints_the_plan(runs):
     lines = out.splitlines()
     assert lines[0] == "recipe: recipes/qwen3_vl_8b_sft_graphs.yaml"
     assert "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16" in lines
-    assert "  micro-batch 2, global batch 128, micro-batches per step 16" in lines
+    assert "  micro-batch 2, global batch 128, micro-batches per step 16 (128 / (2 x dp 4))" in lines
     assert "  dense  tp 2 x cp 1 x dp 4 x pp 1 = 8" in lines and "  dense  tp 1 x cp 1 x dp 8 x pp 1 = 8" in lines
-    assert (
-        "language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank, whole layers, capture after 3 "
-        "steps" in lines
-    )
+    i = lines.index("language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank,")
+    assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
     assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
     assert any(line.startswith("vision: 4 graphs x 4 budgets = 16 graphs per rank") for line in lines)
+    # Bridge's recipe names Qwen/Qwen3-VL-8B-Instruct as its processor: Bridge's Qwen-VL collate caps an image at
+    # max_pixels 1003520, so at 3920 patches, and the plan says where the number comes from.
+    i = lines.index("  at most 3920 patches per image (the static attention max_seqlen):")
+    assert lines[i + 1] == (
+        "    from max_pixels 1003520 // 16**2 = 3920, passed to the processor by Bridge's collate, qwen2_5_collate_fn"
+    )
     assert lines[-1].startswith("busiest rank: 20 graphs")
     assert max(map(len, lines)) <= 119
 
@@ -147,8 +157,9 @@ def test_missing_recipe_file():
 
 @pytest.mark.parametrize("verb", ["train"])
 def test_gpu_verbs_fail_fast_without_cuda(verb):
-    """Without CUDA, ``train`` stops with one line before any step, after the recipe's own checks (a
-    configuration ``validate`` refuses gets ``validate``'s line first: ``tests/unit/test_train.py``)."""
+    """Without CUDA, ``train`` stops with one line before anything heavy is imported (the CUDA driver is asked,
+    not torch); a recipe file that is not there is named first. Where the driver shows a GPU, the recipe's own
+    checks come before torch's (``tests/unit/test_train.py``)."""
     import torch
 
     if torch.cuda.is_available():
@@ -159,14 +170,23 @@ def test_gpu_verbs_fail_fast_without_cuda(verb):
     assert (
         missing.returncode == 2 and missing.stderr.splitlines()[-1] == "error: recipe file no/such.yaml does not exist"
     )
+    started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "bridge_cudagraph", verb, "recipes/tiny_qwen3_vl.yaml"],
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.splitlines()[-1].startswith(f"error: {verb} needs a CUDA GPU")
+    seconds = time.perf_counter() - started
+    assert done.returncode == 2 and done.stdout == ""
+    # The parenthesis says what the driver said: no libcuda here, or (a driver without a device) no device.
+    assert re.fullmatch(
+        rf"error: {verb} needs a CUDA GPU and this machine has none \((no CUDA driver|the CUDA driver shows no "
+        r"device)[^)]*\); run it on a GPU machine \(under torchrun for several GPUs\), or use `plan` / `validate` "
+        r"here\n",
+        done.stderr,
+    ), done.stderr
+    assert seconds < FAST, f"{seconds:.1f} s"
 
 
 def test_console_script():
@@ -224,3 +244,68 @@ def test_the_probe_sees_a_heavy_main(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+#: (argv, the one line): errors in the command line itself, answered before anything heavy is imported.
+COMMAND_LINE_ERRORS = [
+    (["plan", "x.yaml", "foo"], "error: override 'foo' is not key=value (e.g. model.seq_length=4096)"),
+    (
+        ["plan", "recipes/tiny_qwen3_vl.yaml", "foo"],
+        "error: override 'foo' is not key=value (e.g. model.seq_length=4096)",
+    ),
+    (
+        ["validate", "recipes/tiny_qwen3_vl.yaml", "model.cuda_graph.lánguage.enabled=true"],
+        "error: override 'model.cuda_graph.lánguage.enabled=true': the key has 'á' (U+00E1 LATIN SMALL LETTER A WITH "
+        "ACUTE) at column 19, which a setting's name cannot hold; did you mean model.cuda_graph.language.enabled?",
+    ),
+    (
+        ["plan", "recipes/tiny_qwen3_vl.yaml", "--world-size", "0"],
+        "error: world size must be a positive integer (GPUs of the job), got 0; pass --world-size N (validate, plan) "
+        "or launch with torchrun (train)",
+    ),
+    (
+        ["validate", "recipes/tiny_qwen3_vl.yaml", "--gpu-memory", "0"],
+        "error: --gpu-memory must be a positive number of GiB (80 for an 80 GB H100), got 0",
+    ),
+    (
+        ["train", "recipes/tiny_qwen3_vl.yaml", "--gpu-memory", "-80"],
+        "error: --gpu-memory must be a positive number of GiB (80 for an 80 GB H100), got -80",
+    ),
+    (
+        ["plan", "recipes/tiny_qwen3_vl.yaml", "--world", "8"],
+        "error: unrecognized arguments: --world 8; see `bridge-cudagraph --help`",
+    ),
+    (
+        ["plan", "recipes/tiny_qwen3_vl.yaml", "--world-size", "two"],
+        "error: argument --world-size: invalid int value: 'two'; see `bridge-cudagraph plan --help`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"), COMMAND_LINE_ERRORS, ids=[" ".join(c[0][:1] + c[0][2:]) for c in COMMAND_LINE_ERRORS]
+)
+def test_command_line_errors_are_one_line_in_seconds(argv, line):
+    """``python -m bridge_cudagraph`` as a user runs it: exit 2, exactly one ``error:`` line, in under FAST seconds
+    (Megatron-Bridge's import alone takes 15-25 s here, so a slow path cannot pass)."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "bridge_cudagraph", *argv], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
+    assert seconds < FAST, f"{' '.join(argv)} took {seconds:.1f} s"
+
+
+def test_command_line_errors_import_no_training_stack():
+    """The same errors in-process: torch and Megatron are still not imported after them (the reason they are fast)."""
+    probe = (
+        "import sys\n"
+        "from bridge_cudagraph.cli import main\n"
+        "codes = [main(a) for a in (['plan', 'x.yaml', 'foo'], ['plan', 'recipes/tiny_qwen3_vl.yaml', '--world-size',"
+        " '0'], ['train', 'recipes/tiny_qwen3_vl.yaml'])]\n"
+        "print(codes, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine',"
+        " 'omegaconf', 'hydra')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[2, 2, 2] []"
+    assert len(done.stderr.splitlines()) == 3 and all(x.startswith("error: ") for x in done.stderr.splitlines())

@@ -401,3 +401,13 @@ def test_format_layout_small_world_shows_everything() -> None:
     text = ParallelLayout(tp=2).resolve(2).describe()
     assert "..." not in text
     assert re.search(r"^  tp\s+2\s+1\s+\[0, 1\]$", text, re.M)
+
+
+def test_format_layout_on_one_gpu_is_one_line() -> None:
+    """On one GPU every group is that GPU: one line instead of 40 rows of size 1; two GPUs keep the tables."""
+    one = resolve_submodules(ParallelLayout(), VisionLayout(tp=1), 1)
+    assert format_layout(one) == "process groups: all of size 1 (one GPU; language, vision)"
+    assert format_layout(ParallelLayout().resolve(1)) == "process groups: all of size 1 (one GPU; language)"
+    two = format_layout(resolve_submodules(ParallelLayout(), VisionLayout(tp=1), 2))
+    assert "process groups" not in two
+    assert re.search(r"^  dp\s+2\s+1\s+\[0, 1\]$", two, re.M) and two.count("group           size") == 2

@@ -146,11 +146,9 @@ class TestQwen3VL8B:
         assert p.language.graph_unit == "layer" and p.language.graphs == 36
         assert p.language.segments_per_stage == (tuple((i, i + 1) for i in range(36)),)
         lines = p.describe().splitlines()
-        assert (
-            "language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank, whole layers, capture after 3 steps"
-            in (lines)
-        )
-        assert not any("runs of layers" in line for line in lines)
+        i = lines.index("language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank,")
+        assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
+        assert not any("runs of layers" in line or "graph_unit null" in line for line in lines)
 
     @pytest.mark.fast
     def test_language_runs_fall_back_to_layers_where_the_decoder_works_between_layers(self):
@@ -491,12 +489,10 @@ class TestDescribe:
         text = plan(qwen3_vl_8b(), both_on()).describe()
         lines = text.splitlines()
         assert lines[0] == "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16"
-        assert lines[1] == "  micro-batch 2, global batch 128, micro-batches per step 16"
+        assert lines[1] == "  micro-batch 2, global batch 128, micro-batches per step 16 (128 / (2 x dp 4))"
         assert "language: ranks 0-7 of 8" in lines and "vision: ranks 0-7 of 8" in lines
-        assert (
-            "language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank, whole layers, capture after 3 "
-            "steps" in lines
-        )
+        i = lines.index("language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank,")
+        assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
         assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
         vision = "vision: 4 graphs x 4 budgets = 16 graphs per rank"
         assert any(line.startswith(vision) for line in lines)
@@ -683,3 +679,156 @@ def test_offline_packed_plan_is_one_budget_of_seq_length_and_refuses_what_it_can
         _offline_plan(cp=2)
     with pytest.raises(CudaGraphConfigError, match="a multiple of 3"):
         _offline_plan(tp=3, sequence_parallel=True, num_attention_heads=9)
+
+
+# ------------------------------------------------------------------ defaults from the data path, and their sources
+def _vision_plan(images=None, **vision):
+    from bridge_cudagraph.plan import ImageFacts
+
+    pixels = None if images is None else ImageFacts(*images)
+    return build_plan(
+        qwen3_vl_8b(),
+        both_on(**vision),
+        world_size=8,
+        micro_batch_size=2,
+        global_batch_size=128,
+        images=pixels,
+    ).vision
+
+
+def test_max_patches_per_image_comes_from_the_data_paths_max_pixels():
+    """Bridge's Qwen-VL collate passes max_pixels 1003520: 1003520 // 16**2 = 3920 patches, and the plan says so;
+    the static cu_seqlens then holds the tail of the largest budget in pieces of 3920 (9 of them for 32768)."""
+    vision = _vision_plan((1003520, "passed to the processor by Bridge's collate, qwen2_5_collate_fn"))
+    assert vision.max_patches_per_image == 3920
+    assert vision.patches_source == (
+        "from max_pixels 1003520 // 16**2 = 3920, passed to the processor by Bridge's collate, qwen2_5_collate_fn"
+    )
+    assert vision.layout.cu_seqlens_length == 1 + 512 + 9 == vision.inputs_at(4096)[-1].shape[0]
+    from bridge_cudagraph.plan import ImageFacts
+
+    images = ImageFacts(1003520, "the collate")
+    text = build_plan(
+        qwen3_vl_8b(), both_on(), world_size=8, micro_batch_size=2, global_batch_size=128, images=images
+    ).describe()
+    lines = text.splitlines()
+    i = lines.index("  at most 3920 patches per image (the static attention max_seqlen):")
+    assert lines[i + 1] == "    from max_pixels 1003520 // 16**2 = 3920, the collate"
+    assert max(map(len, lines)) <= 119
+
+
+def test_max_patches_per_image_is_at_most_the_largest_budget_and_says_why_where_unknown():
+    """A processor that allows more than the largest budget gives the largest budget; no processor, the largest
+    budget with the reason; a set value is kept and printed without a source."""
+    big = _vision_plan((16777216, "size.longest_edge of P's preprocessor_config.json"))
+    assert big.max_patches_per_image == 32768
+    assert big.patches_source.startswith("the largest budget, below max_pixels 16777216 // 16**2 = 65536")
+    unknown = _vision_plan((None, "the dataset names no processor (dataset.hf_processor_path)"))
+    assert unknown.max_patches_per_image == 32768
+    assert unknown.patches_source == "the largest budget; the dataset names no processor (dataset.hf_processor_path)"
+    assert _vision_plan().patches_source == "the largest budget; no data path was read"
+    given = _vision_plan((1003520, "the collate"), max_patches_per_image=2048)
+    assert (given.max_patches_per_image, given.patches_source) == (2048, "")
+
+
+def test_max_patches_per_image_above_the_largest_budget_is_refused():
+    with pytest.raises(CudaGraphConfigError) as info:
+        _vision_plan(token_budgets=[1024, 4096], max_patches_per_image=5000)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("model.cuda_graph.vision.max_patches_per_image=5000 is above the largest vision budget")
+    assert "set it to 4096 or less (or null), or add a budget of at least 5000" in message
+    assert _vision_plan(token_budgets=[1024, 4096], max_patches_per_image=4096).max_patches_per_image == 4096
+
+
+@pytest.mark.parametrize("setting", [{"token_budgets": [1024, 4096]}, {"max_sequences": 4}])
+def test_packed_only_language_settings_on_a_padded_run_are_refused(setting):
+    """``language.token_budgets`` and ``max_sequences`` do nothing when every micro-batch is padded (one shape):
+    refused, not silently ignored; the fix names the packing switch of the model's family."""
+    ((name, value),) = setting.items()
+    cfg = cuda_graph_config_from_dict({"language": {"enabled": True, **setting}})
+    with pytest.raises(CudaGraphConfigError) as info:
+        plan(qwen3_vl_8b(), cfg)
+    message = str(info.value)
+    assert message.startswith(f"model.cuda_graph.language.{name}={value!r} applies to packed micro-batches only")
+    assert "pads every micro-batch to model.seq_length 4096" in message
+    assert "enable_in_batch_packing=true" in message
+    with pytest.raises(CudaGraphConfigError, match=r"enable_offline_packing=true \(GPT SFT\)"):
+        plan(qwen3_8b(), cfg)
+
+
+def test_packed_context_parallel_is_one_check():
+    """The refusal build_plan makes, and the one the check before Bridge's finalization calls."""
+    from bridge_cudagraph.plan import PackingFacts, check_packed_context_parallel
+
+    check_packed_context_parallel(1, PackingFacts("qwen3_vl_step"))
+    with pytest.raises(CudaGraphConfigError, match=r"context_parallel_size=2: .* by index \(2 ranks x 2 chunks"):
+        check_packed_context_parallel(2, PackingFacts("qwen3_vl_step"))
+    with pytest.raises(CudaGraphConfigError, match="GPT step partitions each packed row"):
+        check_packed_context_parallel(4, PackingFacts("offline", fixed_width=True))
+
+
+def test_derived_values_say_their_source_and_set_ones_do_not():
+    """Micro-batches per step, warmups, the switches left null: each default names where it comes from."""
+    derived = plan(qwen3_vl_8b(), both_on())
+    assert derived.num_microbatches_source == "128 / (2 x dp 4)"
+    assert derived.language.warmup_source == derived.vision.warmup_source == "model.cuda_graph_warmup_steps"
+    assert derived.switches_defaulted == ("optimizer_host_cache", "fewer_host_waits")
+    assert "  on wherever graphs are (left null): optimizer_host_cache, fewer_host_waits" in derived.describe()
+    cfg = cuda_graph_config_from_dict(
+        {
+            "language": {"enabled": True, "warmup_steps": 5},
+            "vision": {"enabled": True},
+            "num_microbatches": 16,
+            "optimizer_host_cache": True,
+            "fewer_host_waits": False,
+        }
+    )
+    given = plan(qwen3_vl_8b(), cfg)
+    assert given.num_microbatches_source == "" and given.language.warmup_source == ""
+    # The vision block sets none: it follows the language warmup, which finalize() copies onto the model.
+    assert (given.vision.warmup_steps, given.vision.warmup_source) == (5, "language.warmup_steps")
+    assert given.switches_defaulted == ()
+    text = given.describe()
+    assert "micro-batches per step 16\n" in text and "left null" not in text
+
+
+def test_a_layer_unit_chosen_for_the_model_says_why():
+    moe = dataclasses.replace(qwen3_vl_8b(), num_moe_experts=8, moe_layer_pattern=(1,) * 36)
+    cfg = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
+    p = plan(moe, cfg)
+    assert p.language.graph_unit == "layer"
+    assert "  one graph per layer (graph_unit null: language.modules captures parts of layers)" in p.describe()
+
+
+def test_counts_of_one_are_singular():
+    """ "1 graph", "1 budget", "1 step": a one-layer, one-rank, offline-packed GPT says each in the singular."""
+    from bridge_cudagraph.config import LanguageGraphConfig
+    from bridge_cudagraph.plan import PackingFacts
+
+    facts = ModelFacts(
+        provider="CudaGraphGPTModelProvider",
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        kv_channels=16,
+        seq_length=256,
+        cuda_graph_warmup_steps=1,
+    )
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True))
+    p = build_plan(
+        facts,
+        cfg,
+        world_size=1,
+        micro_batch_size=1,
+        global_batch_size=1,
+        packing=PackingFacts("offline", fixed_width=True),
+    )
+    lines = p.describe().splitlines()
+    assert lines[0] == "capture plan: CudaGraphGPTModelProvider on 1 rank, bf16"
+    i = lines.index("language: 1 layer in 1 run x 1 budget each (packed THD) = 1 graph per rank,")
+    assert lines[i + 1] == "  whole layers, capture after 1 step (model.cuda_graph_warmup_steps)"
+    assert lines[-1].startswith("busiest rank: 1 graph;")
+    one = build_plan(qwen3_vl_8b(tp=1), both_on(), world_size=1, micro_batch_size=2, global_batch_size=2).describe()
+    assert "vision: 4 graphs x 4 budgets = 16 graphs per rank on rank 0," in one.splitlines()
+    assert not any(word in p.describe() for word in (" 1 graphs", " 1 budgets", " 1 steps", " 1 layers", " 1 runs"))

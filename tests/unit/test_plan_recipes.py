@@ -41,6 +41,7 @@ CASES = {
             ],
             budgets=(256, 512, 1024, 2048),
             images=32,
+            max_patches=2048,  # synthetic images, no processor: the largest budget
             copies=1,
             vision_graphs=3 * 4,  # layers 0-1, 2, 3 (deepstack layers 1 and 2) x 4 budgets
             vision_warmup=3,
@@ -91,13 +92,14 @@ CASES = {
             ],
             budgets=(4096, 8192, 16384, 32768),
             images=512,
+            max_patches=3920,  # Bridge's Qwen-VL collate: max_pixels 1003520 // 16**2
             copies=2,
             vision_graphs=4 * 4 * 2,  # 4 segments (deepstack 8, 16, 24 of 27) x 4 budgets x 2 copies
             vision_warmup=5,
             vision_inputs_at_first=[
                 ("hidden_states", (4096, 1, 1152), "bf16"),
                 ("rotary_pos_emb", (4096, 1, 1, 72), "fp32"),
-                ("cu_seqlens", (514,), "int32"),
+                ("cu_seqlens", (1 + 512 + 9,), "int32"),  # the 32768-patch tail in 9 pieces of at most 3920
             ],
         ),
     ),
@@ -127,7 +129,9 @@ def test_the_plan_holds_the_pinned_numbers(planned):
     assert v.enabled and v.token_budgets == want["budgets"] and v.max_images_per_microbatch == want["images"]
     assert (v.copies, v.graphs, v.warmup_steps) == (want["copies"], want["vision_graphs"], want["vision_warmup"])
     assert _shapes(v.inputs_at(v.token_budgets[0])) == want["vision_inputs_at_first"]
-    assert all(inputs[2].shape == (want["images"] + 2,) for _, inputs in v.static_inputs)
+    assert v.max_patches_per_image == want["max_patches"]
+    tail = -(-want["budgets"][-1] // want["max_patches"])
+    assert all(inputs[2].shape == (1 + want["images"] + tail,) for _, inputs in v.static_inputs)
 
 
 def test_the_helpers_get_exactly_the_plans_numbers(planned):
@@ -150,7 +154,7 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
         assert vision == {
             "budgets": list(want["budgets"]),
             "max_segments": want["images"],
-            "max_seqlen": want["budgets"][-1],  # max_patches_per_image unset: any image up to the largest budget
+            "max_seqlen": want["max_patches"],  # max_patches_per_image unset: from the data path
             "copies": want["copies"],
             "graph_unit": "deepstack",  # graph_unit unset: graphs cut after each deepstack layer
             "static_inputs": dict(plan.vision.static_inputs),

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from bridge_cudagraph.examples.tiny_recipe import tiny_qwen3_vl_config
-from bridge_cudagraph.planning import absent_base_checkpoint, finalize_config, plan_config
+from bridge_cudagraph.planning import absent_base_checkpoint, missing_base_checkpoint, plan_config
 from bridge_cudagraph.providers import with_cuda_graphs
 
 
@@ -26,10 +26,16 @@ def peft_config(tmp_path):
 
 def test_absent_base_checkpoint(peft_config, tmp_path):
     assert absent_base_checkpoint(peft_config) == str(tmp_path / "no-such-base")
+    assert missing_base_checkpoint(peft_config) == (
+        f"checkpoint.pretrained_checkpoint={tmp_path / 'no-such-base'} is not on this machine"
+    )
     (tmp_path / "no-such-base").mkdir()
-    assert absent_base_checkpoint(peft_config) is None
+    assert absent_base_checkpoint(peft_config) is None and missing_base_checkpoint(peft_config) is None
     peft_config.checkpoint.pretrained_checkpoint = None
     assert absent_base_checkpoint(peft_config) is None
+    assert missing_base_checkpoint(peft_config) == "checkpoint.pretrained_checkpoint is not set"
+    peft_config.peft = None  # without PEFT, no base checkpoint is no missing one
+    assert missing_base_checkpoint(peft_config) is None
 
 
 def test_a_run_keeps_bridges_check(peft_config):
@@ -47,8 +53,15 @@ def test_a_plan_does_not_need_the_base_and_keeps_its_path(peft_config, tmp_path)
     assert not list(tmp_path.glob("no-such-base*"))
 
 
-def test_a_plan_still_refuses_a_peft_recipe_with_no_base_at_all(peft_config):
-    """No path at all is a configuration error (Bridge's ``PEFT requires a pretrained checkpoint path``)."""
+def test_a_plan_of_a_peft_recipe_with_no_base_at_all_needs_none(peft_config):
+    """No path at all (issue #35: the shipped 1-GPU PEFT recipe names none): a plan does not read the base, so it
+    plans, and the config keeps its None; a run keeps Bridge's refusal (``train`` says which setting to give first:
+    ``tests/unit/test_bad_configs.py``)."""
+    import copy
+
     peft_config.checkpoint.pretrained_checkpoint = None
+    run = copy.deepcopy(peft_config)
+    plan = plan_config(peft_config, world_size=1, base_checkpoint_needed=False)
+    assert plan.language.enabled and peft_config.checkpoint.pretrained_checkpoint is None
     with pytest.raises(AssertionError, match="PEFT requires a pretrained checkpoint path"):
-        finalize_config(peft_config, world_size=1, base_checkpoint_needed=False)
+        plan_config(run, world_size=1)

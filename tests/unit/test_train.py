@@ -212,6 +212,16 @@ def test_run_hands_its_plan_to_the_graph_callback(entries):
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: ``python -m bridge_cudagraph`` as on a machine whose CUDA driver shows a GPU: ``train`` passes its early check of
+#: the driver (which on this machine, without one, answers first and at once: ``tests/unit/test_cli.py``) and comes
+#: to the configuration's checks, then to torch's.
+_DRIVER_SHOWS_A_GPU = (
+    "import sys\n"
+    "import bridge_cudagraph.cli as cli\n"
+    "cli.cuda_device_count = lambda: (1, '')\n"
+    "sys.exit(cli.main(sys.argv[1:]))\n"
+)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -222,15 +232,15 @@ REPO = Path(__file__).resolve().parents[2]
     ],
 )
 def test_train_refuses_what_validate_refuses_with_the_same_line_before_the_gpu_check(recipe, override, world):
-    """A real ``python -m bridge_cudagraph`` on this machine (no CUDA): ``train`` prints the configuration's error,
-    the very line ``validate`` prints, not "needs a CUDA GPU"."""
+    """A real ``python -m bridge_cudagraph`` on this machine (no CUDA), its driver showing a GPU: ``train`` prints the
+    configuration's error, the very line ``validate`` prints, not "needs a CUDA GPU"."""
     import os
     import subprocess
 
     def cli(verb):
         env = {**os.environ, "PYTHONPATH": str(REPO), "WORLD_SIZE": world}  # train's world, as torchrun sets it
         return subprocess.run(
-            [sys.executable, "-m", "bridge_cudagraph", verb, str(REPO / "recipes" / recipe), override],
+            [sys.executable, "-c", _DRIVER_SHOWS_A_GPU, verb, str(REPO / "recipes" / recipe), override],
             capture_output=True,
             text=True,
             env=env,
@@ -265,7 +275,7 @@ def test_train_builds_bridges_default_fusion_without_apex_up_to_the_gpu_check():
 
     def cli(*args):
         return subprocess.Popen(
-            [sys.executable, "-m", "bridge_cudagraph", *args],
+            [sys.executable, "-c", _DRIVER_SHOWS_A_GPU, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -280,7 +290,9 @@ def test_train_builds_bridges_default_fusion_without_apex_up_to_the_gpu_check():
     for code, err in ((codes[0], fused), (codes[1], unfused)):
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+        # torch's check, the last before the run: every configuration check has passed (not the driver's early one)
         assert err.splitlines()[-1].startswith("error: train needs a CUDA GPU"), err[-2000:]
+        assert "(torch.cuda.is_available() is False)" in err.splitlines()[-1], err[-2000:]
     assert codes[2] == 0 and ok.startswith("ok:"), validate_err[-2000:]
 
 
