@@ -128,13 +128,11 @@ class LanguageGraphConfig(SubmoduleGraphConfig):
     segment per sample). Refused when every micro-batch is padded."""
 
     graph_unit: str | None = None
-    """What one language graph spans: ``deepstack``, a run of consecutive layers that nothing outside the layers
-    interrupts (Qwen3-VL adds a deepstack feature after each of its first 3 layers, so its first pipeline stage has
-    4 graphs per micro-batch shape instead of 28: layers 0, 1, 2 and 3-27; a GPT stage, with nothing between its
-    layers, one), or ``layer``, one graph per layer (megatron-core's own unit). Fewer graphs are fewer launches and
-    less host work per layer; both replay the eager layers' kernels in the same order, bit for bit. ``None``:
-    ``deepstack`` where layers are captured whole on a dense model without per-layer quantization or offloading
-    contexts, else ``layer``."""
+    """What one language graph spans: ``deepstack``, a run of layers that nothing outside them interrupts (Qwen3-VL
+    adds a deepstack feature after each of its first 3 layers: 4 graphs on its first stage instead of 28; a GPT
+    stage: one), or ``layer``, one graph per layer (megatron-core's unit). Fewer graphs are fewer launches; both are
+    bit-exact. ``None``: ``deepstack`` for whole dense layers without per-layer quantization or offloading, else
+    ``layer``."""
 
     def validate(self, where: str = "cuda_graph.language") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
@@ -170,21 +168,17 @@ class VisionGraphConfig(SubmoduleGraphConfig):
 
     max_patches_per_image: int | None = None
     """Most patches of one image (one video frame) that replay: the static ``max_seqlen`` of the encoder's
-    attention. ``None`` derives it from the data path: ``max_pixels // patch_size**2`` of the most pixels the
-    processor resizes an image to (3920 for Bridge's Qwen-VL collate, which passes ``max_pixels`` 1003520; else the
-    processor folder's own ``size.longest_edge``), at most the largest budget; the largest budget where the dataset
-    names no processor (the plan says which). Attention workspaces grow with its square (under
-    ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` TE 2.20 refuses its fused kernel past about 2**30 segments x heads x
-    max_seqlen**2). Above the largest budget it is refused. A micro-batch with a larger image runs eagerly
-    (counted)."""
+    attention, whose workspaces grow with its square. ``None`` derives it from the data path: ``max_pixels //
+    patch_size**2`` (3920 for Bridge's Qwen-VL collate, ``max_pixels`` 1003520; else the processor folder's
+    ``size.longest_edge``), at most the largest budget, or the largest budget where the dataset names no processor
+    (the plan says which). Above the largest budget it is refused. A larger image runs eagerly (counted)."""
 
     graph_unit: str | None = None
     """What one vision graph spans: ``deepstack``, the layers up to and including each deepstack layer, then the
-    rest (4 graphs per budget on Qwen3-VL's 24 layers, deepstack layers 5, 11, 17), or ``layer``, one graph per
-    layer per budget. Fewer graphs are fewer launches and autograd nodes per micro-batch; both are bit-exact
-    against eager. A graph cannot span a deepstack layer: its output then has two consumers inside and outside
-    the graph, and autograd sums the gradient's three parts in another order than eager does (measured: run 31,
-    ``benchmarks/vision_unit_probe.py``). ``None``: ``deepstack``."""
+    rest (4 graphs per budget on Qwen3-VL's 24 layers), or ``layer``, one graph per layer per budget; both are
+    bit-exact. A graph never spans a deepstack layer: its output would have consumers inside and outside the graph,
+    and autograd would sum the gradient's parts in another order than eager does (``benchmarks/vision_unit_probe.py``
+    shows it). ``None``: ``deepstack``."""
 
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
@@ -224,20 +218,17 @@ class CudaGraphConfig:
     ``raise`` stops the run."""
 
     optimizer_host_cache: bool | None = None
-    """Do the optimizer step's host work once instead of on every step (:mod:`bridge_cudagraph.step_host`: the
-    optimizer's per-parameter walks, :mod:`~bridge_cudagraph.optimizer_host`, and the module walk that ends the
-    gradient finalisation before it, :mod:`~bridge_cudagraph.finalize_host`; the same kernels on the same tensors,
-    bitwise the same step, less Python while the GPU waits). ``None`` turns it on wherever graphs are; ``false`` keeps
-    megatron-core's step as it is. It belongs to the graphed step: ``true`` without graphs is refused."""
+    """Do the optimizer step's per-parameter host work and the gradient finalisation's module walk once instead of
+    on every step (:mod:`bridge_cudagraph.step_host`): the same kernels, bitwise the same step, less Python while the
+    GPU waits. ``None``: on wherever graphs are; ``false``: megatron-core's step as it is; ``true`` without graphs is
+    refused."""
 
     fewer_host_waits: bool | None = None
     """Qwen3-VL's forward without most of its waits for the GPU (:mod:`bridge_cudagraph.forward_host`): the mRoPE
-    positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids, read while the vision
-    encoder runs (a wait for those copies only, instead of about 7 + 3 per image for the whole queue), the deepstack
-    merge by row positions instead of a boolean mask (no wait instead of 6 per merge, 3 merges per micro-batch); the
-    same values, bitwise. ``None`` turns it on wherever graphs are on a Qwen3-VL model; ``false``
-    keeps Bridge's forward as it is. It belongs to the graphed step: ``true`` without graphs is refused, and so is
-    ``true`` on a model without a vision encoder."""
+    positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids, the deepstack and
+    image-token merges by row positions instead of boolean masks; the same values, bitwise. ``None``: on wherever
+    graphs are on a Qwen3-VL model; ``false``: Bridge's forward as it is; ``true`` without graphs, or on a model
+    without a vision encoder, is refused."""
 
     @property
     def any_enabled(self) -> bool:
