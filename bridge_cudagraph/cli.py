@@ -176,7 +176,9 @@ def _run(args: argparse.Namespace) -> int:
     no_base = missing_base_checkpoint(loaded.config)
     plan = plan_recipe(loaded, world_size=args.world_size)
     if args.gpu_memory is not None:
-        check_memory(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
+        from bridge_cudagraph.memory import check_plan_fits
+
+        check_plan_fits(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
     if args.verb == "plan":
         print(f"recipe: {loaded.source}" + ("" if not args.overrides else " " + " ".join(args.overrides)))
         if loaded.description:
@@ -192,18 +194,6 @@ def _run(args: argparse.Namespace) -> int:
         + ("" if no_base is None else f"; {no_base} (train needs it)")
     )
     return 0
-
-
-def check_memory(plan, gib: float, *, source: str) -> None:
-    """Refuse a plan whose estimated memory per rank does not fit ``gib`` (:func:`bridge_cudagraph.memory.check_fits`);
-    a ``gib`` that is no positive number is a command-line error."""
-    from bridge_cudagraph.memory import check_fits
-
-    check_gpu_memory(gib)
-    if plan.memory is None:
-        return
-    graphs_on = plan.language.enabled or (plan.vision is not None and plan.vision.enabled)
-    check_fits(plan.memory, gib, graphs_on=graphs_on, source=source)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -67,6 +67,7 @@ class MemoryEstimate:
         vision_graphs: The vision graph pool(s) at the planned top.
         language_top: Tokens of the shape the language estimate is for (the ladder's top, or the padded micro-batch).
         vision_top: Patches of the vision estimate's shape.
+        language_ladder: The language graphs are a packed ladder (its budgets can be lowered), not one padded shape.
     """
 
     weights: int
@@ -77,6 +78,7 @@ class MemoryEstimate:
     vision_graphs: int
     language_top: int = 0
     vision_top: int = 0
+    language_ladder: bool = False
 
     @property
     def static(self) -> int:
@@ -243,6 +245,7 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
         vision_graphs=int(vision_graphs),
         language_top=language_top,
         vision_top=vision_top,
+        language_ladder=lang.enabled and lang.packed is not None,
     )
 
 
@@ -274,7 +277,7 @@ def check_fits(memory: MemoryEstimate, capacity_gib: float, *, graphs_on: bool, 
     if need <= capacity:
         return
     fixes = []
-    if memory.language_graphs:
+    if memory.language_graphs and memory.language_ladder:
         fixes.append(f"model.cuda_graph.language.token_budgets below {memory.language_top} tokens")
     if memory.vision_graphs:
         fixes.append(f"model.cuda_graph.vision.token_budgets below {memory.vision_top} patches")
@@ -284,3 +287,12 @@ def check_fits(memory: MemoryEstimate, capacity_gib: float, *, graphs_on: bool, 
         f"gradients and optimizer {memory.static / GIB:.1f}, logits {memory.logits / GIB:.1f}) but {source} gives "
         f"{capacity_gib:g} GiB; set " + "; or ".join(fixes)
     )
+
+
+def check_plan_fits(plan: CapturePlan, capacity_gib: float, *, source: str) -> None:
+    """:func:`check_fits` on ``plan``'s estimate, with graphs on where the plan captures any (nothing to check for a
+    plan built without the training facts)."""
+    if plan.memory is None:
+        return
+    graphs_on = plan.language.enabled or (plan.vision is not None and plan.vision.enabled)
+    check_fits(plan.memory, capacity_gib, graphs_on=graphs_on, source=source)

@@ -138,7 +138,7 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
     refuse naming no setting or with the path alone (``PEFT requires a pretrained checkpoint path``,
     ``CheckpointConfig.finalize``; the line says which setting to give and how to build one), and what its
     installed stack cannot build (:func:`~bridge_cudagraph.validation.check_stack`). ``gpu_memory``: the
-    ``--gpu-memory`` GiB the run must fit (:func:`bridge_cudagraph.cli.check_memory`), checked here against the
+    ``--gpu-memory`` GiB the run must fit (:func:`bridge_cudagraph.memory.check_plan_fits`), checked here against the
     plan's estimate like ``validate`` does.
     """
     from bridge_cudagraph.config import CudaGraphConfigError
@@ -170,9 +170,9 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
         raise CudaGraphConfigError(" ".join(str(error).split()) or type(error).__name__) from error
     check_stack(loaded.config)
     if gpu_memory is not None:
-        from bridge_cudagraph.cli import check_memory
+        from bridge_cudagraph.memory import check_plan_fits
 
-        check_memory(plan, gpu_memory, source=f"--gpu-memory {gpu_memory:g}")
+        check_plan_fits(plan, gpu_memory, source=f"--gpu-memory {gpu_memory:g}")
     return {"plan": plan}
 
 
@@ -185,7 +185,7 @@ def cap_device_memory(plan: CapturePlan, gpu_memory: float | None) -> None:
 
     import torch
 
-    from bridge_cudagraph.cli import check_memory
+    from bridge_cudagraph.memory import check_plan_fits
 
     if not torch.cuda.is_available():  # the CLI refused train without a GPU already; nothing to cap
         return
@@ -196,7 +196,7 @@ def cap_device_memory(plan: CapturePlan, gpu_memory: float | None) -> None:
     if gpu_memory is not None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory * 2**30 / total), device)
         gib, source = min(gib, gpu_memory), f"--gpu-memory {gpu_memory:g} on {source}"
-    check_memory(plan, gib, source=source)
+    check_plan_fits(plan, gib, source=source)
 
 
 def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> int:

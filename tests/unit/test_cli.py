@@ -92,6 +92,7 @@ def runs():
         "unknown": _cli(
             "validate", "recipes/qwen3_vl_8b_sft_graphs.yaml", "model.cuda_graph.vision.token_budget=[64]"
         ),
+        "too_small": _cli("validate", "recipes/qwen3_vl_8b_sft_graphs.yaml", "--world-size", "8", "--gpu-memory", "8"),
     }
     with awaited(started) as result:
         yield result
@@ -309,3 +310,19 @@ def test_command_line_errors_import_no_training_stack():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[2, 2, 2] []"
     assert len(done.stderr.splitlines()) == 3 and all(x.startswith("error: ") for x in done.stderr.splitlines())
+
+
+def test_plan_prints_the_memory_estimate_and_validate_refuses_a_gpu_too_small(runs):
+    """``plan`` prints the estimate per rank; ``--gpu-memory`` below it is one line naming what to change."""
+    code, out, err = runs("plan")
+    assert code == 0, err
+    lines = out.splitlines()
+    memory = next(x for x in lines if x.startswith("memory per rank (estimate, GiB): weights "))
+    assert "gradients" in memory and "optimizer" in memory, memory
+    assert any(x.startswith("  graph pools: language ") and "vision " in x for x in lines), lines
+    code, out, err = runs("too_small")
+    assert code == 2 and out == "", (code, out, err)
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: the run needs about ") and "but --gpu-memory 8 gives 8 GiB" in line, line
+    assert "model.cuda_graph.language.token_budgets below" not in line  # a padded recipe: no language ladder to cap
+    assert "model.cuda_graph.vision.token_budgets below" in line, line

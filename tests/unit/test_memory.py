@@ -114,6 +114,7 @@ def test_a_run_that_does_not_fit_is_refused_with_the_settings_to_change():
         vision_graphs=4 * GIB,
         language_top=8192,
         vision_top=4096,
+        language_ladder=True,
     )
     check_fits(memory, 100, graphs_on=True, source="--gpu-memory 100")
     check_fits(memory, 80, graphs_on=False, source="--gpu-memory 80")  # 72 GiB without graphs
@@ -123,3 +124,13 @@ def test_a_run_that_does_not_fit_is_refused_with_the_settings_to_change():
     assert "\n" not in line and "about 91.0 GiB" in line and "--gpu-memory 80 gives 80 GiB" in line
     assert "model.cuda_graph.language.token_budgets below 8192 tokens" in line
     assert "model.cuda_graph.vision.token_budgets below 4096 patches" in line
+
+
+def test_only_a_packed_ladder_is_told_to_lower_its_budgets():
+    padded = _plan().memory
+    packed = _plan(language_budgets=[512, 1024, 2048]).memory
+    assert not padded.language_ladder and packed.language_ladder
+    assert packed.language_top == 2048 and padded.language_top == 2 * 4096  # micro batch x seq_length, padded
+    with pytest.raises(CudaGraphConfigError) as info:
+        check_fits(padded, 1, graphs_on=True, source="--gpu-memory 1")
+    assert "language.token_budgets" not in str(info.value) and "vision.token_budgets below 4096" in str(info.value)
