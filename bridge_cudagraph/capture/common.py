@@ -467,9 +467,10 @@ class LadderHelper:
     """What the budgeted helpers (packed language, vision) share about their ladder: which rungs exist, capturing more
     of them between steps, and the manual hooks that must survive a re-capture.
 
-    A subclass sets ``self.ladder`` (:class:`BudgetLadder`), ``self.stats``, ``self.copies``, ``self.graphs`` and
-    ``self._manual_hooks = False``, and provides ``_capture(rungs, first=...)``, ``delete_cuda_graphs()`` and
-    ``_set_manual_hooks()``.
+    A subclass sets ``self.model``, ``self.ladder`` (:class:`BudgetLadder`), ``self.stats``, ``self.copies``,
+    ``self.graphs = {}``, ``self._pools = []``, ``self._fused_grad_params = []``, ``self._manual_hooks = False``,
+    ``self.on_capture_error``, and provides ``_captured_layers()``, ``_capture_rung(budget, copy, pool, extra)``
+    (one copy's graph set of one rung), ``delete_cuda_graphs()`` and ``_set_manual_hooks()``.
 
     Growing re-captures the whole ladder up to the new top, largest first, into a fresh pool, rather than adding the
     larger rungs to the pool the smaller ones left: their allocations are larger than every block the smaller rungs
@@ -482,6 +483,39 @@ class LadderHelper:
     def graphs_created(self) -> bool:
         """Whether any graph of the ladder exists."""
         return bool(self.graphs)
+
+    def create_cudagraphs(self) -> None:
+        """Capture the ladder's first rungs (:meth:`BudgetLadder.first_rungs`) for every copy, the rungs of a copy
+        sharing its memory (:func:`capture_budget_ladder`); on failure, raise or train on eagerly."""
+        if self.graphs or not self._captured_layers():
+            return
+        self.stats.budget_source = self.ladder.source()
+        self._capture(self.ladder.first_rungs(), first=True)
+        self.copies.reset()
+
+    def _capture(self, rungs: Sequence[int], *, first: bool) -> bool:
+        """Capture ``rungs`` into the copies' pools (made at the first capture); whether any graph came of it."""
+        if not self._pools:
+            self._pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
+        graphs, fused = capture_budget_ladder(
+            stats=self.stats,
+            model_chunks=self.model,
+            layers=self._captured_layers(),
+            budgets=rungs,
+            pools=self._pools,
+            capture_one=self._capture_rung,
+            on_capture_error=self.on_capture_error,
+            submodule=self.stats.submodule,
+            ladder_rungs=len(self.ladder.budgets),
+            first=first,
+        )
+        if not graphs:
+            return False
+        self.graphs = dict(sorted({**self.graphs, **graphs}.items()))
+        self._fused_grad_params = fused
+        self.ladder.add(graphs)
+        self.stats.budgets_captured = self.ladder.captured
+        return True
 
     def pending_budgets(self) -> tuple[int, ...]:
         """Rungs a micro-batch above the captured top asked for, to capture before the next step."""

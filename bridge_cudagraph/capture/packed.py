@@ -63,7 +63,6 @@ from bridge_cudagraph.capture.common import (
     LadderHelper,
     StaticBuffers,
     activation_dtype,
-    capture_budget_ladder,
     check_static_inputs,
     ladder_order_kwargs,
     reset_graph_sets,
@@ -346,39 +345,11 @@ class PackedLanguageGraphHelper(LadderHelper):
             )
         return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
 
-    def _capture(self, rungs: Sequence[int], *, first: bool) -> bool:
-        decoder = self.decoders[0]
-        if not self._pools:
-            self._pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
-        graphs, fused = capture_budget_ladder(
-            stats=self.stats,
-            model_chunks=self.model,
-            layers=list(decoder.layers),
-            budgets=rungs,
-            pools=self._pools,
-            capture_one=lambda budget, copy, pool, extra: self._capture_budget(decoder, budget, copy, pool, extra),
-            on_capture_error=self.on_capture_error,
-            submodule=self.submodule,
-            ladder_rungs=len(self.layout.budgets),
-            first=first,
-        )
-        if not graphs:
-            return False
-        self.graphs = dict(sorted({**self.graphs, **graphs}.items()))
-        self._fused_grad_params = fused
-        self.ladder.add(graphs)
-        self.stats.budgets_captured = self.ladder.captured
-        return True
+    def _captured_layers(self) -> list:
+        return list(self.decoders[0].layers) if self.decoders else []
 
-    def create_cudagraphs(self) -> None:
-        """Capture every layer for the ladder's first rungs (:meth:`BudgetLadder.first_rungs`) and every copy, the
-        rungs of a copy sharing its memory (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on
-        failure, raise or train on eagerly."""
-        if self.graphs or not self.decoders:
-            return
-        self.stats.budget_source = self.ladder.source()
-        self._capture(self.ladder.first_rungs(), first=True)
-        self.copies.reset()
+    def _capture_rung(self, budget: int, copy: int, pool, extra_kwargs: dict) -> PackedGraphSet:
+        return self._capture_budget(self.decoders[0], budget, copy, pool, extra_kwargs)
 
     # ------------------------------------------------------------------ replay
     def _fallback(self, cause: str, detail: str) -> None:

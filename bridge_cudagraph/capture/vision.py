@@ -51,7 +51,6 @@ from bridge_cudagraph.capture.common import (
     GraphCopies,
     LadderHelper,
     StaticBuffers,
-    capture_budget_ladder,
     check_static_inputs,
     ladder_order_kwargs,
     reset_graph_sets,
@@ -317,38 +316,11 @@ class VisionGraphHelper(LadderHelper):
         )
         return hidden_states, rotary, cu
 
-    def _capture(self, rungs, *, first: bool) -> bool:
-        layers = list(self.vision_model.decoder.layers)
-        if not self._pools:
-            self._pools = [torch.cuda.graph_pool_handle() for _ in range(self.copies.count)]
-        graphs, fused = capture_budget_ladder(
-            stats=self.stats,
-            model_chunks=self.model,
-            layers=layers,
-            budgets=rungs,
-            pools=self._pools,
-            capture_one=lambda budget, copy, pool, extra: self._capture_budget(layers, budget, copy, pool, extra),
-            on_capture_error=self.on_capture_error,
-            submodule=self.submodule,
-            ladder_rungs=len(self.budgets),
-            first=first,
-        )
-        if not graphs:
-            return False
-        self.graphs = dict(sorted({**self.graphs, **graphs}.items()))
-        self._fused_grad_params = fused
-        self.ladder.add(graphs)
-        self.stats.budgets_captured = self.ladder.captured
-        return True
+    def _captured_layers(self) -> list:
+        return list(self.vision_model.decoder.layers)
 
-    def create_cudagraphs(self) -> None:
-        """Capture every layer for the ladder's first rungs and every copy, the rungs of a copy sharing its memory
-        (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`); on failure, raise or run eagerly."""
-        if self.graphs:
-            return
-        self.stats.budget_source = self.ladder.source()
-        self._capture(self.ladder.first_rungs(), first=True)
-        self.copies.reset()
+    def _capture_rung(self, budget: int, copy: int, pool, extra_kwargs: dict) -> GraphSet:
+        return self._capture_budget(self._captured_layers(), budget, copy, pool, extra_kwargs)
 
     def _capture_budget(self, layers: list, budget: int, copy: int, pool, extra_kwargs: dict) -> GraphSet:
         """One set of graphed layers at ``budget`` patches, in ``pool``."""

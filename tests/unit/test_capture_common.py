@@ -255,3 +255,50 @@ def test_growing_that_does_not_fit_is_refused_once_and_keeps_the_graphs(monkeypa
     assert "go on running eagerly" in caplog.text
     helper.ladder.want(4096)
     assert helper.pending_budgets() == ()  # refused once, not asked for again
+
+
+def test_a_ladder_helpers_first_capture_takes_the_rungs_up_to_the_data_into_one_pool_per_copy(monkeypatch):
+    """:class:`LadderHelper`'s own capture path (the packed language and vision helpers take it): pools made once per
+    copy, the rungs up to the largest micro-batch seen, each rung's set for each copy, the stats and the ladder."""
+    from bridge_cudagraph.capture.common import BudgetLadder, CaptureStats, GraphCopies, LadderHelper
+
+    state = _fake_device(monkeypatch, None)
+    pools = iter(["pool0", "pool1"])
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(pools))
+    layer = torch.nn.Linear(2, 2).requires_grad_(False)
+
+    class Helper(LadderHelper):
+        def __init__(self):
+            self.model, self.on_capture_error = [], "raise"
+            self.ladder, self.stats, self.copies = (
+                BudgetLadder([256, 512, 1024, 2048]),
+                CaptureStats("vision"),
+                (GraphCopies(2)),
+            )
+            self.graphs, self._pools, self._fused_grad_params, self._manual_hooks = {}, [], [], False
+            self.rungs = []
+
+        def _captured_layers(self):
+            return [layer]
+
+        def _capture_rung(self, budget, copy, pool, extra):
+            self.rungs.append((budget, copy, pool))
+            state["reserved"] += budget
+            return _Set(budget, copy)
+
+    helper = Helper()
+    helper.ladder.observe(600)
+    helper.create_cudagraphs()
+    assert helper.rungs == [
+        (1024, 0, "pool0"),
+        (1024, 1, "pool1"),
+        (512, 0, "pool0"),
+        (512, 1, "pool1"),
+        (256, 0, "pool0"),
+        (256, 1, "pool1"),
+    ]
+    assert helper.graphs_created() and sorted(helper.graphs) == [256, 512, 1024]
+    assert helper.stats.budgets_captured == (256, 512, 1024) and "(600)" in helper.stats.budget_source
+    assert helper.stats.graphs == 3 * 2 * 2 and helper.ladder.top == 1024
+    helper.create_cudagraphs()  # a second call captures nothing more
+    assert len(helper.rungs) == 6
