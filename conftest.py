@@ -50,7 +50,7 @@ def world():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from bridge_cudagraph.layout import VisionLayout
+    from bridge_cudagraph.parallel.layout import VisionLayout
     from bridge_cudagraph.testing.world import close_world, init_world
 
     world = init_world(vision=VisionLayout())
@@ -77,7 +77,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import torch
 
-    from bridge_cudagraph.compat import installed_version
+    from bridge_cudagraph.host.compat import installed_version
 
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

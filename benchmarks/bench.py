@@ -9,7 +9,7 @@ For each configuration, in one process on one GPU under pure M4 process groups
    ``vision_cuda_graph_impl="transformer_engine"``, and the helpers built exactly as Megatron-Bridge 0.6.2's
    ``train()`` builds them (``train.py:268-303``): megatron-core's ``TECudaGraphHelper`` and
    ``VisionTECudaGraphHelper`` under the language collection, with Megatron's global micro-batch calculator;
-3. ``ours``: :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision), and,
+3. ``ours``: :meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision), and,
    where ``--variants`` names them, ours' speed levers (:data:`benchmarks.schema.OURS_VARIANTS`): ``ours_per_layer``
    (one vision graph per layer, the first version) and ``ours_optgraph`` (+ Bridge's optimizer graph);
 4. ``eager_repeat`` (the control; ``--no-control`` skips it): eager again, built and run exactly like ``eager``
@@ -748,7 +748,7 @@ def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
         model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     objs["model"] = model
     if OURS_VARIANTS.get(variant, {}).get("vision_position_cache") is False:
-        from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+        from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
 
         for encoder in (m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)):
             encoder.position_cache_size = 0
@@ -773,7 +773,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     if variant in UNGRAPHED:
         return []
     if is_ours(variant):
-        from bridge_cudagraph.plan import plan_for
+        from bridge_cudagraph.plan.build import plan_for
 
         plan = plan_for(
             provider,
@@ -781,7 +781,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
             micro_batch_size=cfg.micro_batch_size,
             num_microbatches=cfg.num_microbatches,
         )
-        from bridge_cudagraph import step_host  # as CudaGraphCallback.on_train_start installs it
+        from bridge_cudagraph.host import step as step_host  # as CudaGraphCallback.on_train_start installs it
 
         if plan.optimizer_host_cache:
             from bridge_cudagraph.testing.parity import prepare_finalize
@@ -790,7 +790,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
         finalize = OURS_VARIANTS[variant].get("finalize_listing") is not False
         installed = step_host.install_planned(plan, model, optimizer, finalize=finalize)
         if OURS_VARIANTS[variant].get("row_merge") is False:
-            from bridge_cudagraph import forward_host
+            from bridge_cudagraph.host import forward as forward_host
 
             merges = [done for done in installed.forward if done[1] is forward_host.RowMerge]
             forward_host.uninstall(merges)
@@ -810,7 +810,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     )
     from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
-    from bridge_cudagraph import compat
+    from bridge_cudagraph.host import compat
 
     init_num_microbatches_calculator(
         0, None, cfg.micro_batch_size * cfg.num_microbatches, cfg.micro_batch_size, world.language.dp.size()
@@ -1611,7 +1611,7 @@ def _summary_line(config: str, variant: str, rec: dict) -> str:
 
 
 def _meta(*, measured_steps: int, warmup_steps: int, probe: dict | None, command: str | None) -> dict:
-    from bridge_cudagraph.compat import installed_version
+    from bridge_cudagraph.host.compat import installed_version
 
     return {
         "command": command or command_line(),
@@ -1663,7 +1663,7 @@ def run(
         raise RuntimeError("the benchmark needs a CUDA GPU")
     resolved = [c if isinstance(c, BenchConfig) else configs_by_name([c])[0] for c in configs]
     if world is None:
-        from bridge_cudagraph.layout import VisionLayout
+        from bridge_cudagraph.parallel.layout import VisionLayout
         from bridge_cudagraph.testing.world import init_world
 
         world = init_world(vision=VisionLayout(), seed=SEED)

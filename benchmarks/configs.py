@@ -87,10 +87,10 @@ class BenchConfig:
         return [sum(t for sample in mb for (t, _, _) in sample) for mb in self.image_sets]
 
     def vision_budgets(self) -> list[int]:
-        """Ours: a ladder of :data:`bridge_cudagraph.budgets.LADDER_STEPS` budgets from the data's largest
+        """Ours: a ladder of :data:`bridge_cudagraph.plan.budgets.LADDER_STEPS` budgets from the data's largest
         micro-batch down (halvings), each a multiple of ``merge**2`` (what ``derive_token_budgets`` does from the
         sequence bound, here from the batches)."""
-        from bridge_cudagraph.budgets import LADDER_STEPS, round_up
+        from bridge_cudagraph.plan.budgets import LADDER_STEPS, round_up
 
         unit = MERGE * MERGE
         top = round_up(max([*self.patches_per_microbatch(), unit]), max(unit, self.budget_round))
@@ -98,7 +98,7 @@ class BenchConfig:
 
     def vision_max_segments(self) -> int:
         """Ours: the static ``cu_seqlens`` length (the plugin's default, or more if the data has more frames)."""
-        from bridge_cudagraph.budgets import derive_max_segments
+        from bridge_cudagraph.plan.budgets import derive_max_segments
 
         return max(derive_max_segments(self.vision_budgets(), MERGE), *self.frames_per_microbatch())
 

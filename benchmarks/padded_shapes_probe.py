@@ -113,7 +113,7 @@ def probe(tokens: list[int], budgets: list[int], shapes: list[str]) -> list[dict
 
 def main(argv=None) -> int:
     """Probe every multiple of ``--step`` real tokens at the plan ladder's budget for it; write the JSON."""
-    from bridge_cudagraph.budgets import derive_language_budgets
+    from bridge_cudagraph.plan.budgets import derive_language_budgets
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)

@@ -3,11 +3,14 @@
 ``python -m benchmarks.useful_tokens --model peft8b`` measures Bridge's Qwen3-VL 8B LoRA recipe
 (``recipes/qwen3_vl_8b_peft_photos_graphs.yaml``: Bridge's ``qwen3_vl_8b_peft_1gpu_h100_bf16_config`` on the photo
 set, offline) rather than a shape of the benchmark's own. So that every variant is the recipe a user runs, each is
-:func:`bridge_cudagraph.recipe.load_recipe` of that file with the overrides of :data:`VARIANT_OVERRIDES`, finalized
-as training finalizes it (:func:`bridge_cudagraph.planning.finalize_config`: Bridge's ``runtime_config_update``)
-and, where graphs are on, planned from that finalized config (:func:`bridge_cudagraph.planning.plan_finalized`).
+:func:`bridge_cudagraph.recipe.load.load_recipe` of that file with the overrides of :data:`VARIANT_OVERRIDES`,
+finalized
+as training finalizes it (:func:`bridge_cudagraph.plan.from_config.finalize_config`: Bridge's
+``runtime_config_update``)
+and, where graphs are on, planned from that finalized config
+(:func:`bridge_cudagraph.plan.from_config.plan_finalized`).
 So the capture plan is the one ``bridge-cudagraph train`` would build, and the helpers come from the provider's
-own :meth:`~bridge_cudagraph.mixin.CudaGraphProviderMixin.make_graph_helpers` with it. The recipe's LoRA is
+own :meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` with it. The recipe's LoRA is
 applied by Bridge's own ``_apply_peft_transformation`` as the pre-wrap hook (Bridge's PEFT setup, without the base
 checkpoint load: the benchmark's weights are random and shared by all variants).
 
@@ -76,7 +79,7 @@ class RecipeVariant:
 
         Bridge's adapters take their groups from the wrapped module's config and otherwise from parallel_state's
         globals, which the benchmark's pure M4 world never initialises. Ours carries the encoder's collection on
-        the encoder's config (:func:`bridge_cudagraph.vision_encoder.rebuild_vision_encoder`); upstream's encoder,
+        the encoder's config (:func:`bridge_cudagraph.vision.encoder.rebuild_vision_encoder`); upstream's encoder,
         which Bridge builds with the language groups, gets ``pg_collection`` (the language collection: what the
         globals would give it under Bridge's own training) on every config that has none, before LoRA runs."""
         hook = self.pre_wrap_hook()
@@ -105,7 +108,7 @@ def recipe_path(model: str, root: str | Path | None = None) -> Path:
 
 def recipe_shape(model: str) -> tuple[int, int, int]:
     """``(seq_length, micro_batch_size, global_batch_size)`` of the recipe file, as loaded (no GPU, no model)."""
-    from bridge_cudagraph.recipe import load_recipe
+    from bridge_cudagraph.recipe.load import load_recipe
 
     cfg = load_recipe(recipe_path(model)).config
     return int(cfg.model.seq_length), int(cfg.train.micro_batch_size), int(cfg.train.global_batch_size)
@@ -129,8 +132,8 @@ def load_variant(
         KeyError: An unknown variant.
         CudaGraphConfigError, RecipeError: The plugin or the loader refuses the variant's configuration.
     """
-    from bridge_cudagraph.planning import finalize_config, plan_finalized
-    from bridge_cudagraph.recipe import load_recipe
+    from bridge_cudagraph.plan.from_config import finalize_config, plan_finalized
+    from bridge_cudagraph.recipe.load import load_recipe
 
     overrides = (*VARIANT_OVERRIDES[variant], f"train.global_batch_size={micro_batch_size * num_microbatches}")
     cfg = load_recipe(recipe_path(model), overrides).config

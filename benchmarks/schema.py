@@ -37,14 +37,14 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # (GraphedQwen3VLVisionModel.position_cache_size = 0): what the per-image-size cache gives.
     "ours_uncached_positions": {"vision_position_cache": False},
     # megatron-core's module walk at the end of finalize_model_grads on every step (the step host caches without
-    # bridge_cudagraph.finalize_host): what listing its modules once gives.
+    # bridge_cudagraph.host.finalize): what listing its modules once gives.
     "ours_walking_finalize": {"finalize_listing": False},
     # Bridge's default model.gradient_accumulation_fusion=true, which this stack (no APEX) builds only through this
-    # plugin's provider (bridge_cudagraph.wgrad_fusion): TE's layers sum weight gradients into main_grad in their
+    # plugin's provider (bridge_cudagraph.host.wgrad_fusion): TE's layers sum weight gradients into main_grad in their
     # GEMMs. It changes the gradients' rounding, so its drift from the unfused eager run is not noise alone.
     "ours_fused": {"gradient_accumulation_fusion": True},
     # Bridge's Qwen3-VL forward as it is (model.cuda_graph.fewer_host_waits=false): ~20 host waits per micro-batch
-    # in get_rope_index and the deepstack merge; what bridge_cudagraph.forward_host gives.
+    # in get_rope_index and the deepstack merge; what bridge_cudagraph.host.forward gives.
     "ours_host_waits": {"fewer_host_waits": False},
     # ours_fused with Bridge's forward as it is: the same lever against the fused step.
     "ours_fused_host_waits": {"gradient_accumulation_fusion": True, "fewer_host_waits": False},
@@ -52,7 +52,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # instead of one per run of layers between deepstack merges: what the runs give.
     "ours_fused_layer_graphs": {"gradient_accumulation_fusion": True, "language_graph_unit": "layer"},
     # ours_fused with Bridge's image-token merge through the boolean mask (fewer_host_waits without
-    # bridge_cudagraph.forward_host.RowMerge): one wait forward, two backward; what the row merge gives.
+    # bridge_cudagraph.host.forward.RowMerge): one wait forward, two backward; what the row merge gives.
     "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "row_merge": False},
 }
 #: Variants whose loss drift is judged against the noise floor.

@@ -11,7 +11,7 @@ loss per second, so that is what this benchmark measures, on one GPU, for
   as Bridge builds them, :func:`benchmarks.bench._make_helpers`), padded (they cannot pack);
 * ``ours_padded``: our BSHD language graphs and vision graphs, padded;
 * ``ours_packed``: our packed language graphs (:class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper`
-  on a budget ladder of :func:`~bridge_cudagraph.budgets.derive_language_budgets`) and vision graphs, packed;
+  on a budget ladder of :func:`~bridge_cudagraph.plan.budgets.derive_language_budgets`) and vision graphs, packed;
 * ``eager_packed_repeat``: eager_packed again, last (the run-to-run noise floor);
 * the paired phase: eager_packed and ours_packed alive at once, measured steps interleaved, where memory allows
   (:func:`benchmarks.bench.paired_memory_check`).
@@ -369,7 +369,8 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
     helpers = bench._make_helpers(shared, "ours", objs)
     if variant == "ours_packed":
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
-        from bridge_cudagraph.plan import deepstack_merges, model_facts
+        from bridge_cudagraph.plan.build import deepstack_merges
+        from bridge_cudagraph.plan.facts import model_facts
 
         # As the product's plan builds it: one graph per run of layers between deepstack merges.
         merges = deepstack_merges(model_facts(objs["provider"]))
@@ -381,10 +382,12 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
 
 
 def memory_estimates(run: _Run, objs: dict, capture: dict) -> dict[str, dict]:
-    """Each ladder's measured pool against :func:`bridge_cudagraph.memory.pool_estimate` at the top it captured."""
+    """Each ladder's measured pool against :func:`bridge_cudagraph.plan.memory.pool_estimate` at the top it
+    captured."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
-    from bridge_cudagraph.memory import TrainingFacts, pool_estimate
-    from bridge_cudagraph.plan import PackingFacts, build_plan, model_facts
+    from bridge_cudagraph.plan.build import build_plan
+    from bridge_cudagraph.plan.facts import PackingFacts, model_facts
+    from bridge_cudagraph.plan.memory import TrainingFacts, pool_estimate
 
     provider = objs["provider"]
     block = CudaGraphConfig(
@@ -693,7 +696,7 @@ DESCRIPTIONS = {
 
 
 def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
-    from bridge_cudagraph.compat import installed_version
+    from bridge_cudagraph.host.compat import installed_version
 
     return {
         "command": command,
@@ -727,7 +730,7 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
 
 def prepare(args: argparse.Namespace, world) -> _Run:
     """The photo micro-batches in both forms on the GPU, their numbers, the layouts and the step plan."""
-    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
+    from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
 
     t0 = time.perf_counter()
     processor, collated = photo_microbatches(args.microbatches, args.mbs, args.seq)
@@ -798,7 +801,7 @@ def prepare(args: argparse.Namespace, world) -> _Run:
 
 def run_all(args: argparse.Namespace, *, world=None, command: str | None = None) -> dict:
     """Every variant, the paired phase and the control; writes the JSON after each, then the .md and .png."""
-    from bridge_cudagraph.layout import VisionLayout
+    from bridge_cudagraph.parallel.layout import VisionLayout
     from bridge_cudagraph.testing.world import init_world
 
     world = world or init_world(vision=VisionLayout(), seed=bench.SEED)
@@ -859,7 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from bridge_cudagraph.layout import VisionLayout
+    from bridge_cudagraph.parallel.layout import VisionLayout
     from bridge_cudagraph.testing.world import close_world, init_world
 
     world = init_world(vision=VisionLayout(), seed=bench.SEED)

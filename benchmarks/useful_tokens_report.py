@@ -117,8 +117,8 @@ class MicroBatch:
 
 def budget_for(tokens: int, rows: int, budgets: Sequence[int], max_sequences: int) -> int | None:
     """The packed-graph budget a micro-batch of ``tokens`` in ``rows`` segments replays in, or None (eager
-    fallback); the same rule as :meth:`bridge_cudagraph.budgets.PackedLayout.budget_for`."""
-    from bridge_cudagraph.budgets import PackedLayout
+    fallback); the same rule as :meth:`bridge_cudagraph.plan.budgets.PackedLayout.budget_for`."""
+    from bridge_cudagraph.plan.budgets import PackedLayout
 
     return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, rows)
 
@@ -335,7 +335,7 @@ LADDER_TARGET = 1.1
 def memory_section(data: Mapping[str, Any]) -> list[str]:
     """``## Memory``: every variant's peaks against eager_packed's, and ours_packed's ladders rung by rung (what each
     rung's capture added to the reserved memory, and of it the tensors it keeps alive), the captured tops and why,
-    the estimate of :mod:`bridge_cudagraph.memory` against the measured pools."""
+    the estimate of :mod:`bridge_cudagraph.plan.memory` against the measured pools."""
     variants = data.get("variants") or {}
     base = variants.get(BASELINE) or {}
     base_reserved = _num(base.get("peak_reserved_bytes"))
@@ -390,7 +390,7 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     for submodule, est in sorted((ours.get("memory_estimate") or {}).items()):
         ratio = _num(est.get("measured_over_estimate"))
         out.append(
-            f"- **{submodule} estimate** (bridge_cudagraph/memory.py) at the captured top {est.get('top')}: "
+            f"- **{submodule} estimate** (bridge_cudagraph/plan/memory.py) at the captured top {est.get('top')}: "
             f"{est.get('estimate_bytes', 0) / GIB:.2f} GiB, measured {est.get('measured_bytes', 0) / GIB:.2f} GiB "
             f"({fmt_ratio(ratio, 'x')} of the estimate; within 20%: "
             f"**{'yes' if ratio and abs(ratio - 1) <= 0.2 else 'no'}**)."

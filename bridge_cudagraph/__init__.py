@@ -2,7 +2,8 @@
 and the vision encoder, each under its own explicit process groups (megatron-core ``ProcessGroupCollection``).
 
 Naming: classes are ``CudaGraph*``, recipe fields ``cuda_graph*`` (the one YAML block is ``model.cuda_graph``),
-``bridge_cudagraph`` is only the package name. Submodules are named by :class:`~bridge_cudagraph.layout.Submodule`
+``bridge_cudagraph`` is only the package name. Submodules are named by
+:class:`~bridge_cudagraph.parallel.layout.Submodule`
 (``"language"``, ``"vision"``), the same strings as the keys of the ``MultiModuleProcessGroupCollection``.
 
 The public API is imported lazily, so ``import bridge_cudagraph`` (and the pure ``config``/``layout``/``plan``
@@ -21,22 +22,22 @@ _EXPORTS = {
     "LanguageGraphConfig": "bridge_cudagraph.config",
     "VisionGraphConfig": "bridge_cudagraph.config",
     "CudaGraphConfigError": "bridge_cudagraph.config",
-    "Submodule": "bridge_cudagraph.layout",
-    "ParallelLayout": "bridge_cudagraph.layout",
-    "VisionLayout": "bridge_cudagraph.layout",
-    "build_collections": "bridge_cudagraph.groups",
-    "derive_vision_collection": "bridge_cudagraph.groups",
-    "build_plan": "bridge_cudagraph.plan",
-    "CudaGraphProviderMixin": "bridge_cudagraph.mixin",
-    "CudaGraphGPTModelProvider": "bridge_cudagraph.providers",
-    "CudaGraphQwen3VLModelProvider": "bridge_cudagraph.providers",
-    "CudaGraphQwen3VLMoEModelProvider": "bridge_cudagraph.providers",
-    "with_cuda_graphs": "bridge_cudagraph.providers",
+    "Submodule": "bridge_cudagraph.parallel.layout",
+    "ParallelLayout": "bridge_cudagraph.parallel.layout",
+    "VisionLayout": "bridge_cudagraph.parallel.layout",
+    "build_collections": "bridge_cudagraph.parallel.groups",
+    "derive_vision_collection": "bridge_cudagraph.parallel.groups",
+    "build_plan": "bridge_cudagraph.plan.build",
+    "CudaGraphProviderMixin": "bridge_cudagraph.bridge.mixin",
+    "CudaGraphGPTModelProvider": "bridge_cudagraph.bridge.providers",
+    "CudaGraphQwen3VLModelProvider": "bridge_cudagraph.bridge.providers",
+    "CudaGraphQwen3VLMoEModelProvider": "bridge_cudagraph.bridge.providers",
+    "with_cuda_graphs": "bridge_cudagraph.bridge.providers",
     "LanguageGraphHelper": "bridge_cudagraph.capture.language",
     "VisionGraphHelper": "bridge_cudagraph.capture.vision",
-    "CudaGraphCallback": "bridge_cudagraph.callback",
-    "install_bridge_helper": "bridge_cudagraph.bridge_loop",
-    "load_recipe": "bridge_cudagraph.recipe",
+    "CudaGraphCallback": "bridge_cudagraph.bridge.callback",
+    "install_bridge_helper": "bridge_cudagraph.bridge.loop",
+    "load_recipe": "bridge_cudagraph.recipe.load",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 #: The verbs, in help order.
 VERBS: tuple[str, ...] = ("validate", "plan", "train")
 _NEEDS_GPU = ("train",)
-_RUNNERS = {"train": "bridge_cudagraph.train"}
+_RUNNERS = {"train": "bridge_cudagraph.bridge.train"}
 _HELP = {
     "validate": "load the recipe, finalize it as Bridge's training would and check the graphs (no GPU needed)",
     "plan": "print the process-group layouts, graphs and static shapes the recipe will capture (no GPU needed)",
@@ -132,8 +132,8 @@ def check_command_line(args: argparse.Namespace) -> None:
     override is ``key=value`` with a key Hydra can read, ``--world-size`` and ``--gpu-memory`` are positive, the recipe
     file is there, and ``train`` has a GPU (asked of the CUDA driver; torch answers again after the configuration's
     checks). One ``error:`` line each, like every refusal."""
-    from bridge_cudagraph.recipe import check_override_syntax, check_recipe_file
-    from bridge_cudagraph.sizes import check_world_size
+    from bridge_cudagraph.plan.sizes import check_world_size
+    from bridge_cudagraph.recipe.load import check_override_syntax, check_recipe_file
 
     check_override_syntax(args.overrides)
     if getattr(args, "world_size", None) is not None:
@@ -155,7 +155,7 @@ def _runner(verb: str):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from bridge_cudagraph.recipe import load_recipe, plan_recipe
+    from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
 
     runner = None
     if args.verb in _NEEDS_GPU:
@@ -169,14 +169,14 @@ def _run(args: argparse.Namespace) -> int:
         ready = check(loaded, gpu_memory=args.gpu_memory) if check is not None else {}
         _require_cuda(args.verb)
         return int(runner.main(loaded, args, **ready) or 0)
-    from bridge_cudagraph.planning import missing_base_checkpoint
+    from bridge_cudagraph.plan.from_config import missing_base_checkpoint
 
     # A plan never reads a PEFT base checkpoint; one not set or not on this machine is said, not refused (train needs
     # it).
     no_base = missing_base_checkpoint(loaded.config)
     plan = plan_recipe(loaded, world_size=args.world_size)
     if args.gpu_memory is not None:
-        from bridge_cudagraph.memory import check_plan_fits
+        from bridge_cudagraph.plan.memory import check_plan_fits
 
         check_plan_fits(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
     if args.verb == "plan":
@@ -212,8 +212,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a configuration error)."""
     from bridge_cudagraph.config import CudaGraphConfigError
-    from bridge_cudagraph.recipe import RecipeError
-    from bridge_cudagraph.strict import UnknownKeyError
+    from bridge_cudagraph.recipe.load import RecipeError
+    from bridge_cudagraph.recipe.strict import UnknownKeyError
 
     args = parse_args(argv)
     try:
@@ -241,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _is_config_error(error: BaseException) -> bool:
     """Whether a ValueError comes from loading the recipe (ours) rather than from the training run."""
-    from bridge_cudagraph.layout import LayoutError
-    from bridge_cudagraph.recipe import RecipeError
+    from bridge_cudagraph.parallel.layout import LayoutError
+    from bridge_cudagraph.recipe.load import RecipeError
 
     return isinstance(error, RecipeError | LayoutError)
 

@@ -23,7 +23,7 @@ from typing import Any
 GRAPHABLE_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
 #: What one graph may span (``graph_unit`` of either part): a run of layers cut at each deepstack point
-#: (:func:`bridge_cudagraph.budgets.layer_segments`), or one layer.
+#: (:func:`bridge_cudagraph.plan.budgets.layer_segments`), or one layer.
 GRAPH_UNITS: tuple[str, ...] = ("deepstack", "layer")
 
 
@@ -219,12 +219,12 @@ class CudaGraphConfig:
 
     optimizer_host_cache: bool | None = None
     """Do the optimizer step's per-parameter host work and the gradient finalisation's module walk once instead of
-    on every step (:mod:`bridge_cudagraph.step_host`): the same kernels, bitwise the same step, less Python while the
+    on every step (:mod:`bridge_cudagraph.host.step`): the same kernels, bitwise the same step, less Python while the
     GPU waits. ``None``: on wherever graphs are; ``false``: megatron-core's step as it is; ``true`` without graphs is
     refused."""
 
     fewer_host_waits: bool | None = None
-    """Qwen3-VL's forward without most of its waits for the GPU (:mod:`bridge_cudagraph.forward_host`): the mRoPE
+    """Qwen3-VL's forward without most of its waits for the GPU (:mod:`bridge_cudagraph.host.forward`): the mRoPE
     positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids, the deepstack and
     image-token merges by row positions instead of boolean masks; the same values, bitwise. ``None``: on wherever
     graphs are on a Qwen3-VL model; ``false``: Bridge's forward as it is; ``true`` without graphs, or on a model
@@ -239,7 +239,7 @@ class CudaGraphConfig:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside the block (model-independent checks).
 
         Checks that need the model or the world size (heads, merge size, group sizes) live in
-        :func:`bridge_cudagraph.plan.build_plan`.
+        :func:`bridge_cudagraph.plan.build.build_plan`.
         """
         if not isinstance(self.language, LanguageGraphConfig) or not isinstance(self.vision, VisionGraphConfig):
             raise CudaGraphConfigError(
@@ -281,7 +281,7 @@ def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_
     Unknown keys are an error that names the nearest valid key (Bridge itself would only log and skip them),
     and values of the wrong type are reported with their setting path.
     """
-    from bridge_cudagraph.strict import check_keys
+    from bridge_cudagraph.recipe.strict import check_keys
 
     if data is not None and not isinstance(data, Mapping):
         raise CudaGraphConfigError(

@@ -229,10 +229,10 @@ def test_a_recipe_model_takes_its_shape_and_plan_from_the_recipe_file():
 
 def _photo_forms(rank: int, world: int, root: str) -> dict:
     from benchmarks import useful_tokens
-    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
     from bridge_cudagraph.examples.photos import PhotoSetSpec
-    from bridge_cudagraph.groups import build_collections
-    from bridge_cudagraph.layout import ParallelLayout
+    from bridge_cudagraph.parallel.groups import build_collections
+    from bridge_cudagraph.parallel.layout import ParallelLayout
+    from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
 
     pgc = build_collections(ParallelLayout(), None, world_size=world, backend="gloo")["language"]
     processor, collated = useful_tokens.photo_microbatches(3, 2, 2048, cache=root, spec=PhotoSetSpec(sizes=(8, 2, 2)))
@@ -250,7 +250,7 @@ def _photo_forms(rank: int, world: int, root: str) -> dict:
 
 
 def test_the_photo_data_path_gives_both_forms_of_the_same_samples(tmp_path):
-    from bridge_cudagraph.budgets import derive_language_budgets
+    from bridge_cudagraph.plan.budgets import derive_language_budgets
 
     (got,) = run_world(1, _photo_forms, str(tmp_path))
     assert got["ids"] == {

@@ -69,7 +69,8 @@ def activation_dtype(config) -> torch.dtype:
 
 
 def check_static_inputs(tensors: Mapping[str, Any], planned: Sequence[Any], submodule: str) -> None:
-    """The buffers capture is about to use must be the plan's :class:`~bridge_cudagraph.plan.StaticInput` s.
+    """The buffers capture is about to use must be the plan's :class:`~bridge_cudagraph.plan.capture_plan.StaticInput`
+    s.
 
     The plan is what ``bridge-cudagraph plan`` printed and what memory was budgeted for; a buffer of another shape
     or dtype means the plan and the model disagree, and capture stops with both instead of replaying something
@@ -105,12 +106,12 @@ def check_group_sizes(config, pg_collection, submodule: str) -> None:
             raise CaptureError(
                 f"{submodule}: config.{attr} = {want} but its process-group collection has a group of size {have}; "
                 f"build the {submodule} groups from the same layout as the model config "
-                "(bridge_cudagraph.groups.build_collections) or set the config to match"
+                "(bridge_cudagraph.parallel.groups.build_collections) or set the config to match"
             )
     if pg_collection.dp_cp is None:
         raise CaptureError(
             f"{submodule}: the process-group collection has no dp_cp group; Megatron-Core's helper logs on it and "
-            "raises without it. Build the collection with bridge_cudagraph.groups, which sets every field"
+            "raises without it. Build the collection with bridge_cudagraph.parallel.groups, which sets every field"
         )
 
 
@@ -148,8 +149,8 @@ def param_grad_return_kwargs(model_chunks, modules, *, rungs: int = 1) -> dict[s
     a full set of parameter gradients (2.6 GiB per rung on the 2B language model). Where TE fuses, the weight
     gradients it returns are its one cached placeholder per shape, shared by every rung already.
     """
-    from bridge_cudagraph.compat import te_graphs_can_alias_param_grads
-    from bridge_cudagraph.wgrad_fusion import te_modules_fusing
+    from bridge_cudagraph.host.compat import te_graphs_can_alias_param_grads
+    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
 
     if not (te_graphs_can_alias_param_grads() and ddp_consumes_param_grads(model_chunks, modules)):
         return {}
@@ -166,8 +167,8 @@ def ladder_order_kwargs(callables: int) -> dict:
     ``_reuse_graph_input_output_buffers``, one model chunk, one micro-batch: forward, then backward). The next rung
     captured into the pool is carved out of it, so a ladder costs about one rung of memory
     (:func:`capture_budget_ladder` has the safety argument). Empty where TE lacks the path
-    (:func:`bridge_cudagraph.compat.te_graphs_share_ladder_buffers`): each rung then keeps its own."""
-    from bridge_cudagraph.compat import te_graphs_share_ladder_buffers
+    (:func:`bridge_cudagraph.host.compat.te_graphs_share_ladder_buffers`): each rung then keeps its own."""
+    from bridge_cudagraph.host.compat import te_graphs_share_ladder_buffers
 
     if not te_graphs_share_ladder_buffers():
         return {}
@@ -268,7 +269,8 @@ def reset_graph_sets(graphs) -> None:
 
 class LayerChain(torch.nn.Module):
     """Graphable per-layer callables of one signature ``(hidden_states, *static) -> hidden_states`` one after the
-    other, as one callable: a segment of ``graph_unit: deepstack`` (:func:`~bridge_cudagraph.budgets.layer_segments`)
+    other, as one callable: a segment of ``graph_unit: deepstack``
+    (:func:`~bridge_cudagraph.plan.budgets.layer_segments`)
     in the budgeted helpers (vision, packed language). Every link reads the same static inputs, and only the last
     output is read outside (a segment ends wherever other code reads or changes the hidden states), so the chain is
     one launch and one backward node instead of one per layer, and no copy of each layer's output into the next

@@ -10,7 +10,7 @@ Built on megatron-core's ``TECudaGraphHelper`` and changed at three narrow point
    Here the mRoPE tensor, shape ``(S/cp, micro_batch, 1, rotary_dim)`` in fp32, is a static input that
    each replay refreshes from the model's own computation.
 2. **Static inputs follow the model's activation dtype**, not the hard-coded bf16 of ``module.py``.
-3. **The micro-batch count is the plugin's** (:func:`~bridge_cudagraph.host_patches.explicit_num_microbatches`),
+3. **The micro-batch count is the plugin's** (:func:`~bridge_cudagraph.host.patches.explicit_num_microbatches`),
    so no process-global micro-batch calculator is needed, and the collection is mandatory (no fallback to
    ``parallel_state``).
 
@@ -33,7 +33,6 @@ from megatron.core.transformer.enums import CudaGraphModule
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from bridge_cudagraph.budgets import language_segments
 from bridge_cudagraph.capture.common import (
     CaptureError,
     CaptureStats,
@@ -45,10 +44,11 @@ from bridge_cudagraph.capture.common import (
     param_grad_return_kwargs,
 )
 from bridge_cudagraph.capture.runs import LayerRun, group_runs, heads_of
-from bridge_cudagraph.host_patches import explicit_num_microbatches
+from bridge_cudagraph.host.patches import explicit_num_microbatches
+from bridge_cudagraph.plan.budgets import language_segments
 
 if TYPE_CHECKING:
-    from bridge_cudagraph.plan import StaticInput
+    from bridge_cudagraph.plan.capture_plan import StaticInput
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -98,13 +98,14 @@ class LanguageGraphHelper(TECudaGraphHelper):
         micro_batch_size: Micro-batch size (static).
         num_microbatches: Micro-batches per step: the capture schedule under pipeline parallelism.
         pg_collection: The language model's ``ProcessGroupCollection``; required.
-        static_inputs: The plan's :class:`~bridge_cudagraph.plan.StaticInput` s of every layer; megatron-core's
+        static_inputs: The plan's :class:`~bridge_cudagraph.plan.capture_plan.StaticInput` s of every layer;
+        megatron-core's
             helper allocates the buffers, and each is checked against them before capture.
         optimizers: Optimizers whose gradients capture's warmup iterations must clear.
         on_capture_error: ``"eager"`` to continue without graphs after a failed capture, ``"raise"`` to stop.
         graph_unit: ``layer`` (one graph per layer, megatron-core's unit) or ``deepstack`` (one per run of layers,
             cut after the first ``deepstack_merges`` layers of a chunk that merges deepstack features).
-        deepstack_merges: The plan's :attr:`~bridge_cudagraph.plan.LanguagePlan.deepstack_merges`.
+        deepstack_merges: The plan's :attr:`~bridge_cudagraph.plan.capture_plan.LanguagePlan.deepstack_merges`.
     """
 
     submodule = "language"
@@ -155,7 +156,7 @@ class LanguageGraphHelper(TECudaGraphHelper):
             self._group_runs(graph_unit, deepstack_merges)
 
     def _group_runs(self, unit: str, merges: int) -> None:
-        """Replace each chunk's layers by the runs :func:`~bridge_cudagraph.budgets.layer_segments` cuts them into
+        """Replace each chunk's layers by the runs :func:`~bridge_cudagraph.plan.budgets.layer_segments` cuts them into
         (the plan's segments for that stage): the helper then captures, indexes and deletes one graph per run."""
         for index, callables in enumerate(self.callables_per_chunk):
             if not callables:

@@ -33,7 +33,7 @@ GPT SFT offline packing (Bridge's ``GPTSFTPackedDataset``, ``gpt_step``) hands o
 micro-batch, its boundaries padded to one length (``pad_cu_seqlens``), and no ``cu_seqlens_q_padded`` unless samples
 are padded to a multiple: one budget of ``seq_length``, captured without the separate padded copy where the data has
 none; its RoPE table has a row per position within a sequence (fewer rows than the budget, the rest zeros) and TE's
-fused THD kernel reads it by position (:func:`bridge_cudagraph.validation.check_offline_packing`).
+fused THD kernel reads it by position (:func:`bridge_cudagraph.plan.checks.check_offline_packing`).
 
 The replay is the decoder's forward: :func:`install_packed_replay` gives the decoder instance a subclass of its
 own class (:class:`PackedReplayBlock`) whose ``forward`` replays the graphs when a training micro-batch is packed
@@ -54,7 +54,6 @@ import torch
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.budgets import PackedLayout, language_segments
 from bridge_cudagraph.capture.common import (
     BudgetLadder,
     CaptureError,
@@ -68,6 +67,7 @@ from bridge_cudagraph.capture.common import (
     reset_graph_sets,
     segment_callables,
 )
+from bridge_cudagraph.plan.budgets import PackedLayout, language_segments
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -192,9 +192,9 @@ class PackedReplayBlock:
 def install_packed_replay(decoder: torch.nn.Module, helper: PackedLanguageGraphHelper) -> None:
     """Give ``decoder`` (a ``TransformerBlock`` instance) the packed replay; undone by :func:`remove_packed_replay`.
 
-    Patches the instance's class, not the host's (:func:`~bridge_cudagraph.host_patches.extend_instance_class`).
+    Patches the instance's class, not the host's (:func:`~bridge_cudagraph.host.patches.extend_instance_class`).
     """
-    from bridge_cudagraph.host_patches import extend_instance_class
+    from bridge_cudagraph.host.patches import extend_instance_class
 
     extend_instance_class(decoder, PackedReplayBlock)
     decoder.packed_graph_helper = helper
@@ -202,7 +202,7 @@ def install_packed_replay(decoder: torch.nn.Module, helper: PackedLanguageGraphH
 
 def remove_packed_replay(decoder: torch.nn.Module) -> None:
     """Restore the decoder's own class."""
-    from bridge_cudagraph.host_patches import restore_instance_class
+    from bridge_cudagraph.host.patches import restore_instance_class
 
     decoder.__dict__.pop("packed_graph_helper", None)
     restore_instance_class(decoder, PackedReplayBlock)

@@ -13,9 +13,9 @@ most layers nothing else runs, so the graph can span them:
   ``cuda_graphs`` list, its micro-batch index, its argument checks), with the parameter-gather hooks of every layer
   of the run in front (:meth:`LayerRun.setup_manual_hooks`);
 * the other layers (*members*) pass their input through while the run replays (:class:`RunMember`, put on those
-  layer objects only, :func:`~bridge_cudagraph.host_patches.extend_instance_class`), after checking that it is the
+  layer objects only, :func:`~bridge_cudagraph.host.patches.extend_instance_class`), after checking that it is the
   run's output: a run never spans a point where the decoder changes the hidden states between layers (Qwen3-VL's
-  deepstack merges; :func:`~bridge_cudagraph.budgets.layer_segments` cuts there), and if something did, the member
+  deepstack merges; :func:`~bridge_cudagraph.plan.budgets.layer_segments` cuts there), and if something did, the member
   raises instead of passing on a result computed without it.
 
 Evaluation, inference and a capture in progress take the host's path in every layer, as before.
@@ -88,7 +88,7 @@ class LayerRun(torch.nn.Module):
     # ---------------------------------------------------------------------------- replay wiring
     def wire(self) -> None:
         """After capture: the head replays the run's graphs, the members pass through."""
-        from bridge_cudagraph.host_patches import extend_instance_class
+        from bridge_cudagraph.host.patches import extend_instance_class
 
         self.head.cuda_graphs = [_RunGraph(graph, self) for graph in self.cuda_graphs]
         for member in self.members:
@@ -98,7 +98,7 @@ class LayerRun(torch.nn.Module):
 
     def unwire(self) -> None:
         """Undo :meth:`wire` (graphs deleted, capture abandoned): every layer its own class and no graphs."""
-        from bridge_cudagraph.host_patches import restore_instance_class
+        from bridge_cudagraph.host.patches import restore_instance_class
 
         self.head.cuda_graphs = []
         self.head.cuda_graph_manual_hooks = []
@@ -160,7 +160,8 @@ class RunMember:
 
 
 def group_runs(layers: Sequence[torch.nn.Module], segments: Sequence[tuple[int, int]]) -> list[torch.nn.Module]:
-    """The callables of one chunk's ``layers`` for ``segments`` (:func:`~bridge_cudagraph.budgets.layer_segments`):
+    """The callables of one chunk's ``layers`` for ``segments``
+    (:func:`~bridge_cudagraph.plan.budgets.layer_segments`):
     a layer alone where a segment holds one, a :class:`LayerRun` where it holds several."""
     covered = [i for start, end in segments for i in range(start, end)]
     if covered != list(range(len(layers))):

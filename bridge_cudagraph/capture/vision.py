@@ -6,7 +6,7 @@ other and to padding, from step 0 (max abs per-token-loss difference 0.06 on a t
 
 Here the vision layers are captured in Qwen3-VL's own eager format - packed THD attention - with the per-image
 boundaries as a *static tensor input*, one graph per run of layers that ends at a deepstack layer (``graph_unit:
-deepstack``, :func:`~bridge_cudagraph.budgets.layer_segments`) or per layer:
+deepstack``, :func:`~bridge_cudagraph.plan.budgets.layer_segments`) or per layer:
 
 * the patches of a micro-batch (``N``) are padded to the smallest captured budget ``B >= N`` (in patches, the
   unit the layers run on);
@@ -24,7 +24,8 @@ data: those up to the largest micro-batch of the warmup steps, more when a later
 (:class:`~bridge_cudagraph.capture.common.BudgetLadder`).
 
 Under a pipelined language model the first stage holds several micro-batches between forward and backward (1F1B),
-so the graphs are captured in ``copies`` independent sets (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`):
+so the graphs are captured in ``copies`` independent sets
+(:func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`):
 a forward takes a free set and the set is free again once that micro-batch's backward has reached it. The schedule's
 order needs no capture-time ``_order``: whichever order the schedule runs, a micro-batch's forward and backward
 replay the same set, and no set is shared by two micro-batches in flight. A micro-batch that finds no free set runs
@@ -43,7 +44,6 @@ from typing import TYPE_CHECKING
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.budgets import PackedLayout, check_token_budgets, layer_segments
 from bridge_cudagraph.capture.common import (
     BudgetLadder,
     CaptureError,
@@ -57,11 +57,12 @@ from bridge_cudagraph.capture.common import (
     segment_callables,
 )
 from bridge_cudagraph.config import GRAPH_UNITS
-from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
-from bridge_cudagraph.vision_positions import rotary_input
+from bridge_cudagraph.plan.budgets import PackedLayout, check_token_budgets, layer_segments
+from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
+from bridge_cudagraph.vision.positions import rotary_input
 
 if TYPE_CHECKING:
-    from bridge_cudagraph.plan import StaticInput
+    from bridge_cudagraph.plan.capture_plan import StaticInput
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -69,7 +70,7 @@ logger = logging.getLogger("bridge_cudagraph")
 def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, layout: PackedLayout) -> torch.Tensor:
     """The static ``cu_seqlens`` (int32, on the host) of a micro-batch whose frames have ``seqlens`` patches:
     its own boundaries, then the padding ``[N, B)`` as segments of at most ``layout.max_seqlen``, then
-    zero-length segments (:meth:`~bridge_cudagraph.budgets.PackedLayout.static_cu_seqlens`, the layout the
+    zero-length segments (:meth:`~bridge_cudagraph.plan.budgets.PackedLayout.static_cu_seqlens`, the layout the
     packed language graphs use too). Real patches never attend to the padding."""
     real = [0, *seqlens.cumsum(0).tolist()]
     return torch.tensor(layout.static_cu_seqlens(real, budget), dtype=torch.int32)
@@ -147,11 +148,12 @@ class VisionGraphHelper(LadderHelper):
         num_warmup_iters: TE warmup iterations per callable before capture.
         on_capture_error: ``"eager"`` or ``"raise"``.
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight
-            (:func:`~bridge_cudagraph.budgets.in_flight_microbatches`; 1 without a pipeline).
-        static_inputs: The plan's :class:`~bridge_cudagraph.plan.StaticInput` s per budget; the capture buffers
+            (:func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`; 1 without a pipeline).
+        static_inputs: The plan's :class:`~bridge_cudagraph.plan.capture_plan.StaticInput` s per budget; the capture
+        buffers
             are checked against them (None: not checked, for callers without a plan).
         graph_unit: ``deepstack`` or ``layer``: the layers each graph spans
-            (:func:`~bridge_cudagraph.budgets.layer_segments`).
+            (:func:`~bridge_cudagraph.plan.budgets.layer_segments`).
     """
 
     submodule = "vision"

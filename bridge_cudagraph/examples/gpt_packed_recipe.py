@@ -7,7 +7,7 @@ texts from Python's ``pydoc_data``, a tokenizer built offline), packed by Bridge
 loaded with ``dataloader_type="batch"`` and split into micro-batches of one row, each row handed to the model as one
 THD sequence with its samples' ``cu_seqlens`` by Bridge's ``gpt_step``. With
 ``offline_packing_specs.pad_cu_seqlens`` (and ``pad_to_max_length``) every micro-batch has the same shapes, so
-packed language graphs replay all of them (:func:`bridge_cudagraph.validation.check_offline_packing`).
+packed language graphs replay all of them (:func:`bridge_cudagraph.plan.checks.check_offline_packing`).
 
 The model is :func:`bridge_cudagraph.examples.tiny.tiny_gpt_provider` (4 layers, RoPE) at sequence 512 with
 ``apply_rope_fusion=True`` (TE's fused THD rotary kernel; megatron-core's unfused one splits on the host), graphs

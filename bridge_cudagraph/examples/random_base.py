@@ -174,7 +174,7 @@ def build_random_base(config: Any, *, log=print) -> Path:
 
     import torch
 
-    from bridge_cudagraph.validation import check_stack
+    from bridge_cudagraph.plan.checks import check_stack
 
     check_stack(config)  # as train checks it: what this machine's stack cannot build, before any weight
     if not torch.cuda.is_available():
@@ -184,7 +184,7 @@ def build_random_base(config: Any, *, log=print) -> Path:
 
     from megatron.bridge.training.model_load_save import save_megatron_model
 
-    from bridge_cudagraph.planning import finalize_config
+    from bridge_cudagraph.plan.from_config import finalize_config
 
     started = time.perf_counter()
     cfg = copy.deepcopy(config)
@@ -246,9 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bridge_cudagraph.config import CudaGraphConfigError
-    from bridge_cudagraph.layout import LayoutError
-    from bridge_cudagraph.recipe import RecipeError, load_recipe
-    from bridge_cudagraph.strict import UnknownKeyError
+    from bridge_cudagraph.parallel.layout import LayoutError
+    from bridge_cudagraph.recipe.load import RecipeError, load_recipe
+    from bridge_cudagraph.recipe.strict import UnknownKeyError
 
     try:
         build_random_base(load_recipe(args.recipe, args.overrides).config)

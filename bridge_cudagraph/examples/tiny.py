@@ -39,7 +39,7 @@ _COMMON = dict(
 
 def tiny_gpt_provider(cuda_graph: CudaGraphConfig | None = None, **overrides: Any):
     """4 layers, hidden 512, RoPE, seq 256 (the shape measured in DESIGN.md)."""
-    from bridge_cudagraph.providers import CudaGraphGPTModelProvider
+    from bridge_cudagraph.bridge.providers import CudaGraphGPTModelProvider
 
     fields = dict(
         _COMMON,
@@ -83,7 +83,7 @@ def tiny_vision_config(out_hidden_size: int, **overrides: Any):
 def tiny_qwen3_vl_provider(cuda_graph: CudaGraphConfig | None = None, *, moe: bool = False, **overrides: Any):
     """4 language layers (hidden 512, kv 64, mRoPE [12, 10, 10]) + the tiny vision encoder; ``moe`` swaps the
     dense MLPs for 4 experts, top-2."""
-    from bridge_cudagraph.providers import CudaGraphQwen3VLModelProvider, CudaGraphQwen3VLMoEModelProvider
+    from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLModelProvider, CudaGraphQwen3VLMoEModelProvider
 
     hidden = overrides.pop("hidden_size", 512)
     fields = dict(
@@ -177,7 +177,7 @@ def copy_weights(src: list[torch.nn.Module], dst: list[torch.nn.Module]) -> None
 def upstream_provider(provider):
     """The same model as ``provider`` on the host's own class (no ``cuda_graph`` block), with upstream's
     language switch ``cuda_graph_impl="transformer_engine"``: what Bridge users run today."""
-    from bridge_cudagraph.mixin import provider_fields
+    from bridge_cudagraph.bridge.mixin import provider_fields
 
     host = next(c for c in type(provider).__mro__ if c.__module__.startswith("megatron.bridge"))
     fields = {k: v for k, v in provider_fields(provider).items() if k != "cuda_graph"}

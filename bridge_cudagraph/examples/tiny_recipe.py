@@ -14,7 +14,7 @@ GPU test trains, and the smallest thing to try the plugin on:
   50 iterations, evaluation every 20 iterations for 2, logging every 10, a checkpoint at the end;
 * ``train.exit_signal_handler=True``: SIGTERM (Slurm's ``scancel``, preemption, torchrun passing its own SIGTERM on)
   ends training at the next step boundary: a checkpoint when ``checkpoint.save`` is set, the graphs deleted, exit
-  code 0 (see :mod:`bridge_cudagraph.train`). Bridge's default, off, lets SIGTERM kill the process outright;
+  code 0 (see :mod:`bridge_cudagraph.bridge.train`). Bridge's default, off, lets SIGTERM kill the process outright;
 * the data is :class:`TinyVLMDatasetConfig`: a Bridge ``DatasetProvider`` that makes every sample in-process
   from a seed, with one to three images of different sizes, in exactly the batch layout Bridge's
   ``qwen3_vl_step.forward_step`` reads (see :meth:`TinyVLMDataset.collate_fn`).

@@ -368,7 +368,8 @@ def _forward_step(data_iterator, model):
 
 def prepare_finalize(model: list[torch.nn.Module]) -> None:
     """Give ``model``'s config megatron-core's ``finalize_model_grads`` and the vision replicas' gradient average, as
-    Bridge's set-up does (``setup.py:577``, then :class:`~bridge_cudagraph.mixin.CudaGraphProviderMixin`'s wrap).
+    Bridge's set-up does (``setup.py:577``, then :class:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin`'s
+    wrap).
 
     Once per model: :func:`train_steps` calls it while the config has no function yet. Each call walks every module
     of the model (to find the encoder), host time Bridge's loop pays once and a step must not (the benchmark calls
@@ -376,8 +377,8 @@ def prepare_finalize(model: list[torch.nn.Module]) -> None:
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.utils import get_model_config
 
-    from bridge_cudagraph.replicas import install_grad_sync
-    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+    from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
+    from bridge_cudagraph.vision.replicas import install_grad_sync
 
     config = get_model_config(model[0])
     if not getattr(config.finalize_model_grads_func, "_bridge_cudagraph_replica_sync", False):

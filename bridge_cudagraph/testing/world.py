@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from bridge_cudagraph.groups import build_collections
-from bridge_cudagraph.layout import ParallelLayout, VisionLayout
+from bridge_cudagraph.parallel.groups import build_collections
+from bridge_cudagraph.parallel.layout import ParallelLayout, VisionLayout
 
 
 def _free_port() -> int:
@@ -73,7 +73,7 @@ def close_world(world: World | None = None, *, hang_after_s: float = 60.0) -> No
     faulthandler.dump_traceback_later(hang_after_s, exit=True, file=sys.stderr)
     try:
         if world is not None:
-            from bridge_cudagraph.groups import destroy_collections
+            from bridge_cudagraph.parallel.groups import destroy_collections
 
             destroy_collections(world.collections)
         if dist.is_initialized():

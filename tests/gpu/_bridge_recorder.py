@@ -22,9 +22,21 @@ import torch
 from megatron.bridge.training.callbacks import Callback
 from megatron.core.utils import get_model_config
 
-from bridge_cudagraph import bridge_loop, finalize_host, forward_host, optimizer_host, wgrad_fusion
-from bridge_cudagraph.callback import Phase
-from bridge_cudagraph.host_patches import bridge_helper_installed
+from bridge_cudagraph.bridge import loop as bridge_loop
+from bridge_cudagraph.bridge.callback import Phase
+from bridge_cudagraph.host import (
+    finalize as finalize_host,
+)
+from bridge_cudagraph.host import (
+    forward as forward_host,
+)
+from bridge_cudagraph.host import (
+    optimizer as optimizer_host,
+)
+from bridge_cudagraph.host import (
+    wgrad_fusion,
+)
+from bridge_cudagraph.host.patches import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
 
 _STATS = ("graphs", "layers", "seconds", "graph_memory_bytes", "replays", "eager_fallbacks", "failed")

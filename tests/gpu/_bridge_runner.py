@@ -8,9 +8,10 @@ its globals once per process::
         --out run.json --graphs on --save DIR --save-interval 30 [--load DIR --ckpt-step 30] \\
         [--end normal|exception|signal --end-at 6] [--no-eval] [--recipe recipes/OTHER.yaml]
 
-It loads ``recipes/tiny_qwen3_vl.yaml`` (or the ``--recipe`` file) with :func:`bridge_cudagraph.recipe.load_recipe`
+It loads ``recipes/tiny_qwen3_vl.yaml`` (or the ``--recipe`` file) with
+:func:`bridge_cudagraph.recipe.load.load_recipe`
 (``--graphs off`` adds the overrides that disable both submodules) and trains through
-:func:`bridge_cudagraph.train.run`, as the CLI's ``train`` verb does. It rewrites ``--out`` (JSON) after every
+:func:`bridge_cudagraph.bridge.train.run`, as the CLI's ``train`` verb does. It rewrites ``--out`` (JSON) after every
 training step, so a crash still leaves what ran: its pid, per-iteration loss, step time and wall-clock time,
 evaluation losses, what the ``CudaGraphCallback`` captured, the initial weights' fingerprint, when training ended
 (the test times the exit from there) and whether ``parallel_state`` was touched. A ``finally`` around ``run()``
@@ -83,8 +84,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
 def main(argv=None) -> int:
     from _bridge_recorder import Recorder
 
-    from bridge_cudagraph.recipe import load_recipe
-    from bridge_cudagraph.train import run
+    from bridge_cudagraph.bridge.train import run
+    from bridge_cudagraph.recipe.load import load_recipe
 
     args = _args(argv)
     recorder = Recorder(args.out, args)
@@ -103,7 +104,8 @@ def main(argv=None) -> int:
         outcome = {"kind": type(error).__name__, "message": str(error)[:500]}
         raise
     finally:
-        # After Bridge's teardown and bridge_cudagraph.train.run's: the graphs' final phases and who released them.
+        # After Bridge's teardown and bridge_cudagraph.bridge.train.run's: the graphs' final phases and who released
+        # them.
         recorder.data["returned_time"] = time.time()
         recorder.data["outcome"] = outcome
         recorder._snapshot()

@@ -20,9 +20,9 @@ import torch.distributed as dist
 from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.examples.data import qwen3_vl_batch
-from bridge_cudagraph.groups import build_collections, destroy_collections
-from bridge_cudagraph.layout import ParallelLayout, VisionLayout
-from bridge_cudagraph.plan import plan_for
+from bridge_cudagraph.parallel.groups import build_collections, destroy_collections
+from bridge_cudagraph.parallel.layout import ParallelLayout, VisionLayout
+from bridge_cudagraph.plan.build import plan_for
 from bridge_cudagraph.testing.parity import capture_problems, compare_series, megatron_optimizer, train_steps
 from bridge_cudagraph.testing.world import close_world, init_world, parallel_state_untouched, seed_rng
 
@@ -78,7 +78,7 @@ def _expected_grad_norm(model, language_pgc, vision_pgc) -> float:
 
 def _vision_replicas_identical(model, vision_pgc) -> bool:
     """Whether the ranks holding the same vision shard (the replica group) hold identical vision weights."""
-    from bridge_cudagraph.replicas import replica_group_of
+    from bridge_cudagraph.vision.replicas import replica_group_of
 
     inner = model[0].module.module
     group = replica_group_of(vision_pgc)
@@ -276,7 +276,7 @@ class _NormProbe:
 def _meta() -> dict:
     import platform
 
-    from bridge_cudagraph.compat import installed_version
+    from bridge_cudagraph.host.compat import installed_version
 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

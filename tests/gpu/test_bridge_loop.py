@@ -11,7 +11,7 @@ same data:
   * ``resumed_off_from_on``: graphs off, resumed from ``graphs_on``'s checkpoint at 30;
   * ``resumed_on_from_off``: graphs on, resumed from ``graphs_off``'s checkpoint at 30 (captures again at 33);
   * ``fused_on`` and ``fused_off``: 50 iterations, graphs on and off, with Bridge's default
-    ``model.gradient_accumulation_fusion=true`` that the recipe turns off (:mod:`bridge_cudagraph.wgrad_fusion`).
+    ``model.gradient_accumulation_fusion=true`` that the recipe turns off (:mod:`bridge_cudagraph.host.wgrad_fusion`).
 
 Checked: the CudaGraphCallback captured after warmup (again after resume) and nothing failed; both runs start
 from the same weights; the loss at every iteration is identical to graphs-off and finite (NaN-safe:
@@ -67,7 +67,7 @@ RESUMED = {
 }
 
 #: Bridge's own default, which the recipe turns off; without APEX only this plugin's provider builds it
-#: (bridge_cudagraph.wgrad_fusion: TE's layers sum their weight gradients into main_grad in their GEMMs).
+#: (bridge_cudagraph.host.wgrad_fusion: TE's layers sum their weight gradients into main_grad in their GEMMs).
 FUSION_ON = ("--override", "model.gradient_accumulation_fusion=true")
 FUSED = {"fused_on": "on", "fused_off": "off"}
 
@@ -308,7 +308,7 @@ def test_optimizer_host_cache_steps_every_graphed_run(runs, record):
     runs.on.require_ok()
     runs.off.require_ok()
     assert runs.on.data["optimizer_host_cache"] and not runs.off.data["optimizer_host_cache"]
-    # The finalisation's module walk is listed with it (bridge_cudagraph.step_host), at every step.
+    # The finalisation's module walk is listed with it (bridge_cudagraph.host.step), at every step.
     assert runs.on.data["finalize_listed"] and not runs.off.data["finalize_listed"]
     counts = runs.on.data["optimizer_cached_steps"]
     # Adam's first step is the host's (it creates the state); every gradient view and parameter copy is cached.

@@ -99,7 +99,7 @@ def _bridge_model(kind: str, world, *, fused: bool = False):
     weight-gradient fusion on in the modules built from its config (what its ``gradient_accumulation_fusion=true``
     gives them where APEX lets the host build it)."""
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.wgrad_fusion import fuse_te_modules
+    from bridge_cudagraph.host.wgrad_fusion import fuse_te_modules
 
     plain = tiny.upstream_provider(_make(kind))
     plain.cuda_graph_impl = "none"
@@ -159,7 +159,7 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
     _require_deterministic(bridge)
     _require_deterministic(plugin)
     batches = _batches(kind)
-    from bridge_cudagraph.plan import plan_for
+    from bridge_cudagraph.plan.build import plan_for
 
     plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
     helper = provider.make_language_graph_helper(plugin, plan=plan)
@@ -178,13 +178,14 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
 def test_fused_weight_gradients_match_bridge_bit_for_bit(world, record, kind):
-    """``gradient_accumulation_fusion=true`` without APEX (:mod:`bridge_cudagraph.wgrad_fusion`), language graphs on,
+    """``gradient_accumulation_fusion=true`` without APEX (:mod:`bridge_cudagraph.host.wgrad_fusion`), language graphs
+    on,
     against Bridge's unmodified provider with TE's fusion on in the same modules: what Bridge's own config gives its TE
     layers where APEX lets it build (it cannot here: megatron-core's output layer needs APEX). Every gradient is read
     from ``main_grad``, where the fused GEMMs wrote it; the fused modules are counted and must be marked as added."""
-    from bridge_cudagraph.plan import plan_for
+    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
+    from bridge_cudagraph.plan.build import plan_for
     from bridge_cudagraph.testing.parity import assert_captured
-    from bridge_cudagraph.wgrad_fusion import te_modules_fusing
 
     bridge = _bridge_model(kind, world, fused=True)
     fused_in_bridge = te_modules_fusing(bridge[0])
@@ -232,7 +233,7 @@ def _replaying_vision_graphs(provider, plugin, plan, record, case: str):
 
 
 def test_vision_graphs_match_bridge_bit_for_bit(world, record):
-    from bridge_cudagraph.plan import plan_for
+    from bridge_cudagraph.plan.build import plan_for
 
     bridge = _bridge_model("qwen3_vl", world)
     provider, plugin = _plugin_model("qwen3_vl", world, _cfg(False, True), bridge)
@@ -252,13 +253,13 @@ def _host_waits(fn) -> int:
 
 @pytest.mark.parametrize("language", [False, True], ids=["graphs_off", "language_graphs"])
 def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
-    """``fewer_host_waits`` (:mod:`bridge_cudagraph.forward_host`: mRoPE positions from one host copy, the deepstack
+    """``fewer_host_waits`` (:mod:`bridge_cudagraph.host.forward`: mRoPE positions from one host copy, the deepstack
     and image-token merges by row positions) on the plugin's Qwen3-VL, graphs off and language graphs replaying:
     per-token loss and every gradient bit for bit Bridge's unmodified model's, on every image mix; every micro-batch
     took the host copy, every one with images the row merge; a forward and backward with images waits less often than
     Bridge's (both counted and recorded)."""
-    from bridge_cudagraph import forward_host
-    from bridge_cudagraph.plan import plan_for
+    from bridge_cudagraph.host import forward as forward_host
+    from bridge_cudagraph.plan.build import plan_for
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
 
     bridge = _bridge_model("qwen3_vl", world)
@@ -306,7 +307,7 @@ def test_the_merges_never_wait_and_the_positions_wait_at_most_once(world, record
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope import get_rope_index
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
 
-    from bridge_cudagraph.forward_host import IndexedDeepstack, PendingPositions, RowMerge, VisionRows
+    from bridge_cudagraph.host.forward import IndexedDeepstack, PendingPositions, RowMerge, VisionRows
 
     g = torch.Generator(device="cuda").manual_seed(0)
     mask = torch.rand(MBS, SEQ, generator=g, device="cuda") < 0.3

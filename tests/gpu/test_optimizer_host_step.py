@@ -1,4 +1,4 @@
-"""The optimizer host cache (:mod:`bridge_cudagraph.optimizer_host`) steps bit for bit as megatron-core's own step.
+"""The optimizer host cache (:mod:`bridge_cudagraph.host.optimizer`) steps bit for bit as megatron-core's own step.
 
 30 steps of a tiny GPT and a tiny Qwen3-VL, our graphs captured at the warm-up step, with Bridge's default optimizer
 (distributed Adam in bf16 with fp32 main params) here with weight decay, a learning rate that changes every step,
@@ -17,7 +17,7 @@ import _optimizer_runs as opt_runs
 import pytest
 import torch
 
-from bridge_cudagraph.plan import plan_for
+from bridge_cudagraph.plan.build import plan_for
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +27,7 @@ CLIPS = (1e-3, 1e6)  # clip_grad: clips every gradient / never clips
 
 def _state(targets) -> tuple[dict[str, torch.Tensor], list]:
     """Copies of every tensor an optimizer step writes, and the Adam step counters."""
-    from bridge_cudagraph.optimizer_host import CachedAdamLists, CachedShardViews
+    from bridge_cudagraph.host.optimizer import CachedAdamLists, CachedShardViews
 
     tensors: dict[str, torch.Tensor] = {}
     counters = []
@@ -47,7 +47,7 @@ def _state(targets) -> tuple[dict[str, torch.Tensor], list]:
 
 
 def _restore(targets, saved) -> None:
-    from bridge_cudagraph.optimizer_host import CachedAdamLists, CachedShardViews
+    from bridge_cudagraph.host.optimizer import CachedAdamLists, CachedShardViews
 
     tensors, counters = saved
     steps = iter(counters)
@@ -91,9 +91,9 @@ def _differences(a, b) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
 def test_cached_step_is_the_host_step_bit_for_bit(world, record, kind):
-    from bridge_cudagraph import optimizer_host
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.host_patches import extend_instance_class, restore_instance_class
+    from bridge_cudagraph.host import optimizer as optimizer_host
+    from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
     from bridge_cudagraph.testing.parity import assert_captured, megatron_optimizer, train_steps
 
     provider = opt_runs.provider(kind)

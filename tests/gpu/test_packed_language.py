@@ -69,11 +69,12 @@ def _packed_batch(rows, *, seed: int, pg_collection, seq: int = SEQ) -> dict:
 
 def _models(world, seq: int = SEQ, fused: bool = False):
     """The graphed plugin model, the plugin's graphs-off twin and Bridge's unmodified model, with the same weights;
-    ``fused``: ``gradient_accumulation_fusion=true`` (:mod:`bridge_cudagraph.wgrad_fusion`) on the plugin's, and TE's
+    ``fused``: ``gradient_accumulation_fusion=true`` (:mod:`bridge_cudagraph.host.wgrad_fusion`) on the plugin's, and
+    TE's
     fusion on in the same modules of Bridge's (which cannot build the setting itself without APEX)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.wgrad_fusion import fuse_te_modules, te_modules_fusing
+    from bridge_cudagraph.host.wgrad_fusion import fuse_te_modules, te_modules_fusing
 
     fields = dict(seq_length=seq, language_max_sequence_length=seq)
     plugin = dict(fields, gradient_accumulation_fusion=fused)
@@ -139,12 +140,12 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 )
 def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, fewer_waits, unit):
     """``fewer_waits``: the graphed model also runs Qwen3-VL's forward with fewer host waits
-    (:mod:`bridge_cudagraph.forward_host`, as the callback installs it with the graphs): the step's packed rows take
+    (:mod:`bridge_cudagraph.host.forward`, as the callback installs it with the graphs): the step's packed rows take
     its positions and its deepstack merge, and stay exact against both references."""
     import torch
 
-    from bridge_cudagraph import forward_host
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
+    from bridge_cudagraph.host import forward as forward_host
     from bridge_cudagraph.testing.parity import loss_and_grads
 
     graphed, ours_off, bridge = _models(world, fused=fused)
@@ -167,7 +168,8 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
         _assert_match(a, b, f"{name}: before capture", floors[name])
 
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.plan import deepstack_merges, model_facts
+    from bridge_cudagraph.plan.build import deepstack_merges
+    from bridge_cudagraph.plan.facts import model_facts
 
     merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))  # the tiny encoder's 2 deepstack taps
     helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit=unit, deepstack_merges=merges)
@@ -235,8 +237,8 @@ LADDER_CASES = {
 
 
 def test_packed_graphs_over_the_plans_ladder_at_sequence_2048(world, record):
-    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+    from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
 
     graphed, ours_off, bridge = _models(world, LADDER_SEQ)
@@ -281,10 +283,11 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     model with graphs off and Bridge's unmodified model (deterministic kernels; else within the eager floor). The rung
     the larger micro-batch asked for is captured between "steps" (:meth:`capture_pending`: the ladder re-captured up to
     the new top into one pool), and replays exactly too; the earlier rungs still do after it."""
-    from bridge_cudagraph.budgets import PackedLayout, derive_language_budgets
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.plan import deepstack_merges, model_facts
+    from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
+    from bridge_cudagraph.plan.build import deepstack_merges
+    from bridge_cudagraph.plan.facts import model_facts
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
 
     graphed, ours_off, bridge = _models(world, LADDER_SEQ)
@@ -366,8 +369,8 @@ GPT_ROWS = 6
 
 
 def _gpt_config(*overrides: str):
-    from bridge_cudagraph.planning import finalize_config
-    from bridge_cudagraph.recipe import load_recipe
+    from bridge_cudagraph.plan.from_config import finalize_config
+    from bridge_cudagraph.recipe.load import load_recipe
 
     cfg = load_recipe(GPT_RECIPE, overrides).config
     finalize_config(cfg, world_size=1)
@@ -383,11 +386,11 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     segment count runs them eagerly, counted, and equal to eager."""
     import torch
 
-    from bridge_cudagraph.budgets import PackedLayout
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.examples.gpt_packed import packed_microbatches
-    from bridge_cudagraph.planning import plan_finalized
+    from bridge_cudagraph.plan.budgets import PackedLayout
+    from bridge_cudagraph.plan.from_config import plan_finalized
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
     from bridge_cudagraph.testing.step_batch import gpt_step_inputs
 

@@ -14,7 +14,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny_qwen3_vl.yaml"
 
 def test_helpers_built_from_the_tiny_recipes_plan_hold_its_values(world):
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.recipe import load_recipe, plan_recipe
+    from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
 
     loaded = load_recipe(RECIPE)
     plan = plan_recipe(loaded, world_size=1)

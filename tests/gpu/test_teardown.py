@@ -21,7 +21,8 @@ Every run must: reach its end; exit within 60 s of it; exit as expected above; l
 be SIGKILLed by torchrun at all (torch 2.11's torchrun allows 30 s after SIGTERM whatever the environment says; a
 SIGKILL after the worker's last record, in interpreter shutdown, is also counted in
 ``sigkilled_after_last_record``); and
-show, in the runner's last JSON (written in a ``finally`` around ``bridge_cudagraph.train.run`` after Bridge's own
+show, in the runner's last JSON (written in a ``finally`` around ``bridge_cudagraph.bridge.train.run`` after Bridge's
+own
 teardown), the language (and vision) graphs captured at step 3 and every captured slot in ``Phase.DELETED``, the
 first release that deleted graphs having run while ``torch.distributed`` was still initialised. A run that hangs
 is killed (torchrun's session and its worker's) 80 s after its end, or 200 s after launch if it never gets there,

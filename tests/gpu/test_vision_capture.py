@@ -17,7 +17,7 @@ import statistics
 
 import pytest
 
-from bridge_cudagraph.plan import plan_for
+from bridge_cudagraph.plan.build import plan_for
 
 pytestmark = pytest.mark.gpu
 
@@ -75,7 +75,7 @@ def _vision_helper(provider, model):
 
 
 def test_vision_encoder_has_its_own_groups(world):
-    from bridge_cudagraph.vision_encoder import GraphedQwen3VLVisionModel
+    from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
 
     _, model = _build(world, _cfg(False, True))
     encoder = model[0].module.module.vision_model
@@ -316,7 +316,7 @@ def test_graphed_vision_forward_waits_on_the_device_a_fixed_number_of_times(worl
     """Bridge's position helpers read ``image_grid_thw`` element by element: several host syncs per image on a
     device tensor (136 for eight images on 2026-11-29, H200). The replay path reads the grid once on the host and
     ships ``cu_seqlens`` back without waiting, so its syncs do not grow with the images. Both micro-batches here are
-    the first of their image sizes, so the position cache (``bridge_cudagraph.vision_positions``) derives and uploads
+    the first of their image sizes, so the position cache (``bridge_cudagraph.vision.positions``) derives and uploads
     every image's indices and weights: from pinned memory, without a wait (run 36 uploaded them pageable: 16 waits
     for the eight new sizes against 4 for one)."""
     import torch

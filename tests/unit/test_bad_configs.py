@@ -24,9 +24,9 @@ import torch
 
 from bridge_cudagraph.config import CudaGraphConfigError, cuda_graph_config_from_dict
 from bridge_cudagraph.examples import tiny
-from bridge_cudagraph.layout import LayoutError
-from bridge_cudagraph.recipe import RecipeError
-from bridge_cudagraph.strict import UnknownKeyError
+from bridge_cudagraph.parallel.layout import LayoutError
+from bridge_cudagraph.recipe.load import RecipeError
+from bridge_cudagraph.recipe.strict import UnknownKeyError
 
 
 def _vl(block=None, **fields):
@@ -202,7 +202,7 @@ RUN_CASES = [
 
 @pytest.mark.parametrize(("name", "dataset", "fragments"), RUN_CASES, ids=[c[0] for c in RUN_CASES])
 def test_run_level_check_refuses(run_config, name, dataset, fragments, record):
-    from bridge_cudagraph.validation import check_run
+    from bridge_cudagraph.plan.checks import check_run
 
     for key, value in dataset.items():
         object.__setattr__(run_config.dataset, key, value)
@@ -247,7 +247,7 @@ def test_offline_packing_check_refuses(gpt_packed_config, name, changes, fragmen
     """Each case changes one setting of an accepted configuration (asserted first) and is refused in one line."""
     import copy
 
-    from bridge_cudagraph.validation import check_run
+    from bridge_cudagraph.plan.checks import check_run
 
     assert check_run(gpt_packed_config).mode == "offline"
     cfg = copy.deepcopy(gpt_packed_config)
@@ -291,7 +291,7 @@ def _set(cfg, dotted: str, value) -> None:
     ("name", "settings", "fragments"), OPTIMIZER_GRAPH_CASES, ids=[c[0] for c in OPTIMIZER_GRAPH_CASES]
 )
 def test_optimizer_graph_settings_it_would_get_wrong_are_refused(run_config, name, settings, fragments, record):
-    from bridge_cudagraph.validation import check_run
+    from bridge_cudagraph.plan.checks import check_run
 
     _set(run_config, "optimizer.optimizer_cuda_graph", True)
     for key, value in settings.items():
@@ -303,7 +303,7 @@ def test_optimizer_graph_settings_it_would_get_wrong_are_refused(run_config, nam
 
 def test_optimizer_graph_with_what_it_keeps_live_is_accepted(run_config):
     """A constant weight decay, bf16 and no skip threshold: accepted (the learning rate is a device tensor)."""
-    from bridge_cudagraph.validation import check_run
+    from bridge_cudagraph.plan.checks import check_run
 
     _set(run_config, "optimizer.optimizer_cuda_graph", True)
     _set(run_config, "scheduler.weight_decay_incr_style", "linear")  # a "schedule" from 0.1 to 0.1 moves nothing
@@ -321,7 +321,7 @@ def test_optimizer_graph_with_what_it_keeps_live_is_accepted(run_config):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_train_with_graphs_on_a_cpu_machine_is_refused(run_config, record):
-    from bridge_cudagraph.validation import check_can_train_with_graphs
+    from bridge_cudagraph.plan.checks import check_can_train_with_graphs
 
     with pytest.raises(CudaGraphConfigError) as info:
         check_can_train_with_graphs(run_config)
@@ -332,10 +332,11 @@ def test_a_fusion_this_stack_cannot_build_is_refused_only_on_the_hosts_provider(
     """``model.gradient_accumulation_fusion=true`` where APEX is absent: Bridge's own provider would raise inside
     megatron-core's output layer (run 22), so ``train`` and the random base builder refuse it in one line, before
     any model exists (a machine check, like the GPU's: ``validate`` may plan for another machine). This plugin's
-    provider builds it (:mod:`bridge_cudagraph.wgrad_fusion`: TE's layers fuse), so the same setting passes there."""
-    from bridge_cudagraph.compat import apex_gradient_accumulation_fusion_available
+    provider builds it (:mod:`bridge_cudagraph.host.wgrad_fusion`: TE's layers fuse), so the same setting passes
+    there."""
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.validation import check_stack
+    from bridge_cudagraph.host.compat import apex_gradient_accumulation_fusion_available
+    from bridge_cudagraph.plan.checks import check_stack
 
     if apex_gradient_accumulation_fusion_available():
         pytest.skip("APEX's fused_weight_gradient_mlp_cuda is installed here: the stack builds the fusion")
@@ -350,7 +351,8 @@ def test_a_fusion_this_stack_cannot_build_is_refused_only_on_the_hosts_provider(
 
 
 def test_layout_that_does_not_divide_the_world_is_refused(record):
-    from bridge_cudagraph.plan import build_plan, model_facts
+    from bridge_cudagraph.plan.build import build_plan
+    from bridge_cudagraph.plan.facts import model_facts
 
     provider = _vl(BOTH, tensor_model_parallel_size=4, context_parallel_size=2, pipeline_model_parallel_size=1)
     with pytest.raises(LayoutError) as info:
@@ -361,8 +363,8 @@ def test_layout_that_does_not_divide_the_world_is_refused(record):
 
 def _mismatched_groups(rank: int, world: int) -> str:
     from bridge_cudagraph.capture.common import CaptureError, check_group_sizes
-    from bridge_cudagraph.groups import build_collections
-    from bridge_cudagraph.layout import ParallelLayout
+    from bridge_cudagraph.parallel.groups import build_collections
+    from bridge_cudagraph.parallel.layout import ParallelLayout
 
     pgc = build_collections(ParallelLayout(), None, backend="gloo")["language"]
     config = _gpt(LANG, tensor_model_parallel_size=2)
@@ -390,7 +392,7 @@ TINY = "recipes/tiny_qwen3_vl.yaml"
 VL_30B_MOE = "recipes/qwen3_vl_30b_a3b_sft_graphs.yaml"
 PHOTOS = "recipes/tiny_qwen3_vl_photos.yaml"  # packed in Bridge's Qwen3-VL step, world size 1
 PEFT_1GPU = "recipes/qwen3_vl_8b_peft_1gpu_graphs.yaml"  # names no base checkpoint
-# The Qwen3 8B recipe padded (the file packs offline; tests/unit/test_plan_recipes.py unpacks it the same way).
+# The Qwen3 8B recipe padded (the file packs offline; tests/unit/plan/test_plan_recipes.py unpacks it the same way).
 QWEN3_8B_PADDED = [
     QWEN3_8B,
     "dataset.enable_offline_packing=false",
@@ -589,7 +591,7 @@ def test_the_cli_refuses(verb, name, argv, fragments, capsys, monkeypatch, recor
 
 def test_a_refused_size_leaves_the_config_as_it_was(monkeypatch):
     """The early size check reads the loaded config and changes nothing (Bridge's finalization never starts)."""
-    from bridge_cudagraph.recipe import load_recipe, plan_recipe
+    from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
 
     monkeypatch.chdir(ROOT)
     loaded = load_recipe(TINY, ["train.micro_batch_size=0"])
@@ -746,7 +748,7 @@ def recipe_that_must_not_run(tmp_path, monkeypatch):
 def test_the_recipe_file_is_checked_before_its_function_runs(
     name, body, error, fragments, recipe_that_must_not_run, record
 ):
-    from bridge_cudagraph.recipe import load_recipe
+    from bridge_cudagraph.recipe.load import load_recipe
 
     with pytest.raises(error) as info:
         load_recipe(recipe_that_must_not_run(body))
@@ -758,7 +760,7 @@ def test_a_typo_is_reported_before_the_recipe_function_tries_the_hub(tmp_path, r
     retries, then a different error); the misspelt section is reported first, at once, with the nearest name."""
     import time
 
-    from bridge_cudagraph.recipe import load_recipe, resolve_recipe_function
+    from bridge_cudagraph.recipe.load import load_recipe, resolve_recipe_function
 
     resolve_recipe_function("qwen3_vl_8b_sft_config")  # the import of Bridge's recipes is not what is timed
     path = tmp_path / "recipe.yaml"

@@ -160,7 +160,7 @@ def test_missing_recipe_file():
 def test_gpu_verbs_fail_fast_without_cuda(verb):
     """Without CUDA, ``train`` stops with one line before anything heavy is imported (the CUDA driver is asked,
     not torch); a recipe file that is not there is named first. Where the driver shows a GPU, the recipe's own
-    checks come before torch's (``tests/unit/test_train.py``)."""
+    checks come before torch's (``tests/unit/bridge/test_train.py``)."""
     import torch
 
     if torch.cuda.is_available():

@@ -19,7 +19,7 @@ from bridge_cudagraph.config import (
     cuda_graph_config_from_dict,
     cuda_graph_config_to_dict,
 )
-from bridge_cudagraph.strict import UnknownKeyError
+from bridge_cudagraph.recipe.strict import UnknownKeyError
 
 pytestmark = pytest.mark.fast
 

@@ -1,0 +1,356 @@
+"""``CudaGraphProviderMixin``: the ``cuda_graph`` recipe block on a Bridge model provider.
+
+Composed in front of any ``GPTModelProvider`` (Qwen3, Llama, ...) or the Qwen3-VL providers
+(:mod:`bridge_cudagraph.bridge.providers`). It is a dataclass field, so the YAML block and Hydra-style overrides
+(``model.cuda_graph.vision.token_budgets=[...]``) reach it through Bridge's own OmegaConf path without
+``+``. It
+
+* turns the block into Megatron-Core's switches at ``finalize()`` (``cuda_graph_impl``, modules, warmup,
+  the TE RNG tracker graphs need), refusing upstream's own switches so that exactly one owner captures;
+* builds the model with the collection Bridge hands ``provide_distributed_model`` (completed with the GTP_remat
+  fields megatron-core reads, :func:`~bridge_cudagraph.host.patches.complete_bridge_collection`) and keeps the
+  checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.capture.language.drop_language_aliases`);
+* keeps the vision replicas of the model it built identical, graphs or not (:meth:`provide_distributed_model`);
+* makes the graph helpers (:meth:`make_graph_helpers`) from a
+:class:`~bridge_cudagraph.plan.capture_plan.CapturePlan`, which
+  holds every number they need (budgets, segments, copies, micro-batches, static shapes): nothing is re-derived
+  here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan.capture_plan import CapturePlan
+
+#: ``vision_pg_collection`` was neither given nor derived yet (``None`` is a value: no encoder on this rank).
+_NOT_SET = object()
+
+
+@dataclass
+class CudaGraphProviderMixin:
+    """Adds the ``cuda_graph`` block to a Megatron-Bridge model provider (put it first in the bases)."""
+
+    cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
+    """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
+
+    #: :meth:`provide` builds ``gradient_accumulation_fusion=true`` without APEX
+    #: (:mod:`bridge_cudagraph.host.wgrad_fusion`); ``validation.check_stack`` reads this instead of refusing the
+    # setting.
+    fuses_te_layers_without_apex: ClassVar[bool] = True
+
+    # Process groups stay shared references when Bridge deep-copies a provider (its __deepcopy__ honours this).
+    _NO_COPY_KEYS = frozenset({"_pg_collection", "_vision_pg_collection", "_built_chunks"})
+
+    # ------------------------------------------------------------------ config time
+    def finalize(self) -> None:
+        """Validate the block against this model and set Megatron-Core's switches, then finalize the host."""
+        self.apply_cuda_graph_settings()
+        super().finalize()
+
+    def apply_cuda_graph_settings(self) -> None:
+        """Translate ``cuda_graph`` into the provider's Megatron-Core fields; idempotent."""
+        from megatron.bridge.utils.cuda_graph import set_cuda_graph_modules
+
+        cfg = self.cuda_graph
+        if isinstance(cfg, dict):  # a plain mapping from a YAML/Hydra path that bypassed our loader
+            from bridge_cudagraph.config import cuda_graph_config_from_dict
+
+            cfg = self.cuda_graph = cuda_graph_config_from_dict(cfg, "model.cuda_graph")
+        cfg.validate("model.cuda_graph")
+        if cfg.any_enabled:
+            from bridge_cudagraph.plan.checks import check_environment
+
+            check_environment()
+        # Every check comes before the first change to the provider: a refused block leaves it as it was.
+        owned = getattr(self, "_bridge_cudagraph_owns_language", False)  # set by an earlier finalize()
+        if self.cuda_graph_impl not in ("none", None) and not owned:
+            raise CudaGraphConfigError(
+                f"model.cuda_graph_impl={self.cuda_graph_impl!r} is upstream's language-graph switch; with "
+                "bridge_cudagraph set model.cuda_graph.language.enabled=true and leave model.cuda_graph_impl "
+                "at 'none' (one owner captures each submodule)"
+            )
+        if getattr(self, "vision_cuda_graph_impl", "none") not in ("none", None):
+            raise CudaGraphConfigError(
+                f"model.vision_cuda_graph_impl={self.vision_cuda_graph_impl!r} selects upstream's vision graphs, "
+                "which attend across images and to padding; set model.cuda_graph.vision.enabled=true instead "
+                "and leave model.vision_cuda_graph_impl at 'none'"
+            )
+        from bridge_cudagraph.plan.checks import check_model
+        from bridge_cudagraph.plan.facts import model_facts
+
+        check_model(model_facts(self), cfg)
+        if self.has_vision_encoder():
+            self._check_vision()
+        if cfg.language.enabled:
+            self._check_language_graphable()
+        if owned and not cfg.language.enabled:  # switched off after an earlier finalize()
+            self.cuda_graph_impl = "none"
+            self._bridge_cudagraph_owns_language = False
+        if cfg.language.enabled:
+            self.cuda_graph_impl = "transformer_engine"
+            self._bridge_cudagraph_owns_language = True
+            set_cuda_graph_modules(self, list(cfg.language.modules or []))
+            if cfg.language.warmup_steps is not None:
+                self.cuda_graph_warmup_steps = cfg.language.warmup_steps
+        if cfg.any_enabled:
+            # Graph replay needs TE's graph-safe RNG tracker (else: "'Tensor' object has no attribute
+            # 'get_state'" at capture). Bridge keys its RNG set-up on the same flag.
+            self.use_te_rng_tracker = True
+
+    def has_vision_encoder(self) -> bool:
+        """Whether this provider builds a vision encoder (Qwen3-VL providers override this)."""
+        return False
+
+    def _check_vision(self) -> None:
+        where = "model.cuda_graph.vision"
+        vtp, tp = self.cuda_graph.vision.tensor_parallel_size, self.tensor_model_parallel_size or 1
+        if tp % vtp:
+            raise CudaGraphConfigError(
+                f"{where}.tensor_parallel_size={vtp} does not divide model.tensor_model_parallel_size={tp}: vision "
+                f"replicas must line up with language tensor-parallel groups (grad norm); use 1 or a divisor of {tp}"
+            )
+        if self.cuda_graph.vision.enabled:
+            if getattr(self, "fp16", False) and not getattr(self, "bf16", False):
+                raise CudaGraphConfigError(
+                    f"{where}.enabled=true with model.fp16=true: Bridge's Qwen3-VL vision path builds its embeddings "
+                    "in bf16; train in bf16 (model.bf16=true) or set the vision graphs off"
+                )
+            from bridge_cudagraph.plan.budgets import check_token_budgets
+
+            check_token_budgets(
+                self.cuda_graph.vision.token_budgets or [], self.vision_config.spatial_merge_size, where
+            )
+
+    def _check_language_graphable(self) -> None:
+        where = "model.cuda_graph.language"
+        if getattr(self, "recompute_granularity", None) == "full":
+            raise CudaGraphConfigError(
+                f"{where}.enabled=true with model.recompute_granularity='full': full activation recompute "
+                "re-runs whole layers outside the graphs; use recompute_granularity='selective' (or null) "
+                f"or set {where}.enabled=false"
+            )
+        # Bridge's ConfigContainer.validate marks in-batch packing on the model (and Megatron then varies sequence
+        # lengths under a pipeline); packed runs replay the packed graphs, whose budgets the plan decides.
+        if getattr(self, "variable_seq_lengths", False) and not getattr(self, "_enable_in_batch_packing", False):
+            raise CudaGraphConfigError(
+                f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
+                "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
+            )
+        modules = self.cuda_graph.language.modules
+        if getattr(self, "num_moe_experts", None) and (modules is None or "moe" in modules):
+            if getattr(self, "moe_expert_capacity_factor", None) is None or not getattr(
+                self, "moe_pad_expert_input_to_capacity", False
+            ):
+                raise CudaGraphConfigError(
+                    f"{where}.modules captures whole MoE layers, whose token counts per expert vary per batch; "
+                    f"capture [attn, moe_router, moe_preprocess] (or [attn]) instead, or set "
+                    "model.moe_expert_capacity_factor and model.moe_pad_expert_input_to_capacity=true"
+                )
+
+    # ------------------------------------------------------------------ build time
+    def provide(self, pre_process=None, post_process=None, vp_stage=None):
+        """Build the host's model, then restore the checkpoint keys language graphs would change.
+
+        ``gradient_accumulation_fusion=true`` on a stack without APEX: the host builds unfused and TE's own layers
+        fuse afterwards (:mod:`bridge_cudagraph.host.wgrad_fusion`), graphs or not.
+        """
+        from bridge_cudagraph.capture.language import drop_language_aliases
+        from bridge_cudagraph.host.wgrad_fusion import fuse_te_modules, unfused_build
+
+        with unfused_build(self) as te_only:
+            model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+        if te_only and not fuse_te_modules(model, self):
+            raise RuntimeError(
+                "bridge_cudagraph: model.gradient_accumulation_fusion=true, but no Transformer Engine module of the "
+                "language model was built from its provider's config; the fusion would be silently off"
+            )
+        drop_language_aliases(model)
+        if self.has_vision_encoder():
+            from bridge_cudagraph.vision.encoder import rebuild_vision_encoder
+
+            rebuild_vision_encoder(model, self, self.vision_pg_collection())
+        return model
+
+    def set_vision_pg_collection(self, pg_collection) -> None:
+        """Use ``pg_collection`` for the vision encoder instead of deriving one; ``None`` says this rank holds no
+        encoder (a later pipeline stage) and must not join the collective derivation either."""
+        self._vision_pg_collection = pg_collection
+
+    def vision_pg_collection(self):
+        """The vision encoder's collection: the caller's (:meth:`set_vision_pg_collection`), else derived once from
+        the language collection Bridge passed (collective: every rank calls ``provide()``; None off stage 0).
+
+        Whatever a rank was given or derived, ``None`` included, is kept: a rank that derived again, or derived
+        while others had been given theirs, would wait in ``new_group`` for ranks that never join (seen on two
+        H200s at pipeline size 2, where only stage 0 had an explicit collection).
+        """
+        pgc = getattr(self, "_vision_pg_collection", _NOT_SET)
+        if pgc is not _NOT_SET:
+            return pgc
+        from bridge_cudagraph.parallel.groups import derive_vision_collection
+
+        if getattr(self, "_pg_collection", None) is None:
+            raise RuntimeError("build the model with provide_distributed_model(pg_collection=...) first")
+        self._vision_pg_collection = derive_vision_collection(
+            self._pg_collection,
+            self.cuda_graph.vision.tensor_parallel_size,
+            num_attention_heads=self.vision_config.num_heads,
+            vision_dp_when_cp=getattr(self, "vision_dp_when_cp", False),
+        )
+        return self._vision_pg_collection
+
+    def provide_distributed_model(self, *args, **kwargs):
+        """Bridge's model construction, then the vision replica gradient sync for the chunks it built.
+
+        Installed here, where the model is built, so a run without graphs keeps identical vision replicas too.
+        Bridge sets ``finalize_model_grads_func`` only after this returns (``setup.py``
+        ``_update_model_config_funcs``), so the chunks are remembered (weakly) and :meth:`__setattr__` wraps the
+        function when it is assigned; one that is already set is wrapped at once.
+
+        The collection Bridge passes (``dist.use_decentralized_pg=true``) is the one its training loop logs with; it
+        gets the GTP_remat fields megatron-core's MoE metric logging reads before anything is built from it
+        (:func:`bridge_cudagraph.host.patches.complete_bridge_collection`).
+        """
+        pgc = kwargs.get("pg_collection")
+        if pgc is not None:
+            from bridge_cudagraph.host.patches import complete_bridge_collection
+
+            complete_bridge_collection(pgc, self)
+        model = super().provide_distributed_model(*args, **kwargs)
+        object.__setattr__(self, "_built_chunks", [weakref.ref(chunk) for chunk in model])
+        self._sync_vision_replicas()
+        return model
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "finalize_model_grads_func" and value is not None:
+            self._sync_vision_replicas()
+
+    def _sync_vision_replicas(self) -> None:
+        refs = self.__dict__.get("_built_chunks")
+        chunks = [ref() for ref in refs or ()]
+        if not chunks or any(chunk is None for chunk in chunks):
+            return
+        from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
+        from bridge_cudagraph.vision.replicas import install_grad_sync
+
+        # Idempotent: the wrapper it assigns comes back through __setattr__ and is recognised.
+        install_grad_sync(self, chunks, GraphedQwen3VLVisionModel)
+
+    def make_language_graph_helper(self, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
+        """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built), as ``plan`` says.
+
+        The collection defaults to the one Bridge passed to ``provide_distributed_model``.
+        """
+        if plan.language.packed is not None:
+            from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
+
+            return PackedLanguageGraphHelper(model, **packed_helper_arguments(plan))
+        from bridge_cudagraph.capture.language import LanguageGraphHelper
+
+        pgc = pg_collection if pg_collection is not None else getattr(self, "_pg_collection", None)
+        return LanguageGraphHelper(
+            model, self, pg_collection=pgc, optimizers=optimizers, **language_helper_arguments(plan)
+        )
+
+    def make_graph_helpers(self, model: list[Any], *, plan: CapturePlan, optimizers=()) -> list[Any]:
+        """Every helper ``plan`` asks for, language first, for a lifecycle owner (the Bridge callback, a test, the
+        benchmark) to drive through the ``TECudaGraphHelper`` protocol: ``create_cudagraphs()``,
+        ``graphs_created()``, ``cuda_graph_set_manual_hooks()``, ``delete_cuda_graphs()`` and ``stats``.
+
+        Every number comes from ``plan`` (:func:`language_helper_arguments`, :func:`vision_helper_arguments`); the
+        plan must be this provider's (:func:`check_plan_matches`).
+        """
+        check_plan_matches(self, plan)
+        helpers = []
+        if plan.language.enabled:
+            helpers.append(self.make_language_graph_helper(model, plan=plan, optimizers=optimizers))
+        if plan.vision is not None and plan.vision.enabled:
+            from bridge_cudagraph.capture.vision import VisionGraphHelper
+            from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
+
+            encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
+            if encoders:  # else a later pipeline stage: no encoder here
+                helpers.append(VisionGraphHelper(model, encoders[0], **vision_helper_arguments(plan)))
+        return helpers
+
+
+def check_plan_matches(provider: Any, plan: CapturePlan) -> None:
+    """Refuse a plan built for another block or model: the helpers must be built from this provider's own plan.
+
+    Compares the model facts the plan was built from with this provider's (``dtype`` aside: it depends on the run's
+    mixed-precision recipe, which the provider alone does not know) and the ``cuda_graph`` switches.
+    """
+    from bridge_cudagraph.plan.facts import model_facts
+
+    facts = dataclasses.replace(model_facts(provider), dtype=plan.facts.dtype)
+    vision_on = plan.vision is not None and plan.vision.enabled
+    block = provider.cuda_graph
+    if facts != plan.facts or (block.language.enabled, block.vision.enabled) != (plan.language.enabled, vision_on):
+        changed = sorted(
+            f.name for f in dataclasses.fields(facts) if getattr(facts, f.name) != getattr(plan.facts, f.name)
+        )
+        raise CudaGraphConfigError(
+            f"the capture plan was built for another configuration than {type(provider).__name__} has now (differs: "
+            f"{', '.join(changed) or 'cuda_graph enabled switches'}); build the plan from the finalized config "
+            "(bridge_cudagraph.plan.from_config.plan_config) and change nothing after"
+        )
+
+
+def language_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
+    """The :class:`~bridge_cudagraph.capture.language.LanguageGraphHelper` arguments ``plan`` decides."""
+    if plan.num_microbatches is None:  # build_plan refuses language graphs without a count; a plan off is a bug
+        raise CudaGraphConfigError("a plan without micro-batches per step cannot build language graphs")
+    return {
+        "seq_length": plan.facts.seq_length,
+        "micro_batch_size": plan.micro_batch_size,
+        "num_microbatches": plan.num_microbatches,
+        "static_inputs": plan.language.static_inputs,
+        "on_capture_error": plan.on_capture_error,
+        "graph_unit": plan.language.graph_unit,
+        "deepstack_merges": plan.language.deepstack_merges,
+    }
+
+
+def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
+    """The :class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper` arguments ``plan`` decides."""
+    packed = plan.language.packed
+    if packed is None:
+        raise CudaGraphConfigError("the capture plan has no packed language graphs")
+    return {
+        "layout": packed.layout,
+        "separate_padded": packed.separate_padded,
+        "copies": packed.copies,
+        "static_inputs": dict(packed.static_inputs),
+        "on_capture_error": plan.on_capture_error,
+        "graph_unit": plan.language.graph_unit,
+        "deepstack_merges": plan.language.deepstack_merges,
+    }
+
+
+def vision_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
+    """The :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` arguments ``plan`` decides."""
+    vision = plan.vision
+    if vision is None or not vision.enabled:
+        raise CudaGraphConfigError("the capture plan has no vision graphs")
+    return {
+        "budgets": list(vision.token_budgets),
+        "max_segments": vision.max_images_per_microbatch,
+        "max_seqlen": vision.max_patches_per_image,
+        "copies": vision.copies,
+        "graph_unit": vision.graph_unit,
+        "static_inputs": dict(vision.static_inputs),
+        "on_capture_error": plan.on_capture_error,
+    }
+
+
+def provider_fields(provider: Any) -> dict[str, Any]:
+    """The ``init`` fields of a provider dataclass instance, for re-creating it as another class."""
+    return {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider) if f.init}

@@ -1,0 +1,203 @@
+"""Every version probe of the host stack, in one place.
+
+Each probe names the megatron-core / Megatron-Bridge / Transformer Engine version whose behaviour it
+works around, so a reader upgrading the stack knows what to re-check. Nothing else in the package looks
+at versions or signatures.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from importlib import metadata
+
+#: The stack this plugin is built and tested against (see pyproject.toml).
+TESTED_STACK = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"}
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of a distribution, or None (NGC containers may install from source)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def helper_accepts_pg_collection() -> bool:
+    """megatron-core >= 0.17 (MLM PR #3137): ``TECudaGraphHelper.__init__`` takes ``pg_collection``.
+
+    Without it the helper reads ``parallel_state`` globals, which this plugin never initialises.
+    """
+    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+    return "pg_collection" in inspect.signature(TECudaGraphHelper.__init__).parameters
+
+
+@functools.cache
+def vision_helper_accepts_pg_collection() -> bool:
+    """megatron-core 0.19 ``VisionTECudaGraphHelper.__init__`` takes ``pg_collection`` (passed on to
+    ``TECudaGraphHelper``, see :func:`helper_accepts_pg_collection`), as Bridge 0.6.2's ``train()`` probes before
+    building it (``train.py:300``); the benchmark builds upstream's helpers the same way."""
+    from megatron.core.transformer.cuda_graphs import VisionTECudaGraphHelper
+
+    return "pg_collection" in inspect.signature(VisionTECudaGraphHelper.__init__).parameters
+
+
+@functools.cache
+def te_graphs_can_alias_param_grads() -> bool:
+    """TE 2.20 ``make_graphed_callables`` takes ``clone_param_grads_on_return`` (default True): each backward
+    replay clones every parameter gradient it returns, one allocation and one device copy per parameter per
+    micro-batch, even for the placeholder of a weight whose gradient TE already accumulated into ``main_grad``.
+    Older TE returns the graph's buffers and has no such argument."""
+    from transformer_engine.pytorch import make_graphed_callables
+
+    return "clone_param_grads_on_return" in inspect.signature(make_graphed_callables).parameters
+
+
+@functools.cache
+def te_graphs_share_ladder_buffers() -> bool:
+    """TE 2.20 ``make_graphed_callables`` takes ``_order`` with ``_reuse_graph_input_output_buffers`` (written for
+    megatron-core's pipeline schedules): after each backward is captured, the forward's static outputs and the
+    consumed gradient buffers are held by weak reference only, so their memory goes back to the capture pool and the
+    next capture into that pool reuses it. A budget ladder captures one rung at a time into one pool
+    (:func:`bridge_cudagraph.capture.common.capture_budget_ladder`); without this, every rung keeps its own outputs
+    and, for weights whose gradient TE does not fuse, a full set of parameter gradients."""
+    from transformer_engine.pytorch import make_graphed_callables
+
+    names = inspect.signature(make_graphed_callables).parameters
+    return all(n in names for n in ("_order", "_num_layers_per_chunk", "_reuse_graph_input_output_buffers")) and (
+        te_graphs_can_alias_param_grads()
+    )
+
+
+def bridge_train_module():
+    """Bridge's training-loop module (``megatron.bridge.training.train``), where it builds its helpers."""
+    from megatron.bridge.training import train
+
+    return train
+
+
+@functools.cache
+def bridge_builds_language_helper_by_name() -> bool:
+    """Megatron-Bridge 0.6.2 ``train()`` builds its language graph helper by calling the module-level name
+    ``TECudaGraphHelper`` of ``megatron.bridge.training.train`` at call time (``train.py:268-280``), so rebinding
+    that name reaches it (:func:`bridge_cudagraph.bridge.loop.install_bridge_helper`). A Bridge that builds it any
+    other way would capture a second time behind the plugin's back; ``install_bridge_helper`` refuses then."""
+    source = inspect.getsource(bridge_train_module().train)
+    return "TECudaGraphHelper(" in source
+
+
+#: The fields of megatron-core 0.19.2's ``ProcessGroupCollection`` that name a GTP_remat group, each with the field
+#: whose very group it is while GTP_remat is off (``gtp_weight_remat_size`` and ``expert_gtp_weight_remat_size`` 1):
+#: ``parallel_state`` aliases them then (``parallel_state.py:1105-1108``, ``:1531``; the expert ``tp-ep-gtp_remat-pp``
+#: groups reduce to ``tp-ep-pp``, ``:1413-1427``). Megatron-Bridge 0.6.2's ``_create_pg_collection``
+#: (``training/initialize.py:534-555``), which builds the collection of ``dist.use_decentralized_pg=true``, sets none.
+GTP_REMAT_ALIASES = {
+    "dp_cp_gtp_remat": "dp_cp",
+    "expt_dp_gtp_remat": "expt_dp",
+    "tp_ep_pp_with_egtp_remat": "tp_ep_pp",
+}
+
+
+@functools.cache
+def collection_declares_gtp_remat_groups() -> bool:
+    """megatron-core 0.19.2 declares every field of :data:`GTP_REMAT_ALIASES` on ``ProcessGroupCollection`` (an unset
+    one reads as ``None``, its ``__getattr__``) and reads them where the host falls back to ``parallel_state`` on
+    ``None``: ``MoEMetricsTracker._sync_metrics`` (``moe_logging.py:255-268``, called by Bridge's ``training_log``
+    for every MoE model) asks for ``dp_cp_gtp_remat`` and, without it, for
+    ``parallel_state.get_data_parallel_group``, which asserts under pure M4. A core without these fields reads none
+    of them: :func:`bridge_cudagraph.host.patches.complete_bridge_collection` then changes nothing."""
+    import dataclasses
+
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    declared = {f.name for f in dataclasses.fields(ProcessGroupCollection)}
+    return all(name in declared and target in declared for name, target in GTP_REMAT_ALIASES.items())
+
+
+def init_signature(cls: type) -> inspect.Signature:
+    """The signature of ``cls.__init__``, as Bridge's ``"pg_collection" in inspect.signature(...)`` probe sees it
+    (megatron-core >= 0.17 adds ``pg_collection``, see :func:`helper_accepts_pg_collection`)."""
+    return inspect.signature(cls.__init__)
+
+
+def dataset_helpers_prebuilt_without_makefile() -> bool:
+    """megatron-core's PyPI wheels (0.19.2 seen) ship the compiled ``megatron.core.datasets.helpers_cpp`` but not the
+    Makefile that Bridge 0.6.2's ``initialize_megatron`` runs ``make -C`` on (``bridge/training/initialize.py``
+    ``compile_helpers()``). True when the Makefile is absent and the prebuilt module imports: then
+    :func:`bridge_cudagraph.host.patches.use_prebuilt_dataset_helpers` applies. A source install (NGC) has the
+    Makefile."""
+    import importlib
+    import os
+
+    from megatron.core.datasets import utils as dataset_utils
+
+    folder = os.path.dirname(dataset_utils.__file__)
+    if os.path.exists(os.path.join(folder, "Makefile")):
+        return False
+    try:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+    except ImportError:
+        return False
+    return True
+
+
+def apex_gradient_accumulation_fusion_available() -> bool:
+    """Whether APEX's ``fused_weight_gradient_mlp_cuda`` extension is importable: megatron-core's own
+    ``ColumnParallelLinear`` / ``RowParallelLinear`` (the language model's output layer, whatever the transformer
+    layers use) raise at construction with ``gradient_accumulation_fusion=True`` without it (0.19.2
+    ``tensor_parallel/layers.py:1070``). Bridge 0.6.2 turns the fusion on whenever Transformer Engine imports
+    (``utils/fusions.py``, ``can_enable_gradient_accumulation_fusion``), so a stack with TE and no APEX (the PyPI
+    wheels) builds no model from such a recipe."""
+    import importlib.util
+
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+
+
+def _release(version: str) -> str:
+    """``major.minor.`` of a version string (``0.19.2`` -> ``0.19.``)."""
+    return ".".join(version.split(".")[:2]) + "."
+
+
+#: The megatron-core and Transformer Engine releases whose optimizer steps :mod:`bridge_cudagraph.host.optimizer`
+#: mirrors (``DistributedOptimizer``'s per-parameter walks, ``FusedAdam.step``'s plain fp32 path), by prefix: the
+#: releases of :data:`TESTED_STACK`.
+OPTIMIZER_STEP_MIRRORS = (_release(TESTED_STACK["megatron-core"]), _release(TESTED_STACK["transformer-engine"]))
+
+
+@functools.cache
+def optimizer_step_is_mirrored() -> bool:
+    """Whether the installed megatron-core and Transformer Engine are the releases of :data:`OPTIMIZER_STEP_MIRRORS`
+    (read from their modules, so a source install counts too). Another release may have changed what those steps
+    do per parameter, so the cache stays off there rather than risk a different step."""
+    import megatron.core
+    import transformer_engine
+
+    core, te = OPTIMIZER_STEP_MIRRORS
+    return str(megatron.core.__version__).startswith(core) and str(transformer_engine.__version__).startswith(te)
+
+
+@functools.cache
+def finalize_walk_is_mirrored() -> bool:
+    """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose ``reset_model_temporary_tensors``
+    (finalize_model_grads.py:316) :mod:`bridge_cudagraph.host.finalize` lists the modules of (its three attribute
+    tests); another release may test others, so the walk stays the host's there."""
+    import megatron.core
+
+    return str(megatron.core.__version__).startswith(_release(TESTED_STACK["megatron-core"]))
+
+
+#: The Megatron-Bridge release whose Qwen3-VL forward :mod:`bridge_cudagraph.host.forward` mirrors, by prefix: when
+#: ``Qwen3VLModel.forward`` calls ``get_rope_index`` and with which arguments, and ``_deepstack_process``.
+QWEN3_VL_FORWARD_MIRRORS = _release(TESTED_STACK["megatron-bridge"])
+
+
+@functools.cache
+def qwen3_vl_forward_is_mirrored() -> bool:
+    """Whether the installed Megatron-Bridge is the release of :data:`QWEN3_VL_FORWARD_MIRRORS` (read from its
+    module, so a source install counts too). Another release may derive the positions elsewhere or with other
+    arguments, so the forward stays the host's there."""
+    import megatron.bridge
+
+    return str(megatron.bridge.__version__).startswith(QWEN3_VL_FORWARD_MIRRORS)

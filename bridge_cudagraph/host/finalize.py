@@ -1,0 +1,93 @@
+"""The module walk at the end of megatron-core's gradient finalisation, done once instead of on every step.
+
+Why: megatron-core 0.19.2's ``finalize_model_grads`` (finalize_model_grads.py:563), which the schedule calls after
+the last micro-batch's backward (``config.finalize_model_grads_func``, set by Bridge's set-up), ends with
+``reset_model_temporary_tensors`` (:316): a walk of every module of every chunk (1,028 on Qwen3-VL-2B) that zeroes
+MoE routers' per-step tensors. The backward is done and the optimizer has not started, so the GPU has nothing to run
+while the host walks: a profile with Python stacks found it the longest GPU-idle stretch of the graphed step
+(``results/run37``). On a dense model it finds nothing to reset.
+
+What it looks for is fixed when the model is built: an ``expert_bias`` attribute, a ``reset_global_aux_loss_tracker``
+method, or a ``qb_beta_accum`` buffer (megatron-core's router sets it in ``__init__``, to a tensor or to None). So the
+modules that have one are listed once per model, and every step the host's own function runs on that list
+(:func:`bridge_cudagraph.host.patches.listed_reset_modules`): the same resets, in the same order, of the same
+tensors. The config's conditions are still the host's, read on every call.
+
+:func:`install` wraps the model config's ``finalize_model_grads_func`` (the narrowest point: this model's calls
+only); :func:`uninstall` puts the previous function back.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from bridge_cudagraph.host import compat
+from bridge_cudagraph.host.patches import listed_reset_modules
+
+__all__ = ["install", "installed", "listed_modules", "uninstall"]
+
+#: Set on the wrapper :func:`install` assigns: the function it wrapped. A wrapper put on top later
+#: (``functools.wraps``, as :func:`bridge_cudagraph.vision.replicas.install_grad_sync` does) copies it, which is how
+#: :func:`install` sees its walk already in the chain.
+WRAPPED = "_bridge_cudagraph_finalize_wrapped"
+#: Set on that wrapper to itself: only the wrapper whose own attribute this is can be taken off by :func:`uninstall`.
+OWNER = "_bridge_cudagraph_finalize_owner"
+
+
+def _may_reset(module: Any) -> bool:
+    """Whether megatron-core 0.19.2's ``reset_model_temporary_tensors`` could act on ``module`` under some config
+    (each of its three tests, without the config's half)."""
+    return (
+        hasattr(module, "expert_bias")
+        or hasattr(module, "reset_global_aux_loss_tracker")
+        or getattr(module, "qb_beta_accum", None) is not None
+    )
+
+
+def listed_modules(model_chunks: list[Any]) -> list[list[Any]]:
+    """Per chunk, in ``modules()`` order, the modules the host's reset could act on."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    return [[m for m in get_attr_wrapped_model(chunk, "modules")() if _may_reset(m)] for chunk in model_chunks]
+
+
+def install(model_config: Any, model_chunks: list[Any]) -> bool:
+    """Wrap ``model_config.finalize_model_grads_func`` so that its calls for ``model_chunks`` reset the listed modules
+    without the walk; returns whether a wrapper is in place (not where no function is set yet, or the installed
+    megatron-core is not the release the listing mirrors). Idempotent."""
+    finalize = getattr(model_config, "finalize_model_grads_func", None)
+    if finalize is None or not compat.finalize_walk_is_mirrored():
+        return False
+    if getattr(finalize, WRAPPED, None) is not None:
+        return True
+    chunks = list(model_chunks)
+    modules = listed_modules(chunks)
+
+    @functools.wraps(finalize)
+    def finalize_with_listed_modules(*args: Any, **kwargs: Any) -> Any:
+        with listed_reset_modules(chunks, modules):
+            return finalize(*args, **kwargs)
+
+    setattr(finalize_with_listed_modules, WRAPPED, finalize)
+    setattr(finalize_with_listed_modules, OWNER, finalize_with_listed_modules)
+    model_config.finalize_model_grads_func = finalize_with_listed_modules
+    return True
+
+
+def installed(model_config: Any) -> bool:
+    """Whether :func:`install`'s wrapper is in ``model_config``'s finalisation function (itself, or under a wrapper
+    put on top)."""
+    return getattr(getattr(model_config, "finalize_model_grads_func", None), WRAPPED, None) is not None
+
+
+def uninstall(model_config: Any) -> bool:
+    """Put back the function :func:`install` wrapped; returns whether it did. Where another wrapper was put on top
+    since, nothing changes (taking ours out from under it would drop that wrapper too); the listing then stays,
+    which steps exactly as the walk does."""
+    finalize: Callable[..., Any] | None = getattr(model_config, "finalize_model_grads_func", None)
+    if finalize is None or getattr(finalize, OWNER, None) is not finalize:
+        return False
+    model_config.finalize_model_grads_func = getattr(finalize, WRAPPED)
+    return True

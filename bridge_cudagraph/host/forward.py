@@ -1,0 +1,377 @@
+"""Qwen3-VL's forward with fewer host waits: what ``model.cuda_graph.fewer_host_waits`` switches (null: on wherever
+graphs are on a Qwen3-VL model).
+
+Bridge 0.6.2's ``Qwen3VLModel.forward`` makes the host wait for the GPU about 20 times per micro-batch (the benchmark's
+profile at the 2B shape: 21 waits in the forward, 11 in the backward, 35 in the step). Each wait drains the queue the
+graphs keep full, and the GPU then idles while the host catches up:
+
+* the mRoPE positions: Bridge's ``get_rope_index`` reads the GPU's tokens and image grids element by element
+  (``.item()``, ``.tolist()``, boolean indexing: 30 waits for two samples holding five images).
+  :class:`HostRopeIndex` enqueues host copies of the tokens, grids and sequence offsets at the forward's start,
+  hands Bridge's forward an empty ``position_ids`` of the shape it accepts as explicit mRoPE positions
+  ([3, batch, sequence]), and fills it just before the input embedding runs (:class:`PendingPositions`): Bridge's
+  own ``get_rope_index`` on the host copies, uploaded from pinned memory. By then the vision encoder's work is
+  queued, so the host waits for the copies only (an event) while the GPU keeps running. Integer arithmetic on the
+  same integers: the positions are equal, so is the step.
+* the deepstack merge: Bridge's ``_deepstack_process`` gathers and scatters the visual rows of the hidden states
+  with a boolean mask, which waits (``nonzero``) 6 times per merge, forward and backward, in each of the three
+  deepstack layers. :class:`IndexedDeepstack` gathers and scatters the same rows by their positions, found with
+  ``nonzero_static`` (its size is the number of visual rows, known on the host): no wait; the device asserts that
+  the mask holds exactly that many rows. The same rows, the same additions, the same gradients.
+* the image-token merge: Bridge's forward writes the encoder's output into the text embeddings through a boolean
+  mask (``combined_embeddings[vision_mask] = vision_embeds``), which waits once forward and twice backward. The
+  backward waits cost most: they drain the whole language backward from the queue, and the GPU then idles while the
+  host walks the vision backward (a profile showed 15.6 ms of idle per step there). The statement sits inside
+  Bridge's forward, so the encoder's output reaches it as a :class:`VisionRows` (a forward hook on the encoder,
+  :class:`RowMerge`): a tensor that, assigned through a boolean mask, is written at the mask's positions found with
+  ``nonzero_static`` (its size is the output's row count; the device asserts the count, as above). The same
+  ``index_put_`` kernel at the same positions: the same embeddings and gradients, without a wait.
+
+They are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host.patches.
+extend_instance_class`; the model's instance dict gets call counters and its hooks' handles, nothing the host
+saves or reads) and taken off by :func:`uninstall`; the callback and the benchmark call them through
+:mod:`bridge_cudagraph.host.step`. They mirror Bridge 0.6's forward (:func:`bridge_cudagraph.host.compat.
+qwen3_vl_forward_is_mirrored`); on another release nothing is installed. With the first two a step at the 2B shape
+waited 7 times instead of 35; the row merge takes three more off each micro-batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bridge_cudagraph.host import compat
+from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
+
+__all__ = [
+    "HostRopeIndex",
+    "IndexedDeepstack",
+    "PendingPositions",
+    "RowMerge",
+    "VisionRows",
+    "host_positions_calls",
+    "install",
+    "installed",
+    "rope_positions",
+    "row_merges",
+    "uninstall",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The ``PackedSeqParams`` fields Bridge's ``get_rope_index`` reads on the host (``_get_flat_packed_ranges``,
+#: ``get_packed_seq_attention_mask``).
+_PACKED_OFFSETS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+
+
+def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A pinned host copy, enqueued without waiting (the caller waits on an event recorded after its copies)."""
+    if tensor is None or not tensor.is_cuda:
+        return tensor
+    return tensor.to("cpu", non_blocking=True)
+
+
+def rope_positions(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The positions Bridge's forward derives for these inputs: its ``get_rope_index`` call, with its arguments
+    (wherever the tensors are; :class:`PendingPositions` hands it host copies)."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope import get_rope_index
+
+    input_ids = kwargs["input_ids"]
+    packed = kwargs.get("packed_seq_params")
+    # Bridge's forward: a 2-D packed batch with more than one row is its legacy packed BSHD path, whose positions are
+    # derived unpacked (packed_seq_params=None) and packed afterwards, by the forward itself.
+    if packed is not None and input_ids.size(0) > 1:
+        packed = None
+    positions, _ = get_rope_index(
+        model.config.spatial_merge_size,
+        model.image_token_id,
+        model.video_token_id,
+        model.vision_start_token_id,
+        input_ids,
+        image_grid_thw=kwargs.get("image_grid_thw"),
+        video_grid_thw=kwargs.get("video_grid_thw"),
+        attention_mask=None,  # Bridge's forward passes None (its hf_attention_mask)
+        packed_seq_params=packed,
+    )
+    return positions
+
+
+class PendingPositions:
+    """One micro-batch's positions: the host copies of its tokens, grids and offsets enqueued at once (no wait), the
+    positions derived from them and uploaded into :attr:`positions` by :meth:`fill`.
+
+    :attr:`positions` is allocated at once, so Bridge's forward can be handed it before it holds anything: no kernel
+    reads ``position_ids`` before the forward's input embedding (the positions are used only after the image-token
+    merge), and :class:`HostRopeIndex` fills it just before that embedding runs. By then the vision encoder's work is
+    queued, so the host derives the positions while the GPU runs it, and waits only for the copies (an event), not
+    for the queue to drain."""
+
+    def __init__(self, model: Any, kwargs: dict[str, Any]) -> None:
+        input_ids = kwargs["input_ids"]
+        self._model = model
+        packed = kwargs.get("packed_seq_params")
+        if packed is not None:
+            packed = copy.copy(packed)  # a shallow copy: __post_init__ is not run again
+            for name in _PACKED_OFFSETS:
+                setattr(packed, name, _to_host(getattr(packed, name, None)))
+        self._host = {
+            "input_ids": _to_host(input_ids),
+            "image_grid_thw": _to_host(kwargs.get("image_grid_thw")),
+            "video_grid_thw": _to_host(kwargs.get("video_grid_thw")),
+            "packed_seq_params": packed,
+        }
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        self.positions = torch.empty((3, *input_ids.shape), dtype=input_ids.dtype, device=input_ids.device)
+        self.filled = False
+
+    def fill(self) -> None:
+        """Derive the positions from the host copies (waiting for those copies only) and upload them."""
+        self._copied.synchronize()
+        positions = rope_positions(self._model, self._host)
+        # get_rope_index's text-only branch returns an expanded view; pinned memory needs dense storage.
+        self.positions.copy_(positions.contiguous().pin_memory(), non_blocking=True)
+        self.filled = True
+
+
+class HostRopeIndex:
+    """Mixin for Bridge's ``Qwen3VLModel``: the mRoPE positions from one host copy (see the module docstring)."""
+
+    #: Micro-batches whose positions came from the host copy; what a test asserts is > 0.
+    host_positions_calls: int = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Bridge's forward, given the positions its ``get_rope_index`` would compute on the GPU's tensors.
+
+        Only where Bridge would call it with these very arguments: keyword inputs (as Bridge's step passes them), the
+        tokens on the GPU, no explicit mRoPE positions, no inference state, and context parallel size 1 (with
+        more, Bridge computes positions for the full sequence and splits them; left to it). On the first pipeline
+        stage the positions are filled when the input embedding is about to run (:func:`install` puts the hook on
+        it); elsewhere at once."""
+        if args or not self._positions_are_derived(kwargs):
+            return super().forward(*args, **kwargs)
+        pending = PendingPositions(self, kwargs)
+        kwargs["position_ids"] = pending.positions
+        self.host_positions_calls += 1
+        if _EMBEDDING_HOOK not in self.__dict__:
+            pending.fill()
+            return super().forward(*args, **kwargs)
+        self.__dict__[_PENDING] = pending
+        try:
+            output = super().forward(*args, **kwargs)
+        finally:
+            self.__dict__.pop(_PENDING, None)
+        if not pending.filled:
+            raise RuntimeError(
+                "bridge_cudagraph: Qwen3-VL's forward read no input embedding, so its mRoPE positions were never "
+                "filled; set model.cuda_graph.fewer_host_waits=false"
+            )
+        return output
+
+    def _positions_are_derived(self, kwargs: dict[str, Any]) -> bool:
+        # Bridge's own test of explicit positions, which its forward keeps instead of deriving them.
+        from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import _is_mrope_position_ids
+
+        input_ids = kwargs.get("input_ids")
+        return (
+            isinstance(input_ids, torch.Tensor)
+            and input_ids.is_cuda
+            and input_ids.dim() == 2
+            and not _is_mrope_position_ids(kwargs.get("position_ids"))
+            and kwargs.get("inference_params") is None
+            and self.pg_collection.cp.size() == 1
+        )
+
+
+#: Instance-dict keys of a model with :class:`HostRopeIndex`: the embedding's pre-hook handle, the pending positions;
+#: with :class:`RowMerge`: the encoder's forward-hook handle.
+_EMBEDDING_HOOK = "_bridge_cudagraph_positions_hook"
+_PENDING = "_bridge_cudagraph_pending_positions"
+_VISION_HOOK = "_bridge_cudagraph_vision_rows_hook"
+
+
+def _fill_pending(model_ref: weakref.ref) -> Callable[..., None]:
+    def hook(module: Any, args: Any) -> None:
+        model = model_ref()
+        pending = None if model is None else model.__dict__.pop(_PENDING, None)
+        if pending is not None:
+            pending.fill()
+
+    return hook
+
+
+class IndexedDeepstack:
+    """Mixin for Bridge's ``Qwen3VLTransformerBlock``: the deepstack merge by row positions (see the module
+    docstring). Bridge's method, for comparison::
+
+        hidden_states = hidden_states.transpose(0, 1).contiguous()
+        local_this = hidden_states[visual_pos_masks, :].clone() + visual_embeds
+        hidden_states[visual_pos_masks, :] = local_this
+        hidden_states = hidden_states.transpose(0, 1).contiguous()
+    """
+
+    def _deepstack_process(
+        self, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, visual_embeds: torch.Tensor
+    ) -> torch.Tensor:
+        rows = visual_embeds.shape[0]
+        mask = visual_pos_masks.to(hidden_states.device)
+        # Beyond ``rows`` positions nonzero_static would drop rows, below it pad with -1: either would move the
+        # embeddings silently, where Bridge's boolean indexing raises.
+        torch._assert_async(mask.sum() == rows)
+        batch, position = torch.nonzero_static(mask, size=rows).unbind(1)
+        hidden_states = hidden_states.transpose(0, 1).contiguous()
+        local_this = hidden_states[batch, position].clone() + visual_embeds
+        hidden_states[batch, position] = local_this
+        return hidden_states.transpose(0, 1).contiguous()
+
+
+def _merge_by_rows(target: Any, index: Any, value: Any) -> bool:
+    """``target[index] = value`` written at ``index``'s positions, where ``value`` is a :class:`VisionRows` and
+    ``index`` a boolean mask over ``target``'s leading dimensions that selects one row of ``value`` per True; False
+    (nothing written) for any other assignment."""
+    lead = index.dim() if isinstance(index, torch.Tensor) else -1
+    if not (
+        lead > 0
+        and isinstance(value, VisionRows)
+        and index.dtype == torch.bool
+        and isinstance(target, torch.Tensor)
+        and index.device == target.device
+        and value.dim() >= 1
+        and tuple(index.shape) == tuple(target.shape[:lead])
+        and tuple(value.shape[1:]) == tuple(target.shape[lead:])
+    ):
+        return False
+    rows = value.shape[0]
+    # Bridge's boolean index raises on a count mismatch; nonzero_static would drop or repeat rows silently.
+    torch._assert_async(index.sum() == rows)
+    target.index_put_(torch.nonzero_static(index, size=rows).unbind(1), value)
+    owner = value.owner() if value.owner is not None else None
+    if owner is not None:
+        owner.row_merges += 1
+    return True
+
+
+class VisionRows(torch.Tensor):
+    """The vision encoder's output as Bridge's forward receives it under :class:`RowMerge`: the same tensor
+    (``as_subclass``: its storage and autograd history) but for one thing, how a boolean mask writes it.
+
+    ``target[mask] = rows`` is ``target.index_put_(positions, rows)``, the positions found with ``nonzero_static``
+    (size ``len(rows)``) where torch finds them with ``nonzero``, which waits. Every other operation runs on the plain
+    tensor and returns plain tensors, so the type ends at the merge."""
+
+    #: The model whose :attr:`RowMerge.row_merges` counts this tensor's merge (a weak reference; set by the hook).
+    owner: weakref.ref | None = None
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is torch.Tensor.__setitem__ and not kwargs and len(args) == 3 and _merge_by_rows(*args):
+                return None
+            return func(*args, **(kwargs or {}))
+
+
+class RowMerge:
+    """Mixin for Bridge's ``Qwen3VLModel`` on the first pipeline stage: its vision encoder's output reaches the
+    image-token merge as :class:`VisionRows` (a forward hook, put on by :func:`install`; see the module docstring)."""
+
+    #: Image-token merges written by row positions; what a test asserts is > 0.
+    row_merges: int = 0
+
+
+#: The instance-dict key of each mixin's hook handle, and of its call counter (a class attribute of the mixin, set on
+#: the instance at the first count).
+_HOOKS: dict[type, str] = {HostRopeIndex: _EMBEDDING_HOOK, RowMerge: _VISION_HOOK}
+_COUNTERS: dict[type, str] = {HostRopeIndex: "host_positions_calls", RowMerge: "row_merges"}
+
+
+def _vision_rows(model_ref: weakref.ref) -> Callable[..., Any]:
+    def hook(module: Any, args: Any, output: Any) -> Any:
+        if model_ref() is None or not isinstance(output, tuple) or not output:
+            return None
+        if not isinstance(output[0], torch.Tensor):
+            return None
+        rows = output[0].as_subclass(VisionRows)
+        rows.owner = model_ref
+        return (rows, *output[1:])
+
+    return hook
+
+
+def _targets(model_chunks: list[Any]) -> list[tuple[Any, type]]:
+    """``(object, mixin)`` for every Bridge ``Qwen3VLModel`` in ``model_chunks`` and its language decoder."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
+
+    out: list[tuple[Any, type]] = []
+    for chunk in model_chunks:
+        for module in chunk.modules():
+            if isinstance(module, Qwen3VLModel):
+                out.append((module, HostRopeIndex))
+                if getattr(module, "pre_process", False) and getattr(module, "vision_model", None) is not None:
+                    out.append((module, RowMerge))
+                decoder = getattr(module.language_model, "decoder", None)
+                if isinstance(decoder, Qwen3VLTransformerBlock):
+                    out.append((decoder, IndexedDeepstack))
+    return out
+
+
+def install(model_chunks: list[Any]) -> list[tuple[Any, type]]:
+    """Put the mixins on the Qwen3-VL models in ``model_chunks``; returns what :func:`uninstall` takes off (empty for
+    other models, and where the installed Bridge is not the release they mirror, logged once)."""
+    if not compat.qwen3_vl_forward_is_mirrored():
+        logger.warning(
+            "bridge_cudagraph: fewer_host_waits is off: it mirrors Megatron-Bridge %s's Qwen3-VL forward "
+            "(installed: %s)",
+            compat.QWEN3_VL_FORWARD_MIRRORS,
+            compat.installed_version("megatron-bridge"),
+        )
+        return []
+    done = _targets(model_chunks)
+    for obj, mixin in done:
+        extend_instance_class(obj, mixin)
+        embedding = getattr(getattr(obj, "language_model", None), "embedding", None)
+        if mixin is HostRopeIndex and getattr(obj, "pre_process", False) and embedding is not None:
+            obj.__dict__[_EMBEDDING_HOOK] = embedding.register_forward_pre_hook(_fill_pending(weakref.ref(obj)))
+        if mixin is RowMerge:
+            obj.__dict__[_VISION_HOOK] = obj.vision_model.register_forward_hook(_vision_rows(weakref.ref(obj)))
+    return done
+
+
+def uninstall(done: list[tuple[Any, type]]) -> None:
+    """Undo :func:`install` for the pairs in ``done``: the host classes back, their counters and hooks dropped (a
+    pair's own only: the benchmark takes :class:`RowMerge` off alone)."""
+    for obj, mixin in done:
+        restore_instance_class(obj, mixin)
+        obj.__dict__.pop(_COUNTERS.get(mixin, ""), None)
+        if mixin is HostRopeIndex:
+            obj.__dict__.pop(_PENDING, None)
+        handle = obj.__dict__.pop(_HOOKS.get(mixin, ""), None)
+        if handle is not None:
+            handle.remove()
+
+
+def _count(model_chunks: list[Any], mixin: type) -> int:
+    """``mixin``'s call counter summed over its objects in ``model_chunks``, each object once (one model carries two
+    mixins), 0 once :func:`uninstall` dropped the counters."""
+    name = _COUNTERS[mixin]
+    return sum(obj.__dict__.get(name, 0) for obj, on in _targets(model_chunks) if on is mixin)
+
+
+def host_positions_calls(model_chunks: list[Any]) -> int:
+    """Micro-batches whose positions came from the host copy, over the Qwen3-VL models in ``model_chunks``."""
+    return _count(model_chunks, HostRopeIndex)
+
+
+def row_merges(model_chunks: list[Any]) -> int:
+    """Image-token merges written by row positions (:class:`RowMerge`) over the Qwen3-VL models in ``model_chunks``."""
+    return _count(model_chunks, RowMerge)
+
+
+def installed(model_chunks: list[Any]) -> bool:
+    """Whether :func:`install` has put a mixin on some object inside ``model_chunks``."""
+    return any(isinstance(obj, mixin) for obj, mixin in _targets(model_chunks))

@@ -1,0 +1,573 @@
+"""Deciding the plan: :func:`build_plan` turns :class:`~bridge_cudagraph.plan.facts.ModelFacts` and the
+``model.cuda_graph`` block into a :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan`, or refuses with an error
+that names the setting, shows the arithmetic and says what to change, instead of a shape error at step N.
+
+Derived budgets come from :mod:`bridge_cudagraph.plan.budgets`, the functions the capture itself uses, so the plan
+and the capture cannot disagree. The one entry point from a Bridge config is
+:func:`bridge_cudagraph.plan.from_config.plan_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+from bridge_cudagraph.parallel.layout import (
+    ParallelLayout,
+    Submodule,
+    VisionLayout,
+    resolve_submodules,
+)
+from bridge_cudagraph.plan.budgets import (
+    PackedLayout,
+    check_token_budgets,
+    derive_language_budgets,
+    derive_max_segments,
+    derive_token_budgets,
+    in_flight_microbatches,
+    language_segments,
+    layer_segments,
+    max_patches_per_microbatch,
+)
+from bridge_cudagraph.plan.capture_plan import CapturePlan, LanguagePlan, PackedLanguagePlan, StaticInput, VisionPlan
+from bridge_cudagraph.plan.checks import check_model, check_packed_context_parallel, check_padded, unpack_fix
+from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, VisionFacts, model_facts
+from bridge_cudagraph.plan.memory import TrainingFacts, estimate
+from bridge_cudagraph.plan.sizes import check_positive as _check_positive
+
+
+# ------------------------------------------------------------------------------------------ derivation
+def _stage_layers(facts: ModelFacts, where: str) -> list[list[int]]:
+    """Global decoder-layer indices each pipeline stage builds, as Megatron-Core's ``get_num_layers_to_build``
+    and its layer offsets split them."""
+    pp, n = facts.pp, facts.num_layers
+    if facts.has_pipeline_layout:
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with model.pipeline_model_parallel_layout set: the plan cannot place a custom "
+            "layout yet; use num_layers_in_first/last_pipeline_stage instead or set the layout to null"
+        )
+    first, last = facts.num_layers_in_first_pipeline_stage, facts.num_layers_in_last_pipeline_stage
+    if pp == 1:
+        return [list(range(n))]
+    if first is not None or last is not None:
+        rest, stages_left = n - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if stages_left and rest % stages_left:
+            raise CudaGraphConfigError(
+                f"model.num_layers {n} minus the uneven first/last stages leaves {rest} layers for {stages_left} "
+                f"middle stages ({rest} % {stages_left} = {rest % stages_left}); change the uneven split"
+            )
+        counts = [rest // stages_left if stages_left else 0] * pp
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+    else:
+        extra = int(facts.account_for_embedding_in_pipeline_split) + int(facts.account_for_loss_in_pipeline_split)
+        if (n + extra) % pp:
+            raise CudaGraphConfigError(
+                f"model.num_layers {n}"
+                + (f" + {extra} (embedding/loss counted as layers)" if extra else "")
+                + f" is not divisible by model.pipeline_model_parallel_size {pp} "
+                f"({n + extra} % {pp} = {(n + extra) % pp}); Megatron needs an even split or an uneven "
+                "first/last stage"
+            )
+        counts = [(n + extra) // pp] * pp
+        counts[0] -= int(facts.account_for_embedding_in_pipeline_split)
+        counts[-1] -= int(facts.account_for_loss_in_pipeline_split)
+    vp = facts.virtual_pipeline_size or 1
+    if vp > 1 and len(set(counts)) == 1:
+        # Interleaved: chunk c of stage s holds layers [(c * pp + s) * per_chunk, ... + per_chunk).
+        per_chunk = counts[0] // vp
+        return [[(c * pp + s) * per_chunk + i for c in range(vp) for i in range(per_chunk)] for s in range(pp)]
+    offsets = [sum(counts[:s]) for s in range(pp)]
+    return [list(range(offsets[s], offsets[s] + counts[s])) for s in range(pp)]
+
+
+def _graphable(layer: int, facts: ModelFacts, modules: tuple[str, ...] | None) -> bool:
+    """Mirror of Megatron-Core's ``_layer_is_graphable`` (``cuda_graphs.py``) for transformer layers."""
+    if modules is None or "attn" in modules:
+        return True
+    is_moe = bool(facts.moe_layer_pattern) and facts.moe_layer_pattern[layer] == 1
+    if is_moe:
+        return any(m in modules for m in ("moe", "moe_router", "moe_preprocess"))
+    return "mlp" in modules
+
+
+def _language_static_inputs(facts: ModelFacts, mbs: int, modules: tuple[str, ...] | None) -> tuple[StaticInput, ...]:
+    """The inputs megatron-core's helper allocates per layer (``module.py`` / ``transformer_layer.py``
+    ``get_layer_static_inputs``, ``cuda_graphs.py`` for the rotary table), with the mRoPE table capture adds."""
+    s, cp, tp = facts.seq_length, facts.cp, facts.tp
+    if facts.sequence_parallel and tp > 1:
+        rows, label = s // cp // tp, "S/cp/tp"
+    else:
+        rows, label = s // cp, "S/cp"
+    inputs = [StaticInput("hidden_states", (rows, mbs, facts.hidden_size), facts.dtype, (label, "mbs", "H"))]
+    if modules is None or "attn" in modules:
+        inputs.append(StaticInput("attention_mask", (mbs, 1, s // cp, s), "bool", ("mbs", "", "S/cp", "S")))
+        if facts.position_embedding_type == "mrope":
+            # Qwen3VLMultimodalRotaryEmbedding: (S, b, 1, 2 * dim/2) in fp32, sliced along cp (rope.py).
+            inputs.append(
+                StaticInput(
+                    "rotary_pos_emb", (s // cp, mbs, 1, facts.rotary_dim), "fp32", ("S/cp", "mbs", "", ""), "(mRoPE)"
+                )
+            )
+        elif facts.position_embedding_type == "rope":
+            # RotaryEmbedding(seq): (S, 1, 1, dim) in fp32, the same for every sample; sliced along cp.
+            inputs.append(
+                StaticInput("rotary_pos_emb", (s // cp, 1, 1, facts.rotary_dim), "fp32", ("S/cp", "", "", ""))
+            )
+    return tuple(inputs)
+
+
+def _vision_static_inputs(vision: VisionFacts, budget: int, cu_length: int, dtype: str) -> tuple[StaticInput, ...]:
+    # Qwen3VLVisionModel: hidden_states[:, None] is (B, 1, Hv); the 2-D rotary table is
+    # Qwen3VLVisionRotaryEmbedding(head_dim // 2) looked up for (row, col), flattened to head_dim // 2 and
+    # repeated twice: (B, 1, 1, Hv / heads) fp32 (vision_model.py, rot_pos_emb and forward).
+    return (
+        StaticInput("hidden_states", (budget, 1, vision.hidden_size), dtype),
+        StaticInput("rotary_pos_emb", (budget, 1, 1, vision.head_dim), "fp32"),
+        # The leading 0, one boundary per image frame, the padding's (PackedLayout.cu_seqlens_length).
+        StaticInput("cu_seqlens", (cu_length,), "int32"),
+    )
+
+
+def _warmups(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[tuple[int, str], tuple[int, str]]:
+    """Eager steps before each submodule's capture, ``(language, vision)``, each with the setting it comes from
+    (empty: the submodule's own ``warmup_steps``): its own ``warmup_steps``, else the model's
+    ``cuda_graph_warmup_steps``. The provider's ``finalize()`` copies a set language warmup onto the model
+    (Megatron-Core reads it there), so a vision block without one follows the language graphs; resolving that here
+    makes the plan the same before and after ``finalize()``."""
+    model, source = facts.cuda_graph_warmup_steps, "model.cuda_graph_warmup_steps"
+    language = cfg.language.warmup_steps
+    if cfg.language.enabled and language is not None:
+        model, source = language, "language.warmup_steps"
+    vision = cfg.vision.warmup_steps
+    return (
+        (model, source) if language is None else (language, ""),
+        (model, source) if vision is None else (vision, ""),
+    )
+
+
+def _derive_num_microbatches(
+    cfg: CudaGraphConfig, *, mbs: int, gbs: int | None, dp: int, needed_by: str | None
+) -> int | None:
+    """Micro-batches per step: the one derivation (global batch / (micro batch x language dp)); an explicit
+    ``num_microbatches`` must agree with it. ``needed_by`` names the setting that needs the count (None: none)."""
+    per_step = mbs * dp
+    derived = gbs // per_step if gbs is not None and gbs % per_step == 0 else None
+    if cfg.num_microbatches is not None:
+        if derived is not None and derived != cfg.num_microbatches:
+            raise CudaGraphConfigError(
+                f"model.cuda_graph.num_microbatches={cfg.num_microbatches} but train.global_batch_size {gbs} / "
+                f"(micro batch {mbs} x dp {dp}) = {derived}; set it to {derived} or to null to derive it"
+            )
+        return cfg.num_microbatches
+    if derived is None and needed_by is not None:
+        if gbs is None:
+            raise CudaGraphConfigError(
+                f"{needed_by} needs the number of micro-batches per step, but "
+                "train.global_batch_size is unset; set it or model.cuda_graph.num_microbatches"
+            )
+        raise CudaGraphConfigError(
+            f"{needed_by} cannot derive the micro-batches per step: "
+            f"train.global_batch_size {gbs} is not divisible by micro batch {mbs} x dp {dp} = {per_step} "
+            f"({gbs} % {per_step} = {gbs % per_step}); use a multiple of {per_step} (e.g. "
+            f"{per_step * max(1, math.ceil(gbs / per_step))}) or change the world size"
+        )
+    return derived
+
+
+def deepstack_merges(facts: ModelFacts) -> int:
+    """Layers of the language model's first stage after which Qwen3-VL's decoder adds a deepstack feature: one per
+    deepstack layer of the encoder (Bridge 0.6.2 ``Qwen3VLTransformerBlock.forward``, ``l_no in
+    range(len(deepstack_visual_embeds))``); 0 for a text-only model."""
+    return len(facts.vision.deepstack_visual_indexes) if facts.vision is not None else 0
+
+
+def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[str, str]:
+    """``model.cuda_graph.language.graph_unit`` resolved: ``deepstack`` (runs of layers) where the decoder's loop
+    does nothing of its own between whole dense layers, else ``layer``, with the reason a null one is ``layer``
+    (empty otherwise); an explicit ``deepstack`` where it cannot work is refused with the reason and the fix."""
+    where = "model.cuda_graph.language.graph_unit"
+    asked = cfg.language.graph_unit
+    if asked == "layer":
+        return "layer", ""
+    if cfg.language.modules is not None:  # config.validate refused deepstack with modules
+        return "layer", "language.modules captures parts of layers"
+    reasons = [
+        f"model.{name} is set (the decoder wraps or follows each layer on its own)"
+        for name in facts.per_layer_contexts
+    ]
+    if facts.num_moe_experts:
+        reasons.append(f"{facts.provider} has MoE layers (runs of MoE layers are not verified yet)")
+    if (facts.virtual_pipeline_size or 1) > 1:
+        reasons.append("model.virtual_pipeline_model_parallel_size > 1 (runs inside virtual chunks are not built yet)")
+    if not reasons:
+        return "deepstack", ""
+    if asked == "deepstack":
+        raise CudaGraphConfigError(
+            f"{where}='deepstack' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)"
+        )
+    return "layer", reasons[0]
+
+
+def _plan_vision(
+    cfg: CudaGraphConfig,
+    facts: ModelFacts,
+    v: VisionFacts,
+    *,
+    mbs: int,
+    num_mb: int | None,
+    warmup: tuple[int, str],
+    pixels: ImageFacts | None,
+) -> VisionPlan:
+    where = "model.cuda_graph.vision"
+    max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
+    modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
+    if not cfg.vision.enabled:
+        return VisionPlan(
+            enabled=False,
+            depth=v.depth,
+            modules=modules,
+            token_budgets=(),
+            budgets_derived=False,
+            max_patches_per_microbatch=max_patches,
+            max_images_per_microbatch=0,
+            images_derived=False,
+            static_inputs=(),
+            copies=1,
+            graphs=0,
+            warmup_steps=warmup[0],
+            warmup_source=warmup[1],
+        )
+    if cfg.vision.token_budgets is None:
+        budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
+        derived = True
+    else:
+        budgets = list(cfg.vision.token_budgets)
+        derived = False
+        check_token_budgets(budgets, v.spatial_merge_size, where)
+    if cfg.vision.max_images_per_microbatch is None:
+        images = derive_max_segments(budgets, v.spatial_merge_size)
+        images_derived = True
+    else:
+        images = cfg.vision.max_images_per_microbatch
+        images_derived = False
+    longest, patches_source = _max_patches_per_image(cfg, v, budgets, pixels)
+    cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
+    inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
+    # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
+    copies = 1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb)
+    unit = cfg.vision.graph_unit or "deepstack"
+    segments = layer_segments(v.depth, v.deepstack_visual_indexes, unit)
+    return VisionPlan(
+        enabled=True,
+        depth=v.depth,
+        modules=modules,
+        token_budgets=tuple(budgets),
+        budgets_derived=derived,
+        max_patches_per_microbatch=max_patches,
+        max_images_per_microbatch=images,
+        images_derived=images_derived,
+        static_inputs=inputs,
+        copies=copies,
+        graphs=len(segments) * len(budgets) * copies,
+        warmup_steps=warmup[0],
+        max_patches_per_image=longest,
+        graph_unit=unit,
+        segments=segments,
+        patches_source=patches_source,
+        warmup_source=warmup[1],
+    )
+
+
+def _max_patches_per_image(
+    cfg: CudaGraphConfig, v: VisionFacts, budgets: list[int], images: ImageFacts | None
+) -> tuple[int, str]:
+    """``vision.max_patches_per_image`` resolved, with where a derived one comes from (empty when set): what the data
+    path's ``max_pixels`` allows one image (``max_pixels // patch_size**2``), at most the largest budget; else the
+    largest budget. A set value above the largest budget is refused: such an image runs eagerly anyway."""
+    top = budgets[-1]
+    given = cfg.vision.max_patches_per_image
+    if given is not None:
+        if given > top:
+            raise CudaGraphConfigError(
+                f"model.cuda_graph.vision.max_patches_per_image={given} is above the largest vision budget {top} "
+                "(model.cuda_graph.vision.token_budgets): an image that large runs eagerly whatever it says; set it "
+                f"to {top} or less (or null), or add a budget of at least {given}"
+            )
+        return given, ""
+    if images is None or images.max_pixels is None:
+        return top, "the largest budget; " + (images.source if images is not None else "no data path was read")
+    cap = images.max_pixels // v.patch_size**2
+    derived = f"max_pixels {images.max_pixels} // {v.patch_size}**2 = {cap}, {images.source}"
+    if cap >= top:
+        return top, f"the largest budget, below {derived}"
+    return cap, f"from {derived}"
+
+
+def offline_max_sequences(seq_length: int) -> int:
+    """The sequences an offline-packed row may hold and replay, when ``max_sequences`` is not given: one per 32
+    tokens. Bridge's packer knows the real count only after packing (``max_samples_per_bin``); a larger static
+    ``cu_seqlens`` costs zero-length segments only, and a row with more runs eagerly (counted, logged once)."""
+    return max(2, seq_length // 32)
+
+
+def _plan_packed(
+    cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, mbs: int, num_mb: int
+) -> PackedLanguagePlan:
+    """The packed language graphs' budgets and static shapes, or a refusal with the setting and the fix."""
+    where = "model.cuda_graph.language"
+    if packing.mode not in ("qwen3_vl_step", "offline"):
+        raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
+    offline = packing.mode == "offline"
+    unpack = unpack_fix(packing)
+    check_packed_context_parallel(facts.cp, packing)
+    if offline and mbs != 1:
+        raise CudaGraphConfigError(
+            f"train.micro_batch_size={mbs} with dataset.enable_offline_packing=true: Bridge trains offline-packed "
+            "rows one per micro-batch; set train.micro_batch_size=1"
+        )
+    if cfg.language.modules is not None:
+        raise CudaGraphConfigError(
+            f"{where}.modules={cfg.language.modules} with packed micro-batches: packed graphs capture whole layers "
+            "(the attention must see the static cu_seqlens); set modules to null"
+        )
+    if facts.num_moe_experts:
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with packed micro-batches on an MoE model ({facts.num_moe_experts} experts): "
+            f"packed graphs of MoE layers are not supported yet; {unpack}"
+        )
+    tp = facts.tp if facts.sequence_parallel and facts.tp > 1 else 1
+    if offline:  # the rows are packed to seq_length before training (check_offline_packing): one budget
+        if cfg.language.token_budgets is not None and tuple(cfg.language.token_budgets) != (facts.seq_length,):
+            raise CudaGraphConfigError(
+                f"{where}.token_budgets={list(cfg.language.token_budgets)} with offline packing: every packed row is "
+                f"model.seq_length = {facts.seq_length} tokens wide; set token_budgets to null (or "
+                f"[{facts.seq_length}])"
+            )
+        if facts.seq_length % tp:
+            raise CudaGraphConfigError(
+                f"model.seq_length={facts.seq_length} with offline packing and sequence parallelism over tp "
+                f"{facts.tp}: the packed row is split over the tp ranks; use a seq_length that is a multiple of {tp}"
+            )
+        max_seqlen = max_tokens = multiple = facts.seq_length
+        budgets, derived = (facts.seq_length,), cfg.language.token_budgets is None
+    else:
+        # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple
+        # of lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
+        row = math.lcm(facts.tp, 16)
+        max_seqlen = -(-facts.seq_length // row) * row
+        max_tokens = mbs * max_seqlen
+        multiple = mbs * row
+        if cfg.language.token_budgets is not None:
+            budgets = tuple(cfg.language.token_budgets)
+            derived = False
+            bad = [b for b in budgets if b % tp]
+            if bad:
+                raise CudaGraphConfigError(
+                    f"{where}.token_budgets {list(bad)} are not multiples of tp {facts.tp} (sequence parallel splits "
+                    f"the static hidden states over tp ranks): use multiples of {tp}, e.g. "
+                    f"{[-(-b // tp) * tp for b in bad]}"
+                )
+        elif packing.fixed_width:
+            budgets, derived = (max_tokens,), True
+        else:
+            budgets, derived = tuple(derive_language_budgets(max_tokens, multiple)), True
+    sequences, sequences_source = cfg.language.max_sequences, ""
+    if sequences is None:
+        sequences = offline_max_sequences(facts.seq_length) if offline else mbs
+        sequences_source = f"model.seq_length {facts.seq_length} // 32" if offline else "the micro-batch size"
+    layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
+    cu = (layout.cu_seqlens_length,)
+    # mRoPE has one rotary row per token; RoPE one per position inside a sequence (the fused THD kernel indexes it
+    # by position), which the static table holds for every position up to the budget.
+    rotary_note = "(mRoPE)" if facts.position_embedding_type == "mrope" else "(RoPE, by position in its sequence)"
+    inputs = tuple(
+        (
+            b,
+            (
+                StaticInput(
+                    "hidden_states", (b // tp, 1, facts.hidden_size), facts.dtype, ("T/tp" if tp > 1 else "T", "", "H")
+                ),
+                StaticInput("rotary_pos_emb", (b, 1, 1, facts.rotary_dim), "fp32", ("T", "", "", ""), rotary_note),
+                StaticInput("cu_seqlens", cu, "int32"),
+                *((StaticInput("cu_seqlens_padded", cu, "int32"),) if packing.separate_padded else ()),
+            ),
+        )
+        for b in budgets
+    )
+    return PackedLanguagePlan(
+        token_budgets=budgets,
+        budgets_derived=derived,
+        max_tokens=max_tokens,
+        multiple=multiple,
+        max_sequences=sequences,
+        max_seqlen=max_seqlen,
+        separate_padded=packing.separate_padded,
+        offline=offline,
+        static_inputs=inputs,
+        copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
+        sequences_source=sequences_source,
+    )
+
+
+def build_plan(
+    facts: ModelFacts,
+    cfg: CudaGraphConfig,
+    *,
+    world_size: int,
+    micro_batch_size: int,
+    global_batch_size: int | None,
+    packing: PackingFacts | None = None,
+    training: TrainingFacts | None = None,
+    images: ImageFacts | None = None,
+) -> CapturePlan:
+    """Decide what will be captured, or refuse with an error that names the setting and the fix.
+
+    Args:
+        facts: The model (see :func:`model_facts`).
+        cfg: The ``model.cuda_graph`` block.
+        world_size: Ranks of the job.
+        micro_batch_size: ``train.micro_batch_size``.
+        global_batch_size: ``train.global_batch_size`` (None when unset).
+        packing: How the data path packs (None: every micro-batch padded to ``seq_length``).
+        training: What the training setup adds to the weights' memory; None: no memory estimate in the plan.
+        images: The most pixels of one image on the run's data path, which ``vision.max_patches_per_image`` defaults
+            to (None: unknown, the largest vision budget).
+
+    Returns:
+        The plan.
+
+    Raises:
+        CudaGraphConfigError: A setting cannot be graphed (the message shows the arithmetic and the fix).
+        LayoutError: The parallel sizes do not fit the world size.
+    """
+    cfg.validate("model.cuda_graph")
+    _check_positive("world size", world_size)
+    _check_positive("train.micro_batch_size", micro_batch_size)
+    if global_batch_size is not None:
+        _check_positive("train.global_batch_size", global_batch_size)
+    check_model(facts, cfg)
+    v = facts.vision
+    vision_tp = cfg.vision.tensor_parallel_size
+    resolved = resolve_submodules(
+        ParallelLayout(tp=facts.tp, cp=facts.cp, pp=facts.pp, ep=facts.ep, etp=facts.etp),
+        None
+        if v is None
+        else VisionLayout(tp=vision_tp, num_attention_heads=v.num_heads, vision_dp_when_cp=facts.vision_dp_when_cp),
+        world_size,
+    )
+    language_layout = resolved[Submodule.LANGUAGE]
+    needed_by = None
+    if cfg.language.enabled:
+        needed_by = "model.cuda_graph.language.enabled=true"
+    elif cfg.vision.enabled and facts.pp > 1:
+        needed_by = f"model.cuda_graph.vision.enabled=true with pipeline size {facts.pp} (graph copies in flight)"
+    num_mb = _derive_num_microbatches(
+        cfg, mbs=micro_batch_size, gbs=global_batch_size, dp=language_layout.dp, needed_by=needed_by
+    )
+    num_mb_source = ""
+    if num_mb is not None and cfg.num_microbatches is None:
+        num_mb_source = f"{global_batch_size} / ({micro_batch_size} x dp {language_layout.dp})"
+    (language_warmup, language_warmup_source), vision_warmup = _warmups(cfg, facts)
+
+    lang = cfg.language
+    modules = tuple(lang.modules) if lang.modules is not None else None
+    if lang.enabled:
+        split = facts.seq_length // facts.cp
+        if facts.seq_length % facts.cp or (facts.sequence_parallel and facts.tp > 1 and split % facts.tp):
+            by = facts.cp * (facts.tp if facts.sequence_parallel and facts.tp > 1 else 1)
+            raise CudaGraphConfigError(
+                f"model.seq_length {facts.seq_length} is not divisible by cp {facts.cp}"
+                + (f" x tp {facts.tp} (sequence parallel)" if by != facts.cp else "")
+                + f" = {by} ({facts.seq_length} % {by} = {facts.seq_length % by}); the static hidden_states need "
+                f"equal slices: use a multiple of {by}"
+            )
+        stages = _stage_layers(facts, "model.cuda_graph.language")
+        graphable = [[i for i, layer in enumerate(layers) if _graphable(layer, facts, modules)] for layers in stages]
+        captured = tuple(len(local) for local in graphable)
+        if not any(captured):
+            raise CudaGraphConfigError(
+                f"model.cuda_graph.language.modules={list(modules or [])} captures no layer of {facts.provider} "
+                f"({'all MoE' if facts.moe_layer_pattern and all(facts.moe_layer_pattern) else 'dense'} layers); "
+                "add 'attn' or set modules to null"
+            )
+        assert num_mb is not None  # needed_by was set
+        packed = None
+        if packing is not None:
+            packed = _plan_packed(cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb)
+            per_unit = len(packed.token_budgets) * packed.copies
+        else:
+            check_padded(cfg, facts)
+            per_unit = 1 if facts.pp == 1 else num_mb
+        unit, unit_source = _language_unit(cfg, facts)
+        merges = deepstack_merges(facts)
+        segments = tuple(
+            language_segments(len(local), merges, first_stage=stage == 0, unit=unit)
+            if unit == "deepstack"
+            else tuple((i, i + 1) for i in local)
+            for stage, local in enumerate(graphable)
+        )
+        language = LanguagePlan(
+            enabled=True,
+            modules=modules,
+            layers_per_stage=tuple(len(s) for s in stages),
+            captured_per_stage=captured,
+            graphs_per_unit=per_unit,
+            graphs_per_stage=tuple(len(units) * per_unit for units in segments),
+            static_inputs=() if packed else _language_static_inputs(facts, micro_batch_size, modules),
+            warmup_steps=language_warmup,
+            packed=packed,
+            graph_unit=unit,
+            deepstack_merges=merges,
+            segments_per_stage=segments,
+            warmup_source=language_warmup_source,
+            unit_source=unit_source,
+        )
+    else:
+        language = LanguagePlan(False, modules, (), (), 0, (), (), language_warmup)
+
+    vision = None
+    if v is not None:
+        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup, pixels=images)
+    host_cache = cfg.any_enabled and cfg.optimizer_host_cache is not False
+    fewer_waits = cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False
+    plan = CapturePlan(
+        facts=facts,
+        world_size=world_size,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=global_batch_size,
+        num_microbatches=num_mb,
+        layouts=tuple(resolved.values()),
+        language=language,
+        vision=vision,
+        on_capture_error=cfg.on_capture_error,
+        optimizer_host_cache=host_cache,
+        fewer_host_waits=fewer_waits,
+        num_microbatches_source=num_mb_source,
+        switches_defaulted=tuple(
+            name
+            for name, on in (("optimizer_host_cache", host_cache), ("fewer_host_waits", fewer_waits))
+            if on and getattr(cfg, name) is None
+        ),
+    )
+    if training is None:
+        return plan
+    return dataclasses.replace(plan, memory=estimate(plan, training))
+
+
+def plan_for(provider: Any, *, world_size: int, micro_batch_size: int, num_microbatches: int) -> CapturePlan:
+    """The plan of a provider a caller builds a model from itself (a test, the benchmark), without a
+    ``ConfigContainer``: its own facts and block, with the micro-batch count the caller's schedule runs.
+
+    A run from a recipe plans through :func:`bridge_cudagraph.plan.from_config.plan_config` instead, which also
+    finalizes
+    the config and runs the run-level checks.
+    """
+    cfg = dataclasses.replace(provider.cuda_graph, num_microbatches=num_microbatches)
+    return build_plan(
+        model_facts(provider), cfg, world_size=world_size, micro_batch_size=micro_batch_size, global_batch_size=None
+    )

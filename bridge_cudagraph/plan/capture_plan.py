@@ -1,0 +1,294 @@
+"""What will be captured: the frozen :class:`CapturePlan` and its parts, derived purely from plain numbers.
+
+:mod:`bridge_cudagraph.config` holds what the user *asked for* (mutable, because Bridge's overrides ``setattr`` into
+it); the plan holds what will actually be *done*: the process-group layouts of the language model and the vision
+encoder, how many layers each pipeline stage captures, how many graphs that makes, the static input shapes of every
+graph and the token budgets. Immutable, so the CLI, the capture code and the tests read the same decisions.
+
+Units: language shapes (and packed language budgets) are in tokens; vision budgets are in *patches*, the unit the
+vision layers run on (before the ``spatial_merge_size**2`` merge into the language model's image tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridge_cudagraph.parallel.layout import (
+    ResolvedLayout,
+)
+from bridge_cudagraph.plan.budgets import (
+    PackedLayout,
+)
+from bridge_cudagraph.plan.facts import ModelFacts
+from bridge_cudagraph.plan.memory import MemoryEstimate
+
+# ----------------------------------------------------------------------------------------------- plan
+#: The dtype names of :class:`StaticInput`, as ``torch`` attribute names (the plan itself never imports torch).
+TORCH_DTYPE_NAMES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "bool": "bool",
+    "int32": "int32",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StaticInput:
+    """One captured input of a graph: a static buffer that every replay refreshes, so its shape is fixed here.
+
+    Data, not text: the capture code allocates (vision) or checks (language, whose buffers megatron-core's helper
+    allocates) its buffers against it, and :meth:`describe` renders it for ``bridge-cudagraph plan``.
+
+    Attributes:
+        name: The argument of the graphed layer it feeds (``hidden_states``, ``cu_seqlens``...).
+        shape: Its dimensions.
+        dtype: ``bf16``, ``fp16``, ``fp32``, ``bool`` or ``int32`` (:data:`TORCH_DTYPE_NAMES`).
+        dims: What each dimension is (``S/cp``, ``mbs``, ``H``), for display; an empty label prints the number
+            alone, and no labels at all print only numbers.
+        note: Printed after the dtype (``(mRoPE)``).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dims: tuple[str, ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dims and len(self.dims) != len(self.shape):
+            raise ValueError(f"{self.name}: {len(self.dims)} dimension labels for shape {self.shape}")
+        if self.dtype not in TORCH_DTYPE_NAMES:
+            raise ValueError(f"{self.name}: unknown dtype {self.dtype!r}; one of {sorted(TORCH_DTYPE_NAMES)}")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        """The ``torch`` attribute of :attr:`dtype` (``getattr(torch, input.torch_dtype_name)``)."""
+        return TORCH_DTYPE_NAMES[self.dtype]
+
+    def describe(self) -> str:
+        """``hidden_states (S/cp=4096, mbs=2, H=4096) bf16``."""
+        labels = self.dims or ("",) * len(self.shape)
+        parts = [f"{label}={n}" if label else str(n) for label, n in zip(labels, self.shape, strict=True)]
+        inner = parts[0] + "," if len(parts) == 1 else ", ".join(parts)
+        return f"{self.name} ({inner}) {self.dtype}" + (f" {self.note}" if self.note else "")
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLanguagePlan:
+    """The packed (THD) language graphs: one graph set per token budget (:mod:`bridge_cudagraph.capture.packed`).
+
+    Attributes:
+        token_budgets: Static token counts of the decoder input, ascending.
+        budgets_derived: Derived (``token_budgets: null``), not given.
+        max_tokens: Most tokens a packed micro-batch carries (micro batch x the padded ``seq_length``).
+        multiple: What every packed width is a multiple of (micro batch x Bridge's row rounding and the
+            sequence-parallel split); derived budgets are multiples of it.
+        max_sequences: Sequences a micro-batch may hold and replay.
+        max_seqlen: Longest sequence that replays, the static attention ``max_seqlen``.
+        separate_padded: The data path hands a ``cu_seqlens_q_padded`` tensor of its own (TE then assumes padding
+            between sequences and picks its backend accordingly; the graphs are captured the same way).
+        static_inputs: ``(budget, inputs)`` for every budget.
+        copies: Graph sets, one per micro-batch a stage keeps in flight (1 without a pipeline).
+        offline: The rows come packed from GPT SFT's offline packing (one budget: ``seq_length``), not from the
+            Qwen3-VL step.
+        sequences_source: Where a derived ``max_sequences`` comes from (empty when the block sets it).
+    """
+
+    token_budgets: tuple[int, ...]
+    budgets_derived: bool
+    max_tokens: int
+    multiple: int
+    max_sequences: int
+    max_seqlen: int
+    separate_padded: bool
+    static_inputs: tuple[tuple[int, tuple[StaticInput, ...]], ...]
+    copies: int
+    offline: bool = False
+    sequences_source: str = ""
+
+    @property
+    def layout(self) -> PackedLayout:
+        """The static layout the capture and the replay use."""
+        return PackedLayout(self.token_budgets, max_sequences=self.max_sequences, max_seqlen=self.max_seqlen)
+
+
+@dataclass(frozen=True, slots=True)
+class LanguagePlan:
+    """The language model's graphs on each pipeline stage.
+
+    Attributes:
+        enabled: Whether language graphs are captured.
+        modules: Captured part of each layer; ``None`` captures whole layers.
+        layers_per_stage: Decoder layers each pipeline stage builds.
+        captured_per_stage: Of those, the layers with graphs (Megatron-Core's ``_layer_is_graphable``).
+        graphs_per_unit: Graphs per captured unit (a layer, or a run of layers): 1 when ``pp == 1``, else one per
+            micro-batch of the step (with a pipeline several micro-batches are in flight, and each needs its own
+            static buffers); packed: one per budget and in-flight copy.
+        graphs_per_stage: Graphs each rank of a stage captures: ``units x graphs_per_unit``.
+        static_inputs: Captured inputs of every graph (shapes as megatron-core's helper allocates them).
+        warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
+        packed: The packed (THD) graphs when the data path packs, else None (one static BSHD shape).
+        graph_unit: What one graph spans, resolved: ``deepstack`` (a run of layers between deepstack merges) or
+            ``layer``.
+        deepstack_merges: Layers of the first pipeline stage after which Qwen3-VL's decoder adds a deepstack feature
+            (its first ``len(deepstack_visual_indexes)`` layers); 0 for GPT. A run never spans one.
+        segments_per_stage: The layer ranges ``[start, end)`` of each stage's graphs, in the stage's own layer
+            indices (:func:`~bridge_cudagraph.plan.budgets.layer_segments`); the helpers build them the same way.
+        warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
+        unit_source: Why a derived ``graph_unit`` is ``layer`` (empty when set, or derived as ``deepstack``).
+    """
+
+    enabled: bool
+    modules: tuple[str, ...] | None
+    layers_per_stage: tuple[int, ...]
+    captured_per_stage: tuple[int, ...]
+    graphs_per_unit: int
+    graphs_per_stage: tuple[int, ...]
+    static_inputs: tuple[StaticInput, ...]
+    warmup_steps: int
+    packed: PackedLanguagePlan | None = None
+    graph_unit: str = "layer"
+    deepstack_merges: int = 0
+    segments_per_stage: tuple[tuple[tuple[int, int], ...], ...] = ()
+    warmup_source: str = ""
+    unit_source: str = ""
+
+    @property
+    def graphs(self) -> int:
+        """Graphs on the busiest rank."""
+        return max(self.graphs_per_stage, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionPlan:
+    """The vision encoder's graphs: one set per token budget, of one graph per segment of layers (``segments``).
+
+    Attributes:
+        enabled: Whether vision graphs are captured.
+        depth: Encoder layers.
+        modules: Captured part of each layer; ``None`` captures whole layers.
+        token_budgets: Static lengths in patches, ascending; a micro-batch uses the smallest that holds it.
+        budgets_derived: The budgets were derived (``token_budgets: null``), not given.
+        max_patches_per_microbatch: Most patches one micro-batch can carry (the language sequence bounds it).
+        max_images_per_microbatch: Image frames a micro-batch may hold and replay (``cu_seqlens`` has two more
+            entries: the leading 0 and the padding segment).
+        images_derived: ``max_images_per_microbatch`` was derived, not given.
+        max_patches_per_image: Most patches of one image (frame) that replay: the static attention ``max_seqlen``
+            (unless set: from the data path's max_pixels, at most the largest budget; see ``patches_source``).
+        static_inputs: ``(budget, inputs)`` for every budget.
+        copies: Independent graph sets, one per micro-batch the first pipeline stage keeps in flight (1 without a
+            pipeline; :func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`).
+        graphs: Graphs on each vision rank: ``len(segments) x len(token_budgets) x copies``.
+        warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
+        graph_unit: What one graph spans: ``deepstack`` (the layers up to each deepstack layer) or ``layer``,
+            resolved.
+        patches_source: Where a derived ``max_patches_per_image`` comes from (empty when the block sets it).
+        warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
+    """
+
+    enabled: bool
+    depth: int
+    modules: tuple[str, ...] | None
+    token_budgets: tuple[int, ...]
+    budgets_derived: bool
+    max_patches_per_microbatch: int
+    max_images_per_microbatch: int
+    images_derived: bool
+    static_inputs: tuple[tuple[int, tuple[StaticInput, ...]], ...]
+    copies: int
+    graphs: int
+    warmup_steps: int
+    max_patches_per_image: int = 0
+    graph_unit: str = "deepstack"
+    patches_source: str = ""
+    warmup_source: str = ""
+
+    segments: tuple[tuple[int, int], ...] = ()
+    """The layer ranges ``[start, end)`` of one budget's graphs
+    (:func:`~bridge_cudagraph.plan.budgets.layer_segments`)."""
+
+    @property
+    def graphs_per_budget(self) -> int:
+        """Graphs one budget's set holds: one per segment."""
+        return len(self.segments)
+
+    @property
+    def layout(self) -> PackedLayout:
+        """The static ``cu_seqlens`` layout the capture and the replay use."""
+        return PackedLayout(
+            self.token_budgets, max_sequences=self.max_images_per_microbatch, max_seqlen=self.max_patches_per_image
+        )
+
+    def inputs_at(self, budget: int) -> tuple[StaticInput, ...]:
+        """The static inputs of the graphs at ``budget`` patches."""
+        return dict(self.static_inputs)[budget]
+
+
+@dataclass(frozen=True, slots=True)
+class CapturePlan:
+    """Everything that will be captured, for one model on one world size.
+
+    Built by :func:`build_plan`; immutable, so the CLI, the capture code and the tests all read the same
+    decisions.
+
+    Attributes:
+        facts: The model numbers the plan was built from.
+        world_size: Ranks of the job.
+        micro_batch_size: Micro-batch size (static dimension of every language graph).
+        global_batch_size: Global batch size, when known.
+        num_microbatches: Micro-batches per step (explicit, or global batch / (micro batch x dp)); None when
+            it cannot be derived and no language graphs need it.
+        layouts: Resolved layouts, language first, then vision when the model has an encoder.
+        language: The language graphs.
+        vision: The vision graphs, or None for a text-only model.
+        on_capture_error: ``eager`` or ``raise``.
+        optimizer_host_cache: The step's host caches are on (:mod:`bridge_cudagraph.host.step`: the optimizer's
+            per-parameter walks and the gradient finalisation's module walk): on wherever graphs are, unless the
+            block turns them off.
+        fewer_host_waits: Qwen3-VL's forward without most of its host waits (:mod:`bridge_cudagraph.host.forward`):
+            on wherever graphs are on a Qwen3-VL model, unless the block turns it off.
+        memory: The busiest rank's memory, estimated (:mod:`bridge_cudagraph.plan.memory`); None where the plan was
+            built without the training facts (a plan of the provider alone).
+        num_microbatches_source: How a derived ``num_microbatches`` was derived (empty when the block sets it).
+        switches_defaulted: The block's switches left null that the plan turns on (``optimizer_host_cache``,
+            ``fewer_host_waits``).
+    """
+
+    facts: ModelFacts
+    world_size: int
+    micro_batch_size: int
+    global_batch_size: int | None
+    num_microbatches: int | None
+    layouts: tuple[ResolvedLayout, ...]
+    language: LanguagePlan
+    vision: VisionPlan | None
+    on_capture_error: str
+    optimizer_host_cache: bool = False
+    fewer_host_waits: bool = False
+    memory: MemoryEstimate | None = None
+    num_microbatches_source: str = ""
+    switches_defaulted: tuple[str, ...] = ()
+
+    @property
+    def language_layout(self) -> ResolvedLayout:
+        """The language model's layout."""
+        return self.layouts[0]
+
+    @property
+    def vision_layout(self) -> ResolvedLayout | None:
+        """The vision encoder's layout, or None for a text-only model."""
+        return self.layouts[1] if len(self.layouts) > 1 else None
+
+    @property
+    def total_graphs(self) -> int:
+        """Graphs on the busiest rank (stage 0 holds the vision encoder and the first language layers)."""
+        vision = self.vision.graphs if self.vision is not None and self.vision.enabled else 0
+        language = self.language.graphs_per_stage[0] if self.language.graphs_per_stage else 0
+        return max(language + vision, self.language.graphs)
+
+    def describe(self) -> str:
+        """A readable multi-line block for logs and the CLI (:func:`bridge_cudagraph.plan.describe.describe_plan`)."""
+        from bridge_cudagraph.plan.describe import describe_plan
+
+        return describe_plan(self)

@@ -1,0 +1,299 @@
+"""Per-rank GPU memory of a planned run: weights, gradients, optimizer state and each submodule's graph pool, in bytes.
+
+Pure arithmetic on the plan's numbers (no torch, no GPU), so ``plan`` and ``validate`` can say on a laptop whether a
+run fits an 80 GB H100, and ``train`` can refuse before the first step when it does not fit the device it has.
+
+What a graph pool holds (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`): the activations one
+micro-batch saves between forward and backward at the largest captured shape, for every layer the rank graphs; the
+static inputs (shared by the rungs of a ladder); and per rung what that rung keeps (its gradient-output buffer and
+its last gradient input). Weights whose gradient TE does not fuse into ``main_grad`` add one set of parameter
+gradients, which the rungs share. The activation bytes per token and layer follow the layer's saved tensors
+(inputs of both norms and of every GEMM, the attention output, the pre-norm queries and keys where Qwen3 normalises
+them, the MLP's intermediate ones), times :data:`ACTIVATION_SLACK` for what the count leaves out (norm and softmax
+statistics, rotary tables, workspaces, the caching allocator's rounding). Against the capture's measured pools the
+estimate is compared by the benchmark (and by ``tests/unit/plan/test_memory.py`` against recorded captures).
+
+A packed ladder's captured top follows the data (:class:`~bridge_cudagraph.capture.common.BudgetLadder`); the plan
+cannot know the data, so its estimate is for the ladder's top: an upper bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.plan.capture_plan import CapturePlan
+    from bridge_cudagraph.plan.facts import ModelFacts, VisionFacts
+
+GIB = 2**30
+
+#: Saved activations the per-layer count of :func:`language_activation_bytes` leaves out, as a factor: norm and
+#: softmax statistics, rotary tables, workspaces, the allocator's rounding. Calibrated on the captures of the
+#: Qwen3-VL-2B shape (results/run59: language and vision pools within 10% of the measured ones).
+ACTIVATION_SLACK = 1.1
+
+#: Bytes of an activation element per dtype name of the plan.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingFacts:
+    """What the training setup adds to the memory of the weights (read off the ``ConfigContainer``).
+
+    Attributes:
+        dp: Data-parallel size of the language model (the distributed optimizer shards its state over it).
+        distributed_optimizer: ``optimizer.use_distributed_optimizer``.
+        grad_bytes: Bytes of one gradient-buffer element: 4 with ``ddp.grad_reduce_in_fp32``, else 2.
+        peft: A PEFT recipe (LoRA): the base weights are frozen, so they have no gradient and no optimizer state.
+    """
+
+    dp: int = 1
+    distributed_optimizer: bool = True
+    grad_bytes: int = 4
+    peft: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes on the busiest rank (pipeline stage 0: the embedding, the vision encoder and the first layers).
+
+    Attributes:
+        weights: Model parameters (bf16), language and vision.
+        gradients: Gradient buffers of the trainable parameters.
+        optimizer: fp32 master weights and Adam's two moments of the trainable parameters (sharded over dp with
+            the distributed optimizer).
+        logits: The output layer's logits and the loss of the largest micro-batch (eager, outside the graphs).
+        language_graphs: The language graph pool(s) at the planned top.
+        vision_graphs: The vision graph pool(s) at the planned top.
+        language_top: Tokens of the shape the language estimate is for (the ladder's top, or the padded micro-batch).
+        vision_top: Patches of the vision estimate's shape.
+        language_ladder: The language graphs are a packed ladder (its budgets can be lowered), not one padded shape.
+    """
+
+    weights: int
+    gradients: int
+    optimizer: int
+    logits: int
+    language_graphs: int
+    vision_graphs: int
+    language_top: int = 0
+    vision_top: int = 0
+    language_ladder: bool = False
+
+    @property
+    def static(self) -> int:
+        """What the run holds with graphs or without: weights, gradients, optimizer state."""
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def graphs(self) -> int:
+        """Both graph pools."""
+        return self.language_graphs + self.vision_graphs
+
+    @property
+    def total(self) -> int:
+        """The estimate of the graphed run's peak: the static state, the pools and the eager logits."""
+        return self.static + self.graphs + self.logits
+
+    def describe(self) -> list[str]:
+        """The plan's memory lines (GiB, one decimal)."""
+
+        def gib(n: int) -> str:
+            return f"{n / GIB:.1f}"
+
+        lines = [
+            f"memory per rank (estimate, GiB): weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
+            f"optimizer {gib(self.optimizer)}, logits {gib(self.logits)}",
+        ]
+        parts = []
+        if self.language_graphs:
+            parts.append(f"language {gib(self.language_graphs)} at {self.language_top} tokens")
+        if self.vision_graphs:
+            parts.append(f"vision {gib(self.vision_graphs)} at {self.vision_top} patches")
+        if parts:
+            lines.append(f"  graph pools: {', '.join(parts)} (top budgets; captured tops follow the data)")
+        lines.append(f"  total {gib(self.total)} GiB with graphs, {gib(self.static + self.logits)} GiB of it without")
+        return lines
+
+
+# --------------------------------------------------------------------------------------------- parameters
+def _ffn(facts: ModelFacts) -> int:
+    return facts.ffn_hidden_size or 4 * facts.hidden_size
+
+
+def language_layer_params(facts: ModelFacts) -> int:
+    """Parameters of one dense decoder layer on one tensor-parallel rank (attention, MLP, norms)."""
+    h, d, tp = facts.hidden_size, facts.kv_channels, facts.tp
+    q, kv = facts.num_attention_heads * d, (facts.num_query_groups or facts.num_attention_heads) * d
+    f = _ffn(facts)
+    attention = h * (q + 2 * kv) + q * h
+    mlp = h * f * (2 if facts.gated_linear_unit else 1) + f * h
+    return (attention + mlp) // tp + 4 * h
+
+
+def vision_params(v: VisionFacts, tp: int = 1) -> int:
+    """Parameters of the vision encoder (layers, the patch mergers, the patch and position embeddings)."""
+    h, f = v.hidden_size, v.intermediate_size or 4 * v.hidden_size
+    layer = (4 * h * h + 2 * h * f) // tp + 4 * h
+    merged = h * v.merge_unit
+    merger = (merged * merged + merged * (v.out_hidden_size or h)) // tp
+    patch = 3 * v.temporal_patch_size * v.patch_size**2 * h
+    return (
+        v.depth * layer + (1 + len(v.deepstack_visual_indexes)) * merger + patch + (v.num_position_embeddings or 0) * h
+    )
+
+
+def stage0_language_params(facts: ModelFacts, layers: int) -> int:
+    """The language parameters of pipeline stage 0: its layers and the embedding (and the output layer when
+    pp is 1 and the embeddings are not tied)."""
+    embedding = facts.vocab_size * facts.hidden_size // facts.tp
+    output = 0 if facts.share_embeddings_and_output_weights or facts.pp > 1 else embedding
+    return layers * language_layer_params(facts) + embedding + output
+
+
+# -------------------------------------------------------------------------------------------- activations
+def language_activation_bytes(facts: ModelFacts) -> int:
+    """Bytes one token saves for backward in one dense decoder layer (see the module docstring)."""
+    h, d, tp = facts.hidden_size, facts.kv_channels, facts.tp
+    sp = tp if facts.sequence_parallel else 1
+    q, kv = facts.num_attention_heads * d, (facts.num_query_groups or facts.num_attention_heads) * d
+    f = _ffn(facts)
+    qk_norm = (q + kv) / tp if facts.qk_layernorm else 0
+    elements = 4 * h / sp + (q + 2 * kv + q) / tp + qk_norm + (f * (2 if facts.gated_linear_unit else 1) + f) / tp
+    return int(elements * DTYPE_BYTES.get(facts.dtype, 2) * ACTIVATION_SLACK)
+
+
+def vision_activation_bytes(v: VisionFacts, tp: int = 1, dtype: str = "bf16") -> int:
+    """Bytes one patch saves for backward in one vision layer (full attention heads, a GELU MLP)."""
+    h, f = v.hidden_size, v.intermediate_size or 4 * v.hidden_size
+    elements = 4 * h + 4 * h / tp + 2 * f / tp
+    return int(elements * DTYPE_BYTES.get(dtype, 2) * ACTIVATION_SLACK)
+
+
+def ladder_pool_bytes(
+    per_unit: int, layers: int, budgets: tuple[int, ...], width: int, segments: int, *, dtype_bytes: int
+) -> int:
+    """One copy of a budget ladder's pool: the top rung's activations (``per_unit`` bytes per token or patch and
+    layer), the shared static inputs (one hidden-state buffer per graph of a rung), and per rung its gradient-output
+    buffer and last gradient input (``width`` elements a row)."""
+    top = budgets[-1]
+    kept = sum(2 * b * width * dtype_bytes for b in budgets)
+    return per_unit * layers * top + segments * top * width * dtype_bytes + kept
+
+
+# ---------------------------------------------------------------------------------------------- estimate
+def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> MemoryEstimate:
+    """The :class:`MemoryEstimate` of ``plan``'s busiest rank; ``training`` defaults to :class:`TrainingFacts`."""
+    training = training or TrainingFacts()
+    f = plan.facts
+    dtype_bytes = DTYPE_BYTES.get(f.dtype, 2)
+    layers = plan.language.layers_per_stage[0] if plan.language.layers_per_stage else f.num_layers
+    language = stage0_language_params(f, layers)
+    vision_tp = plan.vision_layout.tp if plan.vision_layout is not None else 1
+    vision = vision_params(f.vision, vision_tp) if f.vision is not None else 0
+    params = language + vision
+    weights = params * 2
+    trainable = 0 if training.peft else params
+    gradients = trainable * training.grad_bytes
+    optimizer = trainable * 12 // (training.dp if training.distributed_optimizer else 1)
+    tokens = plan.micro_batch_size * f.seq_length // f.cp
+    logits = tokens * (f.vocab_size // f.tp) * 6 if f.pp == 1 else 0
+
+    language_graphs = language_top = 0
+    lang = plan.language
+    if lang.enabled and lang.captured_per_stage and lang.modules is None:
+        per_token = language_activation_bytes(f)
+        captured = lang.captured_per_stage[0]
+        fused = f.gradient_accumulation_fusion or training.peft  # PEFT: the frozen base weights have no gradient
+        unfused = 0 if fused else captured * language_layer_params(f) * dtype_bytes
+        width = f.hidden_size
+        if lang.packed is not None:
+            # A ladder clones unfused parameter gradients and gives their buffers back to the pool
+            # (capture.common.param_grad_return_kwargs): they take memory the backward's freed activations left.
+            unfused = 0
+            budgets = lang.packed.token_budgets
+            sp = f.tp if f.sequence_parallel else 1
+            segments = len(lang.segments_per_stage[0]) if lang.segments_per_stage else captured
+            per_copy = ladder_pool_bytes(
+                per_token, captured, tuple(b // sp for b in budgets), width, segments, dtype_bytes=dtype_bytes
+            )
+            language_graphs = (per_copy + unfused) * lang.packed.copies
+            language_top = budgets[-1]
+        else:
+            sp = f.tp if f.sequence_parallel else 1
+            language_top = tokens
+            rows = tokens // sp
+            per_graph_set = per_token * captured * tokens + 4 * rows * width * dtype_bytes * lang.graphs_per_stage[0]
+            language_graphs = per_graph_set * lang.graphs_per_unit + unfused
+    vision_graphs = vision_top = 0
+    vplan = plan.vision
+    if vplan is not None and vplan.enabled and f.vision is not None:
+        v = f.vision
+        per_patch = vision_activation_bytes(v, vision_tp, f.dtype)
+        budgets = vplan.token_budgets
+        per_copy = ladder_pool_bytes(
+            per_patch, v.depth, budgets, v.hidden_size, len(vplan.segments) or v.depth, dtype_bytes=dtype_bytes
+        )
+        vision_graphs = per_copy * vplan.copies
+        vision_top = budgets[-1]
+    return MemoryEstimate(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        logits=logits,
+        language_graphs=int(language_graphs),
+        vision_graphs=int(vision_graphs),
+        language_top=language_top,
+        vision_top=vision_top,
+        language_ladder=lang.enabled and lang.packed is not None,
+    )
+
+
+def pool_estimate(plan: CapturePlan, submodule: str, top: int) -> int:
+    """The estimate of one submodule's graph pool when its ladder's captured top is ``top`` (what the benchmark sets
+    against a capture's measured memory)."""
+    import dataclasses
+
+    if submodule == "language" and plan.language.packed is not None:
+        budgets = tuple(b for b in plan.language.packed.token_budgets if b <= top) or (top,)
+        packed = dataclasses.replace(plan.language.packed, token_budgets=budgets)
+        plan = dataclasses.replace(plan, language=dataclasses.replace(plan.language, packed=packed))
+        return estimate(plan).language_graphs
+    if submodule == "vision" and plan.vision is not None:
+        budgets = tuple(b for b in plan.vision.token_budgets if b <= top) or (top,)
+        plan = dataclasses.replace(plan, vision=dataclasses.replace(plan.vision, token_budgets=budgets))
+        return estimate(plan).vision_graphs
+    return getattr(estimate(plan), f"{submodule}_graphs")
+
+
+def check_fits(memory: MemoryEstimate, capacity_gib: float, *, graphs_on: bool, source: str) -> None:
+    """Refuse, with one line naming the settings to change, a run whose estimate exceeds ``capacity_gib``.
+
+    ``source`` says where the capacity came from (``--gpu-memory 80``, or the device's own size)."""
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    capacity = capacity_gib * GIB
+    need = memory.total if graphs_on else memory.static + memory.logits
+    if need <= capacity:
+        return
+    fixes = []
+    if memory.language_graphs and memory.language_ladder:
+        fixes.append(f"model.cuda_graph.language.token_budgets below {memory.language_top} tokens")
+    if memory.vision_graphs:
+        fixes.append(f"model.cuda_graph.vision.token_budgets below {memory.vision_top} patches")
+    fixes.append("train.micro_batch_size or model.seq_length lower, or more ranks (model.tensor_model_parallel_size)")
+    raise CudaGraphConfigError(
+        f"the run needs about {need / GIB:.1f} GiB per rank (graph pools {memory.graphs / GIB:.1f}, weights, "
+        f"gradients and optimizer {memory.static / GIB:.1f}, logits {memory.logits / GIB:.1f}) but {source} gives "
+        f"{capacity_gib:g} GiB; set " + "; or ".join(fixes)
+    )
+
+
+def check_plan_fits(plan: CapturePlan, capacity_gib: float, *, source: str) -> None:
+    """:func:`check_fits` on ``plan``'s estimate, with graphs on where the plan captures any (nothing to check for a
+    plan built without the training facts)."""
+    if plan.memory is None:
+        return
+    graphs_on = plan.language.enabled or (plan.vision is not None and plan.vision.enabled)
+    check_fits(plan.memory, capacity_gib, graphs_on=graphs_on, source=source)

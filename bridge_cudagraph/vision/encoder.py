@@ -1,0 +1,193 @@
+"""Rebuild Qwen3-VL's vision encoder under its own process groups.
+
+Bridge's ``Qwen3VLModel`` builds the encoder with the *language* collection, so vision tensor parallelism is
+tied to the language model's (``model.py`` ``Qwen3VLVisionModel(..., pg_collection=pg_collection)``, and
+``get_vision_model_config`` copies the language TP size). Layers are bound to their groups at construction,
+so handing a helper another collection later changes nothing; the encoder has to be built again. This module
+does that right after Bridge's ``provide()``, with:
+
+* the vision collection (its own ``HyperCommGrid`` on the language model's first pipeline stage, tensor
+  parallel size ``cuda_graph.vision.tensor_parallel_size``, 1 by default);
+* a copy of Bridge's vision config with that TP size, sequence parallelism off, and Megatron-Core's graph
+  routing off (``cuda_graph_impl="none"``): our :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper`
+  replays the layers itself, in eager semantics;
+* Bridge's freeze flags re-applied to the new encoder;
+* gradient-norm bookkeeping for replicas (:func:`mark_vision_replicas`).
+
+The rebuilt encoder is a :class:`GraphedQwen3VLVisionModel`: Bridge's encoder whose layers replay the graphs of a
+:class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` once one is attached. It lives here, with the rebuild,
+so that code which only needs to find the encoder (the replica sync) does not import the capture machinery; this
+module imports nothing from :mod:`bridge_cudagraph.capture` at run time.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+from bridge_cudagraph.vision.positions import GridPositions, rotary_input
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.capture.vision import VisionGraphHelper
+
+
+def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
+    """Patches per attention segment: every frame of every image is one segment (Bridge's eager layout).
+
+    From the host grid's Python ints: torch's CPU ``repeat_interleave`` opens an OpenMP parallel region on every call
+    (its loop over the images has grain 1), which took 1.8-6.6 ms of host time per step while the GPU waited (runs
+    37 and 38) for a handful of integers."""
+    rows = grid_thw.tolist()
+    return torch.tensor([h * w for t, h, w in rows for _ in range(t)], dtype=grid_thw.dtype)
+
+
+class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
+    """Bridge's Qwen3-VL vision encoder, built under the vision collection, whose transformer layers replay the
+    graphs of a :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` when one is attached (its
+    ``graph_helper``) and a micro-batch fits a budget; otherwise Bridge's eager forward."""
+
+    graph_helper: VisionGraphHelper | None = None
+    position_cache_size: int = 256
+    """Image sizes whose position indices, weights and rotary rows a replaying encoder keeps
+    (:class:`~bridge_cudagraph.vision.positions.GridPositions`); 0 derives them on every micro-batch as Bridge does
+    (the benchmark's lever ``ours_uncached_positions``)."""
+
+    def grid_positions(self) -> GridPositions | None:
+        """This encoder's :class:`~bridge_cudagraph.vision.positions.GridPositions`, or None when
+        :attr:`position_cache_size` is 0."""
+        if self.position_cache_size <= 0:
+            return None
+        cache = self.__dict__.get("_grid_positions")
+        if cache is None:
+            cache = self.__dict__["_grid_positions"] = GridPositions(self.position_cache_size)
+        return cache
+
+    def forward(self, hidden_states, grid_thw, inference_params=None, extra_block_kwargs=None):
+        helper = self.graph_helper
+        if helper is None or not helper.graphs_created() or not self.training or extra_block_kwargs:
+            if helper is not None and self.training and not extra_block_kwargs and not helper.graphs_created():
+                helper.observe(hidden_states.size(0))  # one row per patch: the ladder's top follows the data
+            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
+        assert inference_params is None and self.input_tensor is None
+        # The grid is read on the host once: Bridge's position helpers read it element by element, several device
+        # syncs per image on a device tensor (136 for eight images), none on a host one (same values).
+        grid = grid_thw.cpu()
+        seqlens = frame_seqlens(grid)
+        n = int(seqlens.sum())
+        longest = int(seqlens.max()) if seqlens.numel() else 0
+        budget = helper.captured_budget_for(n, seqlens.numel(), longest)
+        copy = None if budget is None else helper.copies.acquire()
+        if copy is None:
+            above = budget is None and helper.budget_for(n, seqlens.numel(), longest) is not None
+            helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None, above=above)
+            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
+        x = self.patch_embed(hidden_states)
+        if x.size(0) != n:
+            helper.copies.release_now(copy)
+            raise ValueError(
+                f"vision input has {x.size(0)} patch rows but image_grid_thw describes {n} (sum of t*h*w); "
+                "pixel_values and image_grid_thw must come from the same processor call"
+            )
+        positions = self.grid_positions()
+        if positions is None:
+            pos_embeds, rotary = self.fast_pos_embed_interpolate(grid), rotary_input(self.rot_pos_emb(grid))
+        else:  # the same values, without Bridge's per-image host work for an image size seen before
+            pos_embeds, rotary = positions.positions(self, grid)
+        x = x + pos_embeds
+        h = F.pad(x, (0, 0, 0, budget - n))[:, None]
+        graphs = helper.graphs[budget][copy]
+        graphs.load(rotary, seqlens, helper.layout)
+        helper.before_replay()
+        block = self.decoder
+        deepstack = []
+        for (start, end), graph in zip(graphs.segments, graphs.layers, strict=True):
+            # Each layer's parameter all-gather hook (overlap_param_gather) before the replay that runs it.
+            for layer in block.layers[start:end]:
+                for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
+                    hook(*hook_args)
+            h = graph(h, graphs.rotary, graphs.cu_seqlens)
+            if end - 1 in block.deepstack_visual_indexes:  # a segment ends at each deepstack layer
+                merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(end - 1)]
+                deepstack.append(merger(h[:n]))
+        helper.copies.release_after_backward(copy, h)
+        helper.stats.replays += 1
+        return self.merger(h[:n]), deepstack
+
+
+def vision_spec():
+    """Bridge's Qwen3-VL vision layer and patch-merger specs (``model.py``), TE layers throughout."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.attention import Qwen3VLSelfAttention
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.utils import PatchMergerSubmodules
+    from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
+    from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_transformer_engine_spec
+
+    layer_spec = get_vit_layer_with_transformer_engine_spec()
+    layer_spec.submodules.self_attention.module = Qwen3VLSelfAttention
+    merger_spec = PatchMergerSubmodules(
+        patch_norm=TENorm, linear_fc1=TEColumnParallelLinear, linear_fc2=TERowParallelLinear
+    )
+    return layer_spec, merger_spec
+
+
+def rebuild_vision_encoder(model, provider, vision_pg_collection) -> None:
+    """Replace ``model.vision_model`` (built by Bridge with the language groups) with one built under
+    ``vision_pg_collection``; a no-op on ranks without an encoder (later pipeline stages)."""
+    old = getattr(model, "vision_model", None)
+    if old is None:
+        return
+    if vision_pg_collection is None:
+        raise RuntimeError("this rank holds the vision encoder but has no vision process-group collection")
+    config = copy.deepcopy(old.config)
+    config.tensor_model_parallel_size = vision_pg_collection.tp.size()
+    config.sequence_parallel = False
+    config.cuda_graph_impl = "none"
+    from megatron.bridge.utils.cuda_graph import clear_cuda_graph_modules
+
+    clear_cuda_graph_modules(config)
+    layer_spec, merger_spec = vision_spec()
+    new = GraphedQwen3VLVisionModel(
+        config, layer_spec, merger_spec, pre_process=True, post_process=True, pg_collection=vision_pg_collection
+    )
+    new.to(device=next(old.parameters()).device)
+    # What Bridge builds on the encoder later from its modules' config finds the encoder's groups there, as it finds
+    # the language model's on the provider (``model_provider.py`` sets ``_pg_collection``): its PEFT adapters
+    # (``peft/utils.py`` ``_get_pg_collection_from_module``), which otherwise fall back to parallel_state's globals,
+    # the language TP group (or none at all under pure M4 groups). Set after construction, which deep-copies configs.
+    config._pg_collection = vision_pg_collection
+    model.vision_model = new
+    del old
+    model.freeze(
+        freeze_language_model=False,
+        freeze_vision_model=provider.freeze_vision_model,
+        freeze_vision_projection=provider.freeze_vision_projection,
+    )
+    language_tp = model.pg_collection.tp
+    mark_vision_replicas(new, language_tp_rank=language_tp.rank(), vision_tp=config.tensor_model_parallel_size)
+    # Megatron seeds its model-parallel RNG per language TP rank, so the replicas were initialised differently:
+    # give them the first replica's weights (a checkpoint load later overwrites all of them alike).
+    from bridge_cudagraph.vision.replicas import broadcast_replicas, replica_group_of
+
+    broadcast_replicas(new, replica_group_of(vision_pg_collection))
+
+
+def mark_vision_replicas(vision_model: torch.nn.Module, *, language_tp_rank: int, vision_tp: int) -> None:
+    """Make Megatron's gradient norm count each vision parameter once per language model-parallel group.
+
+    The optimizer's norm (``param_is_not_tensor_parallel_duplicate``) sums squared gradients over parameters
+    that are ``tensor_model_parallel`` or live on tensor-parallel rank 0 of the *language* group, then
+    all-reduces over the language model-parallel group.
+    With vision TP smaller than language TP, the language TP group holds ``language_tp / vision_tp`` replicas of
+    every vision shard, and TE marks even TP-1 weights ``tensor_model_parallel=True``: upstream would count them
+    ``language_tp / vision_tp`` times. Vision tensor-parallel groups are contiguous, so the language TP ranks
+    ``0 .. vision_tp-1`` hold exactly one copy of every shard: only they count.
+    """
+    holds_one_copy = language_tp_rank < vision_tp
+    for param in vision_model.parameters():
+        sharded = bool(getattr(param, "tensor_model_parallel", False)) and vision_tp > 1
+        # Sharded weights: counted on the ranks holding one copy of every shard. Replicated ones (norms, TP-1
+        # weights): left False, so the optimizer counts them on language TP rank 0 only.
+        param.tensor_model_parallel = sharded and holds_one_copy

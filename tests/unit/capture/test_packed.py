@@ -1,0 +1,93 @@
+"""The static layout of packed (THD) language graphs: budgets, the sequence cap, and the static ``cu_seqlens``."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bridge_cudagraph.capture.packed import install_packed_replay, remove_packed_replay
+from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
+
+
+def test_budget_is_the_smallest_that_fits_and_none_beyond():
+    layout = PackedLayout(budgets=(512, 1024, 2048), max_sequences=2, max_seqlen=1024)
+    assert layout.budget_for(1, 1) == 512
+    assert layout.budget_for(512, 2) == 512
+    assert layout.budget_for(513, 2) == 1024
+    assert layout.budget_for(2048, 2) == 2048
+    assert layout.budget_for(2049, 2) is None
+    assert layout.budget_for(100, 3) is None  # more sequences than the static cu_seqlens holds
+    assert layout.budget_for(0, 0) is None
+
+
+def test_tail_is_split_into_segments_no_longer_than_max_seqlen():
+    layout = PackedLayout(budgets=(4096,), max_sequences=2, max_seqlen=1024)
+    assert layout.tail_segments == 4
+    assert layout.cu_seqlens_length == 1 + 2 + 4
+    # 2 rows of 288 tokens: the tail [576, 4096) in pieces of at most 1024, then nothing left to pad.
+    cu = layout.static_cu_seqlens([0, 288, 576], 4096)
+    assert cu == [0, 288, 576, 1600, 2624, 3648, 4096]
+    assert all(b - a <= 1024 for a, b in itertools.pairwise(cu))
+    # A full budget has no tail: the remaining entries repeat the budget (zero-length segments).
+    assert layout.static_cu_seqlens([0, 2048, 4096], 4096) == [0, 2048, 4096] + [4096] * 4
+    # One sequence: one more zero-length segment at the end.
+    assert layout.static_cu_seqlens([0, 100], 4096)[-1] == 4096
+    assert len(layout.static_cu_seqlens([0, 100], 4096)) == layout.cu_seqlens_length
+
+
+def test_static_cu_seqlens_refuses_what_does_not_fit():
+    layout = PackedLayout(budgets=(1024,), max_sequences=2, max_seqlen=512)
+    with pytest.raises(ValueError, match="do not fit"):
+        layout.static_cu_seqlens([0, 600, 1100], 1024)
+    with pytest.raises(ValueError, match="do not fit"):
+        layout.static_cu_seqlens([0, 10, 20, 30], 1024)
+
+
+def test_replay_class_swap_is_undone_and_keeps_state():
+    import torch
+
+    block = torch.nn.Linear(4, 4)
+    keys = sorted(block.state_dict())
+    original = type(block)
+    install_packed_replay(block, helper=None)
+    assert type(block) is not original and isinstance(block, original)
+    assert sorted(block.state_dict()) == keys
+    remove_packed_replay(block)
+    assert type(block) is original
+    assert "packed_graph_helper" not in block.__dict__
+
+
+def test_load_writes_real_boundaries_then_a_tail_of_equal_lengths_in_both_forms():
+    import torch
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from bridge_cudagraph.capture.packed import PackedGraphSet
+
+    layout = PackedLayout(budgets=(1024,), max_sequences=2, max_seqlen=512)
+    n = layout.cu_seqlens_length
+    graphs = PackedGraphSet(
+        layers=[],
+        rotary=torch.full((1024, 1, 1, 4), 7.0),
+        cu_seqlens=torch.full((n,), -1, dtype=torch.int32),
+        cu_seqlens_padded=torch.full((n,), -1, dtype=torch.int32),
+    )
+    params = PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=torch.tensor([0, 100, 200], dtype=torch.int32),
+        cu_seqlens_q_padded=torch.tensor([0, 128, 256], dtype=torch.int32),
+    )
+    graphs.load(layout, torch.ones(256, 1, 1, 4), params, tokens=256)
+    assert graphs.cu_seqlens_padded.tolist() == layout.static_cu_seqlens([0, 128, 256], 1024)
+    assert graphs.cu_seqlens_padded.tolist() == [0, 128, 256, 768, 1024]
+    # The unpadded form: real lengths, then tail segments as long as the padded ones.
+    assert graphs.cu_seqlens.tolist() == [0, 100, 200, 712, 968]
+    assert bool((graphs.rotary[:256] == 1).all()) and bool((graphs.rotary[256:] == 0).all())
+
+
+def test_derived_language_ladder_is_geometric_multiples_of_the_packed_width():
+    ladder = derive_language_budgets(8192, 32)
+    assert ladder[0] == 512 and ladder[-1] == 8192
+    assert all(b % 32 == 0 for b in ladder) and ladder == sorted(set(ladder))
+    assert all(b / a <= 1.25 + 32 / a for a, b in itertools.pairwise(ladder))  # at most 20% of a budget padded
+    assert derive_language_budgets(1000, 48)[-1] == 1008

@@ -1,0 +1,45 @@
+"""The photo recipe: Bridge's Qwen3-VL packing settings, finalized and planned as Bridge's training would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
+
+YAML = Path(__file__).resolve().parents[3] / "recipes" / "tiny_qwen3_vl_photos.yaml"
+
+
+def test_recipe_packs_as_bridges_qwen3_vl_recipes_and_plans(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
+    # Bridge's Qwen3-VL step packs: the language graphs are the packed ones, their ladder derived from the recipe.
+    loaded = load_recipe(YAML)
+    cfg = loaded.config
+    assert loaded.world_size == 1 and cfg.model.cuda_graph.vision.enabled and cfg.model.cuda_graph.language.enabled
+    assert cfg.dataset.enable_in_batch_packing and cfg.dataset.defer_in_batch_packing_to_step
+    assert cfg.dataset.source.schema_adapter == "cord_v2" and Path(cfg.dataset.source.path_or_dataset).is_dir()
+    assert Path(cfg.dataset.hf_processor_path, "tokenizer.json").is_file()
+    assert cfg.tokenizer.tokenizer_type == "NullTokenizer" and cfg.train.micro_batch_size == 2
+    assert cfg.model.seq_length == cfg.dataset.seq_length == 2048
+    plan = plan_recipe(loaded)
+    packed = plan.language.packed
+    assert packed is not None and packed.token_budgets[-1] == 2 * 2048 and packed.max_sequences == 2
+    assert packed.separate_padded and packed.copies == 1
+    assert plan.vision is not None and plan.vision.max_patches_per_image == 3920
+    assert plan.vision.token_budgets == (1024, 2048, 4096, 8192)
+
+
+def test_the_moe_recipe_pads_and_plans_the_router_and_preprocess_graphs(tmp_path, monkeypatch):
+    """``recipes/tiny_qwen3_vl_moe_photos.yaml``, what the issue-#35 GPU test trains: the MoE tiny Qwen3-VL, pure M4,
+    the same photo data path with every row padded (MoE language graphs replay padded micro-batches only)."""
+    from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
+
+    monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
+    loaded = load_recipe(YAML.with_name("tiny_qwen3_vl_moe_photos.yaml"))
+    cfg = loaded.config
+    assert isinstance(cfg.model, CudaGraphQwen3VLMoEModelProvider) and cfg.model.num_moe_experts == 4
+    assert cfg.dist.use_decentralized_pg and cfg.logger.log_interval == 1
+    assert not cfg.dataset.enable_in_batch_packing and cfg.dataset.pad_to_max_length
+    assert cfg.dataset.source.schema_adapter == "cord_v2" and cfg.model.seq_length == cfg.dataset.seq_length == 2048
+    plan = plan_recipe(loaded)
+    assert plan.language.packed is None and plan.language.modules == ("attn", "moe_router", "moe_preprocess")
+    assert plan.vision is not None and plan.vision.token_budgets == (1024, 2048, 4096, 8192)

@@ -1,0 +1,839 @@
+"""``bridge_cudagraph.plan``: plans built from plain numbers (no provider, no GPU), the expected graph counts and
+static shapes for Qwen3-VL 8B at 8 and 64 GPUs, and every refusal of ``build_plan`` with its arithmetic."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, cuda_graph_config_from_dict
+from bridge_cudagraph.parallel.layout import LayoutError
+from bridge_cudagraph.plan.budgets import derive_token_budgets
+from bridge_cudagraph.plan.build import build_plan
+from bridge_cudagraph.plan.capture_plan import CapturePlan
+from bridge_cudagraph.plan.facts import ModelFacts, VisionFacts, model_facts
+
+pytestmark = pytest.mark.fast
+
+QWEN3_VL_VISION = VisionFacts(
+    depth=27,
+    hidden_size=1152,
+    num_heads=16,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    deepstack_visual_indexes=(8, 16, 24),
+    num_position_embeddings=2304,
+)
+
+
+def qwen3_vl_8b(**changes) -> ModelFacts:
+    """Qwen3-VL 8B as Bridge's SFT recipe builds it: TP 2, seq 4096, mRoPE, bf16."""
+    facts = ModelFacts(
+        provider="CudaGraphQwen3VLModelProvider",
+        num_layers=36,
+        hidden_size=4096,
+        num_attention_heads=32,
+        kv_channels=128,
+        seq_length=4096,
+        tp=2,
+        position_embedding_type="mrope",
+        vision=QWEN3_VL_VISION,
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def qwen3_8b(**changes) -> ModelFacts:
+    """Qwen3 8B (GPT family, standard RoPE): TP 4, seq 2048."""
+    facts = ModelFacts(
+        provider="CudaGraphGPTModelProvider",
+        num_layers=36,
+        hidden_size=4096,
+        num_attention_heads=32,
+        kv_channels=128,
+        seq_length=2048,
+        tp=4,
+        position_embedding_type="rope",
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def both_on(**vision) -> CudaGraphConfig:
+    return cuda_graph_config_from_dict({"language": {"enabled": True}, "vision": {"enabled": True, **vision}})
+
+
+LANGUAGE_ON = cuda_graph_config_from_dict({"language": {"enabled": True}})
+
+
+def texts(inputs) -> tuple[str, ...]:
+    """The static inputs as ``bridge-cudagraph plan`` prints them."""
+    return tuple(s.describe() for s in inputs)
+
+
+def plan(facts: ModelFacts, cfg: CudaGraphConfig, world: int = 8, mbs: int = 2, gbs: int | None = 128) -> CapturePlan:
+    return build_plan(facts, cfg, world_size=world, micro_batch_size=mbs, global_batch_size=gbs)
+
+
+# world size -> (language dp, micro-batches per step, vision dp)
+QWEN3_VL_8B_AT = {8: (4, 16, 8), 64: (32, 2, 64)}
+
+
+class TestQwen3VL8B:
+    @pytest.mark.parametrize("world", sorted(QWEN3_VL_8B_AT))
+    def test_expected_numbers(self, world):
+        """Layouts, micro-batches, graph counts, budgets and static shapes of the 8B recipe (mbs 2, gbs 128)."""
+        dp, num_mb, vision_dp = QWEN3_VL_8B_AT[world]
+        p = plan(qwen3_vl_8b(), both_on(), world=world)
+        assert (p.language_layout.tp, p.language_layout.dp, p.language_layout.pp) == (2, dp, 1)
+        assert (p.vision_layout.tp, p.vision_layout.dp, p.vision_layout.rank_offset) == (1, vision_dp, 0)
+        assert p.num_microbatches == num_mb
+        assert p.language.layers_per_stage == (36,) and p.language.captured_per_stage == (36,)
+        # Deepstack merges after language layers 0, 1, 2 cut the decoder into runs 0, 1, 2 and 3-35: 4 graphs.
+        assert p.language.graph_unit == "deepstack" and p.language.deepstack_merges == 3
+        assert p.language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 36)),)
+        assert p.language.graphs_per_unit == 1 and p.language.graphs == 4
+        assert [(s.name, s.shape, s.dtype) for s in p.language.static_inputs] == [
+            ("hidden_states", (4096, 2, 4096), "bf16"),
+            ("attention_mask", (2, 1, 4096, 4096), "bool"),
+            ("rotary_pos_emb", (4096, 2, 1, 128), "fp32"),
+        ]
+        assert texts(p.language.static_inputs) == (
+            "hidden_states (S/cp=4096, mbs=2, H=4096) bf16",
+            "attention_mask (mbs=2, 1, S/cp=4096, S=4096) bool",
+            "rotary_pos_emb (S/cp=4096, mbs=2, 1, 128) fp32 (mRoPE)",
+        )
+        v = p.vision
+        assert v.token_budgets == (4096, 8192, 16384, 32768) and v.budgets_derived
+        assert v.max_patches_per_microbatch == 4096 * 4 * 2
+        assert v.max_images_per_microbatch == 32768 // (4 * 16) == 512 and v.images_derived
+        # Deepstack layers 8, 16, 24 of 27 cut the stack into layers 0-8, 9-16, 17-24, 25-26: 4 graphs per budget.
+        assert v.graph_unit == "deepstack" and v.segments == ((0, 9), (9, 17), (17, 25), (25, 27))
+        assert v.graphs_per_budget == 4 and v.graphs == 16
+        assert [(s.name, s.shape, s.dtype) for s in v.inputs_at(4096)] == [
+            ("hidden_states", (4096, 1, 1152), "bf16"),
+            ("rotary_pos_emb", (4096, 1, 1, 72), "fp32"),
+            ("cu_seqlens", (514,), "int32"),
+        ]
+        assert texts(v.inputs_at(4096)) == (
+            "hidden_states (4096, 1, 1152) bf16",
+            "rotary_pos_emb (4096, 1, 1, 72) fp32",
+            "cu_seqlens (514,) int32",
+        )
+        assert p.total_graphs == 4 + 16
+
+    def test_one_graph_per_layer_when_asked(self):
+        """``graph_unit: layer``: one graph per layer per budget, and the plan says so."""
+        p = plan(qwen3_vl_8b(), both_on(graph_unit="layer"))
+        assert p.vision.graph_unit == "layer" and p.vision.graphs == 27 * 4 == 108
+        lines = p.describe().splitlines()
+        assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
+
+    def test_language_runs_per_pipeline_stage(self):
+        """Only the first stage merges deepstack features: its runs are cut there, the later stages' are not."""
+        p = plan(qwen3_vl_8b(pp=2), both_on(), world=8, mbs=2, gbs=128)
+        assert p.language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 18)), ((0, 18),))
+        lines = p.describe().splitlines()
+        first = "  runs of layers: 0, 1, 2, 3-17 on stage 0; cut after each of the first 3 (a deepstack merge follows)"
+        assert first in lines
+        assert "  runs of layers: 0-17 on stage 1; nothing runs between the layers" in lines
+
+    def test_one_language_graph_per_layer_when_asked(self):
+        """``language.graph_unit: layer``: megatron-core's unit, one graph per layer, and the plan says so."""
+        cfg = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "layer"}})
+        p = plan(qwen3_vl_8b(), cfg)
+        assert p.language.graph_unit == "layer" and p.language.graphs == 36
+        assert p.language.segments_per_stage == (tuple((i, i + 1) for i in range(36)),)
+        lines = p.describe().splitlines()
+        i = lines.index("language: 36 layers x 1 graph each (pp 1) = 36 graphs per rank,")
+        assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
+        assert not any("runs of layers" in line or "graph_unit null" in line for line in lines)
+
+    @pytest.mark.fast
+    def test_language_runs_fall_back_to_layers_where_the_decoder_works_between_layers(self):
+        """Per-layer quantization or offloading contexts, MoE layers, a virtual pipeline, a partial capture: null
+        means one graph per layer; an explicit ``deepstack`` there is refused with the reason and the fix."""
+        runs = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "deepstack"}})
+        cases = [
+            (qwen3_8b(per_layer_contexts=("fp8",)), "model.fp8 is set"),
+            (qwen3_8b(per_layer_contexts=("cpu_offloading",)), "model.cpu_offloading is set"),
+            (qwen3_vl_8b(num_moe_experts=8, moe_layer_pattern=(1,) * 36), "MoE layers"),
+            (qwen3_8b(tp=2, pp=2, virtual_pipeline_size=2), "virtual_pipeline_model_parallel_size"),
+        ]
+        for facts, reason in cases:
+            assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.graph_unit == "layer"
+            with pytest.raises(CudaGraphConfigError, match=reason) as info:
+                plan(facts, runs, mbs=1, gbs=32)
+            assert "graph_unit='deepstack'" in str(info.value) and "set it to 'layer'" in str(info.value)
+        partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
+        assert plan(qwen3_8b(), partial, mbs=1, gbs=32).language.graph_unit == "layer"
+
+    def test_given_budgets_are_kept(self):
+        """Budgets from the recipe are used as given, with the images bound derived from the largest."""
+        v = plan(qwen3_vl_8b(), both_on(token_budgets=[1024, 4096])).vision
+        assert v.token_budgets == (1024, 4096) and not v.budgets_derived
+        assert v.max_images_per_microbatch == 4096 // 64 and v.graphs == 2 * 4
+
+    def test_given_image_bound_is_kept(self):
+        """``max_images_per_microbatch`` sizes ``cu_seqlens`` (plus the leading 0 and the padding segment)."""
+        v = plan(qwen3_vl_8b(), both_on(max_images_per_microbatch=8)).vision
+        assert v.max_images_per_microbatch == 8 and not v.images_derived
+        assert all(inputs[2].shape == (10,) and inputs[2].dtype == "int32" for _, inputs in v.static_inputs)
+
+    def test_derived_budgets_are_the_capture_ladder(self):
+        """The plan derives exactly the budgets the vision capture derives (``bridge_cudagraph.plan.budgets``)."""
+        vision_only = cuda_graph_config_from_dict({"vision": {"enabled": True}})
+        for seq, mbs in [(4096, 2), (256, 2), (4096, 1), (1000, 3)]:
+            v = plan(qwen3_vl_8b(seq_length=seq), vision_only, mbs=mbs, gbs=None).vision
+            assert list(v.token_budgets) == derive_token_budgets(seq, mbs, 2)
+
+    def test_vision_tp_splits_the_stage(self):
+        """Vision tp 2 on 8 GPUs: 4 vision dp groups of adjacent pairs (language tp pairs share images)."""
+        p = plan(qwen3_vl_8b(), both_on(tensor_parallel_size=2))
+        assert (p.vision_layout.tp, p.vision_layout.dp) == (2, 4)
+
+    def test_graphs_off_still_resolves_the_vision_layout(self):
+        """The encoder gets its own groups whether or not it is graphed."""
+        p = plan(qwen3_vl_8b(), CudaGraphConfig())
+        assert not p.language.enabled and not p.vision.enabled and p.vision_layout is not None
+        assert p.language.graphs == 0 and p.vision.graphs == 0 and p.total_graphs == 0
+
+    def test_plan_is_frozen(self):
+        """What will be done cannot be changed after planning."""
+        p = plan(qwen3_vl_8b(), both_on())
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            p.num_microbatches = 3  # type: ignore[misc]
+        assert not hasattr(p, "__dict__")  # slots
+
+
+class TestVisionUnderPipeline:
+    """Stage 0 of a 1F1B pipeline keeps min(pp, micro-batches) micro-batches in flight: one vision graph set each."""
+
+    def test_copies_follow_the_in_flight_micro_batches(self):
+        # 8 GPUs, tp 4 x pp 2 -> dp 1; gbs 8 / mbs 2 = 4 micro-batches; stage 0 holds 2 of them in flight.
+        p = plan(qwen3_vl_8b(tp=4, pp=2), both_on(), gbs=8)
+        assert p.num_microbatches == 4
+        assert p.vision.copies == 2
+        assert p.vision.graphs == 4 * len(p.vision.token_budgets) * 2
+        assert "x 2 in-flight copies" in p.describe()
+
+    def test_one_micro_batch_needs_one_copy(self):
+        p = plan(qwen3_vl_8b(tp=4, pp=2), both_on(), gbs=2)
+        assert p.num_microbatches == 1 and p.vision.copies == 1
+
+    def test_no_pipeline_one_copy(self):
+        p = plan(qwen3_vl_8b(), both_on())
+        assert p.vision.copies == 1 and "in-flight" not in p.describe()
+
+
+class TestLanguage:
+    def test_gpt_rope_and_sequence_parallel_shapes(self):
+        """Standard RoPE is one table for the batch; sequence parallel splits hidden_states over tp."""
+        p = plan(qwen3_8b(sequence_parallel=True), LANGUAGE_ON, mbs=1, gbs=32)
+        assert p.vision is None and len(p.layouts) == 1
+        assert p.language.static_inputs[0].shape == (512, 1, 4096)
+        assert texts(p.language.static_inputs) == (
+            "hidden_states (S/cp/tp=512, mbs=1, H=4096) bf16",
+            "attention_mask (mbs=1, 1, S/cp=2048, S=2048) bool",
+            "rotary_pos_emb (S/cp=2048, 1, 1, 128) fp32",
+        )
+        assert p.num_microbatches == 32 // (1 * 2)
+
+    def test_context_parallel_slices_the_sequence(self):
+        """cp 2 halves the rows of every static input; the mask keeps the full key length."""
+        p = plan(qwen3_8b(cp=2, tp=2), LANGUAGE_ON, mbs=1, gbs=32)
+        assert p.language.static_inputs[0].describe() == "hidden_states (S/cp=1024, mbs=1, H=4096) bf16"
+        assert p.language.static_inputs[1].describe() == "attention_mask (mbs=1, 1, S/cp=1024, S=2048) bool"
+        assert p.language.static_inputs[1].shape == (1, 1, 1024, 2048)
+
+    def test_mlp_only_capture_has_no_attention_inputs(self):
+        """Without attention in the graph, no mask and no rotary table are captured."""
+        p = plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}}))
+        assert len(p.language.static_inputs) == 1
+
+    def test_pipeline_graphs_one_per_microbatch(self):
+        """With pp > 1 every layer needs one graph per micro-batch of the step."""
+        p = plan(qwen3_8b(tp=2, pp=4), LANGUAGE_ON, world=8, mbs=1, gbs=32)
+        assert p.language_layout.dp == 1 and p.num_microbatches == 32
+        assert p.language.layers_per_stage == (9, 9, 9, 9)
+        # A GPT stage merges nothing between its layers: one run of 9 layers, one graph per micro-batch.
+        assert p.language.segments_per_stage == (((0, 9),),) * 4
+        assert p.language.graphs_per_unit == 32 and p.language.graphs_per_stage == (32,) * 4
+        per_layer = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "layer"}})
+        p = plan(qwen3_8b(tp=2, pp=4), per_layer, world=8, mbs=1, gbs=32)
+        assert p.language.graphs_per_unit == 32 and p.language.graphs_per_stage == (288,) * 4
+
+    def test_explicit_microbatch_count(self):
+        """``num_microbatches`` is used when the global batch is unknown."""
+        cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "num_microbatches": 6})
+        p = plan(qwen3_8b(tp=2, pp=4), cfg, world=8, mbs=1, gbs=None)
+        assert p.num_microbatches == 6 and p.language.graphs_per_stage == (6,) * 4
+
+    def test_uneven_pipeline_split(self):
+        """First/last stage sizes as Megatron-Core's ``get_num_layers_to_build`` places them."""
+        facts = qwen3_8b(tp=2, pp=4, num_layers_in_first_pipeline_stage=8, num_layers_in_last_pipeline_stage=10)
+        assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.layers_per_stage == (8, 9, 9, 10)
+
+    def test_embedding_and_loss_count_as_layers(self):
+        """``account_for_*_in_pipeline_split`` takes a layer off the first/last stage."""
+        facts = qwen3_8b(
+            num_layers=38,
+            tp=2,
+            pp=4,
+            account_for_embedding_in_pipeline_split=True,
+            account_for_loss_in_pipeline_split=True,
+        )
+        assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.layers_per_stage == (9, 10, 10, 9)
+
+    def test_moe_modules_pick_layers(self):
+        """Per-module capture counts only the layers that have the module (``_layer_is_graphable``)."""
+        facts = qwen3_8b(num_layers=8, tp=2, pp=2, virtual_pipeline_size=2, num_moe_experts=4)
+        facts = dataclasses.replace(facts, moe_layer_pattern=(1, 0) * 4)  # MoE on even layers
+        mlp = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}})
+        router = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["moe_router"]}})
+        # interleaved: stage 0 holds layers 0, 1, 4, 5 and stage 1 holds 2, 3, 6, 7
+        assert plan(facts, mlp, world=4, mbs=1, gbs=8).language.captured_per_stage == (2, 2)
+        assert plan(facts, router, world=4, mbs=1, gbs=8).language.captured_per_stage == (2, 2)
+        assert plan(facts, LANGUAGE_ON, world=4, mbs=1, gbs=8).language.captured_per_stage == (4, 4)
+
+
+class TestModelFacts:
+    def provider(self, **changes):
+        fields = dict(
+            num_layers=4,
+            hidden_size=512,
+            num_attention_heads=8,
+            kv_channels=None,
+            seq_length=256,
+            tensor_model_parallel_size=2,
+            context_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            expert_model_parallel_size=1,
+            expert_tensor_parallel_size=None,
+            sequence_parallel=False,
+            position_embedding_type="rope",
+            num_moe_experts=None,
+            moe_layer_freq=1,
+            bf16=False,
+            fp16=False,
+        )
+        fields.update(changes)
+        return SimpleNamespace(**fields)
+
+    def test_reads_a_provider(self):
+        """Plain attribute reads; kv_channels defaults to hidden / heads."""
+        f = model_facts(self.provider())
+        assert (f.provider, f.num_layers, f.kv_channels, f.tp, f.etp, f.dtype, f.vision) == (
+            "SimpleNamespace",
+            4,
+            64,
+            2,
+            2,
+            "fp32",
+            None,
+        )
+
+    def test_per_layer_contexts_are_the_set_ones(self):
+        """fp8 (a recipe name when set), fp4, CPU offloading: the decoder wraps or follows each layer on its own."""
+        assert model_facts(self.provider()).per_layer_contexts == ()
+        f = model_facts(self.provider(fp8="hybrid", cpu_offloading=True, fp4=None))
+        assert f.per_layer_contexts == ("fp8", "cpu_offloading")
+
+    def test_expert_tp_follows_bridge(self):
+        """Unset expert tp is 1 under expert parallelism (Bridge's default), else tp (Megatron-Core's)."""
+        assert model_facts(self.provider(expert_model_parallel_size=4)).etp == 1
+        assert model_facts(self.provider(expert_model_parallel_size=4, expert_tensor_parallel_size=2)).etp == 2
+
+    @pytest.mark.parametrize(
+        ("mixed_precision", "flags", "dtype"),
+        [
+            ("bf16_mixed", {}, "bf16"),
+            ("fp16_with_fp8_delayed_scaling", {}, "fp16"),
+            (SimpleNamespace(bf16=True, fp16=False), {}, "bf16"),
+            (None, {"fp16": True}, "fp16"),
+            (None, {"bf16": True}, "bf16"),
+        ],
+    )
+    def test_dtype(self, mixed_precision, flags, dtype):
+        """The ConfigContainer's mixed precision wins over the provider flags (Bridge applies it at validate)."""
+        assert model_facts(self.provider(**flags), mixed_precision=mixed_precision).dtype == dtype
+
+    @pytest.mark.parametrize(
+        ("freq", "pattern"),
+        [(1, (1, 1, 1, 1)), (2, (1, 0, 1, 0)), ([0, 1, 1, 0], (0, 1, 1, 0)), ("[0]*2+[1]*2", (0, 0, 1, 1))],
+    )
+    def test_moe_layer_freq(self, freq, pattern):
+        """Megatron-Core's three spellings of ``moe_layer_freq``."""
+        assert model_facts(self.provider(num_moe_experts=8, moe_layer_freq=freq)).moe_layer_pattern == pattern
+
+    def test_moe_layer_freq_of_the_wrong_length(self):
+        """A per-layer list must cover every layer."""
+        with pytest.raises(CudaGraphConfigError, match=r"lists 3 layers but model\.num_layers is 4"):
+            model_facts(self.provider(num_moe_experts=8, moe_layer_freq=[1, 1, 1]))
+
+    def test_vision_config(self):
+        """Qwen3-VL's HF vision config becomes :class:`VisionFacts`."""
+        vision = SimpleNamespace(
+            depth=27,
+            hidden_size=1152,
+            num_heads=16,
+            patch_size=16,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            deepstack_visual_indexes=[8, 16, 24],
+            num_position_embeddings=2304,
+        )
+        f = model_facts(self.provider(vision_config=vision))
+        assert f.vision == QWEN3_VL_VISION and f.vision.head_dim == 72 and f.vision.merge_unit == 4
+
+
+# (facts, cfg, build_plan kwargs, error type, fragments the message must contain)
+ERRORS = [
+    (qwen3_vl_8b(), both_on(token_budgets=[2, 8]), {}, CudaGraphConfigError, ["token_budgets[0]=2", "2**2 = 4"]),
+    (
+        qwen3_vl_8b(),
+        both_on(token_budgets=[576, 1023]),
+        {},
+        CudaGraphConfigError,
+        ["token_budgets[1]=1023", "1023 % 4 = 3", "round up to 1024", "merged-token units multiply by 4: 4092"],
+    ),
+    (
+        qwen3_vl_8b(),
+        both_on(tensor_parallel_size=3),
+        {},
+        LayoutError,
+        ["model.cuda_graph.vision.tensor_parallel_size", "16 attention heads", "(16 % 3 = 1)", "[1, 2, 4, 8, 16]"],
+    ),
+    (qwen3_vl_8b(), both_on(tensor_parallel_size=16), {}, LayoutError, ["vision tp 16 does not divide the 8 ranks"]),
+    (qwen3_vl_8b(tp=4), both_on(), {"world_size": 6}, LayoutError, ["= 4 does not divide world size 6"]),
+    (
+        qwen3_vl_8b(virtual_pipeline_size=2),
+        CudaGraphConfig(),
+        {},
+        CudaGraphConfigError,
+        ["virtual_pipeline_model_parallel_size=2 with Qwen3-VL"],
+    ),
+    (
+        qwen3_vl_8b(),
+        both_on(),
+        {"global_batch_size": 100},
+        CudaGraphConfigError,
+        ["global_batch_size 100 is not divisible by micro batch 2 x dp 4 = 8 (100 % 8 = 4)", "multiple of 8"],
+    ),
+    (qwen3_vl_8b(), both_on(), {"global_batch_size": None}, CudaGraphConfigError, ["global_batch_size is unset"]),
+    (
+        qwen3_vl_8b(),
+        cuda_graph_config_from_dict({"language": {"enabled": True}, "num_microbatches": 4}),
+        {},
+        CudaGraphConfigError,
+        ["num_microbatches=4 but train.global_batch_size 128 / (micro batch 2 x dp 4) = 16"],
+    ),
+    (qwen3_8b(), both_on(), {}, CudaGraphConfigError, ["vision.enabled=true but", "no vision encoder"]),
+    (
+        qwen3_8b(seq_length=2050, sequence_parallel=True),
+        LANGUAGE_ON,
+        {},
+        CudaGraphConfigError,
+        ["model.seq_length 2050 is not divisible by cp 1 x tp 4 (sequence parallel) = 4 (2050 % 4 = 2)"],
+    ),
+    (
+        qwen3_8b(tp=2, pp=5, num_layers=36),
+        LANGUAGE_ON,
+        {"world_size": 10, "global_batch_size": 10},
+        CudaGraphConfigError,
+        ["num_layers 36 is not divisible by model.pipeline_model_parallel_size 5 (36 % 5 = 1)"],
+    ),
+    (
+        qwen3_8b(tp=2, pp=4, num_layers_in_first_pipeline_stage=7),
+        LANGUAGE_ON,
+        {"global_batch_size": 32},
+        CudaGraphConfigError,
+        ["leaves 29 layers for 3 middle stages (29 % 3 = 2)"],
+    ),
+    (
+        qwen3_8b(has_pipeline_layout=True, tp=2, pp=2),
+        LANGUAGE_ON,
+        {},
+        CudaGraphConfigError,
+        ["pipeline_model_parallel_layout"],
+    ),
+    (
+        dataclasses.replace(qwen3_8b(num_moe_experts=8), moe_layer_pattern=(1,) * 36),
+        cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}}),
+        {},
+        CudaGraphConfigError,
+        ["modules=['mlp'] captures no layer", "all MoE"],
+    ),
+    (qwen3_8b(), LANGUAGE_ON, {"world_size": 0}, CudaGraphConfigError, ["world size must be a positive integer"]),
+    (qwen3_8b(), LANGUAGE_ON, {"micro_batch_size": 0}, CudaGraphConfigError, ["train.micro_batch_size"]),
+    (qwen3_8b(), cuda_graph_config_from_dict({"on_capture_error": "raise"}), {"world_size": 3}, LayoutError, ["3"]),
+]
+
+
+@pytest.mark.parametrize(("facts", "cfg", "kwargs", "error", "fragments"), ERRORS, ids=range(len(ERRORS)))
+def test_build_plan_refuses(facts, cfg, kwargs, error, fragments):
+    """Every refusal names the setting and shows its arithmetic."""
+    arguments = {"world_size": 8, "micro_batch_size": 2, "global_batch_size": 128, **kwargs}
+    with pytest.raises(error) as info:
+        build_plan(facts, cfg, **arguments)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+class TestDescribe:
+    def test_block_for_the_8b_recipe(self):
+        """The readable block: header, layout tables, language and vision lines, at most 119 columns."""
+        text = plan(qwen3_vl_8b(), both_on()).describe()
+        lines = text.splitlines()
+        assert lines[0] == "capture plan: CudaGraphQwen3VLModelProvider on 8 ranks, bf16"
+        assert lines[1] == "  micro-batch 2, global batch 128, micro-batches per step 16 (128 / (2 x dp 4))"
+        assert "language: ranks 0-7 of 8" in lines and "vision: ranks 0-7 of 8" in lines
+        i = lines.index("language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank,")
+        assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
+        assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
+        vision = "vision: 4 graphs x 4 budgets = 16 graphs per rank"
+        assert any(line.startswith(vision) for line in lines)
+        assert "  each budget's graphs span layers 0-8, 9-16, 17-24, 25-26 (cut after each deepstack layer)" in lines
+        assert any("budgets [4096, 8192, 16384, 32768] patches" in line for line in lines)
+        assert lines[-1].startswith("busiest rank: 20 graphs")
+        assert max(map(len, lines)) <= 119 and not text.endswith("\n")
+
+    @pytest.mark.parametrize("world", [1, 8, 64, 512])
+    def test_lines_fit_the_log_width(self, world):
+        """Any world size and budget list stays within 119 columns."""
+        facts = qwen3_vl_8b(tp=1 if world == 1 else 2, seq_length=32768)
+        text = plan(facts, both_on(), world=world, gbs=2 * world).describe()
+        assert max(map(len, text.splitlines())) <= 119
+
+    def test_optimizer_host_cache_follows_the_graphs_unless_turned_off(self):
+        """On wherever graphs are (the default), off with ``optimizer_host_cache: false`` and with graphs off; the
+        plan says which, above the busiest-rank line."""
+        on = plan(qwen3_vl_8b(), both_on())
+        assert on.optimizer_host_cache
+        line = "optimizer: the step's per-parameter and per-module host work cached (same kernels, same step)"
+        assert line in on.describe()
+        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "optimizer_host_cache": False})
+        off = plan(qwen3_8b(), block)
+        assert not off.optimizer_host_cache
+        plain = "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
+        assert plain in off.describe().splitlines()
+        no_graphs = plan(qwen3_vl_8b(), CudaGraphConfig())
+        assert not no_graphs.optimizer_host_cache and "optimizer:" not in no_graphs.describe()
+
+    def test_fewer_host_waits_follow_the_graphs_on_qwen3_vl_unless_turned_off(self):
+        """On wherever graphs are on a Qwen3-VL model (the default), off with ``fewer_host_waits: false``, with graphs
+        off, and on a text-only model, where ``true`` is refused; the plan says which, below the optimizer line."""
+        on = plan(qwen3_vl_8b(), both_on())
+        assert on.fewer_host_waits
+        lines = on.describe().splitlines()
+        assert lines[lines.index(next(x for x in lines if x.startswith("optimizer:"))) + 1].startswith(
+            "forward: mRoPE positions from one host copy, deepstack and image-token merges by index"
+        )
+        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "fewer_host_waits": False})
+        off = plan(qwen3_vl_8b(), block)
+        assert not off.fewer_host_waits
+        assert "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)" in off.describe()
+        gpt = plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True}}))
+        assert not gpt.fewer_host_waits and "forward:" not in gpt.describe()
+        assert not plan(qwen3_vl_8b(), CudaGraphConfig()).fewer_host_waits
+        with pytest.raises(CudaGraphConfigError, match=r"fewer_host_waits=true but .* is not Qwen3-VL"):
+            plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True}, "fewer_host_waits": True}))
+
+    def test_the_weight_gradient_line_follows_the_providers_fusion(self):
+        """Above the busiest-rank line: where the weight gradients are summed, as the provider's
+        ``gradient_accumulation_fusion`` says (TE's GEMMs with it, one addition per parameter without)."""
+        import dataclasses
+
+        def line(p, prefix):
+            lines = p.describe().splitlines()
+            i = next(i for i, x in enumerate(lines) if x.startswith(prefix))
+            return lines[i], lines[i + 1]
+
+        unfused, vision = line(plan(qwen3_vl_8b(), both_on()), "weight gradients:")
+        assert unfused.startswith("weight gradients: added to main_grad") and "=false" in unfused
+        assert vision == "  vision encoder: one at a time, as Bridge builds it (its config leaves the fusion off)"
+        fused = plan(dataclasses.replace(qwen3_vl_8b(), gradient_accumulation_fusion=True), both_on())
+        assert line(fused, "weight gradients:")[0].startswith("weight gradients: summed in the language TE layers")
+        gpt = line(plan(qwen3_8b(), LANGUAGE_ON), "weight gradients:")
+        assert "vision encoder" not in gpt[1]
+
+    def test_graphs_off_and_pipeline_lines(self):
+        """Off submodules say so; a pipeline lists its stages."""
+        off = plan(qwen3_vl_8b(), CudaGraphConfig()).describe()
+        assert "language: graphs off (36 layers run eagerly)" in off and "vision: graphs off" in off
+        assert "busiest rank" not in off
+        cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "on_capture_error": "raise"})
+        pipe = plan(qwen3_8b(tp=2, pp=4), cfg, mbs=1, gbs=32).describe()
+        assert "language: 9+9+9+9 layers on 4 stages in 1+1+1+1 runs x 32 graphs each" in pipe and "stops" in pipe
+        assert "  runs of layers: 0-8 on stage 0; nothing runs between the layers" in pipe.splitlines()
+        assert max(map(len, pipe.splitlines())) <= 119
+
+
+def test_planning_imports_no_torch():
+    """``plan`` (with ``layout``, ``budgets`` and ``config``) is pure: it imports neither torch nor Megatron."""
+    code = "import sys, bridge_cudagraph.plan.build, bridge_cudagraph.plan.describe; sys.exit(any(m in sys.modules for m in ('torch', 'megatron')))"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ------------------------------------------------------------------------------------------ packed language graphs
+def _packed_plan(**language):
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.plan.build import build_plan
+    from bridge_cudagraph.plan.facts import ModelFacts, PackingFacts, VisionFacts
+
+    vision = VisionFacts(
+        depth=4, hidden_size=256, num_heads=4, patch_size=16, temporal_patch_size=2, spatial_merge_size=2
+    )
+    facts = ModelFacts(
+        provider="CudaGraphQwen3VLModelProvider",
+        num_layers=4,
+        hidden_size=512,
+        num_attention_heads=8,
+        kv_channels=64,
+        seq_length=2048,
+        position_embedding_type="mrope",
+        **{"vision": vision, **language.pop("facts", {})},
+    )
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, **language))
+    world = facts.tp * facts.cp
+    return build_plan(
+        facts, cfg, world_size=world, micro_batch_size=2, global_batch_size=2, packing=PackingFacts("qwen3_vl_step")
+    )
+
+
+def test_packed_plan_derives_a_ladder_the_sequence_cap_and_static_shapes():
+    plan = _packed_plan()
+    packed = plan.language.packed
+    assert packed is not None and plan.language.static_inputs == ()
+    assert packed.token_budgets[-1] == 2 * 2048 and packed.max_seqlen == 2048 and packed.max_sequences == 2
+    # No deepstack merge in these facts: the 4 layers are one run, one graph per budget.
+    assert plan.language.graphs == 1 * len(packed.token_budgets)
+    taps = _packed_plan(facts={"vision": dataclasses.replace(plan.facts.vision, deepstack_visual_indexes=(1, 2))})
+    assert taps.language.segments_per_stage == (((0, 1), (1, 2), (2, 4)),)
+    assert taps.language.graphs == 3 * len(packed.token_budgets)
+    per_layer = _packed_plan(graph_unit="layer")
+    assert per_layer.language.graphs == 4 * len(packed.token_budgets)
+    _, inputs = packed.static_inputs[-1]
+    shapes = {x.name: x.shape for x in inputs}
+    assert shapes == {
+        "hidden_states": (4096, 1, 512),
+        "rotary_pos_emb": (4096, 1, 1, 64),
+        "cu_seqlens": (1 + 2 + 2,),
+        "cu_seqlens_padded": (1 + 2 + 2,),
+    }
+    assert "packed THD" in plan.describe()
+    assert all(len(line) <= 119 for line in plan.describe().splitlines())
+
+
+def test_packed_plan_takes_given_budgets_and_refuses_what_it_cannot_replay():
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    assert _packed_plan(token_budgets=[1024, 4096]).language.packed.token_budgets == (1024, 4096)
+    with pytest.raises(CudaGraphConfigError, match="context_parallel_size=2"):
+        _packed_plan(facts={"cp": 2})
+    with pytest.raises(CudaGraphConfigError, match="modules"):
+        _packed_plan(modules=["attn"])
+    with pytest.raises(CudaGraphConfigError, match=r"multiples of tp 2"):
+        _packed_plan(token_budgets=[1023], facts={"tp": 2, "sequence_parallel": True})
+
+
+def _offline_plan(micro_batch_size: int = 1, *, separate_padded: bool = False, **fields):
+    """A GPT on GPT SFT offline packing (rows of seq_length, one per micro-batch)."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.plan.build import build_plan
+    from bridge_cudagraph.plan.facts import ModelFacts, PackingFacts
+
+    language = {k: fields.pop(k) for k in ("token_budgets", "max_sequences") if k in fields}
+    shape = dict(num_layers=4, hidden_size=512, num_attention_heads=8, kv_channels=64, seq_length=1024)
+    facts = ModelFacts(provider="CudaGraphGPTModelProvider", **{**shape, **fields})
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, **language))
+    return build_plan(
+        facts,
+        cfg,
+        world_size=facts.tp * facts.cp,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=micro_batch_size * 4,
+        packing=PackingFacts("offline", fixed_width=True, separate_padded=separate_padded),
+    )
+
+
+def test_offline_packed_plan_is_one_budget_of_seq_length_and_refuses_what_it_cannot_replay():
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    packed = _offline_plan().language.packed
+    assert packed.offline and packed.token_budgets == (1024,) and packed.budgets_derived
+    assert (packed.max_sequences, packed.max_seqlen, packed.separate_padded) == (1024 // 32, 1024, False)
+    ((_, inputs),) = packed.static_inputs
+    assert [x.name for x in inputs] == ["hidden_states", "rotary_pos_emb", "cu_seqlens"]  # no padded copy
+    assert inputs[1].note == "(RoPE, by position in its sequence)"
+    padded = _offline_plan(separate_padded=True, max_sequences=8).language.packed
+    assert padded.separate_padded and padded.max_sequences == 8
+    assert [x.name for x in padded.static_inputs[0][1]][-1] == "cu_seqlens_padded"
+    assert _offline_plan(token_budgets=[1024]).language.packed.token_budgets == (1024,)
+    with pytest.raises(CudaGraphConfigError, match=r"token_budgets=\[512, 1024\] with offline packing"):
+        _offline_plan(token_budgets=[512, 1024])
+    with pytest.raises(CudaGraphConfigError, match=r"set train\.micro_batch_size=1"):
+        _offline_plan(2)
+    with pytest.raises(CudaGraphConfigError, match="GPT step partitions each packed row"):
+        _offline_plan(cp=2)
+    with pytest.raises(CudaGraphConfigError, match="a multiple of 3"):
+        _offline_plan(tp=3, sequence_parallel=True, num_attention_heads=9)
+
+
+# ------------------------------------------------------------------ defaults from the data path, and their sources
+def _vision_plan(images=None, **vision):
+    from bridge_cudagraph.plan.facts import ImageFacts
+
+    pixels = None if images is None else ImageFacts(*images)
+    return build_plan(
+        qwen3_vl_8b(),
+        both_on(**vision),
+        world_size=8,
+        micro_batch_size=2,
+        global_batch_size=128,
+        images=pixels,
+    ).vision
+
+
+def test_max_patches_per_image_comes_from_the_data_paths_max_pixels():
+    """Bridge's Qwen-VL collate passes max_pixels 1003520: 1003520 // 16**2 = 3920 patches, and the plan says so;
+    the static cu_seqlens then holds the tail of the largest budget in pieces of 3920 (9 of them for 32768)."""
+    vision = _vision_plan((1003520, "passed to the processor by Bridge's collate, qwen2_5_collate_fn"))
+    assert vision.max_patches_per_image == 3920
+    assert vision.patches_source == (
+        "from max_pixels 1003520 // 16**2 = 3920, passed to the processor by Bridge's collate, qwen2_5_collate_fn"
+    )
+    assert vision.layout.cu_seqlens_length == 1 + 512 + 9 == vision.inputs_at(4096)[-1].shape[0]
+    from bridge_cudagraph.plan.facts import ImageFacts
+
+    images = ImageFacts(1003520, "the collate")
+    text = build_plan(
+        qwen3_vl_8b(), both_on(), world_size=8, micro_batch_size=2, global_batch_size=128, images=images
+    ).describe()
+    lines = text.splitlines()
+    i = lines.index("  at most 3920 patches per image (the static attention max_seqlen):")
+    assert lines[i + 1] == "    from max_pixels 1003520 // 16**2 = 3920, the collate"
+    assert max(map(len, lines)) <= 119
+
+
+def test_max_patches_per_image_is_at_most_the_largest_budget_and_says_why_where_unknown():
+    """A processor that allows more than the largest budget gives the largest budget; no processor, the largest
+    budget with the reason; a set value is kept and printed without a source."""
+    big = _vision_plan((16777216, "size.longest_edge of P's preprocessor_config.json"))
+    assert big.max_patches_per_image == 32768
+    assert big.patches_source.startswith("the largest budget, below max_pixels 16777216 // 16**2 = 65536")
+    unknown = _vision_plan((None, "the dataset names no processor (dataset.hf_processor_path)"))
+    assert unknown.max_patches_per_image == 32768
+    assert unknown.patches_source == "the largest budget; the dataset names no processor (dataset.hf_processor_path)"
+    assert _vision_plan().patches_source == "the largest budget; no data path was read"
+    given = _vision_plan((1003520, "the collate"), max_patches_per_image=2048)
+    assert (given.max_patches_per_image, given.patches_source) == (2048, "")
+
+
+def test_max_patches_per_image_above_the_largest_budget_is_refused():
+    with pytest.raises(CudaGraphConfigError) as info:
+        _vision_plan(token_budgets=[1024, 4096], max_patches_per_image=5000)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("model.cuda_graph.vision.max_patches_per_image=5000 is above the largest vision budget")
+    assert "set it to 4096 or less (or null), or add a budget of at least 5000" in message
+    assert _vision_plan(token_budgets=[1024, 4096], max_patches_per_image=4096).max_patches_per_image == 4096
+
+
+@pytest.mark.parametrize("setting", [{"token_budgets": [1024, 4096]}, {"max_sequences": 4}])
+def test_packed_only_language_settings_on_a_padded_run_are_refused(setting):
+    """``language.token_budgets`` and ``max_sequences`` do nothing when every micro-batch is padded (one shape):
+    refused, not silently ignored; the fix names the packing switch of the model's family."""
+    ((name, value),) = setting.items()
+    cfg = cuda_graph_config_from_dict({"language": {"enabled": True, **setting}})
+    with pytest.raises(CudaGraphConfigError) as info:
+        plan(qwen3_vl_8b(), cfg)
+    message = str(info.value)
+    assert message.startswith(f"model.cuda_graph.language.{name}={value!r} applies to packed micro-batches only")
+    assert "pads every micro-batch to model.seq_length 4096" in message
+    assert "enable_in_batch_packing=true" in message
+    with pytest.raises(CudaGraphConfigError, match=r"enable_offline_packing=true \(GPT SFT\)"):
+        plan(qwen3_8b(), cfg)
+
+
+def test_packed_context_parallel_is_one_check():
+    """The refusal build_plan makes, and the one the check before Bridge's finalization calls."""
+    from bridge_cudagraph.plan.checks import check_packed_context_parallel
+    from bridge_cudagraph.plan.facts import PackingFacts
+
+    check_packed_context_parallel(1, PackingFacts("qwen3_vl_step"))
+    with pytest.raises(CudaGraphConfigError, match=r"context_parallel_size=2: .* by index \(2 ranks x 2 chunks"):
+        check_packed_context_parallel(2, PackingFacts("qwen3_vl_step"))
+    with pytest.raises(CudaGraphConfigError, match="GPT step partitions each packed row"):
+        check_packed_context_parallel(4, PackingFacts("offline", fixed_width=True))
+
+
+def test_derived_values_say_their_source_and_set_ones_do_not():
+    """Micro-batches per step, warmups, the switches left null: each default names where it comes from."""
+    derived = plan(qwen3_vl_8b(), both_on())
+    assert derived.num_microbatches_source == "128 / (2 x dp 4)"
+    assert derived.language.warmup_source == derived.vision.warmup_source == "model.cuda_graph_warmup_steps"
+    assert derived.switches_defaulted == ("optimizer_host_cache", "fewer_host_waits")
+    assert "  on wherever graphs are (left null): optimizer_host_cache, fewer_host_waits" in derived.describe()
+    cfg = cuda_graph_config_from_dict(
+        {
+            "language": {"enabled": True, "warmup_steps": 5},
+            "vision": {"enabled": True},
+            "num_microbatches": 16,
+            "optimizer_host_cache": True,
+            "fewer_host_waits": False,
+        }
+    )
+    given = plan(qwen3_vl_8b(), cfg)
+    assert given.num_microbatches_source == "" and given.language.warmup_source == ""
+    # The vision block sets none: it follows the language warmup, which finalize() copies onto the model.
+    assert (given.vision.warmup_steps, given.vision.warmup_source) == (5, "language.warmup_steps")
+    assert given.switches_defaulted == ()
+    text = given.describe()
+    assert "micro-batches per step 16\n" in text and "left null" not in text
+
+
+def test_a_layer_unit_chosen_for_the_model_says_why():
+    moe = dataclasses.replace(qwen3_vl_8b(), num_moe_experts=8, moe_layer_pattern=(1,) * 36)
+    cfg = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
+    p = plan(moe, cfg)
+    assert p.language.graph_unit == "layer"
+    assert "  one graph per layer (graph_unit null: language.modules captures parts of layers)" in p.describe()
+
+
+def test_counts_of_one_are_singular():
+    """ "1 graph", "1 budget", "1 step": a one-layer, one-rank, offline-packed GPT says each in the singular."""
+    from bridge_cudagraph.config import LanguageGraphConfig
+    from bridge_cudagraph.plan.facts import PackingFacts
+
+    facts = ModelFacts(
+        provider="CudaGraphGPTModelProvider",
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        kv_channels=16,
+        seq_length=256,
+        cuda_graph_warmup_steps=1,
+    )
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True))
+    p = build_plan(
+        facts,
+        cfg,
+        world_size=1,
+        micro_batch_size=1,
+        global_batch_size=1,
+        packing=PackingFacts("offline", fixed_width=True),
+    )
+    lines = p.describe().splitlines()
+    assert lines[0] == "capture plan: CudaGraphGPTModelProvider on 1 rank, bf16"
+    i = lines.index("language: 1 layer in 1 run x 1 budget each (packed THD) = 1 graph per rank,")
+    assert lines[i + 1] == "  whole layers, capture after 1 step (model.cuda_graph_warmup_steps)"
+    assert lines[-1].startswith("busiest rank: 1 graph;")
+    one = build_plan(qwen3_vl_8b(tp=1), both_on(), world_size=1, micro_batch_size=2, global_batch_size=2).describe()
+    assert "vision: 4 graphs x 4 budgets = 16 graphs per rank on rank 0," in one.splitlines()
+    assert not any(word in p.describe() for word in (" 1 graphs", " 1 budgets", " 1 steps", " 1 layers", " 1 runs"))
