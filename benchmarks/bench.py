@@ -773,7 +773,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     if variant in UNGRAPHED:
         return []
     if is_ours(variant):
-        from bridge_cudagraph.plan.build import plan_for
+        from bridge_cudagraph.testing.plans import plan_for
 
         plan = plan_for(
             provider,

@@ -1,17 +1,15 @@
 """The useful-tokens benchmark's variants of a recipe file: each variant is the recipe loaded with a few overrides.
 
 ``python -m benchmarks.useful_tokens --model peft8b`` measures Bridge's Qwen3-VL 8B LoRA recipe
-(``recipes/qwen3_vl_8b_peft_photos_graphs.yaml``: Bridge's ``qwen3_vl_8b_peft_1gpu_h100_bf16_config`` on the photo
-set, offline) rather than a shape of the benchmark's own. So that every variant is the recipe a user runs, each is
+(``recipes/qwen3_vl_8b_peft_photos_graphs.yaml``: Bridge's ``qwen3_vl_8b_peft_1gpu_h100_bf16_config`` on the photo set,
+offline) rather than a shape of the benchmark's own. So that every variant is the recipe a user runs, each is
 :func:`bridge_cudagraph.recipe.load.load_recipe` of that file with the overrides of :data:`VARIANT_OVERRIDES`,
-finalized
-as training finalizes it (:func:`bridge_cudagraph.plan.from_config.finalize_config`: Bridge's
-``runtime_config_update``)
-and, where graphs are on, planned from that finalized config
-(:func:`bridge_cudagraph.plan.from_config.plan_finalized`).
-So the capture plan is the one ``bridge-cudagraph train`` would build, and the helpers come from the provider's
-own :meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` with it. The recipe's LoRA is
-applied by Bridge's own ``_apply_peft_transformation`` as the pre-wrap hook (Bridge's PEFT setup, without the base
+finalized as training finalizes it (:func:`bridge_cudagraph.plan.from_config.finalize_config`: Bridge's
+``runtime_config_update``) and, where graphs are on, planned from that finalized config
+(:func:`bridge_cudagraph.plan.from_config.plan_config`, ``finalized=True``). So the capture plan is the one
+``bridge-cudagraph train`` would build, and the helpers come from the provider's own
+:meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` with it. The recipe's LoRA is applied
+by Bridge's own ``_apply_peft_transformation`` as the pre-wrap hook (Bridge's PEFT setup, without the base
 checkpoint load: the benchmark's weights are random and shared by all variants).
 
 What stays the benchmark's (and is the same for every variant): Megatron's schedule and distributed optimizer
@@ -79,7 +77,7 @@ class RecipeVariant:
 
         Bridge's adapters take their groups from the wrapped module's config and otherwise from parallel_state's
         globals, which the benchmark's pure M4 world never initialises. Ours carries the encoder's collection on
-        the encoder's config (:func:`bridge_cudagraph.vision.encoder.rebuild_vision_encoder`); upstream's encoder,
+        the encoder's config (:func:`bridge_cudagraph.host.encoder_swap.rebuild_vision_encoder`); upstream's encoder,
         which Bridge builds with the language groups, gets ``pg_collection`` (the language collection: what the
         globals would give it under Bridge's own training) on every config that has none, before LoRA runs."""
         hook = self.pre_wrap_hook()
@@ -132,14 +130,14 @@ def load_variant(
         KeyError: An unknown variant.
         CudaGraphConfigError, RecipeError: The plugin or the loader refuses the variant's configuration.
     """
-    from bridge_cudagraph.plan.from_config import finalize_config, plan_finalized
+    from bridge_cudagraph.plan.from_config import finalize_config, plan_config
     from bridge_cudagraph.recipe.load import load_recipe
 
     overrides = (*VARIANT_OVERRIDES[variant], f"train.global_batch_size={micro_batch_size * num_microbatches}")
     cfg = load_recipe(recipe_path(model), overrides).config
     finalize_config(cfg, world_size=1, base_checkpoint_needed=False)
     graphs = cfg.model.cuda_graph.any_enabled
-    plan = plan_finalized(cfg, world_size=1) if graphs else None
+    plan = plan_config(cfg, world_size=1, finalized=True) if graphs else None
     if variant == "upstream_padded":
         from bridge_cudagraph.examples import tiny
 

@@ -35,8 +35,8 @@ def main() -> int:
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.examples.data import qwen3_vl_batch
     from bridge_cudagraph.parallel.layout import VisionLayout
-    from bridge_cudagraph.plan.build import plan_for
     from bridge_cudagraph.testing.parity import loss_and_grads
+    from bridge_cudagraph.testing.plans import plan_for
     from bridge_cudagraph.testing.world import init_world
 
     world = init_world(vision=VisionLayout(), seed=1234)

@@ -3,8 +3,8 @@ and the vision encoder, each under its own explicit process groups (megatron-cor
 
 Naming: classes are ``CudaGraph*``, recipe fields ``cuda_graph*`` (the one YAML block is ``model.cuda_graph``),
 ``bridge_cudagraph`` is only the package name. Submodules are named by
-:class:`~bridge_cudagraph.parallel.layout.Submodule`
-(``"language"``, ``"vision"``), the same strings as the keys of the ``MultiModuleProcessGroupCollection``.
+:class:`~bridge_cudagraph.parallel.layout.Submodule` (``"language"``, ``"vision"``), the same strings as the keys of
+the ``MultiModuleProcessGroupCollection``.
 
 The public API is imported lazily, so ``import bridge_cudagraph`` (and the pure ``config``/``layout``/``plan``
 modules) does not pull in torch or Megatron.

@@ -155,7 +155,8 @@ def _runner(verb: str):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
+    from bridge_cudagraph.plan.from_config import plan_config
+    from bridge_cudagraph.recipe.load import load_recipe
 
     runner = None
     if args.verb in _NEEDS_GPU:
@@ -174,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
     # A plan never reads a PEFT base checkpoint; one not set or not on this machine is said, not refused (train needs
     # it).
     no_base = missing_base_checkpoint(loaded.config)
-    plan = plan_recipe(loaded, world_size=args.world_size)
+    plan = plan_config(loaded.config, world_size=loaded.world(args.world_size), base_checkpoint_needed=False)
     if args.gpu_memory is not None:
         from bridge_cudagraph.plan.memory import check_plan_fits
 

@@ -8,8 +8,8 @@ What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):
 * ``on_train_start`` (``train.py:349``, after the model is in train mode, before the loop): build the provider's
   helpers (:meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers`) from the run's
   :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan` (budgets, copies, micro-batches, warmups: nothing
-  re-derived), and
-  remember the start step: the loaded iteration on resume, so a resumed run captures again ``warmup`` steps later.
+  re-derived), and remember the start step: the loaded iteration on resume, so a resumed run captures again
+  ``warmup`` steps later.
 * ``on_train_step_start`` (``train.py:454``, after Bridge's (inert) capture block, before the step): at the first
   step with ``step - start >= warmup`` capture each submodule. With the distributed optimizer and
   ``overlap_param_gather`` the DDP forward pre-hooks are disabled around capture (as Bridge does,
@@ -316,8 +316,8 @@ class CudaGraphCallback(Callback):
     Args:
         plan: The run's capture plan, built before any process group from the config Bridge will finalize
             (:func:`bridge_cudagraph.bridge.train.run` passes it). Without one it is built at ``on_train_start`` from
-            the
-            config Bridge finalized, by the same function (:func:`bridge_cudagraph.plan.from_config.plan_finalized`).
+            the config Bridge finalized, by the same function (:func:`bridge_cudagraph.plan.from_config.plan_config`,
+            ``finalized=True``).
         helper_factory: ``(provider, model, *, plan, optimizers) -> helpers``; default
             ``provider.make_graph_helpers``. A seam for tests and for callers that build helpers themselves.
         hooks_factory: ``model -> PreHooks``; default :class:`ForwardPreHooks` (Bridge's toggles).
@@ -366,9 +366,9 @@ class CudaGraphCallback(Callback):
         cfg = context.state.cfg
         plan = self.plan
         if plan is None:
-            from bridge_cudagraph.plan.from_config import plan_finalized
+            from bridge_cudagraph.plan.from_config import plan_config
 
-            plan = self.plan = plan_finalized(cfg, world_size=_world_size())
+            plan = self.plan = plan_config(cfg, world_size=_world_size(), finalized=True)
         helpers = self._helper_factory(provider, context.model, plan=plan, optimizers=[context.optimizer])
         from bridge_cudagraph.host import step as step_host
 

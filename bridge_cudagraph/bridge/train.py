@@ -1,13 +1,13 @@
 """Train with Megatron-Bridge's own loop and the plugin's graphs: what ``bridge-cudagraph train`` runs.
 
 Nothing here replaces Bridge's loop. :func:`run` first builds the run's capture plan the way ``validate`` does
-(:func:`plan_run`: a configuration ``validate`` refuses is refused here with the same line, before any process
-group or step), then installs :mod:`bridge_cudagraph.bridge.loop`'s helper
-(:func:`~bridge_cudagraph.bridge.loop.install_bridge_helper`, so Bridge's own
-language capture stays inert), adds :class:`~bridge_cudagraph.bridge.callback.CudaGraphCallback` (which owns capture,
-hooks, counters and teardown), picks Bridge's forward step for the model family, and calls Bridge's
-``pretrain()``, or ``finetune()`` when the recipe names a pretrained checkpoint. Under ``torchrun`` every rank
-runs it; Bridge initialises ``torch.distributed`` from the environment.
+(:func:`bridge_cudagraph.plan.from_config.plan_config` on a copy: a configuration ``validate`` refuses is refused here
+with the same line, before any process group or step), then installs :mod:`bridge_cudagraph.bridge.loop`'s helper
+(:func:`~bridge_cudagraph.bridge.loop.install_bridge_helper`, so Bridge's own language capture stays inert), adds
+:class:`~bridge_cudagraph.bridge.callback.CudaGraphCallback` (which owns capture, hooks, counters and teardown), picks
+Bridge's forward step for the model family, and calls Bridge's ``pretrain()``, or ``finetune()`` when the recipe names
+a pretrained checkpoint. Under ``torchrun`` every rank runs it; Bridge initialises ``torch.distributed`` from the
+environment.
 
 How a run ends, and who deletes the graphs first (Bridge 0.6.2; the teardown GPU test runs each ending 10 times):
 
@@ -42,6 +42,7 @@ from bridge_cudagraph.bridge.callback import CudaGraphCallback
 from bridge_cudagraph.bridge.loop import install_bridge_helper
 from bridge_cudagraph.bridge.throughput import ThroughputCallback, UsefulTokenMeter, counting_forward_step
 from bridge_cudagraph.host.patches import release_graphs_if_training_raises, use_prebuilt_dataset_helpers
+from bridge_cudagraph.plan.from_config import plan_config, world_size_from_env
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import CapturePlan
@@ -58,21 +59,6 @@ def forward_step_for(model_config: Any) -> Callable:
     return forward_step
 
 
-def plan_run(config: Any, *, world_size: int | None = None) -> CapturePlan:
-    """The run's capture plan, by the path ``validate`` and ``plan`` take
-    (:func:`bridge_cudagraph.plan.from_config.plan_config`: Bridge's finalization, the run-level checks, the plan), on
-    a
-    copy of ``config``, which Bridge's ``pretrain()`` finalizes itself. Before any process group, model or GPU.
-
-    Args:
-        config: The Bridge ``ConfigContainer``, not finalized.
-        world_size: Ranks of the job; default ``WORLD_SIZE`` (set by torchrun), else 1.
-    """
-    from bridge_cudagraph.plan.from_config import plan_copy, world_size_from_env
-
-    return plan_copy(config, world_size=world_size if world_size is not None else world_size_from_env())
-
-
 def run(
     config: Any,
     *,
@@ -84,13 +70,14 @@ def run(
 
     Args:
         config: The Bridge ``ConfigContainer`` (e.g. ``load_recipe(...).config``), not finalized: Bridge does that.
-        plan: Its capture plan (:func:`plan_run`), which the callback builds the helpers from; planned here when
-            not given, so a configuration ``validate`` refuses is refused before any step either way.
+        plan: Its capture plan (``plan_config(config, world_size=..., copy=True)``), which the callback builds the
+            helpers from; planned here when not given, so a configuration ``validate`` refuses is refused before any
+            step either way.
         callbacks: More Bridge callbacks, fired after the plugin's.
         forward_step_func: Override of :func:`forward_step_for`.
     """
     if plan is None:
-        plan = plan_run(config)
+        plan = plan_config(config, world_size=world_size_from_env(), copy=True)
     from megatron.bridge.training.finetune import finetune
     from megatron.bridge.training.pretrain import pretrain
     from megatron.bridge.utils.common_utils import print_rank_0
@@ -135,13 +122,12 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
     configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
 
     The checks ``validate`` and ``plan`` leave out, being about this run or machine, are made here: a PEFT base
-    checkpoint (``checkpoint.pretrained_checkpoint``) that is not set or not on this machine, which Bridge would
-    refuse naming no setting or with the path alone (``PEFT requires a pretrained checkpoint path``,
-    ``CheckpointConfig.finalize``; the line says which setting to give and how to build one), and what its
-    installed stack cannot build (:func:`~bridge_cudagraph.plan.checks.check_stack`). ``gpu_memory``: the
-    ``--gpu-memory`` GiB the run must fit (:func:`bridge_cudagraph.plan.memory.check_plan_fits`), checked here against
-    the
-    plan's estimate like ``validate`` does.
+    checkpoint (``checkpoint.pretrained_checkpoint``) that is not set or not on this machine, which Bridge would refuse
+    naming no setting or with the path alone (``PEFT requires a pretrained checkpoint path``,
+    ``CheckpointConfig.finalize``; the line says which setting to give and how to build one), and what its installed
+    stack cannot build (:func:`~bridge_cudagraph.plan.checks.check_stack`). ``gpu_memory``: the ``--gpu-memory`` GiB
+    the run must fit (:func:`bridge_cudagraph.plan.memory.check_plan_fits`), checked here against the plan's estimate
+    like ``validate`` does.
     """
     from bridge_cudagraph.config import CudaGraphConfigError
     from bridge_cudagraph.parallel.layout import LayoutError
@@ -165,7 +151,7 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
             f"model), or build one with random weights at PATH: {build} checkpoint.pretrained_checkpoint=PATH"
         )
     try:
-        plan = plan_run(loaded.config)
+        plan = plan_config(loaded.config, world_size=world_size_from_env(), copy=True)
     except (CudaGraphConfigError, LayoutError):
         raise
     except (ValueError, AssertionError) as error:
@@ -206,7 +192,7 @@ def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> i
     YAML and command-line override applied), ``plan`` its plan from :func:`check_before_gpu`; ``args``, the parsed
     command line, brings ``--gpu-memory`` (:func:`cap_device_memory`)."""
     if plan is None:
-        plan = plan_run(loaded.config)
+        plan = plan_config(loaded.config, world_size=world_size_from_env(), copy=True)
     cap_device_memory(plan, getattr(args, "gpu_memory", None))
     run(loaded.config, plan=plan)
     return 0

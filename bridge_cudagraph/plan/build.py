@@ -1,21 +1,19 @@
 """Deciding the plan: :func:`build_plan` turns :class:`~bridge_cudagraph.plan.facts.ModelFacts` and the
 ``model.cuda_graph`` block into a :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan`, or refuses with an error
-that names the setting, shows the arithmetic and says what to change, instead of a shape error at step N.
-
-Derived budgets come from :mod:`bridge_cudagraph.plan.budgets`, the functions the capture itself uses, so the plan
-and the capture cannot disagree. The one entry point from a Bridge config is
-:func:`bridge_cudagraph.plan.from_config.plan_config`.
-"""
+that names the setting, shows the arithmetic and says what to change, instead of a shape error at step N.  Derived
+budgets come from :mod:`bridge_cudagraph.plan.budgets`, the functions the capture itself uses, so the plan and the
+capture cannot disagree. The one entry point from a Bridge config is
+:func:`bridge_cudagraph.plan.from_config.plan_config`."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.parallel.layout import (
     ParallelLayout,
+    ResolvedLayout,
     Submodule,
     VisionLayout,
     resolve_submodules,
@@ -32,8 +30,8 @@ from bridge_cudagraph.plan.budgets import (
     max_patches_per_microbatch,
 )
 from bridge_cudagraph.plan.capture_plan import CapturePlan, LanguagePlan, PackedLanguagePlan, StaticInput, VisionPlan
-from bridge_cudagraph.plan.checks import check_model, check_packed_context_parallel, check_padded, unpack_fix
-from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, VisionFacts, model_facts
+from bridge_cudagraph.plan.checks import check_model, check_packed_language, check_padded, check_sequence_split
+from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, VisionFacts
 from bridge_cudagraph.plan.memory import TrainingFacts, estimate
 from bridge_cudagraph.plan.sizes import check_positive as _check_positive
 
@@ -315,77 +313,42 @@ def offline_max_sequences(seq_length: int) -> int:
     return max(2, seq_length // 32)
 
 
-def _plan_packed(
-    cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, mbs: int, num_mb: int
-) -> PackedLanguagePlan:
-    """The packed language graphs' budgets and static shapes, or a refusal with the setting and the fix."""
-    where = "model.cuda_graph.language"
-    if packing.mode not in ("qwen3_vl_step", "offline"):
-        raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
-    offline = packing.mode == "offline"
-    unpack = unpack_fix(packing)
-    check_packed_context_parallel(facts.cp, packing)
-    if offline and mbs != 1:
-        raise CudaGraphConfigError(
-            f"train.micro_batch_size={mbs} with dataset.enable_offline_packing=true: Bridge trains offline-packed "
-            "rows one per micro-batch; set train.micro_batch_size=1"
-        )
-    if cfg.language.modules is not None:
-        raise CudaGraphConfigError(
-            f"{where}.modules={cfg.language.modules} with packed micro-batches: packed graphs capture whole layers "
-            "(the attention must see the static cu_seqlens); set modules to null"
-        )
-    if facts.num_moe_experts:
-        raise CudaGraphConfigError(
-            f"{where}.enabled=true with packed micro-batches on an MoE model ({facts.num_moe_experts} experts): "
-            f"packed graphs of MoE layers are not supported yet; {unpack}"
-        )
+def _packed_widths(facts: ModelFacts, packing: PackingFacts, mbs: int) -> tuple[int, int, int]:
+    """``(max_seqlen, max_tokens, multiple)`` of a packed micro-batch: the longest sequence, the widest packed
+    micro-batch and the step between packed widths, as the data path pads them."""
+    if packing.mode == "offline":  # packed to seq_length before training (check_offline_packing): one width
+        return facts.seq_length, facts.seq_length, facts.seq_length
+    # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple of
+    # lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
+    row = math.lcm(facts.tp, 16)
+    max_seqlen = -(-facts.seq_length // row) * row
+    return max_seqlen, mbs * max_seqlen, mbs * row
+
+
+def _packed_budgets(
+    cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, max_tokens: int, multiple: int
+) -> tuple[tuple[int, ...], bool]:
+    """The packed token budgets and whether the plan derived them (the block's are checked by
+    :func:`~bridge_cudagraph.plan.checks.check_packed_budgets`)."""
+    if cfg.language.token_budgets is not None:
+        return tuple(cfg.language.token_budgets), False
+    if packing.mode == "offline":
+        return (facts.seq_length,), True
+    if packing.fixed_width:
+        return (max_tokens,), True
+    return tuple(derive_language_budgets(max_tokens, multiple)), True
+
+
+def _packed_static_inputs(
+    facts: ModelFacts, budgets: tuple[int, ...], *, cu_length: int, separate_padded: bool
+) -> tuple[tuple[int, tuple[StaticInput, ...]], ...]:
+    """Per budget, the static inputs of a packed layer graph."""
     tp = facts.tp if facts.sequence_parallel and facts.tp > 1 else 1
-    if offline:  # the rows are packed to seq_length before training (check_offline_packing): one budget
-        if cfg.language.token_budgets is not None and tuple(cfg.language.token_budgets) != (facts.seq_length,):
-            raise CudaGraphConfigError(
-                f"{where}.token_budgets={list(cfg.language.token_budgets)} with offline packing: every packed row is "
-                f"model.seq_length = {facts.seq_length} tokens wide; set token_budgets to null (or "
-                f"[{facts.seq_length}])"
-            )
-        if facts.seq_length % tp:
-            raise CudaGraphConfigError(
-                f"model.seq_length={facts.seq_length} with offline packing and sequence parallelism over tp "
-                f"{facts.tp}: the packed row is split over the tp ranks; use a seq_length that is a multiple of {tp}"
-            )
-        max_seqlen = max_tokens = multiple = facts.seq_length
-        budgets, derived = (facts.seq_length,), cfg.language.token_budgets is None
-    else:
-        # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple
-        # of lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
-        row = math.lcm(facts.tp, 16)
-        max_seqlen = -(-facts.seq_length // row) * row
-        max_tokens = mbs * max_seqlen
-        multiple = mbs * row
-        if cfg.language.token_budgets is not None:
-            budgets = tuple(cfg.language.token_budgets)
-            derived = False
-            bad = [b for b in budgets if b % tp]
-            if bad:
-                raise CudaGraphConfigError(
-                    f"{where}.token_budgets {list(bad)} are not multiples of tp {facts.tp} (sequence parallel splits "
-                    f"the static hidden states over tp ranks): use multiples of {tp}, e.g. "
-                    f"{[-(-b // tp) * tp for b in bad]}"
-                )
-        elif packing.fixed_width:
-            budgets, derived = (max_tokens,), True
-        else:
-            budgets, derived = tuple(derive_language_budgets(max_tokens, multiple)), True
-    sequences, sequences_source = cfg.language.max_sequences, ""
-    if sequences is None:
-        sequences = offline_max_sequences(facts.seq_length) if offline else mbs
-        sequences_source = f"model.seq_length {facts.seq_length} // 32" if offline else "the micro-batch size"
-    layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
-    cu = (layout.cu_seqlens_length,)
+    cu = (cu_length,)
     # mRoPE has one rotary row per token; RoPE one per position inside a sequence (the fused THD kernel indexes it
     # by position), which the static table holds for every position up to the budget.
     rotary_note = "(mRoPE)" if facts.position_embedding_type == "mrope" else "(RoPE, by position in its sequence)"
-    inputs = tuple(
+    return tuple(
         (
             b,
             (
@@ -394,11 +357,26 @@ def _plan_packed(
                 ),
                 StaticInput("rotary_pos_emb", (b, 1, 1, facts.rotary_dim), "fp32", ("T", "", "", ""), rotary_note),
                 StaticInput("cu_seqlens", cu, "int32"),
-                *((StaticInput("cu_seqlens_padded", cu, "int32"),) if packing.separate_padded else ()),
+                *((StaticInput("cu_seqlens_padded", cu, "int32"),) if separate_padded else ()),
             ),
         )
         for b in budgets
     )
+
+
+def _plan_packed(
+    cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, mbs: int, num_mb: int
+) -> PackedLanguagePlan:
+    """The packed language graphs' budgets and static shapes, or a refusal with the setting and the fix."""
+    check_packed_language(cfg, facts, packing, mbs)
+    offline = packing.mode == "offline"
+    max_seqlen, max_tokens, multiple = _packed_widths(facts, packing, mbs)
+    budgets, derived = _packed_budgets(cfg, facts, packing, max_tokens=max_tokens, multiple=multiple)
+    sequences, sequences_source = cfg.language.max_sequences, ""
+    if sequences is None:
+        sequences = offline_max_sequences(facts.seq_length) if offline else mbs
+        sequences_source = f"model.seq_length {facts.seq_length} // 32" if offline else "the micro-batch size"
+    layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
     return PackedLanguagePlan(
         token_budgets=budgets,
         budgets_derived=derived,
@@ -408,7 +386,9 @@ def _plan_packed(
         max_seqlen=max_seqlen,
         separate_padded=packing.separate_padded,
         offline=offline,
-        static_inputs=inputs,
+        static_inputs=_packed_static_inputs(
+            facts, budgets, cu_length=layout.cu_seqlens_length, separate_padded=packing.separate_padded
+        ),
         copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
         sequences_source=sequences_source,
     )
@@ -451,88 +431,16 @@ def build_plan(
     if global_batch_size is not None:
         _check_positive("train.global_batch_size", global_batch_size)
     check_model(facts, cfg)
-    v = facts.vision
-    vision_tp = cfg.vision.tensor_parallel_size
-    resolved = resolve_submodules(
-        ParallelLayout(tp=facts.tp, cp=facts.cp, pp=facts.pp, ep=facts.ep, etp=facts.etp),
-        None
-        if v is None
-        else VisionLayout(tp=vision_tp, num_attention_heads=v.num_heads, vision_dp_when_cp=facts.vision_dp_when_cp),
-        world_size,
-    )
-    language_layout = resolved[Submodule.LANGUAGE]
-    needed_by = None
-    if cfg.language.enabled:
-        needed_by = "model.cuda_graph.language.enabled=true"
-    elif cfg.vision.enabled and facts.pp > 1:
-        needed_by = f"model.cuda_graph.vision.enabled=true with pipeline size {facts.pp} (graph copies in flight)"
-    num_mb = _derive_num_microbatches(
-        cfg, mbs=micro_batch_size, gbs=global_batch_size, dp=language_layout.dp, needed_by=needed_by
-    )
-    num_mb_source = ""
-    if num_mb is not None and cfg.num_microbatches is None:
-        num_mb_source = f"{global_batch_size} / ({micro_batch_size} x dp {language_layout.dp})"
-    (language_warmup, language_warmup_source), vision_warmup = _warmups(cfg, facts)
-
-    lang = cfg.language
-    modules = tuple(lang.modules) if lang.modules is not None else None
-    if lang.enabled:
-        split = facts.seq_length // facts.cp
-        if facts.seq_length % facts.cp or (facts.sequence_parallel and facts.tp > 1 and split % facts.tp):
-            by = facts.cp * (facts.tp if facts.sequence_parallel and facts.tp > 1 else 1)
-            raise CudaGraphConfigError(
-                f"model.seq_length {facts.seq_length} is not divisible by cp {facts.cp}"
-                + (f" x tp {facts.tp} (sequence parallel)" if by != facts.cp else "")
-                + f" = {by} ({facts.seq_length} % {by} = {facts.seq_length % by}); the static hidden_states need "
-                f"equal slices: use a multiple of {by}"
-            )
-        stages = _stage_layers(facts, "model.cuda_graph.language")
-        graphable = [[i for i, layer in enumerate(layers) if _graphable(layer, facts, modules)] for layers in stages]
-        captured = tuple(len(local) for local in graphable)
-        if not any(captured):
-            raise CudaGraphConfigError(
-                f"model.cuda_graph.language.modules={list(modules or [])} captures no layer of {facts.provider} "
-                f"({'all MoE' if facts.moe_layer_pattern and all(facts.moe_layer_pattern) else 'dense'} layers); "
-                "add 'attn' or set modules to null"
-            )
-        assert num_mb is not None  # needed_by was set
-        packed = None
-        if packing is not None:
-            packed = _plan_packed(cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb)
-            per_unit = len(packed.token_budgets) * packed.copies
-        else:
-            check_padded(cfg, facts)
-            per_unit = 1 if facts.pp == 1 else num_mb
-        unit, unit_source = _language_unit(cfg, facts)
-        merges = deepstack_merges(facts)
-        segments = tuple(
-            language_segments(len(local), merges, first_stage=stage == 0, unit=unit)
-            if unit == "deepstack"
-            else tuple((i, i + 1) for i in local)
-            for stage, local in enumerate(graphable)
-        )
-        language = LanguagePlan(
-            enabled=True,
-            modules=modules,
-            layers_per_stage=tuple(len(s) for s in stages),
-            captured_per_stage=captured,
-            graphs_per_unit=per_unit,
-            graphs_per_stage=tuple(len(units) * per_unit for units in segments),
-            static_inputs=() if packed else _language_static_inputs(facts, micro_batch_size, modules),
-            warmup_steps=language_warmup,
-            packed=packed,
-            graph_unit=unit,
-            deepstack_merges=merges,
-            segments_per_stage=segments,
-            warmup_source=language_warmup_source,
-            unit_source=unit_source,
-        )
-    else:
-        language = LanguagePlan(False, modules, (), (), 0, (), (), language_warmup)
-
+    resolved = _resolve_layouts(cfg, facts, world_size)
+    dp = resolved[Submodule.LANGUAGE].dp
+    num_mb, num_mb_source = _microbatches(cfg, facts, mbs=micro_batch_size, gbs=global_batch_size, dp=dp)
+    language_warmup, vision_warmup = _warmups(cfg, facts)
+    language = _plan_language(cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb, warmup=language_warmup)
     vision = None
-    if v is not None:
-        vision = _plan_vision(cfg, facts, v, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup, pixels=images)
+    if facts.vision is not None:
+        vision = _plan_vision(
+            cfg, facts, facts.vision, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup, pixels=images
+        )
     host_cache = cfg.any_enabled and cfg.optimizer_host_cache is not False
     fewer_waits = cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False
     plan = CapturePlan(
@@ -559,15 +467,92 @@ def build_plan(
     return dataclasses.replace(plan, memory=estimate(plan, training))
 
 
-def plan_for(provider: Any, *, world_size: int, micro_batch_size: int, num_microbatches: int) -> CapturePlan:
-    """The plan of a provider a caller builds a model from itself (a test, the benchmark), without a
-    ``ConfigContainer``: its own facts and block, with the micro-batch count the caller's schedule runs.
+def _resolve_layouts(cfg: CudaGraphConfig, facts: ModelFacts, world_size: int) -> dict[Submodule, ResolvedLayout]:
+    """The language model's layout and, for a model with an encoder, the vision encoder's, at ``world_size``."""
+    v = facts.vision
+    return resolve_submodules(
+        ParallelLayout(tp=facts.tp, cp=facts.cp, pp=facts.pp, ep=facts.ep, etp=facts.etp),
+        None
+        if v is None
+        else VisionLayout(
+            tp=cfg.vision.tensor_parallel_size,
+            num_attention_heads=v.num_heads,
+            vision_dp_when_cp=facts.vision_dp_when_cp,
+        ),
+        world_size,
+    )
 
-    A run from a recipe plans through :func:`bridge_cudagraph.plan.from_config.plan_config` instead, which also
-    finalizes
-    the config and runs the run-level checks.
-    """
-    cfg = dataclasses.replace(provider.cuda_graph, num_microbatches=num_microbatches)
-    return build_plan(
-        model_facts(provider), cfg, world_size=world_size, micro_batch_size=micro_batch_size, global_batch_size=None
+
+def _microbatches(
+    cfg: CudaGraphConfig, facts: ModelFacts, *, mbs: int, gbs: int | None, dp: int
+) -> tuple[int | None, str]:
+    """Micro-batches per step and, when derived, how: needed by language graphs (their capture schedule) and by
+    vision graphs under a pipeline (their copies in flight)."""
+    needed_by = None
+    if cfg.language.enabled:
+        needed_by = "model.cuda_graph.language.enabled=true"
+    elif cfg.vision.enabled and facts.pp > 1:
+        needed_by = f"model.cuda_graph.vision.enabled=true with pipeline size {facts.pp} (graph copies in flight)"
+    num_mb = _derive_num_microbatches(cfg, mbs=mbs, gbs=gbs, dp=dp, needed_by=needed_by)
+    if num_mb is not None and cfg.num_microbatches is None:
+        return num_mb, f"{gbs} / ({mbs} x dp {dp})"
+    return num_mb, ""
+
+
+def _plan_language(
+    cfg: CudaGraphConfig,
+    facts: ModelFacts,
+    packing: PackingFacts | None,
+    *,
+    mbs: int,
+    num_mb: int | None,
+    warmup: tuple[int, str],
+) -> LanguagePlan:
+    """The language graphs: which layers each stage captures, in which runs, with which static inputs."""
+    lang = cfg.language
+    modules = tuple(lang.modules) if lang.modules is not None else None
+    steps, source = warmup
+    if not lang.enabled:
+        return LanguagePlan(False, modules, (), (), 0, (), (), steps)
+    check_sequence_split(facts)
+    stages = _stage_layers(facts, "model.cuda_graph.language")
+    graphable = [[i for i, layer in enumerate(layers) if _graphable(layer, facts, modules)] for layers in stages]
+    captured = tuple(len(local) for local in graphable)
+    if not any(captured):
+        raise CudaGraphConfigError(
+            f"model.cuda_graph.language.modules={list(modules or [])} captures no layer of {facts.provider} "
+            f"({'all MoE' if facts.moe_layer_pattern and all(facts.moe_layer_pattern) else 'dense'} layers); "
+            "add 'attn' or set modules to null"
+        )
+    assert num_mb is not None  # language graphs need it (_microbatches)
+    packed = None
+    if packing is not None:
+        packed = _plan_packed(cfg, facts, packing, mbs=mbs, num_mb=num_mb)
+        per_unit = len(packed.token_budgets) * packed.copies
+    else:
+        check_padded(cfg, facts)
+        per_unit = 1 if facts.pp == 1 else num_mb
+    unit, unit_source = _language_unit(cfg, facts)
+    merges = deepstack_merges(facts)
+    segments = tuple(
+        language_segments(len(local), merges, first_stage=stage == 0, unit=unit)
+        if unit == "deepstack"
+        else tuple((i, i + 1) for i in local)
+        for stage, local in enumerate(graphable)
+    )
+    return LanguagePlan(
+        enabled=True,
+        modules=modules,
+        layers_per_stage=tuple(len(s) for s in stages),
+        captured_per_stage=captured,
+        graphs_per_unit=per_unit,
+        graphs_per_stage=tuple(len(units) * per_unit for units in segments),
+        static_inputs=() if packed else _language_static_inputs(facts, mbs, modules),
+        warmup_steps=steps,
+        packed=packed,
+        graph_unit=unit,
+        deepstack_merges=merges,
+        segments_per_stage=segments,
+        warmup_source=source,
+        unit_source=unit_source,
     )

@@ -1,6 +1,5 @@
 """What will be captured: the frozen :class:`CapturePlan` and its parts, derived purely from plain numbers.
-
-:mod:`bridge_cudagraph.config` holds what the user *asked for* (mutable, because Bridge's overrides ``setattr`` into
+ :mod:`bridge_cudagraph.config` holds what the user *asked for* (mutable, because Bridge's overrides ``setattr`` into
 it); the plan holds what will actually be *done*: the process-group layouts of the language model and the vision
 encoder, how many layers each pipeline stage captures, how many graphs that makes, the static input shapes of every
 graph and the token budgets. Immutable, so the CLI, the capture code and the tests read the same decisions.

@@ -243,10 +243,9 @@ def check_can_train_with_graphs(config: Any) -> None:
 # --------------------------------------------------------------------------- before Bridge's own finalization
 def check_before_bridge(config: Any) -> None:
     """What Bridge's ``ConfigContainer.validate`` (Bridge 0.6.2 ``training/config.py``) would refuse with a line that
-    names no setting, and what this plugin refuses anyway, checked on the config as the user wrote it, before
-    Bridge's ``runtime_config_update`` runs (:func:`bridge_cudagraph.plan.from_config.finalize_config`), so that the
-    first
-    line a user reads names the setting and the fix. In Bridge's order, with this plugin's own refusal of context
+    names no setting, and what this plugin refuses anyway, checked on the config as the user wrote it, before Bridge's
+    ``runtime_config_update`` runs (:func:`bridge_cudagraph.plan.from_config.finalize_config`), so that the first line
+    a user reads names the setting and the fix. In Bridge's order, with this plugin's own refusal of context
     parallelism under packed graphs first (Bridge's lines about it would come first, and following them leads to it):
 
     * ``model.seq_length`` past the positions the model was trained for (accepted by Bridge; nothing in the stack
@@ -449,3 +448,71 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
         )
     if v is not None:
         check_vision_heads(cfg.vision.tensor_parallel_size, v.num_heads)
+
+
+def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, mbs: int) -> None:
+    """What packed language graphs cannot replay, refused with the setting and the fix: a packing path they do not
+    know, context parallelism, offline rows more than one per micro-batch, partial layers, MoE layers, and token
+    budgets the data path cannot produce or the tensor-parallel split cannot cut."""
+    where = "model.cuda_graph.language"
+    if packing.mode not in ("qwen3_vl_step", "offline"):
+        raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
+    offline = packing.mode == "offline"
+    check_packed_context_parallel(facts.cp, packing)
+    if offline and mbs != 1:
+        raise CudaGraphConfigError(
+            f"train.micro_batch_size={mbs} with dataset.enable_offline_packing=true: Bridge trains offline-packed "
+            "rows one per micro-batch; set train.micro_batch_size=1"
+        )
+    if cfg.language.modules is not None:
+        raise CudaGraphConfigError(
+            f"{where}.modules={cfg.language.modules} with packed micro-batches: packed graphs capture whole layers "
+            "(the attention must see the static cu_seqlens); set modules to null"
+        )
+    if facts.num_moe_experts:
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with packed micro-batches on an MoE model ({facts.num_moe_experts} experts): "
+            f"packed graphs of MoE layers are not supported yet; {unpack_fix(packing)}"
+        )
+    check_packed_budgets(cfg, facts, packing)
+
+
+def check_packed_budgets(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> None:
+    """The block's packed token budgets: offline rows are all ``seq_length`` wide (one budget), and sequence
+    parallelism cuts every packed width into tp equal slices."""
+    where = "model.cuda_graph.language"
+    tp = facts.tp if facts.sequence_parallel and facts.tp > 1 else 1
+    if packing.mode == "offline":
+        if cfg.language.token_budgets is not None and tuple(cfg.language.token_budgets) != (facts.seq_length,):
+            raise CudaGraphConfigError(
+                f"{where}.token_budgets={list(cfg.language.token_budgets)} with offline packing: every packed row is "
+                f"model.seq_length = {facts.seq_length} tokens wide; set token_budgets to null (or "
+                f"[{facts.seq_length}])"
+            )
+        if facts.seq_length % tp:
+            raise CudaGraphConfigError(
+                f"model.seq_length={facts.seq_length} with offline packing and sequence parallelism over tp "
+                f"{facts.tp}: the packed row is split over the tp ranks; use a seq_length that is a multiple of {tp}"
+            )
+        return
+    bad = [b for b in cfg.language.token_budgets or () if b % tp]
+    if bad:
+        raise CudaGraphConfigError(
+            f"{where}.token_budgets {list(bad)} are not multiples of tp {facts.tp} (sequence parallel splits "
+            f"the static hidden states over tp ranks): use multiples of {tp}, e.g. "
+            f"{[-(-b // tp) * tp for b in bad]}"
+        )
+
+
+def check_sequence_split(facts: ModelFacts) -> None:
+    """The static hidden states of a language graph need equal slices of ``seq_length`` over the context-parallel
+    ranks, and over the tensor-parallel ranks too under sequence parallelism."""
+    split = facts.seq_length // facts.cp
+    if facts.seq_length % facts.cp or (facts.sequence_parallel and facts.tp > 1 and split % facts.tp):
+        by = facts.cp * (facts.tp if facts.sequence_parallel and facts.tp > 1 else 1)
+        raise CudaGraphConfigError(
+            f"model.seq_length {facts.seq_length} is not divisible by cp {facts.cp}"
+            + (f" x tp {facts.tp} (sequence parallel)" if by != facts.cp else "")
+            + f" = {by} ({facts.seq_length} % {by} = {facts.seq_length % by}); the static hidden states need "
+            f"equal slices: use a multiple of {by}"
+        )

@@ -1,10 +1,8 @@
 """What a provider and a Bridge config say, as plain numbers: the inputs of the plan.
-
-:class:`ModelFacts` (read off a provider by :func:`model_facts`), :class:`PackingFacts` (how the data path packs,
-:func:`packing_facts`) and :class:`ImageFacts` (what the data path allows an image, :func:`image_facts`). Reading
-them is the only place the plan touches Bridge objects; everything downstream is pure arithmetic, so the CLI
-plans 64 GPUs on a laptop and the unit tests cover it with plain integers.
-"""
+ :class:`ModelFacts` (read off a provider by :func:`model_facts`), :class:`PackingFacts` (how the data path packs,
+:func:`packing_facts`) and :class:`ImageFacts` (what the data path allows an image, :func:`image_facts`). Reading them
+is the only place the plan touches Bridge objects; everything downstream is pure arithmetic, so the CLI plans 64 GPUs
+on a laptop and the unit tests cover it with plain integers."""
 
 from __future__ import annotations
 
@@ -276,11 +274,10 @@ class PackingFacts:
 
     Attributes:
         mode: ``qwen3_vl_step``: Bridge's Qwen3-VL step packs each micro-batch (``enable_in_batch_packing`` with
-            ``defer_in_batch_packing_to_step``): one THD segment per sample, rows padded to the batch's longest,
-            and a ``cu_seqlens_q_padded`` of its own.
-            ``offline``: GPT SFT offline packing (``enable_offline_packing``, Bridge's ``GPTSFTPackedDataset``): rows
-            of ``seq_length`` tokens packed before training, micro-batch 1, static boundaries with
-            ``pad_cu_seqlens`` (:func:`bridge_cudagraph.plan.checks.check_offline_packing`).
+            ``defer_in_batch_packing_to_step``): one THD segment per sample, rows padded to the batch's longest, and a
+            ``cu_seqlens_q_padded`` of its own. ``offline``: GPT SFT offline packing (``enable_offline_packing``,
+            Bridge's ``GPTSFTPackedDataset``): rows of ``seq_length`` tokens packed before training, micro-batch 1,
+            static boundaries with ``pad_cu_seqlens`` (:func:`bridge_cudagraph.plan.checks.check_offline_packing`).
         fixed_width: Every micro-batch is ``seq_length`` wide (the Qwen3-VL step pads to it with pp > 1 or ep > 1;
             offline-packed rows always are): one budget.
         separate_padded: The batch carries a ``cu_seqlens_q_padded`` of its own (the Qwen3-VL step always; offline

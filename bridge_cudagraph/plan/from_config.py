@@ -8,14 +8,14 @@ refuses, the others refuse with the same line, and what ``plan`` prints is what 
    and what Bridge would refuse with a line that names no setting
    (:func:`~bridge_cudagraph.plan.checks.check_before_bridge`); then Bridge's own ``runtime_config_update`` at the
    run's world size (mixed precision, data-parallel size, ``ConfigContainer.validate``, which calls the provider's
-   ``finalize()`` and so the mixin's checks); Bridge reads the world size from ``WORLD_SIZE`` and exports the
-   recipe's ``env_vars``: both are restored afterwards;
+   ``finalize()`` and so the mixin's checks); Bridge reads the world size from ``WORLD_SIZE`` and exports the recipe's
+   ``env_vars``: both are restored afterwards;
 2. the run-level checks of :func:`bridge_cudagraph.plan.checks.check_run` (data loader, packing, padding);
 3. :func:`~bridge_cudagraph.plan.build.build_plan` on the finalized model, with what the data path packs and the most
    pixels it gives one image (:func:`~bridge_cudagraph.plan.facts.image_facts`).
 
 No process group, model or GPU is touched: this runs on a laptop for 64 GPUs, and in ``train`` before the CUDA check.
-``train`` plans a deep copy (:func:`plan_copy`) and hands Bridge the untouched config, which ``pretrain()``
+``train`` plans a deep copy (``copy=True``) and hands Bridge the untouched config, which ``pretrain()``
 finalizes once itself, the same way; the callback then checks the model it built against the plan.
 
 Two of Bridge's checks are about the run, not its plan: a PEFT recipe names a base checkpoint
@@ -32,7 +32,7 @@ APEX) is refused by ``train`` and the random base builder, which build here, not
 from __future__ import annotations
 
 import contextlib
-import copy
+import copy as _copy
 import os
 import tempfile
 from collections.abc import Iterator
@@ -47,8 +47,6 @@ __all__ = [
     "finalize_config",
     "missing_base_checkpoint",
     "plan_config",
-    "plan_copy",
-    "plan_finalized",
     "world_size_from_env",
 ]
 
@@ -59,8 +57,8 @@ def world_size_from_env(environ: dict[str, str] | None = None) -> int:
     return int(env.get("WORLD_SIZE", "1") or 1)
 
 
-def plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
-    """The run-level checks and the plan of a config Bridge has already finalized (steps 2 and 3)."""
+def _plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
+    """Steps 2 and 3: the run-level checks and the plan of a finalized config."""
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.checks import check_run
     from bridge_cudagraph.plan.facts import image_facts, model_facts
@@ -153,9 +151,11 @@ def finalize_config(config: Any, *, world_size: int, base_checkpoint_needed: boo
     """
     from megatron.bridge.training.config import runtime_config_update
 
+    from bridge_cudagraph.host.compat import check_proven_stack
     from bridge_cudagraph.plan.checks import check_before_bridge
     from bridge_cudagraph.plan.sizes import check_sizes
 
+    check_proven_stack()  # before anything of the host runs on the config
     check_sizes(config, world_size)  # before Bridge's runtime_config_update divides by them
     check_before_bridge(config)  # before Bridge's own lines, which name no setting
     saved = dict(os.environ)
@@ -168,22 +168,30 @@ def finalize_config(config: Any, *, world_size: int, base_checkpoint_needed: boo
         os.environ.update(saved)
 
 
-def plan_config(config: Any, *, world_size: int, base_checkpoint_needed: bool = True) -> CapturePlan:
-    """Finalize ``config`` in place as Bridge's training does at ``world_size`` ranks, check it and plan it.
+def plan_config(
+    config: Any,
+    *,
+    world_size: int,
+    copy: bool = False,
+    finalized: bool = False,
+    base_checkpoint_needed: bool = True,
+) -> CapturePlan:
+    """The one way to a plan from a Bridge ``ConfigContainer``, for every verb, the callback and the benchmark.
 
     Args:
         config: The Bridge ``ConfigContainer``.
         world_size: Ranks of the run.
+        copy: Plan a deep copy and leave ``config`` as it was (``train``: Bridge's ``pretrain()`` finalizes it).
+        finalized: Bridge has finalized ``config`` already (the callback, inside ``pretrain()``): steps 2 and 3
+            only, on the config as it is.
         base_checkpoint_needed: See :func:`finalize_config`; ``validate`` and ``plan`` pass False.
 
     Raises:
         CudaGraphConfigError, LayoutError: The plugin refuses the configuration (one line: setting and fix).
         ValueError, AssertionError: Bridge or Megatron-Core refuse it.
     """
-    finalize_config(config, world_size=world_size, base_checkpoint_needed=base_checkpoint_needed)
-    return plan_finalized(config, world_size=world_size)
-
-
-def plan_copy(config: Any, *, world_size: int) -> CapturePlan:
-    """:func:`plan_config` on a deep copy: ``config`` stays as it was, for Bridge's ``pretrain()`` to finalize."""
-    return plan_config(copy.deepcopy(config), world_size=world_size)
+    if copy:
+        config = _copy.deepcopy(config)
+    if not finalized:
+        finalize_config(config, world_size=world_size, base_checkpoint_needed=base_checkpoint_needed)
+    return _plan_finalized(config, world_size=world_size)

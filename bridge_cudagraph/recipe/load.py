@@ -47,7 +47,6 @@ from bridge_cudagraph.recipe.strict import UnknownKeyError, suggest, unknown_key
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
-    from bridge_cudagraph.plan.capture_plan import CapturePlan
 
 __all__ = [
     "META_KEYS",
@@ -58,7 +57,6 @@ __all__ = [
     "hf_repo_id",
     "load_recipe",
     "offline_hf_config",
-    "plan_recipe",
     "resolve_recipe_function",
 ]
 
@@ -93,6 +91,17 @@ class LoadedRecipe:
     description: str
     recipe: str
     overrides: tuple[str, ...] = ()
+
+    def world(self, world_size: int | None = None) -> int:
+        """The ranks to plan for: ``world_size`` when given (``--world-size``), else the file's ``world_size:``.
+
+        Raises:
+            RecipeError: Neither gives one.
+        """
+        world = world_size if world_size is not None else self.world_size
+        if world is None:
+            raise RecipeError(f"{self.source} sets no world_size; pass --world-size N")
+        return world
 
 
 # --------------------------------------------------------------------------------------- entry point
@@ -606,37 +615,3 @@ def _apply_through_bridge(cfg: Any, yaml_sections: dict[str, Any], overrides: li
     block = cuda_graph_config_from_dict(final["model"]["cuda_graph"], "model.cuda_graph")
     apply_overrides(cfg, final, excluded)
     cfg.model.cuda_graph = block
-
-
-# ------------------------------------------------------------------------------------------ planning
-def plan_recipe(
-    loaded: LoadedRecipe, *, world_size: int | None = None, base_checkpoint_needed: bool = False
-) -> CapturePlan:
-    """Finalize a loaded recipe the way Bridge's training does, at ``world_size`` GPUs, and plan its graphs.
-
-    The path of every verb (:func:`bridge_cudagraph.plan.from_config.plan_config`): Bridge's ``runtime_config_update``,
-    the run-level checks of :mod:`bridge_cudagraph.plan.checks`, then :func:`~bridge_cudagraph.plan.build.build_plan`.
-    The environment is left as it was; the config is finalized in place.
-
-    Args:
-        loaded: From :func:`load_recipe`.
-        world_size: GPUs to plan for; defaults to the recipe file's ``world_size``.
-        base_checkpoint_needed: Whether a PEFT base checkpoint (``checkpoint.pretrained_checkpoint``) that is not
-            set or not on this machine stops the plan, as it stops Bridge's training. False (``validate`` and
-            ``plan``): a plan never reads it (:func:`bridge_cudagraph.plan.from_config.missing_base_checkpoint` says
-            which);
-            ``train`` keeps Bridge's check.
-
-    Returns:
-        The capture plan.
-
-    Raises:
-        RecipeError: No world size given anywhere.
-        ValueError, AssertionError: Bridge, Megatron-Core or the plan refuse the configuration.
-    """
-    from bridge_cudagraph.plan.from_config import plan_config
-
-    world = world_size if world_size is not None else loaded.world_size
-    if world is None:
-        raise RecipeError(f"{loaded.source} sets no world_size; pass --world-size N")
-    return plan_config(loaded.config, world_size=world, base_checkpoint_needed=base_checkpoint_needed)

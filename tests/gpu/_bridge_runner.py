@@ -9,12 +9,12 @@ its globals once per process::
         [--end normal|exception|signal --end-at 6] [--no-eval] [--recipe recipes/OTHER.yaml]
 
 It loads ``recipes/tiny_qwen3_vl.yaml`` (or the ``--recipe`` file) with
-:func:`bridge_cudagraph.recipe.load.load_recipe`
-(``--graphs off`` adds the overrides that disable both submodules) and trains through
-:func:`bridge_cudagraph.bridge.train.run`, as the CLI's ``train`` verb does. It rewrites ``--out`` (JSON) after every
-training step, so a crash still leaves what ran: its pid, per-iteration loss, step time and wall-clock time,
-evaluation losses, what the ``CudaGraphCallback`` captured, the initial weights' fingerprint, when training ended
-(the test times the exit from there) and whether ``parallel_state`` was touched. A ``finally`` around ``run()``
+:func:`bridge_cudagraph.recipe.load.load_recipe` (``--graphs off`` adds the overrides that disable both submodules) and
+trains through :func:`bridge_cudagraph.bridge.train.run`, as the CLI's ``train`` verb does. It rewrites ``--out``
+(JSON) after every training step, so a crash still leaves what ran: its pid, per-iteration loss, step time and
+wall-clock time, evaluation losses, what the ``CudaGraphCallback`` captured, the initial weights' fingerprint, when
+training ended (the test times the exit from there) and whether ``parallel_state`` was touched. A ``finally`` around
+``run()``
 writes the last word: how ``run()`` ended (``outcome``), the graphs' final phases and the callback's ``releases``
 (who deleted the graphs, and whether the process groups were still up then).
 

@@ -22,8 +22,8 @@ from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.examples.data import qwen3_vl_batch
 from bridge_cudagraph.parallel.groups import build_collections, destroy_collections
 from bridge_cudagraph.parallel.layout import ParallelLayout, VisionLayout
-from bridge_cudagraph.plan.build import plan_for
 from bridge_cudagraph.testing.parity import capture_problems, compare_series, megatron_optimizer, train_steps
+from bridge_cudagraph.testing.plans import plan_for
 from bridge_cudagraph.testing.world import close_world, init_world, parallel_state_untouched, seed_rng
 
 SEQ, MBS, STEPS = 256, 2, 30

@@ -17,9 +17,9 @@ Four cases, per-token loss and every parameter gradient compared with ``torch.eq
     model with TE's fusion on in the same modules.
 
 Parameter names: the plugin rebuilds Qwen3-VL's vision encoder under its own groups
-(``vision_encoder.rebuild_vision_encoder``) with the same module tree, so its state-dict keys and parameter names are
-Bridge's (``test_vision_capture.test_upstream_vision_graph_path_changes_the_numbers`` loads one into the other with
-``strict=True``). No mapping is applied: the test asserts the name sets are equal and compares every gradient by
+(``host.encoder_swap.rebuild_vision_encoder``) with the same module tree, so its state-dict keys and parameter names
+are Bridge's (``test_vision_capture.test_upstream_vision_graph_path_changes_the_numbers`` loads one into the other
+with ``strict=True``). No mapping is applied: the test asserts the name sets are equal and compares every gradient by
 name, language and vision alike; a renamed parameter fails here with the names that differ.
 
 Determinism: without ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` Bridge's own backward is not deterministic (layer-norm
@@ -159,7 +159,7 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
     _require_deterministic(bridge)
     _require_deterministic(plugin)
     batches = _batches(kind)
-    from bridge_cudagraph.plan.build import plan_for
+    from bridge_cudagraph.testing.plans import plan_for
 
     plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
     helper = provider.make_language_graph_helper(plugin, plan=plan)
@@ -179,13 +179,13 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
 def test_fused_weight_gradients_match_bridge_bit_for_bit(world, record, kind):
     """``gradient_accumulation_fusion=true`` without APEX (:mod:`bridge_cudagraph.host.wgrad_fusion`), language graphs
-    on,
-    against Bridge's unmodified provider with TE's fusion on in the same modules: what Bridge's own config gives its TE
-    layers where APEX lets it build (it cannot here: megatron-core's output layer needs APEX). Every gradient is read
-    from ``main_grad``, where the fused GEMMs wrote it; the fused modules are counted and must be marked as added."""
+    on, against Bridge's unmodified provider with TE's fusion on in the same modules: what Bridge's own config gives
+    its TE layers where APEX lets it build (it cannot here: megatron-core's output layer needs APEX). Every gradient is
+    read from ``main_grad``, where the fused GEMMs wrote it; the fused modules are counted and must be marked as added.
+    """
     from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
-    from bridge_cudagraph.plan.build import plan_for
     from bridge_cudagraph.testing.parity import assert_captured
+    from bridge_cudagraph.testing.plans import plan_for
 
     bridge = _bridge_model(kind, world, fused=True)
     fused_in_bridge = te_modules_fusing(bridge[0])
@@ -233,7 +233,7 @@ def _replaying_vision_graphs(provider, plugin, plan, record, case: str):
 
 
 def test_vision_graphs_match_bridge_bit_for_bit(world, record):
-    from bridge_cudagraph.plan.build import plan_for
+    from bridge_cudagraph.testing.plans import plan_for
 
     bridge = _bridge_model("qwen3_vl", world)
     provider, plugin = _plugin_model("qwen3_vl", world, _cfg(False, True), bridge)
@@ -259,8 +259,8 @@ def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
     took the host copy, every one with images the row merge; a forward and backward with images waits less often than
     Bridge's (both counted and recorded)."""
     from bridge_cudagraph.host import forward as forward_host
-    from bridge_cudagraph.plan.build import plan_for
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
+    from bridge_cudagraph.testing.plans import plan_for
 
     bridge = _bridge_model("qwen3_vl", world)
     provider, plugin = _plugin_model("qwen3_vl", world, _cfg(language, False), bridge)

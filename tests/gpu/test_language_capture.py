@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge_cudagraph.plan.build import plan_for
+from bridge_cudagraph.testing.plans import plan_for
 
 pytestmark = pytest.mark.gpu
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import _optimizer_runs as opt_runs
 import pytest
 
-from bridge_cudagraph.plan.build import plan_for
+from bridge_cudagraph.testing.plans import plan_for
 
 pytestmark = pytest.mark.gpu
 

@@ -17,7 +17,7 @@ import _optimizer_runs as opt_runs
 import pytest
 import torch
 
-from bridge_cudagraph.plan.build import plan_for
+from bridge_cudagraph.testing.plans import plan_for
 
 pytestmark = pytest.mark.gpu
 

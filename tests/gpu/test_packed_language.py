@@ -70,8 +70,7 @@ def _packed_batch(rows, *, seed: int, pg_collection, seq: int = SEQ) -> dict:
 def _models(world, seq: int = SEQ, fused: bool = False):
     """The graphed plugin model, the plugin's graphs-off twin and Bridge's unmodified model, with the same weights;
     ``fused``: ``gradient_accumulation_fusion=true`` (:mod:`bridge_cudagraph.host.wgrad_fusion`) on the plugin's, and
-    TE's
-    fusion on in the same modules of Bridge's (which cannot build the setting itself without APEX)."""
+    TE's fusion on in the same modules of Bridge's (which cannot build the setting itself without APEX)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.host.wgrad_fusion import fuse_te_modules, te_modules_fusing
@@ -390,13 +389,13 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.examples.gpt_packed import packed_microbatches
     from bridge_cudagraph.plan.budgets import PackedLayout
-    from bridge_cudagraph.plan.from_config import plan_finalized
+    from bridge_cudagraph.plan.from_config import plan_config
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
     from bridge_cudagraph.testing.step_batch import gpt_step_inputs
 
     mult = f"dataset.offline_packing_specs.pad_seq_to_mult={pad_seq_to_mult}"
     cfg = _gpt_config(mult)
-    plan = plan_finalized(cfg, world_size=1)
+    plan = plan_config(cfg, world_size=1, finalized=True)
     packed = plan.language.packed
     assert packed is not None and packed.offline and packed.token_budgets == (cfg.model.seq_length,)
     assert packed.separate_padded == (pad_seq_to_mult > 1)

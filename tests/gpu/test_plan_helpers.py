@@ -14,10 +14,11 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny_qwen3_vl.yaml"
 
 def test_helpers_built_from_the_tiny_recipes_plan_hold_its_values(world):
     from bridge_cudagraph.examples import tiny
-    from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
+    from bridge_cudagraph.plan.from_config import plan_config
+    from bridge_cudagraph.recipe.load import load_recipe
 
     loaded = load_recipe(RECIPE)
-    plan = plan_recipe(loaded, world_size=1)
+    plan = plan_config(loaded.config, world_size=loaded.world(1), base_checkpoint_needed=False)
     provider = loaded.config.model
     model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     language, vision = provider.make_graph_helpers(model, plan=plan)

@@ -17,18 +17,16 @@ iterations, no evaluation. Ten runs at a time share the GPU (30 in all, at most 
   runner) and torchrun, itself signalled, exits 1 with ``SignalException`` once its worker is gone, without having
   to SIGKILL it (torchrun does after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, 90 s here; see ``SHUTDOWN_TIMEOUT_S``).
 
-Every run must: reach its end; exit within 60 s of it; exit as expected above; leave no worker process behind; not
-be SIGKILLed by torchrun at all (torch 2.11's torchrun allows 30 s after SIGTERM whatever the environment says; a
-SIGKILL after the worker's last record, in interpreter shutdown, is also counted in
-``sigkilled_after_last_record``); and
-show, in the runner's last JSON (written in a ``finally`` around ``bridge_cudagraph.bridge.train.run`` after Bridge's
-own
-teardown), the language (and vision) graphs captured at step 3 and every captured slot in ``Phase.DELETED``, the
-first release that deleted graphs having run while ``torch.distributed`` was still initialised. A run that hangs
-is killed (torchrun's session and its worker's) 80 s after its end, or 200 s after launch if it never gets there,
-and fails with its log tail. About six minutes on an H200 (339 s in run 25: three waves of ten start-ups; one wave with
-``BRIDGE_CUDAGRAPH_TEARDOWN_ENDINGS=signal``, for example). With
-``BRIDGE_CUDAGRAPH_LOGS=DIR`` every run's JSON and log are copied to ``DIR/teardown/``.
+Every run must: reach its end; exit within 60 s of it; exit as expected above; leave no worker process behind; not be
+SIGKILLed by torchrun at all (torch 2.11's torchrun allows 30 s after SIGTERM whatever the environment says; a SIGKILL
+after the worker's last record, in interpreter shutdown, is also counted in ``sigkilled_after_last_record``); and show,
+in the runner's last JSON (written in a ``finally`` around ``bridge_cudagraph.bridge.train.run`` after Bridge's own
+teardown), the language (and vision) graphs captured at step 3 and every captured slot in ``Phase.DELETED``, the first
+release that deleted graphs having run while ``torch.distributed`` was still initialised. A run that hangs is killed
+(torchrun's session and its worker's) 80 s after its end, or 200 s after launch if it never gets there, and fails with
+its log tail. About six minutes on an H200 (339 s in run 25: three waves of ten start-ups; one wave with
+``BRIDGE_CUDAGRAPH_TEARDOWN_ENDINGS=signal``, for example). With ``BRIDGE_CUDAGRAPH_LOGS=DIR`` every run's JSON and log
+are copied to ``DIR/teardown/``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import os
 
 import pytest
 
-from bridge_cudagraph.plan.build import plan_for
+from bridge_cudagraph.testing.plans import plan_for
 
 pytestmark = [
     pytest.mark.gpu,

@@ -591,14 +591,15 @@ def test_the_cli_refuses(verb, name, argv, fragments, capsys, monkeypatch, recor
 
 def test_a_refused_size_leaves_the_config_as_it_was(monkeypatch):
     """The early size check reads the loaded config and changes nothing (Bridge's finalization never starts)."""
-    from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
+    from bridge_cudagraph.plan.from_config import plan_config
+    from bridge_cudagraph.recipe.load import load_recipe
 
     monkeypatch.chdir(ROOT)
     loaded = load_recipe(TINY, ["train.micro_batch_size=0"])
     sections = [f.name for f in dataclasses.fields(loaded.config)]
     before = {name: repr(getattr(loaded.config, name)) for name in sections}
     with pytest.raises(CudaGraphConfigError, match=r"train\.micro_batch_size"):
-        plan_recipe(loaded, world_size=1)
+        plan_config(loaded.config, world_size=loaded.world(1), base_checkpoint_needed=False)
     assert {name: repr(getattr(loaded.config, name)) for name in sections} == before
 
 

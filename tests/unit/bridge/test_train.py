@@ -14,7 +14,7 @@ from bridge_cudagraph.bridge.callback import CudaGraphCallback
 from bridge_cudagraph.bridge.throughput import ThroughputCallback
 from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.host import patches as host_patches
-from bridge_cudagraph.plan.build import plan_for
+from bridge_cudagraph.testing.plans import plan_for
 
 PRETRAIN = "megatron.bridge.training.pretrain"
 

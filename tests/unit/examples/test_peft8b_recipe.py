@@ -14,7 +14,8 @@ import pytest
 from _processes import awaited
 
 from bridge_cudagraph.examples.peft8b_recipe import BRIDGE_RECIPE, random_base_dir
-from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
+from bridge_cudagraph.plan.from_config import plan_config
+from bridge_cudagraph.recipe.load import load_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
 YAML = ROOT / "recipes" / "qwen3_vl_8b_peft_photos_graphs.yaml"
@@ -175,7 +176,7 @@ def test_it_plans_the_packed_graphs_on_one_gpu(loaded):
     3) x the data path's 9 packed widths, 4 vision graphs per budget (cut after the deepstack layers 8, 16, 24), 16
     micro-batches per step, capture after Bridge's 3 warm-up steps; the base checkpoint's path is kept."""
     cfg = dataclasses.replace(loaded, config=copy.deepcopy(loaded.config))
-    plan = plan_recipe(cfg)
+    plan = plan_config(cfg.config, world_size=cfg.world(), base_checkpoint_needed=False)
     packed = plan.language.packed
     assert packed is not None and packed.token_budgets == LANGUAGE_BUDGETS and not packed.budgets_derived
     assert (packed.max_sequences, packed.max_seqlen, packed.copies) == (2, 4096, 1)
@@ -193,7 +194,7 @@ def test_the_base_checkpoint_is_needed_by_train_not_by_the_plan(loaded):
     """Bridge's own check of the base checkpoint stays in force for a run (``base_checkpoint_needed=True``)."""
     run = dataclasses.replace(loaded, config=copy.deepcopy(loaded.config))
     with pytest.raises(AssertionError, match="does not exist"):
-        plan_recipe(run, base_checkpoint_needed=True)
+        plan_config(run.config, world_size=run.world(), base_checkpoint_needed=True)
 
 
 def test_validate_needs_no_arguments(cli):

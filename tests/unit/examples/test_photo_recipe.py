@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
+from bridge_cudagraph.plan.from_config import plan_config
+from bridge_cudagraph.recipe.load import load_recipe
 
 YAML = Path(__file__).resolve().parents[3] / "recipes" / "tiny_qwen3_vl_photos.yaml"
 
@@ -20,7 +21,7 @@ def test_recipe_packs_as_bridges_qwen3_vl_recipes_and_plans(tmp_path, monkeypatc
     assert Path(cfg.dataset.hf_processor_path, "tokenizer.json").is_file()
     assert cfg.tokenizer.tokenizer_type == "NullTokenizer" and cfg.train.micro_batch_size == 2
     assert cfg.model.seq_length == cfg.dataset.seq_length == 2048
-    plan = plan_recipe(loaded)
+    plan = plan_config(loaded.config, world_size=loaded.world(), base_checkpoint_needed=False)
     packed = plan.language.packed
     assert packed is not None and packed.token_budgets[-1] == 2 * 2048 and packed.max_sequences == 2
     assert packed.separate_padded and packed.copies == 1
@@ -40,6 +41,6 @@ def test_the_moe_recipe_pads_and_plans_the_router_and_preprocess_graphs(tmp_path
     assert cfg.dist.use_decentralized_pg and cfg.logger.log_interval == 1
     assert not cfg.dataset.enable_in_batch_packing and cfg.dataset.pad_to_max_length
     assert cfg.dataset.source.schema_adapter == "cord_v2" and cfg.model.seq_length == cfg.dataset.seq_length == 2048
-    plan = plan_recipe(loaded)
+    plan = plan_config(loaded.config, world_size=loaded.world(), base_checkpoint_needed=False)
     assert plan.language.packed is None and plan.language.modules == ("attn", "moe_router", "moe_preprocess")
     assert plan.vision is not None and plan.vision.token_budgets == (1024, 2048, 4096, 8192)

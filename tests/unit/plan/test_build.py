@@ -576,7 +576,10 @@ class TestDescribe:
 
 def test_planning_imports_no_torch():
     """``plan`` (with ``layout``, ``budgets`` and ``config``) is pure: it imports neither torch nor Megatron."""
-    code = "import sys, bridge_cudagraph.plan.build, bridge_cudagraph.plan.describe; sys.exit(any(m in sys.modules for m in ('torch', 'megatron')))"
+    code = (
+        "import sys, bridge_cudagraph.plan.build, bridge_cudagraph.plan.describe; "
+        "sys.exit(any(m in sys.modules for m in ('torch', 'megatron')))"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -1,6 +1,5 @@
 """``bridge_cudagraph.plan.from_config``: a PEFT base checkpoint that is not on this machine stops Bridge's
-finalization for a
-run, not for a plan; the plan keeps the path, and the environment comes back as it was."""
+finalization for a run, not for a plan; the plan keeps the path, and the environment comes back as it was."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``bridge-cudagraph plan`` prints these plans and ``train`` captures them (both through
 :func:`bridge_cudagraph.plan.from_config.plan_config`); the numbers are written out here, not recomputed, so a change
-in
-any derivation (budgets, micro-batches, copies, warmup, static shapes) shows up as a failing line.
+in any derivation (budgets, micro-batches, copies, warmup, static shapes) shows up as a failing line.
 """
 
 from __future__ import annotations
@@ -13,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bridge_cudagraph.bridge.mixin import language_helper_arguments, vision_helper_arguments
-from bridge_cudagraph.recipe.load import load_recipe, plan_recipe
+from bridge_cudagraph.plan.from_config import plan_config
+from bridge_cudagraph.recipe.load import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 
@@ -110,7 +110,11 @@ CASES = {
 @pytest.fixture(scope="module", params=sorted(CASES))
 def planned(request):
     name, overrides, world, expected = CASES[request.param]
-    return plan_recipe(load_recipe(RECIPES / name, overrides), world_size=world), expected
+    return plan_config(
+        load_recipe(RECIPES / name, overrides).config,
+        world_size=load_recipe(RECIPES / name, overrides).world(world),
+        base_checkpoint_needed=False,
+    ), expected
 
 
 def test_the_plan_holds_the_pinned_numbers(planned):
@@ -137,8 +141,7 @@ def test_the_plan_holds_the_pinned_numbers(planned):
 
 def test_the_helpers_get_exactly_the_plans_numbers(planned):
     """What :meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` passes the helpers'
-    constructors
-    (the GPU test ``tests/gpu/test_plan_helpers.py`` checks the constructed helpers hold them)."""
+    constructors (the GPU test ``tests/gpu/test_plan_helpers.py`` checks the constructed helpers hold them)."""
     plan, want = planned
     language = language_helper_arguments(plan)
     seq = want["language_inputs"][1][1][3]  # the mask's key length: the full sequence
@@ -179,7 +182,11 @@ def test_the_offline_packed_plan_holds_the_pinned_numbers():
     exactly these (:func:`~bridge_cudagraph.bridge.mixin.packed_helper_arguments`)."""
     from bridge_cudagraph.bridge.mixin import packed_helper_arguments
 
-    plan = plan_recipe(load_recipe(RECIPES / "qwen3_8b_sft_graphs.yaml"), world_size=8)
+    plan = plan_config(
+        load_recipe(RECIPES / "qwen3_8b_sft_graphs.yaml").config,
+        world_size=load_recipe(RECIPES / "qwen3_8b_sft_graphs.yaml").world(8),
+        base_checkpoint_needed=False,
+    )
     packed = plan.language.packed
     assert (plan.micro_batch_size, plan.num_microbatches) == (1, 16)
     assert packed.offline and packed.token_budgets == (2048,) and packed.budgets_derived is not False

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+from bridge_cudagraph.plan.from_config import plan_config
 from bridge_cudagraph.recipe.load import (
     LoadedRecipe,
     RecipeError,
     hf_repo_id,
     load_recipe,
     offline_hf_config,
-    plan_recipe,
     resolve_recipe_function,
 )
 from bridge_cudagraph.recipe.strict import UnknownKeyError
@@ -54,7 +54,7 @@ def test_every_bundled_recipe_loads_and_validates_on_cpu(path, tmp_path):
     assert isinstance(loaded, LoadedRecipe) and loaded.source == path
     block = loaded.config.model.cuda_graph
     assert isinstance(block, CudaGraphConfig) and block.any_enabled
-    plan = plan_recipe(loaded, world_size=loaded.world_size or 1)
+    plan = plan_config(loaded.config, world_size=loaded.world_size or 1, base_checkpoint_needed=False)
     assert plan.language.enabled == block.language.enabled
     if plan.vision is not None:
         assert plan.vision.enabled == block.vision.enabled
@@ -216,7 +216,7 @@ class TestFileAndFunction:
         assert (loaded.world_size, loaded.description, loaded.recipe) == (16, "hello", "qwen3_8b_sft_config")
         assert loaded.overrides == ("model.seq_length=1024",)
         with pytest.raises(RecipeError, match="sets no world_size"):
-            plan_recipe(load_recipe(write(QWEN3_8B)))
+            load_recipe(write(QWEN3_8B)).world()
 
 
 class TestOffline:
