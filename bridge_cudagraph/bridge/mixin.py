@@ -12,9 +12,8 @@ Composed in front of any ``GPTModelProvider`` (Qwen3, Llama, ...) or the Qwen3-V
   checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.capture.language.drop_language_aliases`);
 * keeps the vision replicas of the model it built identical, graphs or not (:meth:`provide_distributed_model`);
 * makes the graph helpers (:meth:`make_graph_helpers`) from a
-:class:`~bridge_cudagraph.plan.capture_plan.CapturePlan`, which
-  holds every number they need (budgets, segments, copies, micro-batches, static shapes): nothing is re-derived
-  here.
+  :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan`, which holds every number they need (budgets, segments,
+  copies, micro-batches, static shapes): nothing is re-derived here.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+from bridge_cudagraph.host import compat
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import CapturePlan
@@ -64,6 +64,7 @@ class CudaGraphProviderMixin:
 
             cfg = self.cuda_graph = cuda_graph_config_from_dict(cfg, "model.cuda_graph")
         cfg.validate("model.cuda_graph")
+        compat.check_proven_stack()
         if cfg.any_enabled:
             from bridge_cudagraph.plan.checks import check_environment
 
@@ -173,7 +174,7 @@ class CudaGraphProviderMixin:
             )
         drop_language_aliases(model)
         if self.has_vision_encoder():
-            from bridge_cudagraph.vision.encoder import rebuild_vision_encoder
+            from bridge_cudagraph.host.encoder_swap import rebuild_vision_encoder
 
             rebuild_vision_encoder(model, self, self.vision_pg_collection())
         return model
@@ -238,8 +239,8 @@ class CudaGraphProviderMixin:
         chunks = [ref() for ref in refs or ()]
         if not chunks or any(chunk is None for chunk in chunks):
             return
+        from bridge_cudagraph.host.replica_sync import install_grad_sync
         from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
-        from bridge_cudagraph.vision.replicas import install_grad_sync
 
         # Idempotent: the wrapper it assigns comes back through __setattr__ and is recognised.
         install_grad_sync(self, chunks, GraphedQwen3VLVisionModel)

@@ -1,3 +1,32 @@
 """Every change this package makes to an object of megatron-core, Megatron-Bridge, Transformer Engine or their
-dependencies, each module opening with a table (what it changes, the release it was written for, its gate, its
-undo), and every version probe (:mod:`~bridge_cudagraph.host.compat`)."""
+dependencies, and every version probe (:mod:`~bridge_cudagraph.host.compat`).
+
+Each module here opens with a ``Host change:`` block per change: what it changes, the release it was written for,
+its gate and its undo (``tests/unit/test_package.py`` keeps the blocks complete). Every change is also gated by one
+version check that runs before any model is built (:func:`~bridge_cudagraph.host.compat.check_proven_stack`:
+``validate``, ``plan``, ``train`` and a provider's ``finalize()``), so no mirrored code runs unproven by surprise.
+
+======================  ================================================================================
+module                  what it changes
+======================  ================================================================================
+``patches``             module-level names of Bridge, megatron-core, huggingface_hub and torch, rebound for
+                        as long as needed; the class of one host object (a mixin in front)
+``optimizer``           the optimizer objects' classes: their per-parameter walks done once
+``finalize``            ``finalize_model_grads_func``: its module walk done once
+``forward``             ``Qwen3VLModel`` and its decoder: the forward's host waits
+``step``                the last three, put on and taken off together
+``wgrad_fusion``        TE modules' ``fuse_wgrad_accumulation``, without APEX
+``replica_sync``        ``finalize_model_grads_func``: the vision replicas' gradient average
+``encoder_swap``        ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups
+======================  ================================================================================
+
+Outside this folder the package subclasses host classes at their documented seams and reads what those seams hand a
+subclass; that is not a change of a host object, but it is host code an upgrade must re-read, so it is listed here:
+:class:`~bridge_cudagraph.capture.language.LanguageGraphHelper` (megatron-core's ``TECudaGraphHelper``: its
+``_get_sample_arguments``, ``_graphs_created``, ``_capture_finished``),
+:func:`~bridge_cudagraph.capture.common.megatron_capturing` and
+:func:`~bridge_cudagraph.capture.common.abandon_capture` (megatron-core's capture flag, ``_set_capture_start`` /
+``_set_capture_end``, as its own helper raises it), :class:`~bridge_cudagraph.vision.encoder.GraphedQwen3VLVisionModel`
+(Bridge's ``Qwen3VLVisionModel``), :class:`~bridge_cudagraph.bridge.loop.CallbackOwnedGraphs` (the helper class
+Bridge's loop builds) and the providers (:mod:`bridge_cudagraph.bridge.providers`).
+"""

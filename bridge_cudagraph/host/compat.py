@@ -9,10 +9,56 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Mapping
 from importlib import metadata
 
 #: The stack this plugin is built and tested against (see pyproject.toml).
 TESTED_STACK = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"}
+
+
+#: Set to ``1`` to run on releases of :data:`TESTED_STACK`'s packages this package was not proven on.
+UNPROVEN_STACK_ENV = "BRIDGE_CUDAGRAPH_UNPROVEN_STACK"
+
+
+def check_proven_stack(versions: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None) -> None:
+    """The one version check, before any model is built (``validate``, ``plan``, ``train``, and a provider's
+    ``finalize()`` in a user's own script): the host code this package mirrors or changes
+    (:mod:`bridge_cudagraph.host`) was written for :data:`TESTED_STACK`'s releases (major.minor), and another release
+    may have moved what it relies on, deep inside capture or a step. So another release is refused in one line, unless
+    :data:`UNPROVEN_STACK_ENV` is ``1``; then the mirrored steps still stay the host's by their own gates
+    (:func:`optimizer_step_is_mirrored` and the like).
+
+    Args:
+        versions: Package name -> version; default: read from the installed modules (a source install counts).
+        environ: Default ``os.environ``.
+
+    Raises:
+        CudaGraphConfigError: A package's release is not the proven one.
+    """
+    import os
+
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    env = os.environ if environ is None else environ
+    if env.get(UNPROVEN_STACK_ENV) == "1":
+        return
+    if versions is None:
+        import megatron.bridge
+        import megatron.core
+        import transformer_engine
+
+        versions = {
+            "megatron-core": str(megatron.core.__version__),
+            "megatron-bridge": str(megatron.bridge.__version__),
+            "transformer-engine": str(transformer_engine.__version__),
+        }
+    unproven = [f"{n} {v}" for n, v in versions.items() if not str(v).startswith(_release(TESTED_STACK[n]))]
+    if unproven:
+        proven = ", ".join(f"{name} {_release(version)}x" for name, version in TESTED_STACK.items())
+        raise CudaGraphConfigError(
+            f"{' and '.join(unproven)} {'is not a release' if len(unproven) == 1 else 'are not releases'} "
+            f"bridge_cudagraph was proven on ({proven}); install those, or set {UNPROVEN_STACK_ENV}=1 to try anyway"
+        )
 
 
 def installed_version(dist: str) -> str | None:

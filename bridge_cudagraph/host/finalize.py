@@ -1,5 +1,13 @@
 """The module walk at the end of megatron-core's gradient finalisation, done once instead of on every step.
 
+Host change:
+  changes: ``model_config.finalize_model_grads_func``, wrapped; megatron-core's ``reset_model_temporary_tensors``
+    rebound around each call (:func:`~bridge_cudagraph.host.patches.listed_reset_modules`)
+  written for: megatron-core 0.19.2 ``finalize_model_grads.py``
+  gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
+    :func:`~bridge_cudagraph.host.compat.finalize_walk_is_mirrored`; ``optimizer_host_cache``
+  undo: :func:`uninstall`
+
 Why: megatron-core 0.19.2's ``finalize_model_grads`` (finalize_model_grads.py:563), which the schedule calls after
 the last micro-batch's backward (``config.finalize_model_grads_func``, set by Bridge's set-up), ends with
 ``reset_model_temporary_tensors`` (:316): a walk of every module of every chunk (1,028 on Qwen3-VL-2B) that zeroes
@@ -29,7 +37,7 @@ from bridge_cudagraph.host.patches import listed_reset_modules
 __all__ = ["install", "installed", "listed_modules", "uninstall"]
 
 #: Set on the wrapper :func:`install` assigns: the function it wrapped. A wrapper put on top later
-#: (``functools.wraps``, as :func:`bridge_cudagraph.vision.replicas.install_grad_sync` does) copies it, which is how
+#: (``functools.wraps``, as :func:`bridge_cudagraph.host.replica_sync.install_grad_sync` does) copies it, which is how
 #: :func:`install` sees its walk already in the chain.
 WRAPPED = "_bridge_cudagraph_finalize_wrapped"
 #: Set on that wrapper to itself: only the wrapper whose own attribute this is can be taken off by :func:`uninstall`.

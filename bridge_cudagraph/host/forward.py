@@ -1,6 +1,15 @@
 """Qwen3-VL's forward with fewer host waits: what ``model.cuda_graph.fewer_host_waits`` switches (null: on wherever
 graphs are on a Qwen3-VL model).
 
+Host change:
+  changes: the class of one ``Qwen3VLModel`` and its decoder (mixins in front,
+    :func:`~bridge_cudagraph.host.patches.extend_instance_class`), a forward pre-hook on its input embedding and a
+    forward hook on its encoder; mirrors parts of Bridge's Qwen3-VL forward
+  written for: Megatron-Bridge 0.6.2 ``Qwen3VLModel.forward``, ``get_rope_index``, ``_deepstack_process``
+  gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
+    :func:`~bridge_cudagraph.host.compat.qwen3_vl_forward_is_mirrored`; ``fewer_host_waits``
+  undo: :func:`uninstall`
+
 Bridge 0.6.2's ``Qwen3VLModel.forward`` makes the host wait for the GPU about 20 times per micro-batch (the benchmark's
 profile at the 2B shape: 21 waits in the forward, 11 in the backward, 35 in the step). Each wait drains the queue the
 graphs keep full, and the GPU then idles while the host catches up:

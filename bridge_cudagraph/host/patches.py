@@ -2,48 +2,94 @@
 
 The plugin changes no host source file. Where the host gives no hook, it rebinds one module-level name for as long
 as it needs to; each rebinding is here, and nowhere else, so an upgrade of the stack has one file to re-read. Each
-entry says what it patches, for which version, why, and how it is undone. The *probes* that decide whether a patch
+block says what it patches, for which version, its gate and how it is undone. The *probes* that decide whether a patch
 applies to the installed version are in :mod:`bridge_cudagraph.host.compat`.
 
-Entry (what it rebinds; host version; how it is undone):
+Host changes, one block each (every one also gated by the proven stack,
+:func:`~bridge_cudagraph.host.compat.check_proven_stack`):
 
-* :func:`rebind_bridge_helper`: ``megatron.bridge.training.train.TECudaGraphHelper``; Bridge 0.6.2;
-  :func:`uninstall_bridge_helper` (the class it rebinds to is :mod:`bridge_cudagraph.bridge.loop`'s, passed in by
-  :func:`bridge_cudagraph.bridge.loop.install_bridge_helper`, so this module imports nothing of the plugin's loop).
-* :func:`release_graphs_if_training_raises`: ``megatron.bridge.training.pretrain.train``; Bridge 0.6.2; leaving the
-  ``with`` block.
-* :func:`use_prebuilt_dataset_helpers`: ``megatron.bridge.training.initialize.compile_helpers``; megatron-core 0.19.2
-  wheels under Bridge 0.6.2; :func:`restore_dataset_helpers`.
-* :func:`offline_hub`: ``huggingface_hub.constants.HF_HUB_OFFLINE`` / ``HF_HUB_CACHE`` and three environment
-  variables; huggingface_hub (any); leaving the block.
-* :func:`from_hf_pretrained_hook`: ``AutoBridge.from_hf_pretrained``; Bridge 0.6.2; leaving the block.
-* :func:`bridge_recipes_without_init`: ``sys.modules["megatron.bridge.recipes"]`` (a bare package, its
-  ``__init__`` unrun), while that package is not imported; Bridge 0.6.2; leaving the block.
-* :func:`cpu_device_properties`: ``torch.cuda.get_device_properties``, on machines without CUDA; torch (any), for
-  Bridge 0.6.2's MoE recipes; leaving the block.
-* :func:`explicit_num_microbatches`: ``megatron.core.transformer.cuda_graphs.get_num_microbatches``; megatron-core
-  0.19.2; leaving the block.
-* :func:`listed_reset_modules`: ``megatron.core.distributed.finalize_model_grads.reset_model_temporary_tensors``;
-  megatron-core 0.19.2; leaving the block (entered around one model's ``finalize_model_grads`` call by
-  :mod:`bridge_cudagraph.host.finalize`).
-* :func:`complete_bridge_collection`: fields of one host *object*, the ``ProcessGroupCollection`` Megatron-Bridge
-  0.6.2 builds for ``dist.use_decentralized_pg=true``, which megatron-core 0.19.2 reads (MoE metric logging) and
-  Bridge leaves unset; gate :func:`~bridge_cudagraph.host.compat.collection_declares_gtp_remat_groups`;
-  :func:`restore_bridge_collection` (the provider leaves them for the life of the collection).
-* :func:`extend_instance_class`: the class of one host *object* (the language decoder, a megatron-core
-  ``TransformerBlock`` or Bridge 0.6.2's ``Qwen3VLTransformerBlock``), given a subclass that puts a mixin in front
-  (the packed-sequence replay, :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`), or the optimizer's
-  objects (megatron-core 0.19.2's ``ChainedOptimizer`` and ``DistributedOptimizer``, Transformer Engine 2.20's
-  ``FusedAdam``: the optimizer host cache of :mod:`bridge_cudagraph.host.optimizer`, whose ``install`` and
-  ``uninstall`` call these two), or Bridge 0.6.2's ``Qwen3VLModel`` and its decoder (the forward with fewer host
-  waits, :mod:`bridge_cudagraph.host.forward`, which also puts a forward pre-hook on the model's input embedding and
-  removes it on ``uninstall``); the host's classes are untouched; :func:`restore_instance_class`, which takes one
-  mixin off an object that carries two (the decoder's packed replay and deepstack merge) in either order.
+Host change:
+  changes: ``megatron.bridge.training.train.TECudaGraphHelper`` (:func:`rebind_bridge_helper`; the class it rebinds
+    to is :mod:`bridge_cudagraph.bridge.loop`'s, passed in, so this module imports nothing of the plugin's loop)
+  written for: Bridge 0.6.2
+  gate: :func:`~bridge_cudagraph.host.compat.bridge_builds_language_helper_by_name`
+  undo: :func:`uninstall_bridge_helper`
 
-Every undo puts back the very object that was there before, or the absence of one
-(``tests/unit/host/test_patches.py``
-checks identity).
-Each replacement carries the original under :data:`ORIGINAL`, which is how the install/uninstall pairs find it.
+Host change:
+  changes: ``megatron.bridge.training.pretrain.train`` (:func:`release_graphs_if_training_raises`)
+  written for: Bridge 0.6.2
+  gate: ``train``'s own loop
+  undo: leaving the ``with`` block
+
+Host change:
+  changes: ``megatron.bridge.training.initialize.compile_helpers`` (:func:`use_prebuilt_dataset_helpers`)
+  written for: megatron-core 0.19.2 wheels under Bridge 0.6.2
+  gate: :func:`~bridge_cudagraph.host.compat.dataset_helpers_prebuilt_without_makefile`
+  undo: :func:`restore_dataset_helpers`
+
+Host change:
+  changes: ``huggingface_hub.constants.HF_HUB_OFFLINE`` / ``HF_HUB_CACHE`` and three environment variables
+    (:func:`offline_hub`)
+  written for: huggingface_hub (any)
+  gate: a recipe with ``hf_config`` (offline config reads)
+  undo: leaving the block
+
+Host change:
+  changes: ``AutoBridge.from_hf_pretrained`` (:func:`from_hf_pretrained_hook`)
+  written for: Bridge 0.6.2
+  gate: a recipe with ``hf_config``
+  undo: leaving the block
+
+Host change:
+  changes: ``sys.modules["megatron.bridge.recipes"]``, a bare package with its ``__init__`` unrun, while that
+    package is not imported (:func:`bridge_recipes_without_init`)
+  written for: Bridge 0.6.2
+  gate: the package not yet imported
+  undo: leaving the block
+
+Host change:
+  changes: ``torch.cuda.get_device_properties`` on machines without CUDA (:func:`cpu_device_properties`), for
+    Bridge 0.6.2's MoE recipes
+  written for: torch (any)
+  gate: no CUDA device
+  undo: leaving the block
+
+Host change:
+  changes: ``megatron.core.transformer.cuda_graphs.get_num_microbatches`` (:func:`explicit_num_microbatches`)
+  written for: megatron-core 0.19.2
+  gate: language graphs, around their capture
+  undo: leaving the block
+
+Host change:
+  changes: ``megatron.core.distributed.finalize_model_grads.reset_model_temporary_tensors``
+    (:func:`listed_reset_modules`, entered around one model's ``finalize_model_grads`` call by
+    :mod:`bridge_cudagraph.host.finalize`)
+  written for: megatron-core 0.19.2
+  gate: :func:`~bridge_cudagraph.host.compat.finalize_walk_is_mirrored`
+  undo: leaving the block
+
+Host change:
+  changes: fields of one host object, the ``ProcessGroupCollection`` Bridge 0.6.2 builds for
+    ``dist.use_decentralized_pg=true``, which megatron-core 0.19.2 reads (MoE metric logging) and Bridge leaves unset
+    (:func:`complete_bridge_collection`)
+  written for: Bridge 0.6.2, megatron-core 0.19.2
+  gate: :func:`~bridge_cudagraph.host.compat.collection_declares_gtp_remat_groups`
+  undo: :func:`restore_bridge_collection` (the provider leaves them for the life of the collection)
+
+Host change:
+  changes: the class of one host object (:func:`extend_instance_class`): a subclass that puts a mixin in front, for
+    the language decoder (megatron-core's ``TransformerBlock`` or Bridge 0.6.2's ``Qwen3VLTransformerBlock``: the
+    packed replay of :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`, the runs of layers of
+    :mod:`bridge_cudagraph.capture.runs`), the optimizer's objects (:mod:`bridge_cudagraph.host.optimizer`) and
+    Bridge's ``Qwen3VLModel`` and its decoder (:mod:`bridge_cudagraph.host.forward`); the host's classes are untouched
+  written for: megatron-core 0.19.2, Bridge 0.6.2, Transformer Engine 2.20
+  gate: each caller's own (the plan, and the gates of its module)
+  undo: :func:`restore_instance_class`, which takes one mixin off an object that carries two (the decoder's packed
+    replay and deepstack merge) in either order
+
+Every undo puts back the very object that was there before, or the absence of one (``tests/unit/host/test_patches.py``
+checks identity). Each replacement carries the original under :data:`ORIGINAL`, which is how the install/uninstall
+pairs find it.
 """
 
 from __future__ import annotations
@@ -149,8 +195,7 @@ def release_graphs_if_training_raises(owner: Any, module: Any = None) -> Iterato
     path; graphs still alive then hold NCCL buffers across the abort. Undone when the block is left (the original
     function is put back if the name still holds the wrapper). If this Bridge no longer has that name, a warning says
     so and nothing is patched: only :func:`bridge_cudagraph.bridge.train.run`'s own ``except`` (after Bridge's
-    clean-up)
-    releases the graphs.
+    clean-up) releases the graphs.
 
     Args:
         owner: Anything with ``release_graphs(reason=...)`` (a
@@ -428,11 +473,9 @@ COMPLETED = "_bridge_cudagraph_completed"
 def complete_bridge_collection(pgc: Any, config: Any) -> tuple[str, ...]:
     """Give a ``ProcessGroupCollection`` the GTP_remat fields megatron-core reads and Bridge leaves unset, each the
     very group of its plain field (:data:`~bridge_cudagraph.host.compat.GTP_REMAT_ALIASES`: ``dp_cp_gtp_remat =
-    dp_cp``,
-    ``expt_dp_gtp_remat = expt_dp``, ``tp_ep_pp_with_egtp_remat = tp_ep_pp``). Only unset fields are set, so a
-    collection built by :mod:`bridge_cudagraph.parallel.groups` (which sets them) or by a Bridge that sets them is
-    left as it
-    is; idempotent.
+    dp_cp``, ``expt_dp_gtp_remat = expt_dp``, ``tp_ep_pp_with_egtp_remat = tp_ep_pp``). Only unset fields are set, so a
+    collection built by :mod:`bridge_cudagraph.parallel.groups` (which sets them) or by a Bridge that sets them is left
+    as it is; idempotent.
 
     Patches: fields of one object, the collection Megatron-Bridge 0.6.2 builds with ``dist.use_decentralized_pg=true``
     (``training/initialize.py:534-555``, ``_create_pg_collection``) and hands both to the model provider
@@ -446,8 +489,7 @@ def complete_bridge_collection(pgc: Any, config: Any) -> tuple[str, ...]:
     same ``_extra_state``). With GTP_remat off the aliases are exact: ``parallel_state`` builds the same aliases
     (``parallel_state.py:1105-1108``, ``:1531``). Gate:
     :func:`~bridge_cudagraph.host.compat.collection_declares_gtp_remat_groups` (a core without these fields reads
-    none).
-    Undone by :func:`restore_bridge_collection`.
+    none). Undone by :func:`restore_bridge_collection`.
 
     Args:
         pgc: The collection (Bridge's, or any ``ProcessGroupCollection``).

@@ -1,6 +1,13 @@
 """The graphed step's host work, put on and taken off together: what ``model.cuda_graph.optimizer_host_cache`` and
 ``model.cuda_graph.fewer_host_waits`` switch (null: on wherever graphs are).
 
+Host change:
+  changes: nothing of its own: puts on and takes off :mod:`~bridge_cudagraph.host.finalize`,
+    :mod:`~bridge_cudagraph.host.optimizer` and :mod:`~bridge_cudagraph.host.forward` together
+  written for: as those three
+  gate: as those three
+  undo: :func:`uninstall`
+
 Per-step host work that recomputes the same answer every step or waits for the GPU where it need not, leaving the
 GPU idle: megatron-core's module walk at the end of the gradient finalisation (:mod:`bridge_cudagraph.host.finalize`)
 and the optimizer step's per-parameter walks (:mod:`bridge_cudagraph.host.optimizer`), which keep the host's kernels

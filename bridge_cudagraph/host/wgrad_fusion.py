@@ -1,5 +1,13 @@
 """``model.gradient_accumulation_fusion=true`` honoured where APEX is absent: Transformer Engine's layers fuse.
 
+Host change:
+  changes: ``fuse_wgrad_accumulation`` of the TE modules the provider's ``provide()`` built from its own config; the
+    provider's ``gradient_accumulation_fusion`` off for the length of the host's ``provide()``
+  written for: megatron-core 0.19.2 ``extensions/transformer_engine.py``, Bridge 0.6.2 ``utils/fusions.py``
+  gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
+    ``model.gradient_accumulation_fusion`` on a provider of this package
+  undo: the setting comes back when ``provide()`` returns (:func:`unfused_build`); the modules are built so
+
 Why: with the fusion a TE layer's weight-gradient GEMM accumulates straight into the parameter's fp32
 ``main_grad`` (``accumulate=True``, ``out=main_grad``). Without it every TE weight gets a bf16 gradient per
 micro-batch and Megatron's DDP hook adds it to ``main_grad`` in a separate kernel. At the 2B Qwen3-VL shape on an
@@ -8,12 +16,11 @@ time 3 ms lower, the step 1.015-1.022x faster side by side; results/README.md ha
 encoder's and the non-TE parameters' additions stay.
 
 Bridge 0.6.2 turns the setting on whenever TE imports (``utils/fusions.py``,
-``can_enable_gradient_accumulation_fusion``: "TE handles fuse_wgrad_accumulation internally"), but megatron-core's
-own ``ColumnParallelLinear``, the language model's output layer, needs APEX's ``fused_weight_gradient_mlp_cuda``
-and raises at construction without it
-(:func:`bridge_cudagraph.host.compat.apex_gradient_accumulation_fusion_available`).
-On a stack without APEX (the PyPI wheels) a Bridge recipe therefore either fails to build or must switch the fusion
-off for every layer.
+``can_enable_gradient_accumulation_fusion``: "TE handles fuse_wgrad_accumulation internally"), but megatron-core's own
+``ColumnParallelLinear``, the language model's output layer, needs APEX's ``fused_weight_gradient_mlp_cuda`` and raises
+at construction without it (:func:`bridge_cudagraph.host.compat.apex_gradient_accumulation_fusion_available`). On a
+stack without APEX (the PyPI wheels) a Bridge recipe therefore either fails to build or must switch the fusion off for
+every layer.
 
 A provider of this plugin builds such a model with the setting off for the duration of the host's ``provide()``
 (:func:`unfused_build`: megatron-core's own linears build unfused, as without the setting), then turns TE's fusion on

@@ -377,8 +377,8 @@ def prepare_finalize(model: list[torch.nn.Module]) -> None:
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.utils import get_model_config
 
+    from bridge_cudagraph.host.replica_sync import install_grad_sync
     from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
-    from bridge_cudagraph.vision.replicas import install_grad_sync
 
     config = get_model_config(model[0])
     if not getattr(config.finalize_model_grads_func, "_bridge_cudagraph_replica_sync", False):

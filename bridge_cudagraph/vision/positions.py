@@ -1,15 +1,14 @@
 """What Bridge's Qwen3-VL position helpers derive from an image's grid alone, derived once per image size.
 
-Why: a graphed vision forward is host-bound before its first replay (10 ms of GPU idle per step in the
-vision forward on the 2B shape). Megatron-Bridge 0.6.2's ``Qwen3VLVisionModel.fast_pos_embed_interpolate`` builds
-its bilinear indices and weights on the host, image by image, as Python lists (``tolist()`` of 8 values per patch,
-then ``torch.tensor`` of the lists), and ``rot_pos_emb`` launches a dozen small kernels per image. Both results
-depend on the image's ``(t, h, w)`` and fixed buffers only; fine-tuning data repeats a few image sizes. So
-:class:`GridPositions` keeps, per image size, the indices and weights (on the device) and the rotary table as the
-graphs load it, and per micro-batch concatenates them. The learned position table is read on every step, through
-the same operations as Bridge's, so values and gradients are bitwise Bridge's
-(``tests/unit/vision/test_positions.py``
-against Bridge's own functions, and the vision graph tests against Bridge's eager encoder).
+Why: a graphed vision forward is host-bound before its first replay (10 ms of GPU idle per step in the vision forward
+on the 2B shape). Megatron-Bridge 0.6.2's ``Qwen3VLVisionModel.fast_pos_embed_interpolate`` builds its bilinear indices
+and weights on the host, image by image, as Python lists (``tolist()`` of 8 values per patch, then ``torch.tensor`` of
+the lists), and ``rot_pos_emb`` launches a dozen small kernels per image. Both results depend on the image's ``(t, h,
+w)`` and fixed buffers only; fine-tuning data repeats a few image sizes. So :class:`GridPositions` keeps, per image
+size, the indices and weights (on the device) and the rotary table as the graphs load it, and per micro-batch
+concatenates them. The learned position table is read on every step, through the same operations as Bridge's, so values
+and gradients are bitwise Bridge's (``tests/unit/vision/test_positions.py`` against Bridge's own functions, and the
+vision graph tests against Bridge's eager encoder).
 """
 
 from __future__ import annotations

@@ -14,8 +14,6 @@ kernel noise, so a deterministic run is unaffected.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.distributed as dist
 
@@ -110,32 +108,3 @@ def average_replica_grads(module: torch.nn.Module, group) -> None:
         flat.div_(size)
 
     _coalesced_in_place(grads, group, mean)
-
-
-def install_grad_sync(model_config, model_chunks, encoder_type: type) -> bool:
-    """Wrap ``model_config.finalize_model_grads_func`` (set by Bridge's set-up, or by a harness) so the vision
-    encoder's gradients are averaged over its replica group after Megatron's own finalisation, before the
-    optimizer computes the grad norm. Idempotent; returns whether a wrapper is in place.
-
-    ``encoder_type`` is the class of the encoder to find in ``model_chunks`` (with a ``pg_collection``:
-    :class:`bridge_cudagraph.vision.encoder.GraphedQwen3VLVisionModel`), passed in so that this module, which the
-    encoder's rebuild uses, does not import it back."""
-    encoders = [m for chunk in model_chunks for m in chunk.modules() if isinstance(m, encoder_type)]
-    if not encoders:
-        return False
-    group = replica_group_of(encoders[0].pg_collection)
-    finalize = model_config.finalize_model_grads_func
-    if group is None or finalize is None:
-        return False
-    if getattr(finalize, "_bridge_cudagraph_replica_sync", False):
-        return True
-
-    @functools.wraps(finalize)
-    def finalize_and_sync(*args, **kwargs):
-        result = finalize(*args, **kwargs)
-        average_replica_grads(encoders[0], group)
-        return result
-
-    finalize_and_sync._bridge_cudagraph_replica_sync = True
-    model_config.finalize_model_grads_func = finalize_and_sync
-    return True

@@ -153,3 +153,69 @@ def test_the_package_has_no_import_cycle():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+#: The package root: the CLI, the ``model.cuda_graph`` block and its reference; everything else in a folder by concern.
+ROOT_MODULES = {"__init__.py", "__main__.py", "cli.py", "config.py", "config_reference.py"}
+FOLDERS = {"recipe", "plan", "parallel", "bridge", "capture", "vision", "host", "examples", "testing"}
+
+
+def test_the_package_root_holds_folders_by_concern():
+    """Modules do not pile up at the root again: a new one goes into the folder of its concern."""
+    from pathlib import Path
+
+    root = Path(bridge_cudagraph.__file__).parent
+    files = {p.name for p in root.glob("*.py")}
+    folders = {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert files == ROOT_MODULES and folders == FOLDERS, (sorted(files - ROOT_MODULES), sorted(folders ^ FOLDERS))
+
+
+def _host_blocks(text: str) -> list[dict[str, str]]:
+    """The ``Host change:`` blocks of a module docstring, as key -> text."""
+    import re
+
+    blocks = []
+    for chunk in text.split("Host change:")[1:]:
+        body = chunk.split("\n\n")[0]
+        fields = dict(re.findall(r"\n  (changes|written for|gate|undo): (.*(?:\n    .*)*)", body))
+        blocks.append(fields)
+    return blocks
+
+
+def test_every_host_module_opens_with_its_changes():
+    """Each module of ``host/`` (but the probes) says, per change, what it changes, the release it was written for,
+    its gate and its undo; the folder's index names every module."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(bridge_cudagraph.__file__).parent / "host"
+    index = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "compat"))
+    assert len(modules) >= 8, modules
+    for name in modules:
+        doc = ast.get_docstring(ast.parse((folder / f"{name}.py").read_text()))
+        blocks = _host_blocks(doc)
+        assert blocks, f"host/{name}.py has no 'Host change:' block"
+        for block in blocks:
+            assert set(block) == {"changes", "written for", "gate", "undo"}, (name, block)
+            assert all(v.strip() for v in block.values()), (name, block)
+        assert f"``{name}``" in index, f"host/__init__.py does not list {name}"
+    assert len(_host_blocks(Path(folder / "patches.py").read_text())) >= 10
+
+
+def test_class_swaps_and_rebindings_happen_in_the_host_folder_only():
+    """An object's class is swapped, and a host module's name rebound, only in ``host/`` (through
+    ``host.patches.extend_instance_class`` and its siblings): grep the rest of the package for the statements."""
+    import re
+    from pathlib import Path
+
+    root = Path(bridge_cudagraph.__file__).parent
+    found = []
+    for path in root.rglob("*.py"):
+        if path.parent.name == "host":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if re.search(r"\.__class__\s*=[^=]|setattr\((megatron|transformer_engine|torch)\b", code):
+                found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not found, found
