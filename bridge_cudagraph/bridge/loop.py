@@ -16,16 +16,15 @@ whenever the model config says ``cuda_graph_impl == "transformer_engine"``:
   ``helper.delete_cuda_graphs()`` when ``helper.graphs_created()`` (``train.py:768``, ``1652-1684``).
 
 A ``bridge_cudagraph`` provider must keep ``cuda_graph_impl = "transformer_engine"``: that one field is also what
-routes the language layers to their TE graphs at replay (``module.py`` ``_should_call_te_cudagraph``) and what
-makes Bridge seed the graph-safe RNG and capture on a side stream (``initialize.py``). But Bridge's helper is
-megatron-core's, which replays Qwen3-VL's layers without mRoPE and knows nothing of vision budgets, eager
-fallback or re-capture after resume. So the graphs are owned by
-:class:`bridge_cudagraph.bridge.callback.CudaGraphCallback`
-and Bridge's own capture must do nothing.
+routes the language layers to their TE graphs at replay (``module.py`` ``_should_call_te_cudagraph``) and what makes
+Bridge seed the graph-safe RNG and capture on a side stream (``initialize.py``). But Bridge's helper is
+megatron-core's, which replays Qwen3-VL's layers without mRoPE and knows nothing of vision budgets, eager fallback or
+re-capture after resume. So the graphs are owned by :class:`bridge_cudagraph.bridge.callback.CudaGraphCallback` and
+Bridge's own capture must do nothing.
 
 :func:`install_bridge_helper` rebinds that one name (through
-:func:`bridge_cudagraph.host.patches.rebind_bridge_helper`), ``megatron.bridge.training.train.TECudaGraphHelper``,
-to the class :func:`dispatching_class` makes, which
+:func:`bridge_cudagraph.host.patches.rebind_bridge_helper`), ``megatron.bridge.training.train.TECudaGraphHelper``, to
+the class :func:`dispatching_class` makes, which
 
 * keeps the real constructor's signature (``pg_collection`` included, so Bridge's probe still passes it);
 * for a config that is one of our providers (:func:`bridge_cudagraph.bridge.providers.is_graph_provider`) returns a

@@ -69,8 +69,8 @@ def activation_dtype(config) -> torch.dtype:
 
 
 def check_static_inputs(tensors: Mapping[str, Any], planned: Sequence[Any], submodule: str) -> None:
-    """The buffers capture is about to use must be the plan's :class:`~bridge_cudagraph.plan.capture_plan.StaticInput`
-    s.
+    """The buffers capture is about to use must be the plan's static inputs
+    (:class:`~bridge_cudagraph.plan.capture_plan.StaticInput`).
 
     The plan is what ``bridge-cudagraph plan`` printed and what memory was budgeted for; a buffer of another shape
     or dtype means the plan and the model disagree, and capture stops with both instead of replaying something
@@ -270,11 +270,10 @@ def reset_graph_sets(graphs) -> None:
 class LayerChain(torch.nn.Module):
     """Graphable per-layer callables of one signature ``(hidden_states, *static) -> hidden_states`` one after the
     other, as one callable: a segment of ``graph_unit: deepstack``
-    (:func:`~bridge_cudagraph.plan.budgets.layer_segments`)
-    in the budgeted helpers (vision, packed language). Every link reads the same static inputs, and only the last
-    output is read outside (a segment ends wherever other code reads or changes the hidden states), so the chain is
-    one launch and one backward node instead of one per layer, and no copy of each layer's output into the next
-    graph's static input."""
+    (:func:`~bridge_cudagraph.plan.budgets.layer_segments`) in the budgeted helpers (vision, packed language). Every
+    link reads the same static inputs, and only the last output is read outside (a segment ends wherever other code
+    reads or changes the hidden states), so the chain is one launch and one backward node instead of one per layer, and
+    no copy of each layer's output into the next graph's static input."""
 
     def __init__(self, links: Sequence[torch.nn.Module]) -> None:
         super().__init__()

@@ -98,9 +98,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
         micro_batch_size: Micro-batch size (static).
         num_microbatches: Micro-batches per step: the capture schedule under pipeline parallelism.
         pg_collection: The language model's ``ProcessGroupCollection``; required.
-        static_inputs: The plan's :class:`~bridge_cudagraph.plan.capture_plan.StaticInput` s of every layer;
-        megatron-core's
-            helper allocates the buffers, and each is checked against them before capture.
+        static_inputs: The plan's static inputs (:class:`~bridge_cudagraph.plan.capture_plan.StaticInput`) of
+            every layer; megatron-core's helper allocates the buffers, and each is checked against them before capture.
         optimizers: Optimizers whose gradients capture's warmup iterations must clear.
         on_capture_error: ``"eager"`` to continue without graphs after a failed capture, ``"raise"`` to stop.
         graph_unit: ``layer`` (one graph per layer, megatron-core's unit) or ``deepstack`` (one per run of layers,

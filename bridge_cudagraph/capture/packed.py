@@ -144,6 +144,56 @@ class PackedGraphSet:
 
 
 # ------------------------------------------------------------------------------------------- replay
+def packed_misfit(
+    layout: PackedLayout,
+    budget: int | None,
+    *,
+    captured_top: int | None,
+    holds: bool,
+    tokens: int,
+    sequences: int,
+    form_matches: bool,
+    max_seqlen: int,
+    width: int,
+    rotary_shape: tuple[int, ...] | None,
+    tp: int,
+) -> tuple[str, str] | None:
+    """Why a packed micro-batch cannot replay, as ``(cause, detail)``, or None when it fits a captured graph.
+
+    The causes, each counted and logged once by the helper: ``size`` (no budget holds it), ``above`` (its budget is
+    above the captured top; it asks for its rung), ``form`` (its ``cu_seqlens_q_padded`` form is not the captured
+    one), ``seqlen`` (a segment longer than ``max_seqlen``, or a batch dimension other than 1), ``rotary`` (its
+    rotary table does not fit the static one).
+    """
+    if budget is None:
+        return (
+            "size",
+            f"{tokens} tokens in {sequences} sequences exceed the packed graphs (largest budget "
+            f"{layout.budgets[-1]} tokens, at most {layout.max_sequences} sequences); raise "
+            "model.cuda_graph.language.token_budgets / max_sequences to graph such batches",
+        )
+    if not holds:
+        return (
+            "above",
+            f"{tokens} tokens need budget {budget}, above the captured top {captured_top} (chosen from the "
+            "micro-batches before capture); it is captured before the next step where memory allows",
+        )
+    if not form_matches:
+        return (
+            "form",
+            "its cu_seqlens_q_padded form differs from the captured one (the attention backend could change)",
+        )
+    if max_seqlen > layout.max_seqlen or width != 1:
+        return ("seqlen", f"a segment of {max_seqlen} tokens exceeds max_seqlen {layout.max_seqlen}")
+    # mRoPE (Qwen3-VL) has one row per token; RoPE one per position within a segment (<= the longest).
+    if rotary_shape is None or rotary_shape[0] > budget or rotary_shape[1:3] != (1, 1) or budget % tp:
+        return (
+            "rotary",
+            f"its rotary table {rotary_shape} does not fit the static ({budget}, 1, 1, d) one",
+        )
+    return None
+
+
 class PackedReplayBlock:
     """Mixin put in front of a decoder's class (:func:`install_packed_replay`): replays packed micro-batches.
 
@@ -206,6 +256,28 @@ def remove_packed_replay(decoder: torch.nn.Module) -> None:
 
     decoder.__dict__.pop("packed_graph_helper", None)
     restore_instance_class(decoder, PackedReplayBlock)
+
+
+def _replay_segments(block, graphs, h, statics, segments, *, merges: int, visual, deepstack) -> torch.Tensor:
+    """The decoder's layer loop on the graphs, as the host's ``TransformerBlock.forward`` (megatron-core 0.19.2) and
+    Bridge 0.6.2's ``Qwen3VLTransformerBlock.forward`` run it: each run of layers' manual hooks (parameter gathers),
+    its graph, then the deepstack merge that follows it (eagerly, the host's own ``_deepstack_process``); under
+    sequence parallelism inside the tensor-parallel RNG fork, as the host's block."""
+    from megatron.core import tensor_parallel
+    from megatron.core.utils import make_viewless_tensor
+
+    parallel = block.config.sequence_parallel
+    rng = tensor_parallel.get_cuda_rng_tracker().fork() if parallel else contextlib.nullcontext()
+    with rng:
+        for (start, end), graph in zip(segments, graphs.layers, strict=True):
+            for layer in block.layers[start:end]:
+                for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
+                    hook(*hook_args)
+            h = graph(h, *statics)
+            if end - 1 < merges:
+                h = block._deepstack_process(h, visual, deepstack[end - 1])
+                h = make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
+    return h
 
 
 # ------------------------------------------------------------------------------------------- helper
@@ -364,7 +436,6 @@ class PackedLanguageGraphHelper(LadderHelper):
         """The decoder's forward on the graphs: pad to the budget, replay layer by layer (deepstack eagerly
         between them, as Bridge's block does), drop the tail, final norm. None when the micro-batch does not fit
         (counted, logged once per cause): the caller then runs the host's forward."""
-        from megatron.core import tensor_parallel
         from megatron.core.utils import make_viewless_tensor
 
         if not block.pre_process:
@@ -376,39 +447,22 @@ class PackedLanguageGraphHelper(LadderHelper):
         has_padded = params.cu_seqlens_q_padded is not None and params.cu_seqlens_q_padded is not params.cu_seqlens_q
         budget = self.layout.budget_for(tokens, sequences)
         rotary = kwargs.get("rotary_pos_emb")
-        fallback = None
-        if budget is None:
-            fallback = (
-                "size",
-                f"{tokens} tokens in {sequences} sequences exceed the packed graphs (largest budget "
-                f"{self.layout.budgets[-1]} tokens, at most {self.layout.max_sequences} sequences); raise "
-                "model.cuda_graph.language.token_budgets / max_sequences to graph such batches",
-            )
-        elif not self.ladder.holds(budget):
+        fallback = packed_misfit(
+            self.layout,
+            budget,
+            captured_top=self.ladder.top,
+            holds=budget is not None and self.ladder.holds(budget),
+            tokens=tokens,
+            sequences=sequences,
+            form_matches=has_padded == self.separate_padded,
+            max_seqlen=params.max_seqlen_q or 0,
+            width=hidden_states.size(1),
+            rotary_shape=None if rotary is None else tuple(rotary.shape),
+            tp=tp,
+        )
+        if fallback is not None and fallback[0] == "above":
             self.ladder.want(budget)
             self.stats.above_captured += 1
-            fallback = (
-                "above",
-                f"{tokens} tokens need budget {budget}, above the captured top {self.ladder.top} (chosen from the "
-                "micro-batches before capture); it is captured before the next step where memory allows",
-            )
-        elif has_padded != self.separate_padded:
-            fallback = (
-                "form",
-                "its cu_seqlens_q_padded form differs from the captured one (the attention backend could change)",
-            )
-        elif (params.max_seqlen_q or 0) > self.layout.max_seqlen or hidden_states.size(1) != 1:
-            fallback = (
-                "seqlen",
-                f"a segment of {params.max_seqlen_q} tokens exceeds max_seqlen {self.layout.max_seqlen}",
-            )
-        elif rotary is None or rotary.size(0) > budget or rotary.shape[1:3] != (1, 1) or budget % tp:
-            # mRoPE (Qwen3-VL) has one row per token; RoPE one per position within a segment (<= the longest).
-            fallback = (
-                "rotary",
-                f"its rotary table {tuple(rotary.shape) if rotary is not None else None} does not "
-                f"fit the static ({budget}, 1, 1, d) one",
-            )
         copy = None if fallback else self.copies.acquire()
         if fallback is None and copy is None:
             fallback = ("copy", f"all {self.copies.count} packed graph copies are in flight")
@@ -437,16 +491,7 @@ class PackedLanguageGraphHelper(LadderHelper):
                 f"bridge_cudagraph: this micro-batch merges {merges} deepstack features, but the packed graphs span "
                 f"layers {list(segments)} (captured for the plan's deepstack merges); the plan and the model disagree"
             )
-        rng = tensor_parallel.get_cuda_rng_tracker().fork() if config.sequence_parallel else contextlib.nullcontext()
-        with rng:
-            for (start, end), graph in zip(segments, graphs.layers, strict=True):
-                for layer in block.layers[start:end]:
-                    for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
-                        hook(*hook_args)
-                h = graph(h, *statics)
-                if end - 1 < merges:
-                    h = block._deepstack_process(h, visual, deepstack[end - 1])
-                    h = make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
+        h = _replay_segments(block, graphs, h, statics, segments, merges=merges, visual=visual, deepstack=deepstack)
         self.copies.release_after_backward(copy, h)
         h = h[:rows]
         if block.final_layernorm is not None:

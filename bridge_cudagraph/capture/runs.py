@@ -161,8 +161,8 @@ class RunMember:
 
 def group_runs(layers: Sequence[torch.nn.Module], segments: Sequence[tuple[int, int]]) -> list[torch.nn.Module]:
     """The callables of one chunk's ``layers`` for ``segments``
-    (:func:`~bridge_cudagraph.plan.budgets.layer_segments`):
-    a layer alone where a segment holds one, a :class:`LayerRun` where it holds several."""
+    (:func:`~bridge_cudagraph.plan.budgets.layer_segments`): a layer alone where a segment holds one, a
+    :class:`LayerRun` where it holds several."""
     covered = [i for start, end in segments for i in range(start, end)]
     if covered != list(range(len(layers))):
         raise ValueError(f"segments {list(segments)} do not cover the {len(layers)} layers once, in order")

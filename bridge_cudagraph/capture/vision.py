@@ -23,13 +23,12 @@ runs per micro-batch (:func:`~bridge_cudagraph.capture.common.capture_budget_lad
 data: those up to the largest micro-batch of the warmup steps, more when a later micro-batch needs them
 (:class:`~bridge_cudagraph.capture.common.BudgetLadder`).
 
-Under a pipelined language model the first stage holds several micro-batches between forward and backward (1F1B),
-so the graphs are captured in ``copies`` independent sets
-(:func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`):
+Under a pipelined language model the first stage holds several micro-batches between forward and backward (1F1B), so
+the graphs are captured in ``copies`` independent sets (:func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`):
 a forward takes a free set and the set is free again once that micro-batch's backward has reached it. The schedule's
-order needs no capture-time ``_order``: whichever order the schedule runs, a micro-batch's forward and backward
-replay the same set, and no set is shared by two micro-batches in flight. A micro-batch that finds no free set runs
-eagerly and is counted, never corrupts another's activations.
+order needs no capture-time ``_order``: whichever order the schedule runs, a micro-batch's forward and backward replay
+the same set, and no set is shared by two micro-batches in flight. A micro-batch that finds no free set runs eagerly
+and is counted, never corrupts another's activations.
 """
 
 from __future__ import annotations
@@ -149,9 +148,8 @@ class VisionGraphHelper(LadderHelper):
         on_capture_error: ``"eager"`` or ``"raise"``.
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight
             (:func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`; 1 without a pipeline).
-        static_inputs: The plan's :class:`~bridge_cudagraph.plan.capture_plan.StaticInput` s per budget; the capture
-        buffers
-            are checked against them (None: not checked, for callers without a plan).
+        static_inputs: The plan's static inputs (:class:`~bridge_cudagraph.plan.capture_plan.StaticInput`) per
+            budget; the capture buffers are checked against them (None: not checked, for callers without a plan).
         graph_unit: ``deepstack`` or ``layer``: the layers each graph spans
             (:func:`~bridge_cudagraph.plan.budgets.layer_segments`).
     """

@@ -124,6 +124,20 @@ def build_submodule_collection(
     rank = _require_world(layout)
     ranks = rank_layout(layout)  # pure; computed before any group so nothing below can fail on arithmetic
 
+    grids, pgs = _create_groups(layout, ranks, backend=backend, timeout=timeout)
+    if not layout.contains(rank):
+        # Nothing to hand out; the grids only hold non-member placeholders, so nothing to destroy either.
+        return None
+    pgc = _collection(pgs)
+    loose = [pg for pg in (pgs["embd"], pgs["pos_embd"]) if pg is not None]
+    setattr(pgc, _OWNED_ATTR, _Owned(grids=list(grids.values()), loose_groups=loose))
+    return pgc
+
+
+def _create_groups(
+    layout: ResolvedLayout, ranks: dict[str, list[list[int]]], *, backend: str | None, timeout: timedelta | None
+) -> tuple[dict[str, HyperCommGrid], dict[str, dist.ProcessGroup | None]]:
+    """Every group of ``layout`` (collective over the world): the grids' dims, then the embedding groups."""
     extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     grids = {
         "dense": HyperCommGrid(layout.dense_shape, list(DENSE_DIM_NAMES), layout.rank_offset, backend),
@@ -139,11 +153,12 @@ def build_submodule_collection(
         pgs[group], _ = dist.new_subgroups_by_enumeration(
             ranks[group], backend=backend, group_desc=f"{tag}_{group.upper()}", **extra
         )
+    return grids, pgs
 
-    if not layout.contains(rank):
-        # Nothing to hand out; the grids only hold non-member placeholders, so nothing to destroy either.
-        return None
 
+def _collection(pgs: dict[str, dist.ProcessGroup | None]) -> ProcessGroupCollection:
+    """The collection of one rank's groups, with the fields Bridge leaves unset filled
+    (:func:`build_submodule_collection` says which and why)."""
     pgc = ProcessGroupCollection(
         tp=pgs["tp"],
         pp=pgs["pp"],
@@ -173,8 +188,6 @@ def build_submodule_collection(
     # it, yet ``TECudaGraphHelper._get_amax_reduction_group(with_context_parallel=False)`` reads
     # ``pg_collection.tp_dp`` (FP8 amax reduction inside the graphs). Set it on the instance after construction.
     pgc.tp_dp = pgs["tp_dp"]
-    loose = [pg for pg in (pgs["embd"], pgs["pos_embd"]) if pg is not None]
-    setattr(pgc, _OWNED_ATTR, _Owned(grids=list(grids.values()), loose_groups=loose))
     return pgc
 
 
@@ -230,12 +243,10 @@ def _attach_replica_group(vision_pgc, language: ResolvedLayout, vision: Resolved
 def layout_of_collection(pgc: ProcessGroupCollection, *, name: Submodule | str = Submodule.LANGUAGE) -> ResolvedLayout:
     """Read the layout back from a collection that spans the world, checking it matches the grid enumeration.
 
-    Only ``tp``, ``cp``, ``dp``, ``pp`` (and ``ep``/``expt_tp`` when present) group sizes are read; the membership
-    of this rank's ``tp``, ``cp``, ``dp`` and ``pp`` groups is then compared with
+    Only ``tp``, ``cp``, ``dp``, ``pp`` (and ``ep``/``expt_tp`` when present) group sizes are read; the membership of
+    this rank's ``tp``, ``cp``, ``dp`` and ``pp`` groups is then compared with
     :func:`bridge_cudagraph.parallel.layout.rank_layout`, so a collection built in another dim order is rejected
-    instead of
-    silently misplacing the vision encoder.
-    Local (no collective).
+    instead of silently misplacing the vision encoder. Local (no collective).
 
     Args:
         pgc: A collection covering all ranks, e.g. the one Bridge builds with ``dist.use_decentralized_pg=True``.

@@ -45,8 +45,7 @@ class Submodule(StrEnum):
     """Names of the submodules that get their own process groups.
 
     The values are the keys of the ``MultiModuleProcessGroupCollection`` built by ``bridge_cudagraph.parallel.groups``
-    and
-    the prefixes of every error message, so a user can tell which half of a VLM a bad setting belongs to.
+    and the prefixes of every error message, so a user can tell which half of a VLM a bad setting belongs to.
     """
 
     LANGUAGE = "language"
@@ -109,8 +108,7 @@ class ResolvedLayout:
 
     Built by :meth:`ParallelLayout.resolve` or :meth:`VisionLayout.resolve`; the pure source of truth that
     ``bridge_cudagraph.parallel.groups`` turns into process groups, so that what the CLI prints and what is built
-    cannot
-    disagree.
+    cannot disagree.
 
     Attributes:
         name: The submodule this layout belongs to; prefixes error messages and group descriptions.

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from bridge_cudagraph.capture.packed import install_packed_replay, remove_packed_replay
+from bridge_cudagraph.capture.packed import install_packed_replay, packed_misfit, remove_packed_replay
 from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
 
 
@@ -91,3 +91,47 @@ def test_derived_language_ladder_is_geometric_multiples_of_the_packed_width():
     assert all(b % 32 == 0 for b in ladder) and ladder == sorted(set(ladder))
     assert all(b / a <= 1.25 + 32 / a for a, b in itertools.pairwise(ladder))  # at most 20% of a budget padded
     assert derive_language_budgets(1000, 48)[-1] == 1008
+
+
+def _misfit(**changes):
+    """The replay's fit check of a micro-batch that fits budget 1024 of a ladder captured up to 2048 at tp 2, with
+    ``changes`` applied."""
+    layout = PackedLayout(budgets=(512, 1024, 2048, 4096), max_sequences=2, max_seqlen=1024)
+    given = dict(tokens=900, sequences=2, form_matches=True, max_seqlen=700, width=1, rotary_shape=(900, 1, 1, 64))
+    given.update(changes)
+    budget = layout.budget_for(given["tokens"], given["sequences"])
+    return packed_misfit(layout, budget, captured_top=2048, holds=budget is not None and budget <= 2048, tp=2, **given)
+
+
+def test_a_micro_batch_that_fits_a_captured_graph_replays():
+    assert _misfit() is None
+    assert _misfit(rotary_shape=(700, 1, 1, 64)) is None  # RoPE: one row per position of the longest segment
+
+
+@pytest.mark.parametrize(
+    ("changes", "cause", "says"),
+    [
+        ({"tokens": 5000}, "size", "5000 tokens in 2 sequences exceed the packed graphs (largest budget 4096"),
+        ({"sequences": 3}, "size", "at most 2 sequences"),
+        ({"tokens": 3000, "rotary_shape": (3000, 1, 1, 64)}, "above", "need budget 4096, above the captured top 2048"),
+        ({"form_matches": False}, "form", "cu_seqlens_q_padded form differs"),
+        ({"max_seqlen": 1025}, "seqlen", "a segment of 1025 tokens exceeds max_seqlen 1024"),
+        ({"width": 2}, "seqlen", "exceeds max_seqlen"),
+        ({"rotary_shape": None}, "rotary", "its rotary table None does not fit"),
+        ({"rotary_shape": (1025, 1, 1, 64)}, "rotary", "(1025, 1, 1, 64) does not fit the static (1024, 1, 1, d)"),
+        ({"rotary_shape": (900, 2, 1, 64)}, "rotary", "does not fit"),
+    ],
+    ids=["tokens", "sequences", "above", "form", "seqlen", "width", "no-rotary", "rotary-rows", "rotary-batch"],
+)
+def test_each_cause_of_an_eager_micro_batch_is_named(changes, cause, says):
+    """Every way a packed micro-batch misses the graphs has its own cause (counted and logged once each by the
+    helper) and a line that says what did not fit; the first that applies wins, in the order the replay checks."""
+    got = _misfit(**changes)
+    assert got is not None and got[0] == cause and says in got[1], got
+
+
+def test_a_budget_the_tensor_parallel_split_cannot_cut_misses():
+    layout = PackedLayout(budgets=(1000,), max_sequences=2, max_seqlen=1000)
+    fit = dict(tokens=900, sequences=1, form_matches=True, max_seqlen=900, width=1, rotary_shape=(900, 1, 1, 8))
+    assert packed_misfit(layout, 1000, captured_top=1000, holds=True, tp=16, **fit)[0] == "rotary"
+    assert packed_misfit(layout, 1000, captured_top=1000, holds=True, tp=4, **fit) is None

@@ -1,8 +1,7 @@
 """Real process groups from ``bridge_cudagraph.parallel.groups`` in multi-process gloo worlds of 1, 2 and 4 ranks.
 
-Every case runs on every rank of its world and checks, per submodule and per group name, that this rank's group
-holds exactly the ranks :func:`bridge_cudagraph.parallel.layout.rank_layout` predicts, that an all-reduce of the rank
-over it
+Every case runs on every rank of its world and checks, per submodule and per group name, that this rank's group holds
+exactly the ranks :func:`bridge_cudagraph.parallel.layout.rank_layout` predicts, that an all-reduce of the rank over it
 sums those ranks, that the collection satisfies megatron-core's DDP/optimizer helpers and the TE graph helper's
 amax-group lookup, and that ``megatron.core.parallel_state`` was neither called nor modified.
 
