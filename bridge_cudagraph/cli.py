@@ -212,9 +212,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a configuration error)."""
-    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.config import CudaGraphConfigError, UnknownKeyError
     from bridge_cudagraph.recipe.load import RecipeError
-    from bridge_cudagraph.recipe.strict import UnknownKeyError
 
     args = parse_args(argv)
     try:

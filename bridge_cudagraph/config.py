@@ -14,7 +14,8 @@ Naming: classes are ``CudaGraph*``, fields ``cuda_graph*``; ``bridge_cudagraph``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,8 +282,6 @@ def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_
     Unknown keys are an error that names the nearest valid key (Bridge itself would only log and skip them),
     and values of the wrong type are reported with their setting path.
     """
-    from bridge_cudagraph.recipe.strict import check_keys
-
     if data is not None and not isinstance(data, Mapping):
         raise CudaGraphConfigError(
             f"{where} must be a mapping of settings ({where}: {{language: {{enabled: true}}}}), "
@@ -331,3 +330,47 @@ def _coerced(values: dict[str, Any], cls: type, where: str, skip: tuple[str, ...
 def cuda_graph_config_to_dict(cfg: CudaGraphConfig) -> dict[str, Any]:
     """The block as a plain mapping (for printing, YAML dumps and the plan)."""
     return dataclasses.asdict(cfg)
+
+
+# ------------------------------------------------------------------------------------------ strict keys
+# Megatron-Bridge's own loader logs ``Key 'x' ... not found ... Skipping`` and drops a misspelt key, so a typo such as
+# ``token_budget`` silently runs a different job. Ours refuses it before anything is applied.
+class UnknownKeyError(KeyError):
+    """A key that the target dataclass does not have; ``str()`` gives the readable message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def valid_keys(target: Any) -> list[str]:
+    """Settable names of a dataclass (class or instance): its fields, public or not."""
+    if dataclasses.is_dataclass(target):
+        return [f.name for f in dataclasses.fields(target)]
+    raise TypeError(f"{target!r} is not a dataclass")
+
+
+def suggest(key: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
+    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: Past this many valid keys (a model provider has ~340) the message names the count instead of listing them.
+MAX_LISTED_KEYS = 12
+
+
+def unknown_key_message(key: str, allowed: Iterable[str], where: str) -> str:
+    """``unknown setting where.key (did you mean 'x'?); valid keys of where: ...``, kept to one line."""
+    allowed = list(allowed)
+    path = f"{where}.{key}" if where else str(key)
+    public = sorted(k for k in allowed if not k.startswith("_"))
+    listed = ", ".join(public) if len(public) <= MAX_LISTED_KEYS else f"{len(public)} settings"
+    return f"unknown setting {path}{suggest(str(key), allowed)}; valid keys of {where or 'the recipe'}: {listed}"
+
+
+def check_keys(data: Mapping[str, Any], target: Any, where: str, extra: Iterable[str] = ()) -> None:
+    """Raise :class:`UnknownKeyError` for the first key of ``data`` that ``target`` does not have."""
+    allowed = [*valid_keys(target), *extra]
+    for key in data:
+        if key not in allowed:
+            raise UnknownKeyError(unknown_key_message(str(key), allowed, where))

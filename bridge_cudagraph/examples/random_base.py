@@ -245,10 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="the run's overrides that shape the model")
     args = parser.parse_args(argv)
 
-    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.config import CudaGraphConfigError, UnknownKeyError
     from bridge_cudagraph.parallel.layout import LayoutError
     from bridge_cudagraph.recipe.load import RecipeError, load_recipe
-    from bridge_cudagraph.recipe.strict import UnknownKeyError
 
     try:
         build_random_base(load_recipe(args.recipe, args.overrides).config)

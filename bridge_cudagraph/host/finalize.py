@@ -12,8 +12,8 @@ Why: megatron-core 0.19.2's ``finalize_model_grads`` (finalize_model_grads.py:56
 the last micro-batch's backward (``config.finalize_model_grads_func``, set by Bridge's set-up), ends with
 ``reset_model_temporary_tensors`` (:316): a walk of every module of every chunk (1,028 on Qwen3-VL-2B) that zeroes
 MoE routers' per-step tensors. The backward is done and the optimizer has not started, so the GPU has nothing to run
-while the host walks: a profile with Python stacks found it the longest GPU-idle stretch of the graphed step
-(``results/run37``). On a dense model it finds nothing to reset.
+while the host walks: a profile with Python stacks found it the longest GPU-idle stretch of the graphed step. On a
+dense model it finds nothing to reset.
 
 What it looks for is fixed when the model is built: an ``expert_bias`` attribute, a ``reset_global_aux_loss_tracker``
 method, or a ``qb_beta_accum`` buffer (megatron-core's router sets it in ``__init__``, to a tensor or to None). So the

@@ -308,7 +308,7 @@ def from_hf_pretrained_hook(before: Callable[[str, dict[str, Any]], None]) -> It
 
     Patches: the classmethod ``megatron.bridge.models.conversion.auto_bridge.AutoBridge.from_hf_pretrained``
     (Bridge 0.6.2), which Bridge's recipe functions call with the model id (and some with a pinned ``revision``).
-    Why: :func:`bridge_cudagraph.recipe.load.offline_hf_config` must lay the committed ``config.json`` out under the
+    Why: :func:`bridge_cudagraph.recipe.offline.offline_hf_config` must lay the committed ``config.json`` out under the
     revision the recipe asks for, and refuse another model at once, before Bridge's own loading code (unchanged)
     runs. ``before`` may raise to refuse the call. Undone when the block is left: the class gets back the very
     ``classmethod`` object from its ``__dict__``.

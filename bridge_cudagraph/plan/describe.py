@@ -4,7 +4,7 @@ derived says where it came from, in parentheses; one the block sets is printed a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.parallel.layout import (
     ResolvedLayout,
@@ -16,7 +16,6 @@ from bridge_cudagraph.plan.budgets import (
 )
 
 if TYPE_CHECKING:
-    from bridge_cudagraph.plan.capture_plan import CapturePlan, LanguagePlan, VisionPlan
     from bridge_cudagraph.plan.facts import ModelFacts
 
 
@@ -35,7 +34,7 @@ def _sourced(text: str, source: str) -> str:
     return f"{text} ({source})" if source else text
 
 
-def _describe_wgrad_accumulation(facts: ModelFacts, vision: VisionPlan | None) -> list[str]:
+def _describe_wgrad_accumulation(facts: ModelFacts, vision: Any | None) -> list[str]:
     """Where the weight gradients are summed, graphs on and off alike (:mod:`bridge_cudagraph.host.wgrad_fusion`)."""
     if not facts.gradient_accumulation_fusion:
         lines = ["weight gradients: added to main_grad one parameter at a time (gradient_accumulation_fusion=false)"]
@@ -50,7 +49,7 @@ def _modules_text(modules: tuple[str, ...] | None) -> str:
     return "whole layers" if modules is None else "[" + ", ".join(modules) + "]"
 
 
-def _describe_language(language: LanguagePlan, facts: ModelFacts) -> list[str]:
+def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
     if not language.enabled:
         return [f"language: graphs off ({facts.num_layers} layers run eagerly)"]
     stages = language.captured_per_stage
@@ -117,7 +116,7 @@ def _ranges(segments: tuple[tuple[int, int], ...]) -> str:
     return ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in segments)
 
 
-def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayout | None) -> list[str]:
+def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | None) -> list[str]:
     assert facts.vision is not None
     v = facts.vision
     if not vision.enabled:
@@ -170,7 +169,7 @@ def _describe_vision(vision: VisionPlan, facts: ModelFacts, layout: ResolvedLayo
     return lines
 
 
-def describe_plan(plan: CapturePlan) -> str:
+def describe_plan(plan: Any) -> str:
     """A readable multi-line block for logs and the CLI (at most 119 columns, no trailing newline). A value the
     plan derived says where it came from, in parentheses; one the block sets is printed as it is."""
     f = plan.facts

@@ -22,15 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bridge_cudagraph.plan.capture_plan import GIB, MemoryEstimate
+
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import CapturePlan
     from bridge_cudagraph.plan.facts import ModelFacts, VisionFacts
 
-GIB = 2**30
-
 #: Saved activations the per-layer count of :func:`language_activation_bytes` leaves out, as a factor: norm and
 #: softmax statistics, rotary tables, workspaces, the allocator's rounding. Calibrated on the captures of the
-#: Qwen3-VL-2B shape (results/run59: language and vision pools within 10% of the measured ones).
+#: Qwen3-VL-2B shape (language and vision pools within 10% of the measured ones; the benchmark's memory section).
 ACTIVATION_SLACK = 1.1
 
 #: Bytes of an activation element per dtype name of the plan.
@@ -52,69 +52,6 @@ class TrainingFacts:
     distributed_optimizer: bool = True
     grad_bytes: int = 4
     peft: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryEstimate:
-    """Bytes on the busiest rank (pipeline stage 0: the embedding, the vision encoder and the first layers).
-
-    Attributes:
-        weights: Model parameters (bf16), language and vision.
-        gradients: Gradient buffers of the trainable parameters.
-        optimizer: fp32 master weights and Adam's two moments of the trainable parameters (sharded over dp with
-            the distributed optimizer).
-        logits: The output layer's logits and the loss of the largest micro-batch (eager, outside the graphs).
-        language_graphs: The language graph pool(s) at the planned top.
-        vision_graphs: The vision graph pool(s) at the planned top.
-        language_top: Tokens of the shape the language estimate is for (the ladder's top, or the padded micro-batch).
-        vision_top: Patches of the vision estimate's shape.
-        language_ladder: The language graphs are a packed ladder (its budgets can be lowered), not one padded shape.
-    """
-
-    weights: int
-    gradients: int
-    optimizer: int
-    logits: int
-    language_graphs: int
-    vision_graphs: int
-    language_top: int = 0
-    vision_top: int = 0
-    language_ladder: bool = False
-
-    @property
-    def static(self) -> int:
-        """What the run holds with graphs or without: weights, gradients, optimizer state."""
-        return self.weights + self.gradients + self.optimizer
-
-    @property
-    def graphs(self) -> int:
-        """Both graph pools."""
-        return self.language_graphs + self.vision_graphs
-
-    @property
-    def total(self) -> int:
-        """The estimate of the graphed run's peak: the static state, the pools and the eager logits."""
-        return self.static + self.graphs + self.logits
-
-    def describe(self) -> list[str]:
-        """The plan's memory lines (GiB, one decimal)."""
-
-        def gib(n: int) -> str:
-            return f"{n / GIB:.1f}"
-
-        lines = [
-            f"memory per rank (estimate, GiB): weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
-            f"optimizer {gib(self.optimizer)}, logits {gib(self.logits)}",
-        ]
-        parts = []
-        if self.language_graphs:
-            parts.append(f"language {gib(self.language_graphs)} at {self.language_top} tokens")
-        if self.vision_graphs:
-            parts.append(f"vision {gib(self.vision_graphs)} at {self.vision_top} patches")
-        if parts:
-            lines.append(f"  graph pools: {', '.join(parts)} (top budgets; captured tops follow the data)")
-        lines.append(f"  total {gib(self.total)} GiB with graphs, {gib(self.static + self.logits)} GiB of it without")
-        return lines
 
 
 # --------------------------------------------------------------------------------------------- parameters

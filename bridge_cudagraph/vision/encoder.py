@@ -4,7 +4,8 @@ Bridge's ``Qwen3VLModel`` builds the encoder with the *language* collection, so 
 tied to the language model's (``model.py`` ``Qwen3VLVisionModel(..., pg_collection=pg_collection)``, and
 ``get_vision_model_config`` copies the language TP size). Layers are bound to their groups at construction,
 so handing a helper another collection later changes nothing; the encoder has to be built again. This module
-does that right after Bridge's ``provide()``, with:
+holds what the rebuild (:func:`bridge_cudagraph.host.encoder_swap.rebuild_vision_encoder`, right after Bridge's
+``provide()``) puts in place:
 
 * the vision collection (its own ``HyperCommGrid`` on the language model's first pipeline stage, tensor
   parallel size ``cuda_graph.vision.tensor_parallel_size``, 1 by default);
@@ -15,14 +16,14 @@ does that right after Bridge's ``provide()``, with:
 * gradient-norm bookkeeping for replicas (:func:`mark_vision_replicas`).
 
 The rebuilt encoder is a :class:`GraphedQwen3VLVisionModel`: Bridge's encoder whose layers replay the graphs of a
-:class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` once one is attached. It lives here, with the rebuild,
-so that code which only needs to find the encoder (the replica sync) does not import the capture machinery; this
-module imports nothing from :mod:`bridge_cudagraph.capture` at run time.
+:class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` once one is attached. It lives apart from the capture,
+so that code which only needs to find or build the encoder does not import the capture machinery; this module
+imports nothing from :mod:`bridge_cudagraph.capture`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,16 +31,13 @@ from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3
 
 from bridge_cudagraph.vision.positions import GridPositions, rotary_input
 
-if TYPE_CHECKING:
-    from bridge_cudagraph.capture.vision import VisionGraphHelper
-
 
 def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
     """Patches per attention segment: every frame of every image is one segment (Bridge's eager layout).
 
     From the host grid's Python ints: torch's CPU ``repeat_interleave`` opens an OpenMP parallel region on every call
-    (its loop over the images has grain 1), which took 1.8-6.6 ms of host time per step while the GPU waited (runs
-    37 and 38) for a handful of integers."""
+    (its loop over the images has grain 1), which took 1.8-6.6 ms of host time per step while the GPU waited for a
+    handful of integers."""
     rows = grid_thw.tolist()
     return torch.tensor([h * w for t, h, w in rows for _ in range(t)], dtype=grid_thw.dtype)
 
@@ -49,7 +47,7 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
     graphs of a :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` when one is attached (its
     ``graph_helper``) and a micro-batch fits a budget; otherwise Bridge's eager forward."""
 
-    graph_helper: VisionGraphHelper | None = None
+    graph_helper: Any = None  # a capture.vision.VisionGraphHelper (not imported: it imports this module)
     position_cache_size: int = 256
     """Image sizes whose position indices, weights and rotary rows a replaying encoder keeps
     (:class:`~bridge_cudagraph.vision.positions.GridPositions`); 0 derives them on every micro-batch as Bridge does

@@ -22,11 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bridge_cudagraph.config import CudaGraphConfigError, cuda_graph_config_from_dict
+from bridge_cudagraph.config import CudaGraphConfigError, UnknownKeyError, cuda_graph_config_from_dict
 from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.parallel.layout import LayoutError
 from bridge_cudagraph.recipe.load import RecipeError
-from bridge_cudagraph.recipe.strict import UnknownKeyError
 
 
 def _vl(block=None, **fields):

@@ -15,11 +15,11 @@ from bridge_cudagraph.config import (
     CudaGraphConfig,
     CudaGraphConfigError,
     LanguageGraphConfig,
+    UnknownKeyError,
     VisionGraphConfig,
     cuda_graph_config_from_dict,
     cuda_graph_config_to_dict,
 )
-from bridge_cudagraph.recipe.strict import UnknownKeyError
 
 pytestmark = pytest.mark.fast
 

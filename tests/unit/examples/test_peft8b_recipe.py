@@ -121,9 +121,10 @@ def test_it_is_bridges_recipe_with_only_the_offline_changes(loaded):
     """Field by field against Bridge's own recipe function (imported the ordinary way here): what differs is the
     data source, the processor, the token ids, the base checkpoint and no save/resume; LoRA, sizes, optimizer,
     DDP, precision and the rest are Bridge's."""
-    from bridge_cudagraph.recipe.load import _recipe_environment, resolve_recipe_function
+    from bridge_cudagraph.recipe.load import resolve_recipe_function
+    from bridge_cudagraph.recipe.offline import recipe_environment
 
-    with _recipe_environment(HF):
+    with recipe_environment(HF):
         bridge = resolve_recipe_function(BRIDGE_RECIPE)()
     ours = loaded.config
     assert _differences(_tree(ours), _tree(bridge)) == CHANGED

@@ -10,17 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, UnknownKeyError
 from bridge_cudagraph.plan.from_config import plan_config
-from bridge_cudagraph.recipe.load import (
-    LoadedRecipe,
-    RecipeError,
-    hf_repo_id,
-    load_recipe,
-    offline_hf_config,
-    resolve_recipe_function,
-)
-from bridge_cudagraph.recipe.strict import UnknownKeyError
+from bridge_cudagraph.recipe.load import LoadedRecipe, RecipeError, load_recipe, resolve_recipe_function
+from bridge_cudagraph.recipe.offline import hf_repo_id, offline_hf_config
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -208,7 +201,7 @@ class TestFileAndFunction:
 
     def test_module_colon_function(self):
         """``pkg.module:function`` names any recipe function."""
-        assert resolve_recipe_function("bridge_cudagraph.recipe.load:hf_repo_id") is hf_repo_id
+        assert resolve_recipe_function("bridge_cudagraph.recipe.offline:hf_repo_id") is hf_repo_id
 
     def test_world_size_and_description(self, write):
         """The file's meta keys come back on the LoadedRecipe."""
