@@ -566,6 +566,25 @@ CLI_CASES = [
     ),
     ("override-without-equals", [TINY, "foo"], ["override 'foo' is not key=value"]),
     ("gpu-memory-0", [TINY, "--gpu-memory", "0"], ["--gpu-memory must be a positive number of GiB", "got 0"]),
+    # Under pure M4 groups (every example recipe), the settings whose host paths still read parallel_state.
+    (
+        "pure-m4-mtp",
+        [TINY, "model.mtp_num_layers=1"],
+        ["model.mtp_num_layers=1 with dist.use_decentralized_pg=true", "set model.mtp_num_layers=null"],
+    ),
+    (
+        "pure-m4-timeout-after-init",
+        [TINY, "dist.distributed_timeout_seconds_after_init=600"],
+        ["dist.distributed_timeout_seconds_after_init=600 with dist.use_decentralized_pg=true", "set it to null"],
+    ),
+    (
+        "pure-m4-weight-shards",
+        [TINY, "model.tensor_parallel_num_weight_shards=2"],
+        [
+            "model.gtp_weight_remat_size=2 with dist.use_decentralized_pg=true",
+            "model.tensor_parallel_num_weight_shards",
+        ],
+    ),
 ]
 
 
