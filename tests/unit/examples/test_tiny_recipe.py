@@ -101,11 +101,15 @@ def test_the_training_path_imports_without_diffusers_or_bridge_recipes():
                 if name == "diffusers" or name.startswith("diffusers."):
                     raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
-        sys.meta_path.insert(0, NoDiffusers()) import bridge_cudagraph.bridge.train from bridge_cudagraph.recipe.load
-        import load_recipe from megatron.bridge.training.config import runtime_config_update cfg =
-        load_recipe("recipes/tiny_qwen3_vl.yaml", ["checkpoint.save=null"]).config
-        bridge_cudagraph.bridge.train.forward_step_for(cfg.model) runtime_config_update(cfg) bad = sorted(m for m in
-        sys.modules if m.startswith("megatron.bridge.recipes")) assert not bad, bad
+        sys.meta_path.insert(0, NoDiffusers())
+        import bridge_cudagraph.bridge.train
+        from bridge_cudagraph.recipe.load import load_recipe
+        from megatron.bridge.training.config import runtime_config_update
+        cfg = load_recipe("recipes/tiny_qwen3_vl.yaml", ["checkpoint.save=null"]).config
+        bridge_cudagraph.bridge.train.forward_step_for(cfg.model)
+        runtime_config_update(cfg)
+        bad = sorted(m for m in sys.modules if m.startswith("megatron.bridge.recipes"))
+        assert not bad, bad
         """
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -176,8 +176,10 @@ if "BLOCK_DIFFUSERS" in sys.argv:
             if name.split(".")[0] == "diffusers":
                 raise ImportError("no diffusers here")
     sys.meta_path.insert(0, Block())
-from bridge_cudagraph.host import patches as host_patches NAME = host_patches.BRIDGE_RECIPES assert NAME not in
-sys.modules try:
+from bridge_cudagraph.host import patches as host_patches
+NAME = host_patches.BRIDGE_RECIPES
+assert NAME not in sys.modules
+try:
     with host_patches.bridge_recipes_without_init():
         bare = sys.modules[NAME]
         from megatron.bridge.recipes.qwen_vl.h100.qwen3_vl import qwen3_vl_8b_peft_1gpu_h100_bf16_config as f
