@@ -123,11 +123,6 @@ class CudaGraphProviderMixin:
                     f"{where}.enabled=true with model.fp16=true: Bridge's Qwen3-VL vision path builds its embeddings "
                     "in bf16; train in bf16 (model.bf16=true) or set the vision graphs off"
                 )
-            from bridge_cudagraph.plan.budgets import check_token_budgets
-
-            check_token_budgets(
-                self.cuda_graph.vision.token_budgets or [], self.vision_config.spatial_merge_size, where
-            )
 
     def _check_language_graphable(self) -> None:
         where = "model.cuda_graph.language"

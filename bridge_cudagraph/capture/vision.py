@@ -56,7 +56,7 @@ from bridge_cudagraph.capture.common import (
     segment_callables,
 )
 from bridge_cudagraph.config import GRAPH_UNITS
-from bridge_cudagraph.plan.budgets import PackedLayout, check_token_budgets, layer_segments
+from bridge_cudagraph.plan.budgets import PackedLayout, layer_segments
 from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
 from bridge_cudagraph.vision.positions import rotary_input
 
@@ -177,8 +177,7 @@ class VisionGraphHelper(LadderHelper):
                 "(CudaGraphQwen3VLModelProvider or with_cuda_graphs(provider)); got "
                 f"{type(vision_model).__name__}"
             )
-        budgets = sorted(int(b) for b in budgets)
-        check_token_budgets(budgets, vision_model.spatial_merge_size, "vision")
+        budgets = sorted(int(b) for b in budgets)  # the plan's, checked by plan.checks.check_model
         self.model = list(model)
         self.vision_model = vision_model
         self.budgets = budgets

@@ -20,7 +20,6 @@ from bridge_cudagraph.parallel.layout import (
 )
 from bridge_cudagraph.plan.budgets import (
     PackedLayout,
-    check_token_budgets,
     derive_language_budgets,
     derive_max_segments,
     derive_token_budgets,
@@ -221,7 +220,6 @@ def _plan_vision(
     warmup: tuple[int, str],
     pixels: ImageFacts | None,
 ) -> VisionPlan:
-    where = "model.cuda_graph.vision"
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
     if not cfg.vision.enabled:
@@ -244,9 +242,8 @@ def _plan_vision(
         budgets = derive_token_budgets(facts.seq_length, mbs, v.spatial_merge_size)
         derived = True
     else:
-        budgets = list(cfg.vision.token_budgets)
+        budgets = list(cfg.vision.token_budgets)  # checked by check_model
         derived = False
-        check_token_budgets(budgets, v.spatial_merge_size, where)
     if cfg.vision.max_images_per_microbatch is None:
         images = derive_max_segments(budgets, v.spatial_merge_size)
         images_derived = True

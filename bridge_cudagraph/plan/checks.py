@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.parallel.layout import check_vision_heads
+from bridge_cudagraph.plan.budgets import check_token_budgets
 from bridge_cudagraph.plan.facts import packing_facts
 
 if TYPE_CHECKING:
@@ -448,6 +449,8 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
         )
     if v is not None:
         check_vision_heads(cfg.vision.tensor_parallel_size, v.num_heads)
+    if v is not None and cfg.vision.enabled and cfg.vision.token_budgets is not None:
+        check_token_budgets(list(cfg.vision.token_budgets), v.spatial_merge_size, "model.cuda_graph.vision")
 
 
 def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, mbs: int) -> None:
