@@ -2,8 +2,7 @@
 
 Composed in front of any ``GPTModelProvider`` (Qwen3, Llama, ...) or the Qwen3-VL providers
 (:mod:`bridge_cudagraph.bridge.providers`). It is a dataclass field, so the YAML block and Hydra-style overrides
-(``model.cuda_graph.vision.token_budgets=[...]``) reach it through Bridge's own OmegaConf path without
-``+``. It
+(``model.cuda_graph.vision.token_budgets=[...]``) reach it through Bridge's own OmegaConf path without ``+``. It
 
 * turns the block into Megatron-Core's switches at ``finalize()`` (``cuda_graph_impl``, modules, warmup,
   the TE RNG tracker graphs need), refusing upstream's own switches so that exactly one owner captures;
@@ -41,8 +40,8 @@ class CudaGraphProviderMixin:
     """Per-layer CUDA graphs for the language model and the vision encoder; see :mod:`bridge_cudagraph.config`."""
 
     #: :meth:`provide` builds ``gradient_accumulation_fusion=true`` without APEX
-    #: (:mod:`bridge_cudagraph.host.wgrad_fusion`); ``validation.check_stack`` reads this instead of refusing the
-    # setting.
+    #: (:mod:`bridge_cudagraph.host.wgrad_fusion`); :func:`bridge_cudagraph.plan.checks.check_stack` reads this
+    #: instead of refusing the setting.
     fuses_te_layers_without_apex: ClassVar[bool] = True
 
     # Process groups stay shared references when Bridge deep-copies a provider (its __deepcopy__ honours this).
