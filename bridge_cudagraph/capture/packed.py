@@ -432,21 +432,15 @@ class PackedLanguageGraphHelper(LadderHelper):
                 "bridge_cudagraph: a packed language micro-batch runs eagerly (counted in stats): %s", detail
             )
 
-    def replay(self, block, hidden_states, params: PackedSeqParams, kwargs: dict) -> torch.Tensor | None:
-        """The decoder's forward on the graphs: pad to the budget, replay layer by layer (deepstack eagerly
-        between them, as Bridge's block does), drop the tail, final norm. None when the micro-batch does not fit
-        (counted, logged once per cause): the caller then runs the host's forward."""
-        from megatron.core.utils import make_viewless_tensor
-
-        if not block.pre_process:
-            hidden_states = block.input_tensor  # as the host's forward does (set_input_tensor)
-        config = block.config
-        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
-        tokens = hidden_states.size(0) * tp
+    def _admit(
+        self, hidden_states, params: PackedSeqParams, rotary, *, tokens: int, tp: int
+    ) -> tuple[int, int] | None:
+        """The budget and the graph copy a micro-batch of ``tokens`` replays in, or None: it misses the graphs
+        (:func:`packed_misfit`; a budget above the captured top asks for its rung) or every copy is in flight; counted
+        and logged once per cause."""
         sequences = params.cu_seqlens_q.numel() - 1
         has_padded = params.cu_seqlens_q_padded is not None and params.cu_seqlens_q_padded is not params.cu_seqlens_q
         budget = self.layout.budget_for(tokens, sequences)
-        rotary = kwargs.get("rotary_pos_emb")
         fallback = packed_misfit(
             self.layout,
             budget,
@@ -469,7 +463,24 @@ class PackedLanguageGraphHelper(LadderHelper):
         if fallback is not None:
             self._fallback(*fallback)
             return None
+        return budget, copy
 
+    def replay(self, block, hidden_states, params: PackedSeqParams, kwargs: dict) -> torch.Tensor | None:
+        """The decoder's forward on the graphs: pad to the budget, replay layer by layer (deepstack eagerly
+        between them, as Bridge's block does), drop the tail, final norm. None when the micro-batch does not fit
+        (counted, logged once per cause): the caller then runs the host's forward."""
+        from megatron.core.utils import make_viewless_tensor
+
+        if not block.pre_process:
+            hidden_states = block.input_tensor  # as the host's forward does (set_input_tensor)
+        config = block.config
+        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        tokens = hidden_states.size(0) * tp
+        rotary = kwargs.get("rotary_pos_emb")
+        admitted = self._admit(hidden_states, params, rotary, tokens=tokens, tp=tp)
+        if admitted is None:
+            return None
+        budget, copy = admitted
         graphs = self.graphs[budget][copy]
         graphs.load(self.layout, rotary, params, tokens)
         for param in self._fused_grad_params:  # see VisionGraphHelper.before_replay
