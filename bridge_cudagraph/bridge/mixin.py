@@ -240,110 +240,24 @@ class CudaGraphProviderMixin:
         install_grad_sync(self, chunks, GraphedQwen3VLVisionModel)
 
     def make_language_graph_helper(self, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
-        """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built), as ``plan`` says.
-
-        The collection defaults to the one Bridge passed to ``provide_distributed_model``.
-        """
-        if plan.language.packed is not None:
-            from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
-
-            return PackedLanguageGraphHelper(model, **packed_helper_arguments(plan))
-        from bridge_cudagraph.capture.language import LanguageGraphHelper
+        """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built), as ``plan`` says
+        (:func:`bridge_cudagraph.capture.from_plan.language_graph_helper`); the collection defaults to the one Bridge
+        passed to ``provide_distributed_model``."""
+        from bridge_cudagraph.capture.from_plan import language_graph_helper
 
         pgc = pg_collection if pg_collection is not None else getattr(self, "_pg_collection", None)
-        return LanguageGraphHelper(
-            model, self, pg_collection=pgc, optimizers=optimizers, **language_helper_arguments(plan)
-        )
+        return language_graph_helper(self, model, plan=plan, optimizers=optimizers, pg_collection=pgc)
 
     def make_graph_helpers(self, model: list[Any], *, plan: CapturePlan, optimizers=()) -> list[Any]:
         """Every helper ``plan`` asks for, language first, for a lifecycle owner (the Bridge callback, a test, the
         benchmark) to drive through the ``TECudaGraphHelper`` protocol: ``create_cudagraphs()``,
-        ``graphs_created()``, ``cuda_graph_set_manual_hooks()``, ``delete_cuda_graphs()`` and ``stats``.
+        ``graphs_created()``, ``cuda_graph_set_manual_hooks()``, ``delete_cuda_graphs()`` and ``stats``
+        (:func:`bridge_cudagraph.capture.from_plan.graph_helpers`)."""
+        from bridge_cudagraph.capture.from_plan import graph_helpers
 
-        Every number comes from ``plan`` (:func:`language_helper_arguments`, :func:`vision_helper_arguments`); the
-        plan must be this provider's (:func:`check_plan_matches`).
-        """
-        check_plan_matches(self, plan)
-        helpers = []
-        if plan.language.enabled:
-            helpers.append(self.make_language_graph_helper(model, plan=plan, optimizers=optimizers))
-        if plan.vision is not None and plan.vision.enabled:
-            from bridge_cudagraph.capture.vision import VisionGraphHelper
-            from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
-
-            encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, GraphedQwen3VLVisionModel)]
-            if encoders:  # else a later pipeline stage: no encoder here
-                helpers.append(VisionGraphHelper(model, encoders[0], **vision_helper_arguments(plan)))
-        return helpers
-
-
-def check_plan_matches(provider: Any, plan: CapturePlan) -> None:
-    """Refuse a plan built for another block or model: the helpers must be built from this provider's own plan.
-
-    Compares the model facts the plan was built from with this provider's (``dtype`` aside: it depends on the run's
-    mixed-precision recipe, which the provider alone does not know) and the ``cuda_graph`` switches.
-    """
-    from bridge_cudagraph.plan.facts import model_facts
-
-    facts = dataclasses.replace(model_facts(provider), dtype=plan.facts.dtype)
-    vision_on = plan.vision is not None and plan.vision.enabled
-    block = provider.cuda_graph
-    if facts != plan.facts or (block.language.enabled, block.vision.enabled) != (plan.language.enabled, vision_on):
-        changed = sorted(
-            f.name for f in dataclasses.fields(facts) if getattr(facts, f.name) != getattr(plan.facts, f.name)
+        return graph_helpers(
+            self, model, plan=plan, optimizers=optimizers, pg_collection=getattr(self, "_pg_collection", None)
         )
-        raise CudaGraphConfigError(
-            f"the capture plan was built for another configuration than {type(provider).__name__} has now (differs: "
-            f"{', '.join(changed) or 'cuda_graph enabled switches'}); build the plan from the finalized config "
-            "(bridge_cudagraph.plan.from_config.plan_config) and change nothing after"
-        )
-
-
-def language_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
-    """The :class:`~bridge_cudagraph.capture.language.LanguageGraphHelper` arguments ``plan`` decides."""
-    if plan.num_microbatches is None:  # build_plan refuses language graphs without a count; a plan off is a bug
-        raise CudaGraphConfigError("a plan without micro-batches per step cannot build language graphs")
-    return {
-        "seq_length": plan.facts.seq_length,
-        "micro_batch_size": plan.micro_batch_size,
-        "num_microbatches": plan.num_microbatches,
-        "static_inputs": plan.language.static_inputs,
-        "on_capture_error": plan.on_capture_error,
-        "graph_unit": plan.language.graph_unit,
-        "deepstack_merges": plan.language.deepstack_merges,
-    }
-
-
-def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
-    """The :class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper` arguments ``plan`` decides."""
-    packed = plan.language.packed
-    if packed is None:
-        raise CudaGraphConfigError("the capture plan has no packed language graphs")
-    return {
-        "layout": packed.layout,
-        "separate_padded": packed.separate_padded,
-        "copies": packed.copies,
-        "static_inputs": dict(packed.static_inputs),
-        "on_capture_error": plan.on_capture_error,
-        "graph_unit": plan.language.graph_unit,
-        "deepstack_merges": plan.language.deepstack_merges,
-    }
-
-
-def vision_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
-    """The :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` arguments ``plan`` decides."""
-    vision = plan.vision
-    if vision is None or not vision.enabled:
-        raise CudaGraphConfigError("the capture plan has no vision graphs")
-    return {
-        "budgets": list(vision.token_budgets),
-        "max_segments": vision.max_images_per_microbatch,
-        "max_seqlen": vision.max_patches_per_image,
-        "copies": vision.copies,
-        "graph_unit": vision.graph_unit,
-        "static_inputs": dict(vision.static_inputs),
-        "on_capture_error": plan.on_capture_error,
-    }
 
 
 def provider_fields(provider: Any) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def test_finalizing_twice_changes_nothing_and_plans_the_same():
 
 
 def test_helpers_refuse_a_plan_of_another_configuration():
-    from bridge_cudagraph.bridge.mixin import check_plan_matches
+    from bridge_cudagraph.capture.from_plan import check_plan_matches
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.facts import model_facts
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_cudagraph.bridge.mixin import language_helper_arguments, vision_helper_arguments
+from bridge_cudagraph.capture.from_plan import language_helper_arguments, vision_helper_arguments
 from bridge_cudagraph.plan.from_config import plan_config
 from bridge_cudagraph.recipe.load import load_recipe
 
@@ -179,8 +179,8 @@ def test_plan_prints_the_same_object_it_planned(planned):
 def test_the_offline_packed_plan_holds_the_pinned_numbers():
     """Qwen3 8B on Bridge's offline packing (the recipe file as it is): one budget of seq_length per packed row,
     micro-batch 1, 2048 / 32 = 64 sequences, no separate padded boundaries (pad_seq_to_mult 1), and the helper gets
-    exactly these (:func:`~bridge_cudagraph.bridge.mixin.packed_helper_arguments`)."""
-    from bridge_cudagraph.bridge.mixin import packed_helper_arguments
+    exactly these (:func:`~bridge_cudagraph.capture.from_plan.packed_helper_arguments`)."""
+    from bridge_cudagraph.capture.from_plan import packed_helper_arguments
 
     plan = plan_config(
         load_recipe(RECIPES / "qwen3_8b_sft_graphs.yaml").config,
