@@ -16,13 +16,7 @@ from bridge_cudagraph.plan.facts import model_facts
 
 
 def plan_for(provider: Any, *, world_size: int, micro_batch_size: int, num_microbatches: int) -> CapturePlan:
-    """The plan of a provider a caller builds a model from itself (a test, the benchmark), without a
-    ``ConfigContainer``: its own facts and block, with the micro-batch count the caller's schedule runs.
-
-    A run from a recipe plans through :func:`bridge_cudagraph.plan.from_config.plan_config` instead, which also
-    finalizes
-    the config and runs the run-level checks.
-    """
+    """The plan of ``provider``: its own facts and block, with the micro-batch count the caller's schedule runs."""
     cfg = dataclasses.replace(provider.cuda_graph, num_microbatches=num_microbatches)
     return build_plan(
         model_facts(provider), cfg, world_size=world_size, micro_batch_size=micro_batch_size, global_batch_size=None

@@ -14,9 +14,8 @@ trains through :func:`bridge_cudagraph.bridge.train.run`, as the CLI's ``train``
 (JSON) after every training step, so a crash still leaves what ran: its pid, per-iteration loss, step time and
 wall-clock time, evaluation losses, what the ``CudaGraphCallback`` captured, the initial weights' fingerprint, when
 training ended (the test times the exit from there) and whether ``parallel_state`` was touched. A ``finally`` around
-``run()``
-writes the last word: how ``run()`` ended (``outcome``), the graphs' final phases and the callback's ``releases``
-(who deleted the graphs, and whether the process groups were still up then).
+``run()`` writes the last word: how ``run()`` ended (``outcome``), the graphs' final phases and the callback's
+``releases`` (who deleted the graphs, and whether the process groups were still up then).
 
 How it ends (``--end``, for the teardown test):
 
