@@ -65,3 +65,29 @@ def test_a_plan_of_a_peft_recipe_with_no_base_at_all_needs_none(peft_config):
     assert plan.language.enabled and peft_config.checkpoint.pretrained_checkpoint is None
     with pytest.raises(AssertionError, match="PEFT requires a pretrained checkpoint path"):
         plan_config(run, world_size=1)
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """The tiny Qwen3-VL recipe with both graphs on, not finalized."""
+    cfg = tiny_qwen3_vl_config(checkpoint_dir=str(tmp_path / "ckpt"))
+    cfg.model = with_cuda_graphs(cfg.model, language={"enabled": True}, vision={"enabled": True})
+    return cfg
+
+
+def test_one_entry_point_three_ways_one_plan(tiny_config):
+    """``plan_config`` is the one way to a plan: on a copy (``train``: the config stays for Bridge's ``pretrain()``),
+    in place (``validate``, ``plan``), or on a config Bridge already finalized (the callback); all three give the
+    same plan, and the copy leaves the config exactly as it was."""
+    import copy
+
+    before = repr(tiny_config)
+    environ = dict(os.environ)
+    on_copy = plan_config(tiny_config, world_size=1, copy=True)
+    assert repr(tiny_config) == before and dict(os.environ) == environ
+    in_place = plan_config(tiny_config, world_size=1)
+    assert repr(tiny_config) != before  # Bridge's finalization ran on it
+    finalized = copy.deepcopy(tiny_config)
+    again = plan_config(finalized, world_size=1, finalized=True)
+    assert on_copy == in_place == again
+    assert on_copy.language.enabled and on_copy.vision is not None and on_copy.vision.enabled
