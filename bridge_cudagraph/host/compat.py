@@ -35,6 +35,7 @@ def check_proven_stack(versions: Mapping[str, str] | None = None, environ: Mappi
     Raises:
         CudaGraphConfigError: A package's release is not the proven one.
     """
+    import importlib
     import os
 
     from bridge_cudagraph.config import CudaGraphConfigError
@@ -43,16 +44,8 @@ def check_proven_stack(versions: Mapping[str, str] | None = None, environ: Mappi
     if env.get(UNPROVEN_STACK_ENV) == "1":
         return
     if versions is None:
-        import megatron.bridge
-        import megatron.core
-        import transformer_engine
-
-        versions = {
-            "megatron-core": str(megatron.core.__version__),
-            "megatron-bridge": str(megatron.bridge.__version__),
-            "transformer-engine": str(transformer_engine.__version__),
-        }
-    unproven = [f"{n} {v}" for n, v in versions.items() if not str(v).startswith(_release(TESTED_STACK[n]))]
+        versions = {dist: importlib.import_module(module).__version__ for dist, module in _VERSION_MODULES.items()}
+    unproven = [f"{n} {v}" for n, v in versions.items() if not _proven(n, v)]
     if unproven:
         proven = ", ".join(f"{name} {_release(version)}x" for name, version in TESTED_STACK.items())
         raise CudaGraphConfigError(
@@ -206,6 +199,25 @@ def _release(version: str) -> str:
     return ".".join(version.split(".")[:2]) + "."
 
 
+#: The module whose ``__version__`` gives each package's installed release (a source install in an NGC container
+#: counts too, where the distribution's metadata may be missing).
+_VERSION_MODULES = {
+    "megatron-core": "megatron.core",
+    "megatron-bridge": "megatron.bridge",
+    "transformer-engine": "transformer_engine",
+}
+
+
+def _proven(dist: str, version: str | None = None) -> bool:
+    """Whether ``version`` (default: the installed one, read from the package's module) is :data:`TESTED_STACK`'s
+    release (major.minor) of ``dist``: the one predicate of the stack check and of each mirrored step's gate."""
+    if version is None:
+        import importlib
+
+        version = importlib.import_module(_VERSION_MODULES[dist]).__version__
+    return str(version).startswith(_release(TESTED_STACK[dist]))
+
+
 #: The megatron-core and Transformer Engine releases whose optimizer steps :mod:`bridge_cudagraph.host.optimizer`
 #: mirrors (``DistributedOptimizer``'s per-parameter walks, ``FusedAdam.step``'s plain fp32 path), by prefix: the
 #: releases of :data:`TESTED_STACK`.
@@ -217,11 +229,7 @@ def optimizer_step_is_mirrored() -> bool:
     """Whether the installed megatron-core and Transformer Engine are the releases of :data:`OPTIMIZER_STEP_MIRRORS`
     (read from their modules, so a source install counts too). Another release may have changed what those steps
     do per parameter, so the cache stays off there rather than risk a different step."""
-    import megatron.core
-    import transformer_engine
-
-    core, te = OPTIMIZER_STEP_MIRRORS
-    return str(megatron.core.__version__).startswith(core) and str(transformer_engine.__version__).startswith(te)
+    return all(_proven(dist) for dist in ("megatron-core", "transformer-engine"))
 
 
 @functools.cache
@@ -229,9 +237,7 @@ def finalize_walk_is_mirrored() -> bool:
     """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose ``reset_model_temporary_tensors``
     (finalize_model_grads.py:316) :mod:`bridge_cudagraph.host.finalize` lists the modules of (its three attribute
     tests); another release may test others, so the walk stays the host's there."""
-    import megatron.core
-
-    return str(megatron.core.__version__).startswith(_release(TESTED_STACK["megatron-core"]))
+    return _proven("megatron-core")
 
 
 #: The Megatron-Bridge release whose Qwen3-VL forward :mod:`bridge_cudagraph.host.forward` mirrors, by prefix: when
@@ -244,6 +250,4 @@ def qwen3_vl_forward_is_mirrored() -> bool:
     """Whether the installed Megatron-Bridge is the release of :data:`QWEN3_VL_FORWARD_MIRRORS` (read from its
     module, so a source install counts too). Another release may derive the positions elsewhere or with other
     arguments, so the forward stays the host's there."""
-    import megatron.bridge
-
-    return str(megatron.bridge.__version__).startswith(QWEN3_VL_FORWARD_MIRRORS)
+    return _proven("megatron-bridge")
