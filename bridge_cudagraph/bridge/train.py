@@ -27,9 +27,8 @@ How a run ends, and who deletes the graphs first (Bridge 0.6.2; the teardown GPU
   and SIGKILLs a worker still alive after ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (default 30 s; it must cover the
   checkpoint save, as Slurm's KillWait must; the save's ``spawn`` child re-imports the launching script, which
   costs nothing for this CLI and a second import of the whole stack for a script that imports it at module level:
-  ``tests/unit/test_cli.py``). Without the handler (Bridge's
-  default) SIGTERM's default action ends the worker at once: the kernel frees the device, nothing can hang, but
-  no graph is deleted and no checkpoint is saved.
+  ``tests/unit/test_cli.py``). Without the handler (Bridge's default) SIGTERM's default action ends the worker at
+  once: the kernel frees the device, nothing can hang, but no graph is deleted and no checkpoint is saved.
 """
 
 from __future__ import annotations
