@@ -245,8 +245,7 @@ class CudaGraphProviderMixin:
         passed to ``provide_distributed_model``."""
         from bridge_cudagraph.capture.from_plan import language_graph_helper
 
-        pgc = pg_collection if pg_collection is not None else getattr(self, "_pg_collection", None)
-        return language_graph_helper(self, model, plan=plan, optimizers=optimizers, pg_collection=pgc)
+        return language_graph_helper(self, model, plan=plan, optimizers=optimizers, pg_collection=pg_collection)
 
     def make_graph_helpers(self, model: list[Any], *, plan: CapturePlan, optimizers=()) -> list[Any]:
         """Every helper ``plan`` asks for, language first, for a lifecycle owner (the Bridge callback, a test, the
@@ -255,9 +254,7 @@ class CudaGraphProviderMixin:
         (:func:`bridge_cudagraph.capture.from_plan.graph_helpers`)."""
         from bridge_cudagraph.capture.from_plan import graph_helpers
 
-        return graph_helpers(
-            self, model, plan=plan, optimizers=optimizers, pg_collection=getattr(self, "_pg_collection", None)
-        )
+        return graph_helpers(self, model, plan=plan, optimizers=optimizers)
 
 
 def provider_fields(provider: Any) -> dict[str, Any]:

@@ -49,13 +49,15 @@ def graph_helpers(
 
 def language_graph_helper(provider: Any, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
     """The language graph helper for ``model``: the packed one where the plan packs, else megatron-core's helper
-    under ``pg_collection``."""
+    under ``pg_collection`` (default: the one Bridge passed the provider's ``provide_distributed_model``)."""
     if plan.language.packed is not None:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         return PackedLanguageGraphHelper(model, **packed_helper_arguments(plan))
     from bridge_cudagraph.capture.language import LanguageGraphHelper
 
+    if pg_collection is None:
+        pg_collection = getattr(provider, "_pg_collection", None)
     return LanguageGraphHelper(
         model, provider, pg_collection=pg_collection, optimizers=optimizers, **language_helper_arguments(plan)
     )
