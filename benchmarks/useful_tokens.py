@@ -35,6 +35,17 @@ Run (from the repository root)::
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
         --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
 
+``--model tiny-moe`` and ``--model moe-30b-a3b-shape`` answer what MoE users get from graphs (issue #35): the MoE
+tiny Qwen3-VL, and Qwen3-VL-30B-A3B's layer (128 experts, top 8, grouped GEMM) at 4 language layers with its own
+vision encoder, random weights, on one GPU at EP 1 (:data:`MODELS`). Their graphs are the MoE recipes' padded ones
+(language over attention, router and dispatch preprocess, :data:`MOE_SCOPE`; vision graphs); packed language
+graphs capture whole layers, which the plan refuses for MoE layers, so ours_packed is recorded as ``refused`` with
+the plan's reason and upstream_padded is not run (:data:`MOE_VARIANTS`)::
+
+    python -m benchmarks.useful_tokens --out /tmp/ut_moe --model tiny-moe --steps 8 --profile-steps 1
+    python -m benchmarks.useful_tokens --out /tmp/ut_30b --model moe-30b-a3b-shape --microbatches 4 --warmup 2 \
+        --steps 6 --profile-steps 1
+
 ``--model peft8b`` takes every variant from Bridge's 8B LoRA recipe file, sequence and micro-batch included
 (:mod:`benchmarks.recipe_variants`: the recipe loaded with a few overrides per variant, its own capture plan, its
 LoRA applied by Bridge); ``--num-mb`` defaults to its global batch over its micro-batch (16).
@@ -46,7 +57,9 @@ Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -58,17 +71,33 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from benchmarks import bench, recipe_variants
 from benchmarks import useful_tokens_report as report
 from benchmarks.bench_trace import gpu_busy_summary
-from benchmarks.configs import BenchConfig
+from benchmarks.configs import QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
 from benchmarks.progress import say
 from benchmarks.schema import OK, json_safe
-from benchmarks.useful_tokens_report import CONTROL, FORM, PACKED, PADDED, PAIRED, REFERENCE, VARIANTS, MicroBatch
+from benchmarks.useful_tokens_report import (
+    CONTROL,
+    FORM,
+    PACKED,
+    PADDED,
+    PAIRED,
+    REFERENCE,
+    REFUSED,
+    VARIANTS,
+    MicroBatch,
+)
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.config import CudaGraphConfig
+    from bridge_cudagraph.plan.budgets import PackedLayout
+    from bridge_cudagraph.plan.capture_plan import CapturePlan
+    from bridge_cudagraph.plan.memory import TrainingFacts
 
 logger = logging.getLogger("benchmarks.useful_tokens")
 
@@ -82,6 +111,123 @@ PHOTO_TRAIN_SAMPLES = 256
 JSON_NAME = "useful_tokens.json"
 
 
+# ============================================================================================ models
+#: The language graph scope of an MoE model (``recipes/tiny_qwen3_vl_moe_photos.yaml``, the 30B-A3B recipe): token
+#: counts per expert change every micro-batch, so the experts run eagerly; the attention, the router and the
+#: dispatch preprocess (alltoall, no capacity factor: no host sync inside) are captured, one graph set per layer.
+MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
+#: The variants an MoE model measures: upstream's helper is left out (it would need its own MoE scope on the host
+#: class, which nothing here sets up); ours_packed is asked for and the plan refuses it (packed graphs capture whole
+#: layers), which the run records as ``refused`` with the plan's reason.
+MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
+#: Language layers of the 30B-A3B shape: its own 48 at 128 experts need EP; 4 hold the layer's shape on one GPU.
+MOE_30B_LAYERS = 4
+
+
+def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any) -> Any:
+    """The tiny Qwen3-VL (dense, or MoE with ``moe=True``) at ``seq_length``."""
+    from bridge_cudagraph.examples import tiny
+
+    return tiny.tiny_qwen3_vl_provider(
+        cuda_graph, seq_length=seq_length, language_max_sequence_length=seq_length, **overrides
+    )
+
+
+def qwen3_vl_30b_a3b_shape_provider(
+    cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any
+) -> Any:
+    """Qwen3-VL-30B-A3B's language layer and vision encoder at :data:`MOE_30B_LAYERS` language layers, random
+    weights: the shapes of Bridge's own provider (what ``AutoBridge`` makes of the committed HF config of
+    ``recipes/qwen3_vl_30b_a3b_sft_graphs.yaml``; the unit test compares them field by field) with the tiny
+    provider's settings (bf16, no dropout, no APEX fusion; every weight trained, as Bridge's 30B-A3B SFT recipe
+    does), as the 2B shape of :func:`benchmarks.bench.small_qwen3_vl_provider` is made. One GPU at EP 1, TP 1.
+    Depth is the one change: 48 layers of 128 experts do not fit one GPU at EP 1; 4 keep the layer's shape (what
+    graphs do to one MoE layer's step), while the embedding, the output layer and the vision encoder weigh more in
+    the step than at full depth.
+
+    Memory: a language layer is 128 experts x 3 x 2048 x 768 (604M) + attention (2048 x (32 + 2 x 4) x 128 in, 4096
+    x 2048 out: 19M) = 623M parameters, 4 of them 2.49B; embedding and output layer (untied) 2 x 151936 x 2048 =
+    0.62B; the vision encoder (27 x 1152) with its mergers ~0.54B: ~3.65B in all. At 18 bytes per parameter (bf16
+    weight, fp32 gradient buffer, fp32 master and two Adam moments: the distributed optimizer on one rank) that is
+    ~61 GiB; a padded micro-batch (2 x 4096 tokens) adds ~10 GiB of fp32 logits and their gradient and a few GiB of
+    expert activations (8192 x top 8 rows of 2048): a peak of ~80-90 GiB with the graph pools, on 139 GiB. The
+    initial weights are kept once in pinned host memory (~7.3 GB)."""
+    from bridge_cudagraph.examples import tiny
+
+    deepstack = [8, 16, 24]
+    fields: dict[str, Any] = dict(
+        moe=True,
+        num_layers=MOE_30B_LAYERS,
+        hidden_size=2048,
+        ffn_hidden_size=6144,
+        moe_ffn_hidden_size=768,
+        num_moe_experts=128,
+        moe_router_topk=8,
+        moe_grouped_gemm=True,
+        num_attention_heads=32,
+        num_query_groups=4,
+        kv_channels=128,
+        vocab_size=QWEN3_VL_VOCAB,
+        share_embeddings_and_output_weights=False,
+        mrope_section=[24, 20, 20],
+        layernorm_epsilon=1e-6,
+        deepstack_visual_indexes=list(deepstack),
+        vision_config=tiny.tiny_vision_config(
+            2048, depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, deepstack_visual_indexes=deepstack
+        ),
+        **QWEN3_VL_TOKENS,
+    )
+    fields.update(overrides)
+    return _tiny_provider(cuda_graph, seq_length=seq_length, **fields)
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    """One ``--model``: what it is, how its provider is made, and what its graphs capture."""
+
+    description: str
+    """``meta.config.description``."""
+    provider: Callable[..., Any] | None = None
+    """``provider(cuda_graph, *, seq_length, **fields)``, not finalized; None for a recipe model (its variants are
+    the recipe file's, :mod:`benchmarks.recipe_variants`)."""
+    language_modules: tuple[str, ...] | None = None
+    """``model.cuda_graph.language.modules`` of ours_padded: None captures whole layers."""
+    budget_round: int = 1024
+    """:attr:`benchmarks.configs.BenchConfig.budget_round` (the vision ladder's top is rounded up to it)."""
+    variants: tuple[str, ...] = VARIANTS
+    """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
+
+
+#: Every ``--model``. The dense ones are the benchmark's first; the MoE ones answer what MoE users get from graphs
+#: (issue #35): padded graphs of the attention, router and preprocess against Bridge's packed eager step.
+MODELS: dict[str, ModelDef] = {
+    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, budget_round=256),
+    "small": ModelDef(
+        "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights", bench.small_qwen3_vl_provider
+    ),
+    "tiny-moe": ModelDef(
+        "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), language graphs of "
+        + ", ".join(MOE_SCOPE),
+        functools.partial(_tiny_provider, moe=True),
+        MOE_SCOPE,
+        budget_round=256,
+        variants=MOE_VARIANTS,
+    ),
+    "moe-30b-a3b-shape": ModelDef(
+        f"Qwen3-VL-30B-A3B shape at {MOE_30B_LAYERS} language layers (2048 hidden, 32 heads / 4 KV groups x 128, "
+        "128 experts of 768, top 8, grouped GEMM, alltoall, aux loss; vision 27 x 1152), random weights, EP 1, "
+        "language graphs of " + ", ".join(MOE_SCOPE),
+        qwen3_vl_30b_a3b_shape_provider,
+        MOE_SCOPE,
+        variants=MOE_VARIANTS,
+    ),
+    "peft8b": ModelDef(
+        "Bridge's Qwen3-VL 8B LoRA recipe (qwen3_vl_8b_peft_1gpu_h100_bf16_config: language 36 x 4096, vision "
+        "27 x 1152, LoRA dim 32 on linear_qkv/proj/fc1/fc2), random weights, offline"
+    ),
+}
+
+
 # ============================================================================================ command line
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (checked by :func:`check_args`)."""
@@ -89,9 +235,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
     parser.add_argument(
         "--model",
-        choices=("tiny", "small", *recipe_variants.RECIPES),
+        choices=tuple(MODELS),
         default="small",
-        help="tiny: smoke test; small: the 2B shape; peft8b: Bridge's 8B LoRA recipe (benchmarks/recipe_variants.py)",
+        help="tiny: smoke test; small: the 2B shape; tiny-moe: the MoE tiny; moe-30b-a3b-shape: Qwen3-VL-30B-A3B's "
+        "layer at reduced depth; peft8b: Bridge's 8B LoRA recipe (benchmarks/recipe_variants.py)",
     )
     parser.add_argument("--seq", type=int, default=None, help="seq_length (default 4096; a recipe model: its own)")
     parser.add_argument("--mbs", type=int, default=None, help="micro-batch size (default 2; a recipe: its own)")
@@ -110,7 +257,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--variants",
         default=None,
         metavar="A,B",
-        help=f"run only these variants, in the usual order (default: all of {','.join(VARIANTS)})",
+        help=f"run only these variants, in the usual order (default: the model's, all of {','.join(VARIANTS)} "
+        f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one)",
     )
     parser.add_argument(
         "--gpu-memory",
@@ -170,9 +318,10 @@ def check_args(args: argparse.Namespace) -> str | None:
         return f"--gpu-memory {args.gpu_memory:g}: give the GiB to cap the process at (80 for an 80 GB H100)"
     if args.variants is not None:
         chosen = [v for v in args.variants.split(",") if v]
-        unknown = [v for v in chosen if v not in VARIANTS]
+        allowed = MODELS[args.model].variants
+        unknown = [v for v in chosen if v not in allowed]
         if unknown or not chosen:
-            return f"--variants {args.variants}: choose from {','.join(VARIANTS)}"
+            return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
         if REFERENCE[PACKED] not in chosen:
             return f"--variants {args.variants}: include {REFERENCE[PACKED]}, the reference of every packed variant"
     if args.microbatches * args.mbs > PHOTO_TRAIN_SAMPLES:
@@ -309,6 +458,14 @@ class _Run:
         )
 
 
+def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) -> CudaGraphConfig:
+    """ours_padded's block: bench.py's ours (language and vision graphs, budgets from the data, failures raised),
+    the language graphs over ``modules`` (None: whole layers; an MoE model's :data:`MOE_SCOPE`)."""
+    block = bench.ours_graph_config(cfg)
+    block.language.modules = None if modules is None else list(modules)
+    return block
+
+
 def packed_graph_config(cfg: BenchConfig):
     """ours_packed's block: vision graphs as bench.py's ours (budgets from the data); language off in the block,
     since the packed language helper is constructed here directly (:func:`_helpers`)."""
@@ -318,16 +475,67 @@ def packed_graph_config(cfg: BenchConfig):
 
 
 def variant_provider(run: _Run, variant: str):
-    """The provider of ``variant`` (not finalized), with the photo processor's token ids."""
-    if variant in ("eager_packed", "eager_padded", CONTROL):
-        return bench.variant_provider(run.cfg, "eager", **run.ids)
+    """The provider of ``variant`` (not finalized), with the photo processor's token ids: the model's
+    (:data:`MODELS`) with graphs off, ours_padded's or ours_packed's block; upstream's as bench.py makes it."""
+    model = MODELS[run.args.model]
     if variant == "upstream_padded":
         return bench.variant_provider(run.cfg, "upstream", **run.ids)
-    if variant == "ours_padded":
-        return bench.variant_provider(run.cfg, "ours", **run.ids)
-    if variant == "ours_packed":
-        return bench.make_provider(run.cfg, packed_graph_config(run.cfg), **run.ids)
-    raise ValueError(f"unknown variant {variant!r}; known: {[*VARIANTS, CONTROL]}")
+    blocks = {
+        "eager_packed": None,
+        "eager_padded": None,
+        CONTROL: None,
+        "ours_padded": ours_graph_config(run.cfg, model.language_modules),
+        "ours_packed": packed_graph_config(run.cfg),
+    }
+    if variant not in blocks or model.provider is None:
+        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*VARIANTS, CONTROL]}")
+    return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids)
+
+
+def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
+    """The plan of ours_packed's packed language graphs (the run's budget ladder) and vision graphs on
+    ``provider``'s model, as the product plans Bridge's Qwen3-VL step, with the memory estimate of ``training``
+    (:class:`~bridge_cudagraph.plan.memory.TrainingFacts`; None: none); raises
+    :class:`~bridge_cudagraph.config.CudaGraphConfigError` where it refuses them."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.plan.build import build_plan
+    from bridge_cudagraph.plan.facts import PackingFacts, model_facts
+
+    block = CudaGraphConfig(
+        language=LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets)),
+        vision=VisionGraphConfig(
+            enabled=True,
+            token_budgets=run.cfg.vision_budgets(),
+            max_images_per_microbatch=run.cfg.vision_max_segments(),
+        ),
+        num_microbatches=run.args.num_mb,
+    )
+    return build_plan(
+        model_facts(provider),
+        block,
+        world_size=1,
+        micro_batch_size=run.args.mbs,
+        global_batch_size=run.args.mbs * run.args.num_mb,
+        packing=PackingFacts("qwen3_vl_step"),
+        training=training,
+    )
+
+
+def refusal(run: _Run, variant: str) -> str | None:
+    """Why the plan refuses ``variant`` on this model (its first line), or None. Only ours_packed asks: its packed
+    language helper is built here directly (:func:`_helpers`), not from a plan, so without this question an MoE
+    model would capture packed whole layers that the product refuses (packed graphs of MoE layers are not
+    supported). The padded variants' plans are built with their helpers, and a recipe variant's when it is loaded;
+    a refusal there fails the variant."""
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    if variant != "ours_packed" or run.from_recipe:
+        return None
+    try:
+        packed_plan(run, variant_provider(run, variant))
+    except CudaGraphConfigError as error:
+        return str(error).strip().splitlines()[0]
+    return None
 
 
 def _build(run: _Run, variant: str, objs: dict) -> None:
@@ -384,31 +592,9 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
 def memory_estimates(run: _Run, objs: dict, capture: dict) -> dict[str, dict]:
     """Each ladder's measured pool against :func:`bridge_cudagraph.plan.memory.pool_estimate` at the top it
     captured."""
-    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
-    from bridge_cudagraph.plan.build import build_plan
-    from bridge_cudagraph.plan.facts import PackingFacts, model_facts
     from bridge_cudagraph.plan.memory import TrainingFacts, pool_estimate
 
-    provider = objs["provider"]
-    block = CudaGraphConfig(
-        language=LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets)),
-        vision=VisionGraphConfig(
-            enabled=True,
-            token_budgets=run.cfg.vision_budgets(),
-            max_images_per_microbatch=run.cfg.vision_max_segments(),
-        ),
-        num_microbatches=run.args.num_mb,
-    )
-    facts = model_facts(provider)
-    plan = build_plan(
-        facts,
-        block,
-        world_size=1,
-        micro_batch_size=run.args.mbs,
-        global_batch_size=run.args.mbs * run.args.num_mb,
-        packing=PackingFacts("qwen3_vl_step"),
-        training=TrainingFacts(),
-    )
+    plan = packed_plan(run, objs["provider"], TrainingFacts())
     out = {}
     for submodule, rec in capture.items():
         captured = rec.get("budgets_captured") or []
@@ -451,10 +637,15 @@ def _counters(helpers: list) -> dict[str, dict]:
 
 
 def _run_variant(run: _Run, variant: str) -> dict:
-    """Build, warm up, capture, time, profile and check one variant; always frees it."""
+    """Build, warm up, capture, time, profile and check one variant; always frees it. A variant the plan refuses
+    (:func:`refusal`) is not built: its record says ``refused`` and why."""
     from bridge_cudagraph.testing.world import seed_rng
 
     rec: dict[str, Any] = {"status": "running", "form": FORM[variant], "graphed": variant in report.GRAPHED}
+    reason = refusal(run, variant)
+    if reason is not None:
+        say(f"{variant}: refused: {reason}")
+        return {**rec, "status": REFUSED, "reason": reason, "seconds": 0.0}
     objs: dict[str, Any] = {}
     started = time.perf_counter()
     bench._free()
@@ -586,7 +777,12 @@ def parity(
     """One variant's parity record: the fixed micro-batch's per-token loss against the reference of its form
     (all tokens and the loss tokens only; NaN-safe :func:`~bridge_cudagraph.testing.parity.diff_losses`), its
     step losses against the reference's (:func:`~bridge_cudagraph.testing.parity.compare_series`), whether every
-    step's loss is finite, and for a padded variant its loss tokens against eager_packed's packed form."""
+    step's loss is finite, and for a padded variant its loss tokens against eager_packed's packed form.
+
+    On an MoE model every compared loss is still the language model's cross-entropy alone: the per-token loss is
+    the model's output and a step's loss is the schedule's ``lm loss``, while the router's load-balancing loss
+    reaches only the gradients (megatron-core's ``MoEAuxLossAutoScaler``), so it is inside the grad norm (compared
+    within a form only: a padded row routes its padding too, which changes the aux loss but no loss token)."""
     from bridge_cudagraph.testing.parity import compare_series, diff_losses
 
     form = FORM[variant]
@@ -686,15 +882,6 @@ def _run_paired(run: _Run) -> dict:
 
 
 # ============================================================================================ run
-#: ``meta.config.description`` per ``--model``.
-DESCRIPTIONS = {
-    "tiny": "tiny Qwen3-VL (4 + 4 layers)",
-    "small": "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights",
-    "peft8b": "Bridge's Qwen3-VL 8B LoRA recipe (qwen3_vl_8b_peft_1gpu_h100_bf16_config: language 36 x 4096, vision "
-    "27 x 1152, LoRA dim 32 on linear_qkv/proj/fc1/fc2), random weights, offline",
-}
-
-
 def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
     from bridge_cudagraph.host.compat import installed_version
 
@@ -710,7 +897,7 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
         "python": platform.python_version(),
         "config": {
             "model": args.model,
-            "description": DESCRIPTIONS[args.model],
+            "description": MODELS[args.model].description,
             "recipe": recipe_variants.RECIPES.get(args.model),
             "global_batch_size": args.mbs * args.num_mb,
             "seq_length": args.seq,
@@ -728,9 +915,17 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
     }
 
 
+def derived_layout(seq_length: int, micro_batch_size: int) -> PackedLayout:
+    """ours_packed's language layout where no recipe gives one: the product's ladder up to a micro-batch of full
+    rows, one sequence per sample."""
+    from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
+
+    budgets = derive_language_budgets(micro_batch_size * seq_length, multiple=micro_batch_size * 16)
+    return PackedLayout(tuple(budgets), max_sequences=micro_batch_size, max_seqlen=seq_length)
+
+
 def prepare(args: argparse.Namespace, world) -> _Run:
     """The photo micro-batches in both forms on the GPU, their numbers, the layouts and the step plan."""
-    from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
 
     t0 = time.perf_counter()
     processor, collated = photo_microbatches(args.microbatches, args.mbs, args.seq)
@@ -744,7 +939,7 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         micro_batch_size=args.mbs,
         image_sets=image_sets(collated),
         num_microbatches=args.num_mb,
-        budget_round=256 if args.model == "tiny" else 1024,
+        budget_round=MODELS[args.model].budget_round,
     )
     vision_budgets, vision_segments = cfg.vision_budgets(), cfg.vision_max_segments()
     if args.model in recipe_variants.RECIPES:  # the recipe's plan: its budgets, not ones derived here
@@ -759,11 +954,7 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         layout = plan.language.packed.layout
         vision_budgets, vision_segments = list(plan.vision.token_budgets), plan.vision.max_images_per_microbatch
     else:
-        layout = PackedLayout(
-            tuple(derive_language_budgets(args.mbs * args.seq, multiple=args.mbs * 16)),
-            max_sequences=args.mbs,
-            max_seqlen=args.seq,
-        )
+        layout = derived_layout(args.seq, args.mbs)
     fixed = max(range(len(micro)), key=lambda i: micro[i].packed_tokens)
     total = args.warmup + args.steps + args.profile_steps
     plan = bench.step_plan(cfg, total)
@@ -799,6 +990,22 @@ def prepare(args: argparse.Namespace, world) -> _Run:
     return run
 
 
+def paired_skip_reason(results: dict[str, dict], gpu_memory_bytes: Callable[[], int]) -> str | None:
+    """Why the paired phase cannot run, or None: a variant of :data:`PAIRED` the plan refused (its reason), else
+    :func:`benchmarks.bench.paired_memory_check` on the GPU's memory."""
+    refused = [name for name in PAIRED if (results.get(name) or {}).get("status") == REFUSED]
+    if refused:
+        return f"{refused[0]} was refused: {results[refused[0]].get('reason', '?')}"
+    return bench.paired_memory_check(results, gpu_memory_bytes(), names=PAIRED)
+
+
+def failed_variants(data: dict) -> list[str]:
+    """Of eager_packed and ours_packed, those that did not finish; a refusal by the plan (ours_packed on an MoE
+    model) is the answer to what was asked, not a failure."""
+    variants = data.get("variants") or {}
+    return [n for n in (report.BASELINE, "ours_packed") if (variants.get(n) or {}).get("status") not in (OK, REFUSED)]
+
+
 def run_all(args: argparse.Namespace, *, world=None, command: str | None = None) -> dict:
     """Every variant, the paired phase and the control; writes the JSON after each, then the .md and .png."""
     from bridge_cudagraph.parallel.layout import VisionLayout
@@ -825,14 +1032,18 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
         data["meta"]["profiler_probe"] = probe
         run.profiler_sees_graph_kernels = probe.get("sees_graph_kernels")
     write()
-    bench._import_providers([run.cfg], ["eager", "upstream", "ours"])  # see bench.py: a lazy import's pinned frames
-    chosen = VARIANTS if args.variants is None else tuple(v for v in VARIANTS if v in args.variants.split(","))
+    model = MODELS[args.model]
+    chosen = model.variants if args.variants is None else tuple(v for v in VARIANTS if v in args.variants.split(","))
+    if model.provider is not None:  # see bench._import_providers: a lazy import's pinned frames
+        for name in chosen:
+            with contextlib.suppress(Exception):  # a variant that cannot be made fails, recorded, when it runs
+                variant_provider(run, name)
     for name in chosen:
         say(f"{name}: start")
         run.results[name] = _run_variant(run, name)
         write()
     if not args.no_paired:
-        why_not = bench.paired_memory_check(run.results, bench._gpu_memory_bytes(), names=PAIRED)
+        why_not = paired_skip_reason(run.results, bench._gpu_memory_bytes)
         if why_not:
             data["paired"] = {"status": "skipped", "reason": why_not}
             say(f"paired phase skipped: {why_not}")
@@ -854,7 +1065,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; exit 2 with one ``error:`` line on bad input (before anything runs), 1 when eager_packed or
-    ours_packed failed."""
+    ours_packed failed (ours_packed refused by the plan, as on an MoE model, is not a failure)."""
     args = parse_args(argv)
     problem = check_args(args)
     if problem is None and not torch.cuda.is_available():
@@ -871,7 +1082,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = run_all(args, world=world, command=command_line(argv))
     finally:
         close_world(world)
-    failed = [n for n in (report.BASELINE, "ours_packed") if (data["variants"].get(n) or {}).get("status") != OK]
+    failed = failed_variants(data)
     if failed:
         say(f"failed: {failed}")
     return 1 if failed else 0

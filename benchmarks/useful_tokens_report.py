@@ -17,6 +17,7 @@ Layout of ``useful_tokens.json``::
               "max_seqlen", "vision_budgets", "vision_max_segments", "upstream_vision_seq_length",
               "fixed_microbatch", "plan"},
      "variants": {name: record},          # VARIANTS then CONTROL, each with "status" ok | failed (+ "error")
+                                          # | refused (+ "reason": the capture plan's, e.g. ours_packed on MoE)
      "paired": {"status": ok | skipped | failed, "variants": PAIRED, "step_ms": {name: [...]},
                 "ratios": [eager_packed ms / ours_packed ms per pair], "verdict": paired_verdict(ratios), ...},
      "summary": summarize(data)}
@@ -62,6 +63,8 @@ FORM = {
 }
 #: The graphs-off variant of the same form, the parity reference.
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
+#: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
+REFUSED = "refused"
 GRAPHED = ("upstream_padded", "ours_padded", "ours_packed")
 LABELS = {
     "eager_packed": "Bridge's default: graphs off, in-batch packing",
@@ -228,6 +231,9 @@ def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[s
         out["met"], out["met_on"] = None, None
     control = speedup(variants.get(CONTROL), base)
     out["noise_floor"] = None if control is None else abs(control - 1.0)
+    # Where packed graphs are refused (MoE), the padded graphs are what a user gets: against both eager forms.
+    ours_padded = variants.get("ours_padded")
+    out["ours_padded"] = {ref: speedup(ours_padded, variants.get(ref)) for ref in REFERENCE.values()}
     return out
 
 
@@ -281,6 +287,21 @@ def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
     return text
 
 
+def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What a graphed variant's counters (per submodule: ``graphs``, ``replays``, ``failed``) say against its
+    graphs being the ones timed: a submodule without graphs, without a replay, or whose capture failed (it trained
+    on eagerly). Empty when every enabled submodule captured and replayed."""
+    out = []
+    for sub, c in sorted(counters.items()):
+        if c.get("failed"):
+            out.append(f"{sub} capture failed ({str(c['failed']).splitlines()[0][:120]})")
+        elif not c.get("graphs"):
+            out.append(f"{sub} has no graphs")
+        elif not c.get("replays"):
+            out.append(f"{sub} never replayed")
+    return out
+
+
 def _fmt_counters(rec: Mapping[str, Any]) -> str:
     counters = rec.get("counters") or {}
     if not counters:
@@ -295,6 +316,8 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
     blank = ["n/a"] * (len(COLUMNS) - 2)
     if not rec:
         return [name, "not run", *blank]
+    if rec.get("status") == REFUSED:
+        return [name, f"refused: {str(rec.get('reason') or '?').replace('|', '/')}", *blank]
     if rec.get("status") != "ok":
         error = str(rec.get("error") or "failed").splitlines()[0][:120].replace("|", "/")
         return [name, f"failed: {error}", *blank]
@@ -428,6 +451,15 @@ def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
         + _fmt_paired(data.get("paired"))
         + "."
     )
+    padded = _fmt_ours_padded(summary)
+    if padded:
+        out.append(
+            f"- **ours_padded (useful tokens/s)**: {padded} (padded graphs against Bridge's packed eager step and "
+            "against the same padded rows eagerly)."
+        )
+    refused = (data.get("variants") or {}).get("ours_packed") or {}
+    if refused.get("status") == REFUSED:
+        out.append(f"- **ours_packed refused by the capture plan**: {refused.get('reason', '?')}")
     met = summary.get("met")
     verdict = {True: "**met**", False: "**not met**", None: "not measured"}[met]
     on = f" (judged on the {summary['met_on']})" if summary.get("met_on") else ""
@@ -439,6 +471,14 @@ def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
             "eager_packed's (same model, weights, samples and steps, run last)."
         )
     return out
+
+
+def _fmt_ours_padded(summary: Mapping[str, Any]) -> str | None:
+    """``1.12x vs eager_packed, 1.40x vs eager_padded`` (summary's ``ours_padded``), or None where neither ran."""
+    padded = summary.get("ours_padded") or {}
+    if all(x is None for x in padded.values()):
+        return None
+    return ", ".join(f"{fmt_ratio(x, 'x')} vs {ref}" for ref, x in padded.items())
 
 
 def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
@@ -543,7 +583,10 @@ HOW = (
     "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
     "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs "
     "eager_padded); NaN-safe (a non-finite value is never a match). Every step's loss must be finite, else the "
-    "variant is failed.",
+    "variant is failed. On an MoE model these losses are the language model's cross-entropy only (the router's "
+    "load-balancing loss reaches the gradients, so the grad norm, not the losses).",
+    "- **capture counters**: per submodule of a graphed variant, graphs captured, replays and a failed capture; a "
+    "submodule without graphs, without replays or with a failed capture is named in the notes.",
     "- **paired phase**: eager_packed and ours_packed alive at once, their measured steps interleaved (the first of "
     "each pair alternating); the per-pair ratio eager_packed ms / ours_packed ms is their useful-tokens/s ratio "
     "(same samples per pair); median and a distribution-free 95% interval (`bench_report.paired_verdict`).",
@@ -586,6 +629,9 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
                 f"- {name}: fixed micro-batch, loss tokens against eager_packed's packed form: max abs "
                 f"{fmt_diff(cross.get('loss_max_abs'))} (padded BSHD vs packed THD kernels)."
             )
+        problems = counter_problems(rec.get("counters") or {}) if rec.get("status") == "ok" else []
+        if problems:
+            notes.append(f"- **{name}: its graphs were not what was timed**: {'; '.join(problems)}.")
         if rec.get("gpu_busy_note"):
             notes.append(f"- {name}: {rec['gpu_busy_note']}")
         if rec.get("profile_error"):
@@ -606,6 +652,9 @@ def text_table(data: Mapping[str, Any]) -> str:
         f"{_fmt_paired(data.get('paired'))}; target {summary.get('target', TARGET_SPEEDUP):g}x: "
         f"{ {True: 'met', False: 'not met', None: 'not measured'}[summary.get('met')] }"
     )
+    padded = _fmt_ours_padded(summary)
+    if padded:
+        lines.append(f"ours_padded: {padded}")
     return "\n".join(lines)
 
 
@@ -643,7 +692,8 @@ def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
     for i, (name, v) in enumerate(zip(names, values, strict=True)):
         rec = variants.get(name) or {}
         if v is None:
-            ax.text(i, top * 0.05, "failed" if rec else "not run", ha="center", va="bottom", fontsize=8, rotation=90)
+            label = rec.get("status") if rec.get("status") == REFUSED else "failed" if rec else "not run"
+            ax.text(i, top * 0.05, label, ha="center", va="bottom", fontsize=8, rotation=90)
             continue
         ax.bar(i, v, color=COLORS.get(name, "#777777"), width=0.7)
         text = [

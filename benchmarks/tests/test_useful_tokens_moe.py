@@ -1,0 +1,240 @@
+"""The useful-tokens benchmark on MoE models, CPU parts: ``--model tiny-moe`` and ``--model moe-30b-a3b-shape`` on
+the command line, their providers (experts, top-k, layers, the graph scope of each variant; no model is built), the
+30B-A3B shape against Bridge's own provider, ours_packed refused by the plan with its reason (and recorded, not
+failed), and how a refusal, the padded speed-ups and the capture counters read in the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import useful_tokens
+from benchmarks import useful_tokens_report as report
+from benchmarks.configs import BenchConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The photo processor's special ids (the tiny tokenizer's), as :func:`useful_tokens.token_ids` gives them.
+IDS = {"image_token_id": 1000, "video_token_id": 1001, "vision_start_token_id": 1002, "vision_end_token_id": 1003}
+MOE_MODELS = ("tiny-moe", "moe-30b-a3b-shape")
+#: The plan's refusal of packed graphs on MoE layers (bridge_cudagraph/plan/checks.py, check_packed_language).
+PACKED_MOE_REFUSAL = "with packed micro-batches on an MoE model ({} experts): packed graphs of MoE layers are not"
+
+
+def _run(model: str, *extra: str) -> useful_tokens._Run:
+    """A run of ``model`` as :func:`useful_tokens.prepare` makes it, without data or GPU: two micro-batches of two
+    photos each stand for the photo set's image grids."""
+    args = useful_tokens.parse_args(["--out", "x", "--model", model, *extra])
+    assert useful_tokens.check_args(args) is None
+    cfg = BenchConfig(
+        name=f"photo-{model}",
+        model=model,
+        seq_length=args.seq,
+        micro_batch_size=args.mbs,
+        image_sets=((((1, 40, 56),), ((1, 62, 48),)), (((1, 36, 64),), ((1, 44, 44),))),
+        num_microbatches=args.num_mb,
+        budget_round=useful_tokens.MODELS[model].budget_round,
+    )
+    layout = useful_tokens.derived_layout(args.seq, args.mbs)
+    return useful_tokens._Run(args=args, world=None, cfg=cfg, layout=layout, ids=dict(IDS), micro=[], shared={})
+
+
+@pytest.mark.fast
+def test_moe_models_on_the_command_line():
+    for model in MOE_MODELS:
+        args = useful_tokens.parse_args(["--out", "x", "--model", model])
+        assert useful_tokens.check_args(args) is None
+        assert (args.seq, args.mbs, args.num_mb) == (4096, 2, 2)  # the benchmark's shape, not a recipe's
+        assert useful_tokens.MODELS[model].variants == ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
+        assert useful_tokens.MODELS[model].language_modules == ("attn", "moe_router", "moe_preprocess")
+        ok = useful_tokens.parse_args(["--out", "x", "--model", model, "--variants", "eager_packed,ours_padded"])
+        assert useful_tokens.check_args(ok) is None
+    # the dense models keep every variant
+    assert useful_tokens.MODELS["tiny"].variants == report.VARIANTS
+    assert useful_tokens.MODELS["small"].language_modules is None
+
+
+@pytest.mark.fast
+def test_an_moe_model_refuses_upstream_on_the_command_line(capsys):
+    assert useful_tokens.main(["--out", "x", "--model", "tiny-moe", "--variants", "eager_packed,upstream_padded"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: --variants eager_packed,upstream_padded: the tiny-moe model measures "
+        "eager_packed,eager_padded,ours_padded,ours_packed; choose from them"
+    ]
+    with pytest.raises(SystemExit):
+        useful_tokens.parse_args(["--out", "x", "--model", "moe-30b"])  # not a model
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("model", "experts", "topk", "layers", "hidden", "vision_depth"),
+    [("tiny-moe", 4, 2, 4, 512, 4), ("moe-30b-a3b-shape", 128, 8, 4, 2048, 27)],
+)
+def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
+    model, experts, topk, layers, hidden, vision_depth
+):
+    """Every variant's provider is the MoE class with the model's experts, top-k and depth, the photo processor's ids
+    and the run's sequence; eager: no graphs; ours_padded: language graphs over attn + router + preprocess and
+    vision graphs on the data's budgets, which the plan accepts (one graph set per layer); ours_packed: vision only
+    in the block (its packed language helper is made by the benchmark, and refused for MoE)."""
+    from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
+    from bridge_cudagraph.testing.plans import plan_for
+
+    run = _run(model)
+    variants = (*useful_tokens.MODELS[model].variants, report.CONTROL)
+    providers = {v: useful_tokens.variant_provider(run, v) for v in variants}
+    for variant, p in providers.items():
+        assert isinstance(p, CudaGraphQwen3VLMoEModelProvider), variant
+        assert (p.num_moe_experts, p.moe_router_topk, p.num_layers, p.hidden_size) == (experts, topk, layers, hidden)
+        assert p.vision_config.depth == vision_depth and p.vision_config.out_hidden_size == hidden
+        assert p.seq_length == p.language_max_sequence_length == 4096
+        assert {k: getattr(p, k) for k in IDS} == IDS
+        assert not p.freeze_language_model and not p.freeze_vision_model  # full fine-tune, as Bridge's SFT recipe
+    for variant in ("eager_packed", "eager_padded", report.CONTROL):
+        block = providers[variant].cuda_graph
+        assert not block.language.enabled and not block.vision.enabled, variant
+    padded = providers["ours_padded"].cuda_graph
+    assert padded.language.enabled and padded.language.modules == ["attn", "moe_router", "moe_preprocess"]
+    assert padded.vision.enabled and padded.vision.token_budgets == run.cfg.vision_budgets()
+    assert padded.on_capture_error == "raise"
+    plan = plan_for(providers["ours_padded"], world_size=1, micro_batch_size=2, num_microbatches=2)
+    assert plan.language.enabled and plan.language.packed is None and plan.language.graph_unit == "layer"
+    assert plan.language.modules == ("attn", "moe_router", "moe_preprocess")
+    assert plan.language.captured_per_stage == (layers,) and plan.vision is not None
+    packed = providers["ours_packed"].cuda_graph
+    assert not packed.language.enabled and packed.vision.enabled
+
+
+def test_the_30b_a3b_shape_is_bridges_own_provider_at_reduced_depth():
+    """The shape fields of ``moe-30b-a3b-shape`` against Bridge's own provider of Qwen3-VL-30B-A3B (``AutoBridge`` on
+    the committed HF config, offline): the same layer and vision encoder, 4 language layers instead of 48."""
+    from megatron.bridge import AutoBridge
+
+    from bridge_cudagraph.recipe.offline import offline_hf_config
+
+    with offline_hf_config(ROOT / "recipes" / "hf_configs" / "Qwen--Qwen3-VL-30B-A3B-Instruct") as repo_id:
+        bridge = AutoBridge.from_hf_pretrained(repo_id).to_megatron_provider(load_weights=False)
+    ours = useful_tokens.qwen3_vl_30b_a3b_shape_provider(seq_length=4096)
+    assert type(bridge).__name__ == "Qwen3VLMoEModelProvider" and isinstance(ours, type(bridge))
+    same = (
+        "hidden_size", "ffn_hidden_size", "moe_ffn_hidden_size", "num_attention_heads", "num_query_groups",
+        "kv_channels", "num_moe_experts", "moe_router_topk", "moe_grouped_gemm", "moe_router_load_balancing_type",
+        "moe_aux_loss_coeff", "moe_token_dispatcher_type", "moe_router_dtype", "moe_router_score_function",
+        "moe_permute_fusion", "moe_layer_freq", "vocab_size", "share_embeddings_and_output_weights", "mrope_section",
+        "rotary_base", "layernorm_epsilon", "qk_layernorm", "gated_linear_unit", "add_bias_linear", "normalization",
+        "deepstack_visual_indexes", "spatial_merge_size", "patch_size", "temporal_patch_size",
+    )  # fmt: skip
+    assert {k: getattr(ours, k) for k in same} == {k: getattr(bridge, k) for k in same}
+    assert ours.num_moe_experts == 128 and ours.moe_router_topk == 8 and ours.moe_grouped_gemm
+    vision = (
+        "depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "deepstack_visual_indexes",
+        "patch_size", "spatial_merge_size", "temporal_patch_size", "num_position_embeddings", "in_channels",
+        "hidden_act",
+    )  # fmt: skip
+    assert {k: getattr(ours.vision_config, k) for k in vision} == {k: getattr(bridge.vision_config, k) for k in vision}
+    assert (ours.num_layers, bridge.num_layers) == (useful_tokens.MOE_30B_LAYERS, 48) and ours.num_layers == 4
+    assert ours.bf16 and not ours.gradient_accumulation_fusion  # the benchmark's settings, as the 2B shape's
+
+
+@pytest.mark.parametrize(("model", "experts"), [("tiny-moe", 4), ("moe-30b-a3b-shape", 128)])
+def test_ours_packed_on_moe_is_refused_with_the_plans_reason_and_recorded(model, experts):
+    """The plan refuses packed language graphs on MoE layers: ours_packed is not built (nothing touches a GPU), its
+    record says ``refused`` and the plan's first line, and the run does not count it as a failure."""
+    run = _run(model)
+    reason = useful_tokens.refusal(run, "ours_packed")
+    assert reason is not None and PACKED_MOE_REFUSAL.format(experts) in reason
+    assert reason.startswith("model.cuda_graph.language.enabled=true") and "\n" not in reason
+    assert "pad instead" in reason  # the plan's fix for Bridge's Qwen3-VL step
+    for variant in ("eager_packed", "eager_padded", "ours_padded"):
+        assert useful_tokens.refusal(run, variant) is None, variant
+    rec = useful_tokens._run_variant(run, "ours_packed")
+    assert rec == {"status": report.REFUSED, "form": "packed", "graphed": True, "reason": reason, "seconds": 0.0}
+    data = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": rec}}
+    assert useful_tokens.failed_variants(data) == []
+    assert useful_tokens.failed_variants({"variants": {"eager_packed": {"status": "ok"}}}) == ["ours_packed"]
+    crashed = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": {"status": "failed"}}}
+    assert useful_tokens.failed_variants(crashed) == ["ours_packed"]
+    why = useful_tokens.paired_skip_reason(data["variants"], lambda: 1 << 40)
+    assert why == f"ours_packed was refused: {reason}"
+
+
+@pytest.mark.parametrize("model", ["tiny", "small"])
+def test_dense_models_are_not_refused_and_keep_their_providers(model):
+    """The table (``MODELS``) makes the dense providers bench.py made before it, field for field; the plan accepts
+    their packed graphs."""
+    from benchmarks import bench
+    from bridge_cudagraph.bridge.mixin import provider_fields
+
+    run = _run(model)
+    assert useful_tokens.refusal(run, "ours_packed") is None
+    before = {
+        "eager_packed": bench.variant_provider(run.cfg, "eager", **IDS),
+        "ours_padded": bench.variant_provider(run.cfg, "ours", **IDS),
+        "ours_packed": bench.make_provider(run.cfg, useful_tokens.packed_graph_config(run.cfg), **IDS),
+    }
+    for variant, old in before.items():
+        new = useful_tokens.variant_provider(run, variant)
+        assert type(new) is type(old) and provider_fields(new) == provider_fields(old), variant
+
+
+def _rec(tok_s: float, **extra) -> dict:
+    return {"status": "ok", "useful_tokens_per_s": tok_s, "step_ms_median": 1e6 / tok_s, "step_ms_iqr": 1.0, **extra}
+
+
+@pytest.mark.fast
+def test_the_report_reads_a_refusal_the_padded_speedups_and_the_counters():
+    reason = "model.cuda_graph.language.enabled=true with packed micro-batches on an MoE model (4 experts): no"
+    counters = {"language": {"replays": 16, "graphs": 4, "failed": None}, "vision": {"replays": 16, "graphs": 8}}
+    data = report.finish(
+        {
+            "meta": {"config": {"model": "tiny-moe"}},
+            "data": {},
+            "variants": {
+                "eager_packed": _rec(1000.0, parity={"reference": "eager_packed"}),
+                "eager_padded": _rec(400.0, parity={"reference": "eager_padded"}),
+                "ours_padded": _rec(1120.0, graphed=True, counters=counters),
+                "ours_packed": {"status": report.REFUSED, "reason": reason, "form": "packed", "graphed": True},
+            },
+            "paired": {"status": "skipped", "reason": f"ours_packed was refused: {reason}"},
+        }
+    )
+    summary = data["summary"]
+    assert summary["ours_padded"] == {"eager_packed": pytest.approx(1.12), "eager_padded": pytest.approx(2.8)}
+    assert summary["separate"] is None and summary["met"] is None
+    assert "speedup_vs_eager_packed" not in data["variants"]["ours_packed"]
+    row = report.variant_row("ours_packed", data["variants"]["ours_packed"])
+    assert row[1] == f"refused: {reason}" and set(row[2:]) == {"n/a"}
+    md = report.render_markdown(data)
+    assert "**ours_padded (useful tokens/s)**: 1.12x vs eager_packed, 2.80x vs eager_padded" in md
+    assert f"**ours_packed refused by the capture plan**: {reason}" in md
+    assert "its graphs were not what was timed" not in md  # every submodule captured and replayed
+    text = report.text_table(data)
+    assert "ours_padded: 1.12x vs eager_packed, 2.80x vs eager_padded" in text
+    assert f"paired phase skipped: ours_packed was refused: {reason}" in text
+    assert report.counter_problems(counters) == []
+    bad = {
+        "language": {"replays": 0, "graphs": 4},
+        "vision": {"replays": 9, "graphs": 0},
+        "x": {"graphs": 2, "replays": 2, "failed": "RuntimeError: capture\nmore"},
+    }
+    assert report.counter_problems(bad) == [
+        "language never replayed",
+        "vision has no graphs",
+        "x capture failed (RuntimeError: capture)",
+    ]
+    data["variants"]["ours_padded"]["counters"] = bad
+    assert "**ours_padded: its graphs were not what was timed**: language never replayed" in (
+        report.render_markdown(data)
+    )
+
+
+@pytest.mark.fast
+def test_each_model_has_one_definition():
+    """The command line's models are the table's; a recipe model is the recipe file's (no provider of its own)."""
+    from benchmarks import recipe_variants
+
+    assert set(recipe_variants.RECIPES) <= set(useful_tokens.MODELS)
+    for name, model in useful_tokens.MODELS.items():
+        assert (model.provider is None) == (name in recipe_variants.RECIPES), name
+        assert model.description and set(model.variants) <= set(report.VARIANTS), name
