@@ -991,11 +991,11 @@ def prepare(args: argparse.Namespace, world) -> _Run:
 
 
 def paired_skip_reason(results: dict[str, dict], gpu_memory_bytes: Callable[[], int]) -> str | None:
-    """Why the paired phase cannot run, or None: a variant of :data:`PAIRED` the plan refused (its reason), else
-    :func:`benchmarks.bench.paired_memory_check` on the GPU's memory."""
+    """Why the paired phase cannot run, or None: a variant of :data:`PAIRED` the plan refused (its record holds the
+    reason), else :func:`benchmarks.bench.paired_memory_check` on the GPU's memory."""
     refused = [name for name in PAIRED if (results.get(name) or {}).get("status") == REFUSED]
     if refused:
-        return f"{refused[0]} was refused: {results[refused[0]].get('reason', '?')}"
+        return f"{refused[0]} was refused by the capture plan"
     return bench.paired_memory_check(results, gpu_memory_bytes(), names=PAIRED)
 
 
