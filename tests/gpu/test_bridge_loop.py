@@ -214,21 +214,22 @@ def _compare(a: dict[int, float], b: dict[int, float], name: str):
 
 
 def _checkpoint_keys(directory: Path) -> dict[str, list[str]]:
-    """Keys of a torch_dist checkpoint: the sharded ones (``.metadata``) and the common ones (``common.pt``).
+    """Keys of a torch_dist checkpoint: the sharded ones (``.metadata``) and the common ones, read as megatron-core
+    reads them (``load_common_state_dict``: since 0.19 one ``common_state`` object inside the torch_dist files, a
+    ``common.pt`` beside them only in older checkpoints).
 
-    megatron-core writes ``common.pt`` into every torch_dist checkpoint; one that is missing or that this process
-    cannot read fails here, naming the file and the error. (It used to become the same placeholder on both sides of a
-    comparison, so two unreadable files compared equal.)"""
-    import torch
+    A common state this process cannot read fails here, naming the folder and the error. (Unreadable files once
+    became the same placeholder on both sides of a comparison, so two broken checkpoints compared equal.)"""
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = {"sharded": sorted(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)}
-    common = directory / "common.pt"
-    assert common.is_file(), f"{common} is missing: the checkpoint is incomplete"
     try:
-        keys["common"] = sorted(torch.load(common, map_location="cpu", weights_only=False))
+        common = load_common_state_dict(str(directory))
     except Exception as error:
-        raise AssertionError(f"{common} is unreadable: {type(error).__name__}: {error}") from error
+        raise AssertionError(f"{directory}: common state unreadable: {type(error).__name__}: {error}") from error
+    assert isinstance(common, dict) and common, f"{directory}: no common state ({common!r:.200})"
+    keys["common"] = sorted(common)
     return keys
 
 
@@ -501,6 +502,20 @@ MOE_ITERS, MOE_SAVE_AT, MOE_EVAL_AT = 30, 20, (10, 20)
 MOE_FIRST_TIMEOUT_S, MOE_PARALLEL_TIMEOUT_S = 240, 210
 
 
+def _moe_deterministic() -> tuple[str, ...]:
+    """Under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` the MoE runs also switch on Bridge's own deterministic mode
+    (``model.deterministic_mode``: torch's deterministic algorithms, under which megatron-core's token unpermute
+    and routing map use ``index_add_``/``index_put_`` instead of atomic scatters; Bridge demands the unfused cross
+    entropy and an ``NCCL_ALGO``). Eager then repeats itself bit for bit, and the graphed run must equal it: the
+    proof that the graphs change nothing. Otherwise the MoE token scatter is atomic and a flipped expert choice
+    grows over the steps, so graphs are held to a multiple of the eager-vs-eager floor."""
+    if os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") != "0":
+        return ()
+    os.environ.setdefault("NCCL_ALGO", "Ring")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return ("--override", "model.deterministic_mode=true", "--override", "model.cross_entropy_loss_fusion=false")
+
+
 @pytest.fixture(scope="module")
 def moe_runs(tmp_path_factory):
     """``recipes/tiny_qwen3_vl_moe_photos.yaml`` (the MoE tiny Qwen3-VL on the photo set through Bridge's data path,
@@ -513,7 +528,7 @@ def moe_runs(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     tmp = tmp_path_factory.mktemp("bridge_loop_moe")
-    common = ("--recipe", str(MOE_RECIPE))
+    common = ("--recipe", str(MOE_RECIPE), *_moe_deterministic())
     saves = ("--save-interval", str(MOE_SAVE_AT))
     on = _launch(tmp, "moe_graphs_on", *common, "--graphs", "on", *saves, timeout=MOE_FIRST_TIMEOUT_S, iters=MOE_ITERS)
     later = {"timeout": MOE_PARALLEL_TIMEOUT_S, "iters": MOE_ITERS}
@@ -524,12 +539,16 @@ def moe_runs(tmp_path_factory):
     if (on.checkpoint / f"iter_{MOE_SAVE_AT:07d}").is_dir():
         load = ("--load", str(on.checkpoint), "--ckpt-step", str(MOE_SAVE_AT))
         started.append(_start(tmp, "moe_resumed", *common, "--graphs", "on", *load, save=False, **later))
+    if _moe_deterministic():
+        language_only = ("--graphs", "on", "--override", "model.cuda_graph.vision.enabled=false")
+        started.append(_start(tmp, "moe_language_only", *common, *language_only, save=False, **later))
     finished = _finish_all(started)
     return SimpleNamespace(
         on=on,
         off=finished["moe_graphs_off"],
         off_again=finished["moe_graphs_off_again"],
         resumed=finished.get("moe_resumed"),
+        language_only=finished.get("moe_language_only"),
     )
 
 
@@ -613,6 +632,42 @@ def test_moe_pure_m4_graphs_captured_and_replayed(moe_runs, record):
     )
 
 
+#: Under deterministic mode the MoE runs with vision graphs leave eager's numbers from the photo set's tenth
+#: iteration on, whatever the language scope, while the language graphs alone stay bit-exact (results/README.md,
+#: run 64): an open gap of the vision graphs, not of the MoE ones. Strict: the day it closes, these tests say so.
+_VISION_GAP_UNDER_DETERMINISM = pytest.mark.xfail(
+    os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0",
+    reason="vision graphs differ from eager under deterministic mode on the photo set (open; language graphs exact)",
+    raises=AssertionError,
+    strict=True,
+)
+
+
+def test_moe_language_graphs_are_bit_exact_under_deterministic_mode(moe_runs, record):
+    """Bridge's deterministic mode, graphs on the language model alone ([attn, moe_router, moe_preprocess]): every
+    iteration's loss and grad norm equal graphs off bit for bit, and eager equals itself (the mode holds)."""
+    if moe_runs.language_only is None:
+        pytest.skip("needs NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (the MoE runs then use Bridge's deterministic mode)")
+    from bridge_cudagraph.testing.parity import assert_captured
+
+    run = moe_runs.language_only
+    for r in (run, moe_runs.off, moe_runs.off_again):
+        r.require_ok()
+    captured = run.capture("language")
+    assert captured is not None and captured["failure"] is None, run.data["graphs"]
+    ended = {g["submodule"]: g for g in run.data["graphs"]}
+    assert set(ended) == {"language"}, sorted(ended)
+    assert_captured({**ended["language"], "graphs": captured["graphs"]}, where="moe_language_only")
+    out = {}
+    for key in ("loss", "grad_norm"):
+        _moe_floor(moe_runs, key).require_identical()
+        d = _compare(_series(run, key), _series(moe_runs.off, key), f"moe {key}, language graphs vs off")
+        d.require_identical()
+        out[key] = d.as_dict()
+    record(**out)
+
+
+@_VISION_GAP_UNDER_DETERMINISM
 def test_moe_pure_m4_losses_and_grad_norms_match_graphs_off(moe_runs, record):
     for run in (moe_runs.on, moe_runs.off, moe_runs.off_again):
         run.require_ok()
@@ -627,6 +682,7 @@ def test_moe_pure_m4_losses_and_grad_norms_match_graphs_off(moe_runs, record):
     record(**out, step_ms_graphs_on_alone=1e3 * on_s)  # the off runs ran three at once: no speed comparison
 
 
+@_VISION_GAP_UNDER_DETERMINISM
 def test_moe_pure_m4_resumes_from_a_checkpoint(moe_runs, record):
     """Graphs on, resumed from the graphed run's checkpoint at ``MOE_SAVE_AT``: captured again after its warmup, and
     its losses and grad norms at ``MOE_SAVE_AT + 1 .. MOE_ITERS`` equal the uninterrupted run's (within the floor)."""
