@@ -12,6 +12,13 @@ For each configuration, in one process on one GPU under pure M4 process groups
 3. ``ours``: :meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` (language + vision), and,
    where ``--variants`` names them, ours' speed levers (:data:`benchmarks.schema.OURS_VARIANTS`): ``ours_per_layer``
    (one vision graph per layer, the first version) and ``ours_optgraph`` (+ Bridge's optimizer graph);
+   ``upstream_full_iteration`` (where ``--variants`` names it; :mod:`benchmarks.full_iteration`): the host
+   provider with ``cuda_graph_impl="full_iteration"`` and the schedule wrapped in megatron-core's
+   ``FullCudaGraphWrapper`` as Bridge's ``train()`` wraps it, one graph for the whole forward and backward, captured
+   at the last warmup step. Where its static buffers cannot carry the configuration's data (micro-batches whose
+   shapes change from step to step) it is recorded ``refused`` with the reason, and a probe runs it on the first
+   step's micro-batches in every step (``static_probe``, timed only: what the wrapper does with the model once the
+   shapes are static); a failure is recorded with its cause and where it came from;
 4. ``eager_repeat`` (the control; ``--no-control`` skips it): eager again, built and run exactly like ``eager``
    (same provider, initial weights, batches and step plan), last, so it also runs in the process state the graphed
    variants left. Its differences from eager (every step's loss, the fixed batch, the grad norms) are the run-to-run
@@ -113,13 +120,24 @@ from benchmarks.configs import (
     quick_configs,
 )
 from benchmarks.flops import PEAK_BF16_TFLOPS
+from benchmarks.full_iteration import (
+    FULL_ITERATION,
+    FullIterationStep,
+    VariantRefused,
+    capture_call,
+    error_origin,
+    probe_shared,
+    static_input_mismatch,
+)
 from benchmarks.progress import say
 from benchmarks.schema import (
     CONTROL,
     FAILED,
     FINISHED,
     OURS_VARIANTS,
+    REFUSED,
     UNGRAPHED,
+    UPSTREAM_VARIANTS,
     VARIANTS,
     command_line,
     is_ours,
@@ -237,9 +255,13 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
         if "gradient_accumulation_fusion" in lever:
             overrides = {"gradient_accumulation_fusion": lever["gradient_accumulation_fusion"], **overrides}
         return make_provider(cfg, graphs, **overrides)
-    if variant == "upstream":
+    if variant in UPSTREAM_VARIANTS:
         # the host class, with cuda_graph_impl="transformer_engine"
         plain = tiny.upstream_provider(make_provider(cfg, None, **overrides))
+        if variant == FULL_ITERATION:
+            # one graph of the whole step instead: the encoder is inside it, and per-layer graphs are refused with it
+            plain.cuda_graph_impl = "full_iteration"
+            return plain
         plain.vision_cuda_graph_impl = "transformer_engine"
         plain.max_vision_cuda_graph_seq_length = cfg.upstream_vision_seq_length()
         return plain
@@ -600,13 +622,28 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def _train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_norms: list) -> tuple[float, float]:
-    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps`; ``(loss, wall ms)``."""
+def _train_step(
+    model,
+    optimizer,
+    micro_batches: list[dict],
+    pg_collection,
+    grad_norms: list,
+    forward_backward_func: Callable[..., Any] | None = None,
+) -> tuple[float, float]:
+    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps` (its schedule run by
+    ``forward_backward_func`` where given); ``(loss, wall ms)``."""
     from bridge_cudagraph.testing.parity import train_steps
 
     torch.cuda.synchronize()
     start = time.perf_counter()
-    loss = train_steps(model, optimizer, [micro_batches], pg_collection=pg_collection, grad_norms=grad_norms)[0]
+    loss = train_steps(
+        model,
+        optimizer,
+        [micro_batches],
+        pg_collection=pg_collection,
+        grad_norms=grad_norms,
+        forward_backward_func=forward_backward_func,
+    )[0]
     torch.cuda.synchronize()
     return loss, (time.perf_counter() - start) * 1e3
 
@@ -742,7 +779,7 @@ def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
     world = shared.world
     provider = variant_provider(shared.cfg, variant)
     objs["provider"] = provider
-    if variant == "upstream":
+    if variant in UPSTREAM_VARIANTS:
         model = tiny.build(provider, world.language)
     else:
         model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
@@ -755,22 +792,23 @@ def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
     if shared.initial_state is None:
         shared.initial_state = _snapshot(model)
     else:
-        _load(model, shared.initial_state, aliases_allowed=variant == "upstream")
+        _load(model, shared.initial_state, aliases_allowed=variant in UPSTREAM_VARIANTS)
     optimizer_graph = bool(OURS_VARIANTS.get(variant, {}).get("optimizer_graph"))
     objs["optimizer"] = megatron_optimizer(model, world.language, optimizer_cuda_graph=optimizer_graph)
     if optimizer_graph:
         # Captured at the last warmup step, outside the timed steps (Bridge captures it at the step its layer
         # graphs are captured in); it needs the optimizer state of the steps before it.
         objs["exits"] = contextlib.ExitStack()
-        objs["exits"].enter_context(
-            optimizer_step_graph(objs["optimizer"], capture_at=max(1, shared.warmup_steps - 1))
-        )
+        capture_at = capture_call(shared.warmup_steps)
+        objs["exits"].enter_context(optimizer_step_graph(objs["optimizer"], capture_at=capture_at))
+    if variant == FULL_ITERATION:
+        objs["full_iteration"] = FullIterationStep(world.language.pp.size(), capture_call(shared.warmup_steps))
 
 
 def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     cfg, world = shared.cfg, shared.world
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
-    if variant in UNGRAPHED:
+    if variant in UNGRAPHED or variant == FULL_ITERATION:  # the full-iteration graph is the schedule's wrapper
         return []
     if is_ours(variant):
         from bridge_cudagraph.testing.plans import plan_for
@@ -995,11 +1033,17 @@ def _run_variant(shared: _Shared, variant: str, *, timing_only: bool = False) ->
     try:
         _run_variant_body(shared, variant, rec, objs, timing_only=timing_only)
         rec["status"] = "ok"
+    except VariantRefused as refusal:  # never built: nothing to time or compare
+        rec.update(status=REFUSED, error=str(refusal))
+        say(f"{shared.cfg.name} {variant}: REFUSED {rec['error'][:300]}")
     except Exception as error:  # recorded, the other variants still run
         _record_failure(rec, error, f"{shared.cfg.name} {variant}")
     finally:
         survivors = _teardown(objs)
     _check_freed(rec, survivors)
+    if rec["status"] == REFUSED and variant == FULL_ITERATION and not timing_only:
+        say(f"{shared.cfg.name} {variant}: probe on the first step's micro-batches in every step")
+        rec["static_probe"] = _run_variant(probe_shared(shared), variant, timing_only=True)
     rec["seconds"] = time.perf_counter() - started
     return rec
 
@@ -1008,6 +1052,7 @@ def _record_failure(rec: dict, error: Exception, what: str) -> None:
     """Mark ``rec`` failed with the error and the tail of its traceback (call inside ``except``), and say so."""
     rec["status"] = FAILED
     rec["error"] = f"{type(error).__name__}: {error}"
+    rec.update(error_origin(error))
     rec["traceback"] = traceback.format_exc()[-4000:]
     say(f"{what}: FAILED {rec['error'][:300]}")
 
@@ -1050,6 +1095,10 @@ def _check_freed(rec: dict, survivors: dict) -> None:
 
 def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, timing_only: bool = False) -> None:
     cfg = shared.cfg
+    if variant == FULL_ITERATION:
+        why = static_input_mismatch([[shared.batches[k] for k in step] for step in shared.plan])
+        if why is not None:
+            raise VariantRefused(f"megatron-core's static buffers cannot carry this data: {why}")
     t0 = time.perf_counter()
     _build_variant(shared, variant, objs)
     rec["build_s"] = time.perf_counter() - t0
@@ -1067,6 +1116,9 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
     warmup_ms = [run_step(i) for i in range(shared.warmup_steps)]
     if helpers:
         rec.update(_capture(variant, helpers))
+    if "full_iteration" in objs:  # captured at the last warmup step, inside the wrapper
+        rec.update(objs["full_iteration"].capture_record())
+    if "capture_s" in rec:
         say(f"{cfg.name} {variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_bytes'] / 2**20:.0f} MiB")
     first = shared.warmup_steps
     if timer is not None:
@@ -1164,21 +1216,9 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
             mfu(statistics.fmean(profiled), kernel_ms, rec.get("peak_tflops")) if profiled else None
         )
 
-    # Fixed-batch check with the initial weights copied back in (in place: the graphs stay valid).
-    _load(model, shared.initial_state, aliases_allowed=variant == "upstream")
-    vision_helper = next((h for h in helpers if getattr(h, "submodule", None) == "vision"), None)
-    replays_before = vision_helper.stats.replays if vision_helper is not None else None
-    fixed_loss, grad_norm = _fixed_batch_check(model, shared.fixed_batch)
     if variant == "eager":
         shared.eager_losses = losses
-        shared.eager_fixed_loss = fixed_loss
-        shared.eager_fixed_grad_norm = grad_norm
-    rec["fixed_batch"] = {"grad_norm": grad_norm, "loss_mean": float(fixed_loss.mean())}
-    if vision_helper is not None:
-        rec["fixed_batch"]["vision_replayed"] = vision_helper.stats.replays - replays_before
     if variant != "eager" and shared.eager_losses is not None:
-        from bridge_cudagraph.testing.parity import diff_losses
-
         rec.update(
             compare_steps(
                 losses,
@@ -1188,14 +1228,12 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
                 warmup_steps=shared.warmup_steps,
             )
         )
-        d = diff_losses(fixed_loss, shared.eager_fixed_loss)
-        rec["fixed_batch"].update(
-            loss_max_abs_diff=d.loss_max_abs,
-            loss_rel_l2=d.loss_rel_l2,
-            loss_exact=d.loss_exact,
-            grad_norm_rel_diff=abs(grad_norm - shared.eager_fixed_grad_norm)
-            / max(abs(shared.eager_fixed_grad_norm), 1e-12),
-        )
+    if variant == FULL_ITERATION:
+        # Its graph holds a whole training step on its static buffers: a forward of the model on the fixed batch
+        # would run eagerly and compare eager with eager. Its parity is the per-step losses above.
+        rec["fixed_batch"] = {"skipped": "the full-iteration graph replays whole steps only"}
+    else:
+        rec["fixed_batch"] = _fixed_batch_record(shared, variant, model, helpers)
     _record_counters(rec, variant, helpers)
     require_finite(losses, grad_norms)
     if variant != CONTROL:
@@ -1206,6 +1244,33 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
         # A runner of its own, so the step's loss and grad norm join no recorded series (eager's is the reference).
         census_step = _step_runner(shared, objs)
         rec["host_syncs"] = census(lambda: census_step(min(p_first, len(shared.plan) - 1)))
+
+
+def _fixed_batch_record(shared: _Shared, variant: str, model: list, helpers: list) -> dict[str, Any]:
+    """The fixed batch's per-token loss and grad norm with the initial weights copied back in (in place: the graphs
+    stay valid); eager's are kept as the reference, every other variant's record has its difference from them."""
+    _load(model, shared.initial_state, aliases_allowed=variant in UPSTREAM_VARIANTS)
+    vision_helper = next((h for h in helpers if getattr(h, "submodule", None) == "vision"), None)
+    replays_before = vision_helper.stats.replays if vision_helper is not None else None
+    fixed_loss, grad_norm = _fixed_batch_check(model, shared.fixed_batch)
+    if variant == "eager":
+        shared.eager_fixed_loss = fixed_loss
+        shared.eager_fixed_grad_norm = grad_norm
+    out: dict[str, Any] = {"grad_norm": grad_norm, "loss_mean": float(fixed_loss.mean())}
+    if vision_helper is not None:
+        out["vision_replayed"] = vision_helper.stats.replays - replays_before
+    if variant != "eager" and shared.eager_fixed_loss is not None:
+        from bridge_cudagraph.testing.parity import diff_losses
+
+        d = diff_losses(fixed_loss, shared.eager_fixed_loss)
+        out.update(
+            loss_max_abs_diff=d.loss_max_abs,
+            loss_rel_l2=d.loss_rel_l2,
+            loss_exact=d.loss_exact,
+            grad_norm_rel_diff=abs(grad_norm - shared.eager_fixed_grad_norm)
+            / max(abs(shared.eager_fixed_grad_norm), 1e-12),
+        )
+    return out
 
 
 def _record_counters(rec: dict, variant: str, helpers: list) -> None:
@@ -1377,14 +1442,15 @@ def cap_gpu_memory(gib: float | None) -> float | None:
 def _step_runner(
     shared: _Shared, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
-    """``run(i)``: training step ``i`` of the plan on ``objs``' model; its wall ms. Each step's loss and grad norm
-    are appended to ``losses`` and ``grad_norms`` when given."""
-    model, optimizer = objs["model"], objs["optimizer"]
+    """``run(i)``: training step ``i`` of the plan on ``objs``' model (its schedule through ``objs``' full-iteration
+    wrapper where it has one); its wall ms. Each step's loss and grad norm are appended to ``losses`` and
+    ``grad_norms`` when given."""
+    model, optimizer, schedule = objs["model"], objs["optimizer"], objs.get("full_iteration")
 
     def run(i: int) -> float:
         micro_batches = [shared.batches[k] for k in shared.plan[i]]
         norms = [] if grad_norms is None else grad_norms
-        loss, ms = _train_step(model, optimizer, micro_batches, shared.world.language, norms)
+        loss, ms = _train_step(model, optimizer, micro_batches, shared.world.language, norms, schedule)
         if losses is not None:
             losses.append(loss)
         return ms
@@ -1430,6 +1496,8 @@ def _teardown(objs: dict) -> dict:
                 helper.delete_cuda_graphs()
         except Exception as error:
             logger.warning("bench: deleting %s graphs failed: %s", type(helper).__name__, error)
+    if objs.get("full_iteration") is not None:
+        objs["full_iteration"].close()  # megatron-core keeps its graph and static buffers on the class
     if objs.get("calculator"):
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
@@ -1730,7 +1798,7 @@ def _print_table(data: dict) -> None:
     for config in data["configs"]:
         for name, rec in config["variants"].items():
             if rec.get("status") != "ok":
-                print(f"{config['name']} | {name} | failed: {str(rec.get('error'))[:80]}")
+                print(f"{config['name']} | {name} | {rec.get('status')}: {str(rec.get('error'))[:80]}")
                 continue
             fixed = rec.get("fixed_batch") or {}
 

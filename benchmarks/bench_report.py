@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.schema import CONTROL, FINISHED, GRAPHED, OURS_VARIANTS, UNGRAPHED
+from benchmarks.schema import CONTROL, FINISHED, FULL_ITERATION, GRAPHED, OURS_VARIANTS, REFUSED, UNGRAPHED
 from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report renders without torch
 
 #: Variants in the order they are shown (the control next to its reference; run order is schema.VARIANTS).
@@ -36,6 +36,7 @@ LABELS = {
     "eager": "eager (graphs off)",
     CONTROL: "eager again (run-to-run noise floor)",
     "upstream": "upstream (Bridge/megatron-core TE graphs)",
+    FULL_ITERATION: "upstream's one graph per step (megatron-core cuda_graph_impl=full_iteration)",
     "ours": "ours (bridge_cudagraph)",
     "ours_per_layer": "ours, one vision graph per layer (the first version)",
     "ours_optgraph": "ours + Bridge's optimizer graph",
@@ -167,13 +168,19 @@ def _fmt_vision(variant: dict) -> str:
     return f"{fmt_ms(fwd)} (fwd)"
 
 
+def not_run_word(variant: Mapping[str, Any]) -> str:
+    """How a record that is not ``ok`` reads: ``refused`` (the variant cannot take the data) or ``failed``."""
+    return REFUSED if variant.get("status") == REFUSED else "failed"
+
+
 def variant_row(name: str, variant: dict | None) -> list[str]:
     """One table row for ``variant`` (a failed or missing variant still gets a row saying so)."""
     if not variant:
         return [name, "not run", *["n/a"] * (len(COLUMNS) - 2)]
     if variant.get("status") != "ok":
-        error = str(variant.get("error") or "failed").splitlines()[0][:120].replace("|", "/")
-        return [name, f"failed: {error}", *["n/a"] * (len(COLUMNS) - 2)]
+        what = not_run_word(variant)
+        error = str(variant.get("error") or what).splitlines()[0][:120].replace("|", "/")
+        return [name, f"{what}: {error}", *["n/a"] * (len(COLUMNS) - 2)]
     graphed = name not in UNGRAPHED
     compared = name != "eager"  # everything else, the control included, is compared with eager
     fixed = variant.get("fixed_batch") or {}
@@ -353,6 +360,9 @@ def _config_notes(config: dict) -> list[str]:
                 f"- {name}, fixed batch: per-token loss rel. L2 {fmt_ratio(fixed.get('loss_rel_l2'))}, "
                 f"grad-norm rel. diff {_num(fixed.get('grad_norm_rel_diff')) or 0:.1e}."
             )
+        notes += _not_run_note(name, v)
+        if v.get("status") == "ok" and fixed.get("skipped"):
+            notes.append(f"- {name}, fixed batch not checked ({fixed['skipped']}): its parity is every step's loss.")
         for sub, err in (v.get("capture_errors") or {}).items():
             notes.append(f"- {name}: {sub} capture failed, measured without those graphs: {str(err)[:200]}")
         if v.get("gpu_busy_note"):
@@ -361,6 +371,39 @@ def _config_notes(config: dict) -> list[str]:
     if status in ("failed", "incomplete") and config.get("log_tail"):
         tail = str(config["log_tail"]).replace("```", "'''").splitlines()[-30:]
         notes += ["", "Last lines of its log:", "", "```", *tail, "```"]
+    return notes
+
+
+def _outcome(variant: Mapping[str, Any]) -> str:
+    """A refused or failed record in one sentence: the reason, the root cause where it differs, and where it came
+    from."""
+    text = " ".join(str(variant.get("error") or "no reason recorded").split())[:400]
+    cause = variant.get("cause")
+    if cause and not text.startswith(str(cause)[:60]):
+        text += f"; cause: {' '.join(str(cause).split())[:300]}"
+    if variant.get("where"):
+        text += f" (at `{variant['where']}`)"
+    return text
+
+
+def _not_run_note(name: str, variant: Mapping[str, Any]) -> list[str]:
+    """Why a variant was refused, or where its failure came from (the table's row has the first 120 characters
+    only), and what the probe with static shapes found (the full-iteration graph: ``static_probe``)."""
+    status = variant.get("status")
+    if status not in (REFUSED, "failed") or (status == "failed" and not variant.get("where")):
+        return []  # a failure recorded without its origin (older files) has its row
+    notes = [f"- {name} {status}: {_outcome(variant)}."]
+    probe = variant.get("static_probe")
+    if probe:
+        if probe.get("status") == "ok":
+            found = (
+                f"ran, {fmt_ms(probe.get('step_ms_median'))} ms per step, captured in "
+                f"{fmt_ratio(probe.get('capture_s'))} s, {fmt_bytes(probe.get('graph_memory_bytes'), _MIB, 0)} MiB of "
+                "graph memory (timed only: other batches than eager's, no parity)"
+            )
+        else:
+            found = f"{probe.get('status', 'failed')}: {_outcome(probe)}"
+        notes.append(f"- {name} with the first step's micro-batches in every step (static shapes): {found}.")
     return notes
 
 
@@ -951,15 +994,17 @@ def _rounds_note(variants: Mapping[str, Any]) -> list[str]:
     return [f"- Median step ms per timed round (place in this configuration's run order): {'; '.join(parts)}."]
 
 
-def _summary_row(config: dict) -> list[str]:
+def _summary_row(config: dict, extra: Sequence[str] = ()) -> list[str]:
+    """One configuration's summary row; ``extra``: more variants' step time columns after ours
+    (:func:`summary_columns`)."""
     variants = config.get("variants") or {}
     control = variants.get(CONTROL)
     cells = [config.get("name", "?")]
     absent = "failed" if config.get("status") in ("failed", "incomplete") else "not run"
-    for name in ("eager", "upstream", "ours"):
+    for name in ("eager", "upstream", "ours", *extra):
         v = variants.get(name) or {}
         if v.get("status") != "ok":
-            cells.append("failed" if v else absent)
+            cells.append(not_run_word(v) if v else absent)
             continue
         speed = "" if name == "eager" else f" ({fmt_ratio(v.get('speedup_vs_eager'), 'x')})"
         cells.append(fmt_ms(v.get("step_ms_median")) + speed)
@@ -1008,6 +1053,22 @@ SUMMARY_COLUMNS = (
 )
 
 
+#: Where the summary's step time columns end: variants a run adds (:func:`summary_extra`) come after these.
+_SUMMARY_STEP_COLUMNS = 4
+
+
+def summary_extra(configs: Sequence[dict]) -> list[str]:
+    """Variants that get a summary column of their own where any configuration ran them: the full-iteration graph,
+    the anchor a user weighs ours against (older files, which lack it, render as before)."""
+    return [FULL_ITERATION] if any(FULL_ITERATION in (c.get("variants") or {}) for c in configs) else []
+
+
+def summary_columns(extra: Sequence[str] = ()) -> list[str]:
+    """The summary's header with a step time column for each of ``extra``."""
+    head, tail = SUMMARY_COLUMNS[:_SUMMARY_STEP_COLUMNS], SUMMARY_COLUMNS[_SUMMARY_STEP_COLUMNS:]
+    return [*head, *(f"{name} ms (speedup)" for name in extra), *tail]
+
+
 def render_markdown(data: dict) -> str:
     """The whole ``bench.md`` as a string."""
     meta = data.get("meta") or {}
@@ -1050,7 +1111,8 @@ def render_markdown(data: dict) -> str:
         )
     out.append("")
     if configs:
-        out += ["## Summary", "", *_table(SUMMARY_COLUMNS, [_summary_row(c) for c in configs]), ""]
+        extra = summary_extra(configs)
+        out += ["## Summary", "", *_table(summary_columns(extra), [_summary_row(c, extra) for c in configs]), ""]
         out += ["![step time per configuration and variant](bench.png)", ""]
     for config in configs:
         out.append(f"## {config.get('name', '?')}")
@@ -1120,7 +1182,7 @@ def _yes_no(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------- plot
 #: Bars of bench.png: the control is left out (its bar would repeat eager's); its loss difference is printed under
 #: the graphed variants' as the noise floor instead.
-PLOTTED = ("eager", "upstream", *OURS_VARIANTS)
+PLOTTED = ("eager", "upstream", FULL_ITERATION, *OURS_VARIANTS)
 
 
 def _bar_annotation(name: str, variant: dict, control: dict | None) -> tuple[list[str], str]:
@@ -1158,6 +1220,7 @@ def render_png(data: dict, path: Path) -> Path | None:
     colors = {
         "eager": "#9e9e9e",
         "upstream": "#f28e2b",
+        FULL_ITERATION: "#b6992d",
         "ours": "#59a14f",
         "ours_per_layer": "#8cd17d",
         "ours_optgraph": "#2f7d32",
@@ -1185,7 +1248,8 @@ def render_png(data: dict, path: Path) -> Path | None:
         for i, (name, h) in enumerate(zip(names, heights, strict=True)):
             v = variants.get(name) or {}
             if h is None:
-                ax.text(i, top * 0.05, "failed" if v else "not run", ha="center", va="bottom", fontsize=8, rotation=90)
+                what = not_run_word(v) if v else "not run"
+                ax.text(i, top * 0.05, what, ha="center", va="bottom", fontsize=8, rotation=90)
                 continue
             ax.bar(i, h, color=colors[name], width=0.7)
             lines, color = _bar_annotation(name, v, control)

@@ -3,9 +3,10 @@ reader (:mod:`benchmarks.bench_report`): the variant names, the statuses of a co
 values are made JSON-safe, and the command recorded in ``meta``.
 
 Layout: ``{"meta": {...}, "configs": [{"name", "status", ...configs.BenchConfig.as_dict(), "variants": {name:
-record}, "paired": {...}}]}``; a variant's record has ``status`` (:data:`OK` or :data:`FAILED`, with ``error``),
-its step times, losses and grad norms, and its differences from eager (``loss_max_abs_diff_vs_eager``, None when
-either run had a non-finite loss: then the record is failed, see :func:`benchmarks.bench.compare_steps`).
+record}, "paired": {...}}]}``; a variant's record has ``status`` (:data:`OK`, or :data:`FAILED` with ``error`` and,
+where found, the root ``cause`` and ``where`` it came from, or :data:`REFUSED` with ``error`` the reason), its step
+times, losses and grad norms, and its differences from eager (``loss_max_abs_diff_vs_eager``, None when either run
+had a non-finite loss: then the record is failed, see :func:`benchmarks.bench.compare_steps`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,14 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # bridge_cudagraph.host.forward.RowMerge): one wait forward, two backward; what the row merge gives.
     "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "row_merge": False},
 }
+#: megatron-core's one graph over the whole forward and backward (``cuda_graph_impl="full_iteration"``, its
+#: ``FullCudaGraphWrapper`` around the schedule as Bridge's ``train()`` installs it): upstream's strongest option, run
+#: where ``--variants`` names it (:mod:`benchmarks.full_iteration`).
+FULL_ITERATION = "upstream_full_iteration"
+#: Variants built on the host's own provider class (Bridge's, no ``cuda_graph`` block).
+UPSTREAM_VARIANTS = ("upstream", FULL_ITERATION)
 #: Variants whose loss drift is judged against the noise floor.
-GRAPHED = ("upstream", *OURS_VARIANTS)
+GRAPHED = (*UPSTREAM_VARIANTS, *OURS_VARIANTS)
 #: Every variant, in the order they run: eager first (the reference), the graphed ones, the control last.
 VARIANTS = (EAGER, *GRAPHED, CONTROL)
 
@@ -68,6 +75,8 @@ INCOMPLETE = "incomplete"
 #: A variant's (or a configuration's) outcome.
 OK = "ok"
 FAILED = "failed"
+#: A variant that cannot take the configuration's data (``error`` says why); it was never built or timed.
+REFUSED = "refused"
 
 
 def is_ours(variant: str) -> bool:

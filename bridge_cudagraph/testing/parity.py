@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -394,11 +394,15 @@ def train_steps(
     pg_collection,
     on_step=None,
     grad_norms: list | None = None,
+    forward_backward_func: Callable[..., list] | None = None,
 ) -> list[float]:
     """Run optimizer steps through Megatron's real schedule; each item of ``steps`` is one step's micro-batches.
 
     ``on_step(i)`` runs before step ``i`` (the place Bridge's loop captures graphs). Returns the loss per step
     (the last pipeline stage's; NaN elsewhere); ``grad_norms``, when a list, receives the optimizer's grad norms.
+    ``forward_backward_func``: what runs the schedule instead of megatron-core's own function for this pipeline
+    size, called with the same keyword arguments (the place Bridge's ``train()`` puts megatron-core's
+    ``FullCudaGraphWrapper`` around it).
     """
     from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
     from megatron.core.utils import get_model_config
@@ -406,7 +410,7 @@ def train_steps(
     config = get_model_config(model[0])
     if config.finalize_model_grads_func is None:
         prepare_finalize(model)
-    forward_backward = get_forward_backward_func(pp_size=pg_collection.pp.size())
+    forward_backward = forward_backward_func or get_forward_backward_func(pp_size=pg_collection.pp.size())
     extra = {}
     if pg_collection.pp.size() > 1:
         from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
