@@ -1661,7 +1661,7 @@ def _finish_variants(results: dict[str, dict]) -> None:
 
 def _summary_line(config: str, variant: str, rec: dict) -> str:
     if rec.get("status") != "ok":
-        return f"{config} {variant}: failed"
+        return f"{config} {variant}: {rec.get('status')}"
 
     def f(key, spec):
         v = rec.get(key)
@@ -1917,11 +1917,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _failed_variants(data: dict) -> list[str]:
+    """``config/variant`` of every variant that did not finish (a refused one is an outcome, not a failure)."""
     return [
         f"{c['name']}/{name}"
         for c in data["configs"]
         for name, rec in (c.get("variants") or {}).items()
-        if rec.get("status") != "ok"
+        if rec.get("status") not in ("ok", REFUSED)
     ]
 
 

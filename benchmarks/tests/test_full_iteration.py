@@ -112,6 +112,8 @@ def test_the_variant_is_parsed_and_runs_among_the_graphed_ones(monkeypatch, tmp_
     assert list(seen["variants"]) == ["eager", FULL_ITERATION, "eager_repeat"]
     with pytest.raises(ValueError, match="unknown variants"):
         bench.run_order(["upstream_full_iterations"])
+    data = {"configs": [{"name": "tiny", "variants": {FULL_ITERATION: {"status": REFUSED}, "ours": {"status": "x"}}}]}
+    assert bench._failed_variants(data) == ["tiny/ours"]  # refused is an outcome, not a failure
 
 
 def test_the_variant_provider_is_the_host_class_with_one_graph_per_step():
