@@ -7,9 +7,10 @@ of its useful-tokens lines (329, 467, 941, 1194, 1734 at iterations 6-10). Run f
     python results/run64/microbatch_order.py > results/run64/microbatch_order.txt
 """
 
-from bridge_cudagraph.examples.photo_recipe import tiny_qwen3_vl_moe_photos_config
 from megatron.bridge.data.samplers import MegatronPretrainingRandomSampler
 from megatron.bridge.data.utils import get_dataset_provider
+
+from bridge_cudagraph.examples.photo_recipe import tiny_qwen3_vl_moe_photos_config
 
 ITERS, MBS, BUDGETS, MAX_PATCHES = 14, 2, [1024, 2048, 4096, 8192], 3920
 
@@ -25,7 +26,8 @@ sampler = MegatronPretrainingRandomSampler(
     data_sharding=True,
 )
 print(
-    "iteration | samples | loss tokens | image grids (t, h, w) | patches per frame | total | budget | static max_seqlen | eager max_seqlen"
+    "iteration | samples | loss tokens | image grids (t, h, w) | patches per frame | total | budget | "
+    "static max_seqlen | eager max_seqlen"
 )
 for it, idx in enumerate(sampler, 1):
     if it > ITERS:
