@@ -222,11 +222,12 @@ def _checkpoint_keys(directory: Path) -> dict[str, list[str]]:
     became the same placeholder on both sides of a comparison, so two broken checkpoints compared equal.)"""
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     keys = {"sharded": sorted(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)}
     try:
         common = load_common_state_dict(str(directory))
-    except Exception as error:
+    except (Exception, CheckpointException) as error:
         raise AssertionError(f"{directory}: common state unreadable: {type(error).__name__}: {error}") from error
     assert isinstance(common, dict) and common, f"{directory}: no common state ({common!r:.200})"
     keys["common"] = sorted(common)

@@ -1,9 +1,15 @@
-"""The Bridge-loop GPU test's checkpoint-key reader cannot make two broken checkpoints compare equal (issue #35):
-a ``common.pt`` that is missing or unreadable is a failure naming the file, not a placeholder on both sides."""
+"""The Bridge-loop GPU test's checkpoint-key reader cannot make two broken checkpoints compare equal (issue #35): a
+common state that is missing or unreadable is a failure naming the folder, not a placeholder on both sides.
+
+The checkpoints are laid out as megatron-core 0.19 writes a torch_dist one, with its own pieces: the sharded tensors
+and the common state (a ``ShardedObject`` under its ``unique_key``, pickled as a list the torch strategy writes) in
+torch's distributed-checkpoint files, and ``metadata.json`` (``save_config``). megatron-core's own ``save`` needs a
+GPU even for CPU tensors, so the files are written by the calls it makes."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
@@ -26,28 +32,48 @@ def checkpoint_keys():
         sys.modules.pop(name, None)
 
 
-@pytest.fixture
-def checkpoint(tmp_path):
-    """A torch_dist checkpoint folder as megatron-core writes one: sharded tensors and a ``common.pt``."""
+def _write(folder: Path, common: dict | None) -> Path:
     import torch.distributed.checkpoint as dcp
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    folder = tmp_path / "iter_0000030"
-    dcp.save({"decoder.weight": torch.ones(2, 2)}, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
-    torch.save({"iteration": 30, "args": None}, folder / "common.pt")
+    state: dict = {"decoder.weight": torch.ones(2, 2)}
+    if common is not None:
+        pickled = io.BytesIO()
+        torch.save([common], pickled)  # strategies/torch.py: the data of the key's shards, as a list
+        state[ShardedObject("common_state", None, (1,), (0,)).unique_key] = pickled
+    folder.mkdir(parents=True)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
+    save_config(CheckpointingConfig("torch_dist", 1), str(folder))
     return folder
 
 
+@pytest.fixture
+def checkpoint(tmp_path):
+    return _write(tmp_path / "iter_0000030", {"iteration": 30, "args": None})
+
+
 def test_a_readable_checkpoint_gives_both_kinds_of_keys(checkpoint_keys, checkpoint):
-    assert checkpoint_keys(checkpoint) == {"sharded": ["decoder.weight"], "common": ["args", "iteration"]}
+    keys = checkpoint_keys(checkpoint)
+    assert keys["common"] == ["args", "iteration"]
+    assert "decoder.weight" in keys["sharded"], keys
 
 
-def test_an_unreadable_common_file_fails(checkpoint_keys, checkpoint):
+def test_a_legacy_common_file_is_read_and_an_unreadable_one_fails(checkpoint_keys, checkpoint):
+    torch.save({"iteration": 30, "rng_state": None}, checkpoint / "common.pt")  # megatron-core reads it first
+    assert checkpoint_keys(checkpoint)["common"] == ["iteration", "rng_state"]
     (checkpoint / "common.pt").write_bytes(b"not a pickle")
-    with pytest.raises(AssertionError, match=r"common\.pt is unreadable: UnpicklingError"):
+    with pytest.raises(AssertionError, match=r"iter_0000030: common state unreadable: UnpicklingError"):
         checkpoint_keys(checkpoint)
 
 
-def test_a_missing_common_file_fails(checkpoint_keys, checkpoint):
-    (checkpoint / "common.pt").unlink()
-    with pytest.raises(AssertionError, match=r"common\.pt is missing"):
+def test_a_checkpoint_without_its_common_state_fails(checkpoint_keys, tmp_path):
+    folder = _write(tmp_path / "iter_0000030", None)
+    with pytest.raises(AssertionError, match=r"iter_0000030: common state unreadable"):
+        checkpoint_keys(folder)
+
+
+def test_a_folder_that_is_no_distributed_checkpoint_fails(checkpoint_keys, checkpoint):
+    (checkpoint / "metadata.json").unlink()
+    with pytest.raises(AssertionError, match=r"common state unreadable: CheckpointingException"):
         checkpoint_keys(checkpoint)
