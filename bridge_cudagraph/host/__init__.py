@@ -18,6 +18,7 @@ module                  what it changes
 ``wgrad_fusion``        TE modules' ``fuse_wgrad_accumulation``, without APEX
 ``replica_sync``        ``finalize_model_grads_func``: the vision replicas' gradient average
 ``encoder_swap``        ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups
+``finalize_chain``      nothing of its own: how ``finalize`` and ``replica_sync`` put a wrapper on and off
 ======================  ================================================================================
 
 Outside this folder the package subclasses host classes at their documented seams and reads what those seams hand a

@@ -28,20 +28,19 @@ only); :func:`uninstall` puts the previous function back.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 from bridge_cudagraph.host import compat
+from bridge_cudagraph.host.finalize_chain import ChainLink
 from bridge_cudagraph.host.patches import listed_reset_modules
 
 __all__ = ["install", "installed", "listed_modules", "uninstall"]
 
-#: Set on the wrapper :func:`install` assigns: the function it wrapped. A wrapper put on top later
-#: (``functools.wraps``, as :func:`bridge_cudagraph.host.replica_sync.install_grad_sync` does) copies it, which is how
-#: :func:`install` sees its walk already in the chain.
-WRAPPED = "_bridge_cudagraph_finalize_wrapped"
-#: Set on that wrapper to itself: only the wrapper whose own attribute this is can be taken off by :func:`uninstall`.
-OWNER = "_bridge_cudagraph_finalize_owner"
+#: The marks of :func:`install`'s wrapper (:class:`~bridge_cudagraph.host.finalize_chain.ChainLink`): a wrapper
+#: put on top later (``functools.wraps``, as :func:`bridge_cudagraph.host.replica_sync.install_grad_sync` does)
+#: copies them, which is how :func:`install` sees its walk already in the chain.
+LINK = ChainLink("_bridge_cudagraph_finalize")
+WRAPPED = LINK.wrapped
 
 
 def _may_reset(module: Any) -> bool:
@@ -68,7 +67,7 @@ def install(model_config: Any, model_chunks: list[Any]) -> bool:
     finalize = getattr(model_config, "finalize_model_grads_func", None)
     if finalize is None or not compat.finalize_walk_is_mirrored():
         return False
-    if getattr(finalize, WRAPPED, None) is not None:
+    if LINK.in_chain(model_config):
         return True
     chunks = list(model_chunks)
     modules = listed_modules(chunks)
@@ -78,24 +77,18 @@ def install(model_config: Any, model_chunks: list[Any]) -> bool:
         with listed_reset_modules(chunks, modules):
             return finalize(*args, **kwargs)
 
-    setattr(finalize_with_listed_modules, WRAPPED, finalize)
-    setattr(finalize_with_listed_modules, OWNER, finalize_with_listed_modules)
-    model_config.finalize_model_grads_func = finalize_with_listed_modules
+    LINK.put_on(model_config, finalize_with_listed_modules, finalize)
     return True
 
 
 def installed(model_config: Any) -> bool:
     """Whether :func:`install`'s wrapper is in ``model_config``'s finalisation function (itself, or under a wrapper
     put on top)."""
-    return getattr(getattr(model_config, "finalize_model_grads_func", None), WRAPPED, None) is not None
+    return LINK.in_chain(model_config)
 
 
 def uninstall(model_config: Any) -> bool:
     """Put back the function :func:`install` wrapped; returns whether it did. Where another wrapper was put on top
     since, nothing changes (taking ours out from under it would drop that wrapper too); the listing then stays,
     which steps exactly as the walk does."""
-    finalize: Callable[..., Any] | None = getattr(model_config, "finalize_model_grads_func", None)
-    if finalize is None or getattr(finalize, OWNER, None) is not finalize:
-        return False
-    model_config.finalize_model_grads_func = getattr(finalize, WRAPPED)
-    return True
+    return LINK.take_off(model_config)

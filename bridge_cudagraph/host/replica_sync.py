@@ -19,17 +19,16 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from bridge_cudagraph.host.finalize_chain import ChainLink
 from bridge_cudagraph.vision.replicas import average_replica_grads, replica_group_of
 
-__all__ = ["MARK", "grad_sync_installed", "install_grad_sync", "uninstall_grad_sync"]
+__all__ = ["WRAPPED", "grad_sync_installed", "install_grad_sync", "uninstall_grad_sync"]
 
-#: Set on the wrapper to True; a wrapper put on top later (``functools.wraps``) copies it, so :func:`install_grad_sync`
-#: sees the average already in the chain.
-MARK = "_bridge_cudagraph_replica_sync"
-#: Set on the wrapper: the function it wrapped.
-WRAPPED = "_bridge_cudagraph_replica_sync_wrapped"
-#: Set on the wrapper to itself: only the wrapper whose own attribute this is can be taken off.
-OWNER = "_bridge_cudagraph_replica_sync_owner"
+#: The marks of :func:`install_grad_sync`'s wrapper (:class:`~bridge_cudagraph.host.finalize_chain.ChainLink`); a
+#: wrapper put on top later (``functools.wraps``) copies them, so :func:`install_grad_sync` sees the average already in
+#: the chain.
+LINK = ChainLink("_bridge_cudagraph_replica_sync")
+WRAPPED = LINK.wrapped
 
 
 def install_grad_sync(model_config: Any, model_chunks: list[Any], encoder_type: type) -> bool:
@@ -47,7 +46,7 @@ def install_grad_sync(model_config: Any, model_chunks: list[Any], encoder_type: 
     finalize = model_config.finalize_model_grads_func
     if group is None or finalize is None:
         return False
-    if getattr(finalize, MARK, False):
+    if LINK.in_chain(model_config):
         return True
 
     @functools.wraps(finalize)
@@ -56,24 +55,17 @@ def install_grad_sync(model_config: Any, model_chunks: list[Any], encoder_type: 
         average_replica_grads(encoders[0], group)
         return result
 
-    setattr(finalize_and_sync, MARK, True)
-    setattr(finalize_and_sync, WRAPPED, finalize)
-    setattr(finalize_and_sync, OWNER, finalize_and_sync)
-    model_config.finalize_model_grads_func = finalize_and_sync
+    LINK.put_on(model_config, finalize_and_sync, finalize)
     return True
 
 
 def grad_sync_installed(model_config: Any) -> bool:
     """Whether the average is in ``model_config``'s finalisation function (itself, or under a wrapper on top)."""
-    return bool(getattr(getattr(model_config, "finalize_model_grads_func", None), MARK, False))
+    return LINK.in_chain(model_config)
 
 
 def uninstall_grad_sync(model_config: Any) -> bool:
     """Put back the function :func:`install_grad_sync` wrapped; returns whether it did. Where another wrapper was put
     on top since, nothing changes (taking ours out from under it would drop that wrapper too). Assigned past any
     ``__setattr__`` of the config's class: the provider's re-installs the average on every assignment."""
-    finalize = getattr(model_config, "finalize_model_grads_func", None)
-    if finalize is None or getattr(finalize, OWNER, None) is not finalize:
-        return False
-    object.__setattr__(model_config, "finalize_model_grads_func", getattr(finalize, WRAPPED))
-    return True
+    return LINK.take_off(model_config, past_setattr=True)

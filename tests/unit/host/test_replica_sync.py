@@ -91,7 +91,7 @@ def test_a_wrapper_put_on_top_is_not_taken_off():
 
     holder = type("Holder", (), {})()
     ours = functools.partial(_finalize, [])
-    setattr(ours, replica_sync.MARK, True)  # as if installed; its owner mark is missing, as on a wrapper on top
+    setattr(ours, replica_sync.WRAPPED, _finalize)  # as if installed; no owner mark, as on a wrapper on top
 
     @functools.wraps(ours)
     def on_top(*args, **kwargs):
