@@ -35,7 +35,7 @@ Run (from the repository root)::
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
         --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
 
-``--model tiny-moe`` and ``--model moe-30b-a3b-shape`` answer what MoE users get from graphs (issue #35): the MoE
+``--model tiny-moe`` and ``--model moe-30b-a3b-shape`` answer what MoE users get from graphs: the MoE
 tiny Qwen3-VL, and Qwen3-VL-30B-A3B's layer (128 experts, top 8, grouped GEMM) at 4 language layers with its own
 vision encoder, random weights, on one GPU at EP 1 (:data:`MODELS`). Their graphs are the MoE recipes' padded ones
 (language over attention, router and dispatch preprocess, :data:`MOE_SCOPE`; vision graphs); packed language
@@ -198,8 +198,8 @@ class ModelDef:
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
 
 
-#: Every ``--model``. The dense ones are the benchmark's first; the MoE ones answer what MoE users get from graphs
-#: (issue #35): padded graphs of the attention, router and preprocess against Bridge's packed eager step.
+#: Every ``--model``. The dense ones are the benchmark's first; the MoE ones answer what MoE users get from graphs:
+#: padded graphs of the attention, router and preprocess against Bridge's packed eager step.
 MODELS: dict[str, ModelDef] = {
     "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, budget_round=256),
     "small": ModelDef(
