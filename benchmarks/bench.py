@@ -1622,14 +1622,23 @@ def run_config(
 
 def run_order(variants: Iterable[str]) -> list[str]:
     """The order the variants of one configuration run in: eager first (always: the reference of every other), the
-    graphed ones as given, the control last. Last, because it then runs in the process state the graphed variants
-    ran in (allocator, clocks), so its step time also shows whether that state moved eager's timing."""
+    graphed ones as given, the control, then upstream's full-iteration graph. The control runs after the graphed
+    ones because it then runs in the process state they ran in (allocator, clocks), so its step time also shows
+    whether that state moved eager's timing. The full-iteration graph runs after everything: when its capture fails
+    (Qwen3-VL's encoder reads the device from the host inside it), torch leaves the CUDA generators registered with
+    the abandoned graph, and every later forward with dropout or RNG fails ("Offset increment outside graph capture
+    encountered unexpectedly": the control after it, run 65)."""
     chosen = list(dict.fromkeys(variants))
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {VARIANTS}")
-    middle = [v for v in chosen if v not in UNGRAPHED]
-    return ["eager", *middle, *([CONTROL] if CONTROL in chosen else [])]
+    middle = [v for v in chosen if v not in UNGRAPHED and v != FULL_ITERATION]
+    return [
+        "eager",
+        *middle,
+        *([CONTROL] if CONTROL in chosen else []),
+        *([FULL_ITERATION] if FULL_ITERATION in chosen else []),
+    ]
 
 
 def run_plan(variants: Iterable[str], rounds: int = DEFAULT_ROUNDS) -> list[tuple[str, int]]:
@@ -1640,11 +1649,13 @@ def run_plan(variants: Iterable[str], rounds: int = DEFAULT_ROUNDS) -> list[tupl
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     first = run_order(variants)
+    last = [v for v in first if v == FULL_ITERATION]  # one round, after every other (see run_order)
+    first = [v for v in first if v != FULL_ITERATION]
     graphed = [v for v in first if v not in UNGRAPHED]
     plan = [(v, 1) for v in first]
     for round_ in range(2, rounds + 1):
         plan += [(v, round_) for v in (reversed(graphed) if round_ % 2 == 0 else graphed)]
-    return plan
+    return plan + [(v, 1) for v in last]
 
 
 def _finish_variants(results: dict[str, dict]) -> None:

@@ -141,6 +141,20 @@ def test_run_order_puts_eager_first_and_the_control_last():
     assert bench.run_order(["ours", "eager_repeat", "upstream"]) == ["eager", "ours", "upstream", "eager_repeat"]
     assert bench.run_order(["ours"]) == ["eager", "ours"]
     assert bench.run_order(bench.DEFAULT_VARIANTS) == ["eager", "upstream", "ours", "eager_repeat"]
+
+
+def test_run_order_puts_the_full_iteration_graph_after_the_control_and_in_one_round_only():
+    # A failed full-iteration capture leaves the CUDA generators registered with the abandoned graph (run 65: the
+    # control after it failed), so nothing may run after it in the process.
+    chosen = ["upstream_full_iteration", "ours", "eager_repeat"]
+    assert bench.run_order(chosen) == ["eager", "ours", "eager_repeat", "upstream_full_iteration"]
+    assert bench.run_plan(chosen, 2) == [
+        ("eager", 1),
+        ("ours", 1),
+        ("eager_repeat", 1),
+        ("ours", 2),
+        ("upstream_full_iteration", 1),
+    ]
     with pytest.raises(ValueError, match="unknown variants"):
         bench.run_order(["eager", "fast"])
     # ours' speed levers run where they are named, in the order given, between eager and the control

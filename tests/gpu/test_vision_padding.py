@@ -51,6 +51,15 @@ SETS = {
     "p4440_b8192": [[(1, 44, 60)], [(1, 36, 50)]],
     "p6000_b8192": [[(1, 56, 70)], [(1, 40, 52)]],
     "p7840_b8192": [[(1, 56, 70)], [(1, 56, 70)]],
+    # The MoE tiny's deterministic photo run (its vision encoder is this one): the micro-batches it replayed at the
+    # 4096 budget, in order (results/run64/microbatch_order.txt). The loop stayed identical to eager through the
+    # first three and parted from it at the fourth (2728 patches), with no eager fallback.
+    "moe_it1_p2372_b4096": [[(1, 32, 48)], [(1, 22, 38)]],
+    "moe_it8_p3140_b4096": [[(1, 48, 48)], [(1, 22, 38)]],
+    "moe_it9_p2944_b4096": [[(1, 40, 40)], [(1, 28, 48)]],
+    "moe_it10_p2728_b4096": [[(1, 44, 44)], [(1, 22, 36)]],
+    "moe_it11_p2780_b4096": [[(1, 36, 54)], [(1, 38, 22)]],
+    "moe_it13_p2184_b4096": [[(1, 32, 42)], [(1, 42, 20)]],
 }
 
 
