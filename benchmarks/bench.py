@@ -770,6 +770,11 @@ class _Shared:
     trace_dir: str | None = None
     """``--profile-stacks``: profile with Python stacks, attribute the GPU-idle time to Python functions
     (:func:`~benchmarks.bench_trace.idle_by_python_function`) and keep each variant's trace here, gzipped."""
+    build: Callable[[Any, str, dict], list] | None = None
+    """Another benchmark's variants (:mod:`benchmarks.gpt_full_iteration`): ``build(shared, variant, objs)`` puts the
+    variant's ``model``, ``optimizer`` and ``provider`` into ``objs`` (and ``schedule``, the function that runs the
+    schedule, or ``full_iteration``) and returns its graph helpers, in place of :func:`_build_variant` and
+    :func:`_make_helpers`."""
 
 
 def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
@@ -1100,10 +1105,14 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
         if why is not None:
             raise VariantRefused(f"megatron-core's static buffers cannot carry this data: {why}")
     t0 = time.perf_counter()
-    _build_variant(shared, variant, objs)
+    if shared.build is not None:
+        helpers = shared.build(shared, variant, objs)
+    else:
+        _build_variant(shared, variant, objs)
+        helpers = _make_helpers(shared, variant, objs)
     rec["build_s"] = time.perf_counter() - t0
     model, optimizer = objs["model"], objs["optimizer"]
-    helpers = objs["helpers"] = _make_helpers(shared, variant, objs)
+    objs["helpers"] = helpers
     timer = None if timing_only else VisionTimer(model)
     objs["timer"] = timer
 
@@ -1275,7 +1284,7 @@ def _fixed_batch_record(shared: _Shared, variant: str, model: list, helpers: lis
 
 def _record_counters(rec: dict, variant: str, helpers: list) -> None:
     """Ours' replay and fallback counters (upstream's helpers keep none)."""
-    if not is_ours(variant):
+    if not is_ours(variant) and not any(hasattr(h, "stats") for h in helpers):
         return
     rec["counters"] = {
         h.submodule: {
@@ -1443,9 +1452,10 @@ def _step_runner(
     shared: _Shared, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
     """``run(i)``: training step ``i`` of the plan on ``objs``' model (its schedule through ``objs``' full-iteration
-    wrapper where it has one); its wall ms. Each step's loss and grad norm are appended to ``losses`` and
-    ``grad_norms`` when given."""
-    model, optimizer, schedule = objs["model"], objs["optimizer"], objs.get("full_iteration")
+    wrapper where it has one, or ``objs["schedule"]``); its wall ms. Each step's loss and grad norm are appended to
+    ``losses`` and ``grad_norms`` when given."""
+    model, optimizer = objs["model"], objs["optimizer"]
+    schedule = objs.get("schedule") or objs.get("full_iteration")
 
     def run(i: int) -> float:
         micro_batches = [shared.batches[k] for k in shared.plan[i]]
@@ -1620,7 +1630,7 @@ def run_config(
     return out
 
 
-def run_order(variants: Iterable[str]) -> list[str]:
+def run_order(variants: Iterable[str], known: Sequence[str] = VARIANTS) -> list[str]:
     """The order the variants of one configuration run in: eager first (always: the reference of every other), the
     graphed ones as given, the control, then upstream's full-iteration graph. The control runs after the graphed
     ones because it then runs in the process state they ran in (allocator, clocks), so its step time also shows
@@ -1629,9 +1639,9 @@ def run_order(variants: Iterable[str]) -> list[str]:
     the abandoned graph, and every later forward with dropout or RNG fails ("Offset increment outside graph capture
     encountered unexpectedly": the control after it, run 65)."""
     chosen = list(dict.fromkeys(variants))
-    unknown = [v for v in chosen if v not in VARIANTS]
+    unknown = [v for v in chosen if v not in known]
     if unknown:
-        raise ValueError(f"unknown variants {unknown}; known: {VARIANTS}")
+        raise ValueError(f"unknown variants {unknown}; known: {tuple(known)}")
     middle = [v for v in chosen if v not in UNGRAPHED and v != FULL_ITERATION]
     return [
         "eager",
