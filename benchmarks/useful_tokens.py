@@ -369,8 +369,11 @@ def token_ids(processor) -> dict[str, int]:
     }
 
 
-def microbatch_stats(collated: dict, packed: dict, padded: dict) -> MicroBatch:
-    """The numbers of one collated micro-batch and its two forms; the forms must keep every loss token."""
+def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> MicroBatch:
+    """The numbers of one collated micro-batch and its two forms; the forms must keep every loss token.
+    ``visual_ids``: the image and video token ids (a row's extent reaches its last one, as the replay's does)."""
+    from bridge_cudagraph.capture.tight import row_extents, tight_rows
+
     rows, width = collated["input_ids"].shape
     loss = round(float(collated["loss_mask"].sum()))
     for form, batch in ((PACKED, packed), (PADDED, padded)):
@@ -388,7 +391,15 @@ def microbatch_stats(collated: dict, packed: dict, padded: dict) -> MicroBatch:
         padded_tokens=int(padded["input_ids"].numel()),
         patches=0 if grid is None else int(grid.prod(-1).sum()),
         images=0 if grid is None else int(grid.size(0)),
+        tight_tokens=_tight_tokens(packed, visual_ids, row_extents, tight_rows),
     )
+
+
+def _tight_tokens(packed: dict, visual_ids: Sequence[int], row_extents, tight_rows) -> int:
+    """``T'`` of the packed form as the replay packs it tightly (0 where its rows are not the step's rows)."""
+    ids = packed["input_ids"].detach().cpu()
+    extents = row_extents(packed["loss_mask"].detach().cpu(), ids, visual_ids)
+    return 0 if extents is None else tight_rows(extents, ids.size(1)).tokens
 
 
 def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device="cuda") -> dict[str, list[dict]]:
@@ -582,8 +593,15 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
 
         # As the product's plan builds it: one graph per run of layers between deepstack merges.
         merges = deepstack_merges(model_facts(objs["provider"]))
+        # Tight packing as the plan turns it on at pp 1 without sequence parallelism (its lengths need
+        # fewer_host_waits, which bench's plan installs).
         helper = PackedLanguageGraphHelper(
-            objs["model"], layout=run.layout, on_capture_error="raise", graph_unit="deepstack", deepstack_merges=merges
+            objs["model"],
+            layout=run.layout,
+            on_capture_error="raise",
+            graph_unit="deepstack",
+            deepstack_merges=merges,
+            tight=True,
         )
         helpers.insert(0, helper)
     return helpers
@@ -630,6 +648,7 @@ def _counters(helpers: list) -> dict[str, dict]:
             "eager_fallbacks": h.stats.eager_fallbacks,
             "graphs": h.stats.graphs,
             "failed": h.stats.failed,
+            **({"tight_replays": h.tight_replays} if hasattr(h, "tight_replays") else {}),
         }
         for h in helpers
         if hasattr(h, "stats")
@@ -701,6 +720,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             times,
             budgets=run.layout.budgets,
             max_sequences=run.layout.max_sequences,
+            tight=any(getattr(h, "tight", False) for h in helpers),
         )
     )
     say(
@@ -931,7 +951,10 @@ def prepare(args: argparse.Namespace, world) -> _Run:
     processor, collated = photo_microbatches(args.microbatches, args.mbs, args.seq)
     say(f"data: {len(collated)} micro-batches collated by Bridge in {time.perf_counter() - t0:.1f} s")
     forms = step_forms(collated, world.language, args.seq)
-    micro = [microbatch_stats(c, p, q) for c, p, q in zip(collated, forms[PACKED], forms[PADDED], strict=True)]
+    visual_ids = (processor.image_token_id, processor.video_token_id)
+    micro = [
+        microbatch_stats(c, p, q, visual_ids) for c, p, q in zip(collated, forms[PACKED], forms[PADDED], strict=True)
+    ]
     cfg = BenchConfig(
         name=f"photo-{args.model}-mbs{args.mbs}-seq{args.seq}",
         model=args.model,

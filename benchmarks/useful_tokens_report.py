@@ -103,6 +103,8 @@ class MicroBatch:
         padded_tokens: Token slots of the padded form: rows x seq_length.
         patches: Vision patches (``image_grid_thw`` products summed).
         images: Images (frames) in the micro-batch.
+        tight_tokens: ``T'`` of the packed form tightly packed (each row's extent rounded up to 16,
+            :mod:`bridge_cudagraph.capture.tight`); 0 where unknown.
     """
 
     rows: int
@@ -113,6 +115,7 @@ class MicroBatch:
     padded_tokens: int
     patches: int
     images: int
+    tight_tokens: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -126,14 +129,17 @@ def budget_for(tokens: int, rows: int, budgets: Sequence[int], max_sequences: in
     return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, rows)
 
 
-def token_slots(variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0) -> int:
+def token_slots(
+    variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0, *, tight: bool = False
+) -> int:
     """Token slots the language model computes for ``mb`` in ``variant``: padded forms every row at seq_length;
     eager packed the packed width ``T``; ours_packed the budget ``T`` replays in (``T`` itself where it falls
-    back to eager)."""
+    back to eager), and with ``tight`` (tight packing on) the budget the kept tokens ``T'`` replay in."""
     if FORM[variant] == PADDED:
         return mb.padded_tokens
     if variant == "ours_packed":
-        return budget_for(mb.packed_tokens, mb.rows, budgets, max_sequences) or mb.packed_tokens
+        tokens = mb.tight_tokens if tight and mb.tight_tokens else mb.packed_tokens
+        return budget_for(tokens, mb.rows, budgets, max_sequences) or mb.packed_tokens
     return mb.packed_tokens
 
 
@@ -175,12 +181,13 @@ def variant_metrics(
     *,
     budgets: Sequence[int] = (),
     max_sequences: int = 0,
+    tight: bool = False,
 ) -> dict[str, Any]:
     """The useful-token numbers of one variant's measured steps (``steps``: their plan indices, ``step_ms``:
     their wall times)."""
     useful = per_step(plan, steps, [m.loss_tokens for m in micro])
     real = per_step(plan, steps, [m.real_tokens for m in micro])
-    slots = per_step(plan, steps, [token_slots(variant, m, budgets, max_sequences) for m in micro])
+    slots = per_step(plan, steps, [token_slots(variant, m, budgets, max_sequences, tight=tight) for m in micro])
     return {
         "useful_tokens_per_step": useful,
         "useful_tokens_per_s": tokens_per_second(useful, step_ms),
@@ -525,8 +532,9 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
     fill = _num(ours.get("fill_fraction"))
     if fill is not None:
         facts.append(
-            f"{_fmt(1 - fill, '.0%')} of the token slots it computes are padding (each micro-batch is padded to the "
-            f"smallest language budget of {data.get('data', {}).get('language_budgets')} that holds it; eager_packed "
+            f"{_fmt(1 - fill, '.0%')} of the token slots it computes are padding (each micro-batch, its rows' tails "
+            "dropped where tight packing is on, is padded to the smallest language budget of "
+            f"{data.get('data', {}).get('language_budgets')} that holds it; eager_packed "
             f"computes {_fmt(1 - (_num(eager.get('fill_fraction')) or 1), '.0%')} padding)"
         )
     ek = _num(eager.get("kernel_ms_per_step"))
@@ -573,7 +581,8 @@ HOW = (
     "- **useful tok/s**: tokens that carry loss (`loss_mask` summed over each step's micro-batches; the same for "
     "every variant) over the measured steps' total wall time. **x vs eager_packed**: its ratio to eager_packed's.",
     "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed "
-    "rows x the step's padded width; ours_packed the packed graph budget it replays in; padded variants rows x "
+    "rows x the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the "
+    "budget of each row's kept prefix, its extent rounded up to 16, summed over the rows); padded variants rows x "
     "seq_length.",
     "- **GPU busy / kernel ms**: union of CUDA kernel intervals in a few profiled steps after the measured ones "
     "(`torch.profiler`, benchmarks/bench_trace.py) over the unprofiled median step; † estimated from the eager "

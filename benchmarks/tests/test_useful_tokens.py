@@ -41,6 +41,32 @@ def test_token_slots_per_form_and_the_budget_ours_packed_replays_in():
 
 
 @pytest.mark.fast
+def test_with_tight_packing_ours_packed_computes_the_budget_of_the_kept_tokens():
+    a = MicroBatch(rows=2, width=640, real_tokens=891, loss_tokens=254, packed_tokens=1280, padded_tokens=8192,
+                   patches=1600, images=2, tight_tokens=912)  # fmt: skip
+    assert report.token_slots("ours_packed", a, BUDGETS, 2) == 2048  # tight packing off: T = 1280's rung
+    assert report.token_slots("ours_packed", a, BUDGETS, 2, tight=True) == 1024  # T' = 912's rung
+    assert report.token_slots("eager_packed", a, BUDGETS, 2, tight=True) == 1280  # eager computes T regardless
+    assert report.token_slots("ours_packed", MB[0], BUDGETS, 2, tight=True) == 2048  # T' unknown: T
+    m = report.variant_metrics("ours_packed", [a], [[0]], [0], [100.0], budgets=BUDGETS, max_sequences=2, tight=True)
+    assert m["token_slots"] == 1024 and m["fill_fraction"] == pytest.approx(891 / 1024)
+
+
+def test_the_kept_tokens_of_a_packed_form_are_its_rows_extents_rounded_to_16():
+    import torch
+
+    from benchmarks.useful_tokens import _tight_tokens
+    from bridge_cudagraph.capture.tight import row_extents, tight_rows
+
+    ids = torch.zeros(2, 64, dtype=torch.long)
+    ids[0, 5] = 9  # an image token past the last loss token of row 0
+    loss = torch.zeros(1, 128)
+    loss[0, 2] = 1
+    loss[0, 64 + 40] = 1
+    assert _tight_tokens({"input_ids": ids, "loss_mask": loss}, [9], row_extents, tight_rows) == 16 + 48
+
+
+@pytest.mark.fast
 def test_useful_tokens_fill_and_throughput_over_the_measured_steps():
     plan = [[0, 1], [1, 0], [0, 0], [1, 1]]
     m = report.variant_metrics("ours_packed", MB, plan, [1, 2, 3], [100.0, 200.0, 100.0], budgets=BUDGETS,

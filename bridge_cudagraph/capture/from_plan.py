@@ -113,6 +113,7 @@ def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "on_capture_error": plan.on_capture_error,
         "graph_unit": plan.language.graph_unit,
         "deepstack_merges": plan.language.deepstack_merges,
+        "tight": packed.tight,
     }
 
 

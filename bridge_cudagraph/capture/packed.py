@@ -40,6 +40,13 @@ own class (:class:`PackedReplayBlock`) whose ``forward`` replays the graphs when
 and fits, and otherwise calls the host's ``forward`` unchanged. A micro-batch over the largest budget, with more
 sequences than ``max_sequences``, or with a segment longer than ``max_seqlen`` runs eagerly, counted and logged
 once.
+
+**Tight packing** (:mod:`bridge_cudagraph.capture.tight`, the plan's ``tight``): on Bridge's Qwen3-VL rows form at
+pipeline parallel 1 without sequence parallelism, the replay keeps of each row only its needed prefix (rounded to 16)
+before the layers and puts the output back at the full layout's rows after the final norm, so the graphs run on
+``T' = sum(round_up(extent, 16))`` tokens at the smallest budget that holds ``T'``, and the ladder observes ``T'``.
+The rows' extents come from the host copies :mod:`bridge_cudagraph.host.forward` makes; where they are unknown, or
+anything else differs, the micro-batch takes the path above unchanged.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from bridge_cudagraph.capture.common import (
     reset_graph_sets,
     segment_callables,
 )
+from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
 from bridge_cudagraph.plan.budgets import PackedLayout, language_segments
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -119,17 +127,34 @@ class PackedGraphSet:
     def budget(self) -> int:
         return self.rotary.size(0)
 
-    def load(self, layout: PackedLayout, rotary: torch.Tensor, params: PackedSeqParams, tokens: int) -> None:
+    def load(
+        self,
+        layout: PackedLayout,
+        rotary: torch.Tensor,
+        params: PackedSeqParams,
+        tokens: int,
+        cu_seqlens: Sequence[int] | None = None,
+    ) -> None:
         """Write a micro-batch's rotary rows (zeros after) and its ``cu_seqlens`` into the static inputs.
 
         ``tokens`` is the micro-batch's token count (a shape, known on the host). The real boundaries are copied
         device to device; the tail's boundaries depend only on ``tokens`` and are written relative to the real
         last boundary (a device add), so nothing waits for the GPU. With padding between sequences the unpadded
         ``cu_seqlens`` ends below ``tokens``; its tail segments get the same lengths as the padded ones.
+
+        ``cu_seqlens`` (host, ``[0, ..., tokens]``): the boundaries of tightly packed rows, written into both static
+        copies instead of ``params``' (equal values, as the Qwen3-VL step's are).
         """
         rows = rotary.size(0)
         self.rotary[:rows].copy_(rotary)
         self.rotary[rows:].zero_()
+        if cu_seqlens is not None:
+            host = torch.tensor(layout.static_cu_seqlens(cu_seqlens, self.budget), dtype=self.cu_seqlens.dtype)
+            host = host.pin_memory() if torch.cuda.is_available() else host
+            for static in (self.cu_seqlens, self.cu_seqlens_padded):
+                if static is not None:
+                    static.copy_(host, non_blocking=True)
+            return
         tail = layout.tail(tokens, self.budget)
         pairs = ((self.cu_seqlens, params.cu_seqlens_q), (self.cu_seqlens_padded, params.cu_seqlens_q_padded))
         for static, real in pairs:
@@ -231,7 +256,7 @@ class PackedReplayBlock:
         )
         if not packed_training or not helper.graphs_created():
             if packed_training:  # before capture: the ladder's top follows what the data shows
-                helper.observe(self, hidden_states)
+                helper.observe(self, hidden_states, params)
             return super().forward(hidden_states, attention_mask, *args, **kwargs)
         out = helper.replay(self, hidden_states, params, kwargs)
         if out is None:  # did not fit (counted): the host's forward, unchanged
@@ -280,6 +305,17 @@ def _replay_segments(block, graphs, h, statics, segments, *, merges: int, visual
     return h
 
 
+def _device_indices(tight: TightRows, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`TightRows`' gather and scatter indices on ``device``, built on the host and copied from pinned memory
+    without a wait (as :meth:`PackedGraphSet.load` copies ``cu_seqlens``)."""
+    out = []
+    for host in (tight.gather_index(), tight.scatter_index()):
+        if torch.device(device).type == "cuda":
+            host = host.pin_memory()
+        out.append(host.to(device, non_blocking=True))
+    return out[0], out[1]
+
+
 # ------------------------------------------------------------------------------------------- helper
 class PackedLanguageGraphHelper(LadderHelper):
     """Captures the decoder layers once per token budget for packed micro-batches, and replays them.
@@ -299,6 +335,8 @@ class PackedLanguageGraphHelper(LadderHelper):
         on_capture_error: ``"eager"`` or ``"raise"``.
         graph_unit: ``deepstack`` (one graph per run of layers between deepstack merges) or ``layer``.
         deepstack_merges: Layers after which a first-stage decoder merges a deepstack feature (the plan's).
+        tight: Tight packing (the plan's; :mod:`bridge_cudagraph.capture.tight`): replay each row's needed prefix
+            only, where :meth:`tight_rows` finds it safe.
     """
 
     submodule = "language"
@@ -315,9 +353,11 @@ class PackedLanguageGraphHelper(LadderHelper):
         on_capture_error: str = "eager",
         graph_unit: str = "layer",
         deepstack_merges: int = 0,
+        tight: bool = False,
     ) -> None:
         from bridge_cudagraph.capture.language import language_model_of
 
+        self.tight = bool(tight)
         self.model = list(model)
         self.layout = layout
         self.separate_padded = separate_padded
@@ -354,16 +394,54 @@ class PackedLanguageGraphHelper(LadderHelper):
         self._manual_hooks = False
         layers = sum(len(d.layers) for d in self.decoders)
         self.stats = CaptureStats(self.submodule, layers=layers)
+        #: Replays on tightly packed rows, and the tokens they dropped (what a test asserts is > 0).
+        self.tight_replays = 0
+        self.tight_dropped_tokens = 0
         self._warned = set()
         for decoder in self.decoders:
             install_packed_replay(decoder, self)
 
     # ------------------------------------------------------------------ capture
-    def observe(self, block, hidden_states) -> None:
-        """A packed training micro-batch ran eagerly before capture: its token count (a shape) tells the ladder."""
+    def observe(self, block, hidden_states, params: PackedSeqParams | None = None) -> None:
+        """A packed training micro-batch ran eagerly before capture: its token count (a shape; ``T'`` where it would
+        replay tightly packed) tells the ladder."""
+        tight = self.tight_rows(block, hidden_states, params)
+        if tight is not None:
+            self.ladder.observe(tight.tokens)
+            return
         config = block.config
         tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
         self.ladder.observe(hidden_states.size(0) * tp)
+
+    def tight_rows(self, block, hidden_states, params: PackedSeqParams | None) -> TightRows | None:
+        """The micro-batch's rows tightly packed (:mod:`bridge_cudagraph.capture.tight`), or None: today's path.
+
+        Only where it cannot change a kept token's arithmetic and everything is known on the host: the plan's
+        ``tight``, one pipeline stage (the block both embeds and norms), no sequence parallelism, no multi-token
+        prediction, Bridge's Qwen3-VL rows form in the form captured (``B`` segments of the full width ``L``, a
+        separate padded copy), and the rows' extents published for this very ``packed_seq_params``
+        (:func:`bridge_cudagraph.host.forward.row_extents`).
+        """
+        from bridge_cudagraph.host.forward import row_extents
+
+        if not self.tight or params is None or not self.separate_padded:
+            return None
+        config = block.config
+        if config.sequence_parallel or getattr(config, "mtp_num_layers", None):
+            return None
+        if not (getattr(block, "pre_process", True) and getattr(block, "post_process", True)):
+            return None
+        padded = params.cu_seqlens_q_padded
+        if padded is None or padded is params.cu_seqlens_q or hidden_states.dim() != 3 or hidden_states.size(1) != 1:
+            return None
+        extents = row_extents(block, params)
+        rows, tokens = (len(extents) if extents else 0), hidden_states.size(0)
+        if not rows or params.cu_seqlens_q.numel() != rows + 1 or tokens % rows:
+            return None
+        width = tokens // rows
+        if params.max_seqlen_q != width or max(extents) > width:
+            return None
+        return tight_rows(extents, width)
 
     def _sample_inputs(self, decoder, budget: int, graphs: int, statics: StaticBuffers):
         config = decoder.config
@@ -433,7 +511,7 @@ class PackedLanguageGraphHelper(LadderHelper):
             )
 
     def _admit(
-        self, hidden_states, params: PackedSeqParams, rotary, *, tokens: int, tp: int
+        self, hidden_states, params: PackedSeqParams, rotary_shape, *, tokens: int, tp: int
     ) -> tuple[int, int] | None:
         """The budget and the graph copy a micro-batch of ``tokens`` replays in, or None: it misses the graphs
         (:func:`packed_misfit`; a budget above the captured top asks for its rung) or every copy is in flight; counted
@@ -451,7 +529,7 @@ class PackedLanguageGraphHelper(LadderHelper):
             form_matches=has_padded == self.separate_padded,
             max_seqlen=params.max_seqlen_q or 0,
             width=hidden_states.size(1),
-            rotary_shape=None if rotary is None else tuple(rotary.shape),
+            rotary_shape=rotary_shape,
             tp=tp,
         )
         if fallback is not None and fallback[0] == "above":
@@ -477,18 +555,32 @@ class PackedLanguageGraphHelper(LadderHelper):
         tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
         tokens = hidden_states.size(0) * tp
         rotary = kwargs.get("rotary_pos_emb")
-        admitted = self._admit(hidden_states, params, rotary, tokens=tokens, tp=tp)
+        visual = kwargs.get("visual_pos_masks")
+        rotary_shape = None if rotary is None else tuple(rotary.shape)
+        tight = self.tight_rows(block, hidden_states, params)
+        if tight is not None:
+            if rotary_shape is not None and rotary_shape[0] == tokens:  # mRoPE: one row per token, kept ones only
+                rotary_shape = (tight.tokens, *rotary_shape[1:])
+            tokens = tight.tokens
+        admitted = self._admit(hidden_states, params, rotary_shape, tokens=tokens, tp=tp)
         if admitted is None:
             return None
         budget, copy = admitted
         graphs = self.graphs[budget][copy]
-        graphs.load(self.layout, rotary, params, tokens)
+        if tight is not None:
+            gather, scatter = _device_indices(tight, hidden_states.device)
+            hidden_states = gather_rows(hidden_states, gather, scatter)
+            rotary = rotary.index_select(0, gather)
+            if visual is not None:
+                visual = visual.index_select(-1, gather)
+            graphs.load(self.layout, rotary, params, tokens, cu_seqlens=tight.cu_seqlens)
+        else:
+            graphs.load(self.layout, rotary, params, tokens)
         for param in self._fused_grad_params:  # see VisionGraphHelper.before_replay
             param.grad_added_to_main_grad = True
         rows = tokens // tp
         h = F.pad(hidden_states, (0, 0, 0, 0, 0, budget // tp - rows))
         h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
-        visual = kwargs.get("visual_pos_masks")
         deepstack = kwargs.get("deepstack_visual_embeds")
         if visual is not None:  # [1, rows]: the local rows under sequence parallelism (split_deepstack_embs)
             visual = F.pad(visual, (0, budget // tp - visual.size(-1)), value=False)
@@ -507,6 +599,10 @@ class PackedLanguageGraphHelper(LadderHelper):
         h = h[:rows]
         if block.final_layernorm is not None:
             h = block.final_layernorm(h)
+        if tight is not None:  # back at the full layout's rows, the dropped ones zeros
+            h = scatter_rows(h, gather, scatter)
+            self.tight_replays += 1
+            self.tight_dropped_tokens += tight.full_tokens - tight.tokens
         h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
         self.stats.replays += 1
         return h

@@ -4,7 +4,9 @@ graphs are on a Qwen3-VL model).
 Host change:
   changes: the class of one ``Qwen3VLModel`` and its decoder (mixins in front,
     :func:`~bridge_cudagraph.host.patches.extend_instance_class`), a forward pre-hook on its input embedding and a
-    forward hook on its encoder; mirrors parts of Bridge's Qwen3-VL forward
+    forward hook on its encoder; mirrors parts of Bridge's Qwen3-VL forward; on packed micro-batches a host copy of
+    the ``loss_mask`` beside the tokens' and, in the decoder's instance dict while one forward runs, the rows'
+    extents for tight packing (:func:`row_extents`)
   written for: Megatron-Bridge 0.6.2 ``Qwen3VLModel.forward``, ``get_rope_index``, ``_deepstack_process``
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
     :func:`~bridge_cudagraph.host.compat.qwen3_vl_forward_is_mirrored`; ``fewer_host_waits``
@@ -35,6 +37,11 @@ graphs keep full, and the GPU then idles while the host catches up:
   :class:`RowMerge`): a tensor that, assigned through a boolean mask, is written at the mask's positions found with
   ``nonzero_static`` (its size is the output's row count; the device asserts the count, as above). The same
   ``index_put_`` kernel at the same positions: the same embeddings and gradients, without a wait.
+* the rows' extents, for tight packing (:mod:`bridge_cudagraph.capture.tight`): on Bridge's packed Qwen3-VL path
+  (``packed_seq_params`` with one segment per row) :class:`PendingPositions` also copies the ``loss_mask`` to the
+  host with the tokens (the same copies, the same event: no new wait), and :meth:`PendingPositions.fill` publishes
+  each row's extent (one past its last loss or image/video token) on the decoder (:func:`row_extents`), for that
+  micro-batch's ``packed_seq_params`` object only; :class:`HostRopeIndex` drops it when the forward returns.
 
 They are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host.patches.
 extend_instance_class`; the model's instance dict gets call counters and its hooks' handles, nothing the host
@@ -66,7 +73,9 @@ __all__ = [
     "host_positions_calls",
     "install",
     "installed",
+    "publish_row_extents",
     "rope_positions",
+    "row_extents",
     "row_merges",
     "uninstall",
 ]
@@ -128,6 +137,9 @@ class PendingPositions:
             packed = copy.copy(packed)  # a shallow copy: __post_init__ is not run again
             for name in _PACKED_OFFSETS:
                 setattr(packed, name, _to_host(getattr(packed, name, None)))
+        self._packed = kwargs.get("packed_seq_params")
+        loss_mask = kwargs.get("loss_mask") if self._packed is not None else None
+        self._loss_mask = _to_host(loss_mask) if isinstance(loss_mask, torch.Tensor) else None
         self._host = {
             "input_ids": _to_host(input_ids),
             "image_grid_thw": _to_host(kwargs.get("image_grid_thw")),
@@ -146,6 +158,20 @@ class PendingPositions:
         # get_rope_index's text-only branch returns an expanded view; pinned memory needs dense storage.
         self.positions.copy_(positions.contiguous().pin_memory(), non_blocking=True)
         self.filled = True
+        self._publish_extents()
+
+    def _publish_extents(self) -> None:
+        """Each row's extent (:func:`bridge_cudagraph.capture.tight.row_extents`) on the decoder, keyed by this
+        micro-batch's ``packed_seq_params`` object (host copies only: nothing waits)."""
+        from bridge_cudagraph.capture.tight import row_extents as extents_of
+
+        decoder = getattr(getattr(self._model, "language_model", None), "decoder", None)
+        if self._packed is None or self._loss_mask is None or decoder is None:
+            return
+        visual = [getattr(self._model, n, None) for n in ("image_token_id", "video_token_id")]
+        extents = extents_of(self._loss_mask, self._host["input_ids"], [t for t in visual if t is not None])
+        if extents is not None:
+            publish_row_extents(decoder, self._packed, extents)
 
 
 class HostRopeIndex:
@@ -169,12 +195,16 @@ class HostRopeIndex:
         self.host_positions_calls += 1
         if _EMBEDDING_HOOK not in self.__dict__:
             pending.fill()
-            return super().forward(*args, **kwargs)
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                _drop_extents(self)
         self.__dict__[_PENDING] = pending
         try:
             output = super().forward(*args, **kwargs)
         finally:
             self.__dict__.pop(_PENDING, None)
+            _drop_extents(self)
         if not pending.filled:
             raise RuntimeError(
                 "bridge_cudagraph: Qwen3-VL's forward read no input embedding, so its mRoPE positions were never "
@@ -202,6 +232,28 @@ class HostRopeIndex:
 _EMBEDDING_HOOK = "_bridge_cudagraph_positions_hook"
 _PENDING = "_bridge_cudagraph_pending_positions"
 _VISION_HOOK = "_bridge_cudagraph_vision_rows_hook"
+#: The decoder's instance-dict key of ``(packed_seq_params, extents)`` while one micro-batch's forward runs.
+_ROW_EXTENTS = "_bridge_cudagraph_row_extents"
+
+
+def publish_row_extents(decoder: Any, packed_seq_params: Any, extents: tuple[int, ...]) -> None:
+    """Hand ``decoder`` the rows' extents of the micro-batch whose ``packed_seq_params`` is this object."""
+    decoder.__dict__[_ROW_EXTENTS] = (packed_seq_params, tuple(extents))
+
+
+def row_extents(decoder: Any, packed_seq_params: Any) -> tuple[int, ...] | None:
+    """The rows' extents :class:`PendingPositions` published on ``decoder`` for this very ``packed_seq_params``
+    object, or None (another micro-batch's, none published, or :class:`HostRopeIndex` not installed)."""
+    entry = getattr(decoder, "__dict__", {}).get(_ROW_EXTENTS)
+    if entry is None or entry[0] is not packed_seq_params:
+        return None
+    return entry[1]
+
+
+def _drop_extents(model: Any) -> None:
+    decoder = getattr(getattr(model, "language_model", None), "decoder", None)
+    if decoder is not None:
+        decoder.__dict__.pop(_ROW_EXTENTS, None)
 
 
 def _fill_pending(model_ref: weakref.ref) -> Callable[..., None]:

@@ -361,6 +361,21 @@ def _packed_static_inputs(
     )
 
 
+def _tight(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> tuple[bool, str]:
+    """Whether the packed replay packs rows tightly (:mod:`bridge_cudagraph.capture.tight`), and why: only on the
+    Qwen3-VL step's rows of varying width, at pipeline parallel 1 without sequence parallelism, where the forward's
+    host copies give the rows' extents (``fewer_host_waits``)."""
+    if packing.mode != "qwen3_vl_step" or facts.vision is None:
+        return False, "off: only the Qwen3-VL step's rows are padded to the longest"
+    if packing.fixed_width:
+        return False, "off: every row is padded to seq_length (pp > 1 or ep > 1), one budget"
+    if facts.pp > 1 or facts.sequence_parallel:
+        return False, "off: pipeline or sequence parallelism"
+    if cfg.fewer_host_waits is False:
+        return False, "off: the rows' lengths come from fewer_host_waits' host copies, which is false"
+    return True, "on: each row's padding tail is dropped before the layers (fewer_host_waits' host copies)"
+
+
 def _plan_packed(
     cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, mbs: int, num_mb: int
 ) -> PackedLanguagePlan:
@@ -374,6 +389,7 @@ def _plan_packed(
         sequences = offline_max_sequences(facts.seq_length) if offline else mbs
         sequences_source = f"model.seq_length {facts.seq_length} // 32" if offline else "the micro-batch size"
     layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
+    tight, tight_source = _tight(cfg, facts, packing)
     return PackedLanguagePlan(
         token_budgets=budgets,
         budgets_derived=derived,
@@ -388,6 +404,8 @@ def _plan_packed(
         ),
         copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
         sequences_source=sequences_source,
+        tight=tight,
+        tight_source=tight_source,
     )
 
 

@@ -91,6 +91,9 @@ class PackedLanguagePlan:
         offline: The rows come packed from GPT SFT's offline packing (one budget: ``seq_length``), not from the
             Qwen3-VL step.
         sequences_source: Where a derived ``max_sequences`` comes from (empty when the block sets it).
+        tight: Tight packing (:mod:`bridge_cudagraph.capture.tight`): the replay runs each row's needed prefix only,
+            at the budget of the rows' kept tokens.
+        tight_source: Why :attr:`tight` is on or off.
     """
 
     token_budgets: tuple[int, ...]
@@ -104,6 +107,8 @@ class PackedLanguagePlan:
     copies: int
     offline: bool = False
     sequences_source: str = ""
+    tight: bool = False
+    tight_source: str = ""
 
     @property
     def layout(self) -> PackedLayout:

@@ -104,6 +104,7 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
         + _sourced(str(packed.max_sequences), packed.sequences_source)
         + f", max sequence length {packed.max_seqlen} ({seqlen})",
         "  a micro-batch with more tokens or sequences runs eagerly (counted)",
+        f"  tight packing {packed.tight_source}",
     ]
     budget, largest = packed.static_inputs[-1]
     lines.append(f"  static inputs at T={budget} (each budget the same with its own T):")

@@ -198,10 +198,17 @@ class Diff:
         return asdict(self)
 
 
+def model_kwargs(batch: dict) -> dict:
+    """The model's keyword arguments for ``batch``: all but ``loss_mask``, which a packed batch keeps, as Bridge's
+    Qwen3-VL step hands it to the model (tight packing reads the rows' extents from it,
+    :mod:`bridge_cudagraph.capture.tight`)."""
+    packed = batch.get("packed_seq_params") is not None
+    return {k: v for k, v in batch.items() if k != "loss_mask" or packed}
+
+
 def per_token_loss(model: list[torch.nn.Module], batch: dict) -> torch.Tensor:
     """The model's per-token loss ``[b, s]`` (fp32) for ``batch``."""
-    kwargs = {k: v for k, v in batch.items() if k != "loss_mask"}
-    out = model[0](**kwargs)
+    out = model[0](**model_kwargs(batch))
     if isinstance(out, tuple):
         out = out[0]
     return out.float()
@@ -359,8 +366,7 @@ def _loss_func(batch: dict, output: torch.Tensor):
 
 def _forward_step(data_iterator, model):
     batch = next(data_iterator)
-    kwargs = {k: v for k, v in batch.items() if k != "loss_mask"}
-    out = model(**kwargs)
+    out = model(**model_kwargs(batch))
     if isinstance(out, tuple):
         out = out[0]
     return out, functools.partial(_loss_func, batch)

@@ -463,3 +463,119 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     assert torch.equal(got[0], ref[0]), "an eager fallback must be the eager model itself"
     record(case="gpt_fallback", pad_seq_to_mult=pad_seq_to_mult, eager_fallbacks=small.stats.eager_fallbacks)
     small.uninstall()
+
+
+# Tight packing: photo-like micro-batches of two rows of different lengths (one photo each, or text only), padded to
+# the longer row by the collate and the step; the replay drops each row's tail and runs the graphs on the kept tokens.
+TIGHT_CASES = {
+    "long_then_short": [(440, [(1, 16, 16)]), (130, [(1, 8, 8)])],
+    "short_then_long": [(96, []), (384, [(1, 12, 16)])],
+    "a_third_shorter": [(300, [(1, 8, 12)]), (200, [(1, 8, 8)])],
+}
+
+
+def test_tight_packing_replays_the_kept_tokens_exactly(world, record):
+    """The graphs run on each row's kept prefix at the smallest budget that holds it (below the budget the padded
+    rows need); per-token loss on every kept token equals Bridge's eager row form (bit for bit under deterministic
+    kernels), the gradients equal the same compaction run eagerly (the host's layers on the very static inputs the
+    replay reads) bit for bit, and stay within bf16 noise of Bridge's (recorded: the weight-gradient GEMMs reduce
+    over another row count and order). ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` for the exact assertions."""
+    import torch
+
+    from bridge_cudagraph.capture.common import segment_callables
+    from bridge_cudagraph.capture.packed import PackedGraphSet, PackedLanguageGraphHelper, _PackedLanguageLayer
+    from bridge_cudagraph.capture.tight import row_extents, tight_rows
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.host import forward as forward_host
+    from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
+    from bridge_cudagraph.plan.build import deepstack_merges
+    from bridge_cudagraph.plan.facts import model_facts
+    from bridge_cudagraph.testing.parity import assert_captured, diff, grads_differ, loss_and_grads, nonfinite_grads
+
+    graphed, _, bridge = _models(world)
+    layout = PackedLayout(tuple(derive_language_budgets(MBS * SEQ, MBS * 16)), max_sequences=MBS, max_seqlen=SEQ)
+    batches = {
+        name: _packed_batch(rows, seed=23 + 7 * i, pg_collection=world.language)
+        for i, (name, rows) in enumerate(TIGHT_CASES.items())
+    }
+    qwen = graphed[0].module.module
+    visual_ids = (qwen.image_token_id, qwen.video_token_id)
+    kept = {}
+    for name, batch in batches.items():
+        ids = batch["input_ids"].cpu()
+        rows = tight_rows(row_extents(batch["loss_mask"].cpu(), ids, visual_ids), ids.size(1))
+        full = layout.budget_for(rows.full_tokens, MBS)
+        assert rows.tokens < rows.full_tokens and layout.budget_for(rows.tokens, MBS) < full, (name, rows, full)
+        kept[name] = rows
+
+    merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))
+    helper = PackedLanguageGraphHelper(
+        graphed, layout=layout, graph_unit="deepstack", deepstack_merges=merges, on_capture_error="raise", tight=True
+    )
+    waits = forward_host.install(graphed)
+    # Before capture: the host's forward (unchanged), exact against Bridge; the ladder observes the kept tokens.
+    floors, grad_floors = {}, {}
+    for name, batch in batches.items():
+        a, b = loss_and_grads(graphed, batch), loss_and_grads(bridge, batch)
+        again = loss_and_grads(bridge, batch)
+        floors[name] = float((b[0] - again[0]).abs().max())
+        grad_floors[name] = diff(again, b).grad_max_rel_l2  # Bridge vs Bridge: 0 under deterministic kernels
+        _assert_match(a, b, f"{name}: before capture", floors[name])
+    assert helper.ladder.seen == max(r.tokens for r in kept.values())
+    helper.create_cudagraphs()
+    assert helper.stats.failed is None, helper.stats.failed
+    assert helper.ladder.captured[-1] == layout.budget_for(helper.ladder.seen, MBS)
+
+    decoder = helper.decoders[0]
+    for name, batch in batches.items():
+        rows = kept[name]
+        budget = layout.budget_for(rows.tokens, MBS)
+        before, tight_before = helper.stats.replays, helper.tight_replays
+        dropped = helper.tight_dropped_tokens
+        got = loss_and_grads(graphed, batch)
+        assert helper.stats.replays == before + 1 and helper.tight_replays == tight_before + 1, f"{name}: no replay"
+        assert helper.tight_dropped_tokens - dropped == rows.full_tokens - rows.tokens
+        # The same compaction, eagerly: the host's layers on the static inputs the replay reads at this budget.
+        replayed = helper.graphs[budget][0]
+        eager_layers = segment_callables(
+            list(decoder.layers), helper.segments[0], lambda layer: _PackedLanguageLayer(layer, layout.max_seqlen)
+        )
+        helper.graphs[budget][0] = PackedGraphSet(
+            list(eager_layers), replayed.rotary, replayed.cu_seqlens, replayed.cu_seqlens_padded
+        )
+        try:
+            same_compaction = loss_and_grads(graphed, batch)
+        finally:
+            helper.graphs[budget][0] = replayed
+        reference = loss_and_grads(bridge, batch)
+        for what, res in (("graphs", got), ("compacted eager", same_compaction), ("Bridge", reference)):
+            assert torch.isfinite(res[0]).all() and not nonfinite_grads(res[1]), f"{name}: {what} not finite"
+        index = rows.gather_index().to(got[0].device)
+        mine, bridges = got[0].reshape(-1)[index], reference[0].reshape(-1)[index]
+        _assert_match(got, same_compaction, f"{name}: graphs vs compacted eager", floors[name])
+        vs_bridge = diff(got, reference)
+        if DETERMINISTIC:
+            assert torch.equal(mine, bridges), f"{name}: kept tokens' loss differs, max {(mine - bridges).abs().max()}"
+        else:
+            assert float((mine - bridges).abs().max()) <= floors[name], f"{name}: kept tokens' loss above the floor"
+        # The weight gradients reduce over T' rows in another order than Bridge's T: bf16 noise, or Bridge's own
+        # run-to-run spread where that is larger (without deterministic kernels).
+        bound = max(1e-3, 2 * grad_floors[name])
+        assert vs_bridge.grad_max_rel_l2 <= bound, f"{name}: gradients vs Bridge {vs_bridge.grad_max_rel_l2} > {bound}"
+        record(
+            case=name,
+            full_tokens=rows.full_tokens,
+            kept_tokens=rows.tokens,
+            budget=budget,
+            budget_without_tight=layout.budget_for(rows.full_tokens, MBS),
+            kept_loss_exact=bool(torch.equal(mine, bridges)),
+            grads_differing_vs_bridge=len(grads_differ(got[1], reference[1])),
+            grad_max_rel_l2_vs_bridge=vs_bridge.grad_max_rel_l2,
+            deterministic=DETERMINISTIC,
+            floor=floors[name],
+            grad_floor=grad_floors[name],
+        )
+    assert_captured(helper.stats)
+    assert helper.stats.eager_fallbacks == 0
+    helper.uninstall()
+    forward_host.uninstall(waits)

@@ -840,3 +840,28 @@ def test_counts_of_one_are_singular():
     one = build_plan(qwen3_vl_8b(tp=1), both_on(), world_size=1, micro_batch_size=2, global_batch_size=2).describe()
     assert "vision: 4 graphs x 4 budgets = 16 graphs per rank on rank 0," in one.splitlines()
     assert not any(word in p.describe() for word in (" 1 graphs", " 1 budgets", " 1 steps", " 1 layers", " 1 runs"))
+
+
+def test_tight_packing_is_derived_on_the_qwen3_vl_rows_at_pp_1_and_off_elsewhere_with_its_reason():
+    from bridge_cudagraph.capture.from_plan import packed_helper_arguments
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.plan.build import build_plan
+    from bridge_cudagraph.plan.facts import PackingFacts
+
+    on = _packed_plan()
+    assert on.language.packed.tight and on.language.packed.tight_source.startswith("on:")
+    assert packed_helper_arguments(on)["tight"] is True
+    assert "tight packing on:" in on.describe()
+    sp = _packed_plan(facts={"tp": 2, "sequence_parallel": True})
+    assert not sp.language.packed.tight and "sequence parallelism" in sp.language.packed.tight_source
+    assert packed_helper_arguments(sp)["tight"] is False
+    facts = on.facts
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True), fewer_host_waits=False)
+    no_waits = build_plan(facts, cfg, world_size=1, micro_batch_size=2, global_batch_size=2,
+                          packing=PackingFacts("qwen3_vl_step"))  # fmt: skip
+    assert not no_waits.language.packed.tight and "fewer_host_waits" in no_waits.language.packed.tight_source
+    fixed = build_plan(facts, CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), world_size=1,
+                       micro_batch_size=2, global_batch_size=2,
+                       packing=PackingFacts("qwen3_vl_step", fixed_width=True))  # fmt: skip
+    assert not fixed.language.packed.tight and "seq_length" in fixed.language.packed.tight_source
+    assert not _offline_plan().language.packed.tight
