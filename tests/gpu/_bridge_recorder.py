@@ -83,6 +83,8 @@ class Recorder(Callback):
                 "graphed_steps": s.graphed_steps,
                 "failure": s.failure,
                 **{k: getattr(s.helper.stats, k, None) for k in _STATS},
+                # tight packing of the packed language graphs (capture/tight.py): None where the helper has none
+                **{k: getattr(s.helper, k, None) for k in ("tight_replays", "tight_dropped_tokens")},
             }
             for s in slots
         ]

@@ -478,8 +478,8 @@ def test_tight_packing_replays_the_kept_tokens_exactly(world, record):
     """The graphs run on each row's kept prefix at the smallest budget that holds it (below the budget the padded
     rows need); per-token loss on every kept token equals Bridge's eager row form (bit for bit under deterministic
     kernels), the gradients equal the same compaction run eagerly (the host's layers on the very static inputs the
-    replay reads) bit for bit, and stay within bf16 noise of Bridge's (recorded: the weight-gradient GEMMs reduce
-    over another row count and order). ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` for the exact assertions."""
+    replay reads) bit for bit, and equal Bridge's bit for bit under deterministic kernels (without them: within
+    Bridge's own run-to-run spread or bf16 noise). ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` for the exact assertions."""
     import torch
 
     from bridge_cudagraph.capture.common import segment_callables
@@ -556,6 +556,11 @@ def test_tight_packing_replays_the_kept_tokens_exactly(world, record):
         vs_bridge = diff(got, reference)
         if DETERMINISTIC:
             assert torch.equal(mine, bridges), f"{name}: kept tokens' loss differs, max {(mine - bridges).abs().max()}"
+            # Measured bit-exact on these three micro-batches (results/run67): dropping the rows' zero-gradient
+            # tails left every weight-gradient sum as Bridge's. A shape where it does not is the padding effect of
+            # tests/gpu/test_vision_padding.py and should be looked at, not bounded away.
+            differing = grads_differ(got[1], reference[1])
+            assert not differing, f"{name}: {len(differing)} gradients differ from Bridge's, e.g. {differing[:3]}"
         else:
             assert float((mine - bridges).abs().max()) <= floors[name], f"{name}: kept tokens' loss above the floor"
         # The weight gradients reduce over T' rows in another order than Bridge's T: bf16 noise, or Bridge's own
