@@ -404,13 +404,18 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
         total = sum(per_budget.values())
         ratio = total / per_budget[top] if per_budget[top] else float("nan")
         met = "met" if ratio <= LADDER_TARGET else "not met"
+        # ``rec`` is the helper's stats at the capture; rungs captured after it are listed in ours["late_captures"]
+        # (run 67's report said "0 rungs captured later" above a line listing one).
+        late = sum(
+            len(g.get("budgets") or []) for g in ours.get("late_captures") or [] if g.get("submodule") == submodule
+        )
         out.append(
             f"- **{submodule} ladder**: budgets {list(captured)} captured "
             f"(up to {rec.get('budget_source') or 'n/a'}); "
             f"their pools take {total / GIB:.2f} GiB, {ratio:.2f}x the largest rung alone "
             f"({per_budget[top] / GIB:.2f} GiB; target at most {LADDER_TARGET}x: **{met}**); "
-            f"{rec.get('late_captures', 0)} rungs captured later for larger micro-batches, "
-            f"{rec.get('above_captured', 0)} micro-batches above the captured top ran eagerly."
+            f"{max(late, rec.get('late_captures', 0))} rungs captured later for larger micro-batches (each ran "
+            "eagerly until then: the eager fallbacks of the table above)."
         )
         cells = [
             [str(b), f"{per_budget[b] / 2**20:,.0f}", f"{live.get(b, 0) / 2**20:,.0f}"]
