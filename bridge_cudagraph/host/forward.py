@@ -4,9 +4,9 @@ graphs are on a Qwen3-VL model).
 Host change:
   changes: the class of one ``Qwen3VLModel`` and its decoder (mixins in front,
     :func:`~bridge_cudagraph.host.patches.extend_instance_class`), a forward pre-hook on its input embedding and a
-    forward hook on its encoder; mirrors parts of Bridge's Qwen3-VL forward; on packed micro-batches a host copy of
-    the ``loss_mask`` beside the tokens' and, in the decoder's instance dict while one forward runs, the rows'
-    extents for tight packing (:func:`row_extents`)
+    forward hook on its encoder; mirrors parts of Bridge's Qwen3-VL forward; where the packed replay packs rows
+    tightly, a host copy of the ``loss_mask`` beside the tokens' and, in the decoder's instance dict while one
+    forward runs, the rows' extents for tight packing (:func:`row_extents`)
   written for: Megatron-Bridge 0.6.2 ``Qwen3VLModel.forward``, ``get_rope_index``, ``_deepstack_process``
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
     :func:`~bridge_cudagraph.host.compat.qwen3_vl_forward_is_mirrored`; ``fewer_host_waits``
@@ -38,10 +38,11 @@ graphs keep full, and the GPU then idles while the host catches up:
   ``nonzero_static`` (its size is the output's row count; the device asserts the count, as above). The same
   ``index_put_`` kernel at the same positions: the same embeddings and gradients, without a wait.
 * the rows' extents, for tight packing (:mod:`bridge_cudagraph.capture.tight`): on Bridge's packed Qwen3-VL path
-  (``packed_seq_params`` with one segment per row) :class:`PendingPositions` also copies the ``loss_mask`` to the
-  host with the tokens (the same copies, the same event: no new wait), and :meth:`PendingPositions.fill` publishes
-  each row's extent (one past its last loss or image/video token) on the decoder (:func:`row_extents`), for that
-  micro-batch's ``packed_seq_params`` object only; :class:`HostRopeIndex` drops it when the forward returns.
+  (``packed_seq_params`` with one segment per row), where the decoder's packed replay is tight,
+  :class:`PendingPositions` also copies the ``loss_mask`` to the host with the tokens (the same copies, the same
+  event: no new wait), and :meth:`PendingPositions.fill` publishes each row's extent (one past its last loss or
+  image/video token) on the decoder (:func:`row_extents`), for that micro-batch's ``packed_seq_params`` object only;
+  :class:`HostRopeIndex` drops it when the forward returns.
 
 They are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host.patches.
 extend_instance_class`; the model's instance dict gets call counters and its hooks' handles, nothing the host
@@ -138,7 +139,7 @@ class PendingPositions:
             for name in _PACKED_OFFSETS:
                 setattr(packed, name, _to_host(getattr(packed, name, None)))
         self._packed = kwargs.get("packed_seq_params")
-        loss_mask = kwargs.get("loss_mask") if self._packed is not None else None
+        loss_mask = kwargs.get("loss_mask") if self._packed is not None and _wants_extents(model) else None
         self._loss_mask = _to_host(loss_mask) if isinstance(loss_mask, torch.Tensor) else None
         self._host = {
             "input_ids": _to_host(input_ids),
@@ -165,7 +166,7 @@ class PendingPositions:
         micro-batch's ``packed_seq_params`` object (host copies only: nothing waits)."""
         from bridge_cudagraph.capture.tight import row_extents as extents_of
 
-        decoder = getattr(getattr(self._model, "language_model", None), "decoder", None)
+        decoder = _decoder_of(self._model)
         if self._packed is None or self._loss_mask is None or decoder is None:
             return
         visual = [getattr(self._model, n, None) for n in ("image_token_id", "video_token_id")]
@@ -250,8 +251,19 @@ def row_extents(decoder: Any, packed_seq_params: Any) -> tuple[int, ...] | None:
     return entry[1]
 
 
+def _decoder_of(model: Any) -> Any:
+    return getattr(getattr(model, "language_model", None), "decoder", None)
+
+
+def _wants_extents(model: Any) -> bool:
+    """Whether the decoder's packed replay packs rows tightly: only then is the ``loss_mask`` copied to the host and
+    the rows' extents derived (a copy and host work per micro-batch that nothing else reads)."""
+    helper = getattr(_decoder_of(model), "packed_graph_helper", None)
+    return bool(getattr(helper, "tight", False))
+
+
 def _drop_extents(model: Any) -> None:
-    decoder = getattr(getattr(model, "language_model", None), "decoder", None)
+    decoder = _decoder_of(model)
     if decoder is not None:
         decoder.__dict__.pop(_ROW_EXTENTS, None)
 

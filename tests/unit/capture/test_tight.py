@@ -228,3 +228,21 @@ def test_the_ladder_observes_the_compacted_size_before_capture():
     off = _helper(tight=False)
     off.observe(block, hidden, params)
     assert off.ladder.seen == 1024
+
+
+def test_the_forward_copies_the_loss_mask_only_for_a_tight_packed_replay():
+    """The host forward derives the rows' extents (a host copy of the ``loss_mask`` per micro-batch) only where the
+    decoder's packed replay packs rows tightly: with no replay, or one the plan left on the rows form, nothing reads
+    them."""
+    from types import SimpleNamespace
+
+    from bridge_cudagraph.host.forward import _wants_extents
+
+    def model(helper):
+        decoder = SimpleNamespace() if helper is None else SimpleNamespace(packed_graph_helper=helper)
+        return SimpleNamespace(language_model=SimpleNamespace(decoder=decoder))
+
+    assert _wants_extents(model(SimpleNamespace(tight=True)))
+    assert not _wants_extents(model(SimpleNamespace(tight=False)))
+    assert not _wants_extents(model(None))
+    assert not _wants_extents(SimpleNamespace())  # no language model at all
