@@ -142,6 +142,7 @@ from benchmarks.schema import (
     command_line,
     is_ours,
     json_safe,
+    write_json,
 )
 
 logger = logging.getLogger("benchmarks.bench")
@@ -1780,10 +1781,7 @@ def run(
     def write(partial: dict | None = None) -> None:
         # Rewritten after every variant (with the configuration in progress marked "running"), so a process that is
         # killed keeps every variant it finished.
-        snapshot = {**data, "configs": [*data["configs"], *([partial] if partial else [])]}
-        tmp = json_path.with_name(json_path.name + ".tmp")
-        tmp.write_text(json.dumps(json_safe(snapshot), indent=2))
-        os.replace(tmp, json_path)
+        write_json(json_path, {**data, "configs": [*data["configs"], *([partial] if partial else [])]})
 
     write()
     _import_providers(resolved, variants)

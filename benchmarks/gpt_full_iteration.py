@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
-import os
 import shlex
 import sys
 import time
@@ -58,7 +56,7 @@ from typing import Any
 
 from benchmarks.bench_report import fmt_bytes, fmt_diff, fmt_ms, fmt_ratio
 from benchmarks.progress import say
-from benchmarks.schema import CONTROL, EAGER, FAILED, FULL_ITERATION, OK, REFUSED, json_safe
+from benchmarks.schema import CONTROL, EAGER, FAILED, FULL_ITERATION, OK, REFUSED, json_safe, write_json
 from benchmarks.useful_tokens_report import step_time_stats
 
 #: This plugin's packed language graphs.
@@ -359,10 +357,7 @@ def render_markdown(data: dict) -> str:
 def write_results(data: dict, out: Path) -> None:
     """``gpt_full_iteration.json`` and ``.md`` into ``out`` (the JSON replaced atomically)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "gpt_full_iteration.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_safe(data), indent=2))
-    os.replace(tmp, path)
+    write_json(out / "gpt_full_iteration.json", data)
     (out / "gpt_full_iteration.md").write_text(render_markdown(data))
 
 

@@ -11,9 +11,11 @@ had a non-finite loss: then the record is failed, see :func:`benchmarks.bench.co
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 #: The reference: graphs off.
@@ -93,6 +95,14 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def write_json(path: Path, data: Any) -> None:
+    """``data`` (:func:`json_safe`) to ``path`` through a temporary file and a rename: a reader, or a process killed
+    while writing, never sees half a file (the benchmarks rewrite their JSON after every variant)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(json_safe(data), indent=2))
+    os.replace(tmp, path)
 
 
 def command_line() -> str:

@@ -60,7 +60,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import os
 import platform
@@ -80,7 +79,7 @@ from benchmarks import useful_tokens_report as report
 from benchmarks.bench_trace import gpu_busy_summary
 from benchmarks.configs import QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
 from benchmarks.progress import say
-from benchmarks.schema import OK, json_safe
+from benchmarks.schema import OK, json_safe, write_json
 from benchmarks.useful_tokens_report import (
     CONTROL,
     FORM,
@@ -372,7 +371,6 @@ def token_ids(processor) -> dict[str, int]:
 def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> MicroBatch:
     """The numbers of one collated micro-batch and its two forms; the forms must keep every loss token.
     ``visual_ids``: the image and video token ids (a row's extent reaches its last one, as the replay's does)."""
-    from bridge_cudagraph.capture.tight import row_extents, tight_rows
 
     rows, width = collated["input_ids"].shape
     loss = round(float(collated["loss_mask"].sum()))
@@ -391,12 +389,14 @@ def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Seq
         padded_tokens=int(padded["input_ids"].numel()),
         patches=0 if grid is None else int(grid.prod(-1).sum()),
         images=0 if grid is None else int(grid.size(0)),
-        tight_tokens=_tight_tokens(packed, visual_ids, row_extents, tight_rows),
+        tight_tokens=_tight_tokens(packed, visual_ids),
     )
 
 
-def _tight_tokens(packed: dict, visual_ids: Sequence[int], row_extents, tight_rows) -> int:
+def _tight_tokens(packed: dict, visual_ids: Sequence[int]) -> int:
     """``T'`` of the packed form as the replay packs it tightly (0 where its rows are not the step's rows)."""
+    from bridge_cudagraph.capture.tight import row_extents, tight_rows
+
     ids = packed["input_ids"].detach().cpu()
     extents = row_extents(packed["loss_mask"].detach().cpu(), ids, visual_ids)
     return 0 if extents is None else tight_rows(extents, ids.size(1)).tokens
@@ -1043,9 +1043,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
     json_path = out / JSON_NAME
 
     def write() -> None:
-        tmp = json_path.with_name(json_path.name + ".tmp")
-        tmp.write_text(json.dumps(json_safe(report.finish(data)), indent=2))
-        os.replace(tmp, json_path)
+        write_json(json_path, report.finish(data))
 
     if args.profile_steps:
         try:
