@@ -915,15 +915,33 @@ def capture_record(stats) -> dict[str, Any]:
 def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Callable[[int], float]:
     """``run_step`` with, before each step and untimed, the budgets a micro-batch above a ladder's captured top asked
     for captured (what the callback's lifecycle does in Bridge's loop, :meth:`GraphLifecycle.grow`); each growth is
-    listed in ``record["late_captures"]``."""
+    listed in ``record["late_captures"]`` with the caching allocator's reserved bytes before and after it (both after
+    ``empty_cache``): a growth re-captures the ladder into a new pool, so it should cost the new pool less the one it
+    replaces, and more says the old pool was not given back."""
     ladders = [h for h in helpers if hasattr(h, "capture_pending")]
+
+    def reserved() -> int:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved()
 
     def run(i: int) -> float:
         for helper in ladders:
+            if not helper.pending_budgets():
+                continue
+            pool_before, before = sum(helper.stats.per_budget.values()), reserved()
             rungs = helper.capture_pending()
             if rungs:
                 record.setdefault("late_captures", []).append(
-                    {"step": i, "submodule": helper.submodule, "budgets": list(rungs)}
+                    {
+                        "step": i,
+                        "submodule": helper.submodule,
+                        "budgets": list(rungs),
+                        "reserved_before_bytes": before,
+                        "reserved_after_bytes": reserved(),
+                        "pool_before_bytes": pool_before,
+                        "pool_after_bytes": sum(helper.stats.per_budget.values()),
+                    }
                 )
         return run_step(i)
 

@@ -347,10 +347,27 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     ]:
         check(name, graphed_run)
     assert stats.above_captured == 2 and helper.pending_budgets(), (stats.above_captured, helper.pending_budgets())
+    old_pool, reserved_before = sum(stats.per_budget.values()), _reserved()
     grown = helper.capture_pending()
     assert grown and grown[-1] == layout.budget_for(batches["T_4096"]["input_ids"].numel(), MBS), grown
     assert stats.late_captures == len(grown) and not helper.pending_budgets()
-    record(case="ladder grown", grown=list(grown), per_budget=dict(stats.per_budget), graphs=stats.graphs)
+    new_pool, reserved_after = sum(stats.per_budget.values()), _reserved()
+    record(
+        case="ladder grown",
+        grown=list(grown),
+        per_budget=dict(stats.per_budget),
+        graphs=stats.graphs,
+        old_pool=old_pool,
+        new_pool=new_pool,
+        reserved_growth=reserved_after - reserved_before,
+    )
+    # The re-capture gives the old pool back: reserved memory grows by the new pool less the old one (a 64 MiB
+    # allowance for the caching allocator's rounding), not by the whole new pool.
+    assert reserved_after - reserved_before <= new_pool - old_pool + 64 * 2**20, (
+        reserved_after - reserved_before,
+        new_pool,
+        old_pool,
+    )
     # Grown by a re-capture up to the new top, largest first: one pool of about one rung again.
     assert stats.budgets_captured == budgets and stats.failed is None
     assert sum(stats.per_budget.values()) <= 1.25 * stats.per_budget[budgets[-1]], stats.per_budget
@@ -359,6 +376,15 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     assert_captured(stats)
     helper.uninstall()
     assert not helper.graphs_created()
+
+
+def _reserved() -> int:
+    """The caching allocator's reserved bytes with its free blocks given back (what a pool still holds)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved()
 
 
 # GPT SFT offline packing (Bridge's GPTSFTDatasetConfig with enable_offline_packing, pad_cu_seqlens): the rows of
