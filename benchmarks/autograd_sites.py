@@ -74,14 +74,16 @@ NO_STACK = "(no creation stack: a leaf or a node made outside anomaly mode)"
 
 def walk(root: Any) -> dict[str, dict[str, Any]]:
     """Every node reachable from ``root`` (a ``grad_fn``) by type: ``{type: {"count": n, "sites": {site: n}}}``."""
-    seen: set[int] = set()
+    # Keyed by id with the node kept alive: a node's Python object may be made anew at each access and its id
+    # reused once it is freed, which would end the walk early at nodes it never saw.
+    seen: dict[int, Any] = {}
     out: dict[str, dict[str, Any]] = {}
     todo = [root]
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         name = node.name()
         rec = out.setdefault(name, {"count": 0, "sites": collections.Counter()})
         rec["count"] += 1

@@ -56,3 +56,13 @@ def test_table_lists_watched_types_first():
     }
     text = table(result).splitlines()
     assert text[1] == "  IndexBackward0: 2" and text[3] == "  MulBackward0: 9" and text[-1] == "w: failed: boom"
+
+
+def test_walk_reaches_every_node_of_a_deep_graph():
+    """A deep chain: every node is counted once (a walk that lets node objects die can stop at a reused id)."""
+    x = torch.randn(4, requires_grad=True)
+    y = x
+    for _ in range(500):
+        y = y * 1.5 + 1
+    nodes = walk(y.sum().grad_fn)
+    assert nodes["MulBackward0"]["count"] == 500 and nodes["AddBackward0"]["count"] == 500, nodes.keys()
