@@ -25,7 +25,8 @@ Layout of ``useful_tokens.json``::
 A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per_s``, ``speedup_vs_eager_packed``
 (its useful tokens/s over eager_packed's), ``step_ms`` (every measured step), ``step_ms_median``,
 ``step_ms_q1``/``_q3``/``_iqr``, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
-``gpu_busy`` (+ ``gpu_busy_source``), ``kernel_ms_per_step``, ``capture_s``, ``graph_memory_bytes``,
+``gpu_busy`` (+ ``gpu_busy_source``), ``gpu_busy_in_profiled_steps``, ``kernel_ms_per_step``
+(:func:`benchmarks.bench_trace.gpu_busy_summary`), ``capture_s``, ``graph_memory_bytes``,
 ``graph_memory_gib``, ``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks),
 ``parity`` (see :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``, ``seconds``.
 """
@@ -41,7 +42,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import _table, fmt_diff, fmt_ms, fmt_ratio, host_time_section, paired_verdict
+from benchmarks.bench_report import (
+    _fmt_step_over_kernel,
+    _table,
+    fmt_diff,
+    fmt_ms,
+    fmt_ratio,
+    host_time_section,
+    paired_verdict,
+)
 
 #: The compared variants, in run order. The first and last names are fixed by issue #17.
 VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "ours_packed")
@@ -262,8 +271,9 @@ COLUMNS = (
     "x vs eager_packed",
     "step ms (median, IQR)",
     "fill",
-    "GPU busy",
+    "GPU busy (in profiled steps)",
     "kernel ms/step",
+    "step / kernel",
     "graph GiB",
     "peak GiB (allocated / reserved)",
     "capture s",
@@ -330,9 +340,7 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         return [name, f"failed: {error}", *blank]
     graphed = name in GRAPHED
     iqr = _num(rec.get("step_ms_iqr"))
-    busy = _fmt(rec.get("gpu_busy"), ".2f")
-    if busy != "n/a" and rec.get("gpu_busy_source") not in (None, "profiler"):
-        busy += "†"
+    busy, step_kernel = _fmt_busy(rec)
     return [
         name,
         _fmt(rec.get("useful_tokens_per_s"), ",.0f"),
@@ -341,12 +349,29 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         _fmt(rec.get("fill_fraction"), ".0%"),
         busy,
         fmt_ms(rec.get("kernel_ms_per_step")),
+        step_kernel,
         _fmt(rec.get("graph_memory_gib"), ".1f") if graphed else "-",
         _fmt_peak(rec),
         fmt_ratio(rec.get("capture_s")) if graphed else "-",
         _fmt_counters(rec),
         _fmt_parity(name, rec),
     ]
+
+
+def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
+    """Whether the profiler missed the variant's graph kernels (its GPU busy is then estimated from the eager
+    variant's kernel time, :func:`benchmarks.bench_trace.gpu_busy_summary`): its profiled kernel time is too low."""
+    return rec.get("gpu_busy_source") not in (None, "profiler")
+
+
+def _fmt_busy(rec: Mapping[str, Any]) -> tuple[str, str]:
+    """The GPU busy and step / kernel cells: the kernel time's share of the profiled steps' own wall time
+    (``gpu_busy_in_profiled_steps``), and the unprofiled median step over the profiled kernel time. Where the
+    profiler missed graph kernels, the busy cell is the estimate from eager's kernel time and both carry †."""
+    if kernel_time_missed(rec):
+        busy = _fmt(rec.get("gpu_busy"), ".2f")
+        return (busy + "†" if busy != "n/a" else busy), _fmt_step_over_kernel(rec) + "†"
+    return _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f"), _fmt_step_over_kernel(rec)
 
 
 def _fmt_peak(rec: Mapping[str, Any]) -> str:
@@ -589,9 +614,13 @@ HOW = (
     "rows x the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the "
     "budget of each row's kept prefix, its extent rounded up to 16, summed over the rows); padded variants rows x "
     "seq_length.",
-    "- **GPU busy / kernel ms**: union of CUDA kernel intervals in a few profiled steps after the measured ones "
-    "(`torch.profiler`, benchmarks/bench_trace.py) over the unprofiled median step; † estimated from the eager "
-    "variant of the same form's kernel time (the profiler missed graph kernels).",
+    "- **kernel ms/step**: union of CUDA kernel intervals (over streams) in a few profiled steps after the measured "
+    "ones (`torch.profiler`, benchmarks/bench_trace.py), per step. **GPU busy (in profiled steps)**: that kernel "
+    "time over the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same "
+    "steps; dividing by the unprofiled median instead mixes two runs of the steps and read lower). **step / "
+    "kernel**: the measured steps' median over the kernel time per step (1.00x: the GPU never waits for the "
+    "host). † the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over "
+    "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time.",
     "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
     "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
     "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
@@ -656,10 +685,12 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
 def text_table(data: Mapping[str, Any]) -> str:
     """The short table printed on stdout at the end of a run."""
     variants = data.get("variants") or {}
-    lines = ["variant | useful tok/s | x | step ms | fill | busy | graph GiB | parity"]
+    columns = ("variant", "useful tok/s", "x", "step ms", "fill", "busy", "graph GiB", "parity")
+    picked = [COLUMNS.index(c) for c in (*COLUMNS[:6], "graph GiB", COLUMNS[-1])]
+    lines = [" | ".join(columns)]
     for name in shown(data):
         row = variant_row(name, variants.get(name))
-        lines.append(" | ".join([row[0], row[1], row[2], row[3], row[4], row[5], row[7], row[10]]))
+        lines.append(" | ".join(row[i] for i in picked))
     summary = data.get("summary") or summarize(data)
     lines.append(
         f"ours_packed vs eager_packed: separate {fmt_ratio(summary.get('separate'), 'x')}; "
