@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.host_syncs import census_lines
 from benchmarks.schema import CONTROL, FINISHED, FULL_ITERATION, GRAPHED, OURS_VARIANTS, REFUSED, UNGRAPHED
 from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report renders without torch
 
@@ -348,7 +349,7 @@ def _config_notes(config: dict) -> list[str]:
     notes += _work_note(variants)
     notes += _limit_note(variants, config.get("paired"))
     notes += _targets_note(variants, config.get("paired"))
-    notes += _syncs_note(variants)
+    notes += census_lines(variants, ("eager", *GRAPHED))
     notes += _kernels_note(variants)
     notes += _gaps_note(variants)
     notes += _noise_notes(variants)
@@ -919,19 +920,6 @@ def _targets_note(variants: Mapping[str, Any], paired: Mapping[str, Any] | None)
         judged(low, "paired against upstream, the interval's low end", PAIRED_LOW_END_TARGET, False),
     ]
     return [f"- Issue #18's targets (set for micro-batch 1, sequence 2048), {name}: {'; '.join(parts)}."]
-
-
-def _syncs_note(variants: Mapping[str, Any], top: int = 6) -> list[str]:
-    """Each variant's host waits on the GPU in one training step (:mod:`benchmarks.host_syncs`), with the sites
-    that ask for most of them."""
-    lines = []
-    for name in ("eager", *GRAPHED):
-        syncs = (variants.get(name) or {}).get("host_syncs")
-        if not syncs:
-            continue
-        sites = "; ".join(f"{n} x `{site}`" for site, n in (syncs.get("sites") or [])[:top])
-        lines.append(f"- {name}: {syncs.get('total', 0)} host waits on the GPU in one step; most from: {sites}.")
-    return lines
 
 
 def _kernels_note(variants: Mapping[str, Any], top: int = 5) -> list[str]:

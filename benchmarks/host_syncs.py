@@ -9,6 +9,9 @@ it warns at every synchronizing call (``.item()``, ``.tolist()``, ``.cpu()``, a 
 A site is the innermost frame outside torch itself (the line of Megatron, Bridge, TE or this plugin that asked),
 with its two callers for context. The synchronize calls the benchmark itself makes around a step are not in it:
 those are ``torch.cuda.synchronize``, which sync debug mode does not report.
+
+:func:`census_lines` renders the records (one line per variant) for the reports of ``bench.py`` and
+``useful_tokens.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import collections
 import os
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 #: Frames under these path parts are torch's own (the op, not who called it).
@@ -66,3 +69,17 @@ def census(fn: Callable[[], Any]) -> dict[str, Any]:
             torch.cuda.set_sync_debug_mode(previous)
             warnings.showwarning = original
     return {"total": sum(counts.values()), "sites": [[site, n] for site, n in counts.most_common()]}
+
+
+def census_lines(variants: Mapping[str, Any], names: Iterable[str], top: int = 6) -> list[str]:
+    """One markdown bullet per variant of ``names`` whose record holds a :func:`census` (``host_syncs``): its host
+    waits on the GPU in one training step and the ``top`` sites that ask for most of them."""
+    lines = []
+    for name in names:
+        syncs = (variants.get(name) or {}).get("host_syncs")
+        if not syncs:
+            continue
+        sites = "; ".join(f"{n} x `{site}`" for site, n in (syncs.get("sites") or [])[:top])
+        most = f"; most from: {sites}" if sites else ""
+        lines.append(f"- {name}: {syncs.get('total', 0)} host waits on the GPU in one step{most}.")
+    return lines

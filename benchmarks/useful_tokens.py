@@ -13,8 +13,18 @@ loss per second, so that is what this benchmark measures, on one GPU, for
 * ``ours_packed``: our packed language graphs (:class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper`
   on a budget ladder of :func:`~bridge_cudagraph.plan.budgets.derive_language_budgets`) and vision graphs, packed;
 * ``eager_packed_repeat``: eager_packed again, last (the run-to-run noise floor);
-* the paired phase: eager_packed and ours_packed alive at once, measured steps interleaved, where memory allows
-  (:func:`benchmarks.bench.paired_memory_check`).
+* the paired phase: eager_packed and ours_packed (or the two variants ``--paired`` names) alive at once, measured
+  steps interleaved, where memory allows (:func:`benchmarks.bench.paired_memory_check`).
+
+Opt-in with ``--variants`` (dense models of the benchmark's own shape), one lever of the packed step each
+(:data:`~benchmarks.useful_tokens_report.LEVER_VARIANTS`; the report's lever section compares each pair):
+
+* ``ours_packed_rows``: ours_packed with tight packing off (each micro-batch replays in the budget of its rows'
+  full width);
+* ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
+  ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
+  :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
+  fuses is failed. ours_packed_fused's parity reference is eager_packed_fused.
 
 Every variant trains the same initial weights (:func:`benchmarks.bench._snapshot`/``_load``) on the same samples:
 the first ``microbatches x micro_batch_size`` training samples of the project's photo SFT set
@@ -26,12 +36,17 @@ the step's packing branch). The model: ``--model small`` is the Qwen3-VL-2B shap
 :func:`benchmarks.bench.small_qwen3_vl_provider`, ``--model tiny`` the tiny one (a smoke test), both with the
 photo processor's special token ids. Steps go through Megatron's schedule and the distributed optimizer
 (:func:`benchmarks.bench._train_step`); a few steps after the measured ones are profiled
-(:func:`benchmarks.bench._profile`) for GPU busy and kernel time. Variants are built and freed one at a time.
+(:func:`benchmarks.bench._profile`) for GPU busy and kernel time, and for eager_packed and the packed graph
+variants one more step runs under :func:`benchmarks.host_syncs.census` (where the host waits for the GPU).
+Variants are built and freed one at a time.
 
 Run (from the repository root)::
 
     python -m benchmarks.useful_tokens --out results/useful_tokens --model small --seq 4096 --mbs 2
     python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
+    python -m benchmarks.useful_tokens --out results/useful_tokens/levers --model small --seq 4096 --mbs 2 \
+        --num-mb 2 --variants eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_fused \
+        --paired ours_packed,ours_packed_fused   # the levers, each on its own
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
         --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
 
@@ -83,13 +98,22 @@ from benchmarks.schema import OK, json_safe, write_json
 from benchmarks.useful_tokens_report import (
     CONTROL,
     FORM,
+    FUSED,
+    HOST_SYNC_VARIANTS,
+    LEVER_VARIANTS,
+    ORDER,
     PACKED,
+    PACKED_GRAPHED,
     PADDED,
     PAIRED,
     REFERENCE,
+    REFERENCE_OF,
+    REFERENCES,
     REFUSED,
+    TIGHT,
     VARIANTS,
     MicroBatch,
+    reference_of,
 )
 
 if TYPE_CHECKING:
@@ -195,14 +219,18 @@ class ModelDef:
     """:attr:`benchmarks.configs.BenchConfig.budget_round` (the vision ladder's top is rounded up to it)."""
     variants: tuple[str, ...] = VARIANTS
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
+    optional: tuple[str, ...] = ()
+    """What ``--variants`` may add to :attr:`variants` (the lever variants of a dense model)."""
 
 
 #: Every ``--model``. The dense ones are the benchmark's first; the MoE ones answer what MoE users get from graphs:
 #: padded graphs of the attention, router and preprocess against Bridge's packed eager step.
 MODELS: dict[str, ModelDef] = {
-    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, budget_round=256),
+    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, budget_round=256, optional=LEVER_VARIANTS),
     "small": ModelDef(
-        "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights", bench.small_qwen3_vl_provider
+        "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights",
+        bench.small_qwen3_vl_provider,
+        optional=LEVER_VARIANTS,
     ),
     "tiny-moe": ModelDef(
         "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), language graphs of "
@@ -250,14 +278,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--microbatches", type=int, default=DEFAULT_MICROBATCHES, help="distinct micro-batches (cycled)"
     )
     parser.add_argument("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
-    parser.add_argument("--no-paired", action="store_true", help="skip the eager_packed/ours_packed paired phase")
+    parser.add_argument("--no-paired", action="store_true", help="skip the paired phase")
+    parser.add_argument(
+        "--paired",
+        default=None,
+        metavar="A,B",
+        help="the two variants the paired phase builds side by side and interleaves (ratios: A ms / B ms); both "
+        f"must be among the run's variants (default {','.join(PAIRED)}, skipped where --variants leaves one out)",
+    )
     parser.add_argument("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
     parser.add_argument(
         "--variants",
         default=None,
         metavar="A,B",
         help=f"run only these variants, in the usual order (default: the model's, all of {','.join(VARIANTS)} "
-        f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one)",
+        f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one); a dense model of the benchmark's shape also "
+        f"runs the lever variants {','.join(LEVER_VARIANTS)} when named here",
     )
     parser.add_argument(
         "--gpu-memory",
@@ -317,18 +353,46 @@ def check_args(args: argparse.Namespace) -> str | None:
         return f"--gpu-memory {args.gpu_memory:g}: give the GiB to cap the process at (80 for an 80 GB H100)"
     if args.variants is not None:
         chosen = [v for v in args.variants.split(",") if v]
-        allowed = MODELS[args.model].variants
+        allowed = (*MODELS[args.model].variants, *MODELS[args.model].optional)
         unknown = [v for v in chosen if v not in allowed]
         if unknown or not chosen:
             return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
         if REFERENCE[PACKED] not in chosen:
             return f"--variants {args.variants}: include {REFERENCE[PACKED]}, the reference of every packed variant"
+        for variant, reference in REFERENCE_OF.items():
+            if variant in chosen and reference not in chosen:
+                return f"--variants {args.variants}: include {reference}, the parity reference of {variant}"
+    if not args.no_paired and args.paired is not None:
+        pair = [v for v in args.paired.split(",") if v]
+        run = chosen_variants(args)
+        if len(pair) != 2 or pair[0] == pair[1] or any(v not in run for v in pair):
+            return (
+                f"--paired {args.paired}: name two different variants of this run ({','.join(run)}), e.g. "
+                f"--paired {','.join(PAIRED)}; or add them to --variants, or pass --no-paired"
+            )
     if args.microbatches * args.mbs > PHOTO_TRAIN_SAMPLES:
         return (
             f"--microbatches {args.microbatches} x --mbs {args.mbs} = {args.microbatches * args.mbs} samples, more "
             f"than the photo set's {PHOTO_TRAIN_SAMPLES} training samples; lower --microbatches"
         )
     return None
+
+
+def chosen_variants(args: argparse.Namespace) -> tuple[str, ...]:
+    """The variants the run measures, in run order (:data:`~benchmarks.useful_tokens_report.ORDER`; the control
+    besides): ``--variants``, or the model's."""
+    if args.variants is None:
+        return MODELS[args.model].variants
+    named = set(args.variants.split(","))
+    return tuple(v for v in ORDER if v in named)
+
+
+def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
+    """``--paired``'s two variants (checked by :func:`check_args`), or :data:`PAIRED` where it is left out."""
+    if args.paired is None:
+        return PAIRED
+    first, second = (v for v in args.paired.split(",") if v)
+    return first, second
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
@@ -447,6 +511,8 @@ class _Run:
     """Per form, a :class:`benchmarks.bench._Shared` (its batches, fixed batch and step plan)."""
     initial_state: list[dict] | None = None
     references: dict[str, dict] = field(default_factory=dict)
+    """Per reference variant (:data:`~benchmarks.useful_tokens_report.REFERENCES`): its profile, fixed-batch loss,
+    loss mask, grad norm and step losses."""
     results: dict[str, dict] = field(default_factory=dict)
     profiler_sees_graph_kernels: bool | None = None
     data: dict[str, Any] = field(default_factory=dict)
@@ -487,20 +553,24 @@ def packed_graph_config(cfg: BenchConfig):
 
 def variant_provider(run: _Run, variant: str):
     """The provider of ``variant`` (not finalized), with the photo processor's token ids: the model's
-    (:data:`MODELS`) with graphs off, ours_padded's or ours_packed's block; upstream's as bench.py makes it."""
+    (:data:`MODELS`) with graphs off, ours_padded's or ours_packed's block; upstream's as bench.py makes it. The
+    fused variants (:data:`~benchmarks.useful_tokens_report.FUSED`) set ``gradient_accumulation_fusion=True`` on
+    it, as bench.py's ours_fused does; the provider honours it without APEX by fusing TE's layers only."""
     model = MODELS[run.args.model]
     if variant == "upstream_padded":
         return bench.variant_provider(run.cfg, "upstream", **run.ids)
     blocks = {
         "eager_packed": None,
         "eager_padded": None,
+        "eager_packed_fused": None,
         CONTROL: None,
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
-        "ours_packed": packed_graph_config(run.cfg),
+        **{name: packed_graph_config(run.cfg) for name in PACKED_GRAPHED},
     }
     if variant not in blocks or model.provider is None:
-        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*VARIANTS, CONTROL]}")
-    return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids)
+        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*ORDER, CONTROL]}")
+    fields = {"gradient_accumulation_fusion": True} if variant in FUSED else {}
+    return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids, **fields)
 
 
 def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
@@ -533,14 +603,14 @@ def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None)
 
 
 def refusal(run: _Run, variant: str) -> str | None:
-    """Why the plan refuses ``variant`` on this model (its first line), or None. Only ours_packed asks: its packed
-    language helper is built here directly (:func:`_helpers`), not from a plan, so without this question an MoE
-    model would capture packed whole layers that the product refuses (packed graphs of MoE layers are not
-    supported). The padded variants' plans are built with their helpers, and a recipe variant's when it is loaded;
-    a refusal there fails the variant."""
+    """Why the plan refuses ``variant`` on this model (its first line), or None. Only the packed graph variants
+    (ours_packed and its levers) ask: their packed language helper is built here directly (:func:`_helpers`), not
+    from a plan, so without this question an MoE model would capture packed whole layers that the product refuses
+    (packed graphs of MoE layers are not supported). The padded variants' plans are built with their helpers, and a
+    recipe variant's when it is loaded; a refusal there fails the variant."""
     from bridge_cudagraph.config import CudaGraphConfigError
 
-    if variant != "ours_packed" or run.from_recipe:
+    if variant not in PACKED_GRAPHED or run.from_recipe:
         return None
     try:
         packed_plan(run, variant_provider(run, variant))
@@ -568,6 +638,7 @@ def _build(run: _Run, variant: str, objs: dict) -> None:
     else:
         model = tiny.build(provider, run.world.language, vision_pg_collection=run.world.vision)
     objs["model"] = model
+    record_fusion(variant, model, objs)
     if run.initial_state is None:
         run.initial_state = bench._snapshot(model)
     else:
@@ -575,18 +646,34 @@ def _build(run: _Run, variant: str, objs: dict) -> None:
     objs["optimizer"] = megatron_optimizer(model, run.world.language)
 
 
+def record_fusion(variant: str, model: list, out: dict) -> int:
+    """How many TE modules of ``model`` accumulate their weight gradient into ``main_grad`` themselves, into
+    ``out["te_modules_fusing"]``; raises where ``variant`` asks for the fusion (:data:`FUSED`) and none does, so
+    that the variant is failed rather than timed unfused under its name."""
+    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
+
+    count = out["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
+    if variant in FUSED and not count:
+        raise RuntimeError(
+            f"{variant}: model.gradient_accumulation_fusion=true, but no Transformer Engine module of the model "
+            "fuses its weight-gradient accumulation; it would time the unfused step"
+        )
+    return count
+
+
 def _helpers(run: _Run, variant: str, objs: dict) -> list:
-    """The variant's graph helpers, language first: upstream's and ours as bench.py builds them; for ours_packed
-    the packed language helper on the run's layout, then the provider's vision helper."""
+    """The variant's graph helpers, language first: upstream's and ours as bench.py builds them; for a packed graph
+    variant (ours_packed and its levers) the packed language helper on the run's layout, tight packing on unless
+    the variant turns it off (:data:`~benchmarks.useful_tokens_report.TIGHT`), then the provider's vision helper."""
     shared = run.shared[FORM[variant]]
     if variant == "upstream_padded":
         return bench._make_helpers(shared, "upstream", objs)
-    if variant not in ("ours_padded", "ours_packed"):
+    if variant not in ("ours_padded", *PACKED_GRAPHED):
         return []
     if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
     helpers = bench._make_helpers(shared, "ours", objs)
-    if variant == "ours_packed":
+    if variant in PACKED_GRAPHED:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
         from bridge_cudagraph.plan.build import deepstack_merges
         from bridge_cudagraph.plan.facts import model_facts
@@ -594,14 +681,14 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         # As the product's plan builds it: one graph per run of layers between deepstack merges.
         merges = deepstack_merges(model_facts(objs["provider"]))
         # Tight packing as the plan turns it on at pp 1 without sequence parallelism (its lengths need
-        # fewer_host_waits, which bench's plan installs).
+        # fewer_host_waits, which bench's plan installs); ours_packed_rows turns it off.
         helper = PackedLanguageGraphHelper(
             objs["model"],
             layout=run.layout,
             on_capture_error="raise",
             graph_unit="deepstack",
             deepstack_merges=merges,
-            tight=True,
+            tight=variant in TIGHT,
         )
         helpers.insert(0, helper)
     return helpers
@@ -677,6 +764,8 @@ def _run_variant(run: _Run, variant: str) -> dict:
     except Exception as error:  # recorded; the other variants still run
         bench._record_failure(rec, error, variant)
     finally:
+        if "te_modules_fusing" in objs:  # also where it failed the variant (record_fusion)
+            rec["te_modules_fusing"] = objs["te_modules_fusing"]
         survivors = _release(objs)
     bench._check_freed(rec, survivors)
     rec["seconds"] = time.perf_counter() - started
@@ -700,7 +789,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         rec["graph_memory_gib"] = rec["graph_memory_bytes"] / report.GIB
         say(f"{variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_gib']:.2f} GiB")
         run_step = bench.growing(run_step, helpers, rec)
-        if variant == "ours_packed" and not run.from_recipe:
+        if variant in PACKED_GRAPHED and not run.from_recipe:
             try:
                 rec["memory_estimate"] = memory_estimates(run, objs, rec.get("capture") or {})
             except Exception as error:  # an aid to read the figures, never a reason to lose them
@@ -747,15 +836,15 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             say(f"{variant}: profiling failed: {rec['profile_error']}")
             for i in range(p_first + max(0, len(losses) - p_first), p_first + shared.profile_steps):
                 run_step(i)
-    reference = REFERENCE[form]
-    if variant == reference:
-        run.references.setdefault(form, {})["profile"] = profile
+    reference = reference_of(variant)
+    if variant in REFERENCES:
+        run.references.setdefault(variant, {})["profile"] = profile
     rec.update(
         gpu_busy_summary(
             profile,
             step_ms_by_key,
             [tuple(shared.plan[i]) for i in profiled],
-            eager_profile=(run.references.get(form) or {}).get("profile"),
+            eager_profile=(run.references.get(reference) or {}).get("profile"),
             graphed=variant in report.GRAPHED,
             profiler_sees_graph_kernels=run.profiler_sees_graph_kernels,
             fallback_step_ms=rec["step_ms_median"],
@@ -765,7 +854,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         rec["profile"] = profile
     rec["losses"] = losses
     rec["grad_norms"] = grad_norms
-    if variant in ("ours_padded", "ours_packed"):
+    if variant in ("ours_padded", *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
 
@@ -776,13 +865,31 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     after = _counters(helpers)
     mask = shared.fixed_batch["loss_mask"].detach().float().cpu()
     rec["parity"] = parity(
-        variant, fixed_loss, mask, grad_norm, losses, run.references.get(form), run.references.get(PACKED)
+        variant,
+        fixed_loss,
+        mask,
+        grad_norm,
+        losses,
+        run.references.get(reference),
+        run.references.get(REFERENCE[PACKED]),
     )
     if before:
         rec["parity"]["fixed_batch_replays"] = {sub: after[sub]["replays"] - n for sub, n in before.items()}
-    if variant == reference:
-        run.references[form].update(fixed_loss=fixed_loss, mask=mask, grad_norm=grad_norm, losses=list(losses))
+    if variant in REFERENCES:
+        run.references[variant].update(fixed_loss=fixed_loss, mask=mask, grad_norm=grad_norm, losses=list(losses))
     bench.require_finite(losses, grad_norms)
+    if variant in HOST_SYNC_VARIANTS:
+        # Last, so the compared losses are untouched: one more step, on the first profiled step's micro-batches
+        # (the last measured step's without a profile), under torch's sync debug mode. A runner of its own, so the
+        # step joins no recorded series. A measurement aid: its failure is recorded, never the variant's.
+        from benchmarks.host_syncs import census
+
+        census_step = bench._step_runner(shared, objs)
+        try:
+            rec["host_syncs"] = census(lambda: census_step(min(p_first, len(shared.plan) - 1)))
+        except Exception as error:
+            rec["host_syncs_error"] = f"{type(error).__name__}: {error}"[:300]
+            say(f"{variant}: host-sync census failed: {rec['host_syncs_error']}")
 
 
 def parity(
@@ -794,8 +901,10 @@ def parity(
     reference: dict | None,
     packed_reference: dict | None,
 ) -> dict[str, Any]:
-    """One variant's parity record: the fixed micro-batch's per-token loss against the reference of its form
-    (all tokens and the loss tokens only; NaN-safe :func:`~bridge_cudagraph.testing.parity.diff_losses`), its
+    """One variant's parity record: the fixed micro-batch's per-token loss against its reference
+    (:func:`~benchmarks.useful_tokens_report.reference_of`: the graphs-off variant of its form, or for
+    ours_packed_fused eager_packed_fused; ``reference``: that variant's kept numbers) (all tokens and the loss
+    tokens only; NaN-safe :func:`~bridge_cudagraph.testing.parity.diff_losses`), its
     step losses against the reference's (:func:`~bridge_cudagraph.testing.parity.compare_series`), whether every
     step's loss is finite, and for a padded variant its loss tokens against eager_packed's packed form.
 
@@ -807,13 +916,13 @@ def parity(
 
     form = FORM[variant]
     out: dict[str, Any] = {
-        "reference": REFERENCE[form],
+        "reference": reference_of(variant),
         "fixed_batch_loss_mean": float(fixed_loss.mean()),
         "fixed_batch_grad_norm": grad_norm,
         "nonfinite_steps": bench.non_finite_steps(losses),
     }
     out["losses_finite"] = not out["nonfinite_steps"]
-    if variant == REFERENCE[form]:
+    if variant == reference_of(variant):
         return out
     if reference is None or reference.get("fixed_loss") is None:
         return out
@@ -846,52 +955,55 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
 
 
 # ============================================================================================ paired phase
-def _run_paired(run: _Run) -> dict:
-    """eager_packed and ours_packed built side by side, each warmed up (ours captured), then their measured steps
-    interleaved, the first of each pair alternating (as bench.py's paired phase). ``ratios``: eager_packed's step
-    ms over ours_packed's per pair, which is ours_packed's useful-tokens/s ratio (same samples per pair)."""
+def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
+    """The two variants ``names`` (``--paired``) built side by side, each warmed up (a graphed one captured), then
+    their measured steps interleaved, the first of each pair alternating (as bench.py's paired phase); each trains
+    its own form of the same samples. ``ratios``: the first's step ms over the second's per pair, which is the
+    second's useful-tokens/s ratio over the first (same samples per pair). ``counters``: per graphed variant, its
+    helpers' counters."""
     from bridge_cudagraph.testing.world import seed_rng
 
-    shared = run.shared[PACKED]
-    rec: dict[str, Any] = {"status": "running", "variants": list(PAIRED)}
-    objs: dict[str, dict] = {name: {} for name in PAIRED}
+    shared = run.shared[FORM[names[0]]]  # the step plan and step counts, which both forms share
+    rec: dict[str, Any] = {"status": "running", "variants": list(names)}
+    objs: dict[str, dict] = {name: {} for name in names}
     started = time.perf_counter()
     bench._free()
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     runners: dict[str, Callable[[int], float]] = {}
     try:
-        for name in PAIRED:
+        for name in names:
             seed_rng(run.world.language, bench.SEED)
             _build(run, name, objs[name])
             objs[name]["helpers"] = _helpers(run, name, objs[name])
-            runners[name] = bench._step_runner(shared, objs[name])
+            runners[name] = bench._step_runner(run.shared[FORM[name]], objs[name])
             for i in range(shared.warmup_steps):
                 runners[name](i)
             if objs[name]["helpers"]:
-                rec.setdefault("capture_s", {})[name] = bench._capture("ours", objs[name]["helpers"])["capture_s"]
+                kind = "upstream" if name == "upstream_padded" else "ours"
+                rec.setdefault("capture_s", {})[name] = bench._capture(kind, objs[name]["helpers"])["capture_s"]
                 runners[name] = bench.growing(runners[name], objs[name]["helpers"], rec)
-        times: dict[str, list[float]] = {name: [] for name in PAIRED}
+        times: dict[str, list[float]] = {name: [] for name in names}
         first = shared.warmup_steps
         steps = list(range(first, first + shared.measured_steps))
         for k, i in enumerate(steps):
-            for name in PAIRED if k % 2 == 0 else PAIRED[::-1]:
+            for name in names if k % 2 == 0 else names[::-1]:
                 times[name].append(runners[name](i))
         rec["step_ms"] = times
         rec["step_ms_median"] = {name: statistics.median(t) for name, t in times.items()}
         useful = report.per_step(shared.plan, steps, [m.loss_tokens for m in run.micro])
         rec["useful_tokens_per_s"] = {name: report.tokens_per_second(useful, t) for name, t in times.items()}
-        rec["ratios"] = [a / b for a, b in zip(*(times[name] for name in PAIRED), strict=True)]
+        rec["ratios"] = [a / b for a, b in zip(*(times[name] for name in names), strict=True)]
         rec["verdict"] = report.paired_verdict(rec["ratios"])
-        rec["counters"] = _counters(objs["ours_packed"]["helpers"])
+        rec["counters"] = {name: _counters(objs[name]["helpers"]) for name in names if objs[name]["helpers"]}
         rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
         rec["status"] = OK
     except Exception as error:  # recorded; the variants' own results stand
         bench._record_failure(rec, error, "paired")
     finally:
         runners.clear()  # their closures hold the models
-        survivors = {name: _release(objs[name]) for name in PAIRED}
-        for name in sorted(PAIRED, key=lambda n: not survivors[n]):
+        survivors = {name: _release(objs[name]) for name in names}
+        for name in sorted(names, key=lambda n: not survivors[n]):
             part: dict[str, Any] = {"allocated_at_start_bytes": rec["allocated_at_start_bytes"]}
             bench._check_freed(part, survivors[name])
             if "leak" in part:
@@ -928,6 +1040,7 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
             "profile_steps": args.profile_steps,
             "microbatches": args.microbatches,
             "paired": not args.no_paired,
+            "paired_variants": None if args.no_paired else list(paired_pair(args)),
             "control": not args.no_control,
             "name": cfg.name,
             "gpu_memory_cap_gib": args.gpu_memory,
@@ -1013,20 +1126,28 @@ def prepare(args: argparse.Namespace, world) -> _Run:
     return run
 
 
-def paired_skip_reason(results: dict[str, dict], gpu_memory_bytes: Callable[[], int]) -> str | None:
-    """Why the paired phase cannot run, or None: a variant of :data:`PAIRED` the plan refused (its record holds the
-    reason), else :func:`benchmarks.bench.paired_memory_check` on the GPU's memory."""
-    refused = [name for name in PAIRED if (results.get(name) or {}).get("status") == REFUSED]
+def paired_skip_reason(
+    results: dict[str, dict], gpu_memory_bytes: Callable[[], int], names: Sequence[str] = PAIRED
+) -> str | None:
+    """Why the paired phase of ``names`` cannot run, or None: one of them was not run (``--variants`` left it out;
+    only the default pair can be), or the plan refused it (its record holds the reason), else
+    :func:`benchmarks.bench.paired_memory_check` on the GPU's memory."""
+    missing = [name for name in names if name not in results]
+    if missing:
+        return f"{missing[0]} was not run (--variants)"
+    refused = [name for name in names if (results.get(name) or {}).get("status") == REFUSED]
     if refused:
         return f"{refused[0]} was refused by the capture plan"
-    return bench.paired_memory_check(results, gpu_memory_bytes(), names=PAIRED)
+    return bench.paired_memory_check(results, gpu_memory_bytes(), names=tuple(names))
 
 
 def failed_variants(data: dict) -> list[str]:
-    """Of eager_packed and ours_packed, those that did not finish; a refusal by the plan (ours_packed on an MoE
-    model) is the answer to what was asked, not a failure."""
+    """Of eager_packed, ours_packed and the lever variants that were run, those that did not finish (a fused one in
+    which no TE module fused among them); a refusal by the plan (ours_packed on an MoE model) is the answer to what
+    was asked, not a failure."""
     variants = data.get("variants") or {}
-    return [n for n in (report.BASELINE, "ours_packed") if (variants.get(n) or {}).get("status") not in (OK, REFUSED)]
+    asked = (report.BASELINE, "ours_packed", *(n for n in LEVER_VARIANTS if n in variants))
+    return [n for n in asked if (variants.get(n) or {}).get("status") not in (OK, REFUSED)]
 
 
 def run_all(args: argparse.Namespace, *, world=None, command: str | None = None) -> dict:
@@ -1054,7 +1175,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
         run.profiler_sees_graph_kernels = probe.get("sees_graph_kernels")
     write()
     model = MODELS[args.model]
-    chosen = model.variants if args.variants is None else tuple(v for v in VARIANTS if v in args.variants.split(","))
+    chosen = chosen_variants(args)
     if model.provider is not None:  # see bench._import_providers: a lazy import's pinned frames
         for name in chosen:
             with contextlib.suppress(Exception):  # a variant that cannot be made fails, recorded, when it runs
@@ -1064,13 +1185,14 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
         run.results[name] = _run_variant(run, name)
         write()
     if not args.no_paired:
-        why_not = paired_skip_reason(run.results, bench._gpu_memory_bytes)
+        pair = paired_pair(args)
+        why_not = paired_skip_reason(run.results, bench._gpu_memory_bytes, pair)
         if why_not:
-            data["paired"] = {"status": "skipped", "reason": why_not}
+            data["paired"] = {"status": "skipped", "reason": why_not, "variants": list(pair)}
             say(f"paired phase skipped: {why_not}")
         else:
-            say("paired phase: start")
-            data["paired"] = _run_paired(run)
+            say(f"paired phase ({' and '.join(pair)}): start")
+            data["paired"] = _run_paired(run, pair)
         write()
     if not args.no_control:
         say(f"{CONTROL}: start")
@@ -1085,8 +1207,9 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; exit 2 with one ``error:`` line on bad input (before anything runs), 1 when eager_packed or
-    ours_packed failed (ours_packed refused by the plan, as on an MoE model, is not a failure)."""
+    """Entry point; exit 2 with one ``error:`` line on bad input (before anything runs), 1 when eager_packed,
+    ours_packed or a lever variant that was run failed (ours_packed refused by the plan, as on an MoE model, is not
+    a failure)."""
     args = parse_args(argv)
     problem = check_args(args)
     if problem is None and not torch.cuda.is_available():

@@ -16,18 +16,26 @@ Layout of ``useful_tokens.json``::
      "data": {"source", "microbatches": [MicroBatch.as_dict()], "language_budgets", "max_sequences",
               "max_seqlen", "vision_budgets", "vision_max_segments", "upstream_vision_seq_length",
               "fixed_microbatch", "plan"},
-     "variants": {name: record},          # VARIANTS then CONTROL, each with "status" ok | failed (+ "error")
-                                          # | refused (+ "reason": the capture plan's, e.g. ours_packed on MoE)
-     "paired": {"status": ok | skipped | failed, "variants": PAIRED, "step_ms": {name: [...]},
-                "ratios": [eager_packed ms / ours_packed ms per pair], "verdict": paired_verdict(ratios), ...},
+     "variants": {name: record},          # ORDER's that ran, then CONTROL, each with "status" ok | failed
+                                          # (+ "error") | refused (+ "reason": the capture plan's, e.g.
+                                          # ours_packed on MoE)
+     "paired": {"status": ok | skipped | failed, "variants": [A, B] (``--paired``, default PAIRED),
+                "step_ms": {name: [...]}, "ratios": [A ms / B ms per pair], "verdict": paired_verdict(ratios),
+                "counters": {graphed name: {submodule: counters}}, ...},
      "summary": summarize(data)}
 
 A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per_s``, ``speedup_vs_eager_packed``
 (its useful tokens/s over eager_packed's), ``step_ms`` (every measured step), ``step_ms_median``,
 ``step_ms_q1``/``_q3``/``_iqr``, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
-``gpu_busy`` (+ ``gpu_busy_source``), ``kernel_ms_per_step``, ``capture_s``, ``graph_memory_bytes``,
-``graph_memory_gib``, ``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks),
-``parity`` (see :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``, ``seconds``.
+``gpu_busy`` (+ ``gpu_busy_source``), ``gpu_busy_in_profiled_steps``, ``kernel_ms_per_step``
+(:func:`benchmarks.bench_trace.gpu_busy_summary`), ``capture_s``, ``graph_memory_bytes``, ``graph_memory_gib``,
+``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks), ``parity`` (see
+:func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``, ``peak_reserved_bytes``,
+``te_modules_fusing`` (TE modules that accumulate their weight gradient into ``main_grad`` themselves),
+``host_syncs`` (:func:`benchmarks.host_syncs.census` of one more step; :data:`HOST_SYNC_VARIANTS`), ``seconds``.
+
+The lever variants (:data:`LEVER_VARIANTS`, run only when ``--variants`` names them) each change one setting of
+ours_packed or eager_packed; :data:`LEVERS` pairs them for the report's lever section.
 """
 
 from __future__ import annotations
@@ -41,15 +49,42 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import _table, fmt_diff, fmt_ms, fmt_ratio, host_time_section, paired_verdict
+from benchmarks.bench_report import (
+    _fmt_step_over_kernel,
+    _table,
+    fmt_diff,
+    fmt_ms,
+    fmt_ratio,
+    host_time_section,
+    paired_verdict,
+)
+from benchmarks.host_syncs import census_lines
 
-#: The compared variants, in run order. The first and last names are fixed by issue #17.
+#: The compared variants, in run order: what runs when ``--variants`` is left out. The first and last names are
+#: fixed by issue #17.
 VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "ours_packed")
+#: One lever of the packed step each, measured on its own; run only when ``--variants`` names them (dense models
+#: of the benchmark's own shape): ours_packed with tight packing off, and eager_packed and ours_packed with
+#: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`).
+LEVER_VARIANTS = ("ours_packed_rows", "eager_packed_fused", "ours_packed_fused")
+#: Every variant in run order: the eager ones first (a variant's parity reference runs before it), then the graphs;
+#: the control runs after all of them (and after the paired phase).
+ORDER = (
+    "eager_packed",
+    "eager_packed_fused",
+    "eager_padded",
+    "upstream_padded",
+    "ours_padded",
+    "ours_packed",
+    "ours_packed_rows",
+    "ours_packed_fused",
+)
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
 CONTROL = "eager_packed_repeat"
 #: The reference every speed-up is against: Bridge's default (graphs off, in-batch packing).
 BASELINE = "eager_packed"
-#: The close pair measured side by side, steps interleaved (ratios: first's step time over the second's).
+#: The close pair measured side by side, steps interleaved (ratios: first's step time over the second's), unless
+#: ``--paired`` names another.
 PAIRED = ("eager_packed", "ours_packed")
 PACKED, PADDED = "packed", "padded"
 #: The micro-batch form each variant trains on.
@@ -59,19 +94,52 @@ FORM = {
     "upstream_padded": PADDED,
     "ours_padded": PADDED,
     "ours_packed": PACKED,
+    "ours_packed_rows": PACKED,
+    "eager_packed_fused": PACKED,
+    "ours_packed_fused": PACKED,
     CONTROL: PACKED,
 }
-#: The graphs-off variant of the same form, the parity reference.
+#: The graphs-off variant of the same form, the parity reference (unless :data:`REFERENCE_OF` names another).
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
+#: Parity references other than the form's: ours_packed_fused trains the fused numbers, which eager_packed_fused
+#: trains graphs off. eager_packed_fused itself is compared with eager_packed, which it is expected to differ from
+#: slightly (the fused weight-gradient sum rounds once per micro-batch in fp32, not through a bf16 gradient).
+REFERENCE_OF = {"ours_packed_fused": "eager_packed_fused"}
+
+
+def reference_of(variant: str) -> str:
+    """The variant ``variant``'s parity is taken against (itself for a reference of its form)."""
+    return REFERENCE_OF.get(variant, REFERENCE[FORM[variant]])
+
+
+#: Every variant some variant's parity is taken against (each keeps its fixed-batch loss and profile).
+REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
 REFUSED = "refused"
-GRAPHED = ("upstream_padded", "ours_padded", "ours_packed")
+#: The packed language graph variants; of them, those with tight packing on (ours_packed_rows replays the rows).
+PACKED_GRAPHED = ("ours_packed", "ours_packed_rows", "ours_packed_fused")
+TIGHT = ("ours_packed", "ours_packed_fused")
+GRAPHED = ("upstream_padded", "ours_padded", *PACKED_GRAPHED)
+#: The variants trained with ``model.gradient_accumulation_fusion=true``: a run of one in which no TE module fuses
+#: is failed (it would time the unfused step under the fused name).
+FUSED = ("eager_packed_fused", "ours_packed_fused")
+#: The variants whose one extra step runs under :func:`benchmarks.host_syncs.census` (eager_packed for comparison).
+HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
+#: The levers of the packed step: (lever, the variant without it, the variant with it).
+LEVERS = (
+    ("tight packing", "ours_packed_rows", "ours_packed"),
+    ("gradient-accumulation fusion, graphed", "ours_packed", "ours_packed_fused"),
+    ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
+)
 LABELS = {
     "eager_packed": "Bridge's default: graphs off, in-batch packing",
     "eager_padded": "graphs off, every row padded to seq_length",
     "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
     "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
     "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
+    "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
+    "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
+    "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     CONTROL: "eager_packed again (run-to-run noise floor)",
 }
 #: Issue #17's target for ours_packed over eager_packed on the 2B shape (useful tokens/s).
@@ -133,11 +201,13 @@ def token_slots(
     variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0, *, tight: bool = False
 ) -> int:
     """Token slots the language model computes for ``mb`` in ``variant``: padded forms every row at seq_length;
-    eager packed the packed width ``T``; ours_packed the budget ``T`` replays in (``T`` itself where it falls
-    back to eager), and with ``tight`` (tight packing on) the budget the kept tokens ``T'`` replay in."""
+    eager packed the packed width ``T``; packed graphs (:data:`PACKED_GRAPHED`) the budget ``T`` replays in (``T``
+    itself where it falls back to eager), and with ``tight`` (tight packing on) the budget the kept tokens ``T'``
+    replay in; ours_packed_rows, tight packing off, always the budget of ``T``."""
     if FORM[variant] == PADDED:
         return mb.padded_tokens
-    if variant == "ours_packed":
+    if variant in PACKED_GRAPHED:
+        tight = tight and variant in TIGHT
         tokens = mb.tight_tokens if tight and mb.tight_tokens else mb.packed_tokens
         return budget_for(tokens, mb.rows, budgets, max_sequences) or mb.packed_tokens
     return mb.packed_tokens
@@ -216,17 +286,34 @@ def speedup(variant: Mapping[str, Any] | None, baseline: Mapping[str, Any] | Non
     return a / b if a is not None and b else None
 
 
+def paired_names(paired: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The two variants a paired phase compared (``--paired``; files without the field: :data:`PAIRED`)."""
+    return tuple((paired or {}).get("variants") or PAIRED)
+
+
+def step_noise_floor(variants: Mapping[str, Any]) -> float | None:
+    """How far eager_packed_repeat's median step lies from eager_packed's, relative (None unless both finished)."""
+    base, control = variants.get(BASELINE) or {}, variants.get(CONTROL) or {}
+    if base.get("status") != "ok" or control.get("status") != "ok":
+        return None
+    a, b = _num(base.get("step_ms_median")), _num(control.get("step_ms_median"))
+    return abs(b / a - 1.0) if a and b is not None else None
+
+
 def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[str, Any]:
     """ours_packed against eager_packed: from the separate runs, from the paired phase (median per-pair ratio
-    and its 95% interval), and whether the issue's target is met (on the paired interval's lower end where the
-    phase ran, else on the separate runs; None when neither measured it). Also the noise floor: how far
-    eager_packed_repeat's useful tokens/s lies from eager_packed's. ``target``: default :func:`target_of`."""
+    and its 95% interval; only where the phase compared these two), and whether the issue's target is met (on
+    the paired interval's lower end where the phase ran, else on the separate runs; None when neither measured
+    it). Also the noise floor: how far eager_packed_repeat's useful tokens/s (``noise_floor``) and median step
+    (``step_noise_floor``) lie from eager_packed's. ``target``: default :func:`target_of`."""
     variants = data.get("variants") or {}
     base = variants.get(BASELINE)
     target = target_of(data) if target is None else target
     out: dict[str, Any] = {"target": target, "separate": speedup(variants.get("ours_packed"), base)}
     paired = data.get("paired") or {}
-    judged = paired_verdict(paired["ratios"]) if paired.get("status") == "ok" and paired.get("ratios") else None
+    judged = None
+    if paired.get("status") == "ok" and paired.get("ratios") and paired_names(paired) == PAIRED:
+        judged = paired_verdict(paired["ratios"])
     out["paired"] = judged
     if judged and judged.get("ci"):
         out["met"] = judged["ci"][0] >= target
@@ -238,6 +325,7 @@ def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[s
         out["met"], out["met_on"] = None, None
     control = speedup(variants.get(CONTROL), base)
     out["noise_floor"] = None if control is None else abs(control - 1.0)
+    out["step_noise_floor"] = step_noise_floor(variants)
     # Where packed graphs are refused (MoE), the padded graphs are what a user gets: against both eager forms.
     ours_padded = variants.get("ours_padded")
     out["ours_padded"] = {ref: speedup(ours_padded, variants.get(ref)) for ref in REFERENCE.values()}
@@ -262,8 +350,9 @@ COLUMNS = (
     "x vs eager_packed",
     "step ms (median, IQR)",
     "fill",
-    "GPU busy",
+    "GPU busy (in profiled steps)",
     "kernel ms/step",
+    "step / kernel",
     "graph GiB",
     "peak GiB (allocated / reserved)",
     "capture s",
@@ -330,9 +419,7 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         return [name, f"failed: {error}", *blank]
     graphed = name in GRAPHED
     iqr = _num(rec.get("step_ms_iqr"))
-    busy = _fmt(rec.get("gpu_busy"), ".2f")
-    if busy != "n/a" and rec.get("gpu_busy_source") not in (None, "profiler"):
-        busy += "†"
+    busy, step_kernel = _fmt_busy(rec)
     return [
         name,
         _fmt(rec.get("useful_tokens_per_s"), ",.0f"),
@@ -341,12 +428,29 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         _fmt(rec.get("fill_fraction"), ".0%"),
         busy,
         fmt_ms(rec.get("kernel_ms_per_step")),
+        step_kernel,
         _fmt(rec.get("graph_memory_gib"), ".1f") if graphed else "-",
         _fmt_peak(rec),
         fmt_ratio(rec.get("capture_s")) if graphed else "-",
         _fmt_counters(rec),
         _fmt_parity(name, rec),
     ]
+
+
+def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
+    """Whether the profiler missed the variant's graph kernels (its GPU busy is then estimated from the eager
+    variant's kernel time, :func:`benchmarks.bench_trace.gpu_busy_summary`): its profiled kernel time is too low."""
+    return rec.get("gpu_busy_source") not in (None, "profiler")
+
+
+def _fmt_busy(rec: Mapping[str, Any]) -> tuple[str, str]:
+    """The GPU busy and step / kernel cells: the kernel time's share of the profiled steps' own wall time
+    (``gpu_busy_in_profiled_steps``), and the unprofiled median step over the profiled kernel time. Where the
+    profiler missed graph kernels, the busy cell is the estimate from eager's kernel time and both carry †."""
+    if kernel_time_missed(rec):
+        busy = _fmt(rec.get("gpu_busy"), ".2f")
+        return (busy + "†" if busy != "n/a" else busy), _fmt_step_over_kernel(rec) + "†"
+    return _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f"), _fmt_step_over_kernel(rec)
 
 
 def _fmt_peak(rec: Mapping[str, Any]) -> str:
@@ -441,10 +545,116 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _pct_change(new: float | None, old: float | None) -> float | None:
+    return new / old - 1.0 if new is not None and old else None
+
+
+def _arrow(a: str, b: str) -> str:
+    return f"{a} → {b}"
+
+
+def lever_row(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> list[str]:
+    """One row of the lever table: the pair's numbers, the variant without the lever first."""
+    a, b = variants.get(without) or {}, variants.get(with_) or {}
+    head = [lever, _arrow(without, with_)]
+    broken = [f"{n} {r.get('status') or 'not run'}" for n, r in ((without, a), (with_, b)) if r.get("status") != "ok"]
+    if broken:
+        return [*head, "not compared: " + ", ".join(broken), *(["n/a"] * 4)]
+
+    def step(r: Mapping[str, Any]) -> str:
+        return f"{fmt_ms(r.get('step_ms_median'))} ({fmt_ms(r.get('step_ms_iqr'))})"
+
+    ratio = speedup(b, a)
+    return [
+        *head,
+        _arrow(fmt_ms(a.get("kernel_ms_per_step")), fmt_ms(b.get("kernel_ms_per_step"))),
+        _arrow(step(a), step(b)),
+        _arrow(_fmt(a.get("useful_tokens_per_s"), ",.0f"), _fmt(b.get("useful_tokens_per_s"), ",.0f"))
+        + f" ({'n/a' if ratio is None else f'{ratio:.3f}x'})",
+        _arrow(_fmt(a.get("fill_fraction"), ".0%"), _fmt(b.get("fill_fraction"), ".0%")),
+        _arrow(_fmt_peak(a), _fmt_peak(b)),
+    ]
+
+
+def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> str | None:
+    """One sentence on what the lever did: the median step's change against the run-to-run noise floor
+    (:func:`step_noise_floor`), and separately the profiled kernel time's change (the less noisy signal); None
+    unless both finished."""
+    a, b = variants.get(without) or {}, variants.get(with_) or {}
+    if a.get("status") != "ok" or b.get("status") != "ok":
+        return None
+    sa, sb = _num(a.get("step_ms_median")), _num(b.get("step_ms_median"))
+    change = _pct_change(sb, sa)
+    floor = step_noise_floor(variants)
+    if change is None:
+        step = "median step not measured"
+    else:
+        step = f"median step {fmt_ms(sa)} → {fmt_ms(sb)} ms ({change:+.1%})"
+        if floor is None:
+            step += f", not judged: no noise floor ({CONTROL} did not run)"
+        elif abs(change) > floor:
+            step += (
+                f", beyond the noise floor of {floor:.1%} ({CONTROL} against {BASELINE}): "
+                f"{with_}'s step is {'shorter' if change < 0 else 'longer'}"
+            )
+        else:
+            step += (
+                f", within the noise floor of {floor:.1%} ({CONTROL} against {BASELINE}): no step-time difference "
+                "shown"
+            )
+    ka, kb = _num(a.get("kernel_ms_per_step")), _num(b.get("kernel_ms_per_step"))
+    missed = [n for n, r in ((without, a), (with_, b)) if kernel_time_missed(r)]
+    if ka is None or kb is None:
+        kernel = "kernel time not profiled"
+    elif missed:
+        kernel = f"kernel time not compared (the profiler missed the graph kernels of {', '.join(missed)})"
+    else:
+        kernel = f"kernel time per profiled step {fmt_ms(ka)} → {fmt_ms(kb)} ms ({_pct_change(kb, ka):+.1%})"
+    return f"- **{lever}** ({without} → {with_}): {step}; {kernel}."
+
+
+def lever_section(data: Mapping[str, Any]) -> list[str]:
+    """``## Levers``: for each pair of :data:`LEVERS` both of whose variants the run holds, the numbers side by side
+    and one sentence on the step time (against the noise floor) and the kernel time; empty when no pair ran."""
+    variants = data.get("variants") or {}
+    pairs = [lever for lever in LEVERS if lever[1] in variants and lever[2] in variants]
+    if not pairs:
+        return []
+    header = (
+        "lever",
+        "without → with",
+        "kernel ms/step (profiled)",
+        "step ms median (IQR)",
+        "useful tok/s (with / without)",
+        "fill",
+        "peak GiB allocated / reserved",
+    )
+    out = ["## Levers", "", *_table(header, [lever_row(*lever, variants) for lever in pairs]), ""]
+    out += [line for line in (lever_verdict(*lever, variants) for lever in pairs) if line]
+    out.append("")
+    return out
+
+
+def host_syncs_section(data: Mapping[str, Any]) -> list[str]:
+    """``## Host waits on the GPU``: per variant of :data:`HOST_SYNC_VARIANTS` that recorded a census, its waits in
+    one training step and the sites that ask for most of them (:func:`benchmarks.host_syncs.census_lines`)."""
+    variants = data.get("variants") or {}
+    lines = census_lines(variants, [n for n in shown(data) if n in HOST_SYNC_VARIANTS])
+    errors = [
+        f"- {n}: census failed: {variants[n]['host_syncs_error']}"
+        for n in shown(data)
+        if (variants.get(n) or {}).get("host_syncs_error")
+    ]
+    if not lines and not errors:
+        return []
+    return ["## Host waits on the GPU (one training step)", "", *lines, *errors, ""]
+
+
 def shown(data: Mapping[str, Any]) -> list[str]:
-    """The table's rows: every variant, then the control where it was run."""
+    """The table's rows in run order: every default variant (run or not), the lever variants that were run, then
+    the control where it was run."""
     present = data.get("variants") or {}
-    return [*VARIANTS, *([CONTROL] if CONTROL in present else [])]
+    return [*(v for v in ORDER if v in VARIANTS or v in present), *([CONTROL] if CONTROL in present else [])]
 
 
 def table(data: Mapping[str, Any]) -> list[str]:
@@ -458,11 +668,16 @@ def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
     target = summary.get("target", TARGET_SPEEDUP)
     out = []
     separate = summary.get("separate")
+    paired = data.get("paired")
+    default_pair = paired_names(paired) == PAIRED
     out.append(
         f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {fmt_ratio(separate, 'x')}; "
-        + _fmt_paired(data.get("paired"))
+        + (_fmt_paired(paired) if default_pair else "not paired in this run")
         + "."
     )
+    if not default_pair:
+        first, second = paired_names(paired)
+        out.append(f"- **{second} vs {first} (useful tokens/s, `--paired`)**: {_fmt_paired(paired)}.")
     padded = _fmt_ours_padded(summary)
     if padded:
         out.append(
@@ -494,6 +709,8 @@ def _fmt_ours_padded(summary: Mapping[str, Any]) -> str | None:
 
 
 def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
+    """The paired phase in one clause: its pair's median per-pair ratio (first's step ms over second's: the
+    second's useful-tokens/s ratio), its interval and verdict, or why it did not run."""
     if not paired:
         return "paired phase not run"
     if paired.get("status") == "skipped":
@@ -504,10 +721,11 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
     if judged["ci"] is None:
         return f"paired {fmt_ratio(judged['median'], 'x')} over {judged['pairs']} pairs (too few for an interval)"
     lo, hi = judged["ci"]
+    first, second = paired_names(paired)
     return (
-        f"paired (both models alive, steps interleaved) median per-pair ratio {judged['median']:.3f}x, 95% CI "
-        f"[{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs ({judged['ours_faster_pairs']} with ours_packed "
-        f"faster): {judged['verdict']}"
+        f"paired (both models alive, steps interleaved) median per-pair ratio {first} ms / {second} ms "
+        f"{judged['median']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
+        f"({judged['ours_faster_pairs']} with {second} faster): {judged['verdict']}"
     )
 
 
@@ -576,8 +794,10 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     out += _verdict_lines(data)
     out += _notes(data)
     out.append("")
+    out += lever_section(data)
     out += memory_section(data)
     out += remaining_time(data)
+    out += host_syncs_section(data)
     out += ["## How it is measured", "", *HOW, ""]
     return "\n".join(out)
 
@@ -587,23 +807,39 @@ HOW = (
     "every variant) over the measured steps' total wall time. **x vs eager_packed**: its ratio to eager_packed's.",
     "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed "
     "rows x the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the "
-    "budget of each row's kept prefix, its extent rounded up to 16, summed over the rows); padded variants rows x "
-    "seq_length.",
-    "- **GPU busy / kernel ms**: union of CUDA kernel intervals in a few profiled steps after the measured ones "
-    "(`torch.profiler`, benchmarks/bench_trace.py) over the unprofiled median step; † estimated from the eager "
-    "variant of the same form's kernel time (the profiler missed graph kernels).",
+    "budget of each row's kept prefix, its extent rounded up to 16, summed over the rows; ours_packed_rows, tight "
+    "packing off, the budget of the rows' full width); padded variants rows x seq_length.",
+    "- **kernel ms/step**: union of CUDA kernel intervals (over streams) in a few profiled steps after the measured "
+    "ones (`torch.profiler`, benchmarks/bench_trace.py), per step. **GPU busy (in profiled steps)**: that kernel "
+    "time over the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same "
+    "steps; dividing by the unprofiled median instead mixes two runs of the steps and read lower). **step / "
+    "kernel**: the measured steps' median over the kernel time per step (1.00x: the GPU never waits for the "
+    "host). † the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over "
+    "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time.",
     "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
     "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
     "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
     "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs "
-    "eager_padded); NaN-safe (a non-finite value is never a match). Every step's loss must be finite, else the "
-    "variant is failed. On an MoE model these losses are the language model's cross-entropy only (the router's "
-    "load-balancing loss reaches the gradients, so the grad norm, not the losses).",
+    "eager_padded; ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match). Every "
+    "step's loss must be finite, else the variant is failed. On an MoE model these losses are the language model's "
+    "cross-entropy only (the router's load-balancing loss reaches the gradients, so the grad norm, not the losses).",
     "- **capture counters**: per submodule of a graphed variant, graphs captured, replays and a failed capture; a "
     "submodule without graphs, without replays or with a failed capture is named in the notes.",
-    "- **paired phase**: eager_packed and ours_packed alive at once, their measured steps interleaved (the first of "
-    "each pair alternating); the per-pair ratio eager_packed ms / ours_packed ms is their useful-tokens/s ratio "
-    "(same samples per pair); median and a distribution-free 95% interval (`bench_report.paired_verdict`).",
+    "- **paired phase**: two variants (`--paired A,B`, default eager_packed,ours_packed) alive at once, their "
+    "measured steps interleaved (the first of each pair alternating); the per-pair ratio A ms / B ms is B's "
+    "useful-tokens/s ratio over A (same samples per pair); median and a distribution-free 95% interval "
+    "(`bench_report.paired_verdict`). The target is judged on it only where it paired eager_packed and ours_packed.",
+    "- **levers** (opt-in with `--variants`): ours_packed_rows is ours_packed with tight packing off (each "
+    "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train "
+    "with `model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "
+    "bridge_cudagraph/host/wgrad_fusion.py; a fused variant in which no TE module fuses is failed). "
+    "ours_packed_fused's parity reference is eager_packed_fused (the same numbers); eager_packed_fused's is "
+    "eager_packed, from which its step losses differ slightly (the fused sum rounds once per micro-batch in fp32). "
+    "The lever table compares each pair; its noise floor is eager_packed_repeat's median step against "
+    "eager_packed's (one pair of runs).",
+    "- **host waits**: one more training step after the profiled ones, on the first profiled step's micro-batches, "
+    "under torch's sync debug mode (benchmarks/host_syncs.py): each synchronizing call and the Python line that "
+    "asked for it (eager_packed and the packed graph variants).",
 )
 
 
@@ -633,9 +869,15 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
         parity = rec.get("parity") or {}
         steps = parity.get("steps") or {}
         if rec.get("status") == "ok" and steps and parity.get("reference") != name:
+            expected = (
+                " (expected to differ: the fused weight-gradient sum rounds differently; only a non-finite loss fails "
+                "it)"
+                if name in FUSED and parity.get("reference") not in FUSED
+                else ""
+            )
             notes.append(
                 f"- {name}: step losses vs {parity.get('reference')}: {steps.get('exact_steps')} of "
-                f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}."
+                f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}{expected}."
             )
         cross = parity.get("vs_eager_packed_loss_tokens")
         if rec.get("status") == "ok" and cross:
@@ -646,6 +888,11 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
         problems = counter_problems(rec.get("counters") or {}) if rec.get("status") == "ok" else []
         if problems:
             notes.append(f"- **{name}: its graphs were not what was timed**: {'; '.join(problems)}.")
+        if rec.get("status") == "ok" and name in FUSED:
+            notes.append(
+                f"- {name}: {rec.get('te_modules_fusing', 'n/a')} Transformer Engine modules accumulate their weight "
+                "gradient into main_grad themselves (gradient_accumulation_fusion)."
+            )
         if rec.get("gpu_busy_note"):
             notes.append(f"- {name}: {rec['gpu_busy_note']}")
         if rec.get("profile_error"):
@@ -656,16 +903,23 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
 def text_table(data: Mapping[str, Any]) -> str:
     """The short table printed on stdout at the end of a run."""
     variants = data.get("variants") or {}
-    lines = ["variant | useful tok/s | x | step ms | fill | busy | graph GiB | parity"]
+    columns = ("variant", "useful tok/s", "x", "step ms", "fill", "busy", "graph GiB", "parity")
+    picked = [COLUMNS.index(c) for c in (*COLUMNS[:6], "graph GiB", COLUMNS[-1])]
+    lines = [" | ".join(columns)]
     for name in shown(data):
         row = variant_row(name, variants.get(name))
-        lines.append(" | ".join([row[0], row[1], row[2], row[3], row[4], row[5], row[7], row[10]]))
+        lines.append(" | ".join(row[i] for i in picked))
     summary = data.get("summary") or summarize(data)
+    paired = data.get("paired")
+    default_pair = paired_names(paired) == PAIRED
     lines.append(
         f"ours_packed vs eager_packed: separate {fmt_ratio(summary.get('separate'), 'x')}; "
-        f"{_fmt_paired(data.get('paired'))}; target {summary.get('target', TARGET_SPEEDUP):g}x: "
+        f"{_fmt_paired(paired) if default_pair else 'not paired'}; target {summary.get('target', TARGET_SPEEDUP):g}x: "
         f"{ {True: 'met', False: 'not met', None: 'not measured'}[summary.get('met')] }"
     )
+    if not default_pair:
+        first, second = paired_names(paired)
+        lines.append(f"{second} vs {first}: {_fmt_paired(paired)}")
     padded = _fmt_ours_padded(summary)
     if padded:
         lines.append(f"ours_padded: {padded}")
@@ -679,6 +933,9 @@ COLORS = {
     "upstream_padded": "#f28e2b",
     "ours_padded": "#8cd17d",
     "ours_packed": "#59a14f",
+    "ours_packed_rows": "#b6992d",
+    "eager_packed_fused": "#76b7b2",
+    "ours_packed_fused": "#2e7d32",
     CONTROL: "#a0cbe8",
 }
 

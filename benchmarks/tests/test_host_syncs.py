@@ -20,3 +20,16 @@ def test_a_site_skips_torch_frames_and_names_two_callers():
     assert site.startswith("megatron/core/m.py:30 forward <- ")
     assert "parity.py:20 train_steps" in site and "_call_impl" not in site
     assert host_syncs._site([traceback.FrameSummary(torch_file, 1, "f")]) == "(no Python frame)"
+
+
+def test_census_lines_name_each_recorded_variant_its_total_and_top_sites():
+    variants = {
+        "a": {"host_syncs": {"total": 5, "sites": [["x.py:1 f", 3], ["y.py:2 g", 1], ["z.py:3 h", 1]]}},
+        "b": {"status": "ok"},  # no census: no line
+        "c": {"host_syncs": {"total": 0, "sites": []}},  # no wait at all: said so, no sites
+    }
+    lines = host_syncs.census_lines(variants, ("a", "b", "c", "missing"), top=2)
+    assert lines == [
+        "- a: 5 host waits on the GPU in one step; most from: 3 x `x.py:1 f`; 1 x `y.py:2 g`.",
+        "- c: 0 host waits on the GPU in one step.",
+    ]

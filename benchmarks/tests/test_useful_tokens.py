@@ -144,7 +144,8 @@ def _full():
         upstream_padded={"status": "failed", "error": "RuntimeError: capture | failed\nsecond line"},
         ours_padded=_rec(500.0, graphed=True, graph_memory_gib=28.5, capture_s=9.3, parity=padded_parity,
                          counters={"language": {"replays": 36, "eager_fallbacks": 0}}),
-        ours_packed=_rec(1500.0, graphed=True, fill_fraction=0.43, gpu_busy=0.8, kernel_ms_per_step=150.0,
+        ours_packed=_rec(1500.0, graphed=True, fill_fraction=0.43, gpu_busy=0.56, gpu_busy_source="profiler",
+                         gpu_busy_in_profiled_steps=0.74, kernel_ms_per_step=150.0,
                          graph_memory_gib=20.0, capture_s=25.0, parity=parity, useful_tokens_per_step=[500.0],
                          peak_memory_bytes=50 * 2**30, peak_reserved_bytes=54 * 2**30,
                          counters={"language": {"replays": 40, "eager_fallbacks": 0},
@@ -156,15 +157,25 @@ def _full():
 def test_table_rows_say_each_variants_numbers_and_failures():
     data = _full()
     rows = {r[0]: r for r in (report.variant_row(n, data["variants"].get(n)) for n in report.shown(data))}
-    assert list(rows) == list(report.VARIANTS)  # no control run: no control row
+    assert list(rows) == list(report.VARIANTS)  # no control run, no lever variant: the default rows only
+    col = {c: i for i, c in enumerate(report.COLUMNS)}
     ours = rows["ours_packed"]
-    assert ours[1] == "1,500" and ours[2] == "1.50x" and ours[4] == "43%" and ours[5] == "0.80"
-    assert ours[7] == "20.0" and ours[8] == "50.0 / 54.0" and ours[10] == "language 40 / 0, vision 40 / 1"
-    assert ours[11] == "0 (exact) vs eager_packed"
-    assert (
-        rows["eager_packed"][11] == "reference" and rows["eager_packed"][7] == "-" and rows["eager_packed"][8] == "n/a"
-    )
-    assert rows["ours_padded"][11] == "**6.0e-01** vs eager_padded (loss tokens: **4.0e-01**)"
+    assert ours[1] == "1,500" and ours[2] == "1.50x" and ours[4] == "43%"
+    # GPU busy is the kernel time's share of the profiled steps' own wall time (0.74), not of the unprofiled
+    # median (0.56); step / kernel is the unprofiled median (666.7 ms) over the kernel time per step (150 ms).
+    assert col["GPU busy (in profiled steps)"] == 5 and ours[5] == "0.74"
+    assert ours[col["kernel ms/step"]] == "150.0" and ours[col["step / kernel"]] == "4.44x"
+    assert ours[col["graph GiB"]] == "20.0" and ours[col["peak GiB (allocated / reserved)"]] == "50.0 / 54.0"
+    assert ours[col["replays / eager fallbacks"]] == "language 40 / 0, vision 40 / 1"
+    assert ours[-1] == "0 (exact) vs eager_packed"
+    eager = rows["eager_packed"]
+    assert eager[-1] == "reference" and eager[col["graph GiB"]] == "-" and eager[col["step / kernel"]] == "5.00x"
+    assert eager[col["GPU busy (in profiled steps)"]] == "n/a"  # no profile recorded
+    assert rows["ours_padded"][-1] == "**6.0e-01** vs eager_padded (loss tokens: **4.0e-01**)"
+    # The profiler missed the graph kernels: busy is eager's kernel time over the unprofiled step, both marked.
+    missed = dict(data["variants"]["ours_packed"], gpu_busy_source="eager_kernel_time", gpu_busy=0.61)
+    row = report.variant_row("ours_packed", missed)
+    assert row[5] == "0.61†" and row[col["step / kernel"]] == "4.44x†"
     assert rows["upstream_padded"][1] == "failed: RuntimeError: capture / failed"
     assert report.variant_row(report.CONTROL, None)[1] == "not run"
     assert len(report.table(data)) == 2 + len(report.VARIANTS)
@@ -175,7 +186,7 @@ def test_markdown_states_the_target_and_where_the_time_goes(tmp_path):
     data = _full()
     md = report.render_markdown(data)
     assert "ours_packed >= 1.3x eager_packed: **met** (judged on the paired 95% interval's lower end)" in md
-    assert "median per-pair ratio 1.500x" in md
+    assert "median per-pair ratio eager_packed ms / ours_packed ms 1.500x" in md
     assert "## Where ours_packed's step time goes" in md
     # 666.7 ms wall, 150 ms kernels: the rest is idle; bound 500 tokens / 0.15 s
     assert "the GPU runs kernels 150.0 ms (22%)" in md and "3,333 useful tok/s (3.33x eager_packed)" in md
@@ -188,6 +199,10 @@ def test_markdown_states_the_target_and_where_the_time_goes(tmp_path):
     assert out["png"] is not None and out["png"].stat().st_size > 1000
     text = report.text_table(data)
     assert text.splitlines()[0].startswith("variant | useful tok/s") and "target 1.3x: met" in text
+    ours = next(line for line in text.splitlines() if line.startswith("ours_packed |"))
+    assert ours.split(" | ")[5] == "0.74" and ours.endswith("| 0 (exact) vs eager_packed")  # parity, not counters
+    assert "## Levers" not in md  # no lever variant ran
+    assert "GPU busy (in profiled steps)**: that kernel time over the profiled steps' own wall time" in md
 
 
 @pytest.mark.fast

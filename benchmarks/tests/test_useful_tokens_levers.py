@@ -1,0 +1,299 @@
+"""The useful-tokens benchmark's lever variants, CPU parts: ours_packed_rows (tight packing off), eager_packed_fused
+and ours_packed_fused (``gradient_accumulation_fusion``): their forms, references, run order, token slots and
+providers; a fused variant in which no TE module fuses is failed; ``--paired``; and how the report reads them (the
+lever section against the control's noise floor, the paired phase of another pair, the host-wait census)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import useful_tokens
+from benchmarks import useful_tokens_report as report
+from benchmarks.configs import BenchConfig
+from benchmarks.useful_tokens_report import MicroBatch
+
+GIB = 2**30
+BUDGETS = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)
+IDS = {"image_token_id": 1000, "video_token_id": 1001, "vision_start_token_id": 1002, "vision_end_token_id": 1003}
+LEVERS = "eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_fused"
+
+
+@pytest.mark.fast
+def test_the_lever_variants_forms_references_and_run_order():
+    for name in report.LEVER_VARIANTS:
+        assert report.FORM[name] == report.PACKED and name in report.LABELS and name in report.COLORS, name
+        assert name not in report.VARIANTS  # opt-in: the default list is unchanged
+    assert report.reference_of("ours_packed_rows") == "eager_packed"
+    assert report.reference_of("eager_packed_fused") == "eager_packed"  # expected to differ slightly: reported
+    assert report.reference_of("ours_packed_fused") == "eager_packed_fused"  # the same (fused) numbers
+    assert report.reference_of("ours_packed") == report.reference_of("eager_packed") == "eager_packed"
+    assert report.reference_of("ours_padded") == "eager_padded"
+    assert set(report.REFERENCES) == {"eager_packed", "eager_padded", "eager_packed_fused"}
+    assert {"ours_packed_rows", "ours_packed_fused"} <= set(report.GRAPHED)
+    assert "eager_packed_fused" not in report.GRAPHED
+    # the eager ones first (each reference before the variants compared with it), the graphs after
+    order = report.ORDER
+    assert order.index("eager_packed_fused") < order.index("ours_packed") < order.index("ours_packed_fused")
+    assert [v for v in order if v in report.VARIANTS] == list(report.VARIANTS)
+    assert set(order) == {*report.VARIANTS, *report.LEVER_VARIANTS}
+    args = useful_tokens.parse_args(["--out", "x", "--variants", "ours_packed_fused,eager_packed_fused,eager_packed"])
+    assert useful_tokens.check_args(args) is None
+    assert useful_tokens.chosen_variants(args) == ("eager_packed", "eager_packed_fused", "ours_packed_fused")
+    # the defaults stay: dense models their five, MoE models theirs
+    for model in ("tiny", "small"):
+        plain = useful_tokens.parse_args(["--out", "x", "--model", model])
+        assert useful_tokens.chosen_variants(plain) == report.VARIANTS
+    moe = useful_tokens.parse_args(["--out", "x", "--model", "tiny-moe"])
+    assert useful_tokens.chosen_variants(moe) == useful_tokens.MOE_VARIANTS
+
+
+@pytest.mark.fast
+def test_ours_packed_rows_fills_the_budget_of_its_rows_not_of_the_tight_tokens():
+    a = MicroBatch(rows=2, width=640, real_tokens=891, loss_tokens=254, packed_tokens=1280, padded_tokens=8192,
+                   patches=1600, images=2, tight_tokens=912)  # fmt: skip
+    assert report.token_slots("ours_packed", a, BUDGETS, 2, tight=True) == 1024  # T' = 912's rung
+    assert report.token_slots("ours_packed_fused", a, BUDGETS, 2, tight=True) == 1024
+    # tight packing off: T = 1280's rung, whatever the caller says
+    assert report.token_slots("ours_packed_rows", a, BUDGETS, 2, tight=True) == 2048
+    assert report.token_slots("ours_packed_rows", a, BUDGETS, 2) == 2048
+    assert report.token_slots("eager_packed_fused", a, BUDGETS, 2, tight=True) == 1280  # eager: T itself
+    m = report.variant_metrics("ours_packed_rows", [a], [[0]], [0], [100.0], budgets=BUDGETS, max_sequences=2,
+                               tight=True)  # fmt: skip
+    assert m["token_slots"] == 2048 and m["fill_fraction"] == pytest.approx(891 / 2048)
+
+
+@pytest.mark.fast
+def test_paired_and_the_lever_variants_on_the_command_line(capsys):
+    cases = {
+        # --paired names a variant this run does not measure
+        ("--variants", "eager_packed,ours_packed", "--paired", "eager_packed,ours_packed_fused"): "--paired "
+        "eager_packed,ours_packed_fused: name two different variants of this run (eager_packed,ours_packed)",
+        ("--paired", "eager_packed"): "--paired eager_packed: name two different variants",
+        ("--paired", "ours_packed,ours_packed"): "--paired ours_packed,ours_packed: name two different variants",
+        ("--paired", "eager_packed,eager_packed_repeat"): "--paired eager_packed,eager_packed_repeat: name two",
+        # the lever variants: dense models of the benchmark's own shape only
+        ("--model", "tiny-moe", "--variants", "eager_packed,ours_packed_rows"): "--variants "
+        "eager_packed,ours_packed_rows: the tiny-moe model measures",
+        ("--variants", "eager_packed,ours_packed_fused"): "include eager_packed_fused, the parity reference of "
+        "ours_packed_fused",
+    }
+    for extra, expected in cases.items():
+        assert useful_tokens.main(["--out", "x", *extra]) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], (extra, err)
+    ok = useful_tokens.parse_args(["--out", "x", "--variants", LEVERS, "--paired", "ours_packed,ours_packed_fused"])
+    assert useful_tokens.check_args(ok) is None
+    assert useful_tokens.paired_pair(ok) == ("ours_packed", "ours_packed_fused")
+    default = useful_tokens.parse_args(["--out", "x"])
+    assert useful_tokens.check_args(default) is None and useful_tokens.paired_pair(default) == report.PAIRED
+    # --no-paired: --paired is not checked (nothing will be paired)
+    off = useful_tokens.parse_args(["--out", "x", "--variants", "eager_packed", "--no-paired", "--paired", "a,b"])
+    assert useful_tokens.check_args(off) is None
+    # the default pair where --variants leaves one out: skipped with the reason, as before --paired existed
+    assert useful_tokens.paired_skip_reason({"eager_packed": {"status": "ok"}}, lambda: 1 << 40) == (
+        "ours_packed was not run (--variants)"
+    )
+
+
+def _run(model: str = "tiny") -> useful_tokens._Run:
+    args = useful_tokens.parse_args(["--out", "x", "--model", model, "--variants", LEVERS])
+    assert useful_tokens.check_args(args) is None
+    cfg = BenchConfig(
+        name=f"photo-{model}",
+        model=model,
+        seq_length=args.seq,
+        micro_batch_size=args.mbs,
+        image_sets=((((1, 40, 56),), ((1, 62, 48),)), (((1, 36, 64),), ((1, 44, 44),))),
+        num_microbatches=args.num_mb,
+        budget_round=useful_tokens.MODELS[model].budget_round,
+    )
+    layout = useful_tokens.derived_layout(args.seq, args.mbs)
+    return useful_tokens._Run(args=args, world=None, cfg=cfg, layout=layout, ids=dict(IDS), micro=[], shared={})
+
+
+def test_the_lever_variants_providers_change_one_setting_each():
+    """eager_packed_fused and ours_packed_fused are eager_packed's and ours_packed's providers with the fusion on;
+    ours_packed_rows is ours_packed's provider (tight packing is the helper's, made by the benchmark)."""
+    from bridge_cudagraph.bridge.mixin import provider_fields
+
+    run = _run()
+    got = {v: useful_tokens.variant_provider(run, v) for v in report.ORDER if v != "upstream_padded"}
+    fields = {v: provider_fields(p) for v, p in got.items()}
+    for v, f in fields.items():
+        assert f["gradient_accumulation_fusion"] is (v in report.FUSED), v
+    for fused, plain in (("eager_packed_fused", "eager_packed"), ("ours_packed_fused", "ours_packed")):
+        assert type(got[fused]) is type(got[plain])
+        assert {**fields[fused], "gradient_accumulation_fusion": False} == fields[plain], fused
+    assert fields["ours_packed_rows"] == fields["ours_packed"]
+    assert not got["eager_packed_fused"].cuda_graph.any_enabled
+    # packed graphs: the plan's refusal on MoE layers holds for every packed graph variant, not only ours_packed
+    assert all(useful_tokens.refusal(run, v) is None for v in report.PACKED_GRAPHED)
+
+
+@pytest.mark.fast
+def test_a_fused_variant_without_a_fusing_te_module_is_failed(monkeypatch):
+    import torch
+
+    from bridge_cudagraph.host import wgrad_fusion
+
+    model = [torch.nn.Sequential(torch.nn.Linear(4, 4))]  # no TE module: nothing can fuse
+    out: dict = {}
+    with pytest.raises(RuntimeError, match="no Transformer Engine module of the model fuses"):
+        useful_tokens.record_fusion("eager_packed_fused", model, out)
+    assert out == {"te_modules_fusing": 0}  # recorded before the variant fails
+    assert useful_tokens.record_fusion("eager_packed", model, out) == 0  # not asked for: nothing to check
+    monkeypatch.setattr(wgrad_fusion, "te_modules_fusing", lambda chunk: 56)
+    assert useful_tokens.record_fusion("ours_packed_fused", model * 2, out) == 112
+    assert out == {"te_modules_fusing": 112}
+    # a lever variant that was run and failed fails the run; one not run does not
+    ok = {"status": "ok"}
+    data = {"variants": {"eager_packed": ok, "ours_packed": ok, "eager_packed_fused": {"status": "failed"}}}
+    assert useful_tokens.failed_variants(data) == ["eager_packed_fused"]
+    assert useful_tokens.failed_variants({"variants": {"eager_packed": ok, "ours_packed": ok}}) == []
+
+
+def _v(step_ms: float, kernel_ms: float | None, fill: float, peaks: tuple[float, float], **extra) -> dict:
+    """A finished variant: 1000 useful tokens per step, so its tokens/s is 1e6 / step_ms."""
+    return {
+        "status": "ok",
+        "form": "packed",
+        "step_ms_median": step_ms,
+        "step_ms_iqr": 3.0,
+        "useful_tokens_per_s": 1e6 / step_ms,
+        "kernel_ms_per_step": kernel_ms,
+        "gpu_busy_source": None if kernel_ms is None else "profiler",
+        "fill_fraction": fill,
+        "peak_memory_bytes": peaks[0] * GIB,
+        "peak_reserved_bytes": peaks[1] * GIB,
+        **extra,
+    }
+
+
+def _levers(**changes) -> dict:
+    variants = {
+        "eager_packed": _v(1000.0, 600.0, 0.7, (40, 44), parity={"reference": "eager_packed"}),
+        "eager_packed_fused": _v(990.0, 590.0, 0.7, (40, 44), te_modules_fusing=112),
+        "ours_packed": _v(1e6 / 1500, 400.0, 0.6, (31, 34)),
+        "ours_packed_rows": _v(800.0, 500.0, 0.5, (30, 32)),
+        "ours_packed_fused": _v(650.0, 390.0, 0.6, (31, 34), te_modules_fusing=112),
+        report.CONTROL: _v(1020.0, None, 0.7, (40, 44)),  # its step 2.0% from eager_packed's: the noise floor
+    }
+    for name, rec in changes.items():
+        if rec is None:
+            del variants[name]
+        else:
+            variants[name] = rec
+    return report.finish({"meta": {"config": {"model": "small"}}, "data": {}, "variants": variants})
+
+
+@pytest.mark.fast
+def test_the_lever_section_compares_each_pair_against_the_noise_floor():
+    data = _levers()
+    assert data["summary"]["step_noise_floor"] == pytest.approx(0.02)
+    lines = report.lever_section(data)
+    assert lines[0] == "## Levers"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[4:] if line.startswith("| ")}
+    assert list(rows) == [
+        "tight packing",
+        "gradient-accumulation fusion, graphed",
+        "gradient-accumulation fusion, eager",
+    ]
+    assert rows["tight packing"] == (
+        "| tight packing | ours_packed_rows → ours_packed | 500.0 → 400.0 | 800.0 (3.00) → 666.7 (3.00) | "
+        "1,250 → 1,500 (1.200x) | 50% → 60% | 30.0 / 32.0 → 31.0 / 34.0 |"
+    )
+    assert "| 666.7 (3.00) → 650.0 (3.00) | 1,500 → 1,538 (1.026x) |" in rows["gradient-accumulation fusion, graphed"]
+    md = "\n".join(lines)
+    # 800 -> 666.7 ms is 16.7% shorter, beyond the 2.0% floor; the kernel time separately
+    assert (
+        "- **tight packing** (ours_packed_rows → ours_packed): median step 800.0 → 666.7 ms (-16.7%), beyond the "
+        "noise floor of 2.0% (eager_packed_repeat against eager_packed): ours_packed's step is shorter; kernel time "
+        "per profiled step 500.0 → 400.0 ms (-20.0%)."
+    ) in md
+    # 666.7 -> 650 ms: 2.5% shorter, just beyond 2.0%
+    assert "(ours_packed → ours_packed_fused): median step 666.7 → 650.0 ms (-2.5%), beyond the noise" in md
+    # 1000 -> 990 ms: 1.0%, within the floor: no step-time claim, the kernel time still stated
+    assert (
+        "(eager_packed → eager_packed_fused): median step 1000.0 → 990.0 ms (-1.0%), within the noise floor of 2.0% "
+        "(eager_packed_repeat against eager_packed): no step-time difference shown; kernel time per profiled step "
+        "600.0 → 590.0 ms (-1.7%)."
+    ) in md
+    full = report.render_markdown(data)
+    assert "## Levers" in full and "- eager_packed_fused: 112 Transformer Engine modules accumulate" in full
+
+
+@pytest.mark.fast
+def test_the_lever_section_without_a_control_a_failure_or_a_missed_kernel_time():
+    no_control = "\n".join(report.lever_section(_levers(eager_packed_repeat=None)))
+    assert "(-16.7%), not judged: no noise floor (eager_packed_repeat did not run); kernel time" in no_control
+    failed = _levers(ours_packed_fused={"status": "failed", "error": "RuntimeError: no fusing module"})
+    md = "\n".join(report.lever_section(failed))
+    assert "| gradient-accumulation fusion, graphed | ours_packed → ours_packed_fused | not compared: " in md
+    assert "ours_packed_fused failed |" in md and "(ours_packed → ours_packed_fused): median" not in md
+    # only the pairs the run holds: no eager_packed_fused, no eager fusion row (and nothing at all without levers)
+    md = "\n".join(report.lever_section(_levers(eager_packed_fused=None, ours_packed_fused=None)))
+    assert "tight packing" in md and "fusion" not in md
+    assert report.lever_section(_levers(eager_packed_fused=None, ours_packed_fused=None, ours_packed_rows=None)) == []
+    missed = _levers()
+    missed["variants"]["ours_packed_fused"]["gpu_busy_source"] = "eager_kernel_time"
+    md = "\n".join(report.lever_section(missed))
+    assert "kernel time not compared (the profiler missed the graph kernels of ours_packed_fused)" in md
+
+
+@pytest.mark.fast
+def test_the_table_shows_the_lever_variants_that_ran_in_run_order(tmp_path):
+    data = _levers()
+    assert report.shown(data) == [
+        "eager_packed",
+        "eager_packed_fused",
+        "eager_padded",
+        "upstream_padded",
+        "ours_padded",
+        "ours_packed",
+        "ours_packed_rows",
+        "ours_packed_fused",
+        report.CONTROL,
+    ]
+    path = tmp_path / "useful_tokens.json"
+    path.write_text(json.dumps(data))
+    out = report.render(path)
+    assert out["png"] is not None and "| ours_packed_fused | 1,538 |" in out["md"].read_text()
+
+
+@pytest.mark.fast
+def test_a_paired_phase_of_another_pair_is_reported_as_that_pair_and_judges_no_target():
+    data = _levers()
+    data["paired"] = {"status": "ok", "variants": ["ours_packed", "ours_packed_fused"], "ratios": [1.02] * 10}
+    data = report.finish(data)
+    summary = data["summary"]
+    assert summary["paired"] is None and summary["met_on"] == "separate runs"  # not ours_packed vs eager_packed
+    md = report.render_markdown(data)
+    assert "**ours_packed vs eager_packed (useful tokens/s)**: separate runs 1.50x; not paired in this run." in md
+    assert (
+        "- **ours_packed_fused vs ours_packed (useful tokens/s, `--paired`)**: paired (both models alive, steps "
+        "interleaved) median per-pair ratio ours_packed ms / ours_packed_fused ms 1.020x"
+    ) in md
+    assert "(10 with ours_packed_fused faster)" in md
+    text = report.text_table(data)
+    assert "ours_packed vs eager_packed: separate 1.50x; not paired; target" in text
+    assert "ours_packed_fused vs ours_packed: paired" in text
+
+
+@pytest.mark.fast
+def test_the_host_waits_section_lists_each_census():
+    data = _levers()
+    data["variants"]["eager_packed"]["host_syncs"] = {"total": 9, "sites": [["bridge/x.py:10 f", 6]]}
+    data["variants"]["ours_packed"]["host_syncs"] = {"total": 2, "sites": [["megatron/y.py:5 g", 2]]}
+    data["variants"]["ours_packed_fused"]["host_syncs_error"] = "RuntimeError: boom"
+    lines = report.host_syncs_section(data)
+    assert lines[:2] == ["## Host waits on the GPU (one training step)", ""]
+    assert lines[2:5] == [
+        "- eager_packed: 9 host waits on the GPU in one step; most from: 6 x `bridge/x.py:10 f`.",
+        "- ours_packed: 2 host waits on the GPU in one step; most from: 2 x `megatron/y.py:5 g`.",
+        "- ours_packed_fused: census failed: RuntimeError: boom",
+    ]
+    assert "## Host waits on the GPU" in report.render_markdown(data)
+    assert report.host_syncs_section(_levers()) == []
+    assert set(report.HOST_SYNC_VARIANTS) == {"eager_packed", "ours_packed", "ours_packed_rows", "ours_packed_fused"}
