@@ -75,8 +75,6 @@ class BenchConfig:
     """One entry per distinct micro-batch: per sample, a tuple of image grids ``(t, h, w)`` in patches."""
     num_microbatches: int = 1
     description: str = ""
-    budget_round: int = 256
-    """The largest vision budget is the data's largest micro-batch (in patches) rounded up to this."""
 
     def patches_per_microbatch(self) -> list[int]:
         """Vision patches of each distinct micro-batch."""
@@ -87,14 +85,16 @@ class BenchConfig:
         return [sum(t for sample in mb for (t, _, _) in sample) for mb in self.image_sets]
 
     def vision_budgets(self) -> list[int]:
-        """Ours: a ladder of :data:`bridge_cudagraph.plan.budgets.LADDER_STEPS` budgets from the data's largest
-        micro-batch down (halvings), each a multiple of ``merge**2`` (what ``derive_token_budgets`` does from the
-        sequence bound, here from the batches)."""
-        from bridge_cudagraph.plan.budgets import LADDER_STEPS, round_up
+        """Ours: the plugin's vision ladder (:func:`bridge_cudagraph.plan.budgets.geometric_ladder`, rungs
+        multiples of 64 patches at most 1.25x apart, as ``derive_token_budgets`` derives it from the sequence bound)
+        from the data's largest micro-batch: its patches rounded up to 64, down to a 16th of that. The top here is
+        what the data carries, not the bound (every token an image token), so the floor is the packed language
+        ladder's (:data:`~bridge_cudagraph.plan.budgets.LANGUAGE_LADDER_FLOOR`, a top micro-batches fill too): the
+        bound's 64th would add rungs far below any micro-batch, each captured for nothing."""
+        from bridge_cudagraph.plan.budgets import LANGUAGE_LADDER_FLOOR, geometric_ladder, vision_ladder_multiple
 
-        unit = MERGE * MERGE
-        top = round_up(max([*self.patches_per_microbatch(), unit]), max(unit, self.budget_round))
-        return sorted({round_up(max(unit, top >> step), unit) for step in range(LADDER_STEPS)})
+        top = max([*self.patches_per_microbatch(), MERGE * MERGE])
+        return geometric_ladder(top, vision_ladder_multiple(MERGE), LANGUAGE_LADDER_FLOOR)
 
     def vision_max_segments(self) -> int:
         """Ours: the static ``cu_seqlens`` length (the plugin's default, or more if the data has more frames)."""
@@ -103,7 +103,9 @@ class BenchConfig:
         return max(derive_max_segments(self.vision_budgets(), MERGE), *self.frames_per_microbatch())
 
     def upstream_vision_seq_length(self) -> int:
-        """Upstream: one ``max_vision_cuda_graph_seq_length`` that holds the largest micro-batch (patches)."""
+        """Upstream: one ``max_vision_cuda_graph_seq_length`` that holds the largest micro-batch (patches): our
+        ladder's top, the largest micro-batch rounded up to 64 patches (at most 63 above it), so both variants
+        capture the same largest shape."""
         return self.vision_budgets()[-1]
 
     def as_dict(self) -> dict:
@@ -165,7 +167,6 @@ def tiny_config() -> BenchConfig:
         seq_length=256,
         micro_batch_size=2,
         image_sets=TINY_IMAGE_SETS,
-        budget_round=256,
         description="Tiny Qwen3-VL (4 language layers of hidden 512, 4 vision layers of hidden 256), seq 256, "
         "micro-batch 2, 1 micro-batch per step; micro-batches of 1, 3 and 8 images and a two-frame video.",
     )
@@ -179,7 +180,6 @@ def small_config(micro_batch_size: int, seq_length: int) -> BenchConfig:
         seq_length=seq_length,
         micro_batch_size=micro_batch_size,
         image_sets=image_mix(seq_length, micro_batch_size, seed=seq_length + micro_batch_size),
-        budget_round=1024,
         description=(
             f"Qwen3-VL-2B-like (language 28 layers x 2048, 16 heads / 8 KV groups, FFN 6144, vocab 151936, tied "
             f"embeddings; vision 24 layers x 1024, FFN 4096, deepstack [5, 11, 17]), seq {seq_length}, micro-batch "

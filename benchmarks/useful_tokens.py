@@ -215,8 +215,6 @@ class ModelDef:
     the recipe file's, :mod:`benchmarks.recipe_variants`)."""
     language_modules: tuple[str, ...] | None = None
     """``model.cuda_graph.language.modules`` of ours_padded: None captures whole layers."""
-    budget_round: int = 1024
-    """:attr:`benchmarks.configs.BenchConfig.budget_round` (the vision ladder's top is rounded up to it)."""
     variants: tuple[str, ...] = VARIANTS
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
     optional: tuple[str, ...] = ()
@@ -226,7 +224,7 @@ class ModelDef:
 #: Every ``--model``. The dense ones are the benchmark's first; the MoE ones answer what MoE users get from graphs:
 #: padded graphs of the attention, router and preprocess against Bridge's packed eager step.
 MODELS: dict[str, ModelDef] = {
-    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, budget_round=256, optional=LEVER_VARIANTS),
+    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=LEVER_VARIANTS),
     "small": ModelDef(
         "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights",
         bench.small_qwen3_vl_provider,
@@ -237,7 +235,6 @@ MODELS: dict[str, ModelDef] = {
         + ", ".join(MOE_SCOPE),
         functools.partial(_tiny_provider, moe=True),
         MOE_SCOPE,
-        budget_round=256,
         variants=MOE_VARIANTS,
     ),
     "moe-30b-a3b-shape": ModelDef(
@@ -1075,7 +1072,6 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         micro_batch_size=args.mbs,
         image_sets=image_sets(collated),
         num_microbatches=args.num_mb,
-        budget_round=MODELS[args.model].budget_round,
     )
     vision_budgets, vision_segments = cfg.vision_budgets(), cfg.vision_max_segments()
     if args.model in recipe_variants.RECIPES:  # the recipe's plan: its budgets, not ones derived here

@@ -159,8 +159,10 @@ class VisionGraphConfig(SubmoduleGraphConfig):
 
     token_budgets: list[int] | None = None
     """Static lengths, in *patches* (the unit the vision layers run on, before the 2x2 merge), one graph set
-    per budget; a micro-batch uses the smallest budget that holds all its patches. ``None`` derives them
-    from the recipe's image sizes. Must be sorted ascending and multiples of ``spatial_merge_size**2``."""
+    per budget; a micro-batch uses the smallest budget that holds all its patches. ``None`` derives a geometric
+    ladder (rungs multiples of 64 patches, at most 1.25x apart) up to micro batch x ``seq_length`` x
+    ``spatial_merge_size**2`` (every token an image token), from a 64th of that. Must be sorted ascending and
+    multiples of ``spatial_merge_size**2``."""
 
     max_images_per_microbatch: int | None = None
     """Upper bound on images in one micro-batch: the static length of the padded per-image ``cu_seqlens``

@@ -381,8 +381,16 @@ def test_config_matrix():
 @pytest.mark.parametrize("cfg", [*bench_configs.full_configs()], ids=lambda c: c.name)
 def test_images_fit_and_budgets_hold_every_microbatch(cfg):
     budgets = cfg.vision_budgets()
-    assert budgets == sorted(set(budgets)) and all(b % 4 == 0 and b >= 4 for b in budgets)
-    assert max(cfg.patches_per_microbatch()) <= budgets[-1] == cfg.upstream_vision_seq_length()
+    assert budgets == sorted(set(budgets)) and all(b % 64 == 0 and b >= 64 for b in budgets)
+    # The top is the data's largest micro-batch rounded up to 64 patches, upstream's one length the same.
+    largest = max(cfg.patches_per_microbatch())
+    assert largest <= budgets[-1] == cfg.upstream_vision_seq_length() < largest + 64
+    # Geometric rungs down to a 16th of the top: each micro-batch pads by at most a fifth of its rung (halvings of
+    # the top padded up to half).
+    assert budgets[0] <= max(64, -(-budgets[-1] // 16 // 64) * 64)
+    for patches in cfg.patches_per_microbatch():
+        rung = min(b for b in budgets if b >= patches)
+        assert rung <= max(1.25 * patches, patches + 63), (patches, rung, budgets)
     assert max(cfg.frames_per_microbatch()) <= cfg.vision_max_segments()
     for mb in cfg.image_sets:
         assert len(mb) == cfg.micro_batch_size

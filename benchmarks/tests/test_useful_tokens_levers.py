@@ -107,7 +107,6 @@ def _run(model: str = "tiny") -> useful_tokens._Run:
         micro_batch_size=args.mbs,
         image_sets=((((1, 40, 56),), ((1, 62, 48),)), (((1, 36, 64),), ((1, 44, 44),))),
         num_microbatches=args.num_mb,
-        budget_round=useful_tokens.MODELS[model].budget_round,
     )
     layout = useful_tokens.derived_layout(args.seq, args.mbs)
     return useful_tokens._Run(args=args, world=None, cfg=cfg, layout=layout, ids=dict(IDS), micro=[], shared={})

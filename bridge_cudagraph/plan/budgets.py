@@ -10,11 +10,10 @@ spatial_merge_size**2`` = 576) is in merged-token units, so any micro-batch abov
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: How many budgets a derived ladder has: the largest and three halvings.
-LADDER_STEPS = 4
 #: Smallest image assumed when deriving the per-micro-batch frame limit: 4 x 4 merged tokens.
 MIN_IMAGE_MERGED_TOKENS = 16
 
@@ -30,14 +29,28 @@ def max_patches_per_microbatch(seq_length: int, micro_batch_size: int, merge: in
     return seq_length * micro_batch_size * merge * merge
 
 
-def derive_token_budgets(seq_length: int, micro_batch_size: int, merge: int) -> list[int]:
-    """A ladder of :data:`LADDER_STEPS` budgets: the bound of :func:`max_patches_per_microbatch` and its halvings,
-    each a multiple of ``merge**2``, ascending. Smaller micro-batches use a smaller graph (attention is
-    quadratic in the budget), anything up to the bound replays."""
+def vision_ladder_multiple(merge: int) -> int:
+    """The step between derived vision budgets, in patches: :data:`VISION_LADDER_MULTIPLE` rounded up to a
+    multiple of ``merge**2`` (64 at merge 2, 72 at merge 3). A budget must be a multiple of ``merge**2`` (whole
+    merged tokens); 64 patches at merge 2 is 16 merged tokens, the smallest image assumed
+    (:data:`MIN_IMAGE_MERGED_TOKENS`): fine enough that the ratio bound holds from five multiples (320 patches) up,
+    coarse enough that the small rungs are not one merged token apart."""
     unit = merge * merge
+    return round_up(max(VISION_LADDER_MULTIPLE, unit), unit)
+
+
+def derive_token_budgets(seq_length: int, micro_batch_size: int, merge: int) -> list[int]:
+    """The vision ladder: :func:`geometric_ladder` up to the bound of :func:`max_patches_per_microbatch`, rungs
+    multiples of :func:`vision_ladder_multiple`, down to :data:`VISION_LADDER_FLOOR` of the bound, ascending.
+
+    The bound is what the longest sequence could carry if every token were an image token; real photo
+    micro-batches carry a small part of it (the 2B photo set's 1616-3144 patches of a 32768 bound), so the floor
+    sits far below the top: halvings of the bound would pad such a micro-batch to 4096, and halvings of the data's
+    own largest pad up to half of a budget. Smaller micro-batches use a smaller graph (attention is quadratic in the
+    budget), anything up to the bound replays.
+    """
     top = max_patches_per_microbatch(seq_length, micro_batch_size, merge)
-    ladder = {round_up(max(unit, top >> step), unit) for step in range(LADDER_STEPS)}
-    return sorted(ladder)
+    return geometric_ladder(top, vision_ladder_multiple(merge), VISION_LADDER_FLOOR)
 
 
 def derive_max_segments(budgets: list[int], merge: int) -> int:
@@ -82,27 +95,54 @@ def in_flight_microbatches(pipeline_parallel_size: int, num_microbatches: int) -
     return 1 if pipeline_parallel_size == 1 else min(pipeline_parallel_size, num_microbatches)
 
 
-#: A derived packed-language ladder: each rung at most this much larger than the one below (so a micro-batch pads
-#: at most 1 - 1/1.25 = 20% of its budget), from :data:`LANGUAGE_LADDER_FLOOR` of the largest up to the largest.
-LANGUAGE_LADDER_RATIO = 1.25
+#: A derived ladder (packed language, vision): each rung at most this much larger than the one below, so a
+#: micro-batch above the floor pads at most 1 - 1/1.25 = 20% of its budget.
+LADDER_RATIO = 1.25
+#: The smallest rung of a derived packed-language ladder, as a fraction of its largest.
 LANGUAGE_LADDER_FLOOR = 1 / 16
+#: The smallest rung of a derived vision ladder, as a fraction of its largest: lower than the language's, since the
+#: vision bound (every token an image token) is far above what photo micro-batches carry.
+VISION_LADDER_FLOOR = 1 / 64
+#: The step between derived vision budgets before rounding to whole merged tokens (:func:`vision_ladder_multiple`).
+VISION_LADDER_MULTIPLE = 64
+
+
+def geometric_ladder(largest: int, multiple: int, floor_fraction: float) -> list[int]:
+    """Budgets up to ``largest`` rounded up to ``multiple``, each a multiple of ``multiple``, ascending, each at
+    most :data:`LADDER_RATIO` times the one below (or one ``multiple`` above it where that is more), from
+    ``floor_fraction`` of the top (at least ``multiple``) up. The one ladder derivation, language and vision.
+
+    Geometric rather than even rungs or halvings: micro-batches are mostly small against the largest possible
+    (one photo and an answer fill a small part of a packed sequence; a photo micro-batch a small part of the vision
+    bound), and the padding a rung costs is the gap to the rung below. Halvings pad a micro-batch just above a rung
+    to the next, up to half its budget; even rungs of the largest / 8 pad one just over an eighth to a quarter;
+    geometric rungs at most 1 - 1 / :data:`LADDER_RATIO` = 20% at every size above the floor. More rungs cost
+    capture time and each rung's own small buffers (its gradient output and last gradient input, one row per token;
+    a geometric ladder's add up to about 5x the top rung's, :func:`~bridge_cudagraph.plan.memory.ladder_pool_bytes`),
+    not pool memory: the rungs of a ladder share one graph pool, the size of the largest captured
+    (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`), and the first capture takes only the rungs up
+    to the largest micro-batch seen before it (:meth:`~bridge_cudagraph.capture.common.BudgetLadder.first_rungs`).
+
+    Each rung below is the one above divided by the ratio, rounded *up* to the multiple (so the ratio bound
+    holds), and at least one multiple below it (so small rungs, where the multiple is more than a fifth of the
+    rung, still descend).
+    """
+    if largest < 1 or multiple < 1:
+        raise ValueError(f"largest {largest} and multiple {multiple} must be >= 1")
+    top = round_up(largest, multiple)
+    floor = max(multiple, round_up(int(top * floor_fraction), multiple))
+    ladder, budget = [top], top
+    while budget > floor:
+        budget = max(floor, min(budget - multiple, round_up(math.ceil(budget / LADDER_RATIO), multiple)))
+        ladder.append(budget)
+    return ladder[::-1]
 
 
 def derive_language_budgets(max_tokens: int, multiple: int) -> list[int]:
-    """Budgets up to ``max_tokens`` (the most a packed micro-batch carries), each a multiple of ``multiple`` (the
-    packed width's own rounding), ascending, geometrically spaced.
-
-    Geometric rather than even rungs: packed SFT micro-batches are mostly short (one photo and an answer fill a
-    small part of the sequence), and the padding a rung costs is the gap to it; even rungs of the largest / 8
-    pad a micro-batch of just over an eighth to a quarter, almost half its budget.
-    """
-    top = round_up(max_tokens, multiple)
-    floor = max(multiple, round_up(int(top * LANGUAGE_LADDER_FLOOR), multiple))
-    ladder, budget = {top}, top
-    while budget > floor:
-        budget = max(floor, (int(budget / LANGUAGE_LADDER_RATIO) // multiple) * multiple)
-        ladder.add(budget)
-    return sorted(ladder)
+    """The packed language ladder: :func:`geometric_ladder` up to ``max_tokens`` (the most a packed micro-batch
+    carries), rungs multiples of ``multiple`` (the packed width's own rounding), down to
+    :data:`LANGUAGE_LADDER_FLOOR` of the top."""
+    return geometric_ladder(max_tokens, multiple, LANGUAGE_LADDER_FLOOR)
 
 
 @dataclass(frozen=True, slots=True)

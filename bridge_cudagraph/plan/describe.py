@@ -4,6 +4,7 @@ derived says where it came from, in parentheses; one the block sets is printed a
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.parallel.layout import (
@@ -11,7 +12,7 @@ from bridge_cudagraph.parallel.layout import (
     format_layout,
 )
 from bridge_cudagraph.plan.budgets import (
-    LADDER_STEPS,
+    LADDER_RATIO,
     MIN_IMAGE_MERGED_TOKENS,
 )
 
@@ -27,6 +28,13 @@ def plural(count: int, noun: str) -> str:
 def _joined(head: str, tail: str) -> list[str]:
     """``head, tail`` on one line where it fits 119 columns, else ``tail`` on an indented line of its own."""
     return [f"{head}, {tail}"] if len(head) + len(tail) < 118 else [f"{head},", f"  {tail}"]
+
+
+def _budget_lines(budgets: tuple[int, ...], unit: str) -> list[str]:
+    """``  budgets [a, b, ...] unit``, wrapped onto indented lines of at most 119 columns (a derived ladder has a
+    rung every 1.25x: twenty and more on a vision bound)."""
+    text = "budgets [" + ", ".join(map(str, budgets)) + f"] {unit}"
+    return textwrap.wrap(text, 119, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
 
 
 def _sourced(text: str, source: str) -> str:
@@ -85,7 +93,7 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
         lines.append("  static inputs: " + inputs[0])
         lines += ["                 " + s for s in inputs[1:]]
         return lines
-    budget_lines = ["  budgets [" + ", ".join(map(str, packed.token_budgets)) + "] tokens"]
+    budget_lines = _budget_lines(packed.token_budgets, "tokens")
     if packed.offline:
         budget_lines.append(
             f"    offline-packed rows of S {packed.max_seqlen} (dataset.offline_packing_specs), one per micro-batch"
@@ -93,7 +101,7 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
     elif packed.budgets_derived:
         budget_lines.append(
             f"    derived: mbs {packed.max_tokens // packed.max_seqlen} x S {packed.max_seqlen} = {packed.max_tokens} "
-            f"max, {len(packed.token_budgets)} rungs <= 1.25x apart"
+            f"max, {len(packed.token_budgets)} rungs <= {LADDER_RATIO}x apart"
             if len(packed.token_budgets) > 1
             else f"    derived: every row padded to S {packed.max_seqlen} (pp > 1 or ep > 1)"
         )
@@ -122,18 +130,17 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
     v = facts.vision
     if not vision.enabled:
         return [f"vision: graphs off ({vision.depth} layers run eagerly)"]
-    budgets = "[" + ", ".join(map(str, vision.token_budgets)) + "]"
     where = ""
     if layout is not None:
         last = layout.rank_offset + layout.size - 1
         where = f" on rank {last}" if layout.size == 1 else f" on ranks {layout.rank_offset}-{last}"
     most = vision.max_patches_per_microbatch
     mbs = most // (facts.seq_length * v.merge_unit)
-    budget_line = f"  budgets {budgets} patches"
+    budget_lines = _budget_lines(vision.token_budgets, "patches")
     if vision.budgets_derived:
-        budget_line += (
-            f", derived: S {facts.seq_length} x {v.spatial_merge_size}**2 x mbs {mbs} = {most} max, "
-            f"{LADDER_STEPS} rungs"
+        budget_lines.append(
+            f"    derived: S {facts.seq_length} x {v.spatial_merge_size}**2 x mbs {mbs} = {most} max, "
+            f"{len(vision.token_budgets)} rungs <= {LADDER_RATIO}x apart"
         )
     images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
     if vision.images_derived:
@@ -160,13 +167,14 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
     lines = [
         *_joined(head, f"{_modules_text(vision.modules)}, {warmup}"),
         *spans,
-        budget_line,
+        *budget_lines,
         images_line,
         *patches,
         f"  a micro-batch with more than {vision.token_budgets[-1]} patches or more images runs eagerly (counted)",
     ]
-    for budget, inputs in vision.static_inputs:
-        lines.append(f"  B={budget}: " + ", ".join(s.describe() for s in inputs))
+    budget, largest = vision.static_inputs[-1]
+    lines.append(f"  static inputs at B={budget} (each budget the same with its own B):")
+    lines += ["    " + x.describe() for x in largest]
     return lines
 
 

@@ -110,14 +110,17 @@ def test_plan_prints_the_plan(runs):
     i = lines.index("language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank,")
     assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
     assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
-    assert any(line.startswith("vision: 4 graphs x 4 budgets = 16 graphs per rank") for line in lines)
+    assert any(line.startswith("vision: 4 graphs x 21 budgets = 84 graphs per rank") for line in lines)
+    i = next(i for i, line in enumerate(lines) if line.startswith("  budgets [512, 576, 704, "))
+    assert lines[i + 1] == "    20992, 26240, 32768] patches"  # the bound, 4096 x 2**2 x 2, wrapped at 119 columns
+    assert lines[i + 2] == "    derived: S 4096 x 2**2 x mbs 2 = 32768 max, 21 rungs <= 1.25x apart"
     # Bridge's recipe names Qwen/Qwen3-VL-8B-Instruct as its processor: Bridge's Qwen-VL collate caps an image at
     # max_pixels 1003520, so at 3920 patches, and the plan says where the number comes from.
     i = lines.index("  at most 3920 patches per image (the static attention max_seqlen):")
     assert lines[i + 1] == (
         "    from max_pixels 1003520 // 16**2 = 3920, passed to the processor by Bridge's collate, qwen2_5_collate_fn"
     )
-    assert lines[-1].startswith("busiest rank: 20 graphs")
+    assert lines[-1].startswith("busiest rank: 88 graphs")
     assert max(map(len, lines)) <= 119
 
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from bridge_cudagraph.capture.packed import install_packed_replay, packed_misfit, remove_packed_replay
-from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
+from bridge_cudagraph.plan.budgets import PackedLayout
 
 
 def test_budget_is_the_smallest_that_fits_and_none_beyond():
@@ -83,14 +83,6 @@ def test_load_writes_real_boundaries_then_a_tail_of_equal_lengths_in_both_forms(
     # The unpadded form: real lengths, then tail segments as long as the padded ones.
     assert graphs.cu_seqlens.tolist() == [0, 100, 200, 712, 968]
     assert bool((graphs.rotary[:256] == 1).all()) and bool((graphs.rotary[256:] == 0).all())
-
-
-def test_derived_language_ladder_is_geometric_multiples_of_the_packed_width():
-    ladder = derive_language_budgets(8192, 32)
-    assert ladder[0] == 512 and ladder[-1] == 8192
-    assert all(b % 32 == 0 for b in ladder) and ladder == sorted(set(ladder))
-    assert all(b / a <= 1.25 + 32 / a for a, b in itertools.pairwise(ladder))  # at most 20% of a budget padded
-    assert derive_language_budgets(1000, 48)[-1] == 1008
 
 
 def _misfit(**changes):

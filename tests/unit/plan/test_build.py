@@ -19,6 +19,12 @@ from bridge_cudagraph.plan.facts import ModelFacts, VisionFacts, model_facts
 
 pytestmark = pytest.mark.fast
 
+#: The derived vision ladder of Qwen3-VL 8B at seq 4096, micro-batch 2 (bound 4096 x 2**2 x 2 = 32768 patches).
+VISION_8B_LADDER = (
+    *(512, 576, 704, 832, 1024, 1280, 1536, 1920, 2368, 2944, 3648),
+    *(4544, 5632, 6976, 8704, 10816, 13504, 16832, 20992, 26240, 32768),
+)
+
 QWEN3_VL_VISION = VisionFacts(
     depth=27,
     hidden_size=1152,
@@ -107,30 +113,31 @@ class TestQwen3VL8B:
             "rotary_pos_emb (S/cp=4096, mbs=2, 1, 128) fp32 (mRoPE)",
         )
         v = p.vision
-        assert v.token_budgets == (4096, 8192, 16384, 32768) and v.budgets_derived
+        # A geometric ladder from 32768 // 64 = 512 up to the bound, multiples of 64 patches, <= 1.25x apart.
+        assert v.token_budgets == VISION_8B_LADDER and v.budgets_derived
         assert v.max_patches_per_microbatch == 4096 * 4 * 2
         assert v.max_images_per_microbatch == 32768 // (4 * 16) == 512 and v.images_derived
         # Deepstack layers 8, 16, 24 of 27 cut the stack into layers 0-8, 9-16, 17-24, 25-26: 4 graphs per budget.
         assert v.graph_unit == "deepstack" and v.segments == ((0, 9), (9, 17), (17, 25), (25, 27))
-        assert v.graphs_per_budget == 4 and v.graphs == 16
-        assert [(s.name, s.shape, s.dtype) for s in v.inputs_at(4096)] == [
-            ("hidden_states", (4096, 1, 1152), "bf16"),
-            ("rotary_pos_emb", (4096, 1, 1, 72), "fp32"),
+        assert v.graphs_per_budget == 4 and v.graphs == 4 * 21 == 84
+        assert [(s.name, s.shape, s.dtype) for s in v.inputs_at(4544)] == [
+            ("hidden_states", (4544, 1, 1152), "bf16"),
+            ("rotary_pos_emb", (4544, 1, 1, 72), "fp32"),
             ("cu_seqlens", (514,), "int32"),
         ]
-        assert texts(v.inputs_at(4096)) == (
-            "hidden_states (4096, 1, 1152) bf16",
-            "rotary_pos_emb (4096, 1, 1, 72) fp32",
+        assert texts(v.inputs_at(4544)) == (
+            "hidden_states (4544, 1, 1152) bf16",
+            "rotary_pos_emb (4544, 1, 1, 72) fp32",
             "cu_seqlens (514,) int32",
         )
-        assert p.total_graphs == 4 + 16
+        assert p.total_graphs == 4 + 84
 
     def test_one_graph_per_layer_when_asked(self):
         """``graph_unit: layer``: one graph per layer per budget, and the plan says so."""
         p = plan(qwen3_vl_8b(), both_on(graph_unit="layer"))
-        assert p.vision.graph_unit == "layer" and p.vision.graphs == 27 * 4 == 108
+        assert p.vision.graph_unit == "layer" and p.vision.graphs == 27 * 21 == 567
         lines = p.describe().splitlines()
-        assert any(line.startswith("vision: 27 layers x 4 budgets = 108 graphs per rank") for line in lines)
+        assert any(line.startswith("vision: 27 layers x 21 budgets = 567 graphs per rank") for line in lines)
 
     def test_language_runs_per_pipeline_stage(self):
         """Only the first stage merges deepstack features: its runs are cut there, the later stages' are not."""
@@ -496,11 +503,22 @@ class TestDescribe:
         i = lines.index("language: 36 layers in 4 runs x 1 graph each (pp 1) = 4 graphs per rank,")
         assert lines[i + 1] == "  whole layers, capture after 3 steps (model.cuda_graph_warmup_steps)"
         assert "  runs of layers: 0, 1, 2, 3-35; cut after each of the first 3 (a deepstack merge follows)" in lines
-        vision = "vision: 4 graphs x 4 budgets = 16 graphs per rank"
+        vision = "vision: 4 graphs x 21 budgets = 84 graphs per rank"
         assert any(line.startswith(vision) for line in lines)
         assert "  each budget's graphs span layers 0-8, 9-16, 17-24, 25-26 (cut after each deepstack layer)" in lines
-        assert any("budgets [4096, 8192, 16384, 32768] patches" in line for line in lines)
-        assert lines[-1].startswith("busiest rank: 20 graphs")
+        j = lines.index(
+            "  budgets [512, 576, 704, 832, 1024, 1280, 1536, 1920, 2368, 2944, 3648, 4544, 5632, 6976, 8704, 10816, "
+            "13504, 16832,"
+        )
+        assert lines[j + 1] == "    20992, 26240, 32768] patches"
+        assert lines[j + 2] == "    derived: S 4096 x 2**2 x mbs 2 = 32768 max, 21 rungs <= 1.25x apart"
+        k = lines.index("  static inputs at B=32768 (each budget the same with its own B):")
+        assert lines[k + 1 : k + 4] == [
+            "    hidden_states (32768, 1, 1152) bf16",
+            "    rotary_pos_emb (32768, 1, 1, 72) fp32",
+            "    cu_seqlens (514,) int32",
+        ]
+        assert lines[-1].startswith("busiest rank: 88 graphs")
         assert max(map(len, lines)) <= 119 and not text.endswith("\n")
 
     @pytest.mark.parametrize("world", [1, 8, 64, 512])
@@ -711,7 +729,7 @@ def test_max_patches_per_image_comes_from_the_data_paths_max_pixels():
     assert vision.patches_source == (
         "from max_pixels 1003520 // 16**2 = 3920, passed to the processor by Bridge's collate, qwen2_5_collate_fn"
     )
-    assert vision.layout.cu_seqlens_length == 1 + 512 + 9 == vision.inputs_at(4096)[-1].shape[0]
+    assert vision.layout.cu_seqlens_length == 1 + 512 + 9 == vision.inputs_at(512)[-1].shape[0]
     from bridge_cudagraph.plan.facts import ImageFacts
 
     images = ImageFacts(1003520, "the collate")
@@ -838,7 +856,7 @@ def test_counts_of_one_are_singular():
     assert lines[i + 1] == "  whole layers, capture after 1 step (model.cuda_graph_warmup_steps)"
     assert lines[-1].startswith("busiest rank: 1 graph;")
     one = build_plan(qwen3_vl_8b(tp=1), both_on(), world_size=1, micro_batch_size=2, global_batch_size=2).describe()
-    assert "vision: 4 graphs x 4 budgets = 16 graphs per rank on rank 0," in one.splitlines()
+    assert "vision: 4 graphs x 21 budgets = 84 graphs per rank on rank 0," in one.splitlines()
     assert not any(word in p.describe() for word in (" 1 graphs", " 1 budgets", " 1 steps", " 1 layers", " 1 runs"))
 
 

@@ -40,15 +40,16 @@ CASES = {
                 ("attention_mask", (2, 1, 256, 256), "bool"),
                 ("rotary_pos_emb", (256, 2, 1, 64), "fp32"),
             ],
-            budgets=(256, 512, 1024, 2048),
+            # 256 x 2**2 x 2 = 2048 patches at most; rungs multiples of 64, <= 1.25x apart above 5 x 64
+            budgets=(64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1088, 1344, 1664, 2048),
             images=32,
             max_patches=2048,  # synthetic images, no processor: the largest budget
             copies=1,
-            vision_graphs=3 * 4,  # layers 0-1, 2, 3 (deepstack layers 1 and 2) x 4 budgets
+            vision_graphs=3 * 15,  # layers 0-1, 2, 3 (deepstack layers 1 and 2) x 15 budgets
             vision_warmup=3,
             vision_inputs_at_first=[
-                ("hidden_states", (256, 1, 256), "bf16"),
-                ("rotary_pos_emb", (256, 1, 1, 64), "fp32"),
+                ("hidden_states", (64, 1, 256), "bf16"),
+                ("rotary_pos_emb", (64, 1, 1, 64), "fp32"),
                 ("cu_seqlens", (34,), "int32"),
             ],
         ),
@@ -91,15 +92,19 @@ CASES = {
                 ("attention_mask", (2, 1, 4096, 4096), "bool"),
                 ("rotary_pos_emb", (4096, 2, 1, 128), "fp32"),
             ],
-            budgets=(4096, 8192, 16384, 32768),
+            # 4096 x 2**2 x 2 = 32768 patches at most, down to 32768 / 64 = 512; multiples of 64, <= 1.25x apart
+            budgets=(
+                *(512, 576, 704, 832, 1024, 1280, 1536, 1920, 2368, 2944, 3648),
+                *(4544, 5632, 6976, 8704, 10816, 13504, 16832, 20992, 26240, 32768),
+            ),
             images=512,
             max_patches=3920,  # Bridge's Qwen-VL collate: max_pixels 1003520 // 16**2
             copies=2,
-            vision_graphs=4 * 4 * 2,  # 4 segments (deepstack 8, 16, 24 of 27) x 4 budgets x 2 copies
+            vision_graphs=4 * 21 * 2,  # 4 segments (deepstack 8, 16, 24 of 27) x 21 budgets x 2 copies
             vision_warmup=5,
             vision_inputs_at_first=[
-                ("hidden_states", (4096, 1, 1152), "bf16"),
-                ("rotary_pos_emb", (4096, 1, 1, 72), "fp32"),
+                ("hidden_states", (512, 1, 1152), "bf16"),
+                ("rotary_pos_emb", (512, 1, 1, 72), "fp32"),
                 ("cu_seqlens", (1 + 512 + 9,), "int32"),  # the 32768-patch tail in 9 pieces of at most 3920
             ],
         ),
