@@ -112,6 +112,7 @@ from benchmarks.useful_tokens_report import (
     REFUSED,
     TIGHT,
     VARIANTS,
+    VISION_HALVINGS,
     MicroBatch,
     reference_of,
 )
@@ -564,6 +565,11 @@ def variant_provider(run: _Run, variant: str):
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
         **{name: packed_graph_config(run.cfg) for name in PACKED_GRAPHED},
     }
+    for name in VISION_HALVINGS:
+        block = blocks[name]
+        blocks[name] = dataclasses.replace(
+            block, vision=dataclasses.replace(block.vision, token_budgets=run.cfg.vision_halvings())
+        )
     if variant not in blocks or model.provider is None:
         raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*ORDER, CONTROL]}")
     fields = {"gradient_accumulation_fusion": True} if variant in FUSED else {}

@@ -65,8 +65,9 @@ from benchmarks.host_syncs import census_lines
 VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "ours_packed")
 #: One lever of the packed step each, measured on its own; run only when ``--variants`` names them (dense models
 #: of the benchmark's own shape): ours_packed with tight packing off, and eager_packed and ours_packed with
-#: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`).
-LEVER_VARIANTS = ("ours_packed_rows", "eager_packed_fused", "ours_packed_fused")
+#: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`), and
+#: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart).
+LEVER_VARIANTS = ("ours_packed_rows", "ours_packed_halvings", "eager_packed_fused", "ours_packed_fused")
 #: Every variant in run order: the eager ones first (a variant's parity reference runs before it), then the graphs;
 #: the control runs after all of them (and after the paired phase).
 ORDER = (
@@ -77,6 +78,7 @@ ORDER = (
     "ours_padded",
     "ours_packed",
     "ours_packed_rows",
+    "ours_packed_halvings",
     "ours_packed_fused",
 )
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
@@ -95,6 +97,7 @@ FORM = {
     "ours_padded": PADDED,
     "ours_packed": PACKED,
     "ours_packed_rows": PACKED,
+    "ours_packed_halvings": PACKED,
     "eager_packed_fused": PACKED,
     "ours_packed_fused": PACKED,
     CONTROL: PACKED,
@@ -117,8 +120,10 @@ REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
 REFUSED = "refused"
 #: The packed language graph variants; of them, those with tight packing on (ours_packed_rows replays the rows).
-PACKED_GRAPHED = ("ours_packed", "ours_packed_rows", "ours_packed_fused")
-TIGHT = ("ours_packed", "ours_packed_fused")
+PACKED_GRAPHED = ("ours_packed", "ours_packed_rows", "ours_packed_halvings", "ours_packed_fused")
+TIGHT = ("ours_packed", "ours_packed_halvings", "ours_packed_fused")
+#: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
+VISION_HALVINGS = ("ours_packed_halvings",)
 GRAPHED = ("upstream_padded", "ours_padded", *PACKED_GRAPHED)
 #: The variants trained with ``model.gradient_accumulation_fusion=true``: a run of one in which no TE module fuses
 #: is failed (it would time the unfused step under the fused name).
@@ -128,6 +133,7 @@ HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
 #: The levers of the packed step: (lever, the variant without it, the variant with it).
 LEVERS = (
     ("tight packing", "ours_packed_rows", "ours_packed"),
+    ("vision rungs 1.25x apart, not halvings", "ours_packed_halvings", "ours_packed"),
     ("gradient-accumulation fusion, graphed", "ours_packed", "ours_packed_fused"),
     ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
 )
@@ -138,6 +144,7 @@ LABELS = {
     "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
     "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
     "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
+    "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
     "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     CONTROL: "eager_packed again (run-to-run noise floor)",
@@ -934,6 +941,7 @@ COLORS = {
     "ours_padded": "#8cd17d",
     "ours_packed": "#59a14f",
     "ours_packed_rows": "#b6992d",
+    "ours_packed_halvings": "#d4a6c8",
     "eager_packed_fused": "#76b7b2",
     "ours_packed_fused": "#2e7d32",
     CONTROL: "#a0cbe8",

@@ -5,6 +5,7 @@ lever section against the control's noise floor, the paired phase of another pai
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -295,4 +296,23 @@ def test_the_host_waits_section_lists_each_census():
     ]
     assert "## Host waits on the GPU" in report.render_markdown(data)
     assert report.host_syncs_section(_levers()) == []
-    assert set(report.HOST_SYNC_VARIANTS) == {"eager_packed", "ours_packed", "ours_packed_rows", "ours_packed_fused"}
+    assert set(report.HOST_SYNC_VARIANTS) == {"eager_packed", *report.PACKED_GRAPHED}
+    assert {"ours_packed", "ours_packed_rows", "ours_packed_halvings", "ours_packed_fused"} <= set(
+        report.PACKED_GRAPHED
+    )
+
+
+def test_the_halvings_variant_differs_from_ours_packed_in_its_vision_ladder_only():
+    """ours_packed_halvings: ours_packed's provider with the former vision ladder (the data's top rounded up to 1024
+    and three halvings), tight packing on; ours_packed's ladder has rungs at most 1.25x apart."""
+    from bridge_cudagraph.bridge.mixin import provider_fields
+
+    run = _run()
+    ours = provider_fields(useful_tokens.variant_provider(run, "ours_packed"))["cuda_graph"]
+    halved = provider_fields(useful_tokens.variant_provider(run, "ours_packed_halvings"))["cuda_graph"]
+    assert halved.vision.token_budgets == run.cfg.vision_halvings() != ours.vision.token_budgets
+    top = halved.vision.token_budgets[-1]
+    assert top % 1024 == 0 and halved.vision.token_budgets == sorted({top >> s for s in range(4)})
+    rungs = ours.vision.token_budgets
+    assert all(b / a <= 1.25 + 1e-9 for a, b in itertools.pairwise(rungs)), rungs
+    assert halved.language == ours.language and "ours_packed_halvings" in report.TIGHT
