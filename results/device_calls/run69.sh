@@ -14,11 +14,11 @@ source scripts/device_lib.sh
 prologue
 PYT='python3 -m pytest -q -rA -p no:cacheprovider --durations=8'
 ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c1
-  R a_bridge_loop 270 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop.json $PYT tests/gpu/test_bridge_loop.py -k 'not moe'" ) &
+  R a_bridge_loop 290 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop.json $PYT tests/gpu/test_bridge_loop.py -k 'not moe'" ) &
 ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c2
-  R d_plan_helpers 240 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_plan_helpers.json $PYT tests/gpu/test_plan_helpers.py" ) &
+  R d_plan_helpers 200 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_plan_helpers.json $PYT tests/gpu/test_plan_helpers.py" ) &
 ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c3
-  R c_autograd_sites 240 "python3 -m benchmarks.autograd_sites --out \$LOGS/sites --model small --seq 4096 --mbs 2 --num-mb 2 --steps 1 --warmup 4 --profile-steps 0 --variants eager_packed,ours_packed" ) &
+  R c_autograd_sites 200 "python3 -m benchmarks.autograd_sites --out \$LOGS/sites --model small --seq 4096 --mbs 2 --num-mb 2 --steps 1 --warmup 4 --profile-steps 0 --variants eager_packed,ours_packed" ) &
 wait
 grep -H " passed\| failed\| error" "$LOGS"/*.log | grep -v "PASSED\|FAILED" | cut -c1-200
 grep -h "^FAILED\|^ERROR\|^E  " "$LOGS"/*.log | cut -c1-300 | head -20
