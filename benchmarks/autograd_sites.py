@@ -167,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = init_world(vision=VisionLayout(), seed=bench.SEED)
     try:
         run = ut.prepare(args, world)
-        result: dict[str, Any] = {"command": ut.command_line(argv), "variants": {}}
+        command = ut.command_line(argv).replace("benchmarks.useful_tokens", "benchmarks.autograd_sites", 1)
+        result: dict[str, Any] = {"meta": ut._meta(args, run.cfg, command), "variants": {}}
         for variant in variants:
             result["variants"][variant] = _variant_sites(run, variant)
         out = Path(args.out)
