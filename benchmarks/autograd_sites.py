@@ -4,15 +4,16 @@ Why: the packed step's profile names backward ops that leave the GPU idle (``Ind
 not who created them; an op name alone does not say whether Bridge's model, Megatron's layers, TE or this plugin asked
 for it. In anomaly mode torch keeps, on every autograd node, the Python stack of the forward that made it; walking the
 graph from the loss then attributes each node to the innermost frame outside torch (the line of Megatron, Bridge, TE
-or this plugin), as :mod:`benchmarks.host_syncs` does for host waits. Read-only: one forward, no backward, no step.
+or this plugin), as :mod:`benchmarks.host_syncs` does for host waits.
 
 Usage (one GPU; the useful-tokens benchmark's model, data and arguments)::
 
     python -m benchmarks.autograd_sites --out DIR --model small --seq 4096 --mbs 2 --num-mb 2 \\
         --variants eager_packed,ours_packed
 
-For each variant: build it, warm up and capture as :mod:`benchmarks.useful_tokens` does, then the fixed micro-batch's
-forward in anomaly mode; ``DIR/autograd_sites.json`` holds, per variant, every node type with its count and its
+For each variant: build it, warm up and capture as :mod:`benchmarks.useful_tokens` does, one training step under
+:func:`benchmarks.host_syncs.census` (which lines make the host wait), then the fixed micro-batch's forward in anomaly
+mode; ``DIR/autograd_sites.json`` holds, per variant, every node type with its count and its
 creation sites, and the table printed last lists the types that matter to the host.
 """
 
@@ -27,8 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: Frames under these path parts are torch's own; a site is the first frame outside them.
-_OWN_PARTS = ("/torch/", "/contextlib.py", "/benchmarks/autograd_sites.py")
+from benchmarks.host_syncs import is_own_frame, torch_dir
 
 
 def site_of(stack: Sequence[Any]) -> str:
@@ -40,7 +40,8 @@ def site_of(stack: Sequence[Any]) -> str:
             frames.append((entry.filename, entry.lineno, entry.name))
         else:
             frames.extend(_parse(str(entry)))
-    outside = [f for f in frames if not any(p in f[0] for p in _OWN_PARTS)]
+    root = torch_dir()
+    outside = [f for f in frames if not is_own_frame(f[0], root) and not f[0].endswith("benchmarks/autograd_sites.py")]
     chain = outside[-2:]
     return " <- ".join(f"{_short(path)}:{line} {name}" for path, line, name in reversed(chain)) or "(no Python frame)"
 
@@ -98,6 +99,7 @@ def _variant_sites(run: Any, variant: str) -> dict[str, Any]:
 
     from benchmarks import bench
     from benchmarks import useful_tokens as ut
+    from benchmarks.host_syncs import census
     from bridge_cudagraph.testing.parity import per_token_loss
 
     shared = run.shared[ut.FORM[variant]]
@@ -110,13 +112,22 @@ def _variant_sites(run: Any, variant: str) -> dict[str, Any]:
             run_step(i)
         if helpers:
             bench._capture("ours", helpers)
+        # One training step under sync debug mode: which lines make the host wait (its sites now name Megatron's and
+        # Bridge's frames on the device too, see host_syncs.torch_dir).
+        syncs = census(lambda: run_step(shared.warmup_steps))
         t0 = time.perf_counter()
         with torch.autograd.set_detect_anomaly(True, check_nan=False):
             loss = per_token_loss(objs["model"], shared.fixed_batch)
         nodes = walk(loss.grad_fn)
         del loss
         replays = {h.submodule: h.stats.replays for h in helpers if hasattr(h, "stats")}
-        return {"status": "ok", "forward_s": time.perf_counter() - t0, "replays": replays, "nodes": nodes}
+        return {
+            "status": "ok",
+            "forward_s": time.perf_counter() - t0,
+            "replays": replays,
+            "host_syncs": syncs,
+            "nodes": nodes,
+        }
     except Exception as error:
         return {"status": "failed", "error": f"{type(error).__name__}: {error}"[:500]}
     finally:
@@ -135,6 +146,10 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"{variant}: {rec.get('status')}: {rec.get('error')}")
             continue
         lines.append(f"{variant}: {sum(n['count'] for n in rec['nodes'].values())} nodes, replays {rec['replays']}")
+        syncs = rec.get("host_syncs") or {}
+        if syncs:
+            lines.append(f"  host waits in one step: {syncs.get('total')}")
+            lines.extend(f"      {n} x {site}" for site, n in (syncs.get("sites") or [])[:8])
         names = sorted(
             rec["nodes"], key=lambda n: (not any(n.endswith(w) for w in WATCHED), -rec["nodes"][n]["count"])
         )

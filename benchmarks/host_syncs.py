@@ -23,12 +23,28 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-#: Frames under these path parts are torch's own (the op, not who called it).
-_TORCH_PARTS = (f"{os.sep}torch{os.sep}", f"{os.sep}contextlib.py", f"{os.sep}warnings.py")
+#: Frames of these standard-library files are not a site (the context manager or warning, not who called it).
+_STDLIB_PARTS = (f"{os.sep}contextlib.py", f"{os.sep}warnings.py")
+
+
+def torch_dir() -> str:
+    """torch's package directory with a trailing separator: a frame under it is torch's own (the op, not who called
+    it). Matched by the package's own path, not by a ``/torch/`` path part: an environment under ``/opt/torch/.venv``
+    (the device's) has that part in every installed package's path, Megatron's and Bridge's too, and every site then
+    read as the nearest frame of this repository."""
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def is_own_frame(filename: str, torch_root: str) -> bool:
+    """Whether a frame of ``filename`` is torch's or the standard library's plumbing rather than a site."""
+    return os.path.abspath(filename).startswith(torch_root) or any(p in filename for p in _STDLIB_PARTS)
 
 
 def _site(stack: list[traceback.FrameSummary]) -> str:
-    frames = [f for f in stack if not any(part in f.filename for part in _TORCH_PARTS)]
+    root = torch_dir()
+    frames = [f for f in stack if not is_own_frame(f.filename, root)]
     frames = [f for f in frames if not f.filename.endswith("host_syncs.py")]
     chain = frames[-3:]
     return " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(chain)) or "(no Python frame)"

@@ -206,19 +206,20 @@ def test_the_lever_section_compares_each_pair_against_the_noise_floor():
     )
     assert "| 666.7 (3.00) → 650.0 (3.00) | 1,500 → 1,538 (1.026x) |" in rows["gradient-accumulation fusion, graphed"]
     md = "\n".join(lines)
-    # 800 -> 666.7 ms is 16.7% shorter, beyond the 2.0% floor; the kernel time separately
+    # 800 -> 666.7 ms is 16.7% shorter, beyond the 2.0% floor and the IQRs (3 ms: 0.45% of 666.7); the kernel time
+    # separately
     assert (
         "- **tight packing** (ours_packed_rows → ours_packed): median step 800.0 → 666.7 ms (-16.7%), beyond the "
-        "noise floor of 2.0% (eager_packed_repeat against eager_packed): ours_packed's step is shorter; kernel time "
-        "per profiled step 500.0 → 400.0 ms (-20.0%)."
+        "noise floor of 2.0% (eager_packed_repeat against eager_packed) and the larger step IQR of the two, 0.5% of "
+        "its median: ours_packed's step is shorter; kernel time per profiled step 500.0 → 400.0 ms (-20.0%)."
     ) in md
     # 666.7 -> 650 ms: 2.5% shorter, just beyond 2.0%
     assert "(ours_packed → ours_packed_fused): median step 666.7 → 650.0 ms (-2.5%), beyond the noise" in md
     # 1000 -> 990 ms: 1.0%, within the floor: no step-time claim, the kernel time still stated
     assert (
         "(eager_packed → eager_packed_fused): median step 1000.0 → 990.0 ms (-1.0%), within the noise floor of 2.0% "
-        "(eager_packed_repeat against eager_packed): no step-time difference shown; kernel time per profiled step "
-        "600.0 → 590.0 ms (-1.7%)."
+        "(eager_packed_repeat against eager_packed) and the larger step IQR of the two, 0.3% of its median: no "
+        "step-time difference shown; kernel time per profiled step 600.0 → 590.0 ms (-1.7%)."
     ) in md
     full = report.render_markdown(data)
     assert "## Levers" in full and "- eager_packed_fused: 112 Transformer Engine modules accumulate" in full
@@ -316,3 +317,17 @@ def test_the_halvings_variant_differs_from_ours_packed_in_its_vision_ladder_only
     rungs = ours.vision.token_budgets
     assert all(b / a <= 1.25 + 1e-9 for a, b in itertools.pairwise(rungs)), rungs
     assert halved.language == ours.language and "ours_packed_halvings" in report.TIGHT
+
+
+@pytest.mark.fast
+def test_a_step_change_within_the_variants_own_spread_is_not_claimed():
+    """The control's median moves by 2%, but ours_packed_fused's steps spread by 10% (IQR 65 ms of 650): a 2.5%
+    shorter median is not shown as a step-time difference, whatever the floor."""
+    fused = _v(650.0, 390.0, 0.6, (31, 34), te_modules_fusing=112)
+    fused["step_ms_iqr"] = 65.0
+    md = "\n".join(report.lever_section(_levers(ours_packed_fused=fused)))
+    assert (
+        "(ours_packed → ours_packed_fused): median step 666.7 → 650.0 ms (-2.5%), within the noise floor of 2.0% "
+        "(eager_packed_repeat against eager_packed) and the larger step IQR of the two, 10.0% of its median: no "
+        "step-time difference shown; kernel time per profiled step 400.0 → 390.0 ms (-2.5%)."
+    ) in md
