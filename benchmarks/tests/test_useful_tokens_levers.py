@@ -12,12 +12,11 @@ import pytest
 
 from benchmarks import useful_tokens
 from benchmarks import useful_tokens_report as report
-from benchmarks.configs import BenchConfig
+from benchmarks.tests.useful_tokens_runs import offline_run
 from benchmarks.useful_tokens_report import MicroBatch
 
 GIB = 2**30
 BUDGETS = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)
-IDS = {"image_token_id": 1000, "video_token_id": 1001, "vision_start_token_id": 1002, "vision_end_token_id": 1003}
 LEVERS = "eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_fused"
 
 
@@ -99,18 +98,7 @@ def test_paired_and_the_lever_variants_on_the_command_line(capsys):
 
 
 def _run(model: str = "tiny") -> useful_tokens._Run:
-    args = useful_tokens.parse_args(["--out", "x", "--model", model, "--variants", LEVERS])
-    assert useful_tokens.check_args(args) is None
-    cfg = BenchConfig(
-        name=f"photo-{model}",
-        model=model,
-        seq_length=args.seq,
-        micro_batch_size=args.mbs,
-        image_sets=((((1, 40, 56),), ((1, 62, 48),)), (((1, 36, 64),), ((1, 44, 44),))),
-        num_microbatches=args.num_mb,
-    )
-    layout = useful_tokens.derived_layout(args.seq, args.mbs)
-    return useful_tokens._Run(args=args, world=None, cfg=cfg, layout=layout, ids=dict(IDS), micro=[], shared={})
+    return offline_run(model, "--variants", LEVERS)
 
 
 def test_the_lever_variants_providers_change_one_setting_each():

@@ -11,31 +11,18 @@ import pytest
 
 from benchmarks import useful_tokens
 from benchmarks import useful_tokens_report as report
-from benchmarks.configs import BenchConfig
+from benchmarks.tests.useful_tokens_runs import IDS, offline_run
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The photo processor's special ids (the tiny tokenizer's), as :func:`useful_tokens.token_ids` gives them.
-IDS = {"image_token_id": 1000, "video_token_id": 1001, "vision_start_token_id": 1002, "vision_end_token_id": 1003}
 MOE_MODELS = ("tiny-moe", "moe-30b-a3b-shape")
 #: The plan's refusal of packed graphs on MoE layers (bridge_cudagraph/plan/checks.py, check_packed_language).
 PACKED_MOE_REFUSAL = "with packed micro-batches on an MoE model ({} experts): packed graphs of MoE layers are not"
 
 
 def _run(model: str, *extra: str) -> useful_tokens._Run:
-    """A run of ``model`` as :func:`useful_tokens.prepare` makes it, without data or GPU: two micro-batches of two
-    photos each stand for the photo set's image grids."""
-    args = useful_tokens.parse_args(["--out", "x", "--model", model, *extra])
-    assert useful_tokens.check_args(args) is None
-    cfg = BenchConfig(
-        name=f"photo-{model}",
-        model=model,
-        seq_length=args.seq,
-        micro_batch_size=args.mbs,
-        image_sets=((((1, 40, 56),), ((1, 62, 48),)), (((1, 36, 64),), ((1, 44, 44),))),
-        num_microbatches=args.num_mb,
-    )
-    layout = useful_tokens.derived_layout(args.seq, args.mbs)
-    return useful_tokens._Run(args=args, world=None, cfg=cfg, layout=layout, ids=dict(IDS), micro=[], shared={})
+    """A run of ``model`` (:func:`benchmarks.tests.useful_tokens_runs.offline_run`)."""
+    return offline_run(model, *extra)
 
 
 @pytest.mark.fast
