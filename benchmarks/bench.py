@@ -918,12 +918,9 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
     listed in ``record["late_captures"]`` with the caching allocator's reserved bytes before and after it (both after
     ``empty_cache``): a growth re-captures the ladder into a new pool, so it should cost the new pool less the one it
     replaces, and more says the old pool was not given back."""
-    ladders = [h for h in helpers if hasattr(h, "capture_pending")]
+    from bridge_cudagraph.capture.common import held_reserved as reserved
 
-    def reserved() -> int:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        return torch.cuda.memory_reserved()
+    ladders = [h for h in helpers if hasattr(h, "capture_pending")]
 
     def run(i: int) -> float:
         for helper in ladders:

@@ -175,21 +175,26 @@ def ladder_order_kwargs(callables: int) -> dict:
     return {"_order": [1, -1], "_num_layers_per_chunk": [callables], "_reuse_graph_input_output_buffers": True}
 
 
+def held_reserved() -> int:
+    """The caching allocator's reserved bytes once the device is idle and its unused cached blocks are given back:
+    what live tensors and graph pools hold (the one way captures, the benchmarks and the tests count pool memory)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved()
+
+
 @contextlib.contextmanager
 def measure(stats: CaptureStats, *, add: bool = False) -> Iterator[None]:
     """Record capture wall time and the growth of reserved CUDA memory into ``stats`` (``add``: on top of what an
     earlier capture of the same helper recorded)."""
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()  # so the baseline holds live tensors only, not blocks the capture will free anyway
-    reserved = torch.cuda.memory_reserved()
+    reserved = held_reserved()  # the baseline holds live tensors only, not blocks the capture will free anyway
     start = time.perf_counter()
     try:
         yield
     finally:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()  # the warmups' cached blocks are no graph memory
-        seconds, grown = time.perf_counter() - start, max(0, torch.cuda.memory_reserved() - reserved)
+        grown = max(0, held_reserved() - reserved)  # the warmups' cached blocks are no graph memory
+        seconds = time.perf_counter() - start  # up to the capture's last kernel, which held_reserved waited for
         stats.seconds = stats.seconds + seconds if add else seconds
         stats.graph_memory_bytes = stats.graph_memory_bytes + grown if add else grown
 
@@ -613,14 +618,11 @@ def capture_budget_ladder(
             stats.param_grads_cloned = not extra
             captured = {}
             for budget in sorted(budgets, reverse=True):
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()  # TE's warmups cache blocks on their own streams; count the pool alone
-                before, live = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+                # TE's warmups cache blocks on their own streams; count the pool alone.
+                before, live = held_reserved(), torch.cuda.memory_allocated()
                 captured[budget] = [capture_one(budget, copy, pool, extra) for copy, pool in enumerate(pools)]
                 gc.collect()
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                stats.per_budget[budget] = torch.cuda.memory_reserved() - before
+                stats.per_budget[budget] = held_reserved() - before
                 stats.per_budget_live[budget] = torch.cuda.memory_allocated() - live
             fused = fused_grad_params(layers)
             zero_grad_buffers(model_chunks)

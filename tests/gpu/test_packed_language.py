@@ -282,6 +282,7 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     model with graphs off and Bridge's unmodified model (deterministic kernels; else within the eager floor). The rung
     the larger micro-batch asked for is captured between "steps" (:meth:`capture_pending`: the ladder re-captured up to
     the new top into one pool), and replays exactly too; the earlier rungs still do after it."""
+    from bridge_cudagraph.capture.common import held_reserved
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
@@ -347,11 +348,11 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     ]:
         check(name, graphed_run)
     assert stats.above_captured == 2 and helper.pending_budgets(), (stats.above_captured, helper.pending_budgets())
-    old_pool, reserved_before = sum(stats.per_budget.values()), _reserved()
+    old_pool, reserved_before = sum(stats.per_budget.values()), held_reserved()
     grown = helper.capture_pending()
     assert grown and grown[-1] == layout.budget_for(batches["T_4096"]["input_ids"].numel(), MBS), grown
     assert stats.late_captures == len(grown) and not helper.pending_budgets()
-    new_pool, reserved_after = sum(stats.per_budget.values()), _reserved()
+    new_pool, reserved_after = sum(stats.per_budget.values()), held_reserved()
     record(
         case="ladder grown",
         grown=list(grown),
@@ -376,15 +377,6 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     assert_captured(stats)
     helper.uninstall()
     assert not helper.graphs_created()
-
-
-def _reserved() -> int:
-    """The caching allocator's reserved bytes with its free blocks given back (what a pool still holds)."""
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_reserved()
 
 
 # GPT SFT offline packing (Bridge's GPTSFTDatasetConfig with enable_offline_packing, pad_cu_seqlens): the rows of
