@@ -28,26 +28,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host_syncs import is_own_frame, torch_dir
+from benchmarks.host_syncs import frame_site
 
 
 def site_of(stack: Sequence[Any]) -> str:
     """The innermost frame outside torch of a creation stack (anomaly mode's ``traceback_`` strings, or
-    :class:`traceback.FrameSummary` entries), with its caller: ``path:line name <- path:line name``."""
-    frames = []
+    :class:`traceback.FrameSummary` entries), with its caller (:func:`benchmarks.host_syncs.frame_site`)."""
+    frames: list[traceback.FrameSummary] = []
     for entry in stack:
-        if isinstance(entry, traceback.FrameSummary):
-            frames.append((entry.filename, entry.lineno, entry.name))
-        else:
-            frames.extend(_parse(str(entry)))
-    root = torch_dir()
-    outside = [f for f in frames if not is_own_frame(f[0], root) and not f[0].endswith("benchmarks/autograd_sites.py")]
-    chain = outside[-2:]
-    return " <- ".join(f"{_short(path)}:{line} {name}" for path, line, name in reversed(chain)) or "(no Python frame)"
+        frames.extend([entry] if isinstance(entry, traceback.FrameSummary) else _parse(str(entry)))
+    return frame_site(frames, depth=2, skip="benchmarks/autograd_sites.py")
 
 
-def _parse(text: str) -> list[tuple[str, int, str]]:
-    """``File "x.py", line 3, in f`` lines of a formatted stack, as (path, line, name)."""
+def _parse(text: str) -> list[traceback.FrameSummary]:
+    """The ``File "x.py", line 3, in f`` lines of a formatted stack, as frames."""
     out = []
     for line in text.splitlines():
         line = line.strip()
@@ -56,17 +50,10 @@ def _parse(text: str) -> list[tuple[str, int, str]]:
         try:
             path, rest = line[6:].split('", line ', 1)
             number, _, name = rest.partition(", in ")
-            out.append((path, int(number), name.strip()))
+            out.append(traceback.FrameSummary(path, int(number), name.strip(), line=None))
         except ValueError:
             continue
     return out
-
-
-def _short(path: str) -> str:
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    return path.split("/work/", 1)[-1] if "/work/" in path else path
 
 
 #: The site of a node without a creation stack (a leaf's AccumulateGrad, or a node made outside anomaly mode).

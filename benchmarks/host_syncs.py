@@ -17,6 +17,7 @@ those are ``torch.cuda.synchronize``, which sync debug mode does not report.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import traceback
 import warnings
@@ -27,6 +28,7 @@ from typing import Any
 _STDLIB_PARTS = (f"{os.sep}contextlib.py", f"{os.sep}warnings.py")
 
 
+@functools.cache
 def torch_dir() -> str:
     """torch's package directory with a trailing separator: a frame under it is torch's own (the op, not who called
     it). Matched by the package's own path, not by a ``/torch/`` path part: an environment under ``/opt/torch/.venv``
@@ -42,11 +44,13 @@ def is_own_frame(filename: str, torch_root: str) -> bool:
     return os.path.abspath(filename).startswith(torch_root) or any(p in filename for p in _STDLIB_PARTS)
 
 
-def _site(stack: list[traceback.FrameSummary]) -> str:
+def frame_site(stack: Iterable[traceback.FrameSummary], *, depth: int = 3, skip: str = "host_syncs.py") -> str:
+    """The innermost frame of ``stack`` (outermost first) outside torch, the standard library's plumbing and the
+    file ending in ``skip`` (the tool's own), with its callers: ``depth`` frames, innermost first, as
+    ``path:line name <- ...`` (paths under site-packages or the working directory shortened)."""
     root = torch_dir()
-    frames = [f for f in stack if not is_own_frame(f.filename, root)]
-    frames = [f for f in frames if not f.filename.endswith("host_syncs.py")]
-    chain = frames[-3:]
+    frames = [f for f in stack if not is_own_frame(f.filename, root) and not f.filename.endswith(skip)]
+    chain = frames[-depth:]
     return " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(chain)) or "(no Python frame)"
 
 
@@ -68,7 +72,7 @@ def census(fn: Callable[[], Any]) -> dict[str, Any]:
 
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            counts[_site(traceback.extract_stack()[:-1])] += 1
+            counts[frame_site(traceback.extract_stack()[:-1])] += 1
         else:
             original(message, category, filename, lineno, file, line)
 

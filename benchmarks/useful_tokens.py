@@ -21,6 +21,8 @@ Opt-in with ``--variants`` (dense models of the benchmark's own shape), one leve
 
 * ``ours_packed_rows``: ours_packed with tight packing off (each micro-batch replays in the budget of its rows'
   full width);
+* ``ours_packed_halvings``: ours_packed with the former vision ladder (the data's top and three halvings, not rungs
+  at most 1.25x apart: :meth:`benchmarks.configs.BenchConfig.vision_halvings`);
 * ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
   ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
   :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
@@ -45,8 +47,8 @@ Run (from the repository root)::
     python -m benchmarks.useful_tokens --out results/useful_tokens --model small --seq 4096 --mbs 2
     python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
     python -m benchmarks.useful_tokens --out results/useful_tokens/levers --model small --seq 4096 --mbs 2 \
-        --num-mb 2 --variants eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_fused \
-        --paired ours_packed,ours_packed_fused   # the levers, each on its own
+        --num-mb 2 --variants eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_halvings,\
+ours_packed_fused   # the levers, each on its own (add --paired A,B to pair two of them)
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
         --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
 

@@ -591,8 +591,8 @@ def _spread(record: Mapping[str, Any]) -> float | None:
 
 def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> str | None:
     """One sentence on what the lever did: the median step's change against the run-to-run noise floor
-    (:func:`step_noise_floor`), and separately the profiled kernel time's change (the less noisy signal); None
-    unless both finished."""
+    (:func:`step_noise_floor`) and the two variants' own step spread (:func:`_spread`), and separately the profiled
+    kernel time's change (the less noisy signal); None unless both finished."""
     a, b = variants.get(without) or {}, variants.get(with_) or {}
     if a.get("status") != "ok" or b.get("status") != "ok":
         return None
@@ -630,7 +630,8 @@ def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, A
 
 def lever_section(data: Mapping[str, Any]) -> list[str]:
     """``## Levers``: for each pair of :data:`LEVERS` both of whose variants the run holds, the numbers side by side
-    and one sentence on the step time (against the noise floor) and the kernel time; empty when no pair ran."""
+    and one sentence on the step time (against the noise floor and the pair's step spread) and the kernel time;
+    empty when no pair ran."""
     variants = data.get("variants") or {}
     pairs = [lever for lever in LEVERS if lever[1] in variants and lever[2] in variants]
     if not pairs:

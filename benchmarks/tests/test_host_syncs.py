@@ -16,10 +16,10 @@ def test_a_site_skips_torch_frames_and_names_two_callers():
         traceback.FrameSummary(os.path.join("y", "site-packages", "megatron", "core", "m.py"), 30, "forward"),
         traceback.FrameSummary(torch_file, 40, "_call_impl"),
     ]
-    site = host_syncs._site(stack)
+    site = host_syncs.frame_site(stack)
     assert site.startswith("megatron/core/m.py:30 forward <- ")
     assert "parity.py:20 train_steps" in site and "_call_impl" not in site
-    assert host_syncs._site([traceback.FrameSummary(torch_file, 1, "f")]) == "(no Python frame)"
+    assert host_syncs.frame_site([traceback.FrameSummary(torch_file, 1, "f")]) == "(no Python frame)"
 
 
 def test_an_environment_under_a_torch_directory_still_names_megatron_and_bridge():
@@ -32,7 +32,7 @@ def test_an_environment_under_a_torch_directory_still_names_megatron_and_bridge(
         traceback.FrameSummary(f"{venv}/megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py", 714, "forward"),
         traceback.FrameSummary(os.path.join(host_syncs.torch_dir(), "_tensor.py"), 9, "__setitem__"),
     ]
-    site = host_syncs._site(stack)
+    site = host_syncs.frame_site(stack)
     assert site.startswith("megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py:714 forward <- "), site
     assert not host_syncs.is_own_frame(f"{venv}/megatron/core/m.py", host_syncs.torch_dir())
 
