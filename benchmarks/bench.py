@@ -833,12 +833,15 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
             prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
         finalize = OURS_VARIANTS[variant].get("finalize_listing") is not False
         installed = step_host.install_planned(plan, model, optimizer, finalize=finalize)
-        if OURS_VARIANTS[variant].get("row_merge") is False:
+        off = OURS_VARIANTS[variant].get("forward_off", ())
+        if off:  # the lever's mixins of fewer_host_waits taken off alone (names in bridge_cudagraph.host.forward)
             from bridge_cudagraph.host import forward as forward_host
 
-            merges = [done for done in installed.forward if done[1] is forward_host.RowMerge]
-            forward_host.uninstall(merges)
-            installed.forward = [done for done in installed.forward if done not in merges]
+            taken = [done for done in installed.forward if done[1].__name__ in off]
+            if {mixin.__name__ for _, mixin in taken} != set(off):
+                raise RuntimeError(f"{variant}: fewer_host_waits installed none of {sorted(off)} to take off")
+            forward_host.uninstall(taken)
+            installed.forward = [done for done in installed.forward if done not in taken]
         objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
         return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global

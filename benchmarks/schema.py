@@ -56,7 +56,11 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours_fused_layer_graphs": {"gradient_accumulation_fusion": True, "language_graph_unit": "layer"},
     # ours_fused with Bridge's image-token merge through the boolean mask (fewer_host_waits without
     # bridge_cudagraph.host.forward.RowMerge): one wait forward, two backward; what the row merge gives.
-    "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "row_merge": False},
+    "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "forward_off": ("RowMerge",)},
+    # Bridge's forward packing the step's packed rows itself (fewer_host_waits without
+    # bridge_cudagraph.host.forward.FlatPackedRows): preprocess_packed_seqs and the deepstack round trip, with
+    # their waits; what handing it the rows flat gives. Only packed micro-batches differ.
+    "ours_bridge_packing": {"forward_off": ("FlatPackedRows",)},
 }
 #: megatron-core's one graph over the whole forward and backward (``cuda_graph_impl="full_iteration"``, its
 #: ``FullCudaGraphWrapper`` around the schedule as Bridge's ``train()`` installs it): upstream's strongest option, run

@@ -23,6 +23,9 @@ Opt-in with ``--variants`` (dense models of the benchmark's own shape), one leve
   full width);
 * ``ours_packed_halvings``: ours_packed with the former vision ladder (the data's top and three halvings, not rungs
   at most 1.25x apart: :meth:`benchmarks.configs.BenchConfig.vision_halvings`);
+* ``ours_packed_bridge_packing``: ours_packed with Bridge's forward packing the step's rows itself
+  (``preprocess_packed_seqs`` and the deepstack round trip, with their waits), not handed them flat
+  (:class:`bridge_cudagraph.host.forward.FlatPackedRows`);
 * ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
   ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
   :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
@@ -48,7 +51,7 @@ Run (from the repository root)::
     python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
     python -m benchmarks.useful_tokens --out results/useful_tokens/levers --model small --seq 4096 --mbs 2 \
         --num-mb 2 --variants eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_halvings,\
-ours_packed_fused   # the levers, each on its own (add --paired A,B to pair two of them)
+ours_packed_bridge_packing,ours_packed_fused   # the levers, each on its own (add --paired A,B to pair two of them)
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
         --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
 
@@ -96,7 +99,7 @@ from benchmarks import useful_tokens_report as report
 from benchmarks.bench_trace import gpu_busy_summary
 from benchmarks.configs import QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
 from benchmarks.progress import say
-from benchmarks.schema import OK, json_safe, write_json
+from benchmarks.schema import OK, OURS_VARIANTS, json_safe, write_json
 from benchmarks.useful_tokens_report import (
     CONTROL,
     FORM,
@@ -677,7 +680,7 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         return []
     if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
-    helpers = bench._make_helpers(shared, "ours", objs)
+    helpers = bench._make_helpers(shared, report.STEP_HOST_OF.get(variant, "ours"), objs)
     if variant in PACKED_GRAPHED:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
         from bridge_cudagraph.plan.build import deepstack_merges
@@ -745,6 +748,25 @@ def _counters(helpers: list) -> dict[str, dict]:
         for h in helpers
         if hasattr(h, "stats")
     }
+
+
+def forward_counters(variant: str, model: list) -> dict[str, int]:
+    """How many micro-batches took each part of ``fewer_host_waits`` (:mod:`bridge_cudagraph.host.forward`) so far;
+    raises where a packed graph variant's step rows were not handed flat to the forward, or
+    ours_packed_bridge_packing's were (either would time the other lever under the variant's name)."""
+    from bridge_cudagraph.host import forward as forward_host
+
+    counts = {
+        "host_positions_calls": forward_host.host_positions_calls(model),
+        "row_merges": forward_host.row_merges(model),
+        "flat_batches": forward_host.flat_batches(model),
+    }
+    if variant in PACKED_GRAPHED and counts["host_positions_calls"]:
+        step_host = OURS_VARIANTS[report.STEP_HOST_OF.get(variant, "ours")]
+        flat_expected = forward_host.FlatPackedRows.__name__ not in step_host.get("forward_off", ())
+        if bool(counts["flat_batches"]) != flat_expected:
+            raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
+    return counts
 
 
 def _run_variant(run: _Run, variant: str) -> dict:
@@ -862,6 +884,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     if variant in ("ours_padded", *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
+        rec["fewer_host_waits"] = forward_counters(variant, model)
 
     # Parity: the fixed micro-batch with the initial weights copied back in (in place: the graphs stay valid).
     bench._load(model, run.initial_state, aliases_allowed=variant == "upstream_padded")

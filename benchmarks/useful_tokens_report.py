@@ -66,8 +66,16 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: One lever of the packed step each, measured on its own; run only when ``--variants`` names them (dense models
 #: of the benchmark's own shape): ours_packed with tight packing off, and eager_packed and ours_packed with
 #: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`), and
-#: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart).
-LEVER_VARIANTS = ("ours_packed_rows", "ours_packed_halvings", "eager_packed_fused", "ours_packed_fused")
+#: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart), and
+#: ours_packed with Bridge's forward packing the step's rows itself (``fewer_host_waits`` without
+#: :class:`~bridge_cudagraph.host.forward.FlatPackedRows`).
+LEVER_VARIANTS = (
+    "ours_packed_rows",
+    "ours_packed_halvings",
+    "ours_packed_bridge_packing",
+    "eager_packed_fused",
+    "ours_packed_fused",
+)
 #: Every variant in run order: the eager ones first (a variant's parity reference runs before it), then the graphs;
 #: the control runs after all of them (and after the paired phase).
 ORDER = (
@@ -79,6 +87,7 @@ ORDER = (
     "ours_packed",
     "ours_packed_rows",
     "ours_packed_halvings",
+    "ours_packed_bridge_packing",
     "ours_packed_fused",
 )
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
@@ -98,6 +107,7 @@ FORM = {
     "ours_packed": PACKED,
     "ours_packed_rows": PACKED,
     "ours_packed_halvings": PACKED,
+    "ours_packed_bridge_packing": PACKED,
     "eager_packed_fused": PACKED,
     "ours_packed_fused": PACKED,
     CONTROL: PACKED,
@@ -120,8 +130,17 @@ REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
 REFUSED = "refused"
 #: The packed language graph variants; of them, those with tight packing on (ours_packed_rows replays the rows).
-PACKED_GRAPHED = ("ours_packed", "ours_packed_rows", "ours_packed_halvings", "ours_packed_fused")
-TIGHT = ("ours_packed", "ours_packed_halvings", "ours_packed_fused")
+PACKED_GRAPHED = (
+    "ours_packed",
+    "ours_packed_rows",
+    "ours_packed_halvings",
+    "ours_packed_bridge_packing",
+    "ours_packed_fused",
+)
+TIGHT = ("ours_packed", "ours_packed_halvings", "ours_packed_bridge_packing", "ours_packed_fused")
+#: The benchmark variant (:data:`benchmarks.schema.OURS_VARIANTS`) whose step host work a packed graph variant
+#: installs, where it is not ``ours``'s: which mixins of ``fewer_host_waits`` it takes off.
+STEP_HOST_OF = {"ours_packed_bridge_packing": "ours_bridge_packing"}
 #: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
 VISION_HALVINGS = ("ours_packed_halvings",)
 GRAPHED = ("upstream_padded", "ours_padded", *PACKED_GRAPHED)
@@ -134,6 +153,7 @@ HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
 LEVERS = (
     ("tight packing", "ours_packed_rows", "ours_packed"),
     ("vision rungs 1.25x apart, not halvings", "ours_packed_halvings", "ours_packed"),
+    ("the step's rows handed flat, not packed by Bridge's forward", "ours_packed_bridge_packing", "ours_packed"),
     ("gradient-accumulation fusion, graphed", "ours_packed", "ours_packed_fused"),
     ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
 )
@@ -145,6 +165,7 @@ LABELS = {
     "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
     "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
     "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
+    "ours_packed_bridge_packing": "ours_packed with Bridge's forward packing the step's rows itself",
     "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     CONTROL: "eager_packed again (run-to-run noise floor)",
@@ -951,6 +972,7 @@ COLORS = {
     "ours_packed": "#59a14f",
     "ours_packed_rows": "#b6992d",
     "ours_packed_halvings": "#d4a6c8",
+    "ours_packed_bridge_packing": "#e15759",
     "eager_packed_fused": "#76b7b2",
     "ours_packed_fused": "#2e7d32",
     CONTROL: "#a0cbe8",

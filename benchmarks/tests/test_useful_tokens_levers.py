@@ -319,3 +319,21 @@ def test_a_step_change_within_the_variants_own_spread_is_not_claimed():
         "(eager_packed_repeat against eager_packed) and the larger step IQR of the two, 10.0% of its median: no "
         "step-time difference shown; kernel time per profiled step 400.0 → 390.0 ms (-2.5%)."
     ) in md
+
+
+@pytest.mark.fast
+def test_the_bridge_packing_variant_takes_off_the_flat_rows_only():
+    """ours_packed_bridge_packing: ours_packed's provider and helpers, its step host work bench.py's
+    ours_bridge_packing (fewer_host_waits with :class:`~bridge_cudagraph.host.forward.FlatPackedRows` taken off, a
+    name bench.py checks it took off); every step-host variant names mixins that exist."""
+    from benchmarks.schema import OURS_VARIANTS
+    from bridge_cudagraph.host import forward as forward_host
+
+    variant = "ours_packed_bridge_packing"
+    assert variant in report.PACKED_GRAPHED and variant in report.TIGHT and variant in report.LEVER_VARIANTS
+    assert any(lever[1:] == (variant, "ours_packed") for lever in report.LEVERS)
+    step_host = OURS_VARIANTS[report.STEP_HOST_OF[variant]]
+    assert step_host == {"forward_off": ("FlatPackedRows",)}
+    for entry in OURS_VARIANTS.values():
+        for name in entry.get("forward_off", ()):
+            assert name in forward_host.__all__ and isinstance(getattr(forward_host, name), type), name

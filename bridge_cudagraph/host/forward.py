@@ -44,12 +44,26 @@ graphs keep full, and the GPU then idles while the host catches up:
   image/video token) on the decoder (:func:`row_extents`), for that micro-batch's ``packed_seq_params`` object only;
   :class:`HostRopeIndex` drops it when the forward returns.
 
+* the step's packed rows: Bridge's Qwen3-VL step hands the forward ``[rows, width]`` tokens with one THD segment per
+  row, and the forward packs them itself (its legacy packed-BSHD branch): ``preprocess_packed_seqs`` on the tokens,
+  the embeddings, the positions and each deepstack feature (scattered into a zero tensor of the hidden states' size,
+  packed, gathered back), each call waiting three times plus once per row, and their backward again (54 waits per
+  micro-batch at the 2B shape, with the merges above already by rows). Where the step's attention mask is None
+  (its default) and context parallelism is off, with a width that is a multiple of the tensor-parallel size (the
+  step pads to one), that packing puts no padding between rows: it is the row-major flatten of ``[rows, width]``
+  to ``[1, rows x width]``, and the deepstack round trip gives each feature back row for row.
+  :class:`FlatPackedRows` hands Bridge's forward the batch already flat (:func:`flat_step_rows`: the tokens as
+  ``[1, rows x width]``, the explicit mRoPE positions as ``[3, 1, rows x width]``, both views, the same
+  ``packed_seq_params``), which it takes through its one-row THD branch: the same tokens, positions, segments,
+  embeddings and deepstack features reach the same decoder, without the copies or the waits.
+
 They are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host.patches.
 extend_instance_class`; the model's instance dict gets call counters and its hooks' handles, nothing the host
 saves or reads) and taken off by :func:`uninstall`; the callback and the benchmark call them through
 :mod:`bridge_cudagraph.host.step`. They mirror Bridge 0.6's forward (:func:`bridge_cudagraph.host.compat.
 qwen3_vl_forward_is_mirrored`); on another release nothing is installed. With the first two a step at the 2B shape
-waited 7 times instead of 35; the row merge takes three more off each micro-batch.
+waited 7 times instead of 35; the row merge takes three more off each micro-batch. :class:`FlatPackedRows` sits
+behind :class:`HostRopeIndex` on the same model (the positions are derived per row first, as Bridge derives them).
 """
 
 from __future__ import annotations
@@ -66,11 +80,14 @@ from bridge_cudagraph.host import compat
 from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
 
 __all__ = [
+    "FlatPackedRows",
     "HostRopeIndex",
     "IndexedDeepstack",
     "PendingPositions",
     "RowMerge",
     "VisionRows",
+    "flat_batches",
+    "flat_step_rows",
     "host_positions_calls",
     "install",
     "installed",
@@ -278,6 +295,58 @@ def _fill_pending(model_ref: weakref.ref) -> Callable[..., None]:
     return hook
 
 
+def flat_step_rows(model: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """``kwargs`` with the step's packed rows already flat, where Bridge's forward would pack them into exactly that
+    (see the module docstring); None where its packing is anything else or the batch is not the step's packed rows.
+
+    Bridge's ``preprocess_packed_seqs`` puts row ``i``'s first ``length_i`` entries at the ``i``-th offset of
+    lengths padded to the tensor-parallel size (context parallelism splits them further). With no attention mask
+    every length is the width; with context parallelism off and the width a multiple of the tensor-parallel size
+    nothing is padded, so the packed tensor is the flatten. Explicit mRoPE positions are required (the forward
+    derives missing ones from its tokens, per row only in its packed-BSHD branch): :class:`HostRopeIndex` passes
+    them. Embedding dropout would draw its mask over the embeddings' other layout, so a model training with it is
+    left to Bridge, as are explicit image or video masks (Bridge's branch reads them in the rows' shape)."""
+    from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import _is_mrope_position_ids
+
+    input_ids = kwargs.get("input_ids")
+    positions = kwargs.get("position_ids")
+    if not (
+        kwargs.get("packed_seq_params") is not None
+        and isinstance(input_ids, torch.Tensor)
+        and input_ids.dim() == 2
+        and input_ids.size(0) > 1
+        and kwargs.get("attention_mask") is None
+        and kwargs.get("image_input_mask") is None
+        and kwargs.get("video_input_mask") is None
+        and kwargs.get("inference_params") is None
+        and _is_mrope_position_ids(positions)
+        and tuple(positions.shape[1:]) == tuple(input_ids.shape)
+    ):
+        return None
+    groups = model.pg_collection
+    if groups.cp.size() != 1 or input_ids.size(1) % groups.tp.size() != 0:
+        return None
+    if model.training and getattr(model, "pre_process", False) and model.language_model.config.hidden_dropout > 0:
+        return None
+    # Views: HostRopeIndex fills its positions after this call, in the storage handed on here.
+    return {**kwargs, "input_ids": input_ids.reshape(1, -1), "position_ids": positions.reshape(3, 1, -1)}
+
+
+class FlatPackedRows:
+    """Mixin for Bridge's ``Qwen3VLModel``: the step's packed rows handed to its forward flat
+    (:func:`flat_step_rows`; see the module docstring)."""
+
+    #: Micro-batches handed to Bridge's forward flat; what a test asserts is > 0.
+    flat_batches: int = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        flat = None if args else flat_step_rows(self, kwargs)
+        if flat is None:
+            return super().forward(*args, **kwargs)
+        self.flat_batches += 1
+        return super().forward(**flat)
+
+
 class IndexedDeepstack:
     """Mixin for Bridge's ``Qwen3VLTransformerBlock``: the deepstack merge by row positions (see the module
     docstring). Bridge's method, for comparison::
@@ -359,7 +428,11 @@ class RowMerge:
 #: The instance-dict key of each mixin's hook handle, and of its call counter (a class attribute of the mixin, set on
 #: the instance at the first count).
 _HOOKS: dict[type, str] = {HostRopeIndex: _EMBEDDING_HOOK, RowMerge: _VISION_HOOK}
-_COUNTERS: dict[type, str] = {HostRopeIndex: "host_positions_calls", RowMerge: "row_merges"}
+_COUNTERS: dict[type, str] = {
+    HostRopeIndex: "host_positions_calls",
+    RowMerge: "row_merges",
+    FlatPackedRows: "flat_batches",
+}
 
 
 def _vision_rows(model_ref: weakref.ref) -> Callable[..., Any]:
@@ -384,6 +457,8 @@ def _targets(model_chunks: list[Any]) -> list[tuple[Any, type]]:
     for chunk in model_chunks:
         for module in chunk.modules():
             if isinstance(module, Qwen3VLModel):
+                # Installed in this order: HostRopeIndex in front, so the positions are derived from the rows.
+                out.append((module, FlatPackedRows))
                 out.append((module, HostRopeIndex))
                 if getattr(module, "pre_process", False) and getattr(module, "vision_model", None) is not None:
                     out.append((module, RowMerge))
@@ -443,6 +518,12 @@ def host_positions_calls(model_chunks: list[Any]) -> int:
 def row_merges(model_chunks: list[Any]) -> int:
     """Image-token merges written by row positions (:class:`RowMerge`) over the Qwen3-VL models in ``model_chunks``."""
     return _count(model_chunks, RowMerge)
+
+
+def flat_batches(model_chunks: list[Any]) -> int:
+    """Micro-batches handed to Bridge's forward flat (:class:`FlatPackedRows`) over the Qwen3-VL models in
+    ``model_chunks``."""
+    return _count(model_chunks, FlatPackedRows)
 
 
 def installed(model_chunks: list[Any]) -> bool:

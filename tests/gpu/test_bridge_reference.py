@@ -276,13 +276,19 @@ def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
     done = forward_host.install(plugin)
     try:
         mixins = {mixin for _, mixin in done}
-        assert mixins == {forward_host.HostRopeIndex, forward_host.IndexedDeepstack, forward_host.RowMerge}, done
+        assert mixins == {
+            forward_host.HostRopeIndex,
+            forward_host.FlatPackedRows,
+            forward_host.IndexedDeepstack,
+            forward_host.RowMerge,
+        }, done
         batches = _batches("qwen3_vl")
         _require_bit_identical(plugin, bridge, batches, f"fewer host waits, language graphs {language}", record)
         (qwen,) = (obj for obj, mixin in done if mixin is forward_host.HostRopeIndex)
         assert qwen.host_positions_calls == forward_host.host_positions_calls(plugin) == len(batches)
         with_images = sum(batch["image_grid_thw"] is not None for batch in batches.values())
         assert forward_host.row_merges(plugin) == with_images > 0, (forward_host.row_merges(plugin), with_images)
+        assert forward_host.flat_batches(plugin) == 0  # BSHD rows: nothing for Bridge to pack
         for name, batch in batches.items():
             ours = _host_waits(lambda batch=batch: loss_and_grads(plugin, batch))
             theirs = _host_waits(lambda batch=batch: loss_and_grads(bridge, batch))

@@ -140,7 +140,8 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
 def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, fewer_waits, unit):
     """``fewer_waits``: the graphed model also runs Qwen3-VL's forward with fewer host waits
     (:mod:`bridge_cudagraph.host.forward`, as the callback installs it with the graphs): the step's packed rows take
-    its positions and its deepstack merge, and stay exact against both references."""
+    its positions, go to Bridge's forward flat and take its deepstack merge, stay exact against both references,
+    and a forward and backward waits at most a third as often as Bridge's (counted, recorded)."""
     import torch
 
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
@@ -212,11 +213,20 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
         capture_s=helper.stats.seconds,
     )
     if fewer_waits:
+        from benchmarks.host_syncs import census
+
         (qwen,) = (obj for obj, mixin in waits if mixin is forward_host.HostRopeIndex)
-        merged = forward_host.row_merges(graphed)
-        record(case="fewer host waits", host_positions_calls=qwen.host_positions_calls, row_merges=merged)
+        merged, flat = forward_host.row_merges(graphed), forward_host.flat_batches(graphed)
+        record(case="fewer host waits", host_positions_calls=qwen.host_positions_calls, row_merges=merged, flat=flat)
         assert qwen.host_positions_calls == len(batches) + 1  # every graphed call, the fallback too
         assert 0 < merged <= qwen.host_positions_calls  # the image-token merge by rows, in calls with images
+        assert flat == qwen.host_positions_calls  # every one of the step's packed batches went to Bridge flat
+        # A forward and backward of the step's packed rows with images: how often the host waits for the GPU.
+        batch = batches["fill_70"]
+        ours = census(lambda: loss_and_grads(graphed, batch))["total"]
+        theirs = census(lambda: loss_and_grads(bridge, batch))["total"]
+        record(case="host waits per packed forward and backward", ours=ours, bridge=theirs)
+        assert 3 * ours <= theirs, (ours, theirs)
     helper.uninstall()
     forward_host.uninstall(waits)
     assert not helper.graphs_created() and not forward_host.installed(graphed)
