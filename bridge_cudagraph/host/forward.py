@@ -48,10 +48,12 @@ graphs keep full, and the GPU then idles while the host catches up:
   row, and the forward packs them itself (its legacy packed-BSHD branch): ``preprocess_packed_seqs`` on the tokens,
   the embeddings, the positions and each deepstack feature (scattered into a zero tensor of the hidden states' size,
   packed, gathered back), each call waiting three times plus once per row, and their backward again (54 waits per
-  micro-batch at the 2B shape, with the merges above already by rows). Where the step's attention mask is None
-  (its default) and context parallelism is off, with a width that is a multiple of the tensor-parallel size (the
-  step pads to one), that packing puts no padding between rows: it is the row-major flatten of ``[rows, width]``
-  to ``[1, rows x width]``, and the deepstack round trip gives each feature back row for row.
+  micro-batch at the 2B shape, with the merges above already by rows). Where the step's attention mask keeps every
+  token (Bridge's step builds an all-ones one) and context parallelism is off, with a width that is a multiple of
+  the tensor-parallel size (the step pads to one), that packing puts no padding between rows: it is the row-major
+  flatten of ``[rows, width]`` to ``[1, rows x width]``, and the deepstack round trip gives each feature back row
+  for row. The mask is checked on a host copy enqueued with the tokens' (:class:`PendingPositions`): a mask that
+  drops tokens raises before the language model runs, with the setting that leaves the packing to Bridge.
   :class:`FlatPackedRows` hands Bridge's forward the batch already flat (:func:`flat_step_rows`: the tokens as
   ``[1, rows x width]``, the explicit mRoPE positions as ``[3, 1, rows x width]``, both views, the same
   ``packed_seq_params``), which it takes through its one-row THD branch: the same tokens, positions, segments,
@@ -158,6 +160,10 @@ class PendingPositions:
         self._packed = kwargs.get("packed_seq_params")
         loss_mask = kwargs.get("loss_mask") if self._packed is not None and _wants_extents(model) else None
         self._loss_mask = _to_host(loss_mask) if isinstance(loss_mask, torch.Tensor) else None
+        # The step's packed rows: the attention mask FlatPackedRows needs to keep every token (checked at fill).
+        mask = kwargs.get("attention_mask") if self._packed is not None else None
+        self.attention_mask = _to_host(mask) if isinstance(mask, torch.Tensor) else None
+        self._rows_must_be_unpadded = False
         self._host = {
             "input_ids": _to_host(input_ids),
             "image_grid_thw": _to_host(kwargs.get("image_grid_thw")),
@@ -177,6 +183,23 @@ class PendingPositions:
         self.positions.copy_(positions.contiguous().pin_memory(), non_blocking=True)
         self.filled = True
         self._publish_extents()
+        self._check_unpadded()
+
+    def require_unpadded_rows(self) -> None:
+        """Make :meth:`fill` (now, if it has run) raise unless the host copy of the attention mask keeps every token:
+        what :class:`FlatPackedRows` needs of the rows it hands the forward flat."""
+        self._rows_must_be_unpadded = True
+        if self.filled:
+            self._check_unpadded()
+
+    def _check_unpadded(self) -> None:
+        if self._rows_must_be_unpadded and not bool(self.attention_mask.all()):
+            raise RuntimeError(
+                "bridge_cudagraph: the step's packed Qwen3-VL rows came with an attention mask that drops tokens; "
+                "fewer_host_waits hands such rows to Bridge's forward flat only where the mask keeps every token "
+                "(Bridge's qwen3_vl_step builds it so). Set model.cuda_graph.fewer_host_waits=false to let Bridge's "
+                "forward pack them itself"
+            )
 
     def _publish_extents(self) -> None:
         """Each row's extent (:func:`bridge_cudagraph.capture.tight.row_extents`) on the decoder, keyed by this
@@ -213,10 +236,7 @@ class HostRopeIndex:
         self.host_positions_calls += 1
         if _EMBEDDING_HOOK not in self.__dict__:
             pending.fill()
-            try:
-                return super().forward(*args, **kwargs)
-            finally:
-                _drop_extents(self)
+        # Visible to FlatPackedRows behind this mixin until the embedding's hook takes it (or, filled, throughout).
         self.__dict__[_PENDING] = pending
         try:
             output = super().forward(*args, **kwargs)
@@ -289,7 +309,7 @@ def _fill_pending(model_ref: weakref.ref) -> Callable[..., None]:
     def hook(module: Any, args: Any) -> None:
         model = model_ref()
         pending = None if model is None else model.__dict__.pop(_PENDING, None)
-        if pending is not None:
+        if pending is not None and not pending.filled:
             pending.fill()
 
     return hook
@@ -299,23 +319,27 @@ def flat_step_rows(model: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """``kwargs`` with the step's packed rows already flat, where Bridge's forward would pack them into exactly that
     (see the module docstring); None where its packing is anything else or the batch is not the step's packed rows.
 
-    Bridge's ``preprocess_packed_seqs`` puts row ``i``'s first ``length_i`` entries at the ``i``-th offset of
-    lengths padded to the tensor-parallel size (context parallelism splits them further). With no attention mask
-    every length is the width; with context parallelism off and the width a multiple of the tensor-parallel size
-    nothing is padded, so the packed tensor is the flatten. Explicit mRoPE positions are required (the forward
-    derives missing ones from its tokens, per row only in its packed-BSHD branch): :class:`HostRopeIndex` passes
-    them. Embedding dropout would draw its mask over the embeddings' other layout, so a model training with it is
-    left to Bridge, as are explicit image or video masks (Bridge's branch reads them in the rows' shape)."""
+    Bridge's ``preprocess_packed_seqs`` puts row ``i``'s tokens that the attention mask keeps at the ``i``-th offset
+    of their counts padded to the tensor-parallel size (context parallelism splits them further). Where the mask
+    keeps every token (the step's mask is all ones; none: the forward makes that one) every count is the width; with
+    context parallelism off and the width a multiple of the tensor-parallel size nothing is padded, so the packed
+    tensor is the flatten. The mask's values are on the GPU: :class:`FlatPackedRows` has them checked on the host
+    copy :class:`PendingPositions` makes with the tokens' (no wait), so this function looks at its shape only.
+    Explicit mRoPE positions are required (the forward derives missing ones from its tokens, per row only in its
+    packed-BSHD branch): :class:`HostRopeIndex` passes them. Embedding dropout would draw its mask over the
+    embeddings' other layout, so a model training with it is left to Bridge, as are explicit image or video masks
+    (Bridge's branch reads them in the rows' shape)."""
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import _is_mrope_position_ids
 
     input_ids = kwargs.get("input_ids")
     positions = kwargs.get("position_ids")
+    mask = kwargs.get("attention_mask")
     if not (
         kwargs.get("packed_seq_params") is not None
         and isinstance(input_ids, torch.Tensor)
         and input_ids.dim() == 2
         and input_ids.size(0) > 1
-        and kwargs.get("attention_mask") is None
+        and (mask is None or (isinstance(mask, torch.Tensor) and tuple(mask.shape) == tuple(input_ids.shape)))
         and kwargs.get("image_input_mask") is None
         and kwargs.get("video_input_mask") is None
         and kwargs.get("inference_params") is None
@@ -328,8 +352,10 @@ def flat_step_rows(model: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if model.training and getattr(model, "pre_process", False) and model.language_model.config.hidden_dropout > 0:
         return None
-    # Views: HostRopeIndex fills its positions after this call, in the storage handed on here.
-    return {**kwargs, "input_ids": input_ids.reshape(1, -1), "position_ids": positions.reshape(3, 1, -1)}
+    # Views: HostRopeIndex fills its positions after this call, in the storage handed on here. The forward's one-row
+    # THD branch reads no attention mask (it sets none for the language model).
+    flat = {"input_ids": input_ids.reshape(1, -1), "position_ids": positions.reshape(3, 1, -1), "attention_mask": None}
+    return {**kwargs, **flat}
 
 
 class FlatPackedRows:
@@ -340,7 +366,17 @@ class FlatPackedRows:
     flat_batches: int = 0
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Bridge's forward, given the rows flat where :func:`flat_step_rows` says its packing is the flatten. An
+        attention mask must keep every token: :class:`HostRopeIndex`'s pending positions check their host copy of it
+        when they fill (a mask that drops tokens raises there, before the language model runs); without them the
+        rows are left to Bridge."""
         flat = None if args else flat_step_rows(self, kwargs)
+        if flat is not None and kwargs.get("attention_mask") is not None:
+            pending = self.__dict__.get(_PENDING)
+            if pending is None or pending.attention_mask is None:
+                flat = None
+            else:
+                pending.require_unpadded_rows()
         if flat is None:
             return super().forward(*args, **kwargs)
         self.flat_batches += 1

@@ -227,6 +227,16 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
         theirs = census(lambda: loss_and_grads(bridge, batch))["total"]
         record(case="host waits per packed forward and backward", ours=ours, bridge=theirs)
         assert 3 * ours <= theirs, (ours, theirs)
+        # The step's all-ones mask is what makes Bridge's packing the flatten: one that drops a token raises (from
+        # the host copy, before the language model runs), and the model then runs the next batch as before.
+        dropped = batch["attention_mask"].clone()
+        dropped[0, -1] = False
+        with pytest.raises(RuntimeError, match="fewer_host_waits=false"):
+            loss_and_grads(graphed, {**batch, "attention_mask": dropped})
+        assert flat == forward_host.flat_batches(graphed) - 2  # the census's one, and the raising one
+        _assert_match(
+            loss_and_grads(graphed, batch), loss_and_grads(bridge, batch), "after the raise", floors["fill_70"]
+        )
     helper.uninstall()
     forward_host.uninstall(waits)
     assert not helper.graphs_created() and not forward_host.installed(graphed)

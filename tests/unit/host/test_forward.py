@@ -223,13 +223,17 @@ def test_the_steps_rows_are_handed_flat_as_views():
     assert flat["position_ids"].data_ptr() == kwargs["position_ids"].data_ptr()
     assert flat["packed_seq_params"] is kwargs["packed_seq_params"] and flat["labels"] is kwargs["labels"]
     assert torch.equal(flat["position_ids"][:, 0, 32:], kwargs["position_ids"][:, 1])  # row 1 follows row 0
+    # The step's all-ones keep-mask of the rows' shape: flat too, the mask's values checked on the host copy by
+    # FlatPackedRows (the GPU tests: a mask that drops tokens raises); the flat forward reads none.
+    masked = flat_step_rows(_flat_owner(_sizes()), {**kwargs, "attention_mask": torch.ones(2, 32, dtype=torch.bool)})
+    assert masked is not None and masked["attention_mask"] is None
 
 
 @pytest.mark.fast
 @pytest.mark.parametrize(
     ("change", "owner"),
     [
-        ({"attention_mask": torch.ones(2, 32, dtype=torch.bool)}, {}),  # Bridge packs by the mask
+        ({"attention_mask": torch.ones(2, 1, 32, 32, dtype=torch.bool)}, {}),  # not the rows' keep-mask
         ({"image_input_mask": torch.zeros(2, 32, dtype=torch.bool)}, {}),  # Bridge reads it in the rows' shape
         ({"packed_seq_params": None}, {}),  # BSHD rows: nothing to pack
         ({"position_ids": None}, {}),  # the forward would derive them from the flat tokens, not per row
@@ -238,7 +242,7 @@ def test_the_steps_rows_are_handed_flat_as_views():
         ({}, {"tp": 3}),  # 32 is not a multiple of 3: Bridge pads each row
         ({}, {"dropout": 0.1}),  # the embedding's dropout mask would fall on the other layout
     ],
-    ids=["mask", "image_mask", "bshd", "no_positions", "2d_positions", "cp2", "tp3", "dropout"],
+    ids=["4d_mask", "image_mask", "bshd", "no_positions", "2d_positions", "cp2", "tp3", "dropout"],
 )
 def test_anything_but_the_steps_unpadded_rows_is_left_to_bridge(change, owner):
     kwargs = {**_step_rows(), **change}
