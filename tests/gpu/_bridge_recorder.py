@@ -135,6 +135,7 @@ class Recorder(Callback):
         self.data["finalize_listed"] = finalize_host.installed(get_model_config(context.model[0]))
         self.data["host_positions_calls"] = forward_host.host_positions_calls(context.model)
         self.data["row_merges"] = forward_host.row_merges(context.model)
+        self.data["flat_batches"] = forward_host.flat_batches(context.model)
         self.data["params_marked_added_to_main_grad"] = sum(
             bool(getattr(p, "grad_added_to_main_grad", False)) for chunk in context.model for p in chunk.parameters()
         )
