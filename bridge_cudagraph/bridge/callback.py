@@ -447,8 +447,16 @@ class CudaGraphCallback(Callback):
         the way out of a failed run and must not mask that failure.
         """
         if self._step_host is not None:
+            from bridge_cudagraph.host import forward as forward_host
             from bridge_cudagraph.host import step as step_host
 
+            done = forward_host.counts(self._step_host.forward)
+            if any(done.values()):
+                _print_rank0(
+                    f"bridge_cudagraph: fewer_host_waits: mRoPE positions from the host copy in "
+                    f"{done['host_positions_calls']} forwards, image tokens merged by rows in {done['row_merges']}, "
+                    f"packed rows handed flat in {done['flat_batches']}"
+                )
             step_host.uninstall(self._step_host)
             self._step_host = None
         lifecycle = self.lifecycle

@@ -88,6 +88,7 @@ __all__ = [
     "PendingPositions",
     "RowMerge",
     "VisionRows",
+    "counts",
     "flat_batches",
     "flat_step_rows",
     "host_positions_calls",
@@ -554,6 +555,14 @@ def host_positions_calls(model_chunks: list[Any]) -> int:
 def row_merges(model_chunks: list[Any]) -> int:
     """Image-token merges written by row positions (:class:`RowMerge`) over the Qwen3-VL models in ``model_chunks``."""
     return _count(model_chunks, RowMerge)
+
+
+def counts(done: list[tuple[Any, type]]) -> dict[str, int]:
+    """What each counted mixin of ``done`` (:func:`install`'s pairs) did so far: ``host_positions_calls``,
+    ``row_merges``, ``flat_batches``."""
+    return {
+        name: sum(obj.__dict__.get(name, 0) for obj, on in done if on is mixin) for mixin, name in _COUNTERS.items()
+    }
 
 
 def flat_batches(model_chunks: list[Any]) -> int:
