@@ -6,8 +6,10 @@ Host change:
     :func:`~bridge_cudagraph.host.patches.extend_instance_class`), a forward pre-hook on its input embedding and a
     forward hook on its encoder; mirrors parts of Bridge's Qwen3-VL forward; where the packed replay packs rows
     tightly, a host copy of the ``loss_mask`` beside the tokens' and, in the decoder's instance dict while one
-    forward runs, the rows' extents for tight packing (:func:`row_extents`)
-  written for: Megatron-Bridge 0.6.2 ``Qwen3VLModel.forward``, ``get_rope_index``, ``_deepstack_process``
+    forward runs, the rows' extents for tight packing (:func:`row_extents`); for the step's packed rows, a host copy
+    of their attention mask and the forward's arguments handed on flat (:func:`flat_step_rows`)
+  written for: Megatron-Bridge 0.6.2 ``Qwen3VLModel.forward``, ``get_rope_index``, ``_deepstack_process``,
+    ``preprocess_packed_seqs``
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
     :func:`~bridge_cudagraph.host.compat.qwen3_vl_forward_is_mirrored`; ``fewer_host_waits``
   undo: :func:`uninstall`
