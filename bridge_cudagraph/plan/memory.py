@@ -7,7 +7,8 @@ What a graph pool holds (:func:`~bridge_cudagraph.capture.common.capture_budget_
 micro-batch saves between forward and backward at the largest captured shape, for every layer the rank graphs; the
 static inputs (shared by the rungs of a ladder); and per rung what that rung keeps (its gradient-output buffer and
 its last gradient input). Weights whose gradient TE does not fuse into ``main_grad`` add one set of parameter
-gradients, which the rungs share. The activation bytes per token and layer follow the layer's saved tensors
+gradients, which the rungs share; in a packed ladder, which gives them back to the pool, a share of the widest
+graph's (:data:`GRADIENTS_HELD`). The activation bytes per token and layer follow the layer's saved tensors
 (inputs of both norms and of every GEMM, the attention output, the pre-norm queries and keys where Qwen3 normalises
 them, the MLP's intermediate ones), times :data:`ACTIVATION_SLACK` for what the count leaves out (norm and softmax
 statistics, rotary tables, workspaces, the caching allocator's rounding). Against the capture's measured pools the
@@ -32,6 +33,16 @@ if TYPE_CHECKING:
 #: softmax statistics, rotary tables, workspaces, the allocator's rounding. Calibrated on the captures of the
 #: Qwen3-VL-2B shape (language and vision pools within 10% of the measured ones; the benchmark's memory section).
 ACTIVATION_SLACK = 1.1
+
+#: The share of one graph's unfused weight gradients a packed ladder's pool still holds at its peak. A ladder clones
+#: those gradients out after each backward replay and gives their buffers back to the pool
+#: (:func:`~bridge_cudagraph.capture.common.param_grad_return_kwargs`), but within one graph's backward every layer's
+#: gradient is alive at its end, and the activations it frees meanwhile come in other sizes, so the pool cannot place
+#: all of them there: a graph over a run of layers (the ``deepstack`` unit) holds far more of them at once than a graph
+#: of one layer. Calibrated on the 2B shape's captures (the useful-tokens benchmark's memory section): with TE's fused
+#: weight-gradient accumulation (no gradients in the pool) the top rung of 1408 tokens took 2.92 GiB, the estimate's
+#: activations alone; without it 4.16 GiB, half of the 2.34 GiB of the 25-layer run's gradients more.
+GRADIENTS_HELD = 0.5
 
 #: Bytes of an activation element per dtype name of the plan.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -146,12 +157,14 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
         unfused = 0 if fused else captured * language_layer_params(f) * dtype_bytes
         width = f.hidden_size
         if lang.packed is not None:
-            # A ladder clones unfused parameter gradients and gives their buffers back to the pool
-            # (capture.common.param_grad_return_kwargs): they take memory the backward's freed activations left.
-            unfused = 0
+            # A ladder gives its unfused parameter gradients back to the pool; part of the largest graph's stay in it
+            # (GRADIENTS_HELD).
+            spans = lang.segments_per_stage[0] if lang.segments_per_stage else ()
+            widest = max((end - start for start, end in spans), default=1)
+            unfused = 0 if fused else int(GRADIENTS_HELD * widest * language_layer_params(f) * dtype_bytes)
             budgets = lang.packed.token_budgets
             sp = f.tp if f.sequence_parallel else 1
-            segments = len(lang.segments_per_stage[0]) if lang.segments_per_stage else captured
+            segments = len(spans) or captured
             per_copy = ladder_pool_bytes(
                 per_token, captured, tuple(b // sp for b in budgets), width, segments, dtype_bytes=dtype_bytes
             )
