@@ -839,7 +839,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
 
             taken = [done for done in installed.forward if done[1].__name__ in off]
             if {mixin.__name__ for _, mixin in taken} != set(off):
-                raise RuntimeError(f"{variant}: fewer_host_waits installed none of {sorted(off)} to take off")
+                raise RuntimeError(f"{variant}: fewer_host_waits did not install all of {sorted(off)} to take off")
             forward_host.uninstall(taken)
             installed.forward = [done for done in installed.forward if done not in taken]
         objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
