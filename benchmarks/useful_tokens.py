@@ -756,11 +756,7 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
     ours_packed_bridge_packing's were (either would time the other lever under the variant's name)."""
     from bridge_cudagraph.host import forward as forward_host
 
-    counts = {
-        "host_positions_calls": forward_host.host_positions_calls(model),
-        "row_merges": forward_host.row_merges(model),
-        "flat_batches": forward_host.flat_batches(model),
-    }
+    counts = forward_host.counts_in(model)
     if variant in PACKED_GRAPHED and counts["host_positions_calls"]:
         step_host = OURS_VARIANTS[report.STEP_HOST_OF.get(variant, "ours")]
         flat_expected = forward_host.FlatPackedRows.__name__ not in step_host.get("forward_off", ())

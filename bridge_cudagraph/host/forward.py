@@ -91,6 +91,7 @@ __all__ = [
     "RowMerge",
     "VisionRows",
     "counts",
+    "counts_in",
     "flat_batches",
     "flat_step_rows",
     "host_positions_calls",
@@ -543,10 +544,8 @@ def uninstall(done: list[tuple[Any, type]]) -> None:
 
 
 def _count(model_chunks: list[Any], mixin: type) -> int:
-    """``mixin``'s call counter summed over its objects in ``model_chunks``, each object once (one model carries two
-    mixins), 0 once :func:`uninstall` dropped the counters."""
-    name = _COUNTERS[mixin]
-    return sum(obj.__dict__.get(name, 0) for obj, on in _targets(model_chunks) if on is mixin)
+    """``mixin``'s call counter summed over its objects in ``model_chunks`` (:func:`counts_in`)."""
+    return counts_in(model_chunks)[_COUNTERS[mixin]]
 
 
 def host_positions_calls(model_chunks: list[Any]) -> int:
@@ -561,10 +560,16 @@ def row_merges(model_chunks: list[Any]) -> int:
 
 def counts(done: list[tuple[Any, type]]) -> dict[str, int]:
     """What each counted mixin of ``done`` (:func:`install`'s pairs) did so far: ``host_positions_calls``,
-    ``row_merges``, ``flat_batches``."""
+    ``row_merges``, ``flat_batches``; each object counted once per mixin (one model carries several), 0 once
+    :func:`uninstall` dropped the counters."""
     return {
         name: sum(obj.__dict__.get(name, 0) for obj, on in done if on is mixin) for mixin, name in _COUNTERS.items()
     }
+
+
+def counts_in(model_chunks: list[Any]) -> dict[str, int]:
+    """:func:`counts` over the Qwen3-VL models in ``model_chunks``."""
+    return counts(_targets(model_chunks))
 
 
 def flat_batches(model_chunks: list[Any]) -> int:
