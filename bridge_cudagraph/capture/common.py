@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from bridge_cudagraph.capture.param_grads import ddp_consumes_param_grads, sum_param_grads
+
 logger = logging.getLogger("bridge_cudagraph")
 
 
@@ -52,7 +54,11 @@ class CaptureStats:
     did not fit in memory)."""
     param_grads_cloned: bool | None = None
     """Whether each backward replay clones the parameter gradients it returns (TE's default); False when
-    Megatron's DDP consumes them before the buffers can be written again (:func:`param_grad_return_kwargs`)."""
+    Megatron's DDP consumes them before the buffers can be written again (:func:`param_grad_return_kwargs`), or
+    when graphs of their own sum them (:attr:`param_grads_summed`)."""
+    param_grads_summed: int = 0
+    """Parameter gradients a backward pass over one rung's graphs sums into ``main_grad`` in small graphs of its own
+    (:mod:`bridge_cudagraph.capture.param_grads`), instead of autograd and DDP's hook one by one; 0: none."""
 
 
 def activation_dtype(config) -> torch.dtype:
@@ -115,30 +121,13 @@ def check_group_sizes(config, pg_collection, submodule: str) -> None:
         )
 
 
-def ddp_consumes_param_grads(model_chunks, modules) -> bool:
-    """Whether every trainable parameter of ``modules`` is owned by a megatron-core DDP chunk of ``model_chunks``.
-
-    Such a parameter's gradient is consumed by DDP's hook on its ``AccumulateGrad`` node (added to ``main_grad``,
-    unless TE already did, then ``param.grad = None``). The autograd engine runs ``AccumulateGrad`` nodes before
-    any other ready node, so this happens before the next graph's backward is even launched, and on the same
-    stream, so before any replay can write the buffer the gradient aliases.
-    """
-    from megatron.core.distributed import DistributedDataParallel
-
-    owned: set[int] = set()
-    for chunk in model_chunks:
-        if not isinstance(chunk, DistributedDataParallel):
-            return False
-        owned.update(id(p) for p in getattr(chunk, "param_to_bucket_group", {}))
-    return all(id(p) in owned for module in modules for p in module.parameters() if p.requires_grad)
-
-
 def param_grad_return_kwargs(model_chunks, modules, *, rungs: int = 1) -> dict[str, bool]:
     """``make_graphed_callables`` arguments that skip TE's clone of returned parameter gradients, when safe and
     when it costs no memory.
 
     TE 2.20 clones each parameter gradient a backward replay returns, so that a later replay cannot overwrite a
-    gradient someone kept. Under Megatron's DDP nobody keeps one (:func:`ddp_consumes_param_grads`): the clone is
+    gradient someone kept. Under Megatron's DDP nobody keeps one (:func:`~bridge_cudagraph.capture.param_grads.
+    ddp_consumes_param_grads`): the clone is
     one allocation and one device copy per captured parameter per micro-batch (most of them full-size copies of
     the placeholder TE returns for weights it accumulated into ``main_grad`` itself), with values identical
     either way. Empty (TE's default) for any other owner of the parameters.
@@ -485,6 +474,10 @@ class LadderHelper:
     """
 
     unit = "tokens"
+    sum_param_grads = True
+    """Whether the parameter gradients of the captured graphs are summed into ``main_grad`` by graphs of their own
+    (:mod:`bridge_cudagraph.capture.param_grads`, where its gate holds); False leaves them to autograd and DDP's
+    hooks (the benchmark's lever variant, set before the capture)."""
 
     def graphs_created(self) -> bool:
         """Whether any graph of the ladder exists."""
@@ -514,6 +507,7 @@ class LadderHelper:
             submodule=self.stats.submodule,
             ladder_rungs=len(self.ladder.budgets),
             first=first,
+            sum_grads=self.sum_param_grads,
         )
         if not graphs:
             return False
@@ -588,6 +582,7 @@ def capture_budget_ladder(
     submodule: str,
     ladder_rungs: int,
     first: bool = True,
+    sum_grads: bool = True,
 ) -> tuple[dict, list]:
     """Capture one graph set per budget and copy, as the budgeted helpers (packed language, vision) do; returns
     ``(graphs, fused_params)``: ``{budget: [graph set per copy]}`` and :func:`fused_grad_params` of ``layers``.
@@ -608,6 +603,9 @@ def capture_budget_ladder(
     eager fallbacks allocate outside the pool. Copies never share a pool (they hold micro-batches in flight at once).
     ``capture_one(budget, copy, pool, extra_kwargs)`` captures copy ``copy``'s set of ``budget``.
 
+    ``sum_grads``: each copy's parameter gradients summed by graphs of their own once its rungs are captured
+    (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`).
+
     ``first``: the run's first capture. On failure: re-raised with ``on_capture_error="raise"``; else a first capture
     leaves the model eager (:func:`abandon_capture`, the cause in ``stats.failed``), a later one (a ladder growing)
     keeps the graphs it has; ``({}, [])`` comes back either way.
@@ -625,6 +623,14 @@ def capture_budget_ladder(
                 stats.per_budget[budget] = held_reserved() - before
                 stats.per_budget_live[budget] = torch.cuda.memory_allocated() - live
             fused = fused_grad_params(layers)
+            if sum_grads and captured:
+                summed = [
+                    sum_param_grads([sets[copy] for sets in captured.values()], layers, model_chunks, fused)
+                    for copy in range(len(pools))
+                ]
+                stats.param_grads_summed = summed[0]
+                if summed[0]:
+                    stats.param_grads_cloned = False
             zero_grad_buffers(model_chunks)
             gc.collect()
     except Exception as error:

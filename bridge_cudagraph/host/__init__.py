@@ -18,6 +18,8 @@ module                  what it changes
 ``wgrad_fusion``        TE modules' ``fuse_wgrad_accumulation``, without APEX
 ``replica_sync``        ``finalize_model_grads_func``: the vision replicas' gradient average
 ``encoder_swap``        ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups
+``graph_grads``         TE's graphed callables' parameter-gradient clone flags, megatron-core's ready mark on
+                        parameters: for gradients a ladder's graphs sum themselves
 ``finalize_chain``      nothing of its own: how ``finalize`` and ``replica_sync`` put a wrapper on and off
 ======================  ================================================================================
 

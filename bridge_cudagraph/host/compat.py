@@ -11,6 +11,7 @@ import functools
 import inspect
 from collections.abc import Mapping
 from importlib import metadata
+from typing import Any
 
 #: The stack this plugin is built and tested against (see pyproject.toml).
 TESTED_STACK = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"}
@@ -92,6 +93,57 @@ def te_graphs_can_alias_param_grads() -> bool:
     from transformer_engine.pytorch import make_graphed_callables
 
     return "clone_param_grads_on_return" in inspect.signature(make_graphed_callables).parameters
+
+
+#: The closure names, from the callable ``make_graphed_callables`` returns down to its ``Graphed.backward``, that
+#: :func:`te_graphed_backward_state` follows (Transformer Engine 2.20 ``pytorch/graph.py``): ``new_fwd`` holds
+#: ``graphed`` (``functionalized``), which holds ``Graphed`` and ``module_params``; the backward holds the callable's
+#: ``static_grad_inputs`` and ``returned_param_grad_clone_slots``.
+TE_GRAPHED_CLOSURE = ("graphed", "Graphed", "module_params", "static_grad_inputs", "returned_param_grad_clone_slots")
+
+
+def _cell(function: Any, name: str) -> Any:
+    """The closure cell ``name`` of ``function``, or None."""
+    code = getattr(function, "__code__", None)
+    if code is None or name not in code.co_freevars or function.__closure__ is None:
+        return None
+    return function.__closure__[code.co_freevars.index(name)]
+
+
+def te_graphed_backward_state(graphed: Any) -> tuple[tuple, Any, Any] | None:
+    """For one callable TE 2.20's ``make_graphed_callables`` returned (a module whose ``forward`` it replaced, or
+    the replacement itself under ``_order``): ``(module_params, static_grad_inputs cell, clone slots cell)`` of its
+    ``Graphed`` autograd function, or None where the installed TE is not the proven release or does not hold them
+    where :data:`TE_GRAPHED_CLOSURE` says. ``static_grad_inputs`` ends with one gradient buffer per entry of
+    ``module_params`` (None where it needs none); the clone slots say which of them each backward replay clones.
+
+    TE exposes neither, and :mod:`bridge_cudagraph.capture.param_grads` needs both: no public path would reach them
+    without patching TE's module."""
+    import torch
+
+    if not _proven("transformer-engine"):
+        return None
+    forward = graphed.forward if isinstance(graphed, torch.nn.Module) else graphed
+    names = TE_GRAPHED_CLOSURE
+    functionalized = _cell(forward, names[0])
+    functionalized = None if functionalized is None else functionalized.cell_contents
+    graphed_cls = _cell(functionalized, names[1])
+    params = _cell(functionalized, names[2])
+    if graphed_cls is None or params is None:
+        return None
+    backward = inspect.unwrap(getattr(graphed_cls.cell_contents, "backward", None))
+    grads, slots = _cell(backward, names[3]), _cell(backward, names[4])
+    if grads is None or slots is None:
+        return None
+    module_params, static_grads, clone_slots = params.cell_contents, grads.cell_contents, slots.cell_contents
+    if not (
+        isinstance(module_params, tuple)
+        and isinstance(static_grads, tuple)
+        and isinstance(clone_slots, tuple)
+        and len(static_grads) == len(clone_slots) >= len(module_params)
+    ):
+        return None
+    return module_params, grads, slots
 
 
 @functools.cache

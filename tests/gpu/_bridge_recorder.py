@@ -39,7 +39,16 @@ from bridge_cudagraph.host import (
 from bridge_cudagraph.host.patches import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
 
-_STATS = ("graphs", "layers", "seconds", "graph_memory_bytes", "replays", "eager_fallbacks", "failed")
+_STATS = (
+    "graphs",
+    "layers",
+    "seconds",
+    "graph_memory_bytes",
+    "replays",
+    "eager_fallbacks",
+    "failed",
+    "param_grads_summed",
+)
 
 
 class InjectedTrainingFailure(RuntimeError):

@@ -276,6 +276,9 @@ def test_callback_captured_after_warmup_and_again_after_resume(runs, record):
     assert final["language"]["graphed_steps"] == ITERS - language["captured_at"]
     # every training micro-batch (1 per step, 1-3 images per sample) replayed
     assert final["vision"]["eager_fallbacks"] == 0, final["vision"]
+    # The vision ladder's parameter gradients summed by graphs (capture.param_grads), under the recipe's overlapped
+    # gradient reduce (DDP's check of a None gradient passes through megatron-core's _cudagraph_wgrad_ready_event).
+    assert vision["param_grads_summed"] > 0, vision
     assert final["vision"]["replays"] == final["vision"]["graphed_steps"] == ITERS - vision["captured_at"]
     for sub in ("language", "vision"):  # graphs counted at capture (the teardown resets them), replays at the end
         assert_captured({**final[sub], "graphs": runs.on.capture(sub)["graphs"]}, where=f"graphs_on {sub}")

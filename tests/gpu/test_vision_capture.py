@@ -375,6 +375,7 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
     """
     import torch
 
+    from bridge_cudagraph.capture.param_grads import summed_replays
     from bridge_cudagraph.capture.vision import VisionGraphHelper
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.testing.parity import assert_captured, diff
@@ -389,21 +390,25 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
     assert helper.graphs_created(), helper.stats.failed
     per_budget = {b: helper.stats.per_budget[b] / 2**20 for b in budgets}
     assert list(helper.stats.per_budget) == sorted(budgets, reverse=True)  # capture order: largest first
-    # Three budgets in one pool and no fused weight gradient: TE's clone of the returned parameter gradients is
-    # what gives each budget's gradient buffers back to the pool (capture.common.param_grad_return_kwargs).
-    assert helper.stats.param_grads_cloned is True
+    # Three budgets in one pool and no fused weight gradient: TE clones at capture, which gives each budget's gradient
+    # buffers back to the pool (capture.common.param_grad_return_kwargs); the replays then do not clone: a graph of
+    # their own sums the parameter gradients into main_grad (capture.param_grads).
+    assert helper.stats.param_grads_summed > 0 and helper.stats.param_grads_cloned is False
 
     # Different data in flight: one micro-batch per copy, in different budgets (256 and 1024 patches).
     batches = [_batch(SETS["one_image_256"], seed=31), _batch(SETS["eight_images_1024"], seed=32)]
     replays = helper.stats.replays
     d = diff(_interleaved_loss_and_grads(graphed, batches), _interleaved_loss_and_grads(reference, batches))
     assert helper.stats.replays - replays == 2 and helper.copies.in_flight() == 0
+    assert summed_replays(helper.graphs) > 0
     record(
         phase="copies_in_flight",
         copies=helper.copies.count,
         graph_memory_mib=helper.stats.graph_memory_bytes / 2**20,
         per_budget_mib=per_budget,
         param_grads_cloned=helper.stats.param_grads_cloned,
+        param_grads_summed=helper.stats.param_grads_summed,
+        summed_replays=summed_replays(helper.graphs),
         **d.as_dict(),
     )
     assert_captured(helper.stats)

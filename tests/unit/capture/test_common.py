@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bridge_cudagraph.capture.common import ddp_consumes_param_grads, param_grad_return_kwargs
+from bridge_cudagraph.capture.common import param_grad_return_kwargs
+from bridge_cudagraph.capture.param_grads import ddp_consumes_param_grads
 from bridge_cudagraph.host.compat import te_graphs_can_alias_param_grads
 
 
