@@ -43,7 +43,7 @@ once.
 
 **Tight packing** (:mod:`bridge_cudagraph.capture.tight`, the plan's ``tight``): on Bridge's Qwen3-VL rows form at
 pipeline parallel 1 without sequence parallelism, the replay keeps of each row only its needed prefix (rounded to 16)
-before the layers and puts the output back at the full layout's rows after the final norm, so the graphs run on
+before the layers and puts the output back at the full layout's rows before the final norm, so the graphs run on
 ``T' = sum(round_up(extent, 16))`` tokens at the smallest budget that holds ``T'``, and the ladder observes ``T'``.
 The rows' extents come from the host copies :mod:`bridge_cudagraph.host.forward` makes; where they are unknown, or
 anything else differs, the micro-batch takes the path above unchanged.
@@ -545,8 +545,9 @@ class PackedLanguageGraphHelper(LadderHelper):
 
     def replay(self, block, hidden_states, params: PackedSeqParams, kwargs: dict) -> torch.Tensor | None:
         """The decoder's forward on the graphs: pad to the budget, replay layer by layer (deepstack eagerly
-        between them, as Bridge's block does), drop the tail, final norm. None when the micro-batch does not fit
-        (counted, logged once per cause): the caller then runs the host's forward."""
+        between them, as Bridge's block does), drop the tail (with tight packing: back at the full rows), final
+        norm. None when the micro-batch does not fit (counted, logged once per cause): the caller then runs the
+        host's forward."""
         from megatron.core.utils import make_viewless_tensor
 
         if not block.pre_process:
@@ -597,12 +598,15 @@ class PackedLanguageGraphHelper(LadderHelper):
         h = _replay_segments(block, graphs, h, statics, segments, merges=merges, visual=visual, deepstack=deepstack)
         self.copies.release_after_backward(copy, h)
         h = h[:rows]
-        if block.final_layernorm is not None:
-            h = block.final_layernorm(h)
         if tight is not None:  # back at the full layout's rows, the dropped ones zeros
             h = scatter_rows(h, gather, scatter)
             self.tight_replays += 1
             self.tight_dropped_tokens += tight.full_tokens - tight.tokens
+        # The final norm after the scatter, on the host's rows: its weight gradient then sums over the rows Bridge's
+        # does, in the same places (a dropped row adds an exact zero, as Bridge's, whose loss mask is zero there).
+        # On the kept rows alone the sum is grouped differently and can differ from Bridge's in its last bits.
+        if block.final_layernorm is not None:
+            h = block.final_layernorm(h)
         h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
         self.stats.replays += 1
         return h
