@@ -912,6 +912,7 @@ def capture_record(stats) -> dict[str, Any]:
         "late_captures": stats.late_captures,
         "above_captured": stats.above_captured,
         "param_grads_cloned": stats.param_grads_cloned,
+        "param_grads_summed": stats.param_grads_summed,
     }
 
 
@@ -1039,6 +1040,33 @@ def _profile(
     except Exception as error:  # an analysis aid: never a reason to lose the kernel times
         host = {"error": f"{type(error).__name__}: {error}"[:500]}
     return kernels, host
+
+
+def _profile_cuda_only(shared: _Shared, run_step: Callable[[int], None], first_step: int) -> dict:
+    """The profiled steps from ``first_step`` again, under a profiler that records CUDA kernels only: no CPU ops,
+    no phase markers, no stacks. Recording every CPU op stretches a graphed step whose host work is many small
+    calls (196 to 275 ms on the 2B packed step), so the busy fraction of :func:`_profile` reads the profiler's own
+    host time as GPU idle; this one is close to the unprofiled step (:func:`~benchmarks.bench_trace.
+    busy_between_marks`: its window is the steps' wall time, between two marker kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.bench_trace import busy_between_marks
+
+    n = shared.profile_steps
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _preroll()
+            torch.cuda._sleep(1)
+            for j in range(n):
+                run_step(first_step + j)
+                torch.cuda.synchronize()
+            torch.cuda._sleep(1)
+            torch.cuda.synchronize()
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    return busy_between_marks(trace, n)
 
 
 def _run_variant(shared: _Shared, variant: str, *, timing_only: bool = False) -> dict:

@@ -116,6 +116,40 @@ def kernel_time_per_step(trace: dict, n_steps: int) -> dict:
     }
 
 
+#: The kernel of ``torch.cuda._sleep`` (ATen's ``spin_kernel``): :func:`busy_between_marks`' window markers.
+MARK_KERNEL = "spin_kernel"
+
+
+def busy_between_marks(trace: dict, n_steps: int) -> dict:
+    """GPU busy over a window bounded by two marker kernels (:data:`MARK_KERNEL`, the first and last in ``trace``),
+    for a profile that records CUDA activity only: no CPU op, so no ``record_function`` step ranges to window by
+    (:func:`kernel_time_per_step`). The window runs from the end of the first marker (launched right after a
+    synchronize, just before the first step) to the start of the last (launched after the last step's synchronize),
+    which is the host's wall time of the steps on the GPU's clock. Returns ``busy`` (kernel union over the window),
+    and per step ``kernel_ms`` and ``window_ms``."""
+    marks = []
+    kernels = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
+            continue
+        ts, dur = float(e.get("ts", 0.0)), max(0.0, float(e.get("dur", 0.0)))
+        (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append((ts, ts + dur))
+    if len(marks) < 2:
+        raise RuntimeError(f"CUDA-only profile has {len(marks)} '{MARK_KERNEL}' markers, needs 2")
+    marks.sort()
+    lo, hi = marks[0][1], marks[-1][0]
+    if hi <= lo:
+        raise RuntimeError("CUDA-only profile: the markers' window is empty")
+    inside = [(max(s, lo), min(e, hi)) for s, e in kernels if s < hi and e > lo]
+    union = union_length(inside)
+    return {
+        "busy": union / (hi - lo),
+        "kernel_ms_per_step": union / 1e3 / n_steps,
+        "window_ms_per_step": (hi - lo) / 1e3 / n_steps,
+        "steps": n_steps,
+    }
+
+
 def gpu_busy_summary(
     profile: dict | None,
     step_ms_by_key: dict[Any, float],

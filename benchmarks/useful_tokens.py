@@ -26,6 +26,9 @@ Opt-in with ``--variants`` (dense models of the benchmark's own shape), one leve
 * ``ours_packed_bridge_packing``: ours_packed with Bridge's forward packing the step's rows itself
   (``preprocess_packed_seqs`` and the deepstack round trip, with their waits), not handed them flat
   (:class:`bridge_cudagraph.host.forward.FlatPackedRows`);
+* ``ours_packed_autograd_grads``: ours_packed with its graphs' parameter gradients left to autograd (TE's clone,
+  ``AccumulateGrad``) and DDP's hook, one by one, not summed into ``main_grad`` by a graph per backward
+  (:mod:`bridge_cudagraph.capture.param_grads`);
 * ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
   ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
   :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
@@ -51,7 +54,8 @@ Run (from the repository root)::
     python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
     python -m benchmarks.useful_tokens --out results/useful_tokens/levers --model small --seq 4096 --mbs 2 \
         --num-mb 2 --variants eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_halvings,\
-ours_packed_bridge_packing,ours_packed_fused   # the levers, each on its own (add --paired A,B to pair two of them)
+ours_packed_bridge_packing,ours_packed_autograd_grads,ours_packed_fused
+        # the levers, each on its own (add --paired A,B to pair two of them)
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
         --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
 
@@ -682,6 +686,7 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
     helpers = bench._make_helpers(shared, report.STEP_HOST_OF.get(variant, "ours"), objs)
     if variant in PACKED_GRAPHED:
+        from bridge_cudagraph.capture.common import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
         from bridge_cudagraph.plan.build import deepstack_merges
         from bridge_cudagraph.plan.facts import model_facts
@@ -699,7 +704,22 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
             tight=variant in TIGHT,
         )
         helpers.insert(0, helper)
+        if variant in report.AUTOGRAD_GRADS:
+            for ladder in helpers:
+                if isinstance(ladder, LadderHelper):
+                    ladder.sum_param_grads = False
     return helpers
+
+
+def check_param_grads(variant: str, capture: dict) -> None:
+    """Raise where a packed graph variant's ladders did not sum their parameter gradients in graphs, or
+    ours_packed_autograd_grads' did (either would time the other lever under the variant's name)."""
+    if variant not in PACKED_GRAPHED:
+        return
+    summed = {sub: rec.get("param_grads_summed", 0) for sub, rec in capture.items()}
+    expected = variant not in report.AUTOGRAD_GRADS
+    if any(bool(n) != expected for n in summed.values()):
+        raise RuntimeError(f"{variant}: parameter gradients summed in graphs per ladder: {summed}")
 
 
 def memory_estimates(run: _Run, objs: dict, capture: dict) -> dict[str, dict]:
@@ -809,6 +829,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     rec["warmup_step_ms"] = [run_step(i) for i in range(shared.warmup_steps)]
     if helpers:
         rec.update(bench._capture("upstream" if variant == "upstream_padded" else "ours", helpers))
+        check_param_grads(variant, rec.get("capture") or {})
         rec["graph_memory_gib"] = rec["graph_memory_bytes"] / report.GIB
         say(f"{variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_gib']:.2f} GiB")
         run_step = bench.growing(run_step, helpers, rec)
@@ -859,6 +880,15 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             say(f"{variant}: profiling failed: {rec['profile_error']}")
             for i in range(p_first + max(0, len(losses) - p_first), p_first + shared.profile_steps):
                 run_step(i)
+        if variant in report.GRAPHED or variant in REFERENCES:
+            # The same steps' micro-batches again, kernels only: the busy figure without the CPU ops' cost. Their
+            # losses are not kept (every variant's series stays the plan's steps, the control's too).
+            kept = len(losses), len(grad_norms)
+            try:
+                rec["cuda_only_profile"] = bench._profile_cuda_only(shared, run_step, p_first)
+            except Exception as error:
+                rec["cuda_only_profile_error"] = f"{type(error).__name__}: {error}"[:500]
+            del losses[kept[0] :], grad_norms[kept[1] :]
     reference = reference_of(variant)
     if variant in REFERENCES:
         run.references.setdefault(variant, {})["profile"] = profile

@@ -68,11 +68,13 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`), and
 #: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart), and
 #: ours_packed with Bridge's forward packing the step's rows itself (``fewer_host_waits`` without
-#: :class:`~bridge_cudagraph.host.forward.FlatPackedRows`).
+#: :class:`~bridge_cudagraph.host.forward.FlatPackedRows`), and ours_packed with its graphs' parameter gradients left
+#: to autograd and DDP's hooks (:mod:`bridge_cudagraph.capture.param_grads` off).
 LEVER_VARIANTS = (
     "ours_packed_rows",
     "ours_packed_halvings",
     "ours_packed_bridge_packing",
+    "ours_packed_autograd_grads",
     "eager_packed_fused",
     "ours_packed_fused",
 )
@@ -88,6 +90,7 @@ ORDER = (
     "ours_packed_rows",
     "ours_packed_halvings",
     "ours_packed_bridge_packing",
+    "ours_packed_autograd_grads",
     "ours_packed_fused",
 )
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
@@ -108,6 +111,7 @@ FORM = {
     "ours_packed_rows": PACKED,
     "ours_packed_halvings": PACKED,
     "ours_packed_bridge_packing": PACKED,
+    "ours_packed_autograd_grads": PACKED,
     "eager_packed_fused": PACKED,
     "ours_packed_fused": PACKED,
     CONTROL: PACKED,
@@ -135,12 +139,22 @@ PACKED_GRAPHED = (
     "ours_packed_rows",
     "ours_packed_halvings",
     "ours_packed_bridge_packing",
+    "ours_packed_autograd_grads",
     "ours_packed_fused",
 )
-TIGHT = ("ours_packed", "ours_packed_halvings", "ours_packed_bridge_packing", "ours_packed_fused")
+TIGHT = (
+    "ours_packed",
+    "ours_packed_halvings",
+    "ours_packed_bridge_packing",
+    "ours_packed_autograd_grads",
+    "ours_packed_fused",
+)
 #: The benchmark variant (:data:`benchmarks.schema.OURS_VARIANTS`) whose step host work a packed graph variant
 #: installs, where it is not ``ours``'s: which mixins of ``fewer_host_waits`` it takes off.
 STEP_HOST_OF = {"ours_packed_bridge_packing": "ours_bridge_packing"}
+#: The packed graph variants whose ladders leave their parameter gradients to autograd and DDP's hooks
+#: (``LadderHelper.sum_param_grads`` off); every other one sums them in graphs where the gate holds.
+AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
 #: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
 VISION_HALVINGS = ("ours_packed_halvings",)
 GRAPHED = ("upstream_padded", "ours_padded", *PACKED_GRAPHED)
@@ -154,6 +168,11 @@ LEVERS = (
     ("tight packing", "ours_packed_rows", "ours_packed"),
     ("vision rungs 1.25x apart, not halvings", "ours_packed_halvings", "ours_packed"),
     ("the step's rows handed flat, not packed by Bridge's forward", "ours_packed_bridge_packing", "ours_packed"),
+    (
+        "parameter gradients summed by a graph per backward, not by autograd and DDP's hook one by one",
+        "ours_packed_autograd_grads",
+        "ours_packed",
+    ),
     ("gradient-accumulation fusion, graphed", "ours_packed", "ours_packed_fused"),
     ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
 )
@@ -166,6 +185,7 @@ LABELS = {
     "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
     "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
     "ours_packed_bridge_packing": "ours_packed with Bridge's forward packing the step's rows itself",
+    "ours_packed_autograd_grads": "ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks",
     "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     CONTROL: "eager_packed again (run-to-run noise floor)",
@@ -797,6 +817,16 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
             f"{data.get('data', {}).get('language_budgets')} that holds it; eager_packed "
             f"computes {_fmt(1 - (_num(eager.get('fill_fraction')) or 1), '.0%')} padding)"
         )
+    cuda_only = ours.get("cuda_only_profile") or {}
+    if _num(cuda_only.get("busy")) is not None:
+        eager_busy = _num((eager.get("cuda_only_profile") or {}).get("busy"))
+        facts.append(
+            f"under a profiler that records CUDA kernels only (no CPU ops, markers or stacks), the GPU is busy "
+            f"{cuda_only['busy']:.2f} of the same micro-batches' steps ({fmt_ms(cuda_only.get('kernel_ms_per_step'))} "
+            f"ms of kernels in {fmt_ms(cuda_only.get('window_ms_per_step'))} ms per step"
+            + (f"; eager_packed {eager_busy:.2f}" if eager_busy is not None else "")
+            + ")"
+        )
     ek = _num(eager.get("kernel_ms_per_step"))
     if kernel is not None and ek:
         facts.append(f"its kernel time is {kernel / ek:.2f}x eager_packed's ({fmt_ms(ek)} ms) for the same samples")
@@ -852,7 +882,10 @@ HOW = (
     "steps; dividing by the unprofiled median instead mixes two runs of the steps and read lower). **step / "
     "kernel**: the measured steps' median over the kernel time per step (1.00x: the GPU never waits for the "
     "host). † the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over "
-    "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time.",
+    "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time. The step-time section "
+    "also gives the GPU busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches "
+    "again, between two marker kernels: `cuda_only_profile`, benchmarks/bench_trace.py `busy_between_marks`), which "
+    "recording every CPU op does not stretch; its two steps' losses are not kept.",
     "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
     "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
     "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
@@ -973,6 +1006,7 @@ COLORS = {
     "ours_packed_rows": "#b6992d",
     "ours_packed_halvings": "#d4a6c8",
     "ours_packed_bridge_packing": "#e15759",
+    "ours_packed_autograd_grads": "#9c755f",
     "eager_packed_fused": "#76b7b2",
     "ours_packed_fused": "#2e7d32",
     CONTROL: "#a0cbe8",

@@ -218,3 +218,34 @@ def test_top_kernels_and_longest_gaps_on_the_synthetic_trace():
     assert gaps[0]["phase"] == "vision_backward" and gaps[0]["op_at_start"].endswith("MulBackward0")
     assert gaps[0]["op_at_end"] is None
     assert gaps[1]["phase"] == "vision_forward" and gaps[1]["op_at_end"] is None
+
+
+def _kernel(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": 7}}
+
+
+def test_busy_between_marks_counts_the_kernel_union_between_the_two_markers():
+    """Window: end of the first spin kernel (100) to the start of the last (1100), 1000 us over 2 steps; kernels
+    inside: 200-400 and 300-500 (union 300 us) and 900-1000 (100 us); the one before the window and the clipped
+    tail of 1050-1200 (50 us inside) count only inside it."""
+    trace = {
+        "traceEvents": [
+            _kernel("at::cuda::(anonymous namespace)::spin_kernel(long)", 90, 10),
+            _kernel("gemm", 10, 50),
+            _kernel("gemm", 200, 200),
+            _kernel("add", 300, 200),
+            _kernel("add", 900, 100),
+            _kernel("copy", 1050, 150),
+            _kernel("at::cuda::(anonymous namespace)::spin_kernel(long)", 1100, 5),
+            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 5000},
+        ]
+    }
+    got = bench_trace.busy_between_marks(trace, 2)
+    assert got["busy"] == pytest.approx(450 / 1000)
+    assert got["kernel_ms_per_step"] == pytest.approx(0.225)
+    assert got["window_ms_per_step"] == pytest.approx(0.5)
+
+
+def test_busy_between_marks_needs_both_markers():
+    with pytest.raises(RuntimeError, match="markers"):
+        bench_trace.busy_between_marks({"traceEvents": [_kernel("spin_kernel", 0, 1), _kernel("gemm", 2, 3)]}, 1)

@@ -337,3 +337,25 @@ def test_the_bridge_packing_variant_takes_off_the_flat_rows_only():
     for entry in OURS_VARIANTS.values():
         for name in entry.get("forward_off", ()):
             assert name in forward_host.__all__ and isinstance(getattr(forward_host, name), type), name
+
+
+@pytest.mark.fast
+def test_the_autograd_grads_variant_is_checked_to_leave_its_gradients_to_autograd():
+    """ours_packed_autograd_grads: ours_packed with the ladders' parameter-gradient summing off
+    (``LadderHelper.sum_param_grads``); each packed graph variant is failed where its ladders did the other thing
+    (useful_tokens.check_param_grads), so neither lever is timed under the other's name."""
+    from benchmarks.useful_tokens import check_param_grads
+
+    variant = "ours_packed_autograd_grads"
+    assert variant in report.PACKED_GRAPHED and variant in report.TIGHT and variant in report.LEVER_VARIANTS
+    assert variant in report.AUTOGRAD_GRADS and report.FORM[variant] == report.PACKED
+    assert any(lever[1:] == (variant, "ours_packed") for lever in report.LEVERS)
+    summed = {"language": {"param_grads_summed": 227}, "vision": {"param_grads_summed": 314}}
+    hooked = {"language": {"param_grads_summed": 0}, "vision": {"param_grads_summed": 0}}
+    check_param_grads("ours_packed", summed)
+    check_param_grads(variant, hooked)
+    check_param_grads("eager_packed", {})
+    with pytest.raises(RuntimeError, match="ours_packed: parameter gradients summed"):
+        check_param_grads("ours_packed", {**summed, "vision": {"param_grads_summed": 0}})
+    with pytest.raises(RuntimeError, match=variant):
+        check_param_grads(variant, summed)
