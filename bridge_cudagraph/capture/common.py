@@ -126,11 +126,12 @@ def param_grad_return_kwargs(model_chunks, modules, *, rungs: int = 1) -> dict[s
     when it costs no memory.
 
     TE 2.20 clones each parameter gradient a backward replay returns, so that a later replay cannot overwrite a
-    gradient someone kept. Under Megatron's DDP nobody keeps one (:func:`~bridge_cudagraph.capture.param_grads.
-    ddp_consumes_param_grads`): the clone is
-    one allocation and one device copy per captured parameter per micro-batch (most of them full-size copies of
-    the placeholder TE returns for weights it accumulated into ``main_grad`` itself), with values identical
-    either way. Empty (TE's default) for any other owner of the parameters.
+    gradient someone kept. Under Megatron's DDP nobody keeps one (:func:`ddp_consumes_param_grads`): the clone is one
+    allocation and one device copy per captured parameter per micro-batch (most of them full-size copies of the
+    placeholder TE returns for weights it accumulated into ``main_grad`` itself), with values identical either way.
+    Empty (TE's default) for any other owner of the parameters. (A ladder whose gradients graphs of its own sum,
+    :mod:`bridge_cudagraph.capture.param_grads`, is captured with the clone where this says so and then replays
+    without it.)
 
     A ladder of ``rungs`` budgets captured into one pool (:func:`capture_budget_ladder`) is the exception where
     no TE module of ``modules`` fuses its weight gradient: TE gives a rung's parameter-gradient buffers back to the
