@@ -15,7 +15,7 @@ import bisect
 import contextlib
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 #: Name prefix of the ``record_function`` range the benchmark opens around each profiled step.
@@ -23,12 +23,18 @@ STEP_MARK = "bench_step_"
 
 
 # ================================================================================================ GPU busy
+def kernel_events(trace: dict) -> Iterator[dict]:
+    """Every CUDA kernel's event in a chrome trace exported by ``torch.profiler`` (complete events of category
+    ``kernel``)."""
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel":
+            yield e
+
+
 def trace_kernels(trace: dict) -> list[tuple[float, float, Any]]:
     """``(start_us, end_us, stream)`` of every CUDA kernel in a chrome trace exported by ``torch.profiler``."""
     out = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
-            continue
+    for e in kernel_events(trace):
         ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
         args = e.get("args") or {}
         out.append((ts, ts + max(0.0, dur), args.get("stream", e.get("tid"))))
@@ -41,9 +47,7 @@ def top_kernels(trace: dict, n_steps: int, top: int = 12) -> list[list[Any]]:
     capturable Adam kernel), this says which kernels moved."""
     windows = trace_windows(trace)
     totals: dict[str, list[float]] = {}
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
-            continue
+    for e in kernel_events(trace):
         ts = float(e.get("ts", 0.0))
         if not any(lo <= ts < hi for lo, hi in windows):
             continue
@@ -129,9 +133,7 @@ def busy_between_marks(trace: dict, n_steps: int) -> dict:
     and per step ``kernel_ms`` and ``window_ms``."""
     marks = []
     kernels = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
-            continue
+    for e in kernel_events(trace):
         ts, dur = float(e.get("ts", 0.0)), max(0.0, float(e.get("dur", 0.0)))
         (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append((ts, ts + dur))
     if len(marks) < 2:
