@@ -340,14 +340,18 @@ def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int 
                 with torch.profiler.record_function(f"{STEP_MARK}{j}"):
                     graph.replay()
                     torch.cuda.synchronize()
-        path = os.path.join(tmp, "probe.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
+        trace = _chrome_trace(prof, os.path.join(tmp, "probe.json"))
     counts = kernel_time_per_step(trace, replays)["kernels"]
     del graph
     expected = kernels_per_graph * replays
     return {"kernels_expected": expected, "kernels_seen": sum(counts), "sees_graph_kernels": sum(counts) >= expected}
+
+
+def _chrome_trace(prof, path: str) -> dict:
+    """``prof``'s chrome trace, exported to ``path`` (kept there for the caller) and read back."""
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        return json.load(f)
 
 
 def _preroll(n: int = 64) -> None:
@@ -1020,9 +1024,7 @@ def _profile(
                             if markers is not None:
                                 markers.end_step()
             path = os.path.join(tmp, "trace.json")
-            prof.export_chrome_trace(path)
-            with open(path) as f:
-                trace = json.load(f)
+            trace = _chrome_trace(prof, path)
             if stacks:
                 os.makedirs(shared.trace_dir, exist_ok=True)
                 kept = os.path.join(shared.trace_dir, f"trace_{label}.json.gz")
@@ -1062,10 +1064,7 @@ def _profile_cuda_only(shared: _Shared, run_step: Callable[[int], None], first_s
                 torch.cuda.synchronize()
             torch.cuda._sleep(1)
             torch.cuda.synchronize()
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
+        trace = _chrome_trace(prof, os.path.join(tmp, "trace.json"))
     return busy_between_marks(trace, n)
 
 
