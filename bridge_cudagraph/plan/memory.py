@@ -34,14 +34,16 @@ if TYPE_CHECKING:
 #: Qwen3-VL-2B shape (language and vision pools within 10% of the measured ones; the benchmark's memory section).
 ACTIVATION_SLACK = 1.1
 
-#: The share of one graph's unfused weight gradients a packed ladder's pool still holds at its peak. A ladder clones
-#: those gradients out after each backward replay and gives their buffers back to the pool
-#: (:func:`~bridge_cudagraph.capture.common.param_grad_return_kwargs`), but within one graph's backward every layer's
-#: gradient is alive at its end, and the activations it frees meanwhile come in other sizes, so the pool cannot place
-#: all of them there: a graph over a run of layers (the ``deepstack`` unit) holds far more of them at once than a graph
-#: of one layer. Calibrated on the 2B shape's captures (the useful-tokens benchmark's memory section): with TE's fused
-#: weight-gradient accumulation (no gradients in the pool) the top rung of 1408 tokens took 2.92 GiB, the estimate's
-#: activations alone; without it 4.16 GiB, half of the 2.34 GiB of the 25-layer run's gradients more.
+#: The share of one graph's unfused weight gradients a packed ladder's pool still holds at its peak. A ladder is
+#: captured with TE's clone of those gradients, under which TE gives their buffers back to the pool
+#: (:func:`~bridge_cudagraph.capture.common.param_grad_return_kwargs`; the replays then sum them in graphs of their
+#: own, :mod:`bridge_cudagraph.capture.param_grads`, which take no pool memory), but within one graph's backward
+#: every layer's gradient is alive at its end, and the activations it frees meanwhile come in other sizes, so the pool
+#: cannot place all of them there: a graph over a run of layers (the ``deepstack`` unit) holds far more of them at
+#: once than a graph of one layer. Calibrated on the 2B shape's captures (the useful-tokens benchmark's memory
+#: section): with TE's fused weight-gradient accumulation (no gradients in the pool) the top rung of 1408 tokens took
+#: 2.92 GiB, the estimate's activations alone; without it 4.16 GiB, half of the 2.34 GiB of the 25-layer run's
+#: gradients more.
 GRADIENTS_HELD = 0.5
 
 #: Bytes of an activation element per dtype name of the plan.
