@@ -79,6 +79,7 @@ class SummedGraph:
         #: Parameters whose gradient the summing graph adds; TE's fused weights are summed by TE inside the graph.
         self.summed = len(pairs)
         self._handled = tuple(grad is not None for grad in static[first:])
+        self._none_tail = (None,) * len(self._handled)
         self.graph: torch.cuda.CUDAGraph | None = None
         if pairs:
             self.graph = torch.cuda.CUDAGraph()
@@ -104,10 +105,8 @@ class SummedGraph:
             self.graph.replay()
             self._event.record()
         self.replays += 1
-        first = len(grad_inputs) - len(self._handled)
-        return grad_inputs[:first] + tuple(
-            None if handled else grad for grad, handled in zip(grad_inputs[first:], self._handled, strict=True)
-        )
+        # Every parameter slot is None now: a handled one by this hook, any other because TE has no buffer for it.
+        return grad_inputs[: len(grad_inputs) - len(self._none_tail)] + self._none_tail
 
     def reset(self) -> None:
         """TE's clone flags and the parameters' mark back, then TE's own ``reset()``."""
