@@ -10,14 +10,14 @@ and reports the rate every ``logger.log_interval`` iterations and once at the en
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from megatron.bridge.training.callbacks import Callback
+
+from bridge_cudagraph.bridge.data_path import observing_forward_step
 
 __all__ = ["ThroughputCallback", "UsefulTokenMeter", "counting_forward_step"]
 
@@ -40,47 +40,10 @@ class UsefulTokenMeter:
         self.micro_batches += 1
 
 
-class _CountingIterator:
-    """The step's data iterator, counting each micro-batch it hands out."""
-
-    def __init__(self, inner: Iterator, meter: UsefulTokenMeter) -> None:
-        self.inner = inner
-        self.meter = meter
-
-    def __iter__(self) -> _CountingIterator:
-        return self
-
-    def __next__(self) -> Any:
-        batch = next(self.inner)
-        self.meter.add(batch)
-        return batch
-
-
 def counting_forward_step(step: Callable, meter: UsefulTokenMeter) -> Callable:
-    """``step`` (a Bridge forward step, ``(state, data_iterator, model, ...)`` or ``(data_iterator, model, ...)``)
-    counting into ``meter``.
-
-    ``functools.wraps`` keeps the signature Bridge inspects to decide whether to pass its state.
-    """
-    names = list(inspect.signature(step).parameters)
-    position = (
-        names.index("data_iterator") if "data_iterator" in names else int(names[:1] in (["state"], ["global_state"]))
-    )
-
-    def counting(iterator: Any) -> Any:
-        if iterator is None or isinstance(iterator, _CountingIterator):
-            return iterator
-        return _CountingIterator(iterator, meter)
-
-    @functools.wraps(step)
-    def counted(*args, **kwargs):
-        if "data_iterator" in kwargs:
-            kwargs["data_iterator"] = counting(kwargs["data_iterator"])
-        elif len(args) > position:
-            args = (*args[:position], counting(args[position]), *args[position + 1 :])
-        return step(*args, **kwargs)
-
-    return counted
+    """``step`` (a Bridge forward step) counting each micro-batch it draws into ``meter``
+    (:func:`~bridge_cudagraph.bridge.data_path.observing_forward_step`)."""
+    return observing_forward_step(step, [meter.add])
 
 
 class ThroughputCallback(Callback):

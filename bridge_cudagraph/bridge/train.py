@@ -38,10 +38,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.bridge.callback import CudaGraphCallback
+from bridge_cudagraph.bridge.data_path import observing_forward_step
 from bridge_cudagraph.bridge.loop import install_bridge_helper
-from bridge_cudagraph.bridge.throughput import ThroughputCallback, UsefulTokenMeter, counting_forward_step
+from bridge_cudagraph.bridge.throughput import ThroughputCallback, UsefulTokenMeter
 from bridge_cudagraph.host.patches import release_graphs_if_training_raises, use_prebuilt_dataset_helpers
 from bridge_cudagraph.plan.from_config import plan_config, world_size_from_env
+from bridge_cudagraph.vision import host_grids
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import CapturePlan
@@ -85,7 +87,13 @@ def run(
     use_prebuilt_dataset_helpers()
     graph_callback = CudaGraphCallback(plan=plan)
     meter = UsefulTokenMeter()
-    step = counting_forward_step(forward_step_func or forward_step_for(config.model), meter)
+    # Each micro-batch seen on the host as the collate made it: its loss tokens counted, its vision grids published
+    # for the forward that reads them (vision.host_grids), until the step returns.
+    step = observing_forward_step(
+        forward_step_func or forward_step_for(config.model),
+        [meter.add, host_grids.publish_collated],
+        after=host_grids.clear,
+    )
     # Measured after the capture step and the first replay (graphed and eager runs alike): warmup, capture and
     # one-time set-up are not training speed.
     warmup = max(plan.language.warmup_steps, plan.vision.warmup_steps if plan.vision is not None else 0)

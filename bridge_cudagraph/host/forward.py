@@ -7,7 +7,8 @@ Host change:
     forward hook on its encoder; mirrors parts of Bridge's Qwen3-VL forward; where the packed replay packs rows
     tightly, a host copy of the ``loss_mask`` beside the tokens' and, in the decoder's instance dict while one
     forward runs, the rows' extents for tight packing (:func:`row_extents`); for the step's packed rows, a host copy
-    of their attention mask and the forward's arguments handed on flat (:func:`flat_step_rows`)
+    of their attention mask and the forward's arguments handed on flat (:func:`flat_step_rows`); while one forward
+    runs, the micro-batch's published host grids bound to its grid arguments (:class:`BoundGrids`)
   written for: Megatron-Bridge 0.6.2 ``Qwen3VLModel.forward``, ``get_rope_index``, ``_deepstack_process``,
     ``preprocess_packed_seqs``
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
@@ -61,6 +62,14 @@ graphs keep full, and the GPU then idles while the host catches up:
   ``packed_seq_params``), which it takes through its one-row THD branch: the same tokens, positions, segments,
   embeddings and deepstack features reach the same decoder, without the copies or the waits.
 
+* the vision grid: the graphed encoder reads the grid's integers on the host before it replays, which from the
+  device waits for the whole backward of the micro-batch before (every micro-batch after a step's first), drains the
+  queue and leaves the GPU idle while the host sets up the vision replay, the positions and the language replay.
+  :class:`BoundGrids` binds the micro-batch's grids as the collate made them on the host
+  (:mod:`bridge_cudagraph.vision.host_grids`, published by whoever draws the batch) to the device tensors this call
+  received, with a device-side check that they agree; the encoder and :class:`PendingPositions` read those (no
+  wait, no copy).
+
 They are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host.patches.
 extend_instance_class`; the model's instance dict gets call counters and its hooks' handles, nothing the host
 saves or reads) and taken off by :func:`uninstall`; the callback and the benchmark call them through
@@ -82,8 +91,10 @@ import torch
 
 from bridge_cudagraph.host import compat
 from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
+from bridge_cudagraph.vision import host_grids
 
 __all__ = [
+    "BoundGrids",
     "FlatPackedRows",
     "HostRopeIndex",
     "IndexedDeepstack",
@@ -94,6 +105,7 @@ __all__ = [
     "counts_in",
     "flat_batches",
     "flat_step_rows",
+    "grid_binds",
     "host_positions_calls",
     "install",
     "installed",
@@ -112,10 +124,12 @@ _PACKED_OFFSETS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_s
 
 
 def _to_host(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A pinned host copy, enqueued without waiting (the caller waits on an event recorded after its copies)."""
+    """A host copy: the one :class:`BoundGrids` bound, else a pinned one, enqueued without waiting (the caller waits on
+    an event recorded after its copies)."""
     if tensor is None or not tensor.is_cuda:
         return tensor
-    return tensor.to("cpu", non_blocking=True)
+    bound = host_grids.host_copy(tensor)
+    return bound if bound is not None else tensor.to("cpu", non_blocking=True)
 
 
 def rope_positions(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -387,6 +401,23 @@ class FlatPackedRows:
         return super().forward(**flat)
 
 
+class BoundGrids:
+    """Mixin for Bridge's ``Qwen3VLModel``: the micro-batch's published host grids bound to this call's grid arguments
+    while it runs (:func:`bridge_cudagraph.vision.host_grids.bind`; see the module docstring)."""
+
+    #: Forwards that bound at least one host grid; what a test asserts is > 0.
+    grid_binds: int = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if args or not host_grids.bind(kwargs):
+            return super().forward(*args, **kwargs)
+        self.grid_binds += 1
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            host_grids.unbind()
+
+
 class IndexedDeepstack:
     """Mixin for Bridge's ``Qwen3VLTransformerBlock``: the deepstack merge by row positions (see the module
     docstring). Bridge's method, for comparison::
@@ -472,6 +503,7 @@ _COUNTERS: dict[type, str] = {
     HostRopeIndex: "host_positions_calls",
     RowMerge: "row_merges",
     FlatPackedRows: "flat_batches",
+    BoundGrids: "grid_binds",
 }
 
 
@@ -497,9 +529,11 @@ def _targets(model_chunks: list[Any]) -> list[tuple[Any, type]]:
     for chunk in model_chunks:
         for module in chunk.modules():
             if isinstance(module, Qwen3VLModel):
-                # Installed in this order: HostRopeIndex in front, so the positions are derived from the rows.
+                # Installed in this order: HostRopeIndex in front of FlatPackedRows, so the positions are derived
+                # from the rows; BoundGrids in front of both, so the positions read the bound grids.
                 out.append((module, FlatPackedRows))
                 out.append((module, HostRopeIndex))
+                out.append((module, BoundGrids))
                 if getattr(module, "pre_process", False) and getattr(module, "vision_model", None) is not None:
                     out.append((module, RowMerge))
                 decoder = getattr(module.language_model, "decoder", None)
@@ -576,6 +610,12 @@ def flat_batches(model_chunks: list[Any]) -> int:
     """Micro-batches handed to Bridge's forward flat (:class:`FlatPackedRows`) over the Qwen3-VL models in
     ``model_chunks``."""
     return _count(model_chunks, FlatPackedRows)
+
+
+def grid_binds(model_chunks: list[Any]) -> int:
+    """Forwards that read their grids from the collate's host copies (:class:`BoundGrids`) over the Qwen3-VL models in
+    ``model_chunks``."""
+    return _count(model_chunks, BoundGrids)
 
 
 def installed(model_chunks: list[Any]) -> bool:

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bridge_cudagraph.testing.bounds import GRAD_BOUND, LOSS_BOUND
+from bridge_cudagraph.testing.step_batch import HOST_GRIDS
+from bridge_cudagraph.vision import host_grids
 
 #: Where kernels are not bitwise deterministic (vision attention backward on packed sequences), a graphed run is
 #: held to this multiple of the eager-vs-eager floor measured in the same test: the graphed-vs-eager difference is
@@ -201,14 +203,17 @@ class Diff:
 def model_kwargs(batch: dict) -> dict:
     """The model's keyword arguments for ``batch``: all but ``loss_mask``, which a packed batch keeps, as Bridge's
     Qwen3-VL step hands it to the model (tight packing reads the rows' extents from it,
-    :mod:`bridge_cudagraph.capture.tight`)."""
+    :mod:`bridge_cudagraph.capture.tight`), and but the collate's host grids (:data:`~bridge_cudagraph.testing.
+    step_batch.HOST_GRIDS`), which :func:`train_steps`' forward step publishes instead."""
     packed = batch.get("packed_seq_params") is not None
-    return {k: v for k, v in batch.items() if k != "loss_mask" or packed}
+    return {k: v for k, v in batch.items() if (k != "loss_mask" or packed) and k != HOST_GRIDS}
 
 
 def per_token_loss(model: list[torch.nn.Module], batch: dict) -> torch.Tensor:
-    """The model's per-token loss ``[b, s]`` (fp32) for ``batch``."""
-    out = model[0](**model_kwargs(batch))
+    """The model's per-token loss ``[b, s]`` (fp32) for ``batch`` (its host grids published, as Bridge's loop
+    publishes them)."""
+    with host_grids.published(batch.get(HOST_GRIDS)):
+        out = model[0](**model_kwargs(batch))
     if isinstance(out, tuple):
         out = out[0]
     return out.float()
@@ -365,8 +370,11 @@ def _loss_func(batch: dict, output: torch.Tensor):
 
 
 def _forward_step(data_iterator, model):
+    """Bridge's step on a batch it has already moved: the model on its arguments, the collate's host grids published
+    as Bridge's loop publishes them (:func:`bridge_cudagraph.bridge.data_path.observing_forward_step`)."""
     batch = next(data_iterator)
-    out = model(**model_kwargs(batch))
+    with host_grids.published(batch.get(HOST_GRIDS)):
+        out = model(**model_kwargs(batch))
     if isinstance(out, tuple):
         out = out[0]
     return out, functools.partial(_loss_func, batch)

@@ -24,10 +24,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["VISUAL_KEYS", "gpt_step_inputs", "qwen3_vl_step_inputs"]
+from bridge_cudagraph.vision import host_grids
+
+__all__ = ["HOST_GRIDS", "VISUAL_KEYS", "gpt_step_inputs", "qwen3_vl_step_inputs"]
 
 #: The visual tensors the step hands the model (``GenericVisualInputs.normalized_for_model``).
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+#: The key of a Qwen3-VL micro-batch's host grids as the collate made them
+#: (:class:`bridge_cudagraph.vision.host_grids.HostGrids`): not a model argument; the forward step publishes them, as
+#: Bridge's loop does from the collated batch it draws.
+HOST_GRIDS = "host_grids"
 
 
 def qwen3_vl_step_inputs(
@@ -53,7 +59,8 @@ def qwen3_vl_step_inputs(
 
     Returns:
         ``input_ids``, ``labels``, ``loss_mask``, ``attention_mask``, ``position_ids`` (None: the model computes
-        mRoPE positions), ``packed_seq_params`` (None unless ``packed``), and the visual tensors present.
+        mRoPE positions), ``packed_seq_params`` (None unless ``packed``), the visual tensors present, and their grids
+        on the host (:data:`HOST_GRIDS`, not a model argument).
     """
     from megatron.bridge.models.qwen_vl.qwen3_vl_step import _pad_and_pack_qwen3_vl_step
     from megatron.core.utils import get_batch_on_this_cp_rank
@@ -99,6 +106,9 @@ def qwen3_vl_step_inputs(
     for key in VISUAL_KEYS:
         if tensors.get(key) is not None:
             args[key] = to_device(tensors[key])
+    grids = host_grids.from_collated(collated)
+    if grids is not None:
+        args[HOST_GRIDS] = grids
     return args
 
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
 
+from bridge_cudagraph.vision import host_grids
 from bridge_cudagraph.vision.positions import GridPositions, rotary_input
 
 
@@ -48,6 +49,9 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
     ``graph_helper``) and a micro-batch fits a budget; otherwise Bridge's eager forward."""
 
     graph_helper: Any = None  # a capture.vision.VisionGraphHelper (not imported: it imports this module)
+    grids_read_back: int = 0
+    """Replaying forwards that read their grid back from the device (no host copy bound,
+    :mod:`~bridge_cudagraph.vision.host_grids`): each waited for the GPU's queue."""
     position_cache_size: int = 256
     """Image sizes whose position indices, weights and rotary rows a replaying encoder keeps
     (:class:`~bridge_cudagraph.vision.positions.GridPositions`); 0 derives them on every micro-batch as Bridge does
@@ -71,8 +75,12 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
             return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
         assert inference_params is None and self.input_tensor is None
         # The grid is read on the host once: Bridge's position helpers read it element by element, several device
-        # syncs per image on a device tensor (136 for eight images), none on a host one (same values).
-        grid = grid_thw.cpu()
+        # syncs per image on a device tensor (136 for eight images), none on a host one (same values). The collate's
+        # host copy where the forward bound one (vision.host_grids); else read back, which waits for the queue.
+        grid = host_grids.host_copy(grid_thw)
+        if grid is None:
+            grid = grid_thw.cpu()
+            self.grids_read_back += 1
         seqlens = frame_seqlens(grid)
         n = int(seqlens.sum())
         longest = int(seqlens.max()) if seqlens.numel() else 0

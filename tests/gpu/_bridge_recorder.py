@@ -145,6 +145,10 @@ class Recorder(Callback):
         self.data["host_positions_calls"] = forward_host.host_positions_calls(context.model)
         self.data["row_merges"] = forward_host.row_merges(context.model)
         self.data["flat_batches"] = forward_host.flat_batches(context.model)
+        self.data["grid_binds"] = forward_host.grid_binds(context.model)
+        self.data["grids_read_back"] = sum(
+            getattr(m, "grids_read_back", 0) for chunk in context.model for m in chunk.modules()
+        )
         self.data["params_marked_added_to_main_grad"] = sum(
             bool(getattr(p, "grad_added_to_main_grad", False)) for chunk in context.model for p in chunk.parameters()
         )

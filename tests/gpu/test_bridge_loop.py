@@ -331,7 +331,9 @@ def test_fewer_host_waits_in_every_graphed_run(runs, record):
     """The callback puts Qwen3-VL's forward with fewer host waits on where graphs are (the plan's default): every
     training micro-batch of the graphed runs took the positions from the host copy, those with images the
     image-token merge by rows; none went to Bridge's forward flat (the recipe's rows are padded, not packed); graphs
-    off took none of them. The losses tests are then its parity against Bridge's graphs-off loop too."""
+    off took none of them; every forward of the graphed runs bound the grids Bridge's loop drew on the host, and no
+    replaying encoder read its grid back. The losses tests are then its parity against Bridge's graphs-off loop
+    too."""
     for name in ("on", "fused_on"):
         run = getattr(runs, name)
         run.require_ok()
@@ -342,15 +344,21 @@ def test_fewer_host_waits_in_every_graphed_run(runs, record):
         # The tiny recipe pads every row to seq_length and packs nothing (BSHD): no rows for Bridge's forward to
         # pack, so none handed flat (the photo recipe's packed rows are: tests/gpu/test_packed_language.py).
         assert run.data["flat_batches"] == 0, (name, run.data["flat_batches"])
+        # The collated batch's grids, published by the loop's forward step (vision.host_grids): every forward bound
+        # its grid, and no replaying encoder read one back from the GPU.
+        assert run.data["grid_binds"] == run.data["host_positions_calls"], (name, run.data["grid_binds"])
+        assert run.data["grids_read_back"] == 0, (name, run.data["grids_read_back"])
     runs.off.require_ok()
     assert not runs.off.data["fewer_host_waits"] and runs.off.data["host_positions_calls"] == 0
-    assert runs.off.data["row_merges"] == runs.off.data["flat_batches"] == 0
+    assert runs.off.data["row_merges"] == runs.off.data["flat_batches"] == runs.off.data["grid_binds"] == 0
     record(
         graphs_on=runs.on.data["host_positions_calls"],
         fused_on=runs.fused_on.data["host_positions_calls"],
         row_merges_on=runs.on.data["row_merges"],
         row_merges_fused_on=runs.fused_on.data["row_merges"],
         flat_batches_on=runs.on.data["flat_batches"],
+        grid_binds_on=runs.on.data["grid_binds"],
+        grids_read_back_on=runs.on.data["grids_read_back"],
     )
 
 

@@ -244,6 +244,80 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
         _require_bit_identical(plugin, bridge, batches, "qwen3_vl vision graphs", record)
 
 
+def test_vision_graphs_read_the_collates_host_grid_bit_for_bit(world, record):
+    """With ``fewer_host_waits`` on, a replaying encoder reads the grid the step's forward had published on the host
+    (:mod:`bridge_cudagraph.vision.host_grids`) instead of reading it back: per-token loss and every gradient bit for
+    bit Bridge's unmodified model's; every forward bound its grid and no replay read one back. Captured again, the
+    same batches without a host grid, or with one of another shape (not bound), read it back, as exactly; a forward
+    and backward with the host grid makes the encoder wait for the GPU nowhere, one reading it back once (the census
+    of each, by site, recorded)."""
+    from bridge_cudagraph.host import forward as forward_host
+    from bridge_cudagraph.testing.plans import plan_for
+    from bridge_cudagraph.testing.step_batch import HOST_GRIDS
+    from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
+    from bridge_cudagraph.vision.host_grids import HostGrids
+
+    bridge = _bridge_model("qwen3_vl", world)
+    provider, plugin = _plugin_model("qwen3_vl", world, _cfg(False, True), bridge)
+    _require_deterministic(bridge)
+    _require_deterministic(plugin)
+    (encoder,) = (m for m in plugin[0].modules() if isinstance(m, GraphedQwen3VLVisionModel))
+    plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    done = forward_host.install(plugin)
+    waits = {}
+    try:
+        with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs, host grid") as batches:
+            host = {name: HostGrids({"image_grid_thw": b["image_grid_thw"].cpu()}) for name, b in batches.items()}
+            hosted = {name: {**batch, HOST_GRIDS: host[name]} for name, batch in batches.items()}
+            waits["host grid"] = _exact_vs_bridge(plugin, bridge, hosted, batches, "vision graphs, host grid", record)
+            assert forward_host.grid_binds(plugin) == len(batches) and encoder.grids_read_back == 0
+        with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs, grid read back") as batches:
+            first = next(iter(batches))
+            shorter = HostGrids({"image_grid_thw": batches[first]["image_grid_thw"].cpu()[:-1]})
+            read_back = {**batches, first: {**batches[first], HOST_GRIDS: shorter}}
+            waits["read back"] = _exact_vs_bridge(
+                plugin, bridge, read_back, batches, "vision graphs, read back", record
+            )
+            assert forward_host.grid_binds(plugin) == len(batches) and encoder.grids_read_back == len(batches)
+    finally:
+        forward_host.uninstall(done)
+    # Where the waits are, not only how many: the totals mix in one-time waits of whatever runs first (run 79: 1 and 1;
+    # run 80, this test first in its process: 25 with the host grid, 24 of them megatron-core's fused cross entropy).
+    encoder = {case: _waits_in(got, "bridge_cudagraph/vision/encoder.py") for case, got in waits.items()}
+    record(
+        case="host waits per forward and backward, first batch",
+        **{f"{case} total": got["total"] for case, got in waits.items()},
+        **{f"{case} in the encoder": n for case, n in encoder.items()},
+        sites={case: got["sites"] for case, got in waits.items()},
+    )
+    assert encoder == {"host grid": 0, "read back": 1}, waits
+
+
+def _waits_in(census: dict, path: str) -> int:
+    """The host waits of a :func:`benchmarks.host_syncs.census` asked for by a line of ``path`` itself."""
+    return sum(n for site, n in census["sites"] if site.startswith(path + ":"))
+
+
+def _exact_vs_bridge(plugin, bridge, batches, references, what: str, record) -> dict:
+    """Each of ``batches`` on ``plugin`` bit for bit its ``references`` twin on ``bridge``; the first one run under the
+    host-wait census (:func:`benchmarks.host_syncs.census`): returns it."""
+    from benchmarks.host_syncs import census
+    from bridge_cudagraph.testing.parity import diff, loss_and_grads
+
+    waits = None
+    got: list = []
+    for name, batch in batches.items():
+        if waits is None:
+            waits = census(lambda batch=batch: got.append(loss_and_grads(plugin, batch)))
+            ours = got[0]
+        else:
+            ours = loss_and_grads(plugin, batch)
+        d = diff(ours, loss_and_grads(bridge, references[name]))
+        record(case=what, batch=name, **d.as_dict())
+        d.require_exact(f"{what}/{name} vs Bridge's unmodified model")
+    return waits
+
+
 def _host_waits(fn) -> int:
     """How many times ``fn`` makes the host wait for the GPU (the benchmark's census: torch's sync debug mode)."""
     from benchmarks.host_syncs import census
@@ -281,6 +355,7 @@ def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
             forward_host.FlatPackedRows,
             forward_host.IndexedDeepstack,
             forward_host.RowMerge,
+            forward_host.BoundGrids,
         }, done
         batches = _batches("qwen3_vl")
         _require_bit_identical(plugin, bridge, batches, f"fewer host waits, language graphs {language}", record)
