@@ -61,6 +61,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # bridge_cudagraph.host.forward.FlatPackedRows): preprocess_packed_seqs and the deepstack round trip, with
     # their waits; what handing it the rows flat gives. Only packed micro-batches differ.
     "ours_bridge_packing": {"forward_off": ("FlatPackedRows",)},
+    # The vision grid read back from the GPU (fewer_host_waits without bridge_cudagraph.host.forward.BoundGrids):
+    # the encoder's replay waits for the queue at every micro-batch; what the collate's host copy gives.
+    "ours_device_grid": {"forward_off": ("BoundGrids",)},
 }
 #: megatron-core's one graph over the whole forward and backward (``cuda_graph_impl="full_iteration"``, its
 #: ``FullCudaGraphWrapper`` around the schedule as Bridge's ``train()`` installs it): upstream's strongest option, run

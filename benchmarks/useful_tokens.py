@@ -29,6 +29,9 @@ Opt-in with ``--variants`` (dense models of the benchmark's own shape), one leve
 * ``ours_packed_autograd_grads``: ours_packed with its graphs' parameter gradients left to autograd (TE's clone,
   ``AccumulateGrad``) and DDP's hook, one by one, not summed into ``main_grad`` by a graph per backward
   (:mod:`bridge_cudagraph.capture.param_grads`);
+* ``ours_packed_device_grid``: ours_packed with the vision encoder's grid read back from the GPU (a wait for the queue
+  at every micro-batch), not taken from the collate's host copy (:class:`bridge_cudagraph.host.forward.BoundGrids`,
+  :mod:`bridge_cudagraph.vision.host_grids`);
 * ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
   ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
   :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
@@ -54,7 +57,7 @@ Run (from the repository root)::
     python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
     python -m benchmarks.useful_tokens --out results/useful_tokens/levers --model small --seq 4096 --mbs 2 \
         --num-mb 2 --variants eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_halvings,\
-ours_packed_bridge_packing,ours_packed_autograd_grads,ours_packed_fused
+ours_packed_bridge_packing,ours_packed_autograd_grads,ours_packed_device_grid,ours_packed_fused
         # the levers, each on its own (add --paired A,B to pair two of them)
     python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
         --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
@@ -773,7 +776,8 @@ def _counters(helpers: list) -> dict[str, dict]:
 def forward_counters(variant: str, model: list) -> dict[str, int]:
     """How many micro-batches took each part of ``fewer_host_waits`` (:mod:`bridge_cudagraph.host.forward`) so far;
     raises where a packed graph variant's step rows were not handed flat to the forward, or
-    ours_packed_bridge_packing's were (either would time the other lever under the variant's name)."""
+    ours_packed_bridge_packing's were, or where its forwards did not read the collate's host grids, or
+    ours_packed_device_grid's did (either would time the other lever under the variant's name)."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
@@ -782,6 +786,9 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
         flat_expected = forward_host.FlatPackedRows.__name__ not in step_host.get("forward_off", ())
         if bool(counts["flat_batches"]) != flat_expected:
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
+        grids_expected = forward_host.BoundGrids.__name__ not in step_host.get("forward_off", ())
+        if bool(counts["grid_binds"]) != grids_expected:
+            raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's host grids")
     return counts
 
 

@@ -69,12 +69,14 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart), and
 #: ours_packed with Bridge's forward packing the step's rows itself (``fewer_host_waits`` without
 #: :class:`~bridge_cudagraph.host.forward.FlatPackedRows`), and ours_packed with its graphs' parameter gradients left
-#: to autograd and DDP's hooks (:mod:`bridge_cudagraph.capture.param_grads` off).
+#: to autograd and DDP's hooks (:mod:`bridge_cudagraph.capture.param_grads` off), and ours_packed with the vision
+#: grid read back from the GPU (``fewer_host_waits`` without :class:`~bridge_cudagraph.host.forward.BoundGrids`).
 LEVER_VARIANTS = (
     "ours_packed_rows",
     "ours_packed_halvings",
     "ours_packed_bridge_packing",
     "ours_packed_autograd_grads",
+    "ours_packed_device_grid",
     "eager_packed_fused",
     "ours_packed_fused",
 )
@@ -91,6 +93,7 @@ ORDER = (
     "ours_packed_halvings",
     "ours_packed_bridge_packing",
     "ours_packed_autograd_grads",
+    "ours_packed_device_grid",
     "ours_packed_fused",
 )
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
@@ -112,6 +115,7 @@ FORM = {
     "ours_packed_halvings": PACKED,
     "ours_packed_bridge_packing": PACKED,
     "ours_packed_autograd_grads": PACKED,
+    "ours_packed_device_grid": PACKED,
     "eager_packed_fused": PACKED,
     "ours_packed_fused": PACKED,
     CONTROL: PACKED,
@@ -140,12 +144,13 @@ PACKED_GRAPHED = (
     "ours_packed_halvings",
     "ours_packed_bridge_packing",
     "ours_packed_autograd_grads",
+    "ours_packed_device_grid",
     "ours_packed_fused",
 )
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
 #: The benchmark variant (:data:`benchmarks.schema.OURS_VARIANTS`) whose step host work a packed graph variant
 #: installs, where it is not ``ours``'s: which mixins of ``fewer_host_waits`` it takes off.
-STEP_HOST_OF = {"ours_packed_bridge_packing": "ours_bridge_packing"}
+STEP_HOST_OF = {"ours_packed_bridge_packing": "ours_bridge_packing", "ours_packed_device_grid": "ours_device_grid"}
 #: The packed graph variants whose ladders leave their parameter gradients to autograd and DDP's hooks
 #: (``LadderHelper.sum_param_grads`` off); every other one sums them in graphs where the gate holds.
 AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
@@ -167,6 +172,11 @@ LEVERS = (
         "ours_packed_autograd_grads",
         "ours_packed",
     ),
+    (
+        "the vision grid from the collate's host copy, not read back from the GPU",
+        "ours_packed_device_grid",
+        "ours_packed",
+    ),
     ("gradient-accumulation fusion, graphed", "ours_packed", "ours_packed_fused"),
     ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
 )
@@ -180,6 +190,7 @@ LABELS = {
     "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
     "ours_packed_bridge_packing": "ours_packed with Bridge's forward packing the step's rows itself",
     "ours_packed_autograd_grads": "ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks",
+    "ours_packed_device_grid": "ours_packed with the vision grid read back from the GPU (waits for the queue)",
     "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
     CONTROL: "eager_packed again (run-to-run noise floor)",
@@ -1001,6 +1012,7 @@ COLORS = {
     "ours_packed_halvings": "#d4a6c8",
     "ours_packed_bridge_packing": "#e15759",
     "ours_packed_autograd_grads": "#9c755f",
+    "ours_packed_device_grid": "#bab0ac",
     "eager_packed_fused": "#76b7b2",
     "ours_packed_fused": "#2e7d32",
     CONTROL: "#a0cbe8",
