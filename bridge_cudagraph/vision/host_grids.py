@@ -123,7 +123,8 @@ def bind(kwargs: Mapping[str, Any]) -> int:
         device = kwargs.get(key)
         if not isinstance(device, torch.Tensor) or device.shape != host.shape:
             continue
-        # Pageable host memory: the copy is staged before this returns, so the host tensor may change afterwards.
+        # From pageable memory the copy is staged before this returns; from pinned memory (a loader that pins) torch's
+        # host allocator keeps the block until the copy has run. Either way nothing waits for the GPU here.
         same = device == host.to(device.device, dtype=device.dtype, non_blocking=True)
         torch._assert_async(same.all(), "bridge_cudagraph: the published host grid differs from the model's input")
         pairs.append((device, host))
