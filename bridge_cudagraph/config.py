@@ -231,7 +231,8 @@ class CudaGraphConfig:
     positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids, the deepstack and
     image-token merges by row positions instead of boolean masks, and the Qwen3-VL step's packed rows handed to the
     forward already flat where its own repacking gives exactly that (every token kept by the step's attention mask,
-    context parallelism off; a mask that drops tokens raises, naming this setting); the same values, bitwise. Its
+    context parallelism off; a mask that drops tokens raises, naming this setting), and the image grids from the
+    collated batch's host copy (:mod:`bridge_cudagraph.vision.host_grids`); the same values, bitwise. Its
     host copies also give the packed rows' lengths to tight packing (:mod:`bridge_cudagraph.capture.tight`).
     ``None``: on wherever graphs are on a Qwen3-VL model; ``false``: Bridge's forward as it is, and no tight packing;
     ``true`` without graphs, or on a model without a vision encoder, is refused."""
