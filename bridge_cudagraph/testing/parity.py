@@ -201,10 +201,10 @@ class Diff:
 
 
 def model_kwargs(batch: dict) -> dict:
-    """The model's keyword arguments for ``batch``: all but ``loss_mask``, which a packed batch keeps, as Bridge's
-    Qwen3-VL step hands it to the model (tight packing reads the rows' extents from it,
-    :mod:`bridge_cudagraph.capture.tight`), and but the collate's host grids (:data:`~bridge_cudagraph.testing.
-    step_batch.HOST_GRIDS`), which :func:`train_steps`' forward step publishes instead."""
+    """The model's keyword arguments for ``batch``: all its entries but two. ``loss_mask`` goes only where the batch is
+    packed, as Bridge's Qwen3-VL step hands it to the model then (tight packing reads the rows' extents from it,
+    :mod:`bridge_cudagraph.capture.tight`); the collate's host grids (:data:`~bridge_cudagraph.testing.step_batch.
+    HOST_GRIDS`) never go: the forward step publishes them instead."""
     packed = batch.get("packed_seq_params") is not None
     return {k: v for k, v in batch.items() if (k != "loss_mask" or packed) and k != HOST_GRIDS}
 
