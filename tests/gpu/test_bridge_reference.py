@@ -130,15 +130,26 @@ def _batches(kind: str):
     return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_SETS.items()}
 
 
-def _require_bit_identical(plugin, bridge, batches, what: str, record) -> None:
+def _require_bit_identical(plugin, bridge, batches, what: str, record, *, census_first: bool = False) -> dict | None:
+    """Each of ``batches`` on ``plugin`` bit for bit on ``bridge``; with ``census_first``, the plugin's run of the
+    first batch under the host-wait census (:func:`benchmarks.host_syncs.census`), which is returned (else None)."""
+    from benchmarks.host_syncs import census
     from bridge_cudagraph.testing.parity import diff, loss_and_grads
 
+    waits = None
     for name, batch in batches.items():
-        ours, theirs = loss_and_grads(plugin, batch), loss_and_grads(bridge, batch)
+        if census_first and waits is None:
+            got: list = []
+            waits = census(lambda batch=batch, got=got: got.append(loss_and_grads(plugin, batch)))
+            ours = got[0]
+        else:
+            ours = loss_and_grads(plugin, batch)
+        theirs = loss_and_grads(bridge, batch)
         assert sorted(ours[1]) == sorted(theirs[1]), sorted(set(ours[1]) ^ set(theirs[1]))[:10]
         d = diff(ours, theirs)
         record(case=what, batch=name, parameters=len(theirs[1]), **d.as_dict())
         d.require_exact(f"{what}/{name} vs Bridge's unmodified model")
+    return waits
 
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
@@ -269,14 +280,16 @@ def test_vision_graphs_read_the_collates_host_grid_bit_for_bit(world, record):
         with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs, host grid") as batches:
             host = {name: HostGrids({"image_grid_thw": b["image_grid_thw"].cpu()}) for name, b in batches.items()}
             hosted = {name: {**batch, HOST_GRIDS: host[name]} for name, batch in batches.items()}
-            waits["host grid"] = _exact_vs_bridge(plugin, bridge, hosted, batches, "vision graphs, host grid", record)
+            waits["host grid"] = _require_bit_identical(
+                plugin, bridge, hosted, "vision graphs, host grid", record, census_first=True
+            )
             assert forward_host.grid_binds(plugin) == len(batches) and encoder.grids_read_back == 0
         with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs, grid read back") as batches:
             first = next(iter(batches))
             shorter = HostGrids({"image_grid_thw": batches[first]["image_grid_thw"].cpu()[:-1]})
             read_back = {**batches, first: {**batches[first], HOST_GRIDS: shorter}}
-            waits["read back"] = _exact_vs_bridge(
-                plugin, bridge, read_back, batches, "vision graphs, read back", record
+            waits["read back"] = _require_bit_identical(
+                plugin, bridge, read_back, "vision graphs, read back", record, census_first=True
             )
             assert forward_host.grid_binds(plugin) == len(batches) and encoder.grids_read_back == len(batches)
     finally:
@@ -296,26 +309,6 @@ def test_vision_graphs_read_the_collates_host_grid_bit_for_bit(world, record):
 def _waits_in(census: dict, path: str) -> int:
     """The host waits of a :func:`benchmarks.host_syncs.census` asked for by a line of ``path`` itself."""
     return sum(n for site, n in census["sites"] if site.startswith(path + ":"))
-
-
-def _exact_vs_bridge(plugin, bridge, batches, references, what: str, record) -> dict:
-    """Each of ``batches`` on ``plugin`` bit for bit its ``references`` twin on ``bridge``; the first one run under the
-    host-wait census (:func:`benchmarks.host_syncs.census`): returns it."""
-    from benchmarks.host_syncs import census
-    from bridge_cudagraph.testing.parity import diff, loss_and_grads
-
-    waits = None
-    got: list = []
-    for name, batch in batches.items():
-        if waits is None:
-            waits = census(lambda batch=batch: got.append(loss_and_grads(plugin, batch)))
-            ours = got[0]
-        else:
-            ours = loss_and_grads(plugin, batch)
-        d = diff(ours, loss_and_grads(bridge, references[name]))
-        record(case=what, batch=name, **d.as_dict())
-        d.require_exact(f"{what}/{name} vs Bridge's unmodified model")
-    return waits
 
 
 def _host_waits(fn) -> int:
