@@ -653,28 +653,16 @@ def _train_step(
     return loss, (time.perf_counter() - start) * 1e3
 
 
-def _fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float]:
-    """Per-token loss (CPU, fp32) and total gradient norm of one forward/backward on ``batch``; gradient buffers
-    are zeroed before and after."""
-    from bridge_cudagraph.testing.parity import masked_mean, per_token_loss
+def _fixed_batch_check(model, batch: dict, *, keep_grads: bool = False) -> tuple[torch.Tensor, float, dict | None]:
+    """Per-token loss (CPU, fp32), total gradient norm and, with ``keep_grads``, every trainable parameter's gradient
+    (fp32, on the host: :func:`bridge_cudagraph.testing.parity.loss_and_grads`) of one forward/backward on ``batch``;
+    gradient buffers are zeroed before and after."""
+    from bridge_cudagraph.testing.parity import grad_norm, loss_and_grads
 
+    loss, grads = loss_and_grads(model, batch, device="cpu")
     for chunk in model:
         chunk.zero_grad_buffer()
-    loss = per_token_loss(model, batch)
-    masked_mean(loss, batch).backward()
-    squares = []
-    for chunk in model:
-        for p in chunk.parameters():
-            if not p.requires_grad:
-                continue
-            g = getattr(p, "main_grad", None)
-            g = p.grad if g is None else g
-            if g is not None:
-                squares.append(g.detach().float().pow(2).sum())
-    norm = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
-    for chunk in model:
-        chunk.zero_grad_buffer()
-    return loss.detach().cpu(), norm
+    return loss.cpu(), grad_norm(grads), grads if keep_grads else None
 
 
 def non_finite_steps(values: Sequence[float] | None) -> list[int]:
@@ -1307,7 +1295,7 @@ def _fixed_batch_record(shared: _Shared, variant: str, model: list, helpers: lis
     _load(model, shared.initial_state, aliases_allowed=variant in UPSTREAM_VARIANTS)
     vision_helper = next((h for h in helpers if getattr(h, "submodule", None) == "vision"), None)
     replays_before = vision_helper.stats.replays if vision_helper is not None else None
-    fixed_loss, grad_norm = _fixed_batch_check(model, shared.fixed_batch)
+    fixed_loss, grad_norm, _ = _fixed_batch_check(model, shared.fixed_batch)
     if variant == "eager":
         shared.eager_fixed_loss = fixed_loss
         shared.eager_fixed_grad_norm = grad_norm

@@ -72,6 +72,9 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: to autograd and DDP's hooks (:mod:`bridge_cudagraph.capture.param_grads` off), and ours_packed with the vision
 #: grid read back from the GPU (``fewer_host_waits`` without :class:`~bridge_cudagraph.host.forward.BoundGrids`).
 LEVER_VARIANTS = (
+    "ours_padded_layer_graphs",
+    "ours_padded_language",
+    "ours_padded_vision",
     "ours_packed_rows",
     "ours_packed_halvings",
     "ours_packed_bridge_packing",
@@ -88,6 +91,10 @@ ORDER = (
     "eager_padded",
     "upstream_padded",
     "ours_padded",
+    "ours_padded_layer_graphs",
+    "ours_padded_language",
+    "ours_padded_vision",
+    "eager_padded_repeat",
     "ours_packed",
     "ours_packed_rows",
     "ours_packed_halvings",
@@ -98,6 +105,9 @@ ORDER = (
 )
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
 CONTROL = "eager_packed_repeat"
+#: eager_padded again, where ``--variants`` names it: its step losses against eager_padded's are the floor the padded
+#: graphs' loss curve is read against (eager_packed_repeat's are the packed one's).
+PADDED_CONTROL = "eager_padded_repeat"
 #: The reference every speed-up is against: Bridge's default (graphs off, in-batch packing).
 BASELINE = "eager_packed"
 #: The close pair measured side by side, steps interleaved (ratios: first's step time over the second's), unless
@@ -110,6 +120,10 @@ FORM = {
     "eager_padded": PADDED,
     "upstream_padded": PADDED,
     "ours_padded": PADDED,
+    "ours_padded_layer_graphs": PADDED,
+    "ours_padded_language": PADDED,
+    "ours_padded_vision": PADDED,
+    PADDED_CONTROL: PADDED,
     "ours_packed": PACKED,
     "ours_packed_rows": PACKED,
     "ours_packed_halvings": PACKED,
@@ -156,7 +170,15 @@ STEP_HOST_OF = {"ours_packed_bridge_packing": "ours_bridge_packing", "ours_packe
 AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
 #: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
 VISION_HALVINGS = ("ours_packed_halvings",)
-GRAPHED = ("upstream_padded", "ours_padded", *PACKED_GRAPHED)
+#: ours_padded and its parts: what each changes of ours_padded's block (``model.cuda_graph``: per submodule, the
+#: fields replaced), to tell which graphs a difference comes from.
+PADDED_PARTS = {
+    "ours_padded_layer_graphs": {"language": {"graph_unit": "layer"}},
+    "ours_padded_language": {"vision": {"enabled": False}},
+    "ours_padded_vision": {"language": {"enabled": False}},
+}
+PADDED_GRAPHED = ("ours_padded", *PADDED_PARTS)
+GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
 #: The variants trained with ``model.gradient_accumulation_fusion=true``: a run of one in which no TE module fuses
 #: is failed (it would time the unfused step under the fused name).
 FUSED = ("eager_packed_fused", "ours_packed_fused")
@@ -185,6 +207,10 @@ LABELS = {
     "eager_padded": "graphs off, every row padded to seq_length",
     "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
     "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
+    "ours_padded_layer_graphs": "ours_padded with one language graph per layer (language.graph_unit=layer)",
+    "ours_padded_language": "ours_padded with the language graphs only (vision graphs off)",
+    "ours_padded_vision": "ours_padded with the vision graphs only (language graphs off)",
+    PADDED_CONTROL: "eager_padded again (the padded loss curve's noise floor)",
     "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
     "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
     "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
@@ -410,7 +436,7 @@ COLUMNS = (
     "peak GiB (allocated / reserved)",
     "capture s",
     "replays / eager fallbacks",
-    "parity: fixed micro-batch (max abs per-token loss diff vs reference)",
+    "parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager floor)",
 )
 
 
@@ -433,7 +459,29 @@ def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
     text = f"{fmt_diff(fixed.get('loss_max_abs'))} vs {reference}"
     if masked is not None and _num(masked) != _num(fixed.get("loss_max_abs")):
         text += f" (loss tokens: {fmt_diff(masked)})"
-    return text
+    return text + "; " + fmt_grad_parity(fixed)
+
+
+def _fmt_rel(value: Any) -> str:
+    """A relative difference: ``0 (exact)`` or ``3.0e-03`` (no loss bound applies to it)."""
+    x = _num(value)
+    return "n/a" if x is None else "0 (exact)" if x == 0 else f"{x:.1e}"
+
+
+def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
+    """The per-parameter gradient comparison of a fixed-batch record, as computed (never a default): the share of
+    parameters bit-exact, the largest relative difference against the floor's, and the verdict; "gradients not
+    compared" where the record has none."""
+    grads = fixed.get("grads")
+    if not grads:
+        return "gradients not compared"
+    missing = len(grads.get("grad_missing") or [])
+    exact = _fmt(grads.get("grad_exact_fraction"), ".0%")
+    worst, floor = _fmt_rel(grads.get("grad_max_rel_l2")), _fmt_rel(fixed.get("floor_grad_max_rel_l2"))
+    text = f"gradients {exact} bit-exact, max rel {worst} (floor {floor})"
+    if missing:
+        text += f", {missing} missing"
+    return text + (", within the floor" if fixed.get("within_floor") else ", BEYOND THE FLOOR")
 
 
 def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -952,7 +1000,8 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
             )
             notes.append(
                 f"- {name}: step losses vs {parity.get('reference')}: {steps.get('exact_steps')} of "
-                f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}{expected}."
+                f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}, max rel diff "
+                f"{_fmt_rel(steps.get('max_rel'))}{expected}."
             )
         cross = parity.get("vs_eager_packed_loss_tokens")
         if rec.get("status") == "ok" and cross:
@@ -1007,6 +1056,10 @@ COLORS = {
     "eager_padded": "#9e9e9e",
     "upstream_padded": "#f28e2b",
     "ours_padded": "#8cd17d",
+    "ours_padded_layer_graphs": "#b6e3a8",
+    "ours_padded_language": "#59a14f",
+    "ours_padded_vision": "#d4f0cc",
+    PADDED_CONTROL: "#c9c9c9",
     "ours_packed": "#59a14f",
     "ours_packed_rows": "#b6992d",
     "ours_packed_halvings": "#d4a6c8",

@@ -126,15 +126,31 @@ def test_the_target_is_judged_on_the_paired_interval_where_there_is_one():
     assert control["summary"]["noise_floor"] == pytest.approx(0.03)
 
 
+def parity_of(data: dict, variant: str) -> dict:
+    return data["variants"][variant]["parity"]
+
+
 def _full():
     parity = {
         "reference": "eager_packed",
-        "fixed_batch": {"loss_max_abs": 0.0, "masked": {"loss_max_abs": 0.0}},
+        "fixed_batch": {
+            "loss_max_abs": 0.0,
+            "masked": {"loss_max_abs": 0.0},
+            "grads": {"grad_exact_fraction": 0.25, "grad_max_rel_l2": 3e-3, "grad_missing": []},
+            "floor_grad_max_rel_l2": 2e-3,
+            "within_floor": True,
+        },
         "steps": {"exact_steps": 15, "steps": 18, "max_abs": 2e-4},
     }
     padded_parity = {
         "reference": "eager_padded",
-        "fixed_batch": {"loss_max_abs": 0.6, "masked": {"loss_max_abs": 0.4}},
+        "fixed_batch": {
+            "loss_max_abs": 0.6,
+            "masked": {"loss_max_abs": 0.4},
+            "grads": {"grad_exact_fraction": 0.0, "grad_max_rel_l2": 0.2, "grad_missing": ["w (reference only)"]},
+            "floor_grad_max_rel_l2": 2e-3,
+            "within_floor": False,
+        },
         "vs_eager_packed_loss_tokens": {"loss_max_abs": 0.02},
     }
     return _data(
@@ -167,11 +183,22 @@ def test_table_rows_say_each_variants_numbers_and_failures():
     assert ours[col["kernel ms/step"]] == "150.0" and ours[col["step / kernel"]] == "4.44x"
     assert ours[col["graph GiB"]] == "20.0" and ours[col["peak GiB (allocated / reserved)"]] == "50.0 / 54.0"
     assert ours[col["replays / eager fallbacks"]] == "language 40 / 0, vision 40 / 1"
-    assert ours[-1] == "0 (exact) vs eager_packed"
+    # The gradients as computed, against the floor: never a default.
+    assert ours[-1] == (
+        "0 (exact) vs eager_packed; gradients 25% bit-exact, max rel 3.0e-03 (floor 2.0e-03), within the floor"
+    )
     eager = rows["eager_packed"]
     assert eager[-1] == "reference" and eager[col["graph GiB"]] == "-" and eager[col["step / kernel"]] == "5.00x"
     assert eager[col["GPU busy (in profiled steps)"]] == "n/a"  # no profile recorded
-    assert rows["ours_padded"][-1] == "**6.0e-01** vs eager_padded (loss tokens: **4.0e-01**)"
+    assert rows["ours_padded"][-1] == (
+        "**6.0e-01** vs eager_padded (loss tokens: **4.0e-01**); gradients 0% bit-exact, max rel 2.0e-01 "
+        "(floor 2.0e-03), 1 missing, BEYOND THE FLOOR"
+    )
+    no_grads = dict(data["variants"]["ours_packed"], parity={**parity_of(data, "ours_packed"), "fixed_batch": {}})
+    assert report.variant_row("ours_packed", no_grads)[-1] == "no reference (eager_packed did not finish)"
+    old = {"loss_max_abs": 0.0, "masked": {"loss_max_abs": 0.0}}  # a record from before the gradients were compared
+    no_grads["parity"]["fixed_batch"] = old
+    assert report.variant_row("ours_packed", no_grads)[-1].endswith("; gradients not compared")
     # The profiler missed the graph kernels: busy is eager's kernel time over the unprofiled step, both marked.
     missed = dict(data["variants"]["ours_packed"], gpu_busy_source="eager_kernel_time", gpu_busy=0.61)
     row = report.variant_row("ours_packed", missed)
@@ -200,7 +227,9 @@ def test_markdown_states_the_target_and_where_the_time_goes(tmp_path):
     text = report.text_table(data)
     assert text.splitlines()[0].startswith("variant | useful tok/s") and "target 1.3x: met" in text
     ours = next(line for line in text.splitlines() if line.startswith("ours_packed |"))
-    assert ours.split(" | ")[5] == "0.74" and ours.endswith("| 0 (exact) vs eager_packed")  # parity, not counters
+    assert ours.split(" | ")[5] == "0.74" and ours.endswith(
+        "| 0 (exact) vs eager_packed; gradients 25% bit-exact, max rel 3.0e-03 (floor 2.0e-03), within the floor"
+    )  # parity, not counters
     assert "## Levers" not in md  # no lever variant ran
     assert "GPU busy (in profiled steps)**: that kernel time over the profiled steps' own wall time" in md
 

@@ -23,8 +23,12 @@ LEVERS = "eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_pack
 @pytest.mark.fast
 def test_the_lever_variants_forms_references_and_run_order():
     for name in report.LEVER_VARIANTS:
-        assert report.FORM[name] == report.PACKED and name in report.LABELS and name in report.COLORS, name
+        form = report.PADDED if name in report.PADDED_PARTS else report.PACKED
+        assert report.FORM[name] == form and name in report.LABELS and name in report.COLORS, name
         assert name not in report.VARIANTS  # opt-in: the default list is unchanged
+    for name in report.PADDED_PARTS:  # ours_padded's parts: graphed, compared with eager_padded
+        assert name in report.GRAPHED and report.reference_of(name) == "eager_padded"
+        assert report.ORDER.index("ours_padded") < report.ORDER.index(name) < report.ORDER.index("ours_packed")
     assert report.reference_of("ours_packed_rows") == "eager_packed"
     assert report.reference_of("eager_packed_fused") == "eager_packed"  # expected to differ slightly: reported
     assert report.reference_of("ours_packed_fused") == "eager_packed_fused"  # the same (fused) numbers
@@ -37,7 +41,7 @@ def test_the_lever_variants_forms_references_and_run_order():
     order = report.ORDER
     assert order.index("eager_packed_fused") < order.index("ours_packed") < order.index("ours_packed_fused")
     assert [v for v in order if v in report.VARIANTS] == list(report.VARIANTS)
-    assert set(order) == {*report.VARIANTS, *report.LEVER_VARIANTS}
+    assert set(order) == {*report.VARIANTS, *report.LEVER_VARIANTS, report.PADDED_CONTROL}
     args = useful_tokens.parse_args(["--out", "x", "--variants", "ours_packed_fused,eager_packed_fused,eager_packed"])
     assert useful_tokens.check_args(args) is None
     assert useful_tokens.chosen_variants(args) == ("eager_packed", "eager_packed_fused", "ours_packed_fused")
@@ -118,6 +122,23 @@ def test_the_lever_variants_providers_change_one_setting_each():
     assert not got["eager_packed_fused"].cuda_graph.any_enabled
     # packed graphs: the plan's refusal on MoE layers holds for every packed graph variant, not only ours_packed
     assert all(useful_tokens.refusal(run, v) is None for v in report.PACKED_GRAPHED)
+
+
+def test_ours_padded_parts_change_only_their_submodules_fields():
+    """Each part of ours_padded (:data:`~benchmarks.useful_tokens_report.PADDED_PARTS`) is ours_padded's block with the
+    named fields replaced, nothing else: what tells which graphs a gradient difference comes from."""
+    import dataclasses
+
+    run = _run()
+    base = useful_tokens.variant_provider(run, "ours_padded").cuda_graph
+    for name, parts in report.PADDED_PARTS.items():
+        block = useful_tokens.variant_provider(run, name).cuda_graph
+        for sub in ("language", "vision"):
+            want = dataclasses.replace(getattr(base, sub), **parts.get(sub, {}))
+            assert getattr(block, sub) == want, (name, sub)
+        assert dataclasses.replace(block, language=base.language, vision=base.vision) == base, name
+    assert not useful_tokens.variant_provider(run, "ours_padded_vision").cuda_graph.language.enabled
+    assert useful_tokens.variant_provider(run, "ours_padded_layer_graphs").cuda_graph.language.graph_unit == "layer"
 
 
 @pytest.mark.fast

@@ -46,7 +46,7 @@ def test_an_moe_model_refuses_upstream_on_the_command_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "error: --variants eager_packed,upstream_padded: the tiny-moe model measures "
-        "eager_packed,eager_padded,ours_padded,ours_packed; choose from them"
+        "eager_packed,eager_padded,ours_padded,ours_packed,eager_padded_repeat; choose from them"
     ]
     with pytest.raises(SystemExit):
         useful_tokens.parse_args(["--out", "x", "--model", "moe-30b"])  # not a model

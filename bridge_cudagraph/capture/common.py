@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from bridge_cudagraph.capture.param_grads import ddp_consumes_param_grads, sum_param_grads
+from bridge_cudagraph.capture.param_grads import sum_param_grads
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -53,9 +53,8 @@ class CaptureStats:
     """Eager micro-batches of :attr:`eager_fallbacks` that were above the captured top (their rung came later, or
     did not fit in memory)."""
     param_grads_cloned: bool | None = None
-    """Whether each backward replay clones the parameter gradients it returns (TE's default); False when
-    Megatron's DDP consumes them before the buffers can be written again (:func:`param_grad_return_kwargs`), or
-    when graphs of their own sum them (:attr:`param_grads_summed`)."""
+    """Whether each backward replay clones the parameter gradients it returns (TE's default, kept at every capture:
+    :func:`capture_budget_ladder` says why); False once graphs of their own sum them (:attr:`param_grads_summed`)."""
     param_grads_summed: int = 0
     """Parameter gradients a backward pass over one rung's graphs sums into ``main_grad`` in small graphs of its own
     (:mod:`bridge_cudagraph.capture.param_grads`), instead of autograd and DDP's hook one by one; 0: none."""
@@ -119,35 +118,6 @@ def check_group_sizes(config, pg_collection, submodule: str) -> None:
             f"{submodule}: the process-group collection has no dp_cp group; Megatron-Core's helper logs on it and "
             "raises without it. Build the collection with bridge_cudagraph.parallel.groups, which sets every field"
         )
-
-
-def param_grad_return_kwargs(model_chunks, modules, *, rungs: int = 1) -> dict[str, bool]:
-    """``make_graphed_callables`` arguments that skip TE's clone of returned parameter gradients, when safe and
-    when it costs no memory.
-
-    TE 2.20 clones each parameter gradient a backward replay returns, so that a later replay cannot overwrite a
-    gradient someone kept. Under Megatron's DDP nobody keeps one (:func:`ddp_consumes_param_grads`): the clone is one
-    allocation and one device copy per captured parameter per micro-batch (most of them full-size copies of the
-    placeholder TE returns for weights it accumulated into ``main_grad`` itself), with values identical either way.
-    Empty (TE's default) for any other owner of the parameters. (A ladder whose gradients graphs of its own sum,
-    :mod:`bridge_cudagraph.capture.param_grads`, is captured with the clone where this says so and then replays
-    without it.)
-
-    A ladder of ``rungs`` budgets captured into one pool (:func:`capture_budget_ladder`) is the exception where
-    no TE module of ``modules`` fuses its weight gradient: TE gives a rung's parameter-gradient buffers back to the
-    pool only where it clones them (it holds a returned alias strongly), so without the clone every rung would keep
-    a full set of parameter gradients (2.6 GiB per rung on the 2B language model). Where TE fuses, the weight
-    gradients it returns are its one cached placeholder per shape, shared by every rung already.
-    """
-    from bridge_cudagraph.host.compat import te_graphs_can_alias_param_grads
-    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
-
-    if not (te_graphs_can_alias_param_grads() and ddp_consumes_param_grads(model_chunks, modules)):
-        return {}
-    trainable = any(p.requires_grad for module in modules for p in module.parameters())
-    if rungs > 1 and trainable and not any(te_modules_fusing(module) for module in modules):
-        return {}
-    return {"clone_param_grads_on_return": False}
 
 
 def ladder_order_kwargs(callables: int) -> dict:
@@ -465,7 +435,7 @@ class LadderHelper:
 
     A subclass sets ``self.model``, ``self.ladder`` (:class:`BudgetLadder`), ``self.stats``, ``self.copies``,
     ``self.graphs = {}``, ``self._pools = []``, ``self._fused_grad_params = []``, ``self._manual_hooks = False``,
-    ``self.on_capture_error``, and provides ``_captured_layers()``, ``_capture_rung(budget, copy, pool, extra)``
+    ``self.on_capture_error``, and provides ``_captured_layers()``, ``_capture_rung(budget, copy, pool)``
     (one copy's graph set of one rung), ``delete_cuda_graphs()`` and ``_set_manual_hooks()``.
 
     Growing re-captures the whole ladder up to the new top, largest first, into a fresh pool, rather than adding the
@@ -506,7 +476,6 @@ class LadderHelper:
             capture_one=self._capture_rung,
             on_capture_error=self.on_capture_error,
             submodule=self.stats.submodule,
-            ladder_rungs=len(self.ladder.budgets),
             first=first,
             sum_grads=self.sum_param_grads,
         )
@@ -581,7 +550,6 @@ def capture_budget_ladder(
     capture_one,
     on_capture_error: str,
     submodule: str,
-    ladder_rungs: int,
     first: bool = True,
     sum_grads: bool = True,
 ) -> tuple[dict, list]:
@@ -594,15 +562,25 @@ def capture_budget_ladder(
     a later capture into the pool carves its allocations out of such blocks. Each rung is one TE capture on TE's
     ``_order`` path (:func:`ladder_order_kwargs`), which, once the rung's backward is captured, holds its forward
     outputs and consumed gradient buffers by weak reference only; the activations saved between forward and
-    backward are freed by then too; the parameter gradients go back where TE clones them
-    (:func:`param_grad_return_kwargs`); the static inputs are views of buffers the rungs of a copy share
-    (:class:`StaticBuffers`). What a rung keeps to itself is its gradient-output buffer and its last gradient input.
+    backward are freed by then too; the parameter gradients go back as TE clones them; the static inputs are views of
+    buffers the rungs of a copy share (:class:`StaticBuffers`). What a rung keeps to itself is its gradient-output buffer and its last gradient input.
 
     Why no rung can overwrite what another still needs: within a copy one micro-batch runs at a time and it replays
     one rung, forward then backward, before any other rung of that copy runs; every tensor a replay writes is either
     read by the same micro-batch before its backward ends, or a static input written anew by the next replay. The
     eager fallbacks allocate outside the pool. Copies never share a pool (they hold micro-batches in flight at once).
-    ``capture_one(budget, copy, pool, extra_kwargs)`` captures copy ``copy``'s set of ``budget``.
+    ``capture_one(budget, copy, pool)`` captures copy ``copy``'s set of ``budget``.
+
+    Every capture keeps TE's clone of the parameter gradients a backward returns (``clone_param_grads_on_return``,
+    its default). Without it the graph hands autograd the pool's own buffers, and TE's ``_order`` path gives a
+    callable's gradient buffers back to the pool once the next callable's backward is captured, so the backward
+    after that writes the same memory at replay. The consumer does not run first: megatron-core's DDP adds each
+    gradient to ``main_grad`` in a hook on the parameter's ``AccumulateGrad`` node, which runs on the stream DDP was
+    built on (Bridge builds it on a stream of its own), after the producing graph but unordered with the graphs the
+    compute stream replays next. At the 2B shape a run of 25 layers queued 225 additions there and lost the race:
+    the gradients of 4 layers came out zero or doubled (``docs/design/param-grads.md``). The only consumer that reads
+    the buffers on their own stream before the next replay is the summing graph
+    (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`), which turns the clones off after capture.
 
     ``sum_grads``: each copy's parameter gradients summed by graphs of their own once its rungs are captured
     (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`).
@@ -613,13 +591,12 @@ def capture_budget_ladder(
     """
     try:
         with measure(stats, add=not first), megatron_capturing():
-            extra = param_grad_return_kwargs(model_chunks, layers, rungs=ladder_rungs)
-            stats.param_grads_cloned = not extra
+            stats.param_grads_cloned = True
             captured = {}
             for budget in sorted(budgets, reverse=True):
                 # TE's warmups cache blocks on their own streams; count the pool alone.
                 before, live = held_reserved(), torch.cuda.memory_allocated()
-                captured[budget] = [capture_one(budget, copy, pool, extra) for copy, pool in enumerate(pools)]
+                captured[budget] = [capture_one(budget, copy, pool) for copy, pool in enumerate(pools)]
                 gc.collect()
                 stats.per_budget[budget] = held_reserved() - before
                 stats.per_budget_live[budget] = torch.cuda.memory_allocated() - live

@@ -41,7 +41,6 @@ from bridge_cudagraph.capture.common import (
     check_group_sizes,
     check_static_inputs,
     measure,
-    param_grad_return_kwargs,
 )
 from bridge_cudagraph.capture.runs import LayerRun, group_runs, heads_of
 from bridge_cudagraph.host.patches import explicit_num_microbatches
@@ -140,7 +139,10 @@ class LanguageGraphHelper(TECudaGraphHelper):
         self.explicit_num_microbatches = num_microbatches
         self.planned_inputs = tuple(static_inputs)
         self.on_capture_error = on_capture_error
-        self.stats = CaptureStats(self.submodule)
+        # TE's clone of the returned parameter gradients stays on: megatron-core's DDP consumes them on its own
+        # stream, unordered with the next replays, which TE's shared pool lets write the same memory
+        # (capture.common.capture_budget_ladder says how).
+        self.stats = CaptureStats(self.submodule, param_grads_cloned=True)
         super().__init__(
             model,
             config,
@@ -226,13 +228,6 @@ class LanguageGraphHelper(TECudaGraphHelper):
         for args, kwargs in zip(sample_args, sample_kwargs, strict=True):
             check_static_inputs({"hidden_states": args[0], **kwargs}, self.planned_inputs, self.submodule)
         return sample_args, sample_kwargs
-
-    def _get_cuda_graph_input_data(self):
-        sample_args, kwargs = super()._get_cuda_graph_input_data()
-        skip_clones = param_grad_return_kwargs(self.model, self.flattened_callables)
-        kwargs.update(skip_clones)
-        self.stats.param_grads_cloned = not skip_clones
-        return sample_args, kwargs
 
     def _indexed_layers(self):
         """``(sample index, chunk index, layer)`` for every captured (layer, micro-batch), in the helper's

@@ -467,7 +467,7 @@ class PackedLanguageGraphHelper(LadderHelper):
         cu_padded = cu_host.to(device) if self.separate_padded else None
         return hidden, rotary, cu, cu_padded
 
-    def _capture_budget(self, decoder, budget: int, copy: int, pool, extra_kwargs: dict) -> PackedGraphSet:
+    def _capture_budget(self, decoder, budget: int, copy: int, pool) -> PackedGraphSet:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
 
@@ -490,7 +490,6 @@ class PackedLanguageGraphHelper(LadderHelper):
                 num_warmup_iters=self.num_warmup_iters,
                 allow_unused_input=True,
                 pool=pool,
-                **extra_kwargs,
                 **ladder_order_kwargs(len(callables)),
             )
         return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
@@ -498,8 +497,8 @@ class PackedLanguageGraphHelper(LadderHelper):
     def _captured_layers(self) -> list:
         return list(self.decoders[0].layers) if self.decoders else []
 
-    def _capture_rung(self, budget: int, copy: int, pool, extra_kwargs: dict) -> PackedGraphSet:
-        return self._capture_budget(self.decoders[0], budget, copy, pool, extra_kwargs)
+    def _capture_rung(self, budget: int, copy: int, pool) -> PackedGraphSet:
+        return self._capture_budget(self.decoders[0], budget, copy, pool)
 
     # ------------------------------------------------------------------ replay
     def _fallback(self, cause: str, detail: str) -> None:

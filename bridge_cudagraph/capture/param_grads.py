@@ -4,8 +4,8 @@ The changes of the host this makes (TE's clone flags, megatron-core's ready mark
 :mod:`bridge_cudagraph.host.graph_grads`, with their gates and undo.
 
 Why: a backward replay of a TE graph hands autograd one gradient per parameter of its layers (200 for a run of 25
-language layers at the 2B shape). For each, TE 2.20 first clones the graph's buffer (when the ladder shares its
-memory, :func:`~bridge_cudagraph.capture.common.param_grad_return_kwargs`), then autograd's ``AccumulateGrad`` sets
+language layers at the 2B shape). For each, TE 2.20 first clones the graph's buffer (every capture keeps the clone:
+:func:`~bridge_cudagraph.capture.common.capture_budget_ladder` says why), then autograd's ``AccumulateGrad`` sets
 it as ``param.grad``, then megatron-core's DDP hook adds it to ``main_grad`` in Python and drops it: per parameter and
 micro-batch, two allocations' worth of kernels and launches and a Python call, 1,082 of them per step on the 2B
 Qwen3-VL packed step, where a profile put 30 ms of the GPU's idle time under ``AccumulateGrad``. The additions are the
@@ -22,9 +22,9 @@ buffers any more.
 The same ``add_`` on the same operands in the same order per parameter: the same ``main_grad``, bit for bit. Safe
 because the summing graph runs on the backward's stream right after it (the post-hook runs before the autograd engine
 moves on to any other node), so before any other replay of the pool can write the buffers, which TE may have given
-back to the pool (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`). A backward that runs without the
-hook (a caller replaying the TE callable directly) still hands its buffers to DDP's hook, which consumes them at once
-(:func:`ddp_consumes_param_grads`).
+back to the pool (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`). DDP's own hook would not be safe
+there: it runs on the stream DDP was built on, unordered with the compute stream's next replays. So the clones are
+switched off only for the callables wrapped here, whose every backward goes through the post-hook.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ logger = logging.getLogger("bridge_cudagraph")
 def ddp_consumes_param_grads(model_chunks, modules) -> bool:
     """Whether every trainable parameter of ``modules`` is owned by a megatron-core DDP chunk of ``model_chunks``.
 
-    Such a parameter's gradient is consumed by DDP's hook on its ``AccumulateGrad`` node (added to ``main_grad``,
-    unless TE already did, then ``param.grad = None``). The autograd engine runs ``AccumulateGrad`` nodes before
-    any other ready node, so this happens before the next graph's backward is even launched, and on the same
-    stream, so before any replay can write the buffer the gradient aliases.
+    Such a parameter's gradient reaches ``main_grad`` through DDP's hook on its ``AccumulateGrad`` node, which a
+    summing graph can stand in for (the hook then finds ``None`` and only marks the gradient ready). The hook itself
+    is no safe reader of a graph's buffer: it runs on the stream DDP was built on, which the compute stream's next
+    replays do not wait for.
     """
     from megatron.core.distributed import DistributedDataParallel
 

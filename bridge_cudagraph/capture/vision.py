@@ -318,10 +318,10 @@ class VisionGraphHelper(LadderHelper):
     def _captured_layers(self) -> list:
         return list(self.vision_model.decoder.layers)
 
-    def _capture_rung(self, budget: int, copy: int, pool, extra_kwargs: dict) -> GraphSet:
-        return self._capture_budget(self._captured_layers(), budget, copy, pool, extra_kwargs)
+    def _capture_rung(self, budget: int, copy: int, pool) -> GraphSet:
+        return self._capture_budget(self._captured_layers(), budget, copy, pool)
 
-    def _capture_budget(self, layers: list, budget: int, copy: int, pool, extra_kwargs: dict) -> GraphSet:
+    def _capture_budget(self, layers: list, budget: int, copy: int, pool) -> GraphSet:
         """One set of graphed layers at ``budget`` patches, in ``pool``."""
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
         from transformer_engine.pytorch import make_graphed_callables
@@ -336,7 +336,6 @@ class VisionGraphHelper(LadderHelper):
                 num_warmup_iters=self.num_warmup_iters,
                 allow_unused_input=True,
                 pool=pool,
-                **extra_kwargs,
                 **ladder_order_kwargs(len(callables)),
             )
         return GraphSet(list(graphed), rotary, cu, segments=self.segments)

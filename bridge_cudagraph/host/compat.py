@@ -85,11 +85,12 @@ def vision_helper_accepts_pg_collection() -> bool:
 
 
 @functools.cache
-def te_graphs_can_alias_param_grads() -> bool:
-    """TE 2.20 ``make_graphed_callables`` takes ``clone_param_grads_on_return`` (default True): each backward
-    replay clones every parameter gradient it returns, one allocation and one device copy per parameter per
-    micro-batch, even for the placeholder of a weight whose gradient TE already accumulated into ``main_grad``.
-    Older TE returns the graph's buffers and has no such argument."""
+def te_graphs_clone_param_grads() -> bool:
+    """TE 2.20 ``make_graphed_callables`` takes ``clone_param_grads_on_return`` (default True, which every capture
+    here keeps): each backward replay clones every parameter gradient it returns, so that no later replay of the
+    shared pool can write a gradient its reader has not read yet; the per-callable flags are what the summing graphs
+    switch off (:mod:`bridge_cudagraph.host.graph_grads`). Older TE returns the graph's buffers and has no such
+    argument."""
     from transformer_engine.pytorch import make_graphed_callables
 
     return "clone_param_grads_on_return" in inspect.signature(make_graphed_callables).parameters
@@ -158,7 +159,7 @@ def te_graphs_share_ladder_buffers() -> bool:
 
     names = inspect.signature(make_graphed_callables).parameters
     return all(n in names for n in ("_order", "_num_layers_per_chunk", "_reuse_graph_input_output_buffers")) and (
-        te_graphs_can_alias_param_grads()
+        te_graphs_clone_param_grads()
     )
 
 

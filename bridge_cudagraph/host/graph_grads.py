@@ -21,9 +21,9 @@ Host change:
   undo: :func:`unmark_wgrad_ready`
 
 Why TE's flags: TE 2.20 clones each parameter gradient a backward replay returns when the graphs were captured
-with ``clone_param_grads_on_return`` (which a ladder sharing one pool needs at capture: only then does TE give the
-gradient buffers back to the pool, :func:`~bridge_cudagraph.capture.common.param_grad_return_kwargs`). Once a graph of
-this package has summed the gradients, the clones are copies nobody reads; TE offers no switch after capture.
+with ``clone_param_grads_on_return`` (its default, which every capture here keeps:
+:func:`~bridge_cudagraph.capture.common.capture_budget_ladder` says why). Once a graph of this package has summed the
+gradients, the clones are copies nobody reads; TE offers no switch after capture.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ ACTIVATION_SLACK = 1.1
 
 #: The share of one graph's unfused weight gradients a packed ladder's pool still holds at its peak. A ladder is
 #: captured with TE's clone of those gradients, under which TE gives their buffers back to the pool
-#: (:func:`~bridge_cudagraph.capture.common.param_grad_return_kwargs`; the replays then sum them in graphs of their
+#: (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`; the replays then sum them in graphs of their
 #: own, :mod:`bridge_cudagraph.capture.param_grads`, which take no pool memory), but within one graph's backward
 #: every layer's gradient is alive at its end, and the activations it frees meanwhile come in other sizes, so the pool
 #: cannot place all of them there: a graph over a run of layers (the ``deepstack`` unit) holds far more of them at

@@ -177,6 +177,10 @@ class Diff:
     """Parameters with a gradient on one side only, as ``"name (graphed only)"`` or ``"name (reference only)"``."""
     grad_absent: tuple[str, ...] = ()
     """Parameters that require a gradient and got none on either side."""
+    grad_worst_params: tuple[dict, ...] = ()
+    """The parameters furthest apart, worst first (:func:`diff`'s ``worst``): ``name``, ``rel_l2`` (relative to the
+    reference's norm), ``norm`` and ``reference_norm``; what says *which* gradients differ and whether one is
+    missing (its norm 0) or only rounded."""
 
     @property
     def exact(self) -> bool:
@@ -227,11 +231,16 @@ def masked_mean(loss: torch.Tensor, batch: dict) -> torch.Tensor:
     return (loss * mask).sum() / mask.sum().clamp(min=1)
 
 
-def loss_and_grads(model: list[torch.nn.Module], batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+def loss_and_grads(
+    model: list[torch.nn.Module], batch: dict, *, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
     """One forward/backward from zeroed gradient buffers; the per-token loss and every trainable parameter's
     gradient (``main_grad`` where DDP keeps one, else ``.grad``), ``None`` for a parameter that has neither: a
     missing gradient stays visible to :func:`diff` instead of becoming zeros. (A DDP buffer is zeroed, not absent,
-    so under DDP a parameter the backward never reached reads as zeros: that case only a value check can see.)"""
+    so under DDP a parameter the backward never reached reads as zeros: that case only a value check can see.)
+
+    ``device``: where the fp32 copies go (None: beside the gradient). ``"cpu"`` keeps a 2B model's reference out of
+    GPU memory while other models are built (:func:`diff` compares across devices)."""
     for chunk in model:
         chunk.zero_grad_buffer()
     loss = per_token_loss(model, batch)
@@ -243,8 +252,21 @@ def loss_and_grads(model: list[torch.nn.Module], batch: dict) -> tuple[torch.Ten
         g = getattr(p, "main_grad", None)
         if g is None:
             g = p.grad
-        grads[name] = None if g is None else g.detach().float().clone()
+        if g is None:
+            grads[name] = None
+        elif device is None:
+            grads[name] = g.detach().float().clone()
+        else:
+            grads[name] = g.detach().float().to(device, copy=True)
     return loss.detach(), grads
+
+
+def grad_norm(grads: Mapping[str, torch.Tensor | None]) -> float:
+    """The L2 norm of every gradient of ``grads`` together (accumulated in fp64; NaN propagates)."""
+    total = sum(
+        (float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2 for g in grads.values() if g is not None), 0.0
+    )
+    return math.sqrt(total)
 
 
 def grads_differ(a: Mapping[str, torch.Tensor | None], b: Mapping[str, torch.Tensor | None]) -> list[str]:
@@ -273,16 +295,30 @@ def diff_losses(a: torch.Tensor, b: torch.Tensor) -> Diff:
     return Diff(float(d.max()) if d.numel() else 0.0, rel, bool(torch.equal(a, b)))
 
 
-def diff(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> Diff:
-    """Compare ``loss_and_grads`` outputs of the graphed run ``a`` against the reference ``b``.
+def diff(
+    a: tuple[torch.Tensor, dict],
+    b: tuple[torch.Tensor, dict],
+    *,
+    worst: int = 0,
+    loss_mask: torch.Tensor | None = None,
+) -> Diff:
+    """Compare ``loss_and_grads`` outputs of the graphed run ``a`` against the reference ``b``, every parameter's
+    gradient by name (each pair on ``a``'s device where the two sides are on different ones).
 
     A gradient (``None`` in :func:`loss_and_grads`) missing on one side is listed in ``grad_missing`` and counts as
-    not exact; missing on both it is listed in ``grad_absent`` and left out of ``grad_exact_fraction``."""
-    out = diff_losses(a[0], b[0])
+    not exact; missing on both it is listed in ``grad_absent`` and left out of ``grad_exact_fraction``. ``worst``:
+    how many of the parameters furthest apart to list in ``grad_worst_params``. ``loss_mask``: compare the per-token
+    loss on the tokens it keeps only (a tightly packed replay computes nothing on the padding rows it drops, which
+    carry no loss: their per-token values are not the model's)."""
+    loss_a, loss_b = a[0], b[0].to(a[0].device)
+    if loss_mask is not None:
+        keep = loss_mask.to(loss_a.device).reshape(loss_a.shape) > 0
+        loss_a, loss_b = loss_a[keep], loss_b[keep]
+    out = diff_losses(loss_a, loss_b)
     if set(a[1]) != set(b[1]):
         raise AssertionError(f"parameter names differ: {sorted(set(a[1]) ^ set(b[1]))[:5]}")
-    exact, compared, worst, worst_name = 0, 0, 0.0, ""
-    missing, absent = [], []
+    exact, compared, worst_rel, worst_name = 0, 0, 0.0, ""
+    missing, absent, apart = [], [], []
     for name, gb in b[1].items():
         ga = a[1][name]
         if ga is None or gb is None:
@@ -293,21 +329,42 @@ def diff(a: tuple[torch.Tensor, dict], b: tuple[torch.Tensor, dict]) -> Diff:
                 compared += 1
             continue
         compared += 1
+        gb = gb.to(ga.device)
         if not (torch.isfinite(ga).all() and torch.isfinite(gb).all()):
-            if not math.isnan(worst):  # the first one is named; the walk goes on for the missing gradients
-                worst, worst_name = math.nan, f"{name} (not finite)"
+            if not math.isnan(worst_rel):  # the first one is named; the walk goes on for the missing gradients
+                worst_rel, worst_name = math.nan, f"{name} (not finite)"
             continue
         if torch.equal(ga, gb):
             exact += 1
             continue
-        rel = float((ga - gb).norm() / gb.norm().clamp(min=1e-12))
-        if rel > worst:
-            worst, worst_name = rel, name
-    out.grad_max_rel_l2 = worst
+        ref_norm = float(gb.norm())
+        rel = float((ga - gb).norm()) / max(ref_norm, 1e-12)
+        if worst:
+            apart.append({"name": name, "rel_l2": rel, "norm": float(ga.norm()), "reference_norm": ref_norm})
+        if rel > worst_rel:
+            worst_rel, worst_name = rel, name
+    out.grad_max_rel_l2 = worst_rel
     out.grad_exact_fraction = exact / max(1, compared)
     out.grad_worst = worst_name
     out.grad_missing, out.grad_absent = tuple(missing), tuple(absent)
+    out.grad_worst_params = tuple(sorted(apart, key=lambda p: -p["rel_l2"])[:worst])
     return out
+
+
+def within_floor(graphed: Diff, floor: Diff) -> bool:
+    """Whether ``graphed`` (graphed against eager) is within the eager-vs-eager ``floor`` measured on the same batch
+    in the same run: the loss and every gradient bit-exact where the floor is exact (deterministic kernels), else
+    no gradient missing, every value finite and the largest relative gradient difference at most
+    :data:`FLOOR_FACTOR` times the floor's (and likewise the largest per-token loss difference)."""
+    if floor.exact:
+        return graphed.exact
+    finite = math.isfinite(graphed.grad_max_rel_l2) and math.isfinite(graphed.loss_max_abs)
+    return (
+        finite
+        and not graphed.grad_missing
+        and graphed.grad_max_rel_l2 <= FLOOR_FACTOR * floor.grad_max_rel_l2
+        and graphed.loss_max_abs <= FLOOR_FACTOR * floor.loss_max_abs
+    )
 
 
 def megatron_optimizer(

@@ -8,6 +8,8 @@ same model, which the README says changes the per-token loss (asserted: off by m
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from bridge_cudagraph.testing.plans import plan_for
@@ -210,8 +212,8 @@ def test_upstream_helper_on_the_same_qwen3_vl(world, record):
 
 
 def test_two_microbatches_per_step_match(world, record):
-    """Two micro-batches per step: the graphs' returned parameter gradients (not cloned under Megatron's DDP) are
-    consumed before the second micro-batch's replay writes the same buffers, so the steps match eager."""
+    """Two micro-batches per step: the graphs' returned parameter gradients (cloned, TE's default) are consumed before
+    the second micro-batch's replay writes the same buffers, so the steps match eager."""
     from bridge_cudagraph.examples.data import gpt_batch
     from bridge_cudagraph.testing.parity import assert_captured, compare_series, megatron_optimizer, train_steps
 
@@ -250,8 +252,81 @@ def test_two_microbatches_per_step_match(world, record):
         max_grad_norm_rel_diff=norm.max_rel,
         nonfinite_steps=list(loss.nonfinite_steps + norm.nonfinite_steps),
     )
-    assert helper.stats.param_grads_cloned is False
+    assert helper.stats.param_grads_cloned is True
     loss.require_identical()  # README: 10 optimizer steps identical to eager
     norm.require_identical()
     assert_captured(helper.stats)
     helper.delete_cuda_graphs()
+
+
+@contextlib.contextmanager
+def _ddp_hooks_held_back(model, cycles: int = 20_000_000):
+    """While open, the first parameter ``AccumulateGrad`` node of each backward (the nodes megatron-core's DDP hooks,
+    which add the gradient to ``main_grad``) also sleeps ``cycles`` GPU cycles (about 10 ms) on the stream it runs
+    on, after DDP's hook: every later addition of that backward waits behind it, as they did at the 2B shape behind
+    225 others. Yields the streams the nodes ran on."""
+    import torch
+
+    streams: list = []
+
+    def hold(*_):
+        if not streams:
+            torch.cuda._sleep(cycles)
+        streams.append(torch.cuda.current_stream())
+
+    nodes = [p.expand_as(p).grad_fn.next_functions[0][0] for p in model[0].parameters() if p.requires_grad]
+    handles = [node.register_hook(hold) for node in nodes]
+    try:
+        yield streams
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _capture_and_compare(world, kind, unit, batch):
+    """The graphed model's gradients on ``batch`` with DDP's hooks held back, against its eager twin's."""
+    import torch
+
+    from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads
+
+    reference, graphed, provider = _pair(kind, world, unit=unit)
+    helper = provider.make_language_graph_helper(
+        graphed, plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    )
+    helper.create_cudagraphs()
+    assert helper.stats.graphs >= 3, helper.stats  # a later backward graph can reuse an earlier one's buffers
+    expected = loss_and_grads(reference, batch)
+    with _ddp_hooks_held_back(graphed) as streams:
+        got = loss_and_grads(graphed, batch)
+    torch.cuda.synchronize()
+    # The premise: DDP's hooks run on a stream other than the one the graphs replay on.
+    assert streams and all(s != torch.cuda.current_stream() for s in streams)
+    assert_captured(helper.stats)
+    helper.delete_cuda_graphs()
+    return diff(got, expected, worst=3)
+
+
+@pytest.mark.parametrize(("kind", "unit"), [("gpt", "layer"), ("qwen3_vl", None)], ids=["gpt-layer", "qwen3_vl-runs"])
+def test_gradients_hold_while_ddp_adds_them_late(world, record, monkeypatch, kind, unit):
+    """DDP's hooks add each returned parameter gradient on the stream DDP was built on, unordered with the compute
+    stream's next replays, which TE's shared pool lets write the same buffers (run 83: at the 2B shape four layers'
+    gradients came out zero or doubled). With DDP's stream held back the graphs' gradients are still bit for bit the
+    eager model's (TE's clone, kept at capture); the control, the same capture with the clone off as it was before,
+    loses them: the hazard is real on this stack, so this test can fail."""
+    from bridge_cudagraph.capture.language import LanguageGraphHelper
+
+    batch = next(iter(_batches(kind).values()))
+    kept = _capture_and_compare(world, kind, unit, batch)
+    record(kind=kind, phase="ddp_held_back", clone=True, **kept.as_dict())
+    host_input_data = LanguageGraphHelper.__mro__[1]._get_cuda_graph_input_data
+
+    def no_clone(self):  # the control: the capture as it was, TE handing back its own buffers
+        args, kwargs = host_input_data(self)
+        return args, {**kwargs, "clone_param_grads_on_return": False}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LanguageGraphHelper, "_get_cuda_graph_input_data", no_clone, raising=False)
+        lost = _capture_and_compare(world, kind, unit, batch)
+    record(kind=kind, phase="ddp_held_back", clone=False, **lost.as_dict())
+    kept.require_exact(f"{kind} with TE's clone, DDP held back")
+    assert not lost.exact, "the control kept its gradients: the test no longer sees the hazard"

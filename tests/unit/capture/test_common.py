@@ -1,41 +1,48 @@
-"""capture.common: when the graphs may hand back their parameter-gradient buffers without TE's clone."""
+"""capture.common: every capture keeps TE's clone of the parameter gradients; the budget ladder's capture order."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bridge_cudagraph.capture.common import param_grad_return_kwargs
 from bridge_cudagraph.capture.param_grads import ddp_consumes_param_grads
-from bridge_cudagraph.host.compat import te_graphs_can_alias_param_grads
+from bridge_cudagraph.host.compat import te_graphs_clone_param_grads
 
 
-def test_the_tested_te_can_skip_the_clone():
-    # TE 2.20.2 (TESTED_STACK) has clone_param_grads_on_return; the probe reads the real signature.
-    assert te_graphs_can_alias_param_grads()
+def test_the_tested_te_clones_returned_param_grads_by_default():
+    """TE 2.20.2 (TESTED_STACK) has ``clone_param_grads_on_return``, default True, the setting every capture keeps; the
+    probe and the default are read from the real signature."""
+    import inspect
+
+    from transformer_engine.pytorch import make_graphed_callables
+
+    assert te_graphs_clone_param_grads()
+    assert inspect.signature(make_graphed_callables).parameters["clone_param_grads_on_return"].default is True
 
 
-def test_parameters_outside_megatron_ddp_keep_tes_clone():
+def test_no_capture_asks_te_to_hand_back_its_own_gradient_buffers():
+    """Nothing in the package passes ``clone_param_grads_on_return``: DDP's hook, the only other reader, runs on its
+    own stream, unordered with the next replays that reuse the buffers (run 83: four layers' gradients corrupted)."""
+    from pathlib import Path
+
+    import bridge_cudagraph
+
+    root = Path(bridge_cudagraph.__file__).parent
+    passing = [p for p in root.rglob("*.py") if "clone_param_grads_on_return=" in p.read_text()]
+    passing += [p for p in root.rglob("*.py") if '"clone_param_grads_on_return":' in p.read_text()]
+    assert passing == []
+
+
+def test_parameters_outside_megatron_ddp_are_not_summed_by_graphs():
     layer = torch.nn.Linear(4, 4)
     assert not ddp_consumes_param_grads([layer], [layer])
-    assert param_grad_return_kwargs([layer], [layer]) == {}
 
 
 def test_frozen_parameters_need_no_owner_but_trainable_ones_do():
     frozen = torch.nn.Linear(4, 4).requires_grad_(False)
-    # No chunk at all: every trainable parameter (none here) is owned, so the clone can go.
+    # No chunk at all: every trainable parameter (none here) is owned.
     assert ddp_consumes_param_grads([], [frozen])
     assert not ddp_consumes_param_grads([], [torch.nn.Linear(4, 4)])
-
-
-def test_a_ladder_of_frozen_layers_skips_the_clone_and_one_of_unfused_trainable_layers_keeps_it():
-    """Several rungs share one pool only where TE gives the parameter-gradient buffers back, i.e. where it clones them;
-    frozen layers (LoRA's base) have none, so the clone goes; a single rung never needs it."""
-    from bridge_cudagraph.capture.common import param_grad_return_kwargs
-
-    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
-    assert param_grad_return_kwargs([], [frozen], rungs=13) == {"clone_param_grads_on_return": False}
-    assert param_grad_return_kwargs([], [frozen], rungs=1) == {"clone_param_grads_on_return": False}
 
 
 def test_the_tested_te_shares_ladder_buffers():
@@ -130,8 +137,8 @@ def test_the_ladder_captures_each_copy_largest_first_and_measures_each_rung(monk
     state = _fake_device(monkeypatch, None)
     calls = []
 
-    def capture_one(budget, copy, pool, extra):
-        calls.append((budget, copy, pool, dict(extra)))
+    def capture_one(budget, copy, pool):
+        calls.append((budget, copy, pool))
         state["reserved"] += budget
         state["allocated"] += 1
         return _Set(budget, copy)
@@ -147,9 +154,8 @@ def test_the_ladder_captures_each_copy_largest_first_and_measures_each_rung(monk
         capture_one=capture_one,
         on_capture_error="raise",
         submodule="language",
-        ladder_rungs=3,
     )
-    assert [(b, c, p) for b, c, p, _ in calls] == [
+    assert calls == [
         (2048, 0, "p0"),
         (2048, 1, "p1"),
         (1024, 0, "p0"),
@@ -157,7 +163,7 @@ def test_the_ladder_captures_each_copy_largest_first_and_measures_each_rung(monk
         (512, 0, "p0"),
         (512, 1, "p1"),
     ]
-    assert all(extra == {"clone_param_grads_on_return": False} for *_, extra in calls)  # frozen: nothing to clone
+    assert stats.param_grads_cloned is True  # TE's default, kept: nothing summed them (no DDP chunk here)
     assert sorted(graphs) == [512, 1024, 2048] and [s.copy for s in graphs[1024]] == [0, 1]
     assert stats.per_budget == {2048: 4096, 1024: 2048, 512: 1024} and stats.per_budget_live == {
         2048: 2,
@@ -173,24 +179,25 @@ def test_a_later_capture_that_fails_keeps_the_graphs_and_a_first_one_leaves_the_
 
     _fake_device(monkeypatch, None)
 
-    def broken(budget, copy, pool, extra):
+    def broken(budget, copy, pool):
         raise RuntimeError("out of memory")
 
     stats = CaptureStats("vision", graphs=8)
     layer = torch.nn.Linear(2, 2).requires_grad_(False)
     kwargs = dict(model_chunks=[], budgets=(4096,), pools=["p"], capture_one=broken, submodule="vision")
-    assert capture_budget_ladder(
-        stats=stats, layers=[layer], on_capture_error="eager", ladder_rungs=2, first=False, **kwargs
-    ) == ({}, [])
+    assert capture_budget_ladder(stats=stats, layers=[layer], on_capture_error="eager", first=False, **kwargs) == (
+        {},
+        [],
+    )
     assert stats.failed is None and stats.graphs == 8  # the rungs captured before stay
     first = CaptureStats("vision")
-    assert capture_budget_ladder(stats=first, layers=[layer], on_capture_error="eager", ladder_rungs=2, **kwargs) == (
+    assert capture_budget_ladder(stats=first, layers=[layer], on_capture_error="eager", **kwargs) == (
         {},
         [],
     )
     assert "out of memory" in first.failed
     with pytest.raises(RuntimeError, match="out of memory"):
-        capture_budget_ladder(stats=first, layers=[layer], on_capture_error="raise", ladder_rungs=2, **kwargs)
+        capture_budget_ladder(stats=first, layers=[layer], on_capture_error="raise", **kwargs)
 
 
 class _Ladder:
@@ -282,7 +289,7 @@ def test_a_ladder_helpers_first_capture_takes_the_rungs_up_to_the_data_into_one_
         def _captured_layers(self):
             return [layer]
 
-        def _capture_rung(self, budget, copy, pool, extra):
+        def _capture_rung(self, budget, copy, pool):
             self.rungs.append((budget, copy, pool))
             state["reserved"] += budget
             return _Set(budget, copy)

@@ -97,6 +97,48 @@ def test_diff_of_losses_and_gradients():
         off.require_exact("off")
 
 
+def test_diff_names_the_parameters_furthest_apart_with_both_norms():
+    """Run 83's question, which parameters and how: a zero gradient against a real one reads ``norm 0``."""
+    loss = torch.tensor([[1.0, 2.0]])
+    graphed = _grads(a=[0.0, 0.0], b=[1.0, 2.1], c=[3.0, 4.0])
+    d = diff((loss, graphed), (loss.clone(), _grads(a=[3.0, 4.0], b=[1.0, 2.0], c=[3.0, 4.0])), worst=5)
+    assert [p["name"] for p in d.grad_worst_params] == ["a", "b"]  # exact ones are not listed
+    first = d.grad_worst_params[0]
+    assert first["rel_l2"] == pytest.approx(1.0) and first["norm"] == 0.0 and first["reference_norm"] == 5.0
+    assert diff((loss, graphed), (loss, graphed)).grad_worst_params == ()
+
+
+def test_diff_compares_across_devices_and_on_the_loss_tokens_only():
+    loss, ref = torch.tensor([[1.0, 2.0, 9.0]]), torch.tensor([[1.0, 2.0, 0.0]])
+    grads = _grads(w=[1.0])
+    assert not diff((loss, grads), (ref, grads)).loss_exact
+    masked = diff((loss, grads), (ref, grads), loss_mask=torch.tensor([1.0, 1.0, 0.0]))
+    assert masked.exact and masked.loss_max_abs == 0.0
+
+
+def test_within_floor_is_exactness_under_an_exact_floor_and_twice_the_floor_otherwise():
+    from bridge_cudagraph.testing.parity import Diff, within_floor
+
+    exact_floor = Diff(0.0, 0.0, True)
+    assert within_floor(Diff(0.0, 0.0, True), exact_floor)
+    assert not within_floor(Diff(0.0, 0.0, True, grad_max_rel_l2=1e-7, grad_exact_fraction=0.9), exact_floor)
+    floor = Diff(0.0, 0.0, True, grad_max_rel_l2=0.01, grad_exact_fraction=0.1)
+    assert within_floor(Diff(0.0, 0.0, True, grad_max_rel_l2=0.02, grad_exact_fraction=0.0), floor)
+    assert not within_floor(Diff(0.0, 0.0, True, grad_max_rel_l2=2.2, grad_exact_fraction=0.0), floor)  # run 83
+    assert not within_floor(Diff(1e-6, 0.0, False, grad_max_rel_l2=0.0), floor)  # the loss must stay exact here
+    assert not within_floor(Diff(0.0, 0.0, True, grad_max_rel_l2=math.nan), floor)
+    missing = Diff(0.0, 0.0, True, grad_max_rel_l2=0.0, grad_missing=("w (reference only)",))
+    assert not within_floor(missing, floor)
+
+
+def test_grad_norm_is_every_gradient_together_and_keeps_nan():
+    from bridge_cudagraph.testing.parity import grad_norm
+
+    assert grad_norm(_grads(a=[3.0], b=[4.0], c=[0.0])) == pytest.approx(5.0)
+    assert grad_norm({"a": None, **_grads(b=[2.0])}) == pytest.approx(2.0)
+    assert math.isnan(grad_norm(_grads(a=[math.nan])))
+
+
 @pytest.mark.parametrize("where", ["loss", "grad"])
 def test_diff_fails_on_nan(where):
     loss, grads = torch.tensor([[1.0, 2.0]]), _grads(w=[1.0, 2.0])
