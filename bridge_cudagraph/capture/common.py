@@ -563,7 +563,8 @@ def capture_budget_ladder(
     ``_order`` path (:func:`ladder_order_kwargs`), which, once the rung's backward is captured, holds its forward
     outputs and consumed gradient buffers by weak reference only; the activations saved between forward and
     backward are freed by then too; the parameter gradients go back as TE clones them; the static inputs are views of
-    buffers the rungs of a copy share (:class:`StaticBuffers`). What a rung keeps to itself is its gradient-output buffer and its last gradient input.
+    buffers the rungs of a copy share (:class:`StaticBuffers`). What a rung keeps to itself is its gradient-output
+    buffer and its last gradient input.
 
     Why no rung can overwrite what another still needs: within a copy one micro-batch runs at a time and it replays
     one rung, forward then backward, before any other rung of that copy runs; every tensor a replay writes is either
