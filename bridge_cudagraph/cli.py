@@ -16,6 +16,7 @@ The verbs and flags are frozen by ``tests/unit/test_cli.py``; add knobs to the r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -155,31 +156,22 @@ def _runner(verb: str):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from bridge_cudagraph.plan.from_config import plan_config
     from bridge_cudagraph.recipe.load import load_recipe
 
-    runner = None
-    if args.verb in _NEEDS_GPU:
-        runner = _runner(args.verb)
-    loaded = load_recipe(args.recipe, args.overrides)
+    runner = _runner(args.verb) if args.verb in _NEEDS_GPU else None
+    with _configuration_phase():
+        loaded = load_recipe(args.recipe, args.overrides)
+        if runner is not None:
+            # The configuration's checks come before the GPU check: what `validate` refuses, `train` refuses with
+            # the same line on any machine (train.check_before_gpu plans the run as `validate` does), and also a
+            # base checkpoint that is not on this machine, which `validate` and `plan` only report.
+            check = getattr(runner, "check_before_gpu", None)
+            ready = check(loaded, gpu_memory=args.gpu_memory) if check is not None else {}
+        else:
+            plan, no_base = _plan(loaded, args)
     if runner is not None:
-        # The configuration's checks come before the GPU check: what `validate` refuses, `train` refuses with
-        # the same line on any machine (train.check_before_gpu plans the run as `validate` does), and also a base
-        # checkpoint that is not on this machine, which `validate` and `plan` only report.
-        check = getattr(runner, "check_before_gpu", None)
-        ready = check(loaded, gpu_memory=args.gpu_memory) if check is not None else {}
         _require_cuda(args.verb)
         return int(runner.main(loaded, args, **ready) or 0)
-    from bridge_cudagraph.plan.from_config import missing_base_checkpoint
-
-    # A plan never reads a PEFT base checkpoint; one not set or not on this machine is said, not refused (train needs
-    # it).
-    no_base = missing_base_checkpoint(loaded.config)
-    plan = plan_config(loaded.config, world_size=loaded.world(args.world_size), base_checkpoint_needed=False)
-    if args.gpu_memory is not None:
-        from bridge_cudagraph.plan.memory import check_plan_fits
-
-        check_plan_fits(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
     if args.verb == "plan":
         print(f"recipe: {loaded.source}" + ("" if not args.overrides else " " + " ".join(args.overrides)))
         if loaded.description:
@@ -195,6 +187,37 @@ def _run(args: argparse.Namespace) -> int:
         + ("" if no_base is None else f"; {no_base} (train needs it)")
     )
     return 0
+
+
+def _plan(loaded, args: argparse.Namespace):
+    """``validate`` and ``plan``: the plan, checked against ``--gpu-memory``, and what the run lacks of its base
+    checkpoint (a plan never reads it: said, not refused)."""
+    from bridge_cudagraph.plan.from_config import missing_base_checkpoint, plan_config
+
+    no_base = missing_base_checkpoint(loaded.config)
+    plan = plan_config(loaded.config, world_size=loaded.world(args.world_size), base_checkpoint_needed=False)
+    if args.gpu_memory is not None:
+        from bridge_cudagraph.plan.memory import check_plan_fits
+
+        check_plan_fits(plan, args.gpu_memory, source=f"--gpu-memory {args.gpu_memory:g}")
+    return plan, no_base
+
+
+@contextlib.contextmanager
+def _configuration_phase():
+    """Loading, checking and planning: what fails here is the configuration, for every verb, and is said in one line
+    (an assertion or a ``ValueError`` of the host with the settings its check reads,
+    :func:`bridge_cudagraph.host.refusals.host_refusal_line`); the plugin's own refusals pass through as they are."""
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    try:
+        yield
+    except CudaGraphConfigError:
+        raise
+    except (ValueError, AssertionError) as error:
+        from bridge_cudagraph.host.refusals import host_refusal_line
+
+        raise CliError(host_refusal_line(error) or _one_line(error)) from error
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

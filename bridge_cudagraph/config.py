@@ -29,7 +29,15 @@ GRAPH_UNITS: tuple[str, ...] = ("deepstack", "layer")
 
 
 class CudaGraphConfigError(ValueError):
-    """A ``cuda_graph`` setting that cannot work; the message names the setting and the fix."""
+    """A ``cuda_graph`` setting that cannot work; the message names the setting and the fix.
+
+    ``fix``: the ``key=value`` overrides of the first fix the message gives, where a refusal can say it exactly; a
+    test follows them from refusal to refusal until the configuration validates (no advice that runs in a circle).
+    """
+
+    def __init__(self, message: str, *, fix: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.fix: tuple[str, ...] = tuple(fix)
 
 
 @dataclass

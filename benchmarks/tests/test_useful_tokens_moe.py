@@ -131,7 +131,10 @@ def test_ours_packed_on_moe_is_refused_with_the_plans_reason_and_recorded(model,
     reason = useful_tokens.refusal(run, "ours_packed")
     assert reason is not None and PACKED_MOE_REFUSAL.format(experts) in reason
     assert reason.startswith("model.cuda_graph.language.enabled=true") and "\n" not in reason
-    assert "pad instead" in reason  # the plan's fix for Bridge's Qwen3-VL step
+    # the plan's fixes for Bridge's Qwen3-VL step: the language graphs off, or padded with the MoE scope
+    assert (
+        "model.cuda_graph.language.enabled=false" in reason and "pad (dataset.enable_in_batch_packing=false" in reason
+    )
     for variant in ("eager_packed", "eager_padded", "ours_padded"):
         assert useful_tokens.refusal(run, variant) is None, variant
     rec = useful_tokens._run_variant(run, "ours_packed")

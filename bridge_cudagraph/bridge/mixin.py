@@ -138,6 +138,13 @@ class CudaGraphProviderMixin:
                 f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
                 "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
             )
+        if getattr(self, "cpu_offloading", False):
+            raise CudaGraphConfigError(
+                f"model.cpu_offloading=true with {where}.enabled=true: megatron-core's CPU activation offloading "
+                "moves activations out inside the layers, which a graph cannot replay (megatron-core refuses it with "
+                f"per-layer graphs); set model.cpu_offloading=false, or {where}.enabled=false",
+                fix=("model.cpu_offloading=false",),
+            )
         modules = self.cuda_graph.language.modules
         if getattr(self, "num_moe_experts", None) and (modules is None or "moe" in modules):
             if getattr(self, "moe_expert_capacity_factor", None) is None or not getattr(
@@ -145,8 +152,11 @@ class CudaGraphProviderMixin:
             ):
                 raise CudaGraphConfigError(
                     f"{where}.modules captures whole MoE layers, whose token counts per expert vary per batch; "
-                    f"capture [attn, moe_router, moe_preprocess] (or [attn]) instead, or set "
-                    "model.moe_expert_capacity_factor and model.moe_pad_expert_input_to_capacity=true"
+                    f"capture {where}.modules=[attn,moe_router,moe_preprocess] instead (the experts run eagerly "
+                    "between the graphs), or give the experts a fixed capacity (model.moe_expert_capacity_factor and "
+                    "model.moe_pad_expert_input_to_capacity=true: this changes the model, tokens over capacity are "
+                    "dropped)",
+                    fix=(f"{where}.modules=[attn,moe_router,moe_preprocess]",),
                 )
 
     # ------------------------------------------------------------------ build time

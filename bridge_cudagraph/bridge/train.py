@@ -161,8 +161,11 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
         plan = plan_config(loaded.config, world_size=world_size_from_env(), copy=True)
     except (CudaGraphConfigError, LayoutError):
         raise
-    except (ValueError, AssertionError) as error:
-        raise CudaGraphConfigError(" ".join(str(error).split()) or type(error).__name__) from error
+    except (ValueError, AssertionError) as error:  # the host's refusal, with the settings its check reads
+        from bridge_cudagraph.host.refusals import host_refusal_line
+
+        line = host_refusal_line(error) or " ".join(str(error).split()) or type(error).__name__
+        raise CudaGraphConfigError(line) from error
     check_stack(loaded.config)
     if gpu_memory is not None:
         from bridge_cudagraph.plan.memory import check_plan_fits

@@ -50,8 +50,23 @@ CACHE_ENV = "BRIDGE_CUDAGRAPH_CACHE"
 
 
 def cache_dir() -> Path:
-    """``$BRIDGE_CUDAGRAPH_CACHE``, else one fixed folder under the system temp dir (every rank names the same)."""
-    return Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "bridge_cudagraph_cache")
+    """``$BRIDGE_CUDAGRAPH_CACHE``, else one fixed folder under the system temp dir (every rank names the same),
+    created; a folder this user cannot create or write is refused in one line naming the variable."""
+    from bridge_cudagraph.recipe import RecipeError
+
+    given = os.environ.get(CACHE_ENV)
+    root = Path(given) if given else Path(tempfile.gettempdir()) / "bridge_cudagraph_cache"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as error:
+        where = f"{CACHE_ENV}={given}" if given else f"the example cache {root} (the default: {CACHE_ENV} is unset)"
+        raise RecipeError(
+            f"{where} cannot be written ({error.strerror or type(error).__name__}); set {CACHE_ENV} to a folder "
+            "this user can write"
+        ) from error
+    return root
 
 
 def build_photo_data(root: str | os.PathLike[str] | None = None, spec: PhotoSetSpec | None = None):

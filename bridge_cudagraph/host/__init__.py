@@ -21,6 +21,8 @@ module                  what it changes
 ``graph_grads``         TE's graphed callables' parameter-gradient clone flags, megatron-core's ready mark on
                         parameters: for gradients a ladder's graphs sum themselves
 ``finalize_chain``      nothing of its own: how ``finalize`` and ``replica_sync`` put a wrapper on and off
+``data_workers``        the environment's ``TOKENIZERS_PARALLELISM`` while a data loader forks workers
+``refusals``            nothing: reads the frame of a host configuration check that raised, to name its settings
 ======================  ================================================================================
 
 Outside this folder the package subclasses host classes at their documented seams and reads what those seams hand a

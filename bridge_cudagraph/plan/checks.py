@@ -20,15 +20,34 @@ if TYPE_CHECKING:
     from bridge_cudagraph.plan.facts import ModelFacts, PackingFacts
 
 
+#: The variables torch reads its caching allocator's settings from: ``PYTORCH_ALLOC_CONF`` (torch 2.9 and later) and
+#: its former name, still read.
+ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def expandable_segments_on(value: str) -> bool:
+    """Whether an allocator setting string turns ``expandable_segments`` on, as torch parses it: comma-separated
+    ``key:value`` pairs, spaces around them ignored (torch takes ``True`` or ``False`` only)."""
+    for item in value.split(","):
+        key, _, setting = item.partition(":")
+        if key.strip() == "expandable_segments" and setting.strip() == "True":
+            return True
+    return False
+
+
 def check_environment(environ: dict[str, str] | None = None) -> None:
-    """``expandable_segments:True`` makes NCCL's graph registration read freed memory unless it is disabled
-    (megatron-core asserts this only when the helper is built, i.e. at the capture step)."""
+    """``expandable_segments`` makes NCCL's graph registration read freed memory unless it is disabled
+    (megatron-core asserts this only when the helper is built, i.e. at the capture step), under either name of
+    torch's allocator variable (:data:`ALLOC_CONF_VARIABLES`)."""
     env = os.environ if environ is None else environ
-    if "expandable_segments:True" in env.get("PYTORCH_CUDA_ALLOC_CONF", "") and env.get("NCCL_GRAPH_REGISTER") != "0":
-        raise CudaGraphConfigError(
-            "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which with CUDA graphs needs NCCL_GRAPH_REGISTER=0 "
-            "(else illegal memory accesses); export NCCL_GRAPH_REGISTER=0 or drop expandable_segments"
-        )
+    if env.get("NCCL_GRAPH_REGISTER") == "0":
+        return
+    for name in ALLOC_CONF_VARIABLES:
+        if expandable_segments_on(env.get(name, "")):
+            raise CudaGraphConfigError(
+                f"{name}={env[name]} turns expandable_segments on, which with CUDA graphs needs NCCL_GRAPH_REGISTER=0 "
+                f"(else illegal memory accesses); export NCCL_GRAPH_REGISTER=0 or drop expandable_segments from {name}"
+            )
 
 
 def check_stack(config: Any) -> None:
@@ -251,8 +270,9 @@ def check_before_bridge(config: Any) -> None:
 
     * ``model.seq_length`` past the positions the model was trained for (accepted by Bridge; nothing in the stack
       limits rotary positions, so such a run trains on positions no weight has seen);
-    * context parallelism with packed language graphs
-    (:func:`~bridge_cudagraph.plan.checks.check_packed_context_parallel`);
+    * context parallelism, MoE layers and fine-grained activation offloading with packed language graphs
+      (:func:`check_packed_context_parallel`, :func:`check_packed_layers`: the host's own lines about them would
+      come first, and the MoE one's advice leads to these refusals);
     * under context parallelism on a fine-tuning dataset: ``model.seq_length`` a multiple of 2 x cp,
       ``model.calculate_per_token_loss=true`` and ``ddp.average_in_collective=false`` (Bridge asserts them with
       ``When finetuning with CP>1, ... must be ...``);
@@ -262,11 +282,15 @@ def check_before_bridge(config: Any) -> None:
     check_positions(config.model)
     cg = getattr(config.model, "cuda_graph", None)
     if cg is not None and cg.language.enabled:
-        from bridge_cudagraph.plan.checks import check_packed_context_parallel
-
         packing = packing_facts(config)
         if packing is not None:
-            check_packed_context_parallel(int(getattr(config.model, "context_parallel_size", 1) or 1), packing)
+            model = config.model
+            check_packed_context_parallel(int(getattr(model, "context_parallel_size", 1) or 1), packing)
+            check_packed_layers(
+                num_moe_experts=getattr(model, "num_moe_experts", None),
+                offloading=bool(getattr(model, "fine_grained_activation_offloading", False)),
+                packing=packing,
+            )
     _check_finetuning_context_parallel(config)
     _check_sequence_lengths(config)
 
@@ -467,17 +491,47 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
             f"train.micro_batch_size={mbs} with dataset.enable_offline_packing=true: Bridge trains offline-packed "
             "rows one per micro-batch; set train.micro_batch_size=1"
         )
+    check_packed_layers(num_moe_experts=facts.num_moe_experts, offloading=False, packing=packing)
     if cfg.language.modules is not None:
         raise CudaGraphConfigError(
             f"{where}.modules={cfg.language.modules} with packed micro-batches: packed graphs capture whole layers "
-            "(the attention must see the static cu_seqlens); set modules to null"
-        )
-    if facts.num_moe_experts:
-        raise CudaGraphConfigError(
-            f"{where}.enabled=true with packed micro-batches on an MoE model ({facts.num_moe_experts} experts): "
-            f"packed graphs of MoE layers are not supported yet; {unpack_fix(packing)}"
+            "(the attention must see the static cu_seqlens); set modules to null",
+            fix=(f"{where}.modules=null",),
         )
     check_packed_budgets(cfg, facts, packing)
+
+
+def check_packed_layers(*, num_moe_experts: int | None, offloading: bool, packing: PackingFacts) -> None:
+    """Layers packed language graphs cannot capture, refused with a fix that validates (the one copy, for
+    :func:`check_packed_language` and, before Bridge's finalization, :func:`check_before_bridge`):
+
+    * MoE layers: the packed ladder captures whole layers, whose token counts per expert vary per micro-batch, and
+      partial scopes (``modules``) are padded-only; so the fix is the language graphs off (the vision graphs stay),
+      or padded micro-batches with the MoE scope;
+    * fine-grained activation offloading: its offload hooks run inside the layers, and only megatron-core's own
+      helper (padded micro-batches) turns them off around a capture.
+    """
+    where = "model.cuda_graph.language"
+    if num_moe_experts:
+        pad = (
+            "or pack no more (dataset.enable_offline_packing=false, pad_to_max_length=true)"
+            if packing.mode == "offline"
+            else "or pad (dataset.enable_in_batch_packing=false, pad_to_max_length=true) and capture "
+            f"{where}.modules=[attn,moe_router,moe_preprocess]"
+        )
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with packed micro-batches on an MoE model ({num_moe_experts} experts): packed "
+            f"graphs of MoE layers are not supported yet; set {where}.enabled=false (the vision graphs stay), {pad}",
+            fix=(f"{where}.enabled=false",),
+        )
+    if offloading:
+        raise CudaGraphConfigError(
+            f"model.fine_grained_activation_offloading=true with {where}.enabled=true and packed micro-batches: its "
+            "offload hooks run inside the layers the packed graphs capture, which only megatron-core's own helper "
+            "(padded micro-batches) switches off around a capture; set "
+            f"model.fine_grained_activation_offloading=false, or {where}.enabled=false",
+            fix=("model.fine_grained_activation_offloading=false",),
+        )
 
 
 def check_packed_budgets(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> None:

@@ -12,7 +12,9 @@ refuses, the others refuse with the same line, and what ``plan`` prints is what 
    ``env_vars``: both are restored afterwards;
 2. the run-level checks of :func:`bridge_cudagraph.plan.checks.check_run` (data loader, packing, padding);
 3. :func:`~bridge_cudagraph.plan.build.build_plan` on the finalized model, with what the data path packs and the most
-   pixels it gives one image (:func:`~bridge_cudagraph.plan.facts.image_facts`).
+   pixels it gives one image (:func:`~bridge_cudagraph.plan.facts.image_facts`);
+4. :func:`~bridge_cudagraph.plan.replay.check_replays`: every graph of the plan can replay in a run of this length
+   on this data path, and the estimate fits some GPU.
 
 No process group, model or GPU is touched: this runs on a laptop for 64 GPUs, and in ``train`` before the CUDA check.
 ``train`` plans a deep copy (``copy=True``) and hands Bridge the untouched config, which ``pretrain()``
@@ -62,10 +64,11 @@ def _plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.checks import check_run
     from bridge_cudagraph.plan.facts import image_facts, model_facts
+    from bridge_cudagraph.plan.replay import check_replays
 
     packing = check_run(config)
     facts = model_facts(config.model, mixed_precision=config.mixed_precision)
-    return build_plan(
+    plan = build_plan(
         facts,
         config.model.cuda_graph,
         world_size=world_size,
@@ -75,6 +78,8 @@ def _plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
         training=training_facts(config, world_size=world_size),
         images=image_facts(config) if facts.vision is not None else None,
     )
+    check_replays(plan, train_iters=getattr(config.train, "train_iters", None))
+    return plan
 
 
 def training_facts(config: Any, *, world_size: int) -> TrainingFacts:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bridge_cudagraph.plan.budgets import in_flight_microbatches
 from bridge_cudagraph.plan.capture_plan import GIB, MemoryEstimate
 
 if TYPE_CHECKING:
@@ -176,8 +177,13 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
             sp = f.tp if f.sequence_parallel else 1
             language_top = tokens
             rows = tokens // sp
-            per_graph_set = per_token * captured * tokens + 4 * rows * width * dtype_bytes * lang.graphs_per_stage[0]
-            language_graphs = per_graph_set * lang.graphs_per_unit + unfused
+            # megatron-core's helper captures every micro-batch's graphs into one pool in the schedule's order, and a
+            # graph's saved activations go back to the pool once its backward is captured: the pool holds the
+            # activations of the micro-batches a stage keeps in flight (1F1B: at most pp), not of all of them; each
+            # graph keeps its static inputs and outputs.
+            in_flight = in_flight_microbatches(f.pp, plan.num_microbatches or 1)
+            statics = 4 * rows * width * dtype_bytes * lang.graphs_per_stage[0]
+            language_graphs = per_token * captured * tokens * in_flight + statics + unfused
     vision_graphs = vision_top = 0
     vplan = plan.vision
     if vplan is not None and vplan.enabled and f.vision is not None:

@@ -134,7 +134,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     _check_structure(loaded)  # before the recipe function, which may reach the Hugging Face Hub
     hf_dir = meta.get("hf_config")
     with recipe_environment(None if hf_dir is None else source.parent / str(hf_dir)):
-        cfg = function()
+        cfg = _call_recipe(function, spec)
     if not (dataclasses.is_dataclass(cfg) and hasattr(cfg, "model")):
         raise RecipeError(f"recipe {spec} returned {type(cfg).__name__}, not a Bridge ConfigContainer")
 
@@ -156,6 +156,36 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         recipe=spec,
         overrides=overrides,
     )
+
+
+def _call_recipe(function: Callable[[], Any], spec: str) -> Any:
+    """The recipe function's config; what it raises, as one line naming the function (its cause chained): a function
+    that needs arguments, or one that fails for a reason of its own (a cache folder it cannot write, a file it cannot
+    read), is a configuration the user can change, not a traceback."""
+    import inspect
+
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        signature = None
+    required = [
+        p.name
+        for p in (signature.parameters.values() if signature is not None else ())
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if required:
+        raise RecipeError(
+            f"recipe {spec} needs arguments ({', '.join(required)}), but a recipe file calls it with none; name a "
+            "function that builds the whole config (wrap this one in a function of your own, e.g. "
+            "recipe: my_pkg.my_recipes:my_config)"
+        )
+    try:
+        return function()
+    except (RecipeError, UnknownKeyError):
+        raise
+    except Exception as error:
+        cause = " ".join(f"{type(error).__name__}: {error}".split())
+        raise RecipeError(f"recipe {spec} failed: {cause}") from error
 
 
 def check_recipe_file(path: str | os.PathLike[str]) -> Path:
@@ -412,10 +442,11 @@ def _check_type(path: str, value: Any, annotation: Any) -> None:
 _KEY_PUNCTUATION = frozenset("_-$./@")
 
 
-def check_override_syntax(overrides: Sequence[str]) -> None:
-    """Refuse, in one line and before any import, what Hydra's parser would only answer with a lexer dump: an
-    override without ``=``, and a key with a character its grammar does not allow (named, with its column, and the
-    key as plain ASCII where that is one)."""
+def check_override_syntax(overrides: Sequence[str]) -> list[Any]:
+    """Refuse, in one line and before Megatron-Bridge is imported (Hydra's parser alone takes a fraction of a second),
+    what is wrong with the command line's overrides as text: an override without ``=``, a key with a character the
+    grammar does not allow (named, with its column, and the key as plain ASCII where that is one), a value Hydra's
+    grammar cannot parse (``model.seq_length=[1,``), a sweep. Returns Hydra's parse."""
     import unicodedata
 
     for text in overrides:
@@ -437,23 +468,36 @@ def check_override_syntax(overrides: Sequence[str]) -> None:
                 f"override {text!r}: the key has {char!r} ({code}) at column {column}, which a setting's name "
                 f"cannot hold; {fix}"
             )
+    return _hydra_parse(overrides)
 
 
-def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
-    """Hydra's parse of the ``key=value`` strings (the same parser Bridge's ``parse_hydra_overrides`` uses)."""
+def _hydra_parse(overrides: Sequence[str]) -> list[Any]:
+    """Hydra's parse of the ``key=value`` strings (the parser Bridge's ``parse_hydra_overrides`` uses), one override
+    at a time so that a refusal names the one that is wrong."""
     if not overrides:
         return []
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    check_override_syntax(overrides)
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
-    except Exception as error:
-        raise RecipeError(f"cannot parse overrides {list(overrides)}: {error}".replace("\n", " ")) from error
-    for override in parsed:
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            (override,) = parser.parse_overrides(overrides=[text])
+        except Exception as error:
+            reason = " ".join(str(error).split("See https://")[0].split())
+            raise RecipeError(
+                f"override {text!r} is not valid override syntax ({reason}); quote lists and strings as Hydra reads "
+                "them, e.g. 'model.cuda_graph.vision.token_budgets=[1024,4096]'"
+            ) from error
         if override.is_sweep_override():
-            raise RecipeError(f"override {override.input_line!r} is a sweep; give one value per key")
+            raise RecipeError(f"override {text!r} is a sweep; give one value per key")
+        parsed.append(override)
     return parsed
+
+
+def _parse_overrides(overrides: Sequence[str]) -> list[Any]:
+    """The command line's overrides, checked (:func:`check_override_syntax`) and parsed."""
+    return check_override_syntax(overrides)
 
 
 def _check_override(cfg: Any, override: Any) -> None:
@@ -479,10 +523,27 @@ def _check_override(cfg: Any, override: Any) -> None:
             nxt = _materialize(obj, part, where, given)
         obj = nxt
     if override.is_delete():
-        return
+        _refuse_deletion(key)
     if where == "" and parts[-1] not in _field_names(obj):
         raise UnknownKeyError(unknown_key_message(parts[-1], [*_field_names(obj), *META_KEYS], ""))
     _check_entry(obj, parts[-1], override.value(), where)
+
+
+def _refuse_deletion(key: str) -> typing.NoReturn:
+    """``~key`` on a setting of the ``ConfigContainer``'s dataclasses: Hydra deletes it from the tree Bridge builds,
+    and Bridge then keeps the recipe's value without a word (a dataclass field cannot be removed). Refused, with what
+    the user most likely meant."""
+    if key == ".".join(_CUDA_GRAPH_PATH) or _is_cuda_graph_path(key):
+        meant = (
+            "to train without graphs set model.cuda_graph.language.enabled=false and "
+            "model.cuda_graph.vision.enabled=false"
+        )
+    else:
+        meant = f"set it instead ({key}=null clears it, where the setting takes null)"
+    raise RecipeError(
+        f"override '~{key}' deletes {key}, a setting of the config that cannot be removed (Bridge would keep the "
+        f"recipe's value); {meant}"
+    )
 
 
 def _apply_through_bridge(cfg: Any, yaml_sections: dict[str, Any], overrides: list[str]) -> None:

@@ -790,3 +790,227 @@ def test_a_typo_is_reported_before_the_recipe_function_tries_the_hub(tmp_path, r
     seconds = time.perf_counter() - started
     _one_line(record, info.value, ["unknown setting modle", "(did you mean 'model'?)"])
     assert seconds < 10, f"the typo took {seconds:.0f} s to report: the recipe function ran first"
+
+
+# ------------------------------------------------------------------------------ second round (issue #49)
+MOE_PHOTOS = "recipes/tiny_qwen3_vl_moe_photos.yaml"  # padded, language graphs of attn, router and preprocess
+PACK = [
+    "dataset.enable_in_batch_packing=true",
+    "dataset.defer_in_batch_packing_to_step=true",
+    "dataset.pad_to_max_length=false",
+]
+LANG_BLOCK = "model.cuda_graph.language"
+VIS_BLOCK = "model.cuda_graph.vision"
+
+# (id, argv, fragments): plans whose graphs could never replay, setting the plan cannot use, host refusals that named
+# no setting, and ordinary mistakes that ended in a traceback. Each kind, several examples.
+SECOND_ROUND = [
+    # 1. nothing can ever replay, or a setting is never used
+    ("capture-never-reached", [PHOTOS, "train.train_iters=2"], ["train.train_iters=2", "step 3", "at least 4"]),
+    ("capture-at-the-last-step", [PHOTOS, "train.train_iters=3"], ["train.train_iters=3", "at least 4"]),
+    (
+        "vision-capture-never-reached",
+        [PHOTOS, f"{LANG_BLOCK}.enabled=false", f"{VIS_BLOCK}.warmup_steps=50"],
+        ["the vision graphs", "model.cuda_graph.vision.warmup_steps=50", "at least 51"],
+    ),
+    ("max-sequences-below-the-rows", [PHOTOS, f"{LANG_BLOCK}.max_sequences=1"], ["max_sequences=1", "no micro-batch"]),
+    (
+        "max-sequences-1e9",
+        [PHOTOS, f"{LANG_BLOCK}.max_sequences=1000000000"],
+        ["max_sequences=1000000000", "2 or null"],
+    ),
+    ("language-budget-1e8", [PHOTOS, f"{LANG_BLOCK}.token_budgets=[100000000]"], ["above the widest", "4096"]),
+    ("language-budget-too-narrow", [PHOTOS, f"{LANG_BLOCK}.token_budgets=[16,4096]"], ["below the narrowest", "32"]),
+    ("max-patches-per-image-1", [PHOTOS, f"{VIS_BLOCK}.max_patches_per_image=1"], ["max_patches_per_image=1", "4"]),
+    (
+        "seq-length-8",
+        [PHOTOS, "model.seq_length=8", "dataset.seq_length=8"],
+        ["[1024, 2048, 4096, 8192] are above the most patches a micro-batch can carry", "= 64", "token_budgets=[64]"],
+    ),
+    (
+        "vision-budget-far-above",
+        [PHOTOS, f"{VIS_BLOCK}.token_budgets=[1024,100000000]", f"{VIS_BLOCK}.max_patches_per_image=1024"],
+        ["[100000000]", "= 16384", "token_budgets=[1024, 16384]"],
+    ),
+    ("max-images-1e5", [PHOTOS, f"{VIS_BLOCK}.max_images_per_microbatch=100000"], ["at most 4096 images"]),
+    # 2. advice that must lead somewhere: the settings named, the first fix validates (test_every_refusal_...)
+    ("cpu-offloading", [PHOTOS, "model.cpu_offloading=true"], ["model.cpu_offloading=true", "=false"]),
+    (
+        "fine-grained-offloading-packed",
+        [PHOTOS, "model.fine_grained_activation_offloading=true"],
+        ["model.fine_grained_activation_offloading=true", "packed", "=false"],
+    ),
+    (
+        "fine-grained-offloading-without-modules",
+        [PHOTOS, f"{LANG_BLOCK}.enabled=false", "model.fine_grained_activation_offloading=true"],
+        ["assert self.offload_modules is not None", "model.offload_modules", "TransformerConfig"],
+    ),
+    (
+        "moe-packed-with-the-moe-scope",
+        [MOE_PHOTOS, *PACK],
+        ["packed micro-batches on an MoE model", f"{LANG_BLOCK}.enabled=false", "pad"],
+    ),
+    (
+        "moe-packed-whole-layers",
+        [MOE_PHOTOS, *PACK, f"{LANG_BLOCK}.modules=null"],
+        ["packed micro-batches on an MoE model", f"{LANG_BLOCK}.enabled=false"],
+    ),
+    (
+        "moe-padded-whole-layers",
+        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=null"],
+        ["whole MoE layers", f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]", "changes the model"],
+    ),
+    # 3. ordinary mistakes
+    ("delete-the-block", [PHOTOS, "~model.cuda_graph"], ["'~model.cuda_graph'", "language.enabled=false"]),
+    ("delete-a-setting", [PHOTOS, "~model.seq_length"], ["'~model.seq_length'", "cannot be removed"]),
+    ("hydra-syntax", [PHOTOS, "model.seq_length=[1,"], ["'model.seq_length=[1,'", "not valid override syntax"]),
+    ("hydra-sweep", [PHOTOS, "model.seq_length=1024,2048"], ["is a sweep"]),
+]
+
+
+@pytest.mark.parametrize("verb", ["validate", "plan"])
+@pytest.mark.parametrize(("name", "argv", "fragments"), SECOND_ROUND, ids=[c[0] for c in SECOND_ROUND])
+def test_the_second_rounds_inputs_are_refused_in_one_line(verb, name, argv, fragments, capsys, monkeypatch, record):
+    test_the_cli_refuses(verb, name, argv, fragments, capsys, monkeypatch, record)
+
+
+def _follow_the_advice(argv: list[str], *, limit: int = 6) -> list[str]:
+    """Validate ``argv`` (a recipe and overrides) in this process; on each refusal apply its ``fix`` (replacing an
+    override of the same key) and validate again, until it validates. Returns the refusals met, in order. Fails on a
+    refusal without a fix, a fix its message does not name, or a configuration met twice (a circle)."""
+    from bridge_cudagraph.plan.from_config import plan_config
+    from bridge_cudagraph.recipe.load import load_recipe
+
+    recipe, overrides = argv[0], list(argv[1:])
+    met, seen = [], set()
+    for _ in range(limit):
+        state = tuple(overrides)
+        assert state not in seen, f"the advice runs in a circle: {met}"
+        seen.add(state)
+        try:
+            loaded = load_recipe(recipe, overrides)
+            plan_config(loaded.config, world_size=loaded.world(None), base_checkpoint_needed=False)
+            return met
+        except CudaGraphConfigError as error:
+            message = str(error)
+            met.append(message)
+            assert error.fix, f"a refusal without a fix that validates: {message}"
+            for fix in error.fix:
+                key = fix.split("=", 1)[0]
+                assert key in message, (key, message)  # the message names what the fix changes
+                overrides = [o for o in overrides if o.split("=", 1)[0] != key] + [fix]
+    raise AssertionError(f"still refused after {limit} fixes: {met}")
+
+
+ADVICE_CASES = [c for c in SECOND_ROUND if c[0] not in ("fine-grained-offloading-without-modules",)]
+ADVICE_CASES = [c for c in ADVICE_CASES if not c[0].startswith(("delete-", "hydra-"))]
+
+
+@pytest.mark.parametrize(("name", "argv", "fragments"), ADVICE_CASES, ids=[c[0] for c in ADVICE_CASES])
+def test_every_refusal_gives_a_fix_that_leads_to_ok(name, argv, fragments, monkeypatch, record):
+    """Each of the plugin's refusals above carries the overrides of its first fix; following them from refusal to
+    refusal reaches a configuration that validates, never the same one twice (the MoE advice once sent a user between
+    ``modules: null`` and the MoE scope)."""
+    monkeypatch.chdir(ROOT)
+    met = _follow_the_advice(argv)
+    record(argv=argv, refusals=met)
+    assert met, "the case validates as it is: it no longer tests a refusal"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("PYTORCH_ALLOC_CONF", "expandable_segments:True", "PYTORCH_ALLOC_CONF=expandable_segments:True"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128, expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF"),
+    ],
+)
+def test_expandable_segments_under_either_name_is_refused(variable, value, fragment, capsys, monkeypatch, record):
+    from bridge_cudagraph.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
+    assert main(["validate", PHOTOS]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    record(variable=variable, value=value, message=errors[-1] if errors else "")
+    assert len(errors) == 1 and fragment in errors[0] and "NCCL_GRAPH_REGISTER=0" in errors[0], errors
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")
+    assert main(["validate", PHOTOS]) == 0
+
+
+def test_an_unwritable_example_cache_is_named(tmp_path, capsys, monkeypatch, record):
+    from bridge_cudagraph.cli import main
+
+    monkeypatch.chdir(ROOT)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(blocked / "cache"))
+    assert main(["validate", PHOTOS]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    record(message=errors[-1] if errors else "")
+    assert len(errors) == 1 and f"BRIDGE_CUDAGRAPH_CACHE={blocked / 'cache'} cannot be written" in errors[0], err
+
+
+def test_a_recipe_function_that_needs_arguments_or_fails_is_named(tmp_path, capsys, monkeypatch, record):
+    """A recipe function that needs arguments, and one that raises something other than ``ValueError``: one line each,
+    naming the function."""
+    from bridge_cudagraph.cli import main
+
+    (tmp_path / "my_broken_recipes.py").write_text(
+        "def needs(seq_length):\n    raise AssertionError('never called')\n\n"
+        "def fails():\n    raise RuntimeError('the config server is down')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for function, fragment in (
+        ("needs", "needs arguments (seq_length)"),
+        ("fails", "failed: RuntimeError: the config server is down"),
+    ):
+        recipe = tmp_path / f"{function}.yaml"
+        recipe.write_text(f"recipe: my_broken_recipes:{function}\nworld_size: 1\n")
+        assert main(["validate", str(recipe)]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        record(function=function, message=errors[-1] if errors else "")
+        assert len(errors) == 1 and f"recipe my_broken_recipes:{function} {fragment}" in errors[0], errors
+
+
+def test_a_syntax_error_on_the_command_line_is_refused_before_bridge_is_imported(record):
+    """In a fresh process, in under 2 s (it took 61 s: Hydra's parse came after Megatron-Bridge's import)."""
+    import time
+
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge_cudagraph", "validate", PHOTOS, "model.seq_length=[1,"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    seconds = time.perf_counter() - start
+    record(seconds=seconds, message=done.stderr.strip())
+    assert done.returncode == 2 and "not valid override syntax" in done.stderr and "Traceback" not in done.stderr
+    assert seconds < 2.0, seconds
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [(c[0], c[1]) for c in SECOND_ROUND if c[0] in ("capture-never-reached", "cpu-offloading", "seq-length-8")]
+    + [("fine-grained-offloading-without-modules", SECOND_ROUND[13][1])],
+)
+def test_train_refuses_the_second_round_as_validate_does(name, argv, capsys, monkeypatch):
+    """``train`` gives ``validate``'s line for these, before the GPU check, host refusals included (no traceback)."""
+    from bridge_cudagraph.cli import main
+
+    _driver_shows_a_gpu(monkeypatch)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    lines = []
+    for verb in ("validate", "train"):
+        code = main([verb, *argv])
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert code == 2 and len(errors) == 1, (verb, errors)
+        lines.append(errors[0])
+    assert lines[0] == lines[1], lines
