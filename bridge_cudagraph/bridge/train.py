@@ -41,6 +41,7 @@ from bridge_cudagraph.bridge.callback import CudaGraphCallback
 from bridge_cudagraph.bridge.data_path import observing_forward_step
 from bridge_cudagraph.bridge.loop import install_bridge_helper
 from bridge_cudagraph.bridge.throughput import ThroughputCallback, UsefulTokenMeter
+from bridge_cudagraph.host.data_workers import fork_safe_tokenizers
 from bridge_cudagraph.host.patches import release_graphs_if_training_raises, use_prebuilt_dataset_helpers
 from bridge_cudagraph.plan.from_config import plan_config, world_size_from_env
 from bridge_cudagraph.vision import host_grids
@@ -111,8 +112,9 @@ def run(
     )
     print_rank_0(plan.describe())
     started = time.perf_counter()
+    workers = getattr(getattr(config, "dataset", None), "num_workers", 0)
     try:
-        with release_graphs_if_training_raises(graph_callback):
+        with release_graphs_if_training_raises(graph_callback), fork_safe_tokenizers(workers):
             entry(config, forward_step_func=step, callbacks=[graph_callback, throughput, *callbacks])
     except BaseException as error:
         # Backstop for anything the loop wrapper did not see (idempotent: usually nothing is left); re-raised as is.

@@ -9,8 +9,7 @@ changes only what running it offline on random weights forces:
   folder (:func:`~bridge_cudagraph.examples.photo_recipe.photo_dataset_config`, the photo recipe's data path), in
   place of CORD-v2 from the Hub and Qwen's processor from the Hub. The same settings otherwise (sequence 4096,
   ``enable_in_batch_packing`` and ``defer_in_batch_packing_to_step``, so Bridge's ``qwen2_5_collate_fn`` and
-  ``qwen3_vl_step`` pack in the batch as the recipe does), except ``num_workers=0`` (the photo recipe's: two
-  DataLoader workers never delivered a batch on the H200 machine);
+  ``qwen3_vl_step`` pack in the batch as the recipe does, with its two DataLoader workers);
 * **token ids**: the provider's ``image_token_id``, ``video_token_id``, ``vision_start_token_id`` and
   ``vision_end_token_id`` are the processor folder's (1000-1003, where Qwen's are 151652-151656); its 1020 tokens
   fit in the 8B embedding table (``vocab_size`` 151936), so every id the collate makes has a row;

@@ -102,9 +102,9 @@ def photo_dataset_config(
         source=HFDatasetSourceConfig(
             path_or_dataset=str(photos), split="train", schema_adapter="cord_v2", adapter_kwargs={"prompt": PROMPT}
         ),
-        # In-process: on the H200 machine (2026-12-01) two DataLoader workers never delivered a first batch; the
-        # set is small and the step, not the collate, is what the recipe measures.
-        num_workers=0,
+        # Bridge's Qwen3-VL recipes' two workers; they deliver under bridge_cudagraph.host.data_workers (the fast
+        # tokenizer in forked workers waits forever without it).
+        num_workers=2,
         dataloader_type="cyclic",
         data_sharding=True,
         pin_memory=True,

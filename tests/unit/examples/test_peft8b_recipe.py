@@ -27,7 +27,6 @@ CHANGED = {
     "checkpoint.save",  # the YAML: no save, no resume
     "checkpoint.load",
     "dataset.hf_processor_path",  # the offline processor folder
-    "dataset.num_workers",  # 0, as the photo recipe
     "dataset.source.path_or_dataset",  # the local photo set, read with the cord_v2 adapter
     "dataset.source.dataset_name",
     "dataset.source.schema_adapter",
