@@ -300,10 +300,14 @@ class ImageFacts:
         max_pixels: The cap, or None where the data path names none that this machine can read.
         source: Where the cap comes from, or why there is none, for the plan (``passed to the processor by
             Bridge's collate, qwen2_5_collate_fn``, ``the dataset names no processor (dataset.hf_processor_path)``).
+        min_pixels: The floor the same collate resizes every image up to (Bridge's ``QWEN_VL_MIN_PIXELS`` = 200704,
+            448 x 448), or None where none is known: no image holds fewer than ``min_pixels // patch_size**2``
+            patches.
     """
 
     max_pixels: int | None
     source: str
+    min_pixels: int | None = None
 
 
 def packing_facts(config: Any) -> PackingFacts | None:
@@ -364,9 +368,9 @@ def image_facts(config: Any) -> ImageFacts:
         return ImageFacts(None, "the dataset names no processor (dataset.hf_processor_path)")
     settings = _processor_settings(str(path))
     kind = next((settings[f].get("processor_class") for f in _PROCESSOR_FILES if f in settings), None)
-    collate, max_pixels = _collate_max_pixels(kind or _QWEN3_VL_PROCESSOR)
+    collate, max_pixels, min_pixels = _collate_pixels(kind or _QWEN3_VL_PROCESSOR)
     if max_pixels is not None:
-        return ImageFacts(max_pixels, f"passed to the processor by Bridge's collate, {collate}")
+        return ImageFacts(max_pixels, f"passed to the processor by Bridge's collate, {collate}", min_pixels)
     own = settings.get("preprocessor_config.json", {})
     size = own.get("size") if isinstance(own.get("size"), dict) else {}
     longest = size.get("longest_edge", own.get("max_pixels"))
@@ -407,9 +411,9 @@ def _processor_settings(path: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _collate_max_pixels(processor_class: str) -> tuple[str, int | None]:
-    """The collate Bridge picks for a processor class, and the ``max_pixels`` it resizes images to (None where it
-    passes none, or no ``min_pixels`` with it)."""
+def _collate_pixels(processor_class: str) -> tuple[str, int | None, int | None]:
+    """The collate Bridge picks for a processor class, and the ``max_pixels`` and ``min_pixels`` it resizes images
+    to (None where it passes none, or not both: transformers 5 resizes to them only when both are given)."""
     import inspect
 
     try:
@@ -418,7 +422,9 @@ def _collate_max_pixels(processor_class: str) -> tuple[str, int | None]:
         collate = resolve_model_collate(processor_class)
         parameters = inspect.signature(collate).parameters
     except (ImportError, ValueError, TypeError):
-        return "", None
+        return "", None, None
     name = getattr(collate, "__name__", str(collate))
     bounds = [parameters[p].default if p in parameters else None for p in ("min_pixels", "max_pixels")]
-    return name, bounds[1] if all(_is_count(b) for b in bounds) else None
+    if not all(_is_count(b) for b in bounds):
+        return name, None, None
+    return name, bounds[1], bounds[0]

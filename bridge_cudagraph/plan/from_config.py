@@ -68,6 +68,7 @@ def _plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
 
     packing = check_run(config)
     facts = model_facts(config.model, mixed_precision=config.mixed_precision)
+    images = image_facts(config) if facts.vision is not None else None
     plan = build_plan(
         facts,
         config.model.cuda_graph,
@@ -76,9 +77,9 @@ def _plan_finalized(config: Any, *, world_size: int) -> CapturePlan:
         global_batch_size=config.train.global_batch_size,
         packing=packing,
         training=training_facts(config, world_size=world_size),
-        images=image_facts(config) if facts.vision is not None else None,
+        images=images,
     )
-    check_replays(plan, train_iters=getattr(config.train, "train_iters", None))
+    check_replays(plan, train_iters=getattr(config.train, "train_iters", None), images=images)
     return plan
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_cudagraph.config import CudaGraphConfigError
+from bridge_cudagraph.plan.budgets import round_up
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import CapturePlan
+    from bridge_cudagraph.plan.facts import ImageFacts
 
 __all__ = ["LARGEST_GPU_GIB", "check_below_any_gpu", "check_replays"]
 
@@ -31,12 +33,14 @@ LARGEST_GPU_GIB = 268
 ROW_TOKENS = 16
 
 
-def check_replays(plan: CapturePlan, *, train_iters: int | None) -> None:
+def check_replays(plan: CapturePlan, *, train_iters: int | None, images: ImageFacts | None = None) -> None:
     """Refuse a plan with graphs that can never replay, or whose estimate no GPU holds.
 
     Args:
         plan: The plan, built.
         train_iters: ``train.train_iters`` (None: the run's length is not known here, e.g. it counts samples).
+        images: What the data path does to images (:func:`~bridge_cudagraph.plan.facts.image_facts`): the smallest
+            image it makes, where known, bounds the vision settings from below.
 
     Raises:
         CudaGraphConfigError: The setting, why nothing replays it, and the fix.
@@ -45,7 +49,7 @@ def check_replays(plan: CapturePlan, *, train_iters: int | None) -> None:
     if plan.language.enabled and plan.language.packed is not None:
         _check_packed(plan)
     if plan.vision is not None and plan.vision.enabled:
-        _check_vision(plan)
+        _check_vision(plan, images)
     check_below_any_gpu(plan)
 
 
@@ -112,19 +116,46 @@ def _check_packed(plan: CapturePlan) -> None:
             )
 
 
-def _check_vision(plan: CapturePlan) -> None:
-    """An image holds at least one merged token (``spatial_merge_size**2`` patches), and a micro-batch at most
-    :attr:`~bridge_cudagraph.plan.capture_plan.VisionPlan.max_patches_per_microbatch` patches."""
+def _check_vision(plan: CapturePlan, images: ImageFacts | None) -> None:
+    """An image holds at least one merged token (``spatial_merge_size**2`` patches), and on a data path that resizes
+    images up to ``min_pixels`` (Bridge's Qwen-VL collate) at least ``min_pixels // patch_size**2`` patches; a
+    micro-batch at most :attr:`~bridge_cudagraph.plan.capture_plan.VisionPlan.max_patches_per_microbatch` patches."""
     vision, facts, where = plan.vision, plan.facts.vision, "model.cuda_graph.vision"
     assert vision is not None and facts is not None
     unit, most = facts.merge_unit, vision.max_patches_per_microbatch
-    if not vision.patches_source and vision.max_patches_per_image < unit:
+    smallest, why = unit, f"one merged token is spatial_merge_size**2 = {unit} patches"
+    if images is not None and images.min_pixels:
+        floor = images.min_pixels // facts.patch_size**2
+        if floor > smallest:
+            smallest = floor
+            why = (
+                f"the data path resizes every image to at least min_pixels {images.min_pixels} = {floor} patches of "
+                f"{facts.patch_size}x{facts.patch_size} ({images.source})"
+            )
+    if smallest > most:
+        tokens = -(-smallest // unit)
         raise CudaGraphConfigError(
-            f"{where}.max_patches_per_image={vision.max_patches_per_image} is below the smallest image: one merged "
-            f"token is spatial_merge_size**2 = {unit} patches, so no image would replay; set it to {unit} or more "
-            "(or null: the data path's max_pixels)",
+            f"model.seq_length={plan.facts.seq_length} cannot hold one image: {why}, {tokens} merged tokens, but a "
+            f"micro-batch of {plan.micro_batch_size} samples of model.seq_length tokens carries at most {most} "
+            f"patches, so the vision graphs would never replay; set {where}.enabled=false, or model.seq_length and "
+            f"dataset.seq_length to more than {tokens}",
+            fix=(f"{where}.enabled=false",),
+        )
+    if not vision.patches_source and vision.max_patches_per_image < smallest:
+        raise CudaGraphConfigError(
+            f"{where}.max_patches_per_image={vision.max_patches_per_image} is below the smallest image: {why}, so no "
+            f"image would replay; set it to {smallest} or more (or null: the data path's max_pixels)",
             fix=(f"{where}.max_patches_per_image=null",),
         )
+    if not vision.budgets_derived:
+        below = [b for b in vision.token_budgets if b < smallest]
+        if below:
+            kept = [b for b in vision.token_budgets if b >= smallest] or [round_up(smallest, unit)]
+            raise CudaGraphConfigError(
+                f"{where}.token_budgets {below} are below the smallest image: {why}, so no micro-batch with an image "
+                f"ever replays them; set token_budgets={kept} (or null to derive the ladder)",
+                fix=(f"{where}.token_budgets=[{','.join(map(str, kept))}]",),
+            )
     if not vision.budgets_derived:
         above = [b for b in vision.token_budgets if b > most]
         if above:

@@ -825,7 +825,12 @@ SECOND_ROUND = [
     (
         "seq-length-8",
         [PHOTOS, "model.seq_length=8", "dataset.seq_length=8"],
-        ["[1024, 2048, 4096, 8192] are above the most patches a micro-batch can carry", "= 64", "token_budgets=[64]"],
+        ["model.seq_length=8 cannot hold one image", "784 patches", "at most 64 patches", "vision.enabled=false"],
+    ),
+    (
+        "vision-budgets-above-the-sequence",
+        [PHOTOS, "model.seq_length=256", "dataset.seq_length=256"],
+        ["[4096, 8192] are above the most patches a micro-batch can carry", "= 2048", "token_budgets=[1024, 2048]"],
     ),
     (
         "vision-budget-far-above",
@@ -833,6 +838,16 @@ SECOND_ROUND = [
         ["[100000000]", "= 16384", "token_budgets=[1024, 16384]"],
     ),
     ("max-images-1e5", [PHOTOS, f"{VIS_BLOCK}.max_images_per_microbatch=100000"], ["at most 4096 images"]),
+    (
+        "vision-budget-below-the-smallest-image",
+        [PHOTOS, f"{VIS_BLOCK}.token_budgets=[4,2048]", f"{VIS_BLOCK}.max_patches_per_image=2048"],
+        ["[4] are below the smallest image", "min_pixels 200704 = 784 patches", "token_budgets=[2048]"],
+    ),
+    (
+        "max-patches-per-image-below-min-pixels",
+        [PHOTOS, f"{VIS_BLOCK}.max_patches_per_image=100"],
+        ["max_patches_per_image=100 is below the smallest image", "784 or more"],
+    ),
     # 2. advice that must lead somewhere: the settings named, the first fix validates (test_every_refusal_...)
     ("cpu-offloading", [PHOTOS, "model.cpu_offloading=true"], ["model.cpu_offloading=true", "=false"]),
     (

@@ -29,16 +29,16 @@ def _config(**dataset):
 
 def test_bridges_qwen_vl_collate_caps_the_pixels_it_passes_the_processor():
     """The number is read off Bridge's own collate (its signature's defaults), the very constant Bridge defines."""
-    from megatron.bridge.models.qwen_vl.data.collate_fn import QWEN_VL_MAX_PIXELS
+    from megatron.bridge.models.qwen_vl.data.collate_fn import QWEN_VL_MAX_PIXELS, QWEN_VL_MIN_PIXELS
 
-    from bridge_cudagraph.plan.facts import _collate_max_pixels
+    from bridge_cudagraph.plan.facts import _collate_pixels
 
-    assert QWEN_VL_MAX_PIXELS == 1003520
-    assert _collate_max_pixels("Qwen3VLProcessor") == ("qwen2_5_collate_fn", QWEN_VL_MAX_PIXELS)
-    assert _collate_max_pixels("Qwen2_5_VLProcessor") == ("qwen2_5_collate_fn", QWEN_VL_MAX_PIXELS)
-    assert _collate_max_pixels("NoSuchProcessor") == ("", None)
+    assert (QWEN_VL_MAX_PIXELS, QWEN_VL_MIN_PIXELS) == (1003520, 200704)
+    qwen = ("qwen2_5_collate_fn", QWEN_VL_MAX_PIXELS, QWEN_VL_MIN_PIXELS)
+    assert _collate_pixels("Qwen3VLProcessor") == _collate_pixels("Qwen2_5_VLProcessor") == qwen
+    assert _collate_pixels("NoSuchProcessor") == ("", None, None)
     # Bridge's Gemma 3 collate passes max_pixels only when given one (default None): no cap of its own.
-    assert _collate_max_pixels("Gemma3Processor")[1] is None
+    assert _collate_pixels("Gemma3Processor")[1:] == (None, None)
 
 
 def test_a_qwen3_vl_processor_folder_gets_the_collates_cap_not_its_own(tmp_path):
