@@ -282,7 +282,8 @@ class CudaGraphConfig:
             if value and not self.any_enabled:
                 raise CudaGraphConfigError(
                     f"{where}.{name}=true {what}, but no graphs are enabled; set {where}.language.enabled or "
-                    f"{where}.vision.enabled to true, or leave it null"
+                    f"{where}.vision.enabled to true, or leave it null",
+                    fix=(f"{where}.{name}=null",),
                 )
         if self.on_capture_error not in ("eager", "raise"):
             raise CudaGraphConfigError(

@@ -74,13 +74,15 @@ class CudaGraphProviderMixin:
             raise CudaGraphConfigError(
                 f"model.cuda_graph_impl={self.cuda_graph_impl!r} is upstream's language-graph switch; with "
                 "bridge_cudagraph set model.cuda_graph.language.enabled=true and leave model.cuda_graph_impl "
-                "at 'none' (one owner captures each submodule)"
+                "at 'none' (one owner captures each submodule)",
+                fix=("model.cuda_graph_impl=none", "model.cuda_graph.language.enabled=true"),
             )
         if getattr(self, "vision_cuda_graph_impl", "none") not in ("none", None):
             raise CudaGraphConfigError(
                 f"model.vision_cuda_graph_impl={self.vision_cuda_graph_impl!r} selects upstream's vision graphs, "
                 "which attend across images and to padding; set model.cuda_graph.vision.enabled=true instead "
-                "and leave model.vision_cuda_graph_impl at 'none'"
+                "and leave model.vision_cuda_graph_impl at 'none'",
+                fix=("model.vision_cuda_graph_impl=none", "model.cuda_graph.vision.enabled=true"),
             )
         from bridge_cudagraph.plan.checks import check_model
         from bridge_cudagraph.plan.facts import model_facts
@@ -114,13 +116,15 @@ class CudaGraphProviderMixin:
         if tp % vtp:
             raise CudaGraphConfigError(
                 f"{where}.tensor_parallel_size={vtp} does not divide model.tensor_model_parallel_size={tp}: vision "
-                f"replicas must line up with language tensor-parallel groups (grad norm); use 1 or a divisor of {tp}"
+                f"replicas must line up with language tensor-parallel groups (grad norm); use 1 or a divisor of {tp}",
+                fix=("model.cuda_graph.vision.tensor_parallel_size=1",),
             )
         if self.cuda_graph.vision.enabled:
             if getattr(self, "fp16", False) and not getattr(self, "bf16", False):
                 raise CudaGraphConfigError(
                     f"{where}.enabled=true with model.fp16=true: Bridge's Qwen3-VL vision path builds its embeddings "
-                    "in bf16; train in bf16 (model.bf16=true) or set the vision graphs off"
+                    f"in bf16; train in bf16 (model.bf16=true) or set {where}.enabled=false",
+                    fix=(f"{where}.enabled=false",),
                 )
 
     def _check_language_graphable(self) -> None:
@@ -129,7 +133,8 @@ class CudaGraphProviderMixin:
             raise CudaGraphConfigError(
                 f"{where}.enabled=true with model.recompute_granularity='full': full activation recompute "
                 "re-runs whole layers outside the graphs; use recompute_granularity='selective' (or null) "
-                f"or set {where}.enabled=false"
+                f"or set {where}.enabled=false",
+                fix=("model.recompute_granularity=selective",),
             )
         # Bridge's ConfigContainer.validate marks in-batch packing on the model (and Megatron then varies sequence
         # lengths under a pipeline); packed runs replay the packed graphs, whose budgets the plan decides.

@@ -43,7 +43,8 @@ def _stage_layers(facts: ModelFacts, where: str) -> list[list[int]]:
     if facts.has_pipeline_layout:
         raise CudaGraphConfigError(
             f"{where}.enabled=true with model.pipeline_model_parallel_layout set: the plan cannot place a custom "
-            "layout yet; use num_layers_in_first/last_pipeline_stage instead or set the layout to null"
+            "layout yet; use num_layers_in_first/last_pipeline_stage instead or set the layout to null",
+            fix=("model.pipeline_model_parallel_layout=null",),
         )
     first, last = facts.num_layers_in_first_pipeline_stage, facts.num_layers_in_last_pipeline_stage
     if pp == 1:
@@ -158,7 +159,8 @@ def _derive_num_microbatches(
         if derived is not None and derived != cfg.num_microbatches:
             raise CudaGraphConfigError(
                 f"model.cuda_graph.num_microbatches={cfg.num_microbatches} but train.global_batch_size {gbs} / "
-                f"(micro batch {mbs} x dp {dp}) = {derived}; set it to {derived} or to null to derive it"
+                f"(micro batch {mbs} x dp {dp}) = {derived}; set it to {derived} or to null to derive it",
+                fix=(f"model.cuda_graph.num_microbatches={derived}",),
             )
         return cfg.num_microbatches
     if derived is None and needed_by is not None:
@@ -171,7 +173,8 @@ def _derive_num_microbatches(
             f"{needed_by} cannot derive the micro-batches per step: "
             f"train.global_batch_size {gbs} is not divisible by micro batch {mbs} x dp {dp} = {per_step} "
             f"({gbs} % {per_step} = {gbs % per_step}); use a multiple of {per_step} (e.g. "
-            f"{per_step * max(1, math.ceil(gbs / per_step))}) or change the world size"
+            f"{per_step * max(1, math.ceil(gbs / per_step))}) or change the world size",
+            fix=(f"train.global_batch_size={per_step * max(1, math.ceil(gbs / per_step))}",),
         )
     return derived
 
@@ -205,7 +208,8 @@ def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[str, str]:
         return "deepstack", ""
     if asked == "deepstack":
         raise CudaGraphConfigError(
-            f"{where}='deepstack' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)"
+            f"{where}='deepstack' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)",
+            fix=("model.cuda_graph.language.graph_unit=layer",),
         )
     return "layer", reasons[0]
 
@@ -291,7 +295,8 @@ def _max_patches_per_image(
             raise CudaGraphConfigError(
                 f"model.cuda_graph.vision.max_patches_per_image={given} is above the largest vision budget {top} "
                 "(model.cuda_graph.vision.token_budgets): an image that large runs eagerly whatever it says; set it "
-                f"to {top} or less (or null), or add a budget of at least {given}"
+                f"to {top} or less (or null), or add a budget of at least {given}",
+                fix=("model.cuda_graph.vision.max_patches_per_image=null",),
             )
         return given, ""
     if images is None or images.max_pixels is None:
@@ -537,7 +542,8 @@ def _plan_language(
         raise CudaGraphConfigError(
             f"model.cuda_graph.language.modules={list(modules or [])} captures no layer of {facts.provider} "
             f"({'all MoE' if facts.moe_layer_pattern and all(facts.moe_layer_pattern) else 'dense'} layers); "
-            "add 'attn' or set modules to null"
+            "add 'attn' or set modules to null",
+            fix=("model.cuda_graph.language.modules=null",),
         )
     assert num_mb is not None  # language graphs need it (_microbatches)
     packed = None

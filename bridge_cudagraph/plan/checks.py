@@ -93,14 +93,16 @@ def check_run(config: Any) -> PackingFacts | None:
     if loader == "batch":
         raise CudaGraphConfigError(
             "dataset.dataloader_type='batch' gives every step its own sequence length, but language graphs have "
-            "static shapes; use dataloader_type 'single' or 'cyclic'"
+            "static shapes; use dataloader_type 'single' or 'cyclic'",
+            fix=("dataset.dataloader_type=cyclic",),
         )
     if packing is not None and packing.mode == "collate":
         raise CudaGraphConfigError(
             "dataset.enable_in_batch_packing=true with collate-time packing (defer_in_batch_packing_to_step=false) "
             "is a packing path language graphs cannot replay yet (packed graphs follow Bridge's Qwen3-VL step, "
             "enable_in_batch_packing=true with defer_in_batch_packing_to_step=true, and GPT SFT offline packing); "
-            "pad instead (dataset.pad_to_max_length=true, no packing) or set model.cuda_graph.language.enabled=false"
+            "pad instead (dataset.pad_to_max_length=true, no packing) or set model.cuda_graph.language.enabled=false",
+            fix=("model.cuda_graph.language.enabled=false",),
         )
     if packing is not None and not model.has_vision_encoder():
         raise CudaGraphConfigError(
@@ -112,7 +114,8 @@ def check_run(config: Any) -> PackingFacts | None:
         raise CudaGraphConfigError(
             "dataset.pad_to_max_length=false lets sequence lengths vary per batch; unpacked language graphs need "
             "every micro-batch at model.seq_length: set dataset.pad_to_max_length=true, or pack as Bridge's Qwen3-VL "
-            "recipes do (enable_in_batch_packing=true, defer_in_batch_packing_to_step=true) for packed graphs"
+            "recipes do (enable_in_batch_packing=true, defer_in_batch_packing_to_step=true) for packed graphs",
+            fix=("dataset.pad_to_max_length=true",),
         )
     seq = getattr(dataset, "seq_length", None) or getattr(dataset, "sequence_length", None)
     if seq is not None and seq != model.seq_length:
@@ -143,13 +146,15 @@ def check_decentralized(config: Any) -> None:
     if mtp:
         raise CudaGraphConfigError(
             f"model.mtp_num_layers={mtp} {why}megatron-core's multi-token prediction reads parallel_state's "
-            "pipeline stage and data-parallel group; set model.mtp_num_layers=null or dist.use_decentralized_pg=false"
+            "pipeline stage and data-parallel group; set model.mtp_num_layers=null or dist.use_decentralized_pg=false",
+            fix=("model.mtp_num_layers=null",),
         )
     timeout = getattr(dist, "distributed_timeout_seconds_after_init", None)
     if timeout is not None:
         raise CudaGraphConfigError(
             f"dist.distributed_timeout_seconds_after_init={timeout} {why}Bridge applies it to parallel_state's group "
-            "list, which is empty, so no group would get it; set it to null or dist.use_decentralized_pg=false"
+            "list, which is empty, so no group would get it; set it to null or dist.use_decentralized_pg=false",
+            fix=("dist.distributed_timeout_seconds_after_init=null",),
         )
     for prefix in ("", "expert_"):
         size = getattr(model, f"{prefix}gtp_weight_remat_size", 1) or 1
@@ -157,7 +162,8 @@ def check_decentralized(config: Any) -> None:
             raise CudaGraphConfigError(
                 f"model.{prefix}gtp_weight_remat_size={size} {why}Bridge builds no GTP_remat groups and megatron-core "
                 f"reduces the gradients over parallel_state's; set model.{prefix}tensor_parallel_num_weight_shards "
-                "to null (GTP_remat 1) or dist.use_decentralized_pg=false"
+                "to null (GTP_remat 1) or dist.use_decentralized_pg=false",
+                fix=(f"model.{prefix}tensor_parallel_num_weight_shards=null",),
             )
 
 
@@ -182,14 +188,16 @@ def check_offline_packing(config: Any) -> None:
         raise CudaGraphConfigError(
             "dataset.enable_offline_packing=true with language graphs needs static packed rows: set "
             "dataset.offline_packing_specs.pad_cu_seqlens=true and dataset.dataset_kwargs.pad_to_max_length=true "
-            "(every row seq_length wide, every cu_seqlens one length), or set model.cuda_graph.language.enabled=false"
+            "(every row seq_length wide, every cu_seqlens one length), or set model.cuda_graph.language.enabled=false",
+            fix=("model.cuda_graph.language.enabled=false",),
         )
     if getattr(model, "position_embedding_type", "rope") == "rope" and not getattr(model, "apply_rope_fusion", False):
         raise CudaGraphConfigError(
             "dataset.enable_offline_packing=true with language graphs and model.apply_rope_fusion=false: "
             "megatron-core applies RoPE to packed sequences by splitting them on the host (cu_seqlens.tolist()), "
             "which a CUDA graph cannot hold; set model.apply_rope_fusion=true (Transformer Engine's fused kernel "
-            "reads cu_seqlens on the GPU)"
+            "reads cu_seqlens on the GPU)",
+            fix=("model.apply_rope_fusion=true",),
         )
     size = getattr(specs, "packed_sequence_size", -1)
     if size != model.seq_length:
@@ -230,12 +238,14 @@ def check_optimizer_graph(config: Any) -> None:
         raise CudaGraphConfigError(
             f"optimizer.optimizer_cuda_graph=true freezes the weight decay at capture (TE FusedAdam takes it as a "
             f"kernel argument), but scheduler.weight_decay_incr_style='{style}' moves it from {start} to {end}; "
-            f"set scheduler.weight_decay_incr_style=constant (start_weight_decay = end_weight_decay) {fix}"
+            f"set scheduler.weight_decay_incr_style=constant (start_weight_decay = end_weight_decay) {fix}",
+            fix=("scheduler.weight_decay_incr_style=constant",),
         )
     if getattr(optimizer, "fp16", False):
         raise CudaGraphConfigError(
             "optimizer.optimizer_cuda_graph=true cannot capture an fp16 step (the loss scaler reads found_inf on the "
-            f"host); train in bf16 (mixed_precision=bf16_mixed) {fix}"
+            f"host); train in bf16 (mixed_precision=bf16_mixed) {fix}",
+            fix=("optimizer.optimizer_cuda_graph=false",),
         )
     threshold = getattr(optimizer, "grad_norm_skip_threshold", float("inf"))
     # megatron-core skips only under a finite threshold (optimizer.py, ChainedOptimizer.step: math.isfinite); inf,
@@ -244,7 +254,8 @@ def check_optimizer_graph(config: Any) -> None:
         raise CudaGraphConfigError(
             f"optimizer.optimizer_cuda_graph=true with optimizer.grad_norm_skip_threshold={threshold}: the skip "
             "test reads the grad norm on the host inside the capture, and every replay reports the capture step's "
-            f"outcome; set optimizer.grad_norm_skip_threshold=inf {fix}"
+            f"outcome; set optimizer.grad_norm_skip_threshold=inf {fix}",
+            fix=("optimizer.optimizer_cuda_graph=false",),
         )
 
 
@@ -310,7 +321,8 @@ def check_positions(model: Any) -> None:
         raise CudaGraphConfigError(
             f"model.seq_length={model.seq_length} is past the {limit} positions {type(model).__name__} was trained "
             "for (max_position_embeddings of its Hugging Face text config; rotary positions past it were never "
-            f"trained); set model.seq_length and dataset.seq_length to {limit} or less"
+            f"trained); set model.seq_length and dataset.seq_length to {limit} or less",
+            fix=(f"model.seq_length={limit}", f"dataset.seq_length={limit}"),
         )
 
 
@@ -345,7 +357,11 @@ def _check_finetuning_context_parallel(config: Any) -> None:
         raise CudaGraphConfigError(
             f"model.seq_length={model.seq_length} with model.context_parallel_size={cp}: context parallelism splits "
             f"each sequence into 2 x cp = {2 * cp} chunks; use a multiple of {2 * cp} (e.g. "
-            f"{-(-model.seq_length // (2 * cp)) * 2 * cp}), for dataset.seq_length too"
+            f"{-(-model.seq_length // (2 * cp)) * 2 * cp}), for dataset.seq_length too",
+            fix=(
+                f"model.seq_length={-(-model.seq_length // (2 * cp)) * 2 * cp}",
+                f"dataset.seq_length={-(-model.seq_length // (2 * cp)) * 2 * cp}",
+            ),
         )
     finetuning = _bridge_datasets(
         "GPTSFTDatasetConfig", "DirectHFSFTDatasetConfig", "EnergonDatasetConfig", "MockVLMSFTDatasetConfig"
@@ -357,7 +373,8 @@ def _check_finetuning_context_parallel(config: Any) -> None:
         return CudaGraphConfigError(
             f"model.context_parallel_size={cp} on a fine-tuning dataset ({type(dataset).__name__}) needs {setting}: "
             "a context-parallel rank whose tokens are all masked would otherwise average to a NaN loss (Bridge's "
-            f"rule); set {setting}"
+            f"rule); set {setting}",
+            fix=(setting,),
         )
 
     if not getattr(model, "calculate_per_token_loss", False) and not _sets_per_token_loss_itself(model):
@@ -388,7 +405,8 @@ def _check_sequence_lengths(config: Any) -> None:
     if data != model:
         raise CudaGraphConfigError(
             f"dataset.seq_length {data} != model.seq_length {model}: Bridge builds samples of dataset.seq_length "
-            f"tokens for a model of model.seq_length; set both to one value (e.g. dataset.seq_length={model})"
+            f"tokens for a model of model.seq_length; set both to one value (e.g. dataset.seq_length={model})",
+            fix=(f"dataset.seq_length={model}",),
         )
 
 
@@ -416,7 +434,8 @@ def check_packed_context_parallel(cp: int, packing: PackingFacts) -> None:
     raise CudaGraphConfigError(
         f"model.cuda_graph.language.enabled=true with packed micro-batches and model.context_parallel_size={cp}: "
         f"the packed graphs replay one THD sequence per rank and {split}; set context_parallel_size=1, or "
-        f"{unpack_fix(packing)}"
+        f"{unpack_fix(packing)}",
+        fix=("model.context_parallel_size=1",),
     )
 
 
@@ -441,7 +460,8 @@ def check_padded(cfg: CudaGraphConfig, facts: ModelFacts) -> None:
     raise CudaGraphConfigError(
         f"model.cuda_graph.language.{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to packed "
         f"micro-batches only, but this run pads every micro-batch to model.seq_length {facts.seq_length} (one static "
-        f"shape, one graph per layer run); set {'them' if len(given) > 1 else 'it'} to null, or pack: {pack}"
+        f"shape, one graph per layer run); set {'them' if len(given) > 1 else 'it'} to null, or pack: {pack}",
+        fix=tuple(f"model.cuda_graph.language.{g.split('=')[0]}=null" for g in given),
     )
 
 
@@ -459,17 +479,20 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
     if cfg.vision.enabled and v is None:
         raise CudaGraphConfigError(
             f"model.cuda_graph.vision.enabled=true but {facts.provider} has no vision encoder; set it to false "
-            "(vision graphs apply to Qwen3-VL providers)"
+            "(vision graphs apply to Qwen3-VL providers)",
+            fix=("model.cuda_graph.vision.enabled=false",),
         )
     if v is not None and (facts.virtual_pipeline_size or 1) > 1:
         raise CudaGraphConfigError(
             f"model.virtual_pipeline_model_parallel_size={facts.virtual_pipeline_size} with Qwen3-VL: its provider "
-            "ignores vp_stage, so a virtual pipeline builds wrong chunks; set it to null"
+            "ignores vp_stage, so a virtual pipeline builds wrong chunks; set it to null",
+            fix=("model.virtual_pipeline_model_parallel_size=null",),
         )
     if cfg.fewer_host_waits and v is None:
         raise CudaGraphConfigError(
             f"model.cuda_graph.fewer_host_waits=true but {facts.provider} is not Qwen3-VL: it changes Qwen3-VL's "
-            "forward (mRoPE positions, deepstack merge); leave it null"
+            "forward (mRoPE positions, deepstack merge); leave it null",
+            fix=("model.cuda_graph.fewer_host_waits=null",),
         )
     if v is not None:
         check_vision_heads(cfg.vision.tensor_parallel_size, v.num_heads)
@@ -489,7 +512,8 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
     if offline and mbs != 1:
         raise CudaGraphConfigError(
             f"train.micro_batch_size={mbs} with dataset.enable_offline_packing=true: Bridge trains offline-packed "
-            "rows one per micro-batch; set train.micro_batch_size=1"
+            "rows one per micro-batch; set train.micro_batch_size=1",
+            fix=("train.micro_batch_size=1",),
         )
     check_packed_layers(num_moe_experts=facts.num_moe_experts, offloading=False, packing=packing)
     if cfg.language.modules is not None:

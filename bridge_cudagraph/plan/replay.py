@@ -177,8 +177,36 @@ def _check_vision(plan: CapturePlan, images: ImageFacts | None) -> None:
 
 
 def check_below_any_gpu(plan: CapturePlan) -> None:
-    """Refuse a plan whose estimate per rank (:mod:`bridge_cudagraph.plan.memory`) is above :data:`LARGEST_GPU_GIB`:
-    no GPU runs it, whatever ``--gpu-memory`` says (nothing to check for a plan without the training facts)."""
-    from bridge_cudagraph.plan.memory import check_plan_fits
+    """Refuse a plan whose smallest capture no GPU holds: the estimate per rank (:mod:`bridge_cudagraph.plan.memory`)
+    with each ladder at its lowest rung, above :data:`LARGEST_GPU_GIB`. A ladder's upper rungs are captured only for
+    micro-batches that need them, and only where the memory is free (``LadderHelper.capture_pending``), so its top is
+    no certain cost; the weights, their gradients and optimizer state, the logits and the padded graphs are. Nothing
+    to check for a plan without the training facts."""
+    from bridge_cudagraph.plan.memory import GIB, pool_estimate
 
-    check_plan_fits(plan, LARGEST_GPU_GIB, source="the largest GPU made (NVIDIA B300, 288 GB)")
+    memory = plan.memory
+    if memory is None:
+        return
+    language = memory.language_graphs
+    if memory.language_ladder and plan.language.packed is not None:
+        language = pool_estimate(plan, "language", plan.language.packed.token_budgets[0])
+    vision = 0
+    if plan.vision is not None and plan.vision.enabled:
+        vision = pool_estimate(plan, "vision", plan.vision.token_budgets[0])
+    need, capacity = memory.static + memory.logits + language + vision, LARGEST_GPU_GIB * GIB
+    if need <= capacity:
+        return
+    # Where the graphs make the difference, the change of the block that leads under: the larger pool's graphs off
+    # (the next refusal, if any, names the other); where the run does not fit without graphs either, none does.
+    pool, name = max((language, "language"), (vision, "vision"))
+    off = name if pool and memory.static + memory.logits <= capacity else None
+    fix = () if off is None else (f"model.cuda_graph.{off}.enabled=false",)
+    first = f"set model.cuda_graph.{off}.enabled=false (its graphs take the most), or " if off else "set "
+    raise CudaGraphConfigError(
+        f"the run needs at least about {need / GIB:.1f} GiB per rank even at its smallest graphs (weights, gradients "
+        f"and optimizer {memory.static / GIB:.1f}, logits {memory.logits / GIB:.1f}, graph pools: language "
+        f"{language / GIB:.1f}, vision {vision / GIB:.1f}), and no GPU holds more than {LARGEST_GPU_GIB} GiB (NVIDIA "
+        f"B300, 288 GB); {first}train.micro_batch_size or model.seq_length lower, or use more ranks "
+        "(model.tensor_model_parallel_size, model.pipeline_model_parallel_size)",
+        fix=fix,
+    )

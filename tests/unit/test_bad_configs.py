@@ -659,24 +659,31 @@ def _driver_shows_a_gpu(monkeypatch) -> None:
     monkeypatch.setattr(bridge_cudagraph.cli, "cuda_device_count", lambda: (1, ""))
 
 
+def _validate_and_train_lines(argv: list[str], world_size: str, capsys, monkeypatch) -> list[str]:
+    """``validate`` and ``train`` on ``argv`` as on a machine whose driver shows a GPU, at ``WORLD_SIZE``: each exits 2
+    with one ``error:`` line, the same line for both; returns the two."""
+    from bridge_cudagraph.cli import main
+
+    _driver_shows_a_gpu(monkeypatch)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    lines = []
+    for verb in ("validate", "train"):
+        code = main([verb, *argv])
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert code == 2 and len(errors) == 1, (verb, errors)
+        lines.append(errors[0])
+    assert lines[0] == lines[1], lines
+    return lines
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
 @pytest.mark.parametrize(("name", "argv", "message"), TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_train_refuses_what_validate_refuses_before_asking_for_a_gpu(name, argv, message, capsys, monkeypatch):
     """``train`` refuses the configuration that ``validate`` refuses, with the same line, before torch's GPU check (at
     the recipe's world size: ``train`` reads it from ``WORLD_SIZE``), wherever the CUDA driver shows a GPU."""
-    from bridge_cudagraph.cli import main
-
-    _driver_shows_a_gpu(monkeypatch)
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    lines = []
-    for verb in ("validate", "train"):
-        code = main([verb, *argv])
-        err = capsys.readouterr().err
-        errors = [line for line in err.splitlines() if line.startswith("error: ")]
-        assert code == 2 and len(errors) == 1 and message in errors[0], (verb, err)
-        lines.append(errors[0])
-    assert lines[0] == lines[1], lines
+    lines = _validate_and_train_lines(argv, "8", capsys, monkeypatch)
+    assert message in lines[0], lines
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
@@ -919,6 +926,30 @@ def _follow_the_advice(argv: list[str], *, limit: int = 6) -> list[str]:
 
 ADVICE_CASES = [c for c in SECOND_ROUND if c[0] not in ("fine-grained-offloading-without-modules",)]
 ADVICE_CASES = [c for c in ADVICE_CASES if not c[0].startswith(("delete-", "hydra-"))]
+#: The first round's refusals whose fix is a setting to change (the rest refuse a value of the wrong type or range,
+#: whose fix is a valid value of the same setting).
+ADVICE_CASES += [
+    c
+    for c in CLI_CASES
+    if c[0]
+    in (
+        "num-microbatches-mismatch",
+        "language-runs-of-moe-layers",
+        "host-cache-without-graphs",
+        "optimizer-graph-weight-decay-schedule",
+        "seq-length-past-the-models-positions",
+        "language-budgets-on-a-padded-recipe",
+        "language-max-sequences-on-a-padded-recipe",
+        "max-patches-per-image-above-the-largest-budget",
+        "seq-lengths-differ",
+        "cp-without-per-token-loss",
+        "cp-with-average-in-collective",
+        "cp-seq-length-not-a-multiple-of-2cp",
+        "pure-m4-mtp",
+        "pure-m4-timeout-after-init",
+        "pure-m4-weight-shards",
+    )
+]
 
 
 @pytest.mark.parametrize(("name", "argv", "fragments"), ADVICE_CASES, ids=[c[0] for c in ADVICE_CASES])
@@ -1012,20 +1043,13 @@ def test_a_syntax_error_on_the_command_line_is_refused_before_bridge_is_imported
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order of the refusals on a machine without CUDA")
 @pytest.mark.parametrize(
     ("name", "argv"),
-    [(c[0], c[1]) for c in SECOND_ROUND if c[0] in ("capture-never-reached", "cpu-offloading", "seq-length-8")]
-    + [("fine-grained-offloading-without-modules", SECOND_ROUND[13][1])],
+    [
+        (c[0], c[1])
+        for c in SECOND_ROUND
+        if c[0]
+        in ("capture-never-reached", "cpu-offloading", "seq-length-8", "fine-grained-offloading-without-modules")
+    ],
 )
 def test_train_refuses_the_second_round_as_validate_does(name, argv, capsys, monkeypatch):
     """``train`` gives ``validate``'s line for these, before the GPU check, host refusals included (no traceback)."""
-    from bridge_cudagraph.cli import main
-
-    _driver_shows_a_gpu(monkeypatch)
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    lines = []
-    for verb in ("validate", "train"):
-        code = main([verb, *argv])
-        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
-        assert code == 2 and len(errors) == 1, (verb, errors)
-        lines.append(errors[0])
-    assert lines[0] == lines[1], lines
+    _validate_and_train_lines(argv, "1", capsys, monkeypatch)
