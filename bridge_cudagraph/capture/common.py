@@ -578,10 +578,10 @@ def capture_budget_ladder(
     after that writes the same memory at replay. The consumer does not run first: megatron-core's DDP adds each
     gradient to ``main_grad`` in a hook on the parameter's ``AccumulateGrad`` node, which runs on the stream DDP was
     built on (Bridge builds it on a stream of its own), after the producing graph but unordered with the graphs the
-    compute stream replays next. At the 2B shape a run of 25 layers queued 225 additions there and lost the race:
-    the gradients of 4 layers came out zero or doubled (``docs/design/param-grads.md``). The only consumer that reads
-    the buffers on their own stream before the next replay is the summing graph
-    (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`), which turns the clones off after capture.
+    compute stream replays next, so the more gradients a graph returns, the likelier a later replay writes one
+    before it is added (``docs/design/param-grads.md``). The only consumer that reads the buffers on their own stream
+    before the next replay is the summing graph (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`), which
+    turns the clones off after capture.
 
     ``sum_grads``: each copy's parameter gradients summed by graphs of their own once its rungs are captured
     (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`).
