@@ -128,7 +128,8 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
     configuration gets the same ``error:`` line on any machine. Returns the keyword arguments of :func:`main`.
 
     Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
-    configuration error too, reported as such (the CLI keeps tracebacks for failures of the run itself).
+    configuration error too: the CLI calls this in its configuration phase, which says it in one line with the
+    settings the host's check reads (it keeps tracebacks for failures of the run itself).
 
     The checks ``validate`` and ``plan`` leave out, being about this run or machine, are made here: a PEFT base
     checkpoint (``checkpoint.pretrained_checkpoint``) that is not set or not on this machine, which Bridge would refuse
@@ -139,7 +140,6 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
     like ``validate`` does.
     """
     from bridge_cudagraph.config import CudaGraphConfigError
-    from bridge_cudagraph.parallel.layout import LayoutError
     from bridge_cudagraph.plan.checks import check_stack
     from bridge_cudagraph.plan.from_config import absent_base_checkpoint, missing_base_checkpoint
 
@@ -159,15 +159,7 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
             "checkpoint: give checkpoint.pretrained_checkpoint=PATH (a Megatron or Hugging Face checkpoint of the "
             f"model), or build one with random weights at PATH: {build} checkpoint.pretrained_checkpoint=PATH"
         )
-    try:
-        plan = plan_config(loaded.config, world_size=world_size_from_env(), copy=True)
-    except (CudaGraphConfigError, LayoutError):
-        raise
-    except (ValueError, AssertionError) as error:  # the host's refusal, with the settings its check reads
-        from bridge_cudagraph.host.refusals import host_refusal_line
-
-        line = host_refusal_line(error) or " ".join(str(error).split()) or type(error).__name__
-        raise CudaGraphConfigError(line) from error
+    plan = plan_config(loaded.config, world_size=world_size_from_env(), copy=True)
     check_stack(loaded.config)
     if gpu_memory is not None:
         from bridge_cudagraph.plan.memory import check_plan_fits

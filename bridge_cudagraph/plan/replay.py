@@ -5,10 +5,11 @@ own. Together with the data path and the run's length they can still describe gr
 step the run never reaches, a ladder rung no micro-batch is narrow or wide enough for, a per-image limit below the
 smallest image. Such a plan costs capture time and graph memory and trains eagerly; it is not "ok". Every setting
 the plan cannot use is refused here, in one line that names it and a fix (``CudaGraphConfigError.fix``: the
-overrides of that fix, which validate), and so is a plan whose estimate no GPU holds.
+overrides of that fix, which validate), and so is a plan whose smallest capture no GPU holds.
 
 Only what is certain from the configuration is refused: the bounds are the data path's own (the rows of Bridge's
-Qwen3-VL step, one merged token as the smallest image), so a plan refused here could not have replayed on any data.
+Qwen3-VL step, the smallest image its collate makes, or one merged token where that is unknown), so a plan refused
+here could not have replayed on any data.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ROW_TOKENS = 16
 
 
 def check_replays(plan: CapturePlan, *, train_iters: int | None, images: ImageFacts | None = None) -> None:
-    """Refuse a plan with graphs that can never replay, or whose estimate no GPU holds.
+    """Refuse a plan with graphs that can never replay, or whose smallest capture no GPU holds.
 
     Args:
         plan: The plan, built.
