@@ -30,6 +30,13 @@ from bridge_cudagraph.plan.budgets import (
 )
 from bridge_cudagraph.plan.capture_plan import CapturePlan, LanguagePlan, PackedLanguagePlan, StaticInput, VisionPlan
 from bridge_cudagraph.plan.checks import check_model, check_packed_language, check_padded, check_sequence_split
+from bridge_cudagraph.plan.determinism import (
+    DERIVED_WORKSPACE_LIMIT,
+    DETERMINISTIC_ENV,
+    deterministic_kernels,
+    deterministic_max_seqlen,
+    workspace_bytes,
+)
 from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, VisionFacts
 from bridge_cudagraph.plan.memory import TrainingFacts, estimate
 from bridge_cudagraph.plan.sizes import check_positive as _check_positive
@@ -223,6 +230,7 @@ def _plan_vision(
     num_mb: int | None,
     warmup: tuple[int, str],
     pixels: ImageFacts | None,
+    deterministic: bool = False,
 ) -> VisionPlan:
     max_patches = max_patches_per_microbatch(facts.seq_length, mbs, v.spatial_merge_size)
     modules = tuple(cfg.vision.modules) if cfg.vision.modules is not None else None
@@ -255,6 +263,9 @@ def _plan_vision(
         images = cfg.vision.max_images_per_microbatch
         images_derived = False
     longest, patches_source = _max_patches_per_image(cfg, v, budgets, pixels)
+    workspace = 0
+    if deterministic:
+        longest, patches_source, workspace = _deterministic_patches(cfg, v, budgets, images, longest, patches_source)
     cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
@@ -279,6 +290,7 @@ def _plan_vision(
         segments=segments,
         patches_source=patches_source,
         warmup_source=warmup[1],
+        deterministic_workspace=workspace,
     )
 
 
@@ -306,6 +318,51 @@ def _max_patches_per_image(
     if cap >= top:
         return top, f"the largest budget, below {derived}"
     return cap, f"from {derived}"
+
+
+def _deterministic_patches(
+    cfg: CudaGraphConfig, v: VisionFacts, budgets: list[int], images: int, longest: int, source: str
+) -> tuple[int, str, int]:
+    """``vision.max_patches_per_image`` under TE's deterministic kernels (:mod:`bridge_cudagraph.plan.determinism`),
+    with where it comes from and the workspace cuDNN's deterministic backward asks for at it: a derived one lowered
+    below TE's unfused threshold (a larger image runs eagerly, counted); a set one above it, or a shape where nothing
+    is below it, refused with the fix."""
+    where = "model.cuda_graph.vision"
+    heads = v.num_heads // cfg.vision.tensor_parallel_size
+
+    def segments_at(seqlen: int) -> int:
+        return PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=seqlen).cu_seqlens_length - 1
+
+    merge = v.spatial_merge_size**2
+    fused = deterministic_max_seqlen(longest, heads, segments_at, multiple=merge)
+    fits = fused
+    if source:  # derived: its workspace within the limit too
+        fits = deterministic_max_seqlen(longest, heads, segments_at, multiple=merge, workspace=DERIVED_WORKSPACE_LIMIT)
+    if fits != longest:
+        need = workspace_bytes(segments_at(longest), heads, longest) / 2**30
+        why = (
+            f"under {DETERMINISTIC_ENV}=0, TE 2.20 gives {segments_at(longest)} static segments x {heads} heads x "
+            f"max_seqlen {longest}**2 >= 2**30 the unfused attention (its scores in memory, another backend than "
+            "eager's)"
+            if fused != longest
+            else f"under {DETERMINISTIC_ENV}=0, cuDNN's attention backward of {segments_at(longest)} static segments "
+            f"x {heads} heads at max_seqlen {longest} asks about {need:.1f} GiB of workspace (TE 2.20; a derived "
+            f"shape keeps it within {DERIVED_WORKSPACE_LIMIT / 2**30:g} GiB)"
+        )
+        if not fits:
+            raise CudaGraphConfigError(
+                f"{where}: {why}, and no max_patches_per_image avoids it with {images} images per micro-batch; set "
+                f"{where}.max_images_per_microbatch lower, or {where}.enabled=false for deterministic runs",
+                fix=(f"{where}.enabled=false",),
+            )
+        if not source:  # the block set it
+            raise CudaGraphConfigError(
+                f"{where}.max_patches_per_image={longest}: {why}; set it to {fits} or less (or null: the plan "
+                "lowers it)",
+                fix=(f"{where}.max_patches_per_image={fits}",),
+            )
+        source = f"{source}; lowered from {longest} for deterministic kernels: {why}; a larger image runs eagerly"
+    return fits, source, workspace_bytes(segments_at(fits), heads, fits)
 
 
 def offline_max_sequences(seq_length: int) -> int:
@@ -424,6 +481,7 @@ def build_plan(
     packing: PackingFacts | None = None,
     training: TrainingFacts | None = None,
     images: ImageFacts | None = None,
+    deterministic: bool | None = None,
 ) -> CapturePlan:
     """Decide what will be captured, or refuse with an error that names the setting and the fix.
 
@@ -437,6 +495,9 @@ def build_plan(
         training: What the training setup adds to the weights' memory; None: no memory estimate in the plan.
         images: The most pixels of one image on the run's data path, which ``vision.max_patches_per_image`` defaults
             to (None: unknown, the largest vision budget).
+        deterministic: Whether TE's attention is built deterministic (None: this process's
+            ``NVTE_ALLOW_NONDETERMINISTIC_ALGO``, :func:`~bridge_cudagraph.plan.determinism.deterministic_kernels`);
+            the static attention shapes then keep cuDNN's deterministic workspace within limits.
 
     Returns:
         The plan.
@@ -459,7 +520,14 @@ def build_plan(
     vision = None
     if facts.vision is not None:
         vision = _plan_vision(
-            cfg, facts, facts.vision, mbs=micro_batch_size, num_mb=num_mb, warmup=vision_warmup, pixels=images
+            cfg,
+            facts,
+            facts.vision,
+            mbs=micro_batch_size,
+            num_mb=num_mb,
+            warmup=vision_warmup,
+            pixels=images,
+            deterministic=deterministic_kernels() if deterministic is None else deterministic,
         )
     host_cache = cfg.any_enabled and cfg.optimizer_host_cache is not False
     fewer_waits = cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False

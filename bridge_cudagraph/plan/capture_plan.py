@@ -188,6 +188,9 @@ class VisionPlan:
             resolved.
         patches_source: Where a derived ``max_patches_per_image`` comes from (empty when the block sets it).
         warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
+        deterministic_workspace: Under TE's deterministic kernels, the workspace cuDNN's deterministic attention
+            backward asks for at the static shape (bytes, per copy; :mod:`bridge_cudagraph.plan.determinism`); 0
+            otherwise.
     """
 
     enabled: bool
@@ -206,6 +209,7 @@ class VisionPlan:
     graph_unit: str = "deepstack"
     patches_source: str = ""
     warmup_source: str = ""
+    deterministic_workspace: int = 0
 
     segments: tuple[tuple[int, int], ...] = ()
     """The layer ranges ``[start, end)`` of one budget's graphs

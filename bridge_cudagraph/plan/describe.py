@@ -150,9 +150,17 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
         )
     patches = f"  at most {vision.max_patches_per_image} patches per image (the static attention max_seqlen)"
     if vision.patches_source:
-        patches = [f"{patches}:", f"    {vision.patches_source}"]
+        patches = [
+            f"{patches}:",
+            *textwrap.wrap(vision.patches_source, 119, initial_indent="    ", subsequent_indent="      "),
+        ]
     else:
         patches = [patches]
+    if vision.deterministic_workspace:
+        patches.append(
+            f"  deterministic kernels: cuDNN's attention backward workspace about "
+            f"{vision.deterministic_workspace / 2**30:.1f} GiB at this shape (in the pool estimate)"
+        )
     copies = f" x {vision.copies} in-flight copies (pipeline stage 0, 1F1B)" if vision.copies > 1 else ""
     if vision.graph_unit == "layer":
         span, spans = plural(vision.depth, "layer"), []

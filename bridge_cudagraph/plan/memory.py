@@ -193,7 +193,7 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
         per_copy = ladder_pool_bytes(
             per_patch, v.depth, budgets, v.hidden_size, len(vplan.segments) or v.depth, dtype_bytes=dtype_bytes
         )
-        vision_graphs = per_copy * vplan.copies
+        vision_graphs = (per_copy + vplan.deterministic_workspace) * vplan.copies
         vision_top = budgets[-1]
     return MemoryEstimate(
         weights=weights,

@@ -1,0 +1,79 @@
+"""What Transformer Engine's deterministic kernels ask of a graph's static attention shape.
+
+Under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` (megatron's determinism mode sets it; the exactness proofs run under it)
+TE 2.20 picks attention backends for training with THD inputs (the vision graphs, the packed language graphs) by the
+static shape a graph was captured with, not by the micro-batch's own: ``batch`` is the static ``cu_seqlens``' segment
+count (every image slot and tail piece, zero-length ones too) and ``max_seqlen`` the static one
+(``dot_product_attention/utils.py`` ``get_attention_backend``, the "Filter: Determinism" block):
+
+* cuDNN's deterministic F16/BF16 THD backward asks for about ``128 x batch x heads x max_seqlen**2`` bytes of
+  workspace on sm90 (TE's own note there; the reference suite's 1024-patch ladder at 8 segments, 4 heads and
+  ``max_seqlen`` 4096 asked for 64.5 GiB, and its capture fell back to eager);
+* from ``batch x heads x max_seqlen**2 >= 2**30`` on, TE drops the fused backend for the unfused one, which
+  materialises the ``max_seqlen**2`` scores (run 85: 15.6 GiB for one 2B vision rung, out of memory).
+
+Eager Bridge passes each micro-batch's own segments and longest image, so its backend and workspace are those of the
+data, while a graph's are those of its static shape. So under deterministic kernels the plan keeps a derived static
+``max_seqlen`` below TE's unfused threshold (the fused backend, as eager's on real images) and its workspace within
+:data:`DERIVED_WORKSPACE_LIMIT` (:func:`deterministic_max_seqlen`; a longer image runs eagerly, counted, as one above
+any static limit does), refuses a set one at or above the threshold, and counts the workspace into the graphs' memory
+estimate, which the run's memory check holds against the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+
+__all__ = [
+    "DERIVED_WORKSPACE_LIMIT",
+    "DETERMINISTIC_ENV",
+    "UNFUSED_FROM",
+    "WORKSPACE_BYTES_PER_ELEMENT",
+    "deterministic_kernels",
+    "deterministic_max_seqlen",
+    "workspace_bytes",
+]
+
+#: TE's switch: ``"0"`` makes every attention module it builds deterministic.
+DETERMINISTIC_ENV = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
+#: Bytes of cuDNN's deterministic THD backward workspace per ``batch x heads x max_seqlen**2`` (TE 2.20, sm90).
+WORKSPACE_BYTES_PER_ELEMENT = 128
+#: ``batch x heads x max_seqlen**2`` from which TE 2.20 drops fused attention for the unfused backend (sm90).
+UNFUSED_FROM = 2**30
+#: The workspace a *derived* static shape may ask for under deterministic kernels (a set one is only held below
+#: :data:`UNFUSED_FROM`, its workspace counted into the memory estimate).
+DERIVED_WORKSPACE_LIMIT = 16 * 2**30
+
+
+def deterministic_kernels(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether TE builds its attention deterministic in this process (it reads the variable as ``int``)."""
+    value = (os.environ if environ is None else environ).get(DETERMINISTIC_ENV, "1").strip()
+    return value == "0"
+
+
+def workspace_bytes(segments: int, heads: int, max_seqlen: int) -> int:
+    """cuDNN's deterministic THD backward workspace for a static attention shape (TE 2.20's estimate, sm90)."""
+    return WORKSPACE_BYTES_PER_ELEMENT * segments * heads * max_seqlen**2
+
+
+def deterministic_max_seqlen(
+    longest: int, heads: int, segments_at: Callable[[int], int], *, multiple: int = 1, workspace: int | None = None
+) -> int:
+    """The largest static ``max_seqlen`` up to ``longest`` (a multiple of ``multiple``) that keeps TE's fused
+    deterministic backend, ``segments x heads x max_seqlen**2 < UNFUSED_FROM``, and, where ``workspace`` is given,
+    whose workspace (:func:`workspace_bytes`) is at most that; with the segment count it implies
+    (``segments_at(max_seqlen)``: tail pieces grow as ``max_seqlen`` shrinks). ``longest`` itself where it holds;
+    0 where not even ``multiple`` does."""
+    elements = UNFUSED_FROM - 1
+    if workspace is not None:
+        elements = min(elements, workspace // WORKSPACE_BYTES_PER_ELEMENT)
+    seqlen = longest
+    while seqlen >= multiple:
+        segments = segments_at(seqlen)
+        if segments * heads * seqlen**2 <= elements:
+            return seqlen
+        allowed = math.isqrt(elements // (segments * heads))
+        seqlen = min(seqlen - multiple, allowed // multiple * multiple)
+    return 0

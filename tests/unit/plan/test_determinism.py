@@ -1,0 +1,115 @@
+"""The static vision attention under TE's deterministic kernels: below TE 2.20's unfused threshold, a derived shape's
+cuDNN workspace within the limit, a set one refused with a fix that plans, the workspace in the memory estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge_cudagraph.config import CudaGraphConfigError, cuda_graph_config_from_dict
+from bridge_cudagraph.plan.budgets import PackedLayout
+from bridge_cudagraph.plan.build import build_plan
+from bridge_cudagraph.plan.determinism import (
+    DERIVED_WORKSPACE_LIMIT,
+    UNFUSED_FROM,
+    deterministic_kernels,
+    deterministic_max_seqlen,
+    workspace_bytes,
+)
+from bridge_cudagraph.plan.facts import ImageFacts
+from bridge_cudagraph.plan.memory import TrainingFacts
+from tests.unit.plan.test_build import qwen3_vl_8b
+
+pytestmark = pytest.mark.fast
+
+#: The photo data path's cap (Bridge's qwen2_5_collate_fn): 3920 patches of 16 x 16 per image.
+PHOTOS = ImageFacts(max_pixels=1003520, source="the photo collate")
+
+
+def _plan(deterministic: bool, images: ImageFacts | None = PHOTOS, **vision):
+    cfg = cuda_graph_config_from_dict({"vision": {"enabled": True, **vision}})
+    return build_plan(
+        qwen3_vl_8b(tp=1),
+        cfg,
+        world_size=1,
+        micro_batch_size=2,
+        global_batch_size=2,
+        images=images,
+        training=TrainingFacts(),
+        deterministic=deterministic,
+    )
+
+
+def _segments(vision) -> int:
+    return vision.layout.cu_seqlens_length - 1
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", True), (" 0 ", True), ("1", False), (None, False)])
+def test_the_switch_is_tes_variable(value, expected):
+    environ = {} if value is None else {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": value}
+    assert deterministic_kernels(environ) is expected
+
+
+def test_the_largest_seqlen_below_the_threshold_and_the_workspace():
+    def segments(seqlen):
+        return 4 + -(-8192 // seqlen)
+
+    fused = deterministic_max_seqlen(8192, 16, segments, multiple=4)
+    assert fused % 4 == 0 and segments(fused) * 16 * fused**2 < UNFUSED_FROM
+    assert segments(fused + 4) * 16 * (fused + 4) ** 2 >= UNFUSED_FROM  # the largest such multiple
+    small = deterministic_max_seqlen(8192, 16, segments, multiple=4, workspace=2**30)
+    assert small < fused and workspace_bytes(segments(small), 16, small) <= 2**30
+    assert deterministic_max_seqlen(64, 16, segments) == 64  # fits as it is
+    assert deterministic_max_seqlen(8192, 10**9, segments, multiple=4) == 0  # nothing fits
+
+
+def test_without_deterministic_kernels_the_plan_is_unchanged():
+    plan = _plan(False)
+    assert plan.vision.max_patches_per_image == 3920 and plan.vision.deterministic_workspace == 0
+    assert "deterministic" not in plan.describe()
+
+
+def test_a_derived_shape_is_lowered_below_the_threshold_and_the_workspace_limit():
+    """The 8B's derived ladder (16 heads, 512 images) would give TE's unfused attention: lowered, and said."""
+    loose = _plan(False).vision
+    assert _segments(loose) * 16 * loose.max_patches_per_image**2 >= UNFUSED_FROM  # the premise
+    plan = _plan(True)
+    v = plan.vision
+    assert v.max_patches_per_image < 3920 and v.max_patches_per_image % 4 == 0
+    assert _segments(v) * 16 * v.max_patches_per_image**2 < UNFUSED_FROM
+    assert v.deterministic_workspace == workspace_bytes(_segments(v), 16, v.max_patches_per_image)
+    assert v.deterministic_workspace <= DERIVED_WORKSPACE_LIMIT
+    assert "lowered from 3920 for deterministic kernels" in v.patches_source
+    text = plan.describe()
+    assert "deterministic kernels: cuDNN's attention backward workspace about" in text
+    assert max(map(len, text.splitlines())) <= 119
+
+
+#: A shape below TE's threshold whose workspace is above the derived limit: 2 images + 2 tail pieces x 16 heads x
+#: 2048**2 (2**28 elements, 32 GiB of workspace).
+SET_BELOW = {"token_budgets": [4096], "max_images_per_microbatch": 2, "max_patches_per_image": 2048}
+
+
+def test_the_workspace_is_in_the_memory_estimate():
+    off, on = _plan(False, **SET_BELOW), _plan(True, **SET_BELOW)
+    assert on.vision.deterministic_workspace == workspace_bytes(4, 16, 2048)
+    assert on.memory.vision_graphs - off.memory.vision_graphs == on.vision.deterministic_workspace
+
+
+def test_a_set_shape_above_the_threshold_is_refused_with_a_fix_that_plans():
+    with pytest.raises(CudaGraphConfigError) as refused:
+        _plan(True, max_patches_per_image=8192, max_images_per_microbatch=64)
+    error = refused.value
+    assert "unfused attention" in str(error) and error.fix
+    setting, value = error.fix[0].split("=")
+    assert setting == "model.cuda_graph.vision.max_patches_per_image"
+    plan = _plan(True, max_patches_per_image=int(value), max_images_per_microbatch=64)
+    segments = PackedLayout(plan.vision.token_budgets, max_sequences=64, max_seqlen=int(value)).cu_seqlens_length - 1
+    assert segments * 16 * int(value) ** 2 < UNFUSED_FROM
+
+
+def test_a_set_shape_below_the_threshold_keeps_its_value_and_counts_its_workspace():
+    plan = _plan(True, **SET_BELOW)
+    assert plan.vision.max_patches_per_image == 2048
+    assert plan.vision.deterministic_workspace > DERIVED_WORKSPACE_LIMIT  # allowed when set, but counted
+    derived = _plan(True, **{**SET_BELOW, "max_patches_per_image": None}).vision
+    assert derived.max_patches_per_image < 2048 and derived.deterministic_workspace <= DERIVED_WORKSPACE_LIMIT
