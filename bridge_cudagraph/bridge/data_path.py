@@ -5,41 +5,77 @@ Bridge's forward steps draw their micro-batch themselves (``next(data_iterator)`
 costs no wait: the useful-token meter (:mod:`bridge_cudagraph.bridge.throughput`) and the vision grids
 (:mod:`bridge_cudagraph.vision.host_grids`). :func:`observing_forward_step` wraps the step so that its data iterator
 hands each micro-batch it draws to observers first, and runs ``after`` when the step returns.
+
+The same wrapper times each draw (:class:`DataWait`): the host seconds inside the data iterator's ``next()``, i.e.
+how long the step waited for its batch. With DataLoader workers that keep up, a draw only takes a batch they made
+ahead off a queue; when they fall behind (or with no workers), the step waits in ``next()`` for the collate (the
+processor resizing and patching every image) to finish, and that wait is the data path's share of the step.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["observing_forward_step"]
+__all__ = ["DataWait", "observing_forward_step"]
+
+
+@dataclass
+class DataWait:
+    """Host seconds the forward steps have spent inside their data iterator's ``next()``, summed over every draw."""
+
+    seconds: float = 0.0
+    """Seconds waited so far."""
+    draws: int = 0
+    """Draws timed so far (one per micro-batch; a draw that raised, such as the end of an evaluation set, too)."""
+
+    def add(self, seconds: float) -> None:
+        """Count one draw that took ``seconds``."""
+        self.seconds += seconds
+        self.draws += 1
 
 
 class _ObservedIterator:
-    """The step's data iterator, handing each micro-batch to the observers before the step sees it."""
+    """The step's data iterator, timing each draw and handing each micro-batch to the observers before the step
+    sees it (the observers' own time is not the data's)."""
 
-    def __init__(self, inner: Iterator, observers: Sequence[Callable[[Any], None]]) -> None:
+    def __init__(
+        self, inner: Iterator, observers: Sequence[Callable[[Any], None]], wait: DataWait | None = None
+    ) -> None:
         self.inner = inner
         self.observers = tuple(observers)
+        self.wait = wait
 
     def __iter__(self) -> _ObservedIterator:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self.inner)
+        start = time.perf_counter()
+        try:
+            batch = next(self.inner)
+        finally:
+            if self.wait is not None:
+                self.wait.add(time.perf_counter() - start)
         for observe in self.observers:
             observe(batch)
         return batch
 
 
 def observing_forward_step(
-    step: Callable, observers: Sequence[Callable[[Any], None]], *, after: Callable[[], None] | None = None
+    step: Callable,
+    observers: Sequence[Callable[[Any], None]],
+    *,
+    after: Callable[[], None] | None = None,
+    wait: DataWait | None = None,
 ) -> Callable:
     """``step`` (a Bridge forward step, ``(state, data_iterator, model, ...)`` or ``(data_iterator, model, ...)``)
     whose data iterator hands each micro-batch it draws to ``observers``; ``after()`` runs when the step returns or
-    raises (what an observer published for this step ends there).
+    raises (what an observer published for this step ends there); ``wait``, when given, sums the time each draw
+    spends in the iterator's ``next()``.
 
     ``functools.wraps`` keeps the signature Bridge inspects to decide whether to pass its state.
     """
@@ -51,7 +87,7 @@ def observing_forward_step(
     def observed(iterator: Any) -> Any:
         if iterator is None:
             return iterator
-        return _ObservedIterator(iterator, observers)
+        return _ObservedIterator(iterator, observers, wait)
 
     @functools.wraps(step)
     def wrapped(*args, **kwargs):

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.bridge.callback import CudaGraphCallback
-from bridge_cudagraph.bridge.data_path import observing_forward_step
+from bridge_cudagraph.bridge.data_path import DataWait, observing_forward_step
 from bridge_cudagraph.bridge.loop import install_bridge_helper
 from bridge_cudagraph.bridge.throughput import ThroughputCallback, UsefulTokenMeter
 from bridge_cudagraph.host.data_workers import fork_safe_tokenizers
@@ -87,18 +87,19 @@ def run(
     install_bridge_helper()
     use_prebuilt_dataset_helpers()
     graph_callback = CudaGraphCallback(plan=plan)
-    meter = UsefulTokenMeter()
+    meter, data_wait = UsefulTokenMeter(), DataWait()
     # Each micro-batch seen on the host as the collate made it: its loss tokens counted, its vision grids published
-    # for the forward that reads them (vision.host_grids), until the step returns.
+    # for the forward that reads them (vision.host_grids), until the step returns; each draw's wait timed.
     step = observing_forward_step(
         forward_step_func or forward_step_for(config.model),
         [meter.add, host_grids.publish_collated],
         after=host_grids.clear,
+        wait=data_wait,
     )
     # Measured after the capture step and the first replay (graphed and eager runs alike): warmup, capture and
     # one-time set-up are not training speed.
     warmup = max(plan.language.warmup_steps, plan.vision.warmup_steps if plan.vision is not None else 0)
-    throughput = ThroughputCallback(meter, skip_iterations=warmup + 2)
+    throughput = ThroughputCallback(meter, skip_iterations=warmup + 2, wait=data_wait)
     finetuning = config.checkpoint.pretrained_checkpoint is not None
     entry = finetune if finetuning else pretrain
     block = getattr(config.model, "cuda_graph", None)

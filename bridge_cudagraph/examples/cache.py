@@ -1,4 +1,5 @@
-"""What the example data sets share: folders published whole into the cache, and per-sample random streams.
+"""What the example data sets share: folders published whole into the cache, per-sample random streams, and the
+bytes they store (JPEG images, parquet files).
 
 Every rank of a run (and every later run) may build the same example folder at once, so a folder is written under
 a temporary name and renamed into place: a reader only ever sees a complete one, and a builder that loses the
@@ -9,15 +10,17 @@ rename to an identical folder keeps the winner's. Samples draw from a stream of 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["publish_folder", "sample_rng"]
+__all__ = ["jpeg_bytes", "publish_folder", "sample_rng", "write_parquet"]
 
 
 def publish_folder(target: Path, marker: str, write: Callable[[Path], None]) -> Path:
@@ -44,3 +47,28 @@ def sample_rng(seed: int, split: str, index: int) -> np.random.Generator:
     """The random stream of sample ``index`` of ``split`` under ``seed``."""
     key = f"{seed}/{split}/{index}".encode()
     return np.random.default_rng(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
+
+
+def write_parquet(rows: dict[str, list[Any]], features: Any, path: Path) -> None:
+    """``rows`` (columns of equal length) as one parquet file of ``datasets`` ``features``, the layout
+    ``datasets.load_dataset(folder, split=...)`` reads back with those features.
+
+    Without its progress bars: the sets are built inside verbs whose stderr is the user's (a refusal there must stay
+    one ``error:`` line; the first build of a fresh checkout printed nine bar lines before it).
+    """
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
+def jpeg_bytes(image: Any, quality: int) -> bytes:
+    """A PIL image as JPEG bytes at ``quality`` (the example sets store their images as JPEG, as CORD-v2 does)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()

@@ -40,7 +40,9 @@ __all__ = [
     "CACHE_ENV",
     "build_photo_data",
     "cache_dir",
+    "direct_sft_dataset_config",
     "photo_dataset_config",
+    "tiny_qwen3_vl_example_config",
     "tiny_qwen3_vl_moe_photos_config",
     "tiny_qwen3_vl_photos_config",
 ]
@@ -85,23 +87,28 @@ def build_photo_data(root: str | os.PathLike[str] | None = None, spec: PhotoSetS
 def photo_dataset_config(
     photos: str | os.PathLike[str], processor: ProcessorFolder, seq_length: int, *, packed: bool = True
 ):
-    """Bridge's ``DirectHFSFTDatasetConfig`` over the local photo set, as Bridge's Qwen3-VL recipes configure it
-    (``packed``: in-batch packing deferred to the step); ``packed=False`` pads every row to ``seq_length`` instead,
-    Bridge's data path without packing (what language graphs of an MoE model replay)."""
-    from megatron.bridge.data.builders import (
-        ChatSFTPreprocessingConfig,
-        DirectHFSFTDatasetConfig,
-        HFDatasetSourceConfig,
+    """Bridge's ``DirectHFSFTDatasetConfig`` over the local photo set, read with Bridge's ``cord_v2`` schema adapter
+    (:func:`direct_sft_dataset_config`)."""
+    from megatron.bridge.data.builders import HFDatasetSourceConfig
+
+    source = HFDatasetSourceConfig(
+        path_or_dataset=str(photos), split="train", schema_adapter="cord_v2", adapter_kwargs={"prompt": PROMPT}
     )
+    return direct_sft_dataset_config(source, processor, seq_length, packed=packed)
+
+
+def direct_sft_dataset_config(source, processor: ProcessorFolder, seq_length: int, *, packed: bool = True):
+    """Bridge's ``DirectHFSFTDatasetConfig`` over ``source`` (an ``HFDatasetSourceConfig`` of a local set), as Bridge's
+    Qwen3-VL recipes configure it (``packed``: in-batch packing deferred to the step); ``packed=False`` pads every row
+    to ``seq_length`` instead, Bridge's data path without packing (what language graphs of an MoE model replay)."""
+    from megatron.bridge.data.builders import ChatSFTPreprocessingConfig, DirectHFSFTDatasetConfig
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     return DirectHFSFTDatasetConfig(
         seq_length=seq_length,
         preprocessing=ChatSFTPreprocessingConfig(),
         hf_processor_path=str(processor.path),
-        source=HFDatasetSourceConfig(
-            path_or_dataset=str(photos), split="train", schema_adapter="cord_v2", adapter_kwargs={"prompt": PROMPT}
-        ),
+        source=source,
         # Bridge's Qwen3-VL recipes' two workers; they deliver under bridge_cudagraph.host.data_workers (the fast
         # tokenizer in forked workers waits forever without it).
         num_workers=2,
@@ -140,9 +147,21 @@ def tiny_qwen3_vl_moe_photos_config(
 
 
 def _photos_config(*, moe: bool, train_iters: int, seq_length: int, seed: int, cache: str | os.PathLike[str] | None):
+    photos, processor = build_photo_data(cache)
+    dataset = photo_dataset_config(photos, processor, seq_length, packed=not moe)
+    return tiny_qwen3_vl_example_config(
+        dataset, processor, moe=moe, train_iters=train_iters, seq_length=seq_length, seed=seed
+    )
+
+
+def tiny_qwen3_vl_example_config(
+    dataset, processor: ProcessorFolder, *, moe: bool = False, train_iters: int, seq_length: int, seed: int
+):
+    """The tiny Qwen3-VL (dense, or MoE with ``moe``) built with ``processor``'s token ids, on ``dataset`` (a Bridge
+    dataset config whose processor that is), as a ``ConfigContainer`` in the shape of Bridge's Qwen3-VL SFT recipes
+    (the module docstring lists it); graphs off."""
     from megatron.bridge.training.config import TokenizerConfig
 
-    photos, processor = build_photo_data(cache)
     if processor.vocab_size > TINY_VOCAB:
         raise ValueError(f"the processor has {processor.vocab_size} tokens, more than the tiny model's {TINY_VOCAB}")
     model = tiny_qwen3_vl_provider(
@@ -156,7 +175,7 @@ def _photos_config(*, moe: bool, train_iters: int, seq_length: int, seed: int, c
     )
     return example_config(
         model=model,
-        dataset=photo_dataset_config(photos, processor, seq_length, packed=not moe),
+        dataset=dataset,
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=TINY_VOCAB),
         micro_batch_size=2,
         global_batch_size=2,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import os
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bridge_cudagraph.examples.cache import publish_folder, sample_rng
+from bridge_cudagraph.examples.cache import jpeg_bytes, publish_folder, sample_rng, write_parquet
 
 __all__ = [
     "ASPECT_RATIOS",
@@ -41,6 +40,7 @@ __all__ = [
     "answer_texts",
     "build_photo_set",
     "photo_sample",
+    "random_view",
 ]
 
 #: The prompt of every sample (Bridge's ``cord_v2`` adapter takes one prompt per source, ``adapter_kwargs.prompt``).
@@ -134,8 +134,10 @@ class PhotoSetSpec:
 _FORMAT = 1
 
 
-def _crop_and_resize(image: np.ndarray, rng: np.random.Generator, spec: PhotoSetSpec):
-    """A random crop of one of :data:`ASPECT_RATIOS`, resized (Lanczos) to a long side drawn log-uniformly."""
+def random_view(image: np.ndarray, rng: np.random.Generator, min_side: int, max_side: int):
+    """A random crop of ``image`` to one of :data:`ASPECT_RATIOS`, resized (Lanczos) to a long side drawn
+    log-uniformly from ``min_side..max_side`` (the short side at least 16 px), as a PIL image. Draws four numbers
+    from ``rng``, in a fixed order: a set's bytes depend on it."""
     from PIL import Image
 
     aw, ah = ASPECT_RATIOS[int(rng.integers(len(ASPECT_RATIOS)))]
@@ -144,7 +146,7 @@ def _crop_and_resize(image: np.ndarray, rng: np.random.Generator, spec: PhotoSet
     top = int(rng.integers(h - crop_h + 1))
     left = int(rng.integers(w - crop_w + 1))
     crop = image[top : top + crop_h, left : left + crop_w]
-    long_side = round(float(np.exp(rng.uniform(np.log(spec.min_side), np.log(spec.max_side)))))
+    long_side = round(float(np.exp(rng.uniform(np.log(min_side), np.log(max_side)))))
     scale = long_side / max(aw, ah)
     size = (max(16, round(aw * scale)), max(16, round(ah * scale)))
     return Image.fromarray(crop).resize(size, Image.Resampling.LANCZOS)
@@ -193,14 +195,8 @@ def photo_sample(spec: PhotoSetSpec, split: str, index: int) -> tuple[str, Any, 
     """Sample ``index`` of ``split``: ``(photo name, PIL image, parse)``; a pure function of its arguments."""
     rng = sample_rng(spec.seed, split, index)
     photo = PHOTOS[int(rng.integers(len(PHOTOS)))]
-    image = _crop_and_resize(photo.load(), rng, spec)
+    image = random_view(photo.load(), rng, spec.min_side, spec.max_side)
     return photo.name, image, _parse(photo, image, rng, spec)
-
-
-def _jpeg(image, quality: int) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
 
 
 def _write_split(folder: Path, spec: PhotoSetSpec, split: str, size: int) -> None:
@@ -209,21 +205,13 @@ def _write_split(folder: Path, spec: PhotoSetSpec, split: str, size: int) -> Non
     rows: dict[str, list] = {"image": [], "ground_truth": [], "photo": []}
     for index in range(size):
         name, image, parse = photo_sample(spec, split, index)
-        rows["image"].append({"bytes": _jpeg(image, spec.jpeg_quality), "path": None})
+        rows["image"].append({"bytes": jpeg_bytes(image, spec.jpeg_quality), "path": None})
         rows["ground_truth"].append(json.dumps({"gt_parse": parse}, sort_keys=True))
         rows["photo"].append(name)
     features = datasets.Features(
         {"image": datasets.Image(), "ground_truth": datasets.Value("string"), "photo": datasets.Value("string")}
     )
-    # Without its progress bars: the set is built inside verbs whose stderr is the user's (a refusal there must stay
-    # one ``error:`` line; the first build of a fresh checkout printed nine bar lines before it).
-    was_disabled = datasets.are_progress_bars_disabled()
-    datasets.disable_progress_bars()
-    try:
-        datasets.Dataset.from_dict(rows, features=features).to_parquet(str(folder / f"{split}.parquet"))
-    finally:
-        if not was_disabled:
-            datasets.enable_progress_bars()
+    write_parquet(rows, features, folder / f"{split}.parquet")
 
 
 def build_photo_set(root: str | os.PathLike[str], spec: PhotoSetSpec | None = None) -> Path:

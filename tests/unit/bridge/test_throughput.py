@@ -1,12 +1,15 @@
-"""Useful tokens per second: what the forward-step wrapper counts, and the rate over measured iterations."""
+"""Useful tokens per second: what the forward-step wrapper counts, and the rate over measured iterations; the data
+wait beside it, and the line that calls the data the limit."""
 
 from __future__ import annotations
 
 import inspect
+import re
+import time
 
 import torch
 
-from bridge_cudagraph.bridge.throughput import UsefulTokenMeter, counting_forward_step
+from bridge_cudagraph.bridge.throughput import DATA_BOUND_SHARE, UsefulTokenMeter, counting_forward_step
 
 
 def _step(state, data_iterator, model, return_schedule_plan: bool = False):
@@ -57,3 +60,72 @@ def test_only_measured_training_steps_count(monkeypatch):
         cb.on_train_step_end(context(step))
     assert (cb.iterations, cb.tokens, cb.seconds) == (2, 400, 3.0)
     assert cb.useful_tokens_per_s == 400 / 3.0
+
+
+def _context(step, workers=2):
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(logger=SimpleNamespace(log_interval=0), dataset=SimpleNamespace(num_workers=workers))
+    return SimpleNamespace(state=SimpleNamespace(train_state=SimpleNamespace(step=step), cfg=cfg))
+
+
+def _train(batches, work_s: float, steps: int = 4):
+    """Bridge's loop around a wrapped step, in miniature: the callback's events around each step, then the end."""
+    from bridge_cudagraph.bridge.data_path import DataWait, observing_forward_step
+    from bridge_cudagraph.bridge.throughput import ThroughputCallback
+
+    meter, wait = UsefulTokenMeter(), DataWait()
+
+    def working(state, data_iterator, model):
+        batch = next(data_iterator)
+        time.sleep(work_s)
+        return batch
+
+    step = observing_forward_step(working, [meter.add], wait=wait)
+    cb = ThroughputCallback(meter, skip_iterations=1, wait=wait)
+    cb.on_train_start(_context(0))
+    for i in range(steps):
+        cb.on_train_step_start(_context(i))
+        step(None, batches, None)
+        cb.on_train_step_end(_context(i))
+    cb.on_train_end(_context(steps))
+    return cb
+
+
+def _slow(seconds):
+    while True:
+        time.sleep(seconds)
+        yield {"loss_mask": torch.ones(1, 4)}
+
+
+def test_a_step_that_waits_for_its_batches_is_reported_data_bound(capsys):
+    cb = _train(_slow(0.08), work_s=0.02)
+    out = capsys.readouterr().out
+    assert cb.iterations == 3 and cb.tokens == 12 and 0.24 <= cb.wait_seconds <= cb.seconds
+    assert cb.data_wait_share > 0.5
+    (line,) = [x for x in out.splitlines() if "data wait" in x]
+    assert re.search(r"data wait \d+\.\d ms of \d+\.\d ms per step \(\d+\.\d%", line)
+    (advice,) = [x for x in out.splitlines() if "the data is the limit" in x]
+    assert "dataset.num_workers (now 2)" in advice and "CPU cores" in advice
+
+
+def test_a_step_whose_batches_are_ready_is_not(capsys):
+    batches = iter([{"loss_mask": torch.ones(1, 4)}] * 4)
+    cb = _train(batches, work_s=0.05)
+    out = capsys.readouterr().out
+    assert cb.iterations == 3 and cb.data_wait_share < DATA_BOUND_SHARE
+    assert "data wait" in out and "the data is the limit" not in out
+
+
+def test_without_a_data_wait_there_is_no_line(capsys):
+    from bridge_cudagraph.bridge.throughput import ThroughputCallback
+
+    meter = UsefulTokenMeter()
+    cb = ThroughputCallback(meter)
+    cb.on_train_start(_context(0))
+    cb.on_train_step_start(_context(0))
+    meter.tokens += 5
+    cb.on_train_step_end(_context(0))
+    cb.on_train_end(_context(1))
+    out = capsys.readouterr().out
+    assert "useful tokens/s" in out and "data wait" not in out and cb.data_wait_share is None
