@@ -53,10 +53,14 @@ def derive_token_budgets(seq_length: int, micro_batch_size: int, merge: int) -> 
     return geometric_ladder(top, vision_ladder_multiple(merge), VISION_LADDER_FLOOR)
 
 
-def derive_max_segments(budgets: list[int], merge: int) -> int:
-    """Image frames a micro-batch may hold and still replay, when not configured: the largest budget filled
-    with images of :data:`MIN_IMAGE_MERGED_TOKENS` merged tokens. It sizes the static ``cu_seqlens``."""
-    return max(1, budgets[-1] // (merge * merge * MIN_IMAGE_MERGED_TOKENS))
+def derive_max_segments(budgets: list[int], merge: int, smallest: int | None = None) -> int:
+    """Image frames a micro-batch may hold and still replay, when not configured: the largest budget filled with the
+    smallest image, ``smallest`` patches where the data path resizes every image up to a floor (Bridge's Qwen-VL
+    collate: ``min_pixels``), else images of :data:`MIN_IMAGE_MERGED_TOKENS` merged tokens. It sizes the static
+    ``cu_seqlens``, whose every slot is a segment of the graphs' attention (and of its deterministic workspace). A
+    micro-batch with more frames (video frames under a floor of their own) runs eagerly, counted."""
+    per_image = max(smallest or 0, merge * merge * MIN_IMAGE_MERGED_TOKENS)
+    return max(1, budgets[-1] // per_image)
 
 
 def check_token_budgets(budgets: Sequence[int], spatial_merge_size: int, where: str) -> None:

@@ -19,6 +19,7 @@ from bridge_cudagraph.parallel.layout import (
     resolve_submodules,
 )
 from bridge_cudagraph.plan.budgets import (
+    MIN_IMAGE_MERGED_TOKENS,
     PackedLayout,
     derive_language_budgets,
     derive_max_segments,
@@ -256,9 +257,16 @@ def _plan_vision(
     else:
         budgets = list(cfg.vision.token_budgets)  # checked by check_model
         derived = False
+    images_source = ""
     if cfg.vision.max_images_per_microbatch is None:
-        images = derive_max_segments(budgets, v.spatial_merge_size)
+        smallest = pixels.min_pixels // v.patch_size**2 if pixels is not None and pixels.min_pixels else None
+        images = derive_max_segments(budgets, v.spatial_merge_size, smallest)
         images_derived = True
+        if smallest and smallest > v.merge_unit * MIN_IMAGE_MERGED_TOKENS:
+            images_source = (
+                f"{budgets[-1]} // {smallest} (images of >= {smallest} patches: min_pixels {pixels.min_pixels} // "
+                f"{v.patch_size}**2, {pixels.source})"
+            )
     else:
         images = cfg.vision.max_images_per_microbatch
         images_derived = False
@@ -281,6 +289,7 @@ def _plan_vision(
         max_patches_per_microbatch=max_patches,
         max_images_per_microbatch=images,
         images_derived=images_derived,
+        images_source=images_source,
         static_inputs=inputs,
         copies=copies,
         graphs=len(segments) * len(budgets) * copies,

@@ -177,6 +177,8 @@ class VisionPlan:
         max_images_per_microbatch: Image frames a micro-batch may hold and replay (``cu_seqlens`` has two more
             entries: the leading 0 and the padding segment).
         images_derived: ``max_images_per_microbatch`` was derived, not given.
+        images_source: How a derived ``max_images_per_microbatch`` follows from the data path's smallest image (empty:
+            given, or derived from images of 4x4 merged tokens where the data path names no floor).
         max_patches_per_image: Most patches of one image (frame) that replay: the static attention ``max_seqlen``
             (unless set: from the data path's max_pixels, at most the largest budget; see ``patches_source``).
         static_inputs: ``(budget, inputs)`` for every budget.
@@ -210,6 +212,7 @@ class VisionPlan:
     patches_source: str = ""
     warmup_source: str = ""
     deterministic_workspace: int = 0
+    images_source: str = ""
 
     segments: tuple[tuple[int, int], ...] = ()
     """The layer ranges ``[start, end)`` of one budget's graphs

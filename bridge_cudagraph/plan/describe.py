@@ -143,8 +143,11 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
             f"{len(vision.token_budgets)} rungs <= {LADDER_RATIO}x apart"
         )
     images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
-    if vision.images_derived:
-        images_line += (
+    images_lines = [images_line]
+    if vision.images_derived and vision.images_source:
+        images_lines = [f"{images_line}, derived:", *textwrap.wrap(vision.images_source, 119, initial_indent="    ")]
+    elif vision.images_derived:
+        images_lines[0] += (
             f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "
             "(images of >= 4x4 merged tokens)"
         )
@@ -176,7 +179,7 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
         *_joined(head, f"{_modules_text(vision.modules)}, {warmup}"),
         *spans,
         *budget_lines,
-        images_line,
+        *images_lines,
         *patches,
         f"  a micro-batch with more than {vision.token_budgets[-1]} patches or more images runs eagerly (counted)",
     ]

@@ -97,7 +97,7 @@ CASES = {
                 *(512, 576, 704, 832, 1024, 1280, 1536, 1920, 2368, 2944, 3648),
                 *(4544, 5632, 6976, 8704, 10816, 13504, 16832, 20992, 26240, 32768),
             ),
-            images=512,
+            images=32768 // 784,  # images of >= 784 patches: the collate's min_pixels 200704 // 16**2
             max_patches=3920,  # Bridge's Qwen-VL collate: max_pixels 1003520 // 16**2
             copies=2,
             vision_graphs=4 * 21 * 2,  # 4 segments (deepstack 8, 16, 24 of 27) x 21 budgets x 2 copies
@@ -105,7 +105,7 @@ CASES = {
             vision_inputs_at_first=[
                 ("hidden_states", (512, 1, 1152), "bf16"),
                 ("rotary_pos_emb", (512, 1, 1, 72), "fp32"),
-                ("cu_seqlens", (1 + 512 + 9,), "int32"),  # the 32768-patch tail in 9 pieces of at most 3920
+                ("cu_seqlens", (1 + 41 + 9,), "int32"),  # the 32768-patch tail in 9 pieces of at most 3920
             ],
         ),
     ),
