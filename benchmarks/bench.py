@@ -1505,9 +1505,9 @@ def _step_runner(
 def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -> None:
     """Make every variant's provider once, before any model exists, and drop it.
 
-    A provider's first construction imports lazily, and some import on that path keeps its traceback alive; the
-    frames it pins can reach up to ``_run_variant_body`` of the first variant and keep that variant's model and
-    optimizer for the rest of the process (results/README.md, "Leaks the benchmark found"). Made here, the pinned
+    A provider's first construction imports lazily, and some import on that path keeps its traceback alive; the frames
+    it pins can reach up to ``_run_variant_body`` of the first variant and keep that variant's model and optimizer for
+    the rest of the process (results/padded-vs-upstream/README.md, "Leaks the benchmark found"). Made here, the pinned
     frames end at :func:`run`, which holds no model."""
     for cfg in configs:
         for variant in variants:
@@ -1518,7 +1518,7 @@ def _import_providers(configs: Sequence[BenchConfig], variants: Sequence[str]) -
 def _break_ddp_cycles(model: Any) -> None:
     """Drop Megatron DDP's ``grad_accs`` (the AccumulateGrad nodes whose hooks close over the DDP module): that
     cycle runs through C++ autograd nodes that Python's collector cannot see, so without this every deleted DDP
-    model stays alive (results/README.md, "Leaks the benchmark found")."""
+    model stays alive (results/padded-vs-upstream/README.md, "Leaks the benchmark found")."""
     for chunk in model or []:
         grad_accs = getattr(chunk, "grad_accs", None)
         if isinstance(grad_accs, list):

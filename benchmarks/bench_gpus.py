@@ -34,8 +34,9 @@ from benchmarks.progress import say
 from benchmarks.schema import FINISHED, command_line, json_safe
 
 #: Building, snapshotting, capturing and checking one configuration, in tokens of one step (the rest of a
-#: configuration's cost grows with its tokens per step). A rough figure from an H200 run (results/README.md, "The
-#: benchmark's fixed cost"); it only has to order the configurations, not predict seconds.
+#: configuration's cost grows with its tokens per step). A rough figure from an H200 run
+#: (results/padded-vs-upstream/README.md, "The benchmark's fixed cost"); it only has to order the configurations, not
+#: predict seconds.
 CONFIG_OVERHEAD_TOKENS = 1024
 #: Seconds a timed-out child gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 10.0

@@ -12,7 +12,7 @@ and, where ours' GPU-busy fraction is under :data:`GPU_BUSY_TARGET`, where the r
 
 Command line::
 
-    python -m benchmarks.bench_report render results/bench/bench.json
+    python -m benchmarks.bench_report render results/padded-vs-upstream/bench/bench.json
     python -m benchmarks.bench_report merge a/bench.json b/bench.json --out results/bench
 """
 

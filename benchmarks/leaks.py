@@ -4,7 +4,7 @@ The benchmark builds, trains and deletes one model per variant in one process, a
 teardown counts in every later variant's peak memory (a small-Qwen3-VL model with its gradient buffers and Adam
 states can run the largest configuration out of memory). This module answers "what holds it" from inside the
 process, so the answer comes back in the benchmark's JSON rather than needing a debugger on a machine that is gone
-by then (what it found: results/README.md, "Leaks the benchmark found"; the fixes are
+by then (what it found: results/padded-vs-upstream/README.md, "Leaks the benchmark found"; the fixes are
 ``bench._import_providers`` and ``bench._break_ddp_cycles``).
 :func:`release_training_memory` frees a deleted model's large storages
 whatever still holds the Python objects, so one leak cannot run a later variant out of memory.

@@ -2,13 +2,13 @@
 
 Bridge logs every iteration as ``iteration  N/ M | ... | lm loss: 7.099136E+00 | ... | grad norm: 36.534 |``, and
 the plugin's callback adds ``bridge_cudagraph [iteration N] language: graphs=... replays=... eager_fallbacks=...``.
-This reads both from the raw logs the device calls keep (``results/runNN/*.log``), compares each run with a
+This reads both from the raw logs the device calls keep (``results/<claim>/runNN/*.log``), compares each run with a
 reference through :func:`bridge_cudagraph.testing.parity.compare_series` (any non-finite step fails, lengths must
-agree) and writes one JSON. The logs print the loss to 7 significant digits and the grad norm to 5, so
-"identical" here means identical at the printed precision, never bit-exact.
+agree) and writes one JSON (run 18's, from its logs as written, stored gzipped since:
+``results/vision-padding/run18/main_job_*.json``). The logs print the loss to 7 significant digits and the grad
+norm to 5, so "identical" here means identical at the printed precision, never bit-exact.
 
-    python -m benchmarks.loop_logs --out results/run18/main_job_loop.json --reference results/run18/m2_eager.log \\
-        results/run18/m1_graphs.log results/run18/m3_eager_again.log ...
+    python -m benchmarks.loop_logs --out main_job_loop.json --reference m2_eager.log m1_graphs.log m3_eager_again.log
     python -m benchmarks.loop_logs --out X.json --reference uninterrupted.log --from-iteration 16 resumed.log
     python -m benchmarks.loop_logs --out X.json --reference eager.log --floor eager_again.log graphs.log
 

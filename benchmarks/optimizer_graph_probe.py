@@ -15,7 +15,7 @@ It prints the largest parameter difference after every step for each pair. Run o
 ``G1`` vs ``E1`` 0.0 at every step (the graph replays the capturable kernel exactly and the learning rate stays
 live), ``E1`` vs ``E0`` 1.2e-7 to 2.4e-7 from the first step with a non-zero learning rate (1-2 fp32 ulps:
 the capturable kernel rounds differently), also at a constant learning rate and without bias correction
-(``results/optimizer_graph_probe/``).
+(``results/padded-levers/optimizer_graph_probe/``).
 
     python -m benchmarks.optimizer_graph_probe
 """

@@ -1,14 +1,14 @@
 """Which vision parameters' gradients move when several layers share one graph? Issue #18.
 
-Run 30 (2026-12-01, H200): one graph over the whole tiny encoder (4 layers, deepstack layers 1 and 2, whose
-outputs the graph also returned) replayed the per-token loss bit-exactly but not every gradient (worst relative
-L2 5.5e-3, layer 0's MLP norm weight), while one graph per layer stayed bit-exact. Run 31 ran this probe with
-that unit (then called ``encoder``) and the two that remain: the whole-stack graph moved 39 vision gradients
-(layers 0-2 and the patch embedding, the layers whose gradient passes a deepstack layer) by 4-5e-3, the same
-with deterministic kernels; graphs cut after each deepstack layer (``deepstack``) and one per layer moved none,
-and eager against eager moved none (``results/vision_unit_probe/``). The cause: a deepstack layer's output is read
-by the next layer (twice: its norm and the residual) and by a merger; inside one graph autograd sums those three
-gradient parts in another order than eager's per-layer backward does. So no graph spans a deepstack layer.
+Run 30 (2026-12-01, H200): one graph over the whole tiny encoder (4 layers, deepstack layers 1 and 2, whose outputs the
+graph also returned) replayed the per-token loss bit-exactly but not every gradient (worst relative L2 5.5e-3, layer
+0's MLP norm weight), while one graph per layer stayed bit-exact. Run 31 ran this probe with that unit (then called
+``encoder``) and the two that remain: the whole-stack graph moved 39 vision gradients (layers 0-2 and the patch
+embedding, the layers whose gradient passes a deepstack layer) by 4-5e-3, the same with deterministic kernels; graphs
+cut after each deepstack layer (``deepstack``) and one per layer moved none, and eager against eager moved none
+(``results/padded-levers/vision_unit_probe/``). The cause: a deepstack layer's output is read by the next layer (twice:
+its norm and the residual) and by a merger; inside one graph autograd sums those three gradient parts in another order
+than eager's per-layer backward does. So no graph spans a deepstack layer.
 
 This probe trains nothing: for each remaining unit it captures the tiny encoder's graphs and prints, for two
 micro-batches, every vision parameter whose gradient differs from the eager reference's, with its relative L2,

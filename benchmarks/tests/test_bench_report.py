@@ -148,12 +148,14 @@ def test_merge_replaces_by_name_and_renders(tmp_path):
 
 # ------------------------------------------------------------------------------------------ noise floor, host time
 REPO = Path(__file__).resolve().parents[2]
+#: The padded benchmark's committed runs of 2026-11-29, in the folder of the claim they support.
+BENCH = REPO / "results" / "padded-vs-upstream" / "bench"
 
 
 def test_a_bench_json_from_before_the_control_still_renders(tmp_path):
-    """results/bench/bench_quick_1808.json (the quick run of 2026-11-29 18:08) has no eager_repeat and no
-    host_time: it renders, says so, and the repository's copy is left alone (rendered into a tmp dir)."""
-    source = REPO / "results" / "bench" / "bench_quick_1808.json"
+    """results/padded-vs-upstream/bench/bench_quick_1808.json (the quick run of 2026-11-29 18:08) has no eager_repeat
+    and no host_time: it renders, says so, and the repository's copy is left alone (rendered into a tmp dir)."""
+    source = BENCH / "bench_quick_1808.json"
     path = tmp_path / "bench.json"
     shutil.copy(source, path)
     out = bench_report.render(path)
@@ -648,21 +650,21 @@ def test_graph_memory_per_submodule_note():
 
 @pytest.mark.parametrize("folder", ["bench", "bench/full_2138", "bench/rounds_2121"])
 def test_the_committed_report_is_what_the_renderer_makes_of_the_committed_json(tmp_path, folder):
-    """results/bench/bench.md is rendered from results/bench/bench.json (the full matrix of 2026-11-29 22:34 on
-    two H200s), full_2138 from the one of 21:38 (before the budgets shared memory and the clones went), rounds_2121
-    from the two-round run of 21:21; a renderer change that alters them must come with a re-render. The older two
-    JSON files are stored gzipped (the device tool's size limit on the tree)."""
+    """results/padded-vs-upstream/bench/bench.md is rendered from its bench.json (the full matrix of 2026-11-29 22:34
+    on two H200s), full_2138 from the one of 21:38 (before the budgets shared memory and the clones went), rounds_2121
+    from the two-round run of 21:21; a renderer change that alters them must come with a re-render. The older two JSON
+    files are stored gzipped (the device tool's size limit on the tree)."""
     import gzip
 
     path = tmp_path / "bench.json"
-    stored = REPO / "results" / folder / "bench.json"
+    stored = BENCH.parent / folder / "bench.json"
     if stored.exists():
         shutil.copy(stored, path)
     else:
         with gzip.open(stored.with_name("bench.json.gz"), "rb") as f:
             path.write_bytes(f.read())
     md = bench_report.render(path)["md"].read_text()
-    assert md == (REPO / "results" / folder / "bench.md").read_text()
+    assert md == (BENCH.parent / folder / "bench.md").read_text()
     expected = {
         "bench": "| small-mbs1-seq2048 | 416.4 | 164.3 (2.53x) | 173.3 (2.40x) | 0.998x: **within timing noise** "
         "(paired, 95% CI 0.979-1.046) |",

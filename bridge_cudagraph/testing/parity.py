@@ -5,7 +5,7 @@ functions return are what the GPU tests assert and what ``results/`` records.
 
 Every comparison here fails on a NaN or an infinity: Python's ``max()`` skips NaN (``max(0.0, nan) == 0.0``), which
 once let a pipeline-parallel run with NaN losses in 26 of 30 steps be recorded as "identical"
-(``results/two_gpus_run7a.json``, case ``pp2_4mb``). So the numbers are computed with torch, whose reductions
+(``results/multi-gpu/two_gpus_run7a.json``, case ``pp2_4mb``). So the numbers are computed with torch, whose reductions
 propagate NaN, and a non-finite value on either side is a failure of its own, named as such.
 """
 

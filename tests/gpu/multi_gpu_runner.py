@@ -172,7 +172,8 @@ def run_case(name: str, spec: dict) -> dict:
     losses = _timed(graphed, optimizer, steps, language, norms, times, on_step=on_step, after_backward=probe)
     replicas_ok.append(_vision_replicas_identical(graphed, vision))
     last = language.pp.rank() == language.pp.size() - 1
-    # NaN-safe (parity.compare_series): max() over abs differences skips NaN, and did (two_gpus_run7a.json).
+    # NaN-safe (parity.compare_series): max() over abs differences skips NaN, and did
+    # (results/multi-gpu/two_gpus_run7a.json).
     loss = compare_series(losses, ref_losses, name="loss") if last else None
     norm = compare_series(norms, ref_norms, name="grad norm")
     vs_expected = compare_series(norms, expected, name="grad norm vs first principles") if expected else None

@@ -648,12 +648,12 @@ def test_moe_pure_m4_graphs_captured_and_replayed(moe_runs, record):
     )
 
 
-#: Under deterministic mode the MoE runs with vision graphs leave eager's numbers (from the photo set's tenth
-#: iteration on in results/run64), whatever the language scope, while the language graphs alone stay bit-exact. The
-#: cause is the padding to a static budget, not the graphs: ``tests/gpu/test_vision_padding.py`` replays this run's
-#: own 4096-budget micro-batches and finds the graphs bit for bit the same layers run eagerly on the padded rows,
-#: while the padded rows change cuBLAS's weight-gradient reduction against the unpadded ones (results/README.md).
-#: Strict: the day padding stops changing those sums, these tests say so.
+#: Under deterministic mode the MoE runs with vision graphs leave eager's numbers (from the photo set's tenth iteration
+#: on in results/vision-padding/run64), whatever the language scope, while the language graphs alone stay bit-exact.
+#: The cause is the padding to a static budget, not the graphs: ``tests/gpu/test_vision_padding.py`` replays this run's
+#: own 4096-budget micro-batches and finds the graphs bit for bit the same layers run eagerly on the padded rows, while
+#: the padded rows change cuBLAS's weight-gradient reduction against the unpadded ones
+#: (results/vision-padding/README.md). Strict: the day padding stops changing those sums, these tests say so.
 _VISION_GAP_UNDER_DETERMINISM = pytest.mark.xfail(
     os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0",
     reason="vision graphs pad patches to a static budget, which changes cuBLAS's weight-gradient sums against "

@@ -604,10 +604,10 @@ def test_tight_packing_replays_the_kept_tokens_exactly(world, record):
         vs_bridge = diff(got, reference)
         if DETERMINISTIC:
             assert torch.equal(mine, bridges), f"{name}: kept tokens' loss differs, max {(mine - bridges).abs().max()}"
-            # Measured bit-exact on these three micro-batches (results/run67): dropping the rows' zero-gradient
-            # tails left every weight-gradient sum as Bridge's. A shape where it does not is the padding effect of
-            # tests/gpu/test_vision_padding.py and should be looked at, not bounded away. (Run 75 found one: with
-            # the weights this file's earlier tests leave, the final norm's weight gradient summed over the kept
+            # Measured bit-exact on these three micro-batches (results/full-iteration-graph/run67): dropping the rows'
+            # zero-gradient tails left every weight-gradient sum as Bridge's. A shape where it does not is the padding
+            # effect of tests/gpu/test_vision_padding.py and should be looked at, not bounded away. (Run 75 found one:
+            # with the weights this file's earlier tests leave, the final norm's weight gradient summed over the kept
             # rows alone differed in its last bits; the replay now norms the full rows, as Bridge does.)
             differing = grads_differ(got[1], reference[1])
             assert not differing, f"{name}: {len(differing)} gradients differ from Bridge's, e.g. {differing[:3]}"

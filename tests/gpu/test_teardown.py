@@ -60,8 +60,8 @@ AFTER_END_S = EXIT_BOUND_S + 20.0  # the ending's moment -> killed as hung
 ALL_RUNS_S = 500.0  # everything still alive then is killed: below the device machine's 10-minute command limit
 # torchrun's grace period for its workers after SIGTERM, like Slurm's KillWait: it must cover the checkpoint Bridge
 # saves on the signal. At torchrun's default (30 s) all 10 signal runs of 2026-11-29 19:19 UTC were SIGKILLed: ten
-# simultaneous saves of the tiny model took 24-29 s each (results/gpu_teardown_run6_signal_excerpt.txt) and the
-# worker, which had already deleted its graphs, was killed before it could record that. The worker's own bound
+# simultaneous saves of the tiny model took 24-29 s each (results/teardown/gpu_teardown_run6_signal_excerpt.txt) and
+# the worker, which had already deleted its graphs, was killed before it could record that. The worker's own bound
 # stays EXIT_BOUND_S.
 SHUTDOWN_TIMEOUT_S = 90
 # torchrun of torch 2.11 (the device machine's) ignores that variable and SIGKILLs after 30 s: the ten signal runs
@@ -73,9 +73,9 @@ SHUTDOWN_TIMEOUT_S = 90
 # (megatron-core's write-results queue is a 'spawn' multiprocessing Manager); 3 of 10 were still SIGKILLed at 30 s,
 # in interpreter shutdown.
 # At 22:24 UTC (run 10, four at once, the other GPU busy) saves took 22-29 s and 6 of 10 workers were SIGKILLed before
-# their last record (five after deleting their graphs, one during a 29.4 s save). A periodic save before the signal,
-# to start that Manager ahead of it, does not help: torchrun's SIGTERM reaches the Manager process too, and Bridge's
-# save on the signal then fails with BrokenPipeError in all 10 runs (22:33 UTC, results/gpu_teardown_run11.json;
+# their last record (five after deleting their graphs, one during a 29.4 s save). A periodic save before the signal, to
+# start that Manager ahead of it, does not help: torchrun's SIGTERM reaches the Manager process too, and Bridge's save
+# on the signal then fails with BrokenPipeError in all 10 runs (22:33 UTC, results/teardown/gpu_teardown_run11.json;
 # graphs deleted with the process groups up in all 10). So on this stack a SIGTERM before the first checkpoint costs
 # that save 20-30 s of torchrun's fixed 30 s, and one after it breaks the save: Bridge's and megatron-core's doing.
 # The cause (2026-12-01): that Manager's spawned child re-imports the launching script, and this test's runner

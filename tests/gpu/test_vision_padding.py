@@ -52,8 +52,8 @@ SETS = {
     "p6000_b8192": [[(1, 56, 70)], [(1, 40, 52)]],
     "p7840_b8192": [[(1, 56, 70)], [(1, 56, 70)]],
     # The MoE tiny's deterministic photo run (its vision encoder is this one): the micro-batches it replayed at the
-    # 4096 budget, in order (results/run64/microbatch_order.txt). The loop stayed identical to eager through the
-    # first three and parted from it at the fourth (2728 patches), with no eager fallback.
+    # 4096 budget, in order (results/vision-padding/run64/microbatch_order.txt). The loop stayed identical to eager
+    # through the first three and parted from it at the fourth (2728 patches), with no eager fallback.
     "moe_it1_p2372_b4096": [[(1, 32, 48)], [(1, 22, 38)]],
     "moe_it8_p3140_b4096": [[(1, 48, 48)], [(1, 22, 38)]],
     "moe_it9_p2944_b4096": [[(1, 40, 40)], [(1, 28, 48)]],

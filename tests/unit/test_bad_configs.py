@@ -7,8 +7,8 @@ One table, driven through the entry points a user hits: the provider's ``finaliz
 and ``plan`` on the bundled recipes with a bad override: sizes, batches that do not divide, empty lists, wrong
 types), and the recipe file's own structure, refused before its recipe function runs.
 
-``BRIDGE_CUDAGRAPH_RESULTS=results/bad_configs.json pytest tests/unit/test_bad_configs.py`` records every message
-(``results/bad_configs.json``).
+``BRIDGE_CUDAGRAPH_RESULTS=results/bad-input/bad_configs.json pytest tests/unit/test_bad_configs.py`` records every
+message (``results/bad-input/bad_configs.json``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 def _markdown_files() -> list[Path]:
     listed = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=False)
     files = [ROOT / name for name in listed.stdout.split()] if listed.returncode == 0 else list(ROOT.rglob("*.md"))
-    # A run's own reports (results/runNN/) are records as the renderer wrote them, not edited afterwards.
+    # A run's own reports (results/<claim>/runNN/) are records as the renderer wrote them, not edited afterwards.
     return sorted(
         p for p in files if ".venv" not in p.parts and p.is_file() and not re.match(r"run\d+$", p.parent.parent.name)
     )

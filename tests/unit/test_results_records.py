@@ -11,25 +11,56 @@ for every ``results/**/*.json`` and ``results/**/*.json.gz``:
 * a field that could not be recovered reads ``"unknown..."`` and ``meta.sources`` says where it was looked for;
 * a command corrected from a device call keeps the one first recorded (``command_recorded``) and names the call
   (``command_source``), and every pytest record a ``device_calls/runNN.sh`` step wrote is corrected so.
+
+The records of superseded runs live in ``results/archive/superseded-runs.tar.xz`` under the paths they had in the
+tree (``results/runNN/...``, ``results/device_calls/runNN.sh``): they are read from there and held to the same rules.
+Kept runs sit in the folder of the claim they support (``results/<claim>/runNN/``).
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import re
+import tarfile
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
-RECORDS = sorted([*RESULTS.rglob("*.json"), *RESULTS.rglob("*.json.gz")])
+ARCHIVE = RESULTS / "archive" / "superseded-runs.tar.xz"
 
 
-def _load(path: Path):
-    if path.name.endswith(".gz"):
-        with gzip.open(path, "rt") as f:
-            return json.load(f)
-    return json.loads(path.read_text())
+@cache
+def _archived() -> dict[str, bytes]:
+    """Every file of the archive, by its path relative to ``results/`` (as it was in the tree)."""
+    files = {}
+    with tarfile.open(ARCHIVE, "r:xz") as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                files[member.name.removeprefix("results/")] = tar.extractfile(member).read()
+    return files
+
+
+def _is_record(name: str) -> bool:
+    return name.endswith(".json") or name.endswith(".json.gz")
+
+
+TREE = sorted(str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*") if p.is_file() and _is_record(p.name))
+RECORDS = TREE + sorted(f"archive:{name}" for name in _archived() if _is_record(name))
+
+
+def _bytes(name: str) -> bytes:
+    return _archived()[name.removeprefix("archive:")] if name.startswith("archive:") else (RESULTS / name).read_bytes()
+
+
+def _load(name: str):
+    raw = _bytes(name)
+    if name.endswith(".gz"):
+        raw = gzip.GzipFile(fileobj=io.BytesIO(raw)).read()
+    return json.loads(raw.decode())
 
 
 def _text(value) -> bool:
@@ -38,34 +69,53 @@ def _text(value) -> bool:
 
 def test_there_are_records():
     assert len(RECORDS) > 100, RECORDS
+    assert len(TREE) > 50 and len(RECORDS) - len(TREE) > 50, (len(TREE), len(RECORDS))
 
 
-@pytest.mark.parametrize("path", RECORDS, ids=[str(p.relative_to(RESULTS)) for p in RECORDS])
+@pytest.mark.parametrize("path", RECORDS)
 def test_every_record_parses_and_says_when_on_what_and_how(path):
     try:
         data = _load(path)
     except (ValueError, OSError) as error:
-        pytest.fail(f"{path.relative_to(RESULTS)} is not valid JSON: {error}")
-    assert isinstance(data, dict) and isinstance(data.get("meta"), dict), f"{path.name}: no top-level meta"
+        pytest.fail(f"{path} is not valid JSON: {error}")
+    assert isinstance(data, dict) and isinstance(data.get("meta"), dict), f"{path}: no top-level meta"
     meta = data["meta"]
-    assert _text(meta.get("date")), f"{path.name}: meta.date {meta.get('date')!r}"
-    assert _text(meta.get("command")), f"{path.name}: meta.command {meta.get('command')!r}"
+    assert _text(meta.get("date")), f"{path}: meta.date {meta.get('date')!r}"
+    assert _text(meta.get("command")), f"{path}: meta.command {meta.get('command')!r}"
     gpus = meta.get("gpus")
     if "gpu" in meta and meta["gpu"] is None:
         command = meta["command"]
-        assert "tests/unit" in command and "tests/gpu" not in command, f"{path.name}: gpu null for a GPU command"
+        assert "tests/unit" in command and "tests/gpu" not in command, f"{path}: gpu null for a GPU command"
     else:
         assert _text(meta.get("gpu")) or (isinstance(gpus, list) and gpus and all(_text(g) for g in gpus)), (
-            f"{path.name}: no GPU named (meta.gpu {meta.get('gpu')!r}, meta.gpus {gpus!r})"
+            f"{path}: no GPU named (meta.gpu {meta.get('gpu')!r}, meta.gpus {gpus!r})"
         )
     unknown = [k for k in ("date", "gpu", "command") if str(meta.get(k, "")).lower().startswith("unknown")]
     if unknown:
         sources = meta.get("sources")
         assert isinstance(sources, list) and sources and all(_text(s) for s in sources), (
-            f"{path.name}: {unknown} unknown, and meta.sources does not say where it was looked for"
+            f"{path}: {unknown} unknown, and meta.sources does not say where it was looked for"
         )
     if "command_recorded" in meta:
-        assert _text(meta.get("command_source")) and meta["command_recorded"] != meta["command"], path.name
+        assert _text(meta.get("command_source")) and meta["command_recorded"] != meta["command"], path
+
+
+def _device_calls() -> dict[str, str]:
+    """run name -> the text of its ``device_calls/runNN.sh``, kept in the tree or archived."""
+    scripts = {p.stem: p.read_text() for p in (RESULTS / "device_calls").glob("run*.sh")}
+    for name, raw in _archived().items():
+        match = re.fullmatch(r"device_calls/(run\w+)\.sh", name)
+        if match:
+            scripts[match.group(1)] = raw.decode()
+    return scripts
+
+
+def _run_records(run: str) -> list[str]:
+    """The top-level ``gpu_*.json`` of a run's folder: ``results/<claim>/runNN/`` in the tree or ``runNN/`` in the
+    archive."""
+    found = [str(p.relative_to(RESULTS)) for folder in RESULTS.glob(f"*/{run}") for p in folder.glob("gpu_*.json")]
+    found += [f"archive:{n}" for n in _archived() if re.fullmatch(rf"{run}/gpu_[^/]*\.json", n)]
+    return sorted(found)
 
 
 def test_pytest_records_name_the_command_their_device_call_ran():
@@ -74,22 +124,21 @@ def test_pytest_records_name_the_command_their_device_call_ran():
     (``BRIDGE_CUDAGRAPH_RESULTS=$LOGS/<name>``) carries that step's command, the deterministic ones
     (``*_det.json``) with ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``."""
     corrected = []
-    for script in sorted((RESULTS / "device_calls").glob("run*.sh")):
-        run = script.stem
-        text = script.read_text()
-        for path in sorted((RESULTS / run).glob("gpu_*.json")):
-            if f"$LOGS/{path.name}" not in text:
+    for run, text in sorted(_device_calls().items()):
+        for path in _run_records(run):
+            name = path.rsplit("/", 1)[-1]
+            if f"$LOGS/{name}" not in text:
                 continue
             meta = _load(path)["meta"]
             environment = meta.get("environment")
             if environment is not None:  # recorded with its environment (conftest does since run 62)
-                if path.name.endswith("_det.json"):
+                if name.endswith("_det.json"):
                     assert environment.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0", (path, environment)
                 continue
             assert meta["command"].split()[0] != "pytest", (path, meta["command"])
             assert meta.get("command_source", "").startswith(f"results/device_calls/{run}.sh, step "), path
-            corrected.append(path)
-            if path.name.endswith("_det.json"):
+            corrected.append((int(run[3:5]), path))
+            if name.endswith("_det.json"):
                 assert "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0" in meta["command"], (path, meta["command"])
-    assert len([p for p in corrected if 14 <= int(p.parent.name[3:5]) <= 25]) == 25, corrected
+    assert len([p for n, p in corrected if 14 <= n <= 25]) == 25, corrected
     assert len(corrected) >= 78, len(corrected)

@@ -109,8 +109,9 @@ def test_two_forked_workers_deliver_bridges_photo_batches(tmp_path, record):
 
 def test_without_the_fix_the_workers_never_deliver_here(tmp_path, record):
     """The control: the same process without the fix waits on its workers until the loader's timeout (seen on this
-    machine kind, 2026-12-04: ``results/workers_cpu.json``; on the H200 machine in Bridge's loop, issue #48). Where the
-    tokenizer does not hang (another machine, another tokenizers release) there is nothing to show: skipped, said."""
+    machine kind, 2026-12-04: ``results/data-workers/workers_cpu.json``; on the H200 machine in Bridge's loop, issue
+    #48). Where the tokenizer does not hang (another machine, another tokenizers release) there is nothing to show:
+    skipped, said."""
     done = _draw(tmp_path, "plain", 30)
     record(returncode=done.returncode, out=done.stdout.strip()[-300:])
     if done.returncode == 0:

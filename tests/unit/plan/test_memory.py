@@ -1,11 +1,11 @@
 """bridge_cudagraph.plan.memory: the per-rank estimate ``plan`` prints and ``--gpu-memory`` checks.
 
 The estimate is held against what the captures measured on the H200 (the 2B shape with the ladder in one pool):
-results/run59/ut_small, one graph per layer: the language ladder up to 2112 tokens took 4.77 GiB over 28 layers, the
-vision ladder up to 4096 patches 3.41 GiB over 24 layers; results/run70/ut_levers and run72/ut_flat, one graph per
-run of layers (the product's default, the widest run 25 layers): up to 1408 tokens 4.22 GiB, 2.97 GiB with TE's fused
-weight-gradient accumulation, and up to 2176 tokens (tight packing off) 5.20 GiB. The estimate must stay within 20% of
-each."""
+results/packed-2b-memory/run59/ut_small, one graph per layer: the language ladder up to 2112 tokens took 4.77 GiB over
+28 layers, the vision ladder up to 4096 patches 3.41 GiB over 24 layers; results/packed-2b-levers/run70/ut_levers and
+packed-2b-levers/run72/ut_flat, one graph per run of layers (the product's default, the widest run 25 layers): up to
+1408 tokens 4.22 GiB, 2.97 GiB with TE's fused weight-gradient accumulation, and up to 2176 tokens (tight packing off)
+5.20 GiB. The estimate must stay within 20% of each."""
 
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def test_a_non_finite_step_on_either_side_fails(bad, side):
 
 
 def test_the_recorded_pp2_run_is_not_identical():
-    """``results/two_gpus_run7a.json``, ``pp2_4mb``, last stage: NaN from step 4 on was recorded as 0.0 by max()."""
+    """``results/multi-gpu/two_gpus_run7a.json``, ``pp2_4mb``, last stage: NaN from step 4 on was recorded as 0.0 by
+    max()."""
     graphed = [1.7605066299438477, 1.7547041177749634, 1.7420140504837036, 1.7428275346755981] + [math.nan] * 26
     reference = graphed[:4] + [1.74 - 0.001 * i for i in range(26)]
     assert max(abs(a - b) for a, b in zip(graphed, reference, strict=True)) == 0.0  # the defect
