@@ -67,9 +67,9 @@ class RecipeVariant:
         peft = getattr(self.config, "peft", None)
         if peft is None:
             return None
-        from megatron.bridge.training.setup import _apply_peft_transformation
+        from bridge_cudagraph.host.compat import peft_transformation
 
-        return functools.partial(_apply_peft_transformation, copy.deepcopy(peft))
+        return functools.partial(peft_transformation(), copy.deepcopy(peft))
 
     def register_peft(self, pg_collection: Any) -> None:
         """Register :meth:`pre_wrap_hook` on the provider as Bridge's setup does (``_register_pre_wrap_hook``:
@@ -83,19 +83,20 @@ class RecipeVariant:
         hook = self.pre_wrap_hook()
         if hook is None:
             return
-        from megatron.bridge.training.setup import _register_pre_wrap_hook
         from megatron.core.transformer.transformer_config import TransformerConfig
+
+        from bridge_cudagraph.host.compat import config_pg_collection, register_pre_wrap_hook, set_config_pg_collection
 
         def attach_groups(model: list) -> list:
             for chunk in model:
                 for module in chunk.modules():
                     config = getattr(module, "config", None)
-                    if isinstance(config, TransformerConfig) and getattr(config, "_pg_collection", None) is None:
-                        config._pg_collection = pg_collection
+                    if isinstance(config, TransformerConfig) and config_pg_collection(config) is None:
+                        set_config_pg_collection(config, pg_collection)
             return model
 
-        _register_pre_wrap_hook(self.provider, attach_groups)
-        _register_pre_wrap_hook(self.provider, hook)
+        register_pre_wrap_hook()(self.provider, attach_groups)
+        register_pre_wrap_hook()(self.provider, hook)
 
 
 def recipe_path(model: str, root: str | Path | None = None) -> Path:

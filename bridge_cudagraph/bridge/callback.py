@@ -5,32 +5,32 @@ Pass it to ``pretrain()``/``finetune()`` (:func:`bridge_cudagraph.bridge.train.m
 
 What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):
 
-* ``on_train_start`` (``train.py:349``, after the model is in train mode, before the loop): build the provider's
+* ``on_train_start`` (``train.py``, after the model is in train mode, before the loop): build the provider's
   helpers (:meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers`) from the run's
   :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan` (budgets, copies, micro-batches, warmups: nothing
   re-derived), and remember the start step: the loaded iteration on resume, so a resumed run captures again
   ``warmup`` steps later.
-* ``on_train_step_start`` (``train.py:454``, after Bridge's (inert) capture block, before the step): at the first
+* ``on_train_step_start`` (``train.py``, after Bridge's (inert) capture block, before the step): at the first
   step with ``step - start >= warmup`` capture each submodule. With the distributed optimizer and
   ``overlap_param_gather`` the DDP forward pre-hooks are disabled around capture (as Bridge does,
-  ``train.py:436-441``) when they are on, and the graphs' manual hooks are set once the pre-hooks are on: right
-  after capture, or, with ``warmup == 0``, at the next step, after Bridge has enabled them (``train.py:547``).
+  ``train.py``) when they are on, and the graphs' manual hooks are set once the pre-hooks are on: right
+  after capture, or, with ``warmup == 0``, at the next step, after Bridge has enabled them (``train.py``).
   ``>=`` rather than Bridge's ``==``: an iteration Bridge skips (``iterations_to_skip``) never reaches the
   callbacks, and capture must not be lost with it.
 * ``on_train_step_end``: count, and every ``logger.log_interval`` iterations report the counters (rank-0 line;
   TensorBoard / W&B when Bridge has a writer).
-* evaluation needs nothing: Bridge's ``evaluate`` puts every chunk in eval mode (``eval.py:109``) and back
-  (``eval.py:384``); megatron-core routes a layer to its TE graph only when ``self.training``
-  (``transformer/module.py:353-362``), and TE's graphed forward falls back to eager when the module's mode differs
-  from capture (``transformer_engine/pytorch/graph.py:1305``). So evaluation runs eagerly, and training replays
+* evaluation needs nothing: Bridge's ``evaluate`` puts every chunk in eval mode (``eval.py``) and back
+  (``eval.py``); megatron-core routes a layer to its TE graph only when ``self.training``
+  (``transformer/module.py``), and TE's graphed forward falls back to eager when the module's mode differs
+  from capture (``transformer_engine/pytorch/graph.py``). So evaluation runs eagerly, and training replays
   again afterwards.
-* ``on_train_end`` (``train.py:810``) and Bridge's ``_delete_cuda_graphs`` (``train.py:768``, reached through
+* ``on_train_end`` (``train.py``) and Bridge's ``_delete_cuda_graphs`` (``train.py``, reached through
   :class:`~bridge_cudagraph.bridge.loop.CallbackOwnedGraphs` also on the early-exit path that skips
   ``on_train_end``: ``exit_interval``, ``exit_duration_in_mins`` and, with ``train.exit_signal_handler``, SIGTERM):
-  delete every graph. Both come before Bridge destroys its global state and process groups (``pretrain.py:199``,
-  ``215``), so graphs holding NCCL buffers cannot hang the exit.
+  delete every graph. Both come before Bridge destroys its global state and process groups (``pretrain.py``), so
+  graphs holding NCCL buffers cannot hang the exit.
 * when the training loop raises (an exception, or Bridge's own ``sys.exit`` of the early-exit path), Bridge's
-  ``_pretrain`` aborts the process groups in its ``except`` (``pretrain.py:200-211``) and no event fires;
+  ``_pretrain`` aborts the process groups in its ``except`` (``pretrain.py``) and no event fires;
   :func:`bridge_cudagraph.host.patches.release_graphs_if_training_raises` wraps the loop so that :meth:`release_graphs`
   runs first (:func:`bridge_cudagraph.bridge.train.run` installs it).
 
@@ -234,7 +234,7 @@ class GraphLifecycle:
         """Re-create, for replay, the pre-hooks that graphs bypass: once per captured slot, when the pre-hooks are on.
 
         Before they are on (``warmup == 0``: Bridge enables them after the first step) the manual hooks would start a
-        parameter all-gather the first step never waits for; Bridge sets them at that point too (``train.py:547-557``).
+        parameter all-gather the first step never waits for; Bridge sets them at that point too (``train.py``).
         """
         if not (self.toggles_pre_hooks and hooks.enabled):
             return []
@@ -505,7 +505,7 @@ def _process_groups_alive() -> bool:
 
 
 def _toggles_pre_hooks(cfg) -> bool:
-    """Bridge's own rule for runs with DDP forward pre-hooks (``train.py:255``)."""
+    """Bridge's own rule for runs with DDP forward pre-hooks (``train.py``)."""
     from megatron.bridge.training.train import should_disable_forward_pre_hook
 
     return should_disable_forward_pre_hook(

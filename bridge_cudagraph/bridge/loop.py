@@ -7,13 +7,13 @@ whenever the model config says ``cuda_graph_impl == "transformer_engine"``:
 
 * it builds ``TECudaGraphHelper(model=..., config=..., seq_length=..., micro_batch_size=..., optimizers=[...])``,
   adding ``pg_collection=`` when ``"pg_collection" in inspect.signature(TECudaGraphHelper.__init__).parameters``
-  (``train.py:268-280``); the name is looked up in the module's globals *at call time*;
+  (``train.py``); the name is looked up in the module's globals *at call time*;
 * it captures when ``not helper.graphs_created()`` and ``step - start == cuda_graph_warmup_steps``, toggling the
-  DDP forward pre-hooks around it and setting the manual hooks (``train.py:429-441``);
+  DDP forward pre-hooks around it and setting the manual hooks (``train.py``);
 * with ``cuda_graph_warmup_steps == 0`` it asserts ``helper.graphs_created()`` after the first step and sets the
-  manual hooks (``train.py:535-557``);
+  manual hooks (``train.py``);
 * after the loop, on the normal *and* the early-exit path, ``_delete_cuda_graphs`` calls
-  ``helper.delete_cuda_graphs()`` when ``helper.graphs_created()`` (``train.py:768``, ``1652-1684``).
+  ``helper.delete_cuda_graphs()`` when ``helper.graphs_created()`` (``train.py``).
 
 A ``bridge_cudagraph`` provider must keep ``cuda_graph_impl = "transformer_engine"``: that one field is also what
 routes the language layers to their TE graphs at replay (``module.py`` ``_should_call_te_cudagraph``) and what makes
@@ -35,7 +35,7 @@ the class :func:`dispatching_class` makes, which
 * for any other config returns megatron-core's real ``TECudaGraphHelper``, built with the same arguments:
   upstream behaviour is unchanged.
 
-Bridge's vision helper (``train.py:283-303``) is never built for our providers: they refuse
+Bridge's vision helper (``train.py``) is never built for our providers: they refuse
 ``vision_cuda_graph_impl != "none"`` (:mod:`bridge_cudagraph.bridge.mixin`), and the callback owns vision graphs too.
 """
 

@@ -138,7 +138,7 @@ class CudaGraphProviderMixin:
             )
         # Bridge's ConfigContainer.validate marks in-batch packing on the model (and Megatron then varies sequence
         # lengths under a pipeline); packed runs replay the packed graphs, whose budgets the plan decides.
-        if getattr(self, "variable_seq_lengths", False) and not getattr(self, "_enable_in_batch_packing", False):
+        if getattr(self, "variable_seq_lengths", False) and not compat.in_batch_packing_marked(self):
             raise CudaGraphConfigError(
                 f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
                 "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
@@ -206,10 +206,11 @@ class CudaGraphProviderMixin:
             return pgc
         from bridge_cudagraph.parallel.groups import derive_vision_collection
 
-        if getattr(self, "_pg_collection", None) is None:
+        language = compat.provider_pg_collection(self)
+        if language is None:
             raise RuntimeError("build the model with provide_distributed_model(pg_collection=...) first")
         self._vision_pg_collection = derive_vision_collection(
-            self._pg_collection,
+            language,
             self.cuda_graph.vision.tensor_parallel_size,
             num_attention_heads=self.vision_config.num_heads,
             vision_dp_when_cp=getattr(self, "vision_dp_when_cp", False),

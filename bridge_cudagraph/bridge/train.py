@@ -11,11 +11,11 @@ environment.
 
 How a run ends, and who deletes the graphs first (Bridge 0.6.2; the teardown GPU test runs each ending 10 times):
 
-* **normally**: Bridge's ``_delete_cuda_graphs`` after the loop (``train.py:768``) reaches the callback through
+* **normally**: Bridge's ``_delete_cuda_graphs`` after the loop (``train.py``) reaches the callback through
   :mod:`bridge_cudagraph.bridge.loop`; ``on_train_end`` (idempotent) follows; then Bridge destroys its state and
   process groups and ``run`` returns.
 * **by an exception** in the loop (a step, a callback, a data loader): Bridge's ``_pretrain`` catches it and aborts
-  the process groups (``pretrain.py:200-211``) before re-raising, and no callback event fires. So :func:`run`
+  the process groups (``pretrain.py``) before re-raising, and no callback event fires. So :func:`run`
   calls the loop through :func:`~bridge_cudagraph.host.patches.release_graphs_if_training_raises`, which deletes
   the graphs *before* that clean-up and re-raises: the exception is never swallowed, the process exits non-zero
   with it.

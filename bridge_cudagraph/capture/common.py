@@ -171,13 +171,13 @@ def megatron_capturing() -> Iterator[None]:
     bucket's reduce is never issued ("Communication call has not been issued for this bucket", seen on the H200).
     megatron-core's own helper raises the same flag around its capture (``_start_capturing``).
     """
-    from megatron.core.transformer import cuda_graphs
+    from bridge_cudagraph.host.compat import set_graph_capturing
 
-    cuda_graphs._set_capture_start()
+    set_graph_capturing(True)
     try:
         yield
     finally:
-        cuda_graphs._set_capture_end()
+        set_graph_capturing(False)
 
 
 def abandon_capture(layers, model_chunks, error: BaseException, submodule: str) -> str:
@@ -186,9 +186,9 @@ def abandon_capture(layers, model_chunks, error: BaseException, submodule: str) 
     Clears the global "capturing" flag megatron-core set, drops any half-made graphs from the layers,
     and zeroes the gradient buffers the warmup iterations wrote into.
     """
-    from megatron.core.transformer import cuda_graphs
+    from bridge_cudagraph.host.compat import set_graph_capturing
 
-    cuda_graphs._set_capture_end()
+    set_graph_capturing(False)
     for layer in layers:
         for graph in getattr(layer, "cuda_graphs", []) or []:
             reset = getattr(graph, "reset", None)
@@ -618,9 +618,9 @@ def capture_budget_ladder(
         if first:
             stats.failed = abandon_capture(layers, model_chunks, error, submodule)
         else:
-            from megatron.core.transformer import cuda_graphs
+            from bridge_cudagraph.host.compat import set_graph_capturing
 
-            cuda_graphs._set_capture_end()
+            set_graph_capturing(False)
             zero_grad_buffers(model_chunks)
             cause = f"{type(error).__name__}: {error}".splitlines()[0][:500]
             logger.warning(

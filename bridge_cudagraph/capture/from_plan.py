@@ -57,7 +57,9 @@ def language_graph_helper(provider: Any, model: list[Any], *, plan: CapturePlan,
     from bridge_cudagraph.capture.language import LanguageGraphHelper
 
     if pg_collection is None:
-        pg_collection = getattr(provider, "_pg_collection", None)
+        from bridge_cudagraph.host.compat import provider_pg_collection
+
+        pg_collection = provider_pg_collection(provider)
     return LanguageGraphHelper(
         model, provider, pg_collection=pg_collection, optimizers=optimizers, **language_helper_arguments(plan)
     )

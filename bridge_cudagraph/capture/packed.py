@@ -75,6 +75,7 @@ from bridge_cudagraph.capture.common import (
     segment_callables,
 )
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
+from bridge_cudagraph.host.compat import deepstack_process, param_gather_hook_maker
 from bridge_cudagraph.plan.budgets import PackedLayout, language_segments
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -300,7 +301,7 @@ def _replay_segments(block, graphs, h, statics, segments, *, merges: int, visual
                     hook(*hook_args)
             h = graph(h, *statics)
             if end - 1 < merges:
-                h = block._deepstack_process(h, visual, deepstack[end - 1])
+                h = deepstack_process(block, h, visual, deepstack[end - 1])
                 h = make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
     return h
 
@@ -615,7 +616,7 @@ class PackedLanguageGraphHelper(LadderHelper):
         for decoder in self.decoders:
             chunk = next(c for c in self.model if any(m is decoder for m in c.modules()))
             for layer in decoder.layers:
-                layer.setup_manual_hooks(chunk._make_forward_pre_hook)
+                layer.setup_manual_hooks(param_gather_hook_maker(chunk))
 
     def delete_cuda_graphs(self) -> None:
         """Free every packed graph (TE ``reset()``) before process groups go away; allows re-capture."""

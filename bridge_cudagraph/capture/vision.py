@@ -56,6 +56,7 @@ from bridge_cudagraph.capture.common import (
     segment_callables,
 )
 from bridge_cudagraph.config import GRAPH_UNITS
+from bridge_cudagraph.host.compat import param_gather_hook_maker
 from bridge_cudagraph.plan.budgets import PackedLayout, layer_segments
 from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
 from bridge_cudagraph.vision.positions import rotary_input
@@ -344,7 +345,7 @@ class VisionGraphHelper(LadderHelper):
         # The encoder runs them before each layer's replay; upstream's vision helper makes this a no-op.
         chunk = next(c for c in self.model if _contains(c, self.vision_model))
         for layer in self.vision_model.decoder.layers:
-            layer.setup_manual_hooks(chunk._make_forward_pre_hook)
+            layer.setup_manual_hooks(param_gather_hook_maker(chunk))
 
     def delete_cuda_graphs(self) -> None:
         """Free every vision graph (TE ``reset()``) before process groups go away; allows re-capture."""

@@ -34,8 +34,10 @@ def collated_stats(dataset_config, samples: int) -> dict[str, np.ndarray]:
     """
     from megatron.bridge.data.utils import get_dataset_provider
 
+    from bridge_cudagraph.host.compat import dataset_processor
+
     train, _, _ = get_dataset_provider(dataset_config)([samples, 0, 0], dataset_config, tokenizer=None)
-    image_id = train._processor.image_token_id
+    image_id = dataset_processor(train).image_token_id
     rows: dict[str, list] = {"tokens": [], "image_tokens": [], "loss_tokens": [], "width": [], "height": []}
     for pair in _pairs(train, samples):
         batch = train.collate_fn(pair)

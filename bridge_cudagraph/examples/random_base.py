@@ -4,12 +4,12 @@ Megatron-Bridge 0.6.2 fine-tunes adapters only on top of a base checkpoint, and 
 random initialisation:
 
 * ``ConfigContainer.validate`` asserts ``checkpoint.pretrained_checkpoint`` is set when ``peft`` is
-  (``training/config.py:1487-1488``, "PEFT requires a pretrained checkpoint path"), and
-  ``CheckpointConfig.finalize`` that it exists (``training/config.py:591-595``);
+  (``training/config.py``, "PEFT requires a pretrained checkpoint path"), and
+  ``CheckpointConfig.finalize`` that it exists (``training/config.py``);
 * the PEFT pre-wrap hook raises unless it is a Megatron checkpoint or a Hugging Face folder
-  (``training/setup.py:614-618``) and loads it into the base model before the adapters are applied
-  (``training/setup.py:620-639``: ``_load_checkpoint_from_path``, then ``_apply_peft_transformation``);
-* ``finetune()`` asserts a checkpoint to load (``training/finetune.py:50``).
+  (``training/setup.py``) and loads it into the base model before the adapters are applied
+  (``training/setup.py``: ``_load_checkpoint_from_path``, then ``_apply_peft_transformation``);
+* ``finetune()`` asserts a checkpoint to load (``training/finetune.py``).
 
 So an offline run with random weights gets a real base checkpoint: :func:`build_random_base` finalizes the recipe's
 own provider exactly as Bridge's training does (``runtime_config_update``: bf16, the same module tree, hence the same

@@ -78,7 +78,7 @@ def helper_accepts_pg_collection() -> bool:
 def vision_helper_accepts_pg_collection() -> bool:
     """megatron-core 0.19 ``VisionTECudaGraphHelper.__init__`` takes ``pg_collection`` (passed on to
     ``TECudaGraphHelper``, see :func:`helper_accepts_pg_collection`), as Bridge 0.6.2's ``train()`` probes before
-    building it (``train.py:300``); the benchmark builds upstream's helpers the same way."""
+    building it (``train.py``); the benchmark builds upstream's helpers the same way."""
     from megatron.core.transformer.cuda_graphs import VisionTECudaGraphHelper
 
     return "pg_collection" in inspect.signature(VisionTECudaGraphHelper.__init__).parameters
@@ -173,7 +173,7 @@ def bridge_train_module():
 @functools.cache
 def bridge_builds_language_helper_by_name() -> bool:
     """Megatron-Bridge 0.6.2 ``train()`` builds its language graph helper by calling the module-level name
-    ``TECudaGraphHelper`` of ``megatron.bridge.training.train`` at call time (``train.py:268-280``), so rebinding
+    ``TECudaGraphHelper`` of ``megatron.bridge.training.train`` at call time (``train.py``), so rebinding
     that name reaches it (:func:`bridge_cudagraph.bridge.loop.install_bridge_helper`). A Bridge that builds it any
     other way would capture a second time behind the plugin's back; ``install_bridge_helper`` refuses then."""
     source = inspect.getsource(bridge_train_module().train)
@@ -182,9 +182,9 @@ def bridge_builds_language_helper_by_name() -> bool:
 
 #: The fields of megatron-core 0.19.2's ``ProcessGroupCollection`` that name a GTP_remat group, each with the field
 #: whose very group it is while GTP_remat is off (``gtp_weight_remat_size`` and ``expert_gtp_weight_remat_size`` 1):
-#: ``parallel_state`` aliases them then (``parallel_state.py:1105-1108``, ``:1531``; the expert ``tp-ep-gtp_remat-pp``
-#: groups reduce to ``tp-ep-pp``, ``:1413-1427``). Megatron-Bridge 0.6.2's ``_create_pg_collection``
-#: (``training/initialize.py:534-555``), which builds the collection of ``dist.use_decentralized_pg=true``, sets none.
+#: ``parallel_state`` aliases them then (``parallel_state.py``; the expert ``tp-ep-gtp_remat-pp``
+#: groups reduce to ``tp-ep-pp``). Megatron-Bridge 0.6.2's ``_create_pg_collection``
+#: (``training/initialize.py``), which builds the collection of ``dist.use_decentralized_pg=true``, sets none.
 GTP_REMAT_ALIASES = {
     "dp_cp_gtp_remat": "dp_cp",
     "expt_dp_gtp_remat": "expt_dp",
@@ -196,7 +196,7 @@ GTP_REMAT_ALIASES = {
 def collection_declares_gtp_remat_groups() -> bool:
     """megatron-core 0.19.2 declares every field of :data:`GTP_REMAT_ALIASES` on ``ProcessGroupCollection`` (an unset
     one reads as ``None``, its ``__getattr__``) and reads them where the host falls back to ``parallel_state`` on
-    ``None``: ``MoEMetricsTracker._sync_metrics`` (``moe_logging.py:255-268``, called by Bridge's ``training_log``
+    ``None``: ``MoEMetricsTracker._sync_metrics`` (``moe_logging.py``, called by Bridge's ``training_log``
     for every MoE model) asks for ``dp_cp_gtp_remat`` and, without it, for
     ``parallel_state.get_data_parallel_group``, which asserts under pure M4. A core without these fields reads none
     of them: :func:`bridge_cudagraph.host.patches.complete_bridge_collection` then changes nothing."""
@@ -239,7 +239,7 @@ def apex_gradient_accumulation_fusion_available() -> bool:
     """Whether APEX's ``fused_weight_gradient_mlp_cuda`` extension is importable: megatron-core's own
     ``ColumnParallelLinear`` / ``RowParallelLinear`` (the language model's output layer, whatever the transformer
     layers use) raise at construction with ``gradient_accumulation_fusion=True`` without it (0.19.2
-    ``tensor_parallel/layers.py:1070``). Bridge 0.6.2 turns the fusion on whenever Transformer Engine imports
+    ``tensor_parallel/layers.py``). Bridge 0.6.2 turns the fusion on whenever Transformer Engine imports
     (``utils/fusions.py``, ``can_enable_gradient_accumulation_fusion``), so a stack with TE and no APEX (the PyPI
     wheels) builds no model from such a recipe."""
     import importlib.util
@@ -288,7 +288,7 @@ def optimizer_step_is_mirrored() -> bool:
 @functools.cache
 def finalize_walk_is_mirrored() -> bool:
     """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose ``reset_model_temporary_tensors``
-    (finalize_model_grads.py:316) :mod:`bridge_cudagraph.host.finalize` lists the modules of (its three attribute
+    (finalize_model_grads.py) :mod:`bridge_cudagraph.host.finalize` lists the modules of (its three attribute
     tests); another release may test others, so the walk stays the host's there."""
     return _proven("megatron-core")
 
@@ -304,3 +304,93 @@ def qwen3_vl_forward_is_mirrored() -> bool:
     module, so a source install counts too). Another release may derive the positions elsewhere or with other
     arguments, so the forward stays the host's there."""
     return _proven("megatron-bridge")
+
+
+# ----------------------------------------------------------------------------------- named accessors of host internals
+# The host's private names this package reads, each behind one accessor: the only place outside the rest of host/ that
+# names them (tests/unit/test_package.py holds every other module to that), with the release it was written for.
+
+
+def set_graph_capturing(capturing: bool) -> None:
+    """megatron-core 0.19's process-wide "capturing" flag (``cuda_graphs._set_capture_start`` / ``_set_capture_end``),
+    which its DDP hooks and layers read, for captures megatron-core does not run itself."""
+    from megatron.core.transformer import cuda_graphs
+
+    (cuda_graphs._set_capture_start if capturing else cuda_graphs._set_capture_end)()
+
+
+def deepstack_process(block: Any, hidden_states: Any, visual_pos_masks: Any, embeds: Any) -> Any:
+    """Bridge 0.6.2's ``Qwen3VLTransformerBlock._deepstack_process``: one deepstack feature added at the visual rows,
+    as the block's own loop adds it between layers."""
+    return block._deepstack_process(hidden_states, visual_pos_masks, embeds)
+
+
+def param_gather_hook_maker(chunk: Any) -> Any:
+    """megatron-core 0.19 DDP's ``_make_forward_pre_hook``: what ``setup_manual_hooks`` needs to make a layer's
+    parameter all-gather hooks (``overlap_param_gather``), which replay bypasses."""
+    return chunk._make_forward_pre_hook
+
+
+def provider_pg_collection(provider: Any) -> Any:
+    """The collection Bridge 0.6.2's ``provide_distributed_model(pg_collection=...)`` stores on the provider
+    (``_pg_collection``), or None before it ran."""
+    return getattr(provider, "_pg_collection", None)
+
+
+def set_provider_pg_collection(provider: Any, pg_collection: Any) -> None:
+    """What Bridge 0.6.2's ``provide_distributed_model`` does with its collection, for a model built outside it."""
+    provider._pg_collection = pg_collection
+
+
+def config_pg_collection(config: Any) -> Any:
+    """megatron-core 0.19's ``TransformerConfig._pg_collection`` (groups a module built from the config reads
+    instead of ``parallel_state``), or None."""
+    return getattr(config, "_pg_collection", None)
+
+
+def set_config_pg_collection(config: Any, pg_collection: Any) -> None:
+    """Give a ``TransformerConfig`` the collection its modules read (:func:`config_pg_collection`)."""
+    config._pg_collection = pg_collection
+
+
+def in_batch_packing_marked(model_config: Any) -> bool:
+    """Whether Bridge 0.6.2's ``ConfigContainer.validate`` marked in-batch packing on the model config
+    (``_enable_in_batch_packing``)."""
+    return bool(getattr(model_config, "_enable_in_batch_packing", False))
+
+
+def ensure_global_memory_buffer() -> None:
+    """megatron-core 0.19's ``parallel_state`` global memory buffer, which some kernels take their scratch from even
+    under explicit collections: made once where nothing made it."""
+    from megatron.core import parallel_state
+
+    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
+        parallel_state._set_global_memory_buffer()
+
+
+def qwen3_vl_pad_and_pack() -> Any:
+    """Bridge 0.6.2's ``qwen3_vl_step._pad_and_pack_qwen3_vl_step``: the step's own padding and packing of a collated
+    batch, which the test batches go through as Bridge's step does."""
+    from megatron.bridge.models.qwen_vl.qwen3_vl_step import _pad_and_pack_qwen3_vl_step
+
+    return _pad_and_pack_qwen3_vl_step
+
+
+def dataset_processor(dataset: Any) -> Any:
+    """The Hugging Face processor of Bridge 0.6.2's VLM SFT dataset (``_processor``)."""
+    return dataset._processor
+
+
+def peft_transformation() -> Any:
+    """Bridge 0.6.2's ``training/setup.py`` ``_apply_peft_transformation(peft, model)``: PEFT as a pre-wrap hook."""
+    from megatron.bridge.training.setup import _apply_peft_transformation
+
+    return _apply_peft_transformation
+
+
+def register_pre_wrap_hook() -> Any:
+    """Bridge 0.6.2's ``training/setup.py`` ``_register_pre_wrap_hook(provider, hook)``: a hook after the provider's
+    own, as its setup registers PEFT."""
+    from megatron.bridge.training.setup import _register_pre_wrap_hook
+
+    return _register_pre_wrap_hook

@@ -8,9 +8,9 @@ Host change:
     :func:`~bridge_cudagraph.host.compat.finalize_walk_is_mirrored`; ``optimizer_host_cache``
   undo: :func:`uninstall`
 
-Why: megatron-core 0.19.2's ``finalize_model_grads`` (finalize_model_grads.py:563), which the schedule calls after
+Why: megatron-core 0.19.2's ``finalize_model_grads`` (finalize_model_grads.py), which the schedule calls after
 the last micro-batch's backward (``config.finalize_model_grads_func``, set by Bridge's set-up), ends with
-``reset_model_temporary_tensors`` (:316): a walk of every module of every chunk (1,028 on Qwen3-VL-2B) that zeroes
+``reset_model_temporary_tensors``: a walk of every module of every chunk (1,028 on Qwen3-VL-2B) that zeroes
 MoE routers' per-step tensors. The backward is done and the optimizer has not started, so the GPU has nothing to run
 while the host walks: a profile with Python stacks found it the longest GPU-idle stretch of the graphed step. On a
 dense model it finds nothing to reset.

@@ -109,7 +109,7 @@ def _buffers_key(optimizer: Any) -> tuple:
 
 
 def _main_groups(optimizer: Any) -> list[tuple[list, list]]:
-    """``(model groups, shard main groups)`` pairs in the order the host walks them (distrib_optimizer.py:2782)."""
+    """``(model groups, shard main groups)`` pairs in the order the host walks them (distrib_optimizer.py)."""
     return [
         (optimizer.model_float16_groups, optimizer.shard_fp32_from_float16_groups),
         (optimizer.model_fp32_groups, optimizer.shard_fp32_groups),
@@ -158,7 +158,7 @@ def _build_views(optimizer: Any, key: tuple) -> _ShardViews:
         optimizer.shard_float16_groups,
         optimizer.shard_fp32_groups,
         optimizer.shard_fp32_from_float16_groups,
-    ]  # the groups the host's zero_grad walks (distrib_optimizer.py:2576)
+    ]  # the groups the host's zero_grad walks (distrib_optimizer.py)
     return _ShardViews(
         key=key,
         grads=grads,
@@ -205,7 +205,7 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
         if views.grads is None:
             views.grads_assigned = False
             return super()._copy_model_grads_to_main_grads()
-        # The host's loop (distrib_optimizer.py:2764) gives each shard main param its slice of main_grad as .grad
+        # The host's loop (distrib_optimizer.py) gives each shard main param its slice of main_grad as .grad
         # (``.float()`` of an fp32 slice is the slice): the same tensors here, without the per-parameter lookups.
         for shard_main_param, shard_model_grad in views.grads:
             shard_main_param.grad = shard_model_grad
@@ -227,7 +227,7 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
         views = self.__dict__.get(CACHE)
         if views is None or not views.grads_assigned:
             return super().get_grad_norm()
-        # The host's get_grad_norm (optimizer.py:353): get_grad_norm_fp32 of the norm list, whose per-gradient
+        # The host's get_grad_norm (optimizer.py): get_grad_norm_fp32 of the norm list, whose per-gradient
         # DTensor checks find none in the cached list (plain views into the DDP buffers).
         return _l2_norm(self.get_grads_for_grad_norm(), self.get_grad_stats_parallel_group())
 
@@ -244,7 +244,7 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
         views = self._bcg_views()
         if views.copy_to is None or views.copy_from is None:
             return super()._copy_main_params_to_model_params()
-        # The host copies shard by shard (distrib_optimizer.py:2852, one launch each); one multi-tensor copy writes
+        # The host copies shard by shard (distrib_optimizer.py, one launch each); one multi-tensor copy writes
         # the same values (the same fp32 -> bf16 rounding) into the same slices.
         torch._foreach_copy_(views.copy_to, views.copy_from)
         if views.grads_assigned:
@@ -265,7 +265,7 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
 
 
 def _l2_norm(grads: list[torch.Tensor], group: Any):
-    """megatron-core 0.19.2's ``get_grad_norm_fp32`` (clip_grads.py:55) at norm 2 for plain (non-DTensor) gradients:
+    """megatron-core 0.19.2's ``get_grad_norm_fp32`` (clip_grads.py) at norm 2 for plain (non-DTensor) gradients:
     the same kernel, overflow buffer, power, all-reduce and root."""
     from megatron.core.optimizer import clip_grads
 
@@ -282,7 +282,7 @@ def _l2_norm(grads: list[torch.Tensor], group: Any):
 
 
 def _scale_by_total_norm(grads: list[torch.Tensor], max_norm: float, total_norm) -> None:
-    """The scale of megatron-core 0.19.2's ``clip_grad_by_total_norm_fp32`` (clip_grads.py:176-193), on its list of
+    """The scale of megatron-core 0.19.2's ``clip_grad_by_total_norm_fp32`` (clip_grads.py), on its list of
     gradients: the same coefficient, kernel and overflow buffer."""
     from megatron.core.optimizer import clip_grads
 
@@ -304,7 +304,7 @@ class CachedChainedStep(abc.ABC):  # noqa: B024 (no abstract method: ABC only fo
     """Mixin for one megatron-core 0.19.2 ``ChainedOptimizer`` (what ``get_megatron_optimizer`` returns, also around
     a single distributed optimizer): its ``step`` without the per-parameter walks of the clip.
 
-    The host's ``step`` (optimizer.py:1854) computes the norm through its members and then clips each member by
+    The host's ``step`` (optimizer.py) computes the norm through its members and then clips each member by
     itself: ``get_parameters()``, a grad-norm-group lookup per parameter, and ``clip_grad_by_total_norm_fp32``, which
     walks the parameters again to list their gradients. With every member on the cached path
     (:class:`CachedShardViews`: no separate grad-norm group, no stub, no decoupled gradient) those lists are the
@@ -369,7 +369,7 @@ def _plain_member(member: Any) -> bool:
 class CachedAdamLists:
     """Mixin for one Transformer Engine 2.20 ``FusedAdam``: the plain fp32 step without the per-parameter checks.
 
-    The host's ``step`` (fused_adam.py:550) builds four tensor lists per parameter group through per-parameter state
+    The host's ``step`` (fused_adam.py) builds four tensor lists per parameter group through per-parameter state
     lookups, DTensor and quantization checks and ``get_unscaled_state`` calls, then launches ``multi_tensor_adam``.
     For fp32 parameters and fp32 state (what megatron-core's distributed optimizer hands it: the fp32 main shards)
     that is ``[grads, params, exp_avg, exp_avg_sq]``; this builds the lists in one tight loop and launches the same
@@ -387,7 +387,7 @@ class CachedAdamLists:
         self.__dict__[CACHE] = self.__dict__.get(CACHE, 0) + 1  # steps on the listed path
         chunk = fused_adam._MAX_TENSORS_PER_MULTI_TENSOR_ADAM_CALL
         for group, tensor_lists in zip(self.param_groups, lists, strict=True):
-            # The host advances the step before skipping an empty group (fused_adam.py:563).
+            # The host advances the step before skipping an empty group (fused_adam.py).
             group["step"] = group["step"] + 1 if "step" in group else 1
             if tensor_lists is None:
                 continue
@@ -422,7 +422,7 @@ def _adam_lists(adam: Any) -> list[list[list[torch.Tensor]] | None] | None:
     for group in adam.param_groups:
         g, p, m, v = [], [], [], []
         for param in group["params"]:
-            # megatron-core's fp32 main shards are plain tensors (distrib_optimizer.py:445); other types: the host
+            # megatron-core's fp32 main shards are plain tensors (distrib_optimizer.py); other types: the host
             if type(param) not in (torch.Tensor, torch.nn.Parameter) or param.dtype != fp32:
                 return None
             st = state.get(param)

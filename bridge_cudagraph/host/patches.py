@@ -137,7 +137,7 @@ def rebind_bridge_helper(dispatching: Callable[[type], type]) -> None:
     :func:`bridge_cudagraph.bridge.loop.dispatching_class` makes (idempotent).
 
     Patches: the module-level name through which Bridge 0.6.2's ``train()`` builds its language graph helper at call
-    time (``train.py:268-280``; :func:`~bridge_cudagraph.host.compat.bridge_builds_language_helper_by_name` probes it).
+    time (``train.py``; :func:`~bridge_cudagraph.host.compat.bridge_builds_language_helper_by_name` probes it).
     Why: a ``bridge_cudagraph`` provider keeps ``cuda_graph_impl="transformer_engine"`` (it routes replay to the TE
     graphs), so Bridge would capture the language layers a second time with megatron-core's helper (no mRoPE); the
     dispatching class answers for our providers with a callback-owned stand-in and builds the real helper for any
@@ -191,7 +191,7 @@ def release_graphs_if_training_raises(owner: Any, module: Any = None) -> Iterato
 
     Patches: ``megatron.bridge.training.pretrain.train`` (Bridge 0.6.2), the name ``_pretrain`` calls the loop by,
     looked up at call time. Why: ``_pretrain`` catches whatever the loop raises and aborts the process groups before
-    re-raising (``pretrain.py:200-211``, ``_cleanup_after_pretrain_failure``), and no callback event fires on that
+    re-raising (``pretrain.py``, ``_cleanup_after_pretrain_failure``), and no callback event fires on that
     path; graphs still alive then hold NCCL buffers across the abort. Undone when the block is left (the original
     function is put back if the name still holds the wrapper). If this Bridge no longer has that name, a warning says
     so and nothing is patched: only :func:`bridge_cudagraph.bridge.train.run`'s own ``except`` (after Bridge's
@@ -373,7 +373,7 @@ def cpu_device_properties() -> Iterator[None]:
     """On a machine without CUDA, ``torch.cuda.get_device_properties`` answers with a stand-in during the block.
 
     Patches: ``torch.cuda.get_device_properties`` (any torch; only when ``torch.cuda.is_available()`` is false). Why:
-    Megatron-Bridge 0.6.2 ``apply_flex_dispatcher_backend`` (``training/flex_dispatcher_backend.py:59``) calls
+    Megatron-Bridge 0.6.2 ``apply_flex_dispatcher_backend`` (``training/flex_dispatcher_backend.py``) calls
     ``torch.cuda.get_device_properties(0)`` for every MoE model before it looks at the requested backend, so
     ``qwen3_vl_30b_a3b_sft_config`` raises "Found no NVIDIA driver" on a CPU machine. With no backend requested (all
     our recipes) the properties are only read in a branch that logs and returns. On a machine with CUDA nothing is
@@ -440,7 +440,7 @@ def listed_reset_modules(chunks: list[Any], modules: list[list[Any]]) -> Iterato
     ``chunks[i]`` instead of walking ``chunks[i].modules()``; a call for any other model walks as before.
 
     Patches: ``megatron.core.distributed.finalize_model_grads.reset_model_temporary_tensors`` (megatron-core 0.19.2,
-    finalize_model_grads.py:316), the module-level name ``finalize_model_grads`` calls at its end (:675). Why: it
+    finalize_model_grads.py), the module-level name ``finalize_model_grads`` calls at its end. Why: it
     walks every module of every chunk on every step (1,028 on Qwen3-VL-2B) while the GPU waits for the optimizer;
     :mod:`bridge_cudagraph.host.finalize` lists the modules it can act on once. The host's function still runs, on
     those modules (through :class:`_ListedModules`, which ``get_attr_wrapped_model(chunk, "modules")`` returns as it
@@ -478,16 +478,16 @@ def complete_bridge_collection(pgc: Any, config: Any) -> tuple[str, ...]:
     as it is; idempotent.
 
     Patches: fields of one object, the collection Megatron-Bridge 0.6.2 builds with ``dist.use_decentralized_pg=true``
-    (``training/initialize.py:534-555``, ``_create_pg_collection``) and hands both to the model provider
-    (``setup.py:546``) and to its training loop (``pretrain.py:145`` -> ``train.py:648`` -> ``training_log``). Why:
+    (``training/initialize.py``, ``_create_pg_collection``) and hands both to the model provider
+    (``setup.py``) and to its training loop (``pretrain.py`` -> ``train.py`` -> ``training_log``). Why:
     for an MoE model Bridge's ``training_log`` calls megatron-core 0.19.2's ``track_moe_metrics``
-    (``utils/train_utils.py:1082``), whose ``MoEMetricsTracker._sync_metrics`` (``moe_logging.py:255-268``) averages
+    (``utils/train_utils.py``), whose ``MoEMetricsTracker._sync_metrics`` (``moe_logging.py``) averages
     over ``pg_collection.dp_cp_gtp_remat`` and, finding ``None``, asks ``parallel_state.get_data_parallel_group``,
     which under pure M4 raises "data parallel group (with GTP_remat) is not initialized" at the first training log,
     graphs or not. TE's grouped experts also read ``expt_dp_gtp_remat`` for the checkpoint's replica ids
-    (``extensions/transformer_engine.py:2587``; ``None`` there makes every expert-data-parallel rank a writer of the
+    (``extensions/transformer_engine.py``; ``None`` there makes every expert-data-parallel rank a writer of the
     same ``_extra_state``). With GTP_remat off the aliases are exact: ``parallel_state`` builds the same aliases
-    (``parallel_state.py:1105-1108``, ``:1531``). Gate:
+    (``parallel_state.py``). Gate:
     :func:`~bridge_cudagraph.host.compat.collection_declares_gtp_remat_groups` (a core without these fields reads
     none). Undone by :func:`restore_bridge_collection`.
 

@@ -132,11 +132,11 @@ def check_decentralized(config: Any) -> None:
     megatron-core 0.19.2 and Bridge 0.6.2; MoE metric logging is completed instead, ``host_patches``):
 
     * ``model.mtp_num_layers``: multi-token prediction asks ``parallel_state`` for its stage and its loss-averaging
-      group (``multi_token_prediction.py:635-654``, ``:707``, ``:873``);
+      group (``multi_token_prediction.py``);
     * ``dist.distributed_timeout_seconds_after_init``: Bridge applies it to ``parallel_state``'s list of groups
-      (``train.py:395-398``, ``update_pg_timeout``), empty under pure M4: no group would get the timeout;
-    * GTP_remat above 1: Bridge builds no GTP_remat group (``initialize.py:534-555``) and ``finalize_model_grads``
-      takes them from ``parallel_state`` (``finalize_model_grads.py:513``).
+      (``train.py``, ``update_pg_timeout``), empty under pure M4: no group would get the timeout;
+    * GTP_remat above 1: Bridge builds no GTP_remat group (``initialize.py``) and ``finalize_model_grads``
+      takes them from ``parallel_state`` (``finalize_model_grads.py``).
     """
     dist = getattr(config, "dist", None)
     if not getattr(dist, "use_decentralized_pg", False):

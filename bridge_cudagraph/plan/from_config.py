@@ -22,7 +22,7 @@ finalizes once itself, the same way; the callback then checks the model it built
 
 Two of Bridge's checks are about the run, not its plan: a PEFT recipe names a base checkpoint
 (``checkpoint.pretrained_checkpoint``: ``PEFT requires a pretrained checkpoint path``, ``ConfigContainer.validate``),
-and it exists (``CheckpointConfig.finalize``, Bridge 0.6.2 ``config.py:591-595``). A plan never reads it, and the
+and it exists (``CheckpointConfig.finalize``, Bridge 0.6.2 ``config.py``). A plan never reads it, and the
 17 GB base of an 8B model is rarely on the laptop that plans a run, so ``validate`` and ``plan`` pass
 ``base_checkpoint_needed=False``: a base checkpoint that is not set (PEFT) or not on this machine is replaced by an
 empty folder for the length of Bridge's finalization only (:func:`missing_base_checkpoint` says which, and the CLI

@@ -1,7 +1,7 @@
 """The sizes of a run (batches, sequence, parallelism, world, iterations), checked before anything divides by them.
 
 Bridge's ``runtime_config_update`` divides by the parallel sizes and the micro-batch size before it checks them
-(``ConfigContainer.get_data_parallel_size``, ``config.py:1024``; the eval batch check, ``config.py:1335``), so
+(``ConfigContainer.get_data_parallel_size``, ``config.py``; the eval batch check, ``config.py``), so
 ``train.micro_batch_size=0`` ends in a ``ZeroDivisionError`` from inside Bridge, and a global batch that does not
 divide is reported as ``eval_global_batch_size (3) must be divisible ...``, a setting the user never wrote. This
 module is the one early look at every user-facing size of a ``ConfigContainer``: each must be an integer at least

@@ -402,7 +402,7 @@ def megatron_optimizer(
 @contextlib.contextmanager
 def optimizer_step_graph(optimizer, *, capture_at: int) -> Iterator[None]:
     """The optimizer step under megatron-core's ``OptimizerCudaGraphWrapper``, installed as Megatron-Bridge 0.6.2's
-    ``train()`` installs it for ``optimizer.optimizer_cuda_graph=true`` (``train.py:321``): eager for the first
+    ``train()`` installs it for ``optimizer.optimizer_cuda_graph=true`` (``train.py``): eager for the first
     ``capture_at`` calls, captured and replayed at that call, replayed after. The wrapper keeps its graph, result
     and call count on the class (one per process); on exit they are cleared as Bridge's ``_delete_cuda_graphs``
     clears them, and the count too, so that a later optimizer in the same process captures again."""
@@ -439,7 +439,7 @@ def _forward_step(data_iterator, model):
 
 def prepare_finalize(model: list[torch.nn.Module]) -> None:
     """Give ``model``'s config megatron-core's ``finalize_model_grads`` and the vision replicas' gradient average, as
-    Bridge's set-up does (``setup.py:577``, then :class:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin`'s
+    Bridge's set-up does (``setup.py``, then :class:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin`'s
     wrap).
 
     Once per model: :func:`train_steps` calls it while the config has no function yet. Each call walks every module

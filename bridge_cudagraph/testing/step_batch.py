@@ -62,8 +62,9 @@ def qwen3_vl_step_inputs(
         mRoPE positions), ``packed_seq_params`` (None unless ``packed``), the visual tensors present, and their grids
         on the host (:data:`HOST_GRIDS`, not a model argument).
     """
-    from megatron.bridge.models.qwen_vl.qwen3_vl_step import _pad_and_pack_qwen3_vl_step
     from megatron.core.utils import get_batch_on_this_cp_rank
+
+    from bridge_cudagraph.host.compat import qwen3_vl_pad_and_pack
 
     def to_device(value):
         return value.to(device, non_blocking=True) if torch.is_tensor(value) else None
@@ -71,7 +72,7 @@ def qwen3_vl_step_inputs(
     tokens = collated.get("tokens")
     tokens = to_device(collated["input_ids"] if tokens is None else tokens)
     force = pad_to_seq_length or pg_collection.pp.size() > 1 or pg_collection.ep.size() > 1
-    tokens, labels, loss_mask, attention_mask, position_ids, params = _pad_and_pack_qwen3_vl_step(
+    tokens, labels, loss_mask, attention_mask, position_ids, params = qwen3_vl_pad_and_pack()(
         tokens,
         to_device(collated.get("labels")),
         to_device(collated.get("loss_mask")),

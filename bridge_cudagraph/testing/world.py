@@ -51,10 +51,9 @@ def init_world(
     lang = collections["language"]
     vis = collections.module_pgs.get("vision")
     seed_rng(lang, seed)
-    from megatron.core import parallel_state
+    from bridge_cudagraph.host.compat import ensure_global_memory_buffer
 
-    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
-        parallel_state._set_global_memory_buffer()
+    ensure_global_memory_buffer()
     return World(dist.get_rank(), dist.get_world_size(), lang, vis, collections)
 
 

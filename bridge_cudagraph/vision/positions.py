@@ -62,7 +62,7 @@ class GridPositions:
         """``(model.fast_pos_embed_interpolate(grid), rotary_input(model.rot_pos_emb(grid)))`` for one micro-batch,
         from one lookup of its image sizes.
 
-        The position embeddings (vision_model.py:227): the cached indices and weights of every image, concatenated as
+        The position embeddings (vision_model.py): the cached indices and weights of every image, concatenated as
         Bridge's lists are, then Bridge's operations on the learned table. The rotary input of the vision graphs:
         Bridge's rows depend on each patch's position only (``freq_table[pos_ids]``), image after image."""
         images = self._images(model, grid)
@@ -92,7 +92,7 @@ def rotary_input(rows: torch.Tensor) -> torch.Tensor:
 
 def _derive(model: Any, t: int, h: int, w: int) -> _ImagePositions:
     """One image's indices and weights, exactly as the loop body of Bridge's ``fast_pos_embed_interpolate`` makes
-    them (vision_model.py:233-264, on the host, fp32, then ``torch.tensor`` of the lists in the table's dtype), and
+    them (vision_model.py, on the host, fp32, then ``torch.tensor`` of the lists in the table's dtype), and
     its rotary rows from Bridge's own ``rot_pos_emb``."""
     side = model.num_grid_per_side
     h_idxs = torch.linspace(0, side - 1, h)

@@ -220,3 +220,146 @@ def test_class_swaps_and_rebindings_happen_in_the_host_folder_only():
             if re.search(r"\.__class__\s*=[^=]|setattr\((megatron|transformer_engine|torch)\b", code):
                 found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not found, found
+
+
+#: Modules outside host/ allowed to name the host's private state, each with why: megatron-core's own graph helper,
+#: subclassed (its private state is the subclass's contract), until the ladder captures what it still does.
+HOST_SUBCLASSES = {
+    "capture/language.py": "LanguageGraphHelper subclasses megatron-core's TECudaGraphHelper",
+    "capture/runs.py": "runs of layers replay through megatron-core's per-layer graph path",
+}
+
+
+#: The top-level packages of the host, for imports.
+HOST_PACKAGES = ("megatron", "transformer_engine")
+
+
+def _host_private_names() -> set[str]:
+    """Every private name megatron-core, Megatron-Bridge and Transformer Engine define (functions, classes,
+    attributes they assign), read off their installed sources."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    found: set[str] = set()
+    definition = re.compile(r"(?:\bdef\s+|\bclass\s+|\.|^\s*)(_[A-Za-z]\w*)\s*(?:\(|=|:)", re.M)
+    for package in ("megatron.core", "megatron.bridge", "transformer_engine"):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.submodule_search_locations, package
+        for location in spec.submodule_search_locations:
+            for path in Path(location).rglob("*.py"):
+                found.update(definition.findall(path.read_text(errors="ignore")))
+    return {name for name in found if not name.startswith("__")}
+
+
+def _private_reads(tree, host_names: set[str], ours: set[str]) -> list[tuple[int, str]]:
+    """``(line, name)`` of each read of a host private name in ``tree``: an attribute (whatever object it is read
+    from, ``self`` too: a subclass reading its base's state), a ``getattr``/``setattr``/``hasattr`` by literal name,
+    or an import from megatron or TE; a name this package defines itself (outside host/) is its own."""
+    import ast
+
+    def named(name: str) -> bool:
+        return name in host_names and name not in ours
+
+    def of_torch(node) -> bool:  # torch's own privates (``torch.cuda._sleep``) are torch's, not the host's
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id == "torch"
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and named(node.attr) and not of_torch(node):
+            out.append((node.lineno, node.attr))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+            "megatron",
+            "transformer_engine",
+        ):
+            out.extend((node.lineno, a.name) for a in node.names if a.name.startswith("_"))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and named(node.args[1].value)
+        ):
+            out.append((node.lineno, node.args[1].value))
+    return out
+
+
+def _own_private_names(trees) -> set[str]:
+    """Private names the given modules define: functions, classes, arguments, and attributes or names they assign."""
+    import ast
+
+    ours: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                ours.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                ours.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                ours.add(node.id)
+            elif isinstance(node, ast.arg):
+                ours.add(node.arg)
+    return {name for name in ours if name.startswith("_")}
+
+
+def test_host_internals_are_read_in_the_host_folder_only():
+    """No module of the package (and of the benchmarks) outside ``host/`` reads a private name of megatron-core,
+    Bridge or TE: each goes through a named accessor in ``host/compat.py`` (release noted there), so a host release
+    that renames one breaks one place. The modules of :data:`HOST_SUBCLASSES` are the listed exceptions."""
+    import ast
+    from pathlib import Path
+
+    package = Path(bridge_cudagraph.__file__).parent
+    repo = package.parent
+    paths = [p for p in package.rglob("*.py") if p.parent.name != "host"] + sorted((repo / "benchmarks").glob("*.py"))
+    trees = {str(p.relative_to(repo)): ast.parse(p.read_text()) for p in paths}
+    allowed = {f"bridge_cudagraph/{name}" for name in HOST_SUBCLASSES}
+    ours = _own_private_names(tree for name, tree in trees.items() if name not in allowed)
+    host = _host_private_names()
+    found = [
+        f"{name}:{line}: {private}"
+        for name, tree in trees.items()
+        if name not in allowed
+        for line, private in _private_reads(tree, host, ours)
+    ]
+    assert not found, found
+    assert allowed <= set(trees), f"an exception names a module that is gone: {sorted(allowed - set(trees))}"
+
+
+def test_the_host_internals_check_sees_a_private_read():
+    """The check above can fail: a read of megatron-core's ``_set_capture_end`` and an import of Bridge's
+    ``_pad_and_pack_qwen3_vl_step`` are found; the package's own private names are not."""
+    import ast
+
+    tree = ast.parse(
+        "from megatron.bridge.models.qwen_vl.qwen3_vl_step import _pad_and_pack_qwen3_vl_step\n"
+        "cuda_graphs._set_capture_end()\n"
+        "getattr(provider, '_pg_collection', None)\n"
+        "self._own_thing = 1\n"
+        "self._own_thing\n"
+    )
+    host = _host_private_names()
+    assert {"_set_capture_end", "_pg_collection"} <= host
+    reads = _private_reads(tree, host, _own_private_names([tree]))
+    assert sorted(reads) == [(1, "_pad_and_pack_qwen3_vl_step"), (2, "_set_capture_end"), (3, "_pg_collection")]
+
+
+def test_the_package_cites_host_code_by_symbol_not_line():
+    """Docstrings and comments name the host's functions and files, never a line number: lines move with every
+    release of Bridge or megatron-core, and a stale number misleads more than none."""
+    import re
+    from pathlib import Path
+
+    root = Path(bridge_cudagraph.__file__).parent
+    cited = re.compile(r"\b[\w/]+\.py:\d+")
+    found = [
+        f"{path.relative_to(root)}:{number}: {match.group(0)}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for match in cited.finditer(line)
+    ]
+    assert not found, found
