@@ -337,11 +337,6 @@ def provider_pg_collection(provider: Any) -> Any:
     return getattr(provider, "_pg_collection", None)
 
 
-def set_provider_pg_collection(provider: Any, pg_collection: Any) -> None:
-    """What Bridge 0.6.2's ``provide_distributed_model`` does with its collection, for a model built outside it."""
-    provider._pg_collection = pg_collection
-
-
 def config_pg_collection(config: Any) -> Any:
     """megatron-core 0.19's ``TransformerConfig._pg_collection`` (groups a module built from the config reads
     instead of ``parallel_state``), or None."""

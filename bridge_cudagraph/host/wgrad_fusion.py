@@ -12,7 +12,7 @@ Why: with the fusion a TE layer's weight-gradient GEMM accumulates straight into
 ``main_grad`` (``accumulate=True``, ``out=main_grad``). Without it every TE weight gets a bf16 gradient per
 micro-batch and Megatron's DDP hook adds it to ``main_grad`` in a separate kernel. At the 2B Qwen3-VL shape on an
 H200 the step makes 541 such additions (10 ms of GPU time); the fusion removes the language model's 112 (kernel
-time 3 ms lower, the step 1.015-1.022x faster side by side; results/README.md has the runs). The vision
+time 3 ms lower, the step 1.015-1.022x faster side by side; results/padded-levers/ has the runs). The vision
 encoder's and the non-TE parameters' additions stay.
 
 Bridge 0.6.2 turns the setting on whenever TE imports (``utils/fusions.py``,
