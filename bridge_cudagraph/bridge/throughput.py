@@ -34,6 +34,8 @@ __all__ = [
     "UsefulTokenMeter",
     "counting_forward_step",
     "data_bound_advice",
+    "format_peak_memory",
+    "peak_memory_line",
 ]
 
 #: Share of the measured step time spent waiting for batches above which the report calls the data the limit.
@@ -128,8 +130,13 @@ class ThroughputCallback(Callback):
             self._report(f"iteration {iteration}")
 
     def on_train_end(self, context) -> None:
-        """The summary line over every measured step."""
+        """The summary lines over every measured step, and this rank's peak memory over the run."""
         self._report("end of training")
+        line = peak_memory_line()
+        if line:
+            from megatron.bridge.utils.common_utils import print_rank_0
+
+            print_rank_0(line)
 
     @property
     def useful_tokens_per_s(self) -> float | None:
@@ -166,6 +173,24 @@ class ThroughputCallback(Callback):
         if share > DATA_BOUND_SHARE and (not self._advised or when == "end of training"):
             self._advised = True
             print_rank_0(data_bound_advice(share, self._num_workers))
+
+
+def peak_memory_line() -> str | None:
+    """This rank's peak CUDA memory over the run, allocated and reserved (what a speed figure stands beside: a graph
+    that does not fit is no speed-up), or None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return format_peak_memory(torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+
+
+def format_peak_memory(allocated: int, reserved: int) -> str:
+    """The peak-memory line of ``allocated`` and ``reserved`` bytes."""
+    return (
+        f"bridge_cudagraph: peak memory {allocated / 2**30:.1f} GiB allocated / {reserved / 2**30:.1f} GiB reserved "
+        "(this rank)"
+    )
 
 
 def data_bound_advice(share: float, num_workers: int | None) -> str:

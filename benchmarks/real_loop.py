@@ -1,0 +1,241 @@
+"""The product's real loop, graphs on and off, one run after another: ``bridge-cudagraph train`` on a recipe.
+
+The useful-tokens benchmark times a fixed set of collated micro-batches in one process; what a user sees also depends
+on Bridge's data loader, its workers and the CPU they share. This runs the recipe through the product's own path
+(``python -m bridge_cudagraph train``: Bridge's ``pretrain()``, its dataset provider, collate and DataLoader workers),
+once per variant, and reads the lines ``train`` prints at the end of training
+(:mod:`bridge_cudagraph.bridge.throughput`): useful tokens/s, the data wait per step and the peak memory. The runs go
+one after another, never side by side: two would share the host's cores, which is what the data wait measures.
+Each variant can run ``--repeats`` times, alternating, so the spread between runs of one variant stands beside the
+difference between variants.
+
+    python -m benchmarks.real_loop recipes/tiny_qwen3_vl_conversations.yaml --iters 30 --workers 2,4 --out OUT
+
+Writes ``OUT/real_loop.json`` and ``OUT/real_loop.md`` (the table) and each run's log; a run that fails is a row
+with its exit code and its last ``error:`` line, never a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["Run", "Variant", "main", "parse_log", "plan_runs", "render_table", "train_command"]
+
+#: What a variant switches off (``eager``: Bridge's default, graphs off) or leaves (``graphs``: the recipe's block).
+GRAPHS_OFF = ("model.cuda_graph.language.enabled=false", "model.cuda_graph.vision.enabled=false")
+
+_RATE = re.compile(
+    r"bridge_cudagraph: useful tokens/s ([\d,]+) \(tokens with loss over (\d+) measured training steps, "
+    r"([\d.]+) s; end of training"
+)
+_WAIT = re.compile(r"bridge_cudagraph: data wait ([\d.]+) ms of ([\d.]+) ms per step \(([\d.]+)%.*end of training")
+_PEAK = re.compile(r"bridge_cudagraph: peak memory ([\d.]+) GiB allocated / ([\d.]+) GiB reserved")
+_BOUND = "bridge_cudagraph: the data is the limit"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running the recipe: graphs on or off, with a DataLoader worker count (None: the recipe's)."""
+
+    graphs: bool
+    workers: int | None = None
+
+    @property
+    def name(self) -> str:
+        return ("graphs" if self.graphs else "eager") + ("" if self.workers is None else f"_w{self.workers}")
+
+    def overrides(self) -> tuple[str, ...]:
+        return (() if self.graphs else GRAPHS_OFF) + (
+            () if self.workers is None else (f"dataset.num_workers={self.workers}",)
+        )
+
+
+@dataclass
+class Run:
+    """One run's numbers, read off its log (None: the line was not printed)."""
+
+    variant: str
+    repeat: int
+    exit_code: int
+    seconds: float
+    useful_tokens_per_s: float | None = None
+    measured_steps: int | None = None
+    step_ms: float | None = None
+    data_wait_ms: float | None = None
+    data_wait_share: float | None = None
+    data_bound: bool = False
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    error: str | None = None
+    log: str = ""
+    command: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """What fails a finished graphed run: a capture summary with a submodule without graphs or replays
+    (:func:`benchmarks.loop_logs.replay_problems`: it would be timed as eager under the graphs' name), or a
+    non-finite loss or grad norm at any iteration."""
+    loss_vs_eager: dict | None = None
+    """Its per-iteration loss and grad norm against the eager run of the same workers and repeat
+    (:func:`benchmarks.loop_logs.compare`, at the printed precision; any non-finite step counted)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.useful_tokens_per_s is not None and not self.problems
+
+
+def train_command(recipe: str, iters: int, variant: Variant, extra: tuple[str, ...] = ()) -> list[str]:
+    """The user's command: ``python -m bridge_cudagraph train RECIPE train.train_iters=N`` and the variant's
+    overrides."""
+    return [
+        sys.executable,
+        "-m",
+        "bridge_cudagraph",
+        "train",
+        recipe,
+        f"train.train_iters={iters}",
+        *variant.overrides(),
+        *extra,
+    ]
+
+
+def plan_runs(variants: list[Variant], repeats: int) -> list[tuple[Variant, int]]:
+    """Every variant once per repeat, the variants alternating (A B A B), so drift over the call spreads evenly."""
+    return [(v, r) for r in range(repeats) for v in variants]
+
+
+def parse_log(text: str) -> dict:
+    """The end-of-training numbers ``train`` printed, or the run's last ``error:`` line."""
+    out: dict = {}
+    if (m := _last(_RATE, text)) is not None:
+        out["useful_tokens_per_s"] = float(m.group(1).replace(",", ""))
+        out["measured_steps"] = int(m.group(2))
+        out["step_ms"] = 1e3 * float(m.group(3)) / int(m.group(2)) if int(m.group(2)) else None
+    if (m := _last(_WAIT, text)) is not None:
+        out["data_wait_ms"], out["data_wait_share"] = float(m.group(1)), float(m.group(3)) / 100
+    if (m := _last(_PEAK, text)) is not None:
+        out["peak_allocated_gib"], out["peak_reserved_gib"] = float(m.group(1)), float(m.group(2))
+    out["data_bound"] = _BOUND in text
+    errors = [line.strip() for line in text.splitlines() if line.startswith("error:")]
+    if errors:
+        out["error"] = errors[-1][:300]
+    return out
+
+
+def _last(pattern: re.Pattern, text: str) -> re.Match | None:
+    found = list(pattern.finditer(text))
+    return found[-1] if found else None
+
+
+def run_one(recipe: str, iters: int, variant: Variant, repeat: int, out: Path, port: int, timeout: float) -> Run:
+    """One ``train`` run in a process of its own, its log under ``out``."""
+    command = train_command(recipe, iters, variant)
+    env = {**os.environ, "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"), "MASTER_PORT": str(port)}
+    log = out / f"{variant.name}_r{repeat}.log"
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        code, text = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as expired:
+        code = 124
+        text = f"{expired.stdout or ''}{expired.stderr or ''}\nerror: timed out after {timeout:.0f} s"
+    seconds = time.perf_counter() - start
+    log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    return Run(variant.name, repeat, code, seconds, **parse_log(log.read_text()), log=log.name, command=command)
+
+
+def check_against_eager(runs: list[Run], out: Path) -> None:
+    """Each finished graphed run: its capture summary checked (graphs and replays in every submodule), and its loss
+    and grad norm per iteration set against the eager run of the same workers and repeat."""
+    from benchmarks.loop_logs import compare, read_log, replay_problems
+
+    logs = {(r.variant, r.repeat): read_log(out / r.log) for r in runs if r.exit_code == 0}
+    for r in runs:
+        if not r.variant.startswith("graphs") or (r.variant, r.repeat) not in logs:
+            continue
+        graphed = logs[(r.variant, r.repeat)]
+        r.problems = replay_problems(graphed["capture"])
+        bad = sorted(i for key in ("loss", "grad_norm") for i, v in graphed[key].items() if not math.isfinite(v))
+        if bad:
+            r.problems.append(f"non-finite loss or grad norm at iterations {bad[:5]}")
+        eager = logs.get((r.variant.replace("graphs", "eager", 1), r.repeat))
+        if eager is not None and graphed["loss"] and not bad:
+            r.loss_vs_eager = compare(graphed, eager, first=min(graphed["loss"]))
+
+
+def render_table(runs: list[Run], baseline: str = "eager") -> str:
+    """The markdown table: one row per run, x against the median of the baseline variant's runs of the same
+    workers."""
+    base: dict[str, list[float]] = {}
+    for r in runs:
+        if r.ok and r.variant.split("_w")[0] == baseline:
+            base.setdefault(_workers(r.variant), []).append(r.useful_tokens_per_s)
+    rows = [
+        "| variant | repeat | useful tok/s | x eager | step ms | data wait ms (share) | peak GiB alloc / reserved | "
+        "loss vs eager, max rel | exit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        if not r.ok:
+            why = "; ".join(r.problems) or r.error or "no end-of-training line"
+            rows.append(f"| {r.variant} | {r.repeat} | failed: {why} | | | | | | {r.exit_code} |")
+            continue
+        ref = sorted(base.get(_workers(r.variant), []))
+        ratio = f"{r.useful_tokens_per_s / ref[len(ref) // 2]:.2f}x" if ref else "n/a"
+        wait = "n/a" if r.data_wait_ms is None else f"{r.data_wait_ms:.1f} ({100 * r.data_wait_share:.0f}%)"
+        peak = "n/a" if r.peak_allocated_gib is None else f"{r.peak_allocated_gib:.1f} / {r.peak_reserved_gib:.1f}"
+        loss = "" if r.loss_vs_eager is None else f"{r.loss_vs_eager['loss']['max_rel']:.2e}"
+        rows.append(
+            f"| {r.variant} | {r.repeat} | {r.useful_tokens_per_s:,.0f} | {ratio} | {r.step_ms:.1f} | {wait}"
+            f"{' data-bound' if r.data_bound else ''} | {peak} | {loss} | {r.exit_code} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _workers(variant: str) -> str:
+    return variant.split("_w")[1] if "_w" in variant else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every variant, write the JSON and the table; exit 1 where a run failed or a graphed run did not replay."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_loop", description=__doc__.splitlines()[0])
+    parser.add_argument("recipe")
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument(
+        "--workers", default="", help="comma-separated DataLoader worker counts (default: the recipe's)"
+    )
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    parser.add_argument("--port", type=int, default=29700)
+    args = parser.parse_args(argv)
+    counts = [int(w) for w in args.workers.split(",") if w.strip()] or [None]
+    variants = [Variant(graphs, w) for w in counts for graphs in (True, False)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for i, (variant, repeat) in enumerate(plan_runs(variants, args.repeats)):
+        run = run_one(args.recipe, args.iters, variant, repeat, args.out, args.port + i, args.timeout)
+        print(
+            f"[real_loop] {variant.name} r{repeat}: exit {run.exit_code}, {run.useful_tokens_per_s} useful tok/s, "
+            f"data wait {run.data_wait_share}, {run.seconds:.0f} s",
+            flush=True,
+        )
+        runs.append(run)
+    check_against_eager(runs, args.out)
+    record = {"recipe": args.recipe, "iters": args.iters, "runs": [asdict(r) for r in runs]}
+    (args.out / "real_loop.json").write_text(json.dumps(record, indent=1))
+    table = render_table(runs)
+    (args.out / "real_loop.md").write_text(table)
+    print(table)
+    return 0 if all(r.ok for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
