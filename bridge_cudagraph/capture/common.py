@@ -439,9 +439,7 @@ class LadderHelper:
     (one copy's graph set of one rung), ``delete_cuda_graphs()`` and ``_set_manual_hooks()``.
 
     Growing re-captures the whole ladder up to the new top, largest first, into a fresh pool, rather than adding the
-    larger rungs to the pool the smaller ones left: their allocations are larger than every block the smaller rungs
-    freed, so the pool would grow by almost a whole rung (seen on the 8B LoRA recipe: 9.4 to 13.2 GiB for one rung
-    of 2048 above 1792) where the re-capture costs the difference alone, and a few seconds once.
+    larger rungs to the pool the smaller ones left (``docs/design/shared-pool.md`` says why).
     """
 
     unit = "tokens"
@@ -557,31 +555,12 @@ def capture_budget_ladder(
     ``(graphs, fused_params)``: ``{budget: [graph set per copy]}`` and :func:`fused_grad_params` of ``layers``.
 
     One pool per copy (``pools``, kept by the helper so that a later rung goes into the same one), its budgets
-    captured into it largest first. What makes a rung's memory reusable by the next (as vLLM shares one pool
-    across batch sizes): a block of the pool goes back to it once no tensor holds it, and
-    a later capture into the pool carves its allocations out of such blocks. Each rung is one TE capture on TE's
-    ``_order`` path (:func:`ladder_order_kwargs`), which, once the rung's backward is captured, holds its forward
-    outputs and consumed gradient buffers by weak reference only; the activations saved between forward and
-    backward are freed by then too; the parameter gradients go back as TE clones them; the static inputs are views of
-    buffers the rungs of a copy share (:class:`StaticBuffers`). What a rung keeps to itself is its gradient-output
-    buffer and its last gradient input.
-
-    Why no rung can overwrite what another still needs: within a copy one micro-batch runs at a time and it replays
-    one rung, forward then backward, before any other rung of that copy runs; every tensor a replay writes is either
-    read by the same micro-batch before its backward ends, or a static input written anew by the next replay. The
-    eager fallbacks allocate outside the pool. Copies never share a pool (they hold micro-batches in flight at once).
-    ``capture_one(budget, copy, pool)`` captures copy ``copy``'s set of ``budget``.
-
-    Every capture keeps TE's clone of the parameter gradients a backward returns (``clone_param_grads_on_return``,
-    its default). Without it the graph hands autograd the pool's own buffers, and TE's ``_order`` path gives a
-    callable's gradient buffers back to the pool once the next callable's backward is captured, so the backward
-    after that writes the same memory at replay. The consumer does not run first: megatron-core's DDP adds each
-    gradient to ``main_grad`` in a hook on the parameter's ``AccumulateGrad`` node, which runs on the stream DDP was
-    built on (Bridge builds it on a stream of its own), after the producing graph but unordered with the graphs the
-    compute stream replays next, so the more gradients a graph returns, the likelier a later replay writes one
-    before it is added (``docs/design/param-grads.md``). The only consumer that reads the buffers on their own stream
-    before the next replay is the summing graph (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`), which
-    turns the clones off after capture.
+    captured into it largest first; ``capture_one(budget, copy, pool)`` captures copy ``copy``'s set of ``budget``.
+    The contract that makes the rungs of a copy share one pool safely: within a copy one micro-batch replays one rung,
+    forward then backward, before any other rung of that copy runs; copies never share a pool. Every capture keeps
+    TE's clone of the returned parameter gradients (``clone_param_grads_on_return``, its default) unless a summing
+    graph reads them on their own stream. Why each of these holds, and what breaks without it:
+    ``docs/design/shared-pool.md`` and ``docs/design/param-grads.md``.
 
     ``sum_grads``: each copy's parameter gradients summed by graphs of their own once its rungs are captured
     (:func:`~bridge_cudagraph.capture.param_grads.sum_param_grads`).

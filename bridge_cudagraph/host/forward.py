@@ -15,68 +15,26 @@ Host change:
     :func:`~bridge_cudagraph.host.compat.qwen3_vl_forward_is_mirrored`; ``fewer_host_waits``
   undo: :func:`uninstall`
 
-Bridge 0.6.2's ``Qwen3VLModel.forward`` makes the host wait for the GPU about 20 times per micro-batch (the benchmark's
-profile at the 2B shape: 21 waits in the forward, 11 in the backward, 35 in the step). Each wait drains the queue the
-graphs keep full, and the GPU then idles while the host catches up:
+What each mixin takes off, in one line each (the reasoning, and what was measured, is in
+``docs/design/host-waits.md``); every one computes the same values, bitwise, as Bridge's forward:
 
-* the mRoPE positions: Bridge's ``get_rope_index`` reads the GPU's tokens and image grids element by element
-  (``.item()``, ``.tolist()``, boolean indexing: 30 waits for two samples holding five images).
-  :class:`HostRopeIndex` enqueues host copies of the tokens, grids and sequence offsets at the forward's start,
-  hands Bridge's forward an empty ``position_ids`` of the shape it accepts as explicit mRoPE positions
-  ([3, batch, sequence]), and fills it just before the input embedding runs (:class:`PendingPositions`): Bridge's
-  own ``get_rope_index`` on the host copies, uploaded from pinned memory. By then the vision encoder's work is
-  queued, so the host waits for the copies only (an event) while the GPU keeps running. Integer arithmetic on the
-  same integers: the positions are equal, so is the step.
-* the deepstack merge: Bridge's ``_deepstack_process`` gathers and scatters the visual rows of the hidden states
-  with a boolean mask, which waits (``nonzero``) 6 times per merge, forward and backward, in each of the three
-  deepstack layers. :class:`IndexedDeepstack` gathers and scatters the same rows by their positions, found with
-  ``nonzero_static`` (its size is the number of visual rows, known on the host): no wait; the device asserts that
-  the mask holds exactly that many rows. The same rows, the same additions, the same gradients.
-* the image-token merge: Bridge's forward writes the encoder's output into the text embeddings through a boolean
-  mask (``combined_embeddings[vision_mask] = vision_embeds``), which waits once forward and twice backward. The
-  backward waits cost most: they drain the whole language backward from the queue, and the GPU then idles while the
-  host walks the vision backward (a profile showed 15.6 ms of idle per step there). The statement sits inside
-  Bridge's forward, so the encoder's output reaches it as a :class:`VisionRows` (a forward hook on the encoder,
-  :class:`RowMerge`): a tensor that, assigned through a boolean mask, is written at the mask's positions found with
-  ``nonzero_static`` (its size is the output's row count; the device asserts the count, as above). The same
-  ``index_put_`` kernel at the same positions: the same embeddings and gradients, without a wait.
-* the rows' extents, for tight packing (:mod:`bridge_cudagraph.capture.tight`): on Bridge's packed Qwen3-VL path
-  (``packed_seq_params`` with one segment per row), where the decoder's packed replay is tight,
-  :class:`PendingPositions` also copies the ``loss_mask`` to the host with the tokens (the same copies, the same
-  event: no new wait), and :meth:`PendingPositions.fill` publishes each row's extent (one past its last loss or
-  image/video token) on the decoder (:func:`row_extents`), for that micro-batch's ``packed_seq_params`` object only;
-  :class:`HostRopeIndex` drops it when the forward returns.
-
-* the step's packed rows: Bridge's Qwen3-VL step hands the forward ``[rows, width]`` tokens with one THD segment per
-  row, and the forward packs them itself (its legacy packed-BSHD branch): ``preprocess_packed_seqs`` on the tokens,
-  the embeddings, the positions and each deepstack feature (scattered into a zero tensor of the hidden states' size,
-  packed, gathered back), each call waiting three times plus once per row, and their backward again (54 waits per
-  micro-batch at the 2B shape, with the merges above already by rows). Where the step's attention mask keeps every
-  token (Bridge's step builds an all-ones one) and context parallelism is off, with a width that is a multiple of
-  the tensor-parallel size (the step pads to one), that packing puts no padding between rows: it is the row-major
-  flatten of ``[rows, width]`` to ``[1, rows x width]``, and the deepstack round trip gives each feature back row
-  for row. The mask is checked on a host copy enqueued with the tokens' (:class:`PendingPositions`): a mask that
-  drops tokens raises before the language model runs, with the setting that leaves the packing to Bridge.
-  :class:`FlatPackedRows` hands Bridge's forward the batch already flat (:func:`flat_step_rows`: the tokens as
-  ``[1, rows x width]``, the explicit mRoPE positions as ``[3, 1, rows x width]``, both views, the same
-  ``packed_seq_params``), which it takes through its one-row THD branch: the same tokens, positions, segments,
-  embeddings and deepstack features reach the same decoder, without the copies or the waits.
-
-* the vision grid: the graphed encoder reads the grid's integers on the host before it replays, which from the
-  device waits for the whole backward of the micro-batch before (every micro-batch after a step's first), drains the
-  queue and leaves the GPU idle while the host sets up the vision replay, the positions and the language replay.
-  :class:`BoundGrids` binds the micro-batch's grids as the collate made them on the host
-  (:mod:`bridge_cudagraph.vision.host_grids`, published by whoever draws the batch) to the device tensors this call
-  received, with a device-side check that they agree; the encoder and :class:`PendingPositions` read those (no
-  wait, no copy).
+* :class:`HostRopeIndex` / :class:`PendingPositions`: the mRoPE positions from Bridge's own ``get_rope_index`` on host
+  copies of the tokens and grids, enqueued at the forward's start and filled before the input embedding runs;
+* :class:`IndexedDeepstack`: the deepstack merges by row positions (``nonzero_static``, the count asserted on the
+  device) instead of a boolean mask;
+* :class:`RowMerge` / :class:`VisionRows`: the image-token merge by positions, the same ``index_put_``;
+* the rows' extents for tight packing (:func:`row_extents`), published on the decoder for one ``packed_seq_params``;
+* :class:`FlatPackedRows`: the step's packed rows handed to the forward flat (:func:`flat_step_rows`) where Bridge's
+  own packing would give exactly that (every token kept, context parallelism off); a mask that drops tokens raises;
+* :class:`BoundGrids`: the collate's host grids (:mod:`bridge_cudagraph.vision.host_grids`) bound to the device
+  tensors this call received, checked on the device.
 
 They are mixins put on one model's objects by :func:`install` (:func:`~bridge_cudagraph.host.patches.
 extend_instance_class`; the model's instance dict gets call counters and its hooks' handles, nothing the host
 saves or reads) and taken off by :func:`uninstall`; the callback and the benchmark call them through
 :mod:`bridge_cudagraph.host.step`. They mirror Bridge 0.6's forward (:func:`bridge_cudagraph.host.compat.
-qwen3_vl_forward_is_mirrored`); on another release nothing is installed. With the first two a step at the 2B shape
-waited 7 times instead of 35; the row merge takes three more off each micro-batch. :class:`FlatPackedRows` sits
-behind :class:`HostRopeIndex` on the same model (the positions are derived per row first, as Bridge derives them).
+qwen3_vl_forward_is_mirrored`); on another release nothing is installed. :class:`FlatPackedRows` sits behind
+:class:`HostRopeIndex` on the same model (the positions are derived per row first, as Bridge derives them).
 """
 
 from __future__ import annotations
