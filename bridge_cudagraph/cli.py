@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import importlib.util
 import logging
 import math
 import os
@@ -30,7 +28,6 @@ from collections.abc import Sequence
 #: The verbs, in help order.
 VERBS: tuple[str, ...] = ("validate", "plan", "train")
 _NEEDS_GPU = ("train",)
-_RUNNERS = {"train": "bridge_cudagraph.bridge.train"}
 _HELP = {
     "validate": "load the recipe, finalize it as Bridge's training would and check the graphs (no GPU needed)",
     "plan": "print the process-group layouts, graphs and static shapes the recipe will capture (no GPU needed)",
@@ -148,30 +145,23 @@ def check_command_line(args: argparse.Namespace) -> None:
             raise _no_gpu(args.verb, why)
 
 
-def _runner(verb: str):
-    name = _RUNNERS[verb]
-    if importlib.util.find_spec(name) is None:
-        raise CliError(f"`{verb}` is not available in this checkout: {name} is missing")
-    return importlib.import_module(name)
-
-
 def _run(args: argparse.Namespace) -> int:
     from bridge_cudagraph.recipe.load import load_recipe
 
-    runner = _runner(args.verb) if args.verb in _NEEDS_GPU else None
     with _configuration_phase():
         loaded = load_recipe(args.recipe, args.overrides)
-        if runner is not None:
+        if args.verb == "train":
+            from bridge_cudagraph.bridge.train import prepare
+
             # The configuration's checks come before the GPU check: what `validate` refuses, `train` refuses with
-            # the same line on any machine (train.check_before_gpu plans the run as `validate` does), and also a
-            # base checkpoint that is not on this machine, which `validate` and `plan` only report.
-            check = getattr(runner, "check_before_gpu", None)
-            ready = check(loaded, gpu_memory=args.gpu_memory) if check is not None else {}
+            # the same line on any machine (prepare plans the run as `validate` does), and also a base checkpoint
+            # that is not on this machine, which `validate` and `plan` only report.
+            run = prepare(loaded, gpu_memory=args.gpu_memory)
         else:
             plan, no_base = _plan(loaded, args)
-    if runner is not None:
+    if args.verb == "train":
         _require_cuda(args.verb)
-        return int(runner.main(loaded, args, **ready) or 0)
+        return run.train()
     if args.verb == "plan":
         print(f"recipe: {loaded.source}" + ("" if not args.overrides else " " + " ".join(args.overrides)))
         if loaded.description:

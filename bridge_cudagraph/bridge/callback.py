@@ -1,6 +1,6 @@
 """``CudaGraphCallback``: the graphs' lifecycle inside Megatron-Bridge's training loop.
 
-Pass it to ``pretrain()``/``finetune()`` (:func:`bridge_cudagraph.bridge.train.main` does); constructing it installs
+Pass it to ``pretrain()``/``finetune()`` (:func:`bridge_cudagraph.bridge.train.run` does); constructing it installs
 :mod:`bridge_cudagraph.bridge.loop`, so Bridge's own capture stays inert and this callback is the one owner.
 
 What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):

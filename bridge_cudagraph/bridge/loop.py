@@ -68,7 +68,7 @@ class CallbackOwnedGraphs:
             logger.warning(
                 "bridge_cudagraph: model.cuda_graph.language.enabled=true but no CudaGraphCallback exists, so no "
                 "graphs will be captured; pass callbacks=[CudaGraphCallback()] to pretrain()/finetune() "
-                "(bridge_cudagraph.bridge.train.main does)"
+                "(bridge_cudagraph.bridge.train.run does)"
             )
 
     def graphs_created(self) -> bool:

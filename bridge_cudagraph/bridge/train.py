@@ -1,9 +1,11 @@
 """Train with Megatron-Bridge's own loop and the plugin's graphs: what ``bridge-cudagraph train`` runs.
 
-Nothing here replaces Bridge's loop. :func:`run` first builds the run's capture plan the way ``validate`` does
-(:func:`bridge_cudagraph.plan.from_config.plan_config` on a copy: a configuration ``validate`` refuses is refused here
-with the same line, before any process group or step), then installs :mod:`bridge_cudagraph.bridge.loop`'s helper
-(:func:`~bridge_cudagraph.bridge.loop.install_bridge_helper`, so Bridge's own language capture stays inert), adds
+Nothing here replaces Bridge's loop. ``bridge-cudagraph train`` calls :func:`prepare` (the checks and the plan, once:
+a :class:`Run`), then :meth:`Run.train`. :func:`run`, the loop's driver, plans where it is given no plan, the way
+``validate`` does (:func:`bridge_cudagraph.plan.from_config.plan_config` on a copy: a configuration ``validate``
+refuses is refused here with the same line, before any process group or step), then installs
+:mod:`bridge_cudagraph.bridge.loop`'s helper (:func:`~bridge_cudagraph.bridge.loop.install_bridge_helper`, so
+Bridge's own language capture stays inert), adds
 :class:`~bridge_cudagraph.bridge.callback.CudaGraphCallback` (which owns capture, hooks, counters and teardown), picks
 Bridge's forward step for the model family, and calls Bridge's ``pretrain()``, or ``finetune()`` when the recipe names
 a pretrained checkpoint. Under ``torchrun`` every rank runs it; Bridge initialises ``torch.distributed`` from the
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bridge_cudagraph.bridge.callback import CudaGraphCallback
@@ -124,9 +127,27 @@ def run(
     print_rank_0(f"bridge_cudagraph: {entry.__name__}() finished in {time.perf_counter() - started:.0f} s")
 
 
-def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[str, Any]:
-    """What the CLI runs before its GPU check: the plan (every config check ``validate`` makes), so a refused
-    configuration gets the same ``error:`` line on any machine. Returns the keyword arguments of :func:`main`.
+@dataclass(frozen=True)
+class Run:
+    """One training run, checked and planned once (:func:`prepare`): the loaded recipe, its plan and the GPU memory
+    it must fit. :meth:`train` is the rest of ``bridge-cudagraph train``."""
+
+    loaded: Any
+    """The ``LoadedRecipe`` (its ``.config`` a ``ConfigContainer`` with every override applied)."""
+    plan: CapturePlan
+    gpu_memory: float | None = None
+    """``--gpu-memory`` GiB: the process is capped at it and the plan checked against it (None: the device's)."""
+
+    def train(self) -> int:
+        """Cap the device (:func:`cap_device_memory`), then Bridge's loop with the plan's graphs (:func:`run`)."""
+        cap_device_memory(self.plan, self.gpu_memory)
+        run(self.loaded.config, plan=self.plan)
+        return 0
+
+
+def prepare(loaded: Any, *, gpu_memory: float | None = None) -> Run:
+    """What ``train`` does before its GPU check, once: the plan (every config check ``validate`` makes), so a refused
+    configuration gets the same ``error:`` line on any machine; returns the :class:`Run`.
 
     Nothing has run yet, so whatever Bridge or Megatron-Core refuse here (``ValueError``, ``AssertionError``) is a
     configuration error too: the CLI calls this in its configuration phase, which says it in one line with the
@@ -166,7 +187,7 @@ def check_before_gpu(loaded: Any, *, gpu_memory: float | None = None) -> dict[st
         from bridge_cudagraph.plan.memory import check_plan_fits
 
         check_plan_fits(plan, gpu_memory, source=f"--gpu-memory {gpu_memory:g}")
-    return {"plan": plan}
+    return Run(loaded, plan, gpu_memory)
 
 
 def cap_device_memory(plan: CapturePlan, gpu_memory: float | None) -> None:
@@ -190,14 +211,3 @@ def cap_device_memory(plan: CapturePlan, gpu_memory: float | None) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory * 2**30 / total), device)
         gib, source = min(gib, gpu_memory), f"--gpu-memory {gpu_memory:g} on {source}"
     check_plan_fits(plan, gib, source=source)
-
-
-def main(loaded: Any, args: Any = None, *, plan: CapturePlan | None = None) -> int:
-    """The CLI's ``train`` verb: ``loaded`` is a ``LoadedRecipe`` (its ``.config`` a ``ConfigContainer`` with every
-    YAML and command-line override applied), ``plan`` its plan from :func:`check_before_gpu`; ``args``, the parsed
-    command line, brings ``--gpu-memory`` (:func:`cap_device_memory`)."""
-    if plan is None:
-        plan = plan_config(loaded.config, world_size=world_size_from_env(), copy=True)
-    cap_device_memory(plan, getattr(args, "gpu_memory", None))
-    run(loaded.config, plan=plan)
-    return 0

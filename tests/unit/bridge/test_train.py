@@ -112,7 +112,8 @@ def test_main_runs_bridge_pretrain_with_the_graph_callback_first(entries, capsys
     assert isinstance(call.callbacks[1], ThroughputCallback)  # useful tokens/s, measured after the capture step
     assert host_patches.bridge_helper_installed()
     assert "pretrain() of CudaGraphQwen3VLModelProvider" in capsys.readouterr().out
-    assert train.main(SimpleNamespace(config=config), None, plan=_plan(config.model)) == 0 and len(entries) == 2
+    one = train.Run(SimpleNamespace(config=config), _plan(config.model))  # what `bridge-cudagraph train` runs
+    assert one.train() == 0 and len(entries) == 2
 
 
 def test_a_pretrained_checkpoint_means_finetune(entries):
@@ -315,3 +316,18 @@ def test_check_stack_reads_the_providers_switch():
     else:
         with pytest.raises(CudaGraphConfigError, match=r"model\.gradient_accumulation_fusion=false"):
             check_stack(on)
+
+
+def test_prepare_checks_and_plans_once_and_refuses_what_does_not_fit():
+    """``bridge-cudagraph train``'s one owner before the GPU: the recipe planned as ``validate`` plans it, the
+    ``--gpu-memory`` check against that plan, the run's settings kept for :meth:`~train.Run.train`."""
+    from bridge_cudagraph.config import CudaGraphConfigError
+    from bridge_cudagraph.recipe.load import load_recipe
+
+    recipe = Path(__file__).resolve().parents[3] / "recipes" / "tiny_qwen3_vl.yaml"
+    loaded = load_recipe(recipe)
+    one = train.prepare(loaded, gpu_memory=80)
+    assert isinstance(one, train.Run) and one.loaded is loaded and one.gpu_memory == 80
+    assert one.plan.language.enabled and one.plan.memory is not None
+    with pytest.raises(CudaGraphConfigError, match=r"--gpu-memory 0\.0001"):
+        train.prepare(load_recipe(recipe), gpu_memory=0.0001)
