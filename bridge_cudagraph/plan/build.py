@@ -273,7 +273,10 @@ def _plan_vision(
     longest, patches_source = _max_patches_per_image(cfg, v, budgets, pixels)
     workspace = 0
     if deterministic:
-        longest, patches_source, workspace = _deterministic_patches(cfg, v, budgets, images, longest, patches_source)
+        smallest_image = pixels.min_pixels // v.patch_size**2 if pixels is not None and pixels.min_pixels else 0
+        longest, patches_source, workspace = _deterministic_patches(
+            cfg, v, budgets, images, longest, patches_source, smallest_image
+        )
     cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
@@ -330,12 +333,19 @@ def _max_patches_per_image(
 
 
 def _deterministic_patches(
-    cfg: CudaGraphConfig, v: VisionFacts, budgets: list[int], images: int, longest: int, source: str
+    cfg: CudaGraphConfig,
+    v: VisionFacts,
+    budgets: list[int],
+    images: int,
+    longest: int,
+    source: str,
+    smallest_image: int = 0,
 ) -> tuple[int, str, int]:
     """``vision.max_patches_per_image`` under TE's deterministic kernels (:mod:`bridge_cudagraph.plan.determinism`),
     with where it comes from and the workspace cuDNN's deterministic backward asks for at it: a derived one lowered
-    below TE's unfused threshold (a larger image runs eagerly, counted); a set one above it, or a shape where nothing
-    is below it, refused with the fix."""
+    below TE's unfused threshold and the derived workspace limit (a larger image runs eagerly, counted); a set one
+    above the threshold, or a shape where nothing fits, or where what fits is below the data path's smallest image
+    (``smallest_image`` patches: no image would replay), refused with the fix."""
     where = "model.cuda_graph.vision"
     heads = v.num_heads // cfg.vision.tensor_parallel_size
 
@@ -358,10 +368,12 @@ def _deterministic_patches(
             f"x {heads} heads at max_seqlen {longest} asks about {need:.1f} GiB of workspace (TE 2.20; a derived "
             f"shape keeps it within {DERIVED_WORKSPACE_LIMIT / 2**30:g} GiB)"
         )
-        if not fits:
+        if fits < max(smallest_image, 1):
+            floor = f" at or above the smallest image ({smallest_image} patches)" if smallest_image else ""
             raise CudaGraphConfigError(
-                f"{where}: {why}, and no max_patches_per_image avoids it with {images} images per micro-batch; set "
-                f"{where}.max_images_per_microbatch lower, or {where}.enabled=false for deterministic runs",
+                f"{where}: {why}, and no max_patches_per_image{floor} avoids it with {images} images per micro-batch "
+                f"and budgets up to {budgets[-1]} patches; set {where}.max_images_per_microbatch or the top of "
+                f"{where}.token_budgets lower, or {where}.enabled=false for deterministic runs",
                 fix=(f"{where}.enabled=false",),
             )
         if not source:  # the block set it

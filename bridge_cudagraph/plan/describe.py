@@ -145,7 +145,10 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
     images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
     images_lines = [images_line]
     if vision.images_derived and vision.images_source:
-        images_lines = [f"{images_line}, derived:", *textwrap.wrap(vision.images_source, 119, initial_indent="    ")]
+        images_lines = [
+            f"{images_line}, derived:",
+            *textwrap.wrap(vision.images_source, 119, initial_indent="    ", subsequent_indent="      "),
+        ]
     elif vision.images_derived:
         images_lines[0] += (
             f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "

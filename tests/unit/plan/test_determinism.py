@@ -113,3 +113,16 @@ def test_a_set_shape_below_the_threshold_keeps_its_value_and_counts_its_workspac
     assert plan.vision.deterministic_workspace > DERIVED_WORKSPACE_LIMIT  # allowed when set, but counted
     derived = _plan(True, **{**SET_BELOW, "max_patches_per_image": None}).vision
     assert derived.max_patches_per_image < 2048 and derived.deterministic_workspace <= DERIVED_WORKSPACE_LIMIT
+
+
+def test_a_shape_that_fits_only_below_the_smallest_image_is_refused_with_a_fix_that_plans():
+    """With the collate's 784-patch floor, the 8B's 41 image slots and 32768-patch budgets keep TE's fused backend
+    within the workspace limit only below 784 patches per image: no image would replay, so the plan refuses instead of
+    lowering, and its fix plans."""
+    collate = ImageFacts(max_pixels=1003520, source="Bridge's collate", min_pixels=200704)
+    with pytest.raises(CudaGraphConfigError) as refused:
+        _plan(True, images=collate)
+    assert "at or above the smallest image (784 patches)" in str(refused.value)
+    (fix,) = refused.value.fix
+    assert fix == "model.cuda_graph.vision.enabled=false"
+    assert not _plan(True, images=collate, enabled=False).vision.enabled
