@@ -258,11 +258,11 @@ def _plan_vision(
         budgets = list(cfg.vision.token_budgets)  # checked by check_model
         derived = False
     images_source = ""
+    smallest = pixels.smallest_patches(v.patch_size) if pixels is not None else 0
     if cfg.vision.max_images_per_microbatch is None:
-        smallest = pixels.min_pixels // v.patch_size**2 if pixels is not None and pixels.min_pixels else None
-        images = derive_max_segments(budgets, v.spatial_merge_size, smallest)
+        images = derive_max_segments(budgets, v.spatial_merge_size, smallest or None)
         images_derived = True
-        if smallest and smallest > v.merge_unit * MIN_IMAGE_MERGED_TOKENS:
+        if smallest > v.merge_unit * MIN_IMAGE_MERGED_TOKENS:
             images_source = (
                 f"{budgets[-1]} // {smallest} (images of >= {smallest} patches: min_pixels {pixels.min_pixels} // "
                 f"{v.patch_size}**2, {pixels.source})"
@@ -273,9 +273,8 @@ def _plan_vision(
     longest, patches_source = _max_patches_per_image(cfg, v, budgets, pixels)
     workspace = 0
     if deterministic:
-        smallest_image = pixels.min_pixels // v.patch_size**2 if pixels is not None and pixels.min_pixels else 0
         longest, patches_source, workspace = _deterministic_patches(
-            cfg, v, budgets, images, longest, patches_source, smallest_image
+            cfg, v, budgets, images, longest, patches_source, smallest
         )
     cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)

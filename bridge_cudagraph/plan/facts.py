@@ -309,6 +309,11 @@ class ImageFacts:
     source: str
     min_pixels: int | None = None
 
+    def smallest_patches(self, patch_size: int) -> int:
+        """The patches of the smallest image the data path hands the encoder, ``min_pixels // patch_size**2``; 0 where
+        no floor is known."""
+        return self.min_pixels // patch_size**2 if self.min_pixels else 0
+
 
 def packing_facts(config: Any) -> PackingFacts | None:
     """How the run's data path packs sequences, or None when every micro-batch is padded to ``seq_length``.

@@ -126,7 +126,7 @@ def _check_vision(plan: CapturePlan, images: ImageFacts | None) -> None:
     unit, most = facts.merge_unit, vision.max_patches_per_microbatch
     smallest, why = unit, f"one merged token is spatial_merge_size**2 = {unit} patches"
     if images is not None and images.min_pixels:
-        floor = images.min_pixels // facts.patch_size**2
+        floor = images.smallest_patches(facts.patch_size)
         if floor > smallest:
             smallest = floor
             why = (
