@@ -15,15 +15,18 @@ three turns of text stay under about 6,000 tokens; a sample over the sequence wo
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from bridge_cudagraph.examples.conversations import (
     ConversationSetSpec,
     build_conversation_set,
     conversation_texts,
 )
-from bridge_cudagraph.examples.photo_recipe import cache_dir, direct_sft_dataset_config, tiny_qwen3_vl_example_config
-from bridge_cudagraph.examples.processor import ProcessorFolder, build_processor_folder, content_key
+from bridge_cudagraph.examples.photo_recipe import (
+    build_set_and_processor,
+    direct_sft_dataset_config,
+    tiny_qwen3_vl_example_config,
+)
+from bridge_cudagraph.examples.processor import ProcessorFolder
 
 __all__ = ["build_conversation_data", "conversation_dataset_config", "tiny_qwen3_vl_conversations_config"]
 
@@ -35,11 +38,7 @@ def build_conversation_data(root: str | os.PathLike[str] | None = None, spec: Co
     Returns:
         ``(conversation set folder, ProcessorFolder)``.
     """
-    root = Path(root) if root is not None else cache_dir()
-    folder = build_conversation_set(root, spec)
-    texts = conversation_texts(folder)
-    processor = build_processor_folder(root / f"processor-{content_key(texts)}", texts)
-    return folder, processor
+    return build_set_and_processor(root, lambda where: build_conversation_set(where, spec), conversation_texts)
 
 
 def conversation_dataset_config(

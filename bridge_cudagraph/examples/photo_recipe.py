@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bridge_cudagraph.examples.photos import PROMPT, PhotoSetSpec, answer_texts, build_photo_set
 from bridge_cudagraph.examples.processor import ProcessorFolder, build_processor_folder, content_key
@@ -39,6 +41,7 @@ from bridge_cudagraph.examples.tiny_recipe import example_config
 __all__ = [
     "CACHE_ENV",
     "build_photo_data",
+    "build_set_and_processor",
     "cache_dir",
     "direct_sft_dataset_config",
     "photo_dataset_config",
@@ -77,11 +80,18 @@ def build_photo_data(root: str | os.PathLike[str] | None = None, spec: PhotoSetS
     Returns:
         ``(photo set folder, ProcessorFolder)``.
     """
+    return build_set_and_processor(root, lambda where: build_photo_set(where, spec), answer_texts)
+
+
+def build_set_and_processor(
+    root: str | os.PathLike[str] | None, build: Callable[[Path], Path], texts_of: Callable[[Path], Any]
+) -> tuple[Path, ProcessorFolder]:
+    """An example set built (or found) under ``root`` (default :func:`cache_dir`) by ``build(root)``, and the
+    processor folder whose tokenizer covers its texts (``texts_of(set folder)``), named by their content."""
     root = Path(root) if root is not None else cache_dir()
-    photos = build_photo_set(root, spec)
-    texts = answer_texts(photos)
-    processor = build_processor_folder(root / f"processor-{content_key(texts)}", texts)
-    return photos, processor
+    folder = build(root)
+    texts = texts_of(folder)
+    return folder, build_processor_folder(root / f"processor-{content_key(texts)}", texts)
 
 
 def photo_dataset_config(
