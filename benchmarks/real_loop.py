@@ -64,6 +64,9 @@ class Run:
     """One run's numbers, read off its log (None: the line was not printed)."""
 
     variant: str
+    """:attr:`Variant.name`."""
+    graphs: bool
+    workers: int | None
     repeat: int
     exit_code: int
     seconds: float
@@ -148,7 +151,17 @@ def run_one(recipe: str, iters: int, variant: Variant, repeat: int, out: Path, p
         text = f"{expired.stdout or ''}{expired.stderr or ''}\nerror: timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
     log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
-    return Run(variant.name, repeat, code, seconds, **parse_log(log.read_text()), log=log.name, command=command)
+    return Run(
+        variant.name,
+        variant.graphs,
+        variant.workers,
+        repeat,
+        code,
+        seconds,
+        **parse_log(log.read_text()),
+        log=log.name,
+        command=command,
+    )
 
 
 def check_against_eager(runs: list[Run], out: Path) -> None:
@@ -156,27 +169,26 @@ def check_against_eager(runs: list[Run], out: Path) -> None:
     and grad norm per iteration set against the eager run of the same workers and repeat."""
     from benchmarks.loop_logs import compare, read_log, replay_problems
 
-    logs = {(r.variant, r.repeat): read_log(out / r.log) for r in runs if r.exit_code == 0}
+    logs = {(r.graphs, r.workers, r.repeat): read_log(out / r.log) for r in runs if r.exit_code == 0}
     for r in runs:
-        if not r.variant.startswith("graphs") or (r.variant, r.repeat) not in logs:
+        if not r.graphs or (True, r.workers, r.repeat) not in logs:
             continue
-        graphed = logs[(r.variant, r.repeat)]
+        graphed = logs[(True, r.workers, r.repeat)]
         r.problems = replay_problems(graphed["capture"])
         bad = sorted(i for key in ("loss", "grad_norm") for i, v in graphed[key].items() if not math.isfinite(v))
         if bad:
             r.problems.append(f"non-finite loss or grad norm at iterations {bad[:5]}")
-        eager = logs.get((r.variant.replace("graphs", "eager", 1), r.repeat))
+        eager = logs.get((False, r.workers, r.repeat))
         if eager is not None and graphed["loss"] and not bad:
             r.loss_vs_eager = compare(graphed, eager, first=min(graphed["loss"]))
 
 
-def render_table(runs: list[Run], baseline: str = "eager") -> str:
-    """The markdown table: one row per run, x against the median of the baseline variant's runs of the same
-    workers."""
-    base: dict[str, list[float]] = {}
+def render_table(runs: list[Run]) -> str:
+    """The markdown table: one row per run, x against the median of the eager runs of the same workers."""
+    base: dict[int | None, list[float]] = {}
     for r in runs:
-        if r.ok and r.variant.split("_w")[0] == baseline:
-            base.setdefault(_workers(r.variant), []).append(r.useful_tokens_per_s)
+        if r.ok and not r.graphs:
+            base.setdefault(r.workers, []).append(r.useful_tokens_per_s)
     rows = [
         "| variant | repeat | useful tok/s | x eager | step ms | data wait ms (share) | peak GiB alloc / reserved | "
         "loss vs eager, max rel | exit |",
@@ -187,7 +199,7 @@ def render_table(runs: list[Run], baseline: str = "eager") -> str:
             why = "; ".join(r.problems) or r.error or "no end-of-training line"
             rows.append(f"| {r.variant} | {r.repeat} | failed: {why} | | | | | | {r.exit_code} |")
             continue
-        ref = sorted(base.get(_workers(r.variant), []))
+        ref = sorted(base.get(r.workers, []))
         ratio = f"{r.useful_tokens_per_s / ref[len(ref) // 2]:.2f}x" if ref else "n/a"
         wait = "n/a" if r.data_wait_ms is None else f"{r.data_wait_ms:.1f} ({100 * r.data_wait_share:.0f}%)"
         peak = "n/a" if r.peak_allocated_gib is None else f"{r.peak_allocated_gib:.1f} / {r.peak_reserved_gib:.1f}"
@@ -197,10 +209,6 @@ def render_table(runs: list[Run], baseline: str = "eager") -> str:
             f"{' data-bound' if r.data_bound else ''} | {peak} | {loss} | {r.exit_code} |"
         )
     return "\n".join(rows) + "\n"
-
-
-def _workers(variant: str) -> str:
-    return variant.split("_w")[1] if "_w" in variant else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,9 +101,9 @@ def _log(path: Path, losses: list[str], summary: str | None) -> str:
     ids=["replayed", "never-replayed", "no-summary", "nan"],
 )
 def test_a_graphed_run_must_replay_and_stay_finite(tmp_path, summary, losses, problem):
-    eager = Run("eager", 0, 0, 1.0, useful_tokens_per_s=100.0, measured_steps=2, step_ms=10.0)
+    eager = Run("eager", False, None, 0, 0, 1.0, useful_tokens_per_s=100.0, measured_steps=2, step_ms=10.0)
     eager.log = _log(tmp_path / "eager.log", ["7.1E+00", "7.0E+00"], None)
-    graphed = Run("graphs", 0, 0, 1.0, useful_tokens_per_s=300.0, measured_steps=2, step_ms=3.0)
+    graphed = Run("graphs", True, None, 0, 0, 1.0, useful_tokens_per_s=300.0, measured_steps=2, step_ms=3.0)
     graphed.log = _log(tmp_path / "graphs.log", losses, summary)
     check_against_eager([graphed, eager], tmp_path)
     table = render_table([graphed, eager])
