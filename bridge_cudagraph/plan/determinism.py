@@ -7,10 +7,9 @@ count (every image slot and tail piece, zero-length ones too) and ``max_seqlen``
 (``dot_product_attention/utils.py`` ``get_attention_backend``, the "Filter: Determinism" block):
 
 * cuDNN's deterministic F16/BF16 THD backward asks for about ``128 x batch x heads x max_seqlen**2`` bytes of
-  workspace on sm90 (TE's own note there; the reference suite's 1024-patch ladder at 8 segments, 4 heads and
-  ``max_seqlen`` 4096 asked for 64.5 GiB, and its capture fell back to eager);
+  workspace on sm90 (TE's own note there), tens of GiB at the shapes a vision ladder derives;
 * from ``batch x heads x max_seqlen**2 >= 2**30`` on, TE drops the fused backend for the unfused one, which
-  materialises the ``max_seqlen**2`` scores (run 85: 15.6 GiB for one 2B vision rung, out of memory).
+  materialises the ``max_seqlen**2`` scores (what ran out of memory at the 2B shape: ``results/padded-gradients/``).
 
 Eager Bridge passes each micro-batch's own segments and longest image, so its backend and workspace are those of the
 data, while a graph's are those of its static shape. So under deterministic kernels the plan keeps a derived static
