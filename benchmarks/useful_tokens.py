@@ -722,7 +722,31 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
             for ladder in helpers:
                 if isinstance(ladder, LadderHelper):
                     ladder.sum_param_grads = False
+    if variant in report.MEGATRON_ENGINE:
+        helpers[0] = megatron_engine(run, helpers[0], objs)
     return helpers
+
+
+def megatron_engine(run: _Run, ladder: Any, objs: dict) -> Any:
+    """In place of the plan's padded ladder (``ladder``, uninstalled): megatron-core's helper with the same plan's
+    numbers, as the plan built it before the ladder took whole dense layers."""
+    from bridge_cudagraph.capture.from_plan import language_helper_arguments
+    from bridge_cudagraph.capture.language import LanguageGraphHelper
+    from bridge_cudagraph.capture.padded import PaddedLanguageGraphHelper
+    from bridge_cudagraph.testing.plans import plan_for
+
+    if not isinstance(ladder, PaddedLanguageGraphHelper):
+        raise RuntimeError(f"megatron engine variant: the plan built {type(ladder).__name__}, not the padded ladder")
+    ladder.uninstall()
+    provider = objs["provider"]
+    plan = plan_for(provider, world_size=1, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb)
+    return LanguageGraphHelper(
+        objs["model"],
+        provider,
+        pg_collection=run.world.language,
+        optimizers=[objs["optimizer"]],
+        **language_helper_arguments(plan),
+    )
 
 
 def check_param_grads(variant: str, capture: dict) -> None:

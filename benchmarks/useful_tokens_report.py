@@ -73,6 +73,7 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: grid read back from the GPU (``fewer_host_waits`` without :class:`~bridge_cudagraph.host.forward.BoundGrids`).
 LEVER_VARIANTS = (
     "ours_padded_layer_graphs",
+    "ours_padded_megatron",
     "ours_padded_language",
     "ours_padded_vision",
     "ours_packed_rows",
@@ -92,6 +93,7 @@ ORDER = (
     "upstream_padded",
     "ours_padded",
     "ours_padded_layer_graphs",
+    "ours_padded_megatron",
     "ours_padded_language",
     "ours_padded_vision",
     "eager_padded_repeat",
@@ -121,6 +123,7 @@ FORM = {
     "upstream_padded": PADDED,
     "ours_padded": PADDED,
     "ours_padded_layer_graphs": PADDED,
+    "ours_padded_megatron": PADDED,
     "ours_padded_language": PADDED,
     "ours_padded_vision": PADDED,
     PADDED_CONTROL: PADDED,
@@ -174,10 +177,15 @@ VISION_HALVINGS = ("ours_packed_halvings",)
 #: fields replaced), to tell which graphs a difference comes from.
 PADDED_PARTS = {
     "ours_padded_layer_graphs": {"language": {"graph_unit": "layer"}},
+    "ours_padded_megatron": {"language": {"graph_unit": "layer"}},
     "ours_padded_language": {"vision": {"enabled": False}},
     "ours_padded_vision": {"language": {"enabled": False}},
 }
 PADDED_GRAPHED = ("ours_padded", *PADDED_PARTS)
+#: The padded variants whose language graphs are megatron-core's ``TECudaGraphHelper`` (our subclass,
+#: :mod:`bridge_cudagraph.capture.language`) with the plan's numbers, not the ladder the plan builds: the engine the
+#: ladder replaced for whole dense layers, side by side with ours_padded_layer_graphs (the same graphs, one per layer).
+MEGATRON_ENGINE = ("ours_padded_megatron",)
 GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
 #: The variants trained with ``model.gradient_accumulation_fusion=true``: a run of one in which no TE module fuses
 #: is failed (it would time the unfused step under the fused name).
@@ -200,6 +208,7 @@ LEVERS = (
         "ours_packed",
     ),
     ("gradient-accumulation fusion, graphed", "ours_packed", "ours_packed_fused"),
+    ("padded rows on the ladder, not megatron-core's helper", "ours_padded_megatron", "ours_padded_layer_graphs"),
     ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
 )
 LABELS = {
@@ -208,6 +217,7 @@ LABELS = {
     "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
     "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
     "ours_padded_layer_graphs": "ours_padded with one language graph per layer (language.graph_unit=layer)",
+    "ours_padded_megatron": "ours_padded_layer_graphs on megatron-core's TECudaGraphHelper instead of the ladder",
     "ours_padded_language": "ours_padded with the language graphs only (vision graphs off)",
     "ours_padded_vision": "ours_padded with the vision graphs only (language graphs off)",
     PADDED_CONTROL: "eager_padded again (the padded loss curve's noise floor)",
@@ -1057,6 +1067,7 @@ COLORS = {
     "upstream_padded": "#f28e2b",
     "ours_padded": "#8cd17d",
     "ours_padded_layer_graphs": "#b6e3a8",
+    "ours_padded_megatron": "#8cd17d",
     "ours_padded_language": "#59a14f",
     "ours_padded_vision": "#d4f0cc",
     PADDED_CONTROL: "#c9c9c9",

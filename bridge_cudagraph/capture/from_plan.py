@@ -3,7 +3,8 @@
 A provider of this package hands its model and its :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan` here
 (:meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers`); the plan must be the provider's
 own (:func:`check_plan_matches`), and each helper's arguments are the plan's (:func:`language_helper_arguments`,
-:func:`packed_helper_arguments`, :func:`vision_helper_arguments`), which the unit tests pin per recipe.
+:func:`packed_helper_arguments`, :func:`padded_helper_arguments`,
+:func:`vision_helper_arguments`), which the unit tests pin per recipe.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "language_graph_helper",
     "language_helper_arguments",
     "packed_helper_arguments",
+    "padded_helper_arguments",
     "vision_helper_arguments",
 ]
 
@@ -48,12 +50,17 @@ def graph_helpers(
 
 
 def language_graph_helper(provider: Any, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
-    """The language graph helper for ``model``: the packed one where the plan packs, else megatron-core's helper
-    under ``pg_collection`` (default: the one Bridge passed the provider's ``provide_distributed_model``)."""
+    """The language graph helper for ``model``: the ladder's, packed or padded, where the plan puts the graphs there;
+    else megatron-core's helper under ``pg_collection`` (default: the one Bridge passed the provider's
+    ``provide_distributed_model``)."""
     if plan.language.packed is not None:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         return PackedLanguageGraphHelper(model, **packed_helper_arguments(plan))
+    if plan.language.padded is not None:
+        from bridge_cudagraph.capture.padded import PaddedLanguageGraphHelper
+
+        return PaddedLanguageGraphHelper(model, **padded_helper_arguments(plan))
     from bridge_cudagraph.capture.language import LanguageGraphHelper
 
     if pg_collection is None:
@@ -116,6 +123,22 @@ def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
         "graph_unit": plan.language.graph_unit,
         "deepstack_merges": plan.language.deepstack_merges,
         "tight": packed.tight,
+    }
+
+
+def padded_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
+    """The :class:`~bridge_cudagraph.capture.padded.PaddedLanguageGraphHelper` arguments ``plan`` decides."""
+    padded = plan.language.padded
+    if padded is None:
+        raise CudaGraphConfigError("the capture plan has no padded language graphs on the ladder")
+    return {
+        "rows": padded.rows,
+        "width": padded.width,
+        "copies": padded.copies,
+        "static_inputs": padded.static_inputs,
+        "on_capture_error": plan.on_capture_error,
+        "graph_unit": plan.language.graph_unit,
+        "deepstack_merges": plan.language.deepstack_merges,
     }
 
 

@@ -16,13 +16,16 @@ Built on megatron-core's ``TECudaGraphHelper`` and changed at three narrow point
 
 It also checks static shapes against the groups before capture, keeps Qwen3-VL's checkpoint keys
 unchanged (:func:`drop_language_aliases`), can capture again after :meth:`delete_cuda_graphs` (resume),
-and turns a failed capture into an eager run when asked. With ``graph_unit="deepstack"`` the helper's callables are
-runs of layers (:mod:`bridge_cudagraph.capture.runs`): one graph per run instead of one per layer.
+and turns a failed capture into an eager run when asked.
+
+The plan sends padded micro-batches here only where the ladder engine (:mod:`bridge_cudagraph.capture.padded`) does
+not capture them yet: parts of layers (``language.modules``, the MoE scope), MoE layers, virtual pipeline chunks, and
+the decoder's per-layer contexts (FP8, offloading); always one graph per layer
+(:func:`~bridge_cudagraph.plan.build._megatron_engine_reason`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -42,9 +45,7 @@ from bridge_cudagraph.capture.common import (
     check_static_inputs,
     measure,
 )
-from bridge_cudagraph.capture.runs import LayerRun, group_runs, heads_of
 from bridge_cudagraph.host.patches import explicit_num_microbatches
-from bridge_cudagraph.plan.budgets import language_segments
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import StaticInput
@@ -101,9 +102,8 @@ class LanguageGraphHelper(TECudaGraphHelper):
             every layer; megatron-core's helper allocates the buffers, and each is checked against them before capture.
         optimizers: Optimizers whose gradients capture's warmup iterations must clear.
         on_capture_error: ``"eager"`` to continue without graphs after a failed capture, ``"raise"`` to stop.
-        graph_unit: ``layer`` (one graph per layer, megatron-core's unit) or ``deepstack`` (one per run of layers,
-            cut after the first ``deepstack_merges`` layers of a chunk that merges deepstack features).
-        deepstack_merges: The plan's :attr:`~bridge_cudagraph.plan.capture_plan.LanguagePlan.deepstack_merges`.
+        graph_unit: ``layer``, megatron-core's unit (the plan resolves every capture of this helper to it).
+        deepstack_merges: Unused here (runs of layers are the ladder's); kept so that the plan's arguments fit both.
     """
 
     submodule = "language"
@@ -152,54 +152,14 @@ class LanguageGraphHelper(TECudaGraphHelper):
             pg_collection=pg_collection,
         )
         self.stats.layers = len(self.flattened_callables)
-        self.graph_unit = graph_unit
         if graph_unit != "layer":
-            self._group_runs(graph_unit, deepstack_merges)
-
-    def _group_runs(self, unit: str, merges: int) -> None:
-        """Replace each chunk's layers by the runs :func:`~bridge_cudagraph.plan.budgets.layer_segments` cuts them into
-        (the plan's segments for that stage): the helper then captures, indexes and deletes one graph per run."""
-        for index, callables in enumerate(self.callables_per_chunk):
-            if not callables:
-                continue
-            decoder = self.chunks_with_decoder[index].decoder
-            is_mtp = self.callables_per_chunk_is_mtp[index]
-            layers = [c for c, mtp in zip(callables, is_mtp, strict=True) if not mtp]
-            mtp = [c for c, mtp in zip(callables, is_mtp, strict=True) if mtp]  # MTP layers stay one graph each
-            if layers != list(decoder.layers):
-                raise CaptureError(
-                    f"language: graph_unit={unit!r} needs every decoder layer captured whole (chunk {index} captures "
-                    f"{len(layers)} of {len(decoder.layers)} layers); set model.cuda_graph.language.graph_unit=layer"
-                )
-            first_stage = getattr(decoder, "pre_process", True)
-            runs = group_runs(layers, language_segments(len(layers), merges, first_stage=first_stage, unit=unit))
-            self.callables_per_chunk[index] = runs + mtp
-            self.callables_per_chunk_is_mtp[index] = [False] * len(runs) + [True] * len(mtp)
-            self.num_layers_per_chunk[index] = len(runs) + len(mtp)
-        self.flattened_callables = [c for callables in self.callables_per_chunk for c in callables]
-        self.flattened_callables_is_mtp = [m for flags in self.callables_per_chunk_is_mtp for m in flags]
-
-    @contextlib.contextmanager
-    def _as_layers(self):
-        """While the block runs, each callable is its first layer: megatron-core's sample-argument code asserts its
-        callables are the decoder's layers, and a run reads exactly its first layer's inputs."""
-        chunks, flat = self.callables_per_chunk, self.flattened_callables
-        self.callables_per_chunk = [heads_of(runs) for runs in chunks]
-        self.flattened_callables = heads_of(flat)
-        try:
-            yield
-        finally:
-            self.callables_per_chunk, self.flattened_callables = chunks, flat
-
-    def _runs(self) -> list[LayerRun]:
-        return [c for c in self.flattened_callables if isinstance(c, LayerRun)]
+            raise CaptureError(
+                f"language: graph_unit={graph_unit!r} on megatron-core's helper; runs of layers are captured by the "
+                "ladder (capture.padded), so set model.cuda_graph.language.graph_unit=layer"
+            )
 
     # ----------------------------------------------------------------- static inputs
     def _get_sample_arguments(self, order, chunk_id_list=None):
-        with self._as_layers():
-            return self._layer_sample_arguments(order, chunk_id_list)
-
-    def _layer_sample_arguments(self, order, chunk_id_list):
         sample_args, sample_kwargs = super()._get_sample_arguments(order, chunk_id_list)
         dtype = activation_dtype(self.config)
         retyped: dict[int, torch.Tensor] = {}
@@ -264,8 +224,6 @@ class LanguageGraphHelper(TECudaGraphHelper):
             self._graphs_created = False
             self._capture_finished = True
             return
-        for run in self._runs():
-            run.wire()
         self.stats.graphs = sum(len(layer.cuda_graphs) for layer in self.flattened_callables)
         self._count_replays()
 
@@ -287,8 +245,6 @@ class LanguageGraphHelper(TECudaGraphHelper):
         """Free every graph (TE ``reset()``), and allow a later re-capture."""
         if self._graphs_created:
             super().delete_cuda_graphs()
-        for run in self._runs():
-            run.unwire()
         for handle in getattr(self, "_replay_hooks", []):
             handle.remove()
         self._replay_hooks = []

@@ -35,9 +35,9 @@ are padded to a multiple: one budget of ``seq_length``, captured without the sep
 none; its RoPE table has a row per position within a sequence (fewer rows than the budget, the rest zeros) and TE's
 fused THD kernel reads it by position (:func:`bridge_cudagraph.plan.checks.check_offline_packing`).
 
-The replay is the decoder's forward: :func:`install_packed_replay` gives the decoder instance a subclass of its
-own class (:class:`PackedReplayBlock`) whose ``forward`` replays the graphs when a training micro-batch is packed
-and fits, and otherwise calls the host's ``forward`` unchanged. A micro-batch over the largest budget, with more
+The replay is the decoder's forward (:mod:`bridge_cudagraph.capture.block_replay`, shared with the padded rows'
+graphs): a training micro-batch that is packed and fits replays the graphs, and any other call is the host's
+``forward`` unchanged. A micro-batch over the largest budget, with more
 sequences than ``max_sequences``, or with a segment longer than ``max_seqlen`` runs eagerly, counted and logged
 once.
 
@@ -52,7 +52,6 @@ anything else differs, the micro-batch takes the path above unchanged.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,21 +61,16 @@ import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.capture.common import (
-    BudgetLadder,
     CaptureError,
-    CaptureStats,
-    GraphCopies,
-    LadderHelper,
     StaticBuffers,
     activation_dtype,
     check_static_inputs,
     ladder_order_kwargs,
-    reset_graph_sets,
     segment_callables,
 )
+from bridge_cudagraph.capture.language_ladder import LanguageLadder
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
-from bridge_cudagraph.host.compat import deepstack_process, param_gather_hook_maker
-from bridge_cudagraph.plan.budgets import PackedLayout, language_segments
+from bridge_cudagraph.plan.budgets import PackedLayout
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -220,92 +214,6 @@ def packed_misfit(
     return None
 
 
-class PackedReplayBlock:
-    """Mixin put in front of a decoder's class (:func:`install_packed_replay`): replays packed micro-batches.
-
-    Only ``forward`` changes, and only for a training call with THD ``packed_seq_params`` that fits a budget;
-    every other call is the host's ``forward`` unchanged.
-    """
-
-    packed_graph_helper: PackedLanguageGraphHelper | None = None
-
-    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
-        helper = self.packed_graph_helper
-        params = kwargs.get("packed_seq_params")
-        plain = not args and not any(
-            kwargs.get(k) is not None
-            for k in (
-                "context",
-                "context_mask",
-                "rotary_pos_cos",
-                "rotary_pos_sin",
-                "rotary_pos_cos_sin",
-                "attention_bias",
-                "sequence_len_offset",
-                "padding_mask",
-                "extract_layer_indices",
-            )
-        )
-        packed_training = (
-            helper is not None
-            and self.training
-            and params is not None
-            and getattr(params, "qkv_format", None) == "thd"
-            and kwargs.get("inference_context") is None
-            and kwargs.get("inference_params") is None
-            and plain
-        )
-        if not packed_training or not helper.graphs_created():
-            if packed_training:  # before capture: the ladder's top follows what the data shows
-                helper.observe(self, hidden_states, params)
-            return super().forward(hidden_states, attention_mask, *args, **kwargs)
-        out = helper.replay(self, hidden_states, params, kwargs)
-        if out is None:  # did not fit (counted): the host's forward, unchanged
-            return super().forward(hidden_states, attention_mask, *args, **kwargs)
-        return out
-
-
-def install_packed_replay(decoder: torch.nn.Module, helper: PackedLanguageGraphHelper) -> None:
-    """Give ``decoder`` (a ``TransformerBlock`` instance) the packed replay; undone by :func:`remove_packed_replay`.
-
-    Patches the instance's class, not the host's (:func:`~bridge_cudagraph.host.patches.extend_instance_class`).
-    """
-    from bridge_cudagraph.host.patches import extend_instance_class
-
-    extend_instance_class(decoder, PackedReplayBlock)
-    decoder.packed_graph_helper = helper
-
-
-def remove_packed_replay(decoder: torch.nn.Module) -> None:
-    """Restore the decoder's own class."""
-    from bridge_cudagraph.host.patches import restore_instance_class
-
-    decoder.__dict__.pop("packed_graph_helper", None)
-    restore_instance_class(decoder, PackedReplayBlock)
-
-
-def _replay_segments(block, graphs, h, statics, segments, *, merges: int, visual, deepstack) -> torch.Tensor:
-    """The decoder's layer loop on the graphs, as the host's ``TransformerBlock.forward`` (megatron-core 0.19.2) and
-    Bridge 0.6.2's ``Qwen3VLTransformerBlock.forward`` run it: each run of layers' manual hooks (parameter gathers),
-    its graph, then the deepstack merge that follows it (eagerly, the host's own ``_deepstack_process``); under
-    sequence parallelism inside the tensor-parallel RNG fork, as the host's block."""
-    from megatron.core import tensor_parallel
-    from megatron.core.utils import make_viewless_tensor
-
-    parallel = block.config.sequence_parallel
-    rng = tensor_parallel.get_cuda_rng_tracker().fork() if parallel else contextlib.nullcontext()
-    with rng:
-        for (start, end), graph in zip(segments, graphs.layers, strict=True):
-            for layer in block.layers[start:end]:
-                for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
-                    hook(*hook_args)
-            h = graph(h, *statics)
-            if end - 1 < merges:
-                h = deepstack_process(block, h, visual, deepstack[end - 1])
-                h = make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
-    return h
-
-
 def _device_indices(tight: TightRows, device) -> tuple[torch.Tensor, torch.Tensor]:
     """:class:`TightRows`' gather and scatter indices on ``device``, built on the host and copied from pinned memory
     without a wait (as :meth:`PackedGraphSet.load` copies ``cu_seqlens``)."""
@@ -318,7 +226,7 @@ def _device_indices(tight: TightRows, device) -> tuple[torch.Tensor, torch.Tenso
 
 
 # ------------------------------------------------------------------------------------------- helper
-class PackedLanguageGraphHelper(LadderHelper):
+class PackedLanguageGraphHelper(LanguageLadder):
     """Captures the decoder layers once per token budget for packed micro-batches, and replays them.
 
     Follows megatron-core's ``TECudaGraphHelper`` protocol (``create_cudagraphs``, ``graphs_created``,
@@ -340,7 +248,7 @@ class PackedLanguageGraphHelper(LadderHelper):
             only, where :meth:`tight_rows` finds it safe.
     """
 
-    submodule = "language"
+    form = "packed"
 
     def __init__(
         self,
@@ -356,10 +264,7 @@ class PackedLanguageGraphHelper(LadderHelper):
         deepstack_merges: int = 0,
         tight: bool = False,
     ) -> None:
-        from bridge_cudagraph.capture.language import language_model_of
-
         self.tight = bool(tight)
-        self.model = list(model)
         self.layout = layout
         self.separate_padded = separate_padded
         self.planned_inputs = {int(b): tuple(v) for b, v in (static_inputs or {}).items()}
@@ -368,41 +273,31 @@ class PackedLanguageGraphHelper(LadderHelper):
                 f"language: the plan's static inputs are for budgets {sorted(self.planned_inputs)}, "
                 f"not {list(layout.budgets)}"
             )
-        self.num_warmup_iters = num_warmup_iters
-        self.on_capture_error = on_capture_error
-        self.decoders = [
-            language_model_of(chunk).decoder
-            for chunk in self.model
-            if getattr(language_model_of(chunk), "decoder", None) is not None
-        ]
-        self.decoders = [d for d in self.decoders if len(d.layers)]
-        if len(self.decoders) > 1:
-            raise CaptureError("packed language graphs support one model chunk per rank (no virtual pipeline)")
-        #: The layer ranges ``[start, end)`` each graph of a set spans, per decoder.
-        self.segments = [
-            language_segments(
-                len(d.layers), deepstack_merges, first_stage=getattr(d, "pre_process", True), unit=graph_unit
-            )
-            for d in self.decoders
-        ]
-        self.copies = GraphCopies(int(copies))
-        self.ladder = BudgetLadder(layout.budgets)
-        #: ``graphs[budget][copy]``.
-        self.graphs: dict[int, list[PackedGraphSet]] = {}
-        self._pools: list = []
-        self._statics = [StaticBuffers() for _ in range(self.copies.count)]
-        self._fused_grad_params: list[torch.nn.Parameter] = []
-        self._manual_hooks = False
-        layers = sum(len(d.layers) for d in self.decoders)
-        self.stats = CaptureStats(self.submodule, layers=layers)
         #: Replays on tightly packed rows, and the tokens they dropped (what a test asserts is > 0).
         self.tight_replays = 0
         self.tight_dropped_tokens = 0
-        self._warned = set()
-        for decoder in self.decoders:
-            install_packed_replay(decoder, self)
+        super().__init__(
+            model,
+            budgets=layout.budgets,
+            copies=copies,
+            num_warmup_iters=num_warmup_iters,
+            on_capture_error=on_capture_error,
+            graph_unit=graph_unit,
+            deepstack_merges=deepstack_merges,
+        )
 
     # ------------------------------------------------------------------ capture
+    def forward_block(self, block, hidden_states, attention_mask, kwargs: dict) -> torch.Tensor | None:
+        """A plain training call of the decoder (:class:`~bridge_cudagraph.capture.block_replay.LadderReplayBlock`):
+        a packed micro-batch replays, or before capture tells the ladder its size; None: the host's forward runs."""
+        params = kwargs.get("packed_seq_params")
+        if params is None or getattr(params, "qkv_format", None) != "thd":
+            return None
+        if not self.graphs_created():  # before capture: the ladder's top follows what the data shows
+            self.observe(block, hidden_states, params)
+            return None
+        return self.replay(block, hidden_states, params, kwargs)
+
     def observe(self, block, hidden_states, params: PackedSeqParams | None = None) -> None:
         """A packed training micro-batch ran eagerly before capture: its token count (a shape; ``T'`` where it would
         replay tightly packed) tells the ladder."""
@@ -495,21 +390,10 @@ class PackedLanguageGraphHelper(LadderHelper):
             )
         return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
 
-    def _captured_layers(self) -> list:
-        return list(self.decoders[0].layers) if self.decoders else []
-
     def _capture_rung(self, budget: int, copy: int, pool) -> PackedGraphSet:
         return self._capture_budget(self.decoders[0], budget, copy, pool)
 
     # ------------------------------------------------------------------ replay
-    def _fallback(self, cause: str, detail: str) -> None:
-        self.stats.eager_fallbacks += 1
-        if cause not in self._warned:
-            self._warned.add(cause)
-            logger.warning(
-                "bridge_cudagraph: a packed language micro-batch runs eagerly (counted in stats): %s", detail
-            )
-
     def _admit(
         self, hidden_states, params: PackedSeqParams, rotary_shape, *, tokens: int, tp: int
     ) -> tuple[int, int] | None:
@@ -577,25 +461,16 @@ class PackedLanguageGraphHelper(LadderHelper):
             graphs.load(self.layout, rotary, params, tokens, cu_seqlens=tight.cu_seqlens)
         else:
             graphs.load(self.layout, rotary, params, tokens)
-        for param in self._fused_grad_params:  # see VisionGraphHelper.before_replay
-            param.grad_added_to_main_grad = True
+        self._prepare_replay()
         rows = tokens // tp
         h = F.pad(hidden_states, (0, 0, 0, 0, 0, budget // tp - rows))
         h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
-        deepstack = kwargs.get("deepstack_visual_embeds")
         if visual is not None:  # [1, rows]: the local rows under sequence parallelism (split_deepstack_embs)
             visual = F.pad(visual, (0, budget // tp - visual.size(-1)), value=False)
         statics = (graphs.rotary, graphs.cu_seqlens) + (
             () if graphs.cu_seqlens_padded is None else (graphs.cu_seqlens_padded,)
         )
-        merges = len(deepstack) if block.pre_process and deepstack is not None else 0
-        segments = self.segments[self.decoders.index(block)]
-        if not set(range(merges)) <= {end - 1 for _, end in segments}:  # a merge must follow a segment's last layer
-            raise RuntimeError(
-                f"bridge_cudagraph: this micro-batch merges {merges} deepstack features, but the packed graphs span "
-                f"layers {list(segments)} (captured for the plan's deepstack merges); the plan and the model disagree"
-            )
-        h = _replay_segments(block, graphs, h, statics, segments, merges=merges, visual=visual, deepstack=deepstack)
+        h = self._replay_layers(block, graphs.layers, h, statics, visual=visual, kwargs=kwargs)
         self.copies.release_after_backward(copy, h)
         h = h[:rows]
         if tight is not None:  # back at the full layout's rows, the dropped ones zeros
@@ -605,37 +480,4 @@ class PackedLanguageGraphHelper(LadderHelper):
         # The final norm after the scatter, on the host's rows: its weight gradient then sums over the rows Bridge's
         # does, in the same places (a dropped row adds an exact zero, as Bridge's, whose loss mask is zero there).
         # On the kept rows alone the sum is grouped differently and can differ from Bridge's in its last bits.
-        if block.final_layernorm is not None:
-            h = block.final_layernorm(h)
-        h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
-        self.stats.replays += 1
-        return h
-
-    # ------------------------------------------------------------------ lifecycle
-    def _set_manual_hooks(self) -> None:
-        for decoder in self.decoders:
-            chunk = next(c for c in self.model if any(m is decoder for m in c.modules()))
-            for layer in decoder.layers:
-                layer.setup_manual_hooks(param_gather_hook_maker(chunk))
-
-    def delete_cuda_graphs(self) -> None:
-        """Free every packed graph (TE ``reset()``) before process groups go away; allows re-capture."""
-        reset_graph_sets(self.graphs)
-        self.graphs = {}
-        self._pools = []
-        for statics in self._statics:
-            statics.clear()
-        self.ladder.reset()
-        self.copies.reset()
-        self._fused_grad_params = []
-        for decoder in self.decoders:
-            for layer in decoder.layers:
-                layer.cuda_graph_manual_hooks = []
-        self.stats.graphs = 0
-        gc.collect()
-
-    def uninstall(self) -> None:
-        """Delete the graphs and give the decoders their own class back."""
-        self.delete_cuda_graphs()
-        for decoder in self.decoders:
-            remove_packed_replay(decoder)
+        return self._finish(block, h)

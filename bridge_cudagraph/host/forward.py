@@ -271,7 +271,7 @@ def _decoder_of(model: Any) -> Any:
 def _wants_extents(model: Any) -> bool:
     """Whether the decoder's packed replay packs rows tightly: only then is the ``loss_mask`` copied to the host and
     the rows' extents derived (a copy and host work per micro-batch that nothing else reads)."""
-    helper = getattr(_decoder_of(model), "packed_graph_helper", None)
+    helper = getattr(_decoder_of(model), "ladder_helper", None)
     return bool(getattr(helper, "tight", False))
 
 

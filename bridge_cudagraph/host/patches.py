@@ -79,12 +79,12 @@ Host change:
 Host change:
   changes: the class of one host object (:func:`extend_instance_class`): a subclass that puts a mixin in front, for
     the language decoder (megatron-core's ``TransformerBlock`` or Bridge 0.6.2's ``Qwen3VLTransformerBlock``: the
-    packed replay of :class:`~bridge_cudagraph.capture.packed.PackedReplayBlock`, the runs of layers of
-    :mod:`bridge_cudagraph.capture.runs`), the optimizer's objects (:mod:`bridge_cudagraph.host.optimizer`) and
+    ladder's replay of :class:`~bridge_cudagraph.capture.block_replay.LadderReplayBlock`), the optimizer's objects
+    (:mod:`bridge_cudagraph.host.optimizer`) and
     Bridge's ``Qwen3VLModel`` and its decoder (:mod:`bridge_cudagraph.host.forward`); the host's classes are untouched
   written for: megatron-core 0.19.2, Bridge 0.6.2, Transformer Engine 2.20
   gate: each caller's own (the plan, and the gates of its module)
-  undo: :func:`restore_instance_class`, which takes one mixin off an object that carries two (the decoder's packed
+  undo: :func:`restore_instance_class`, which takes one mixin off an object that carries two (the decoder's ladder
     replay and deepstack merge) in either order
 
 Every undo puts back the very object that was there before, or the absence of one (``tests/unit/host/test_patches.py``

@@ -29,7 +29,14 @@ from bridge_cudagraph.plan.budgets import (
     layer_segments,
     max_patches_per_microbatch,
 )
-from bridge_cudagraph.plan.capture_plan import CapturePlan, LanguagePlan, PackedLanguagePlan, StaticInput, VisionPlan
+from bridge_cudagraph.plan.capture_plan import (
+    CapturePlan,
+    LanguagePlan,
+    PackedLanguagePlan,
+    PaddedLanguagePlan,
+    StaticInput,
+    VisionPlan,
+)
 from bridge_cudagraph.plan.checks import check_model, check_packed_language, check_padded, check_sequence_split
 from bridge_cudagraph.plan.determinism import (
     DERIVED_WORKSPACE_LIMIT,
@@ -491,6 +498,35 @@ def _plan_packed(
     )
 
 
+def _megatron_engine_reason(facts: ModelFacts, modules: tuple[str, ...] | None) -> str:
+    """Why padded micro-batches replay on megatron-core's ``TECudaGraphHelper``
+    (:mod:`bridge_cudagraph.capture.language`) rather than on the ladder engine
+    (:mod:`bridge_cudagraph.capture.padded`), or empty: the ladder captures whole dense layers of one model chunk, as
+    the packed graphs, and the rest has not moved onto it yet."""
+    if modules is not None:
+        return "language.modules captures parts of layers"
+    if facts.num_moe_experts:
+        return f"{facts.provider} has MoE layers"
+    if (facts.virtual_pipeline_size or 1) > 1:
+        return "model.virtual_pipeline_model_parallel_size > 1"
+    if facts.per_layer_contexts:
+        return f"model.{facts.per_layer_contexts[0]} is set (the decoder wraps each layer on its own)"
+    return ""
+
+
+def _plan_padded(facts: ModelFacts, *, mbs: int, num_mb: int) -> PaddedLanguagePlan:
+    """Padded micro-batches on the ladder: one rung of every micro-batch's shape, a copy per micro-batch in flight.
+    The static inputs are the ones megatron-core's helper allocates, without its attention mask: the layers are
+    causal, and TE reads a mask only for padding or arbitrary mask types."""
+    inputs = tuple(i for i in _language_static_inputs(facts, mbs, None) if i.name != "attention_mask")
+    return PaddedLanguagePlan(
+        rows=mbs,
+        width=facts.seq_length // facts.cp,
+        copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
+        static_inputs=inputs,
+    )
+
+
 def build_plan(
     facts: ModelFacts,
     cfg: CudaGraphConfig,
@@ -638,9 +674,15 @@ def _plan_language(
     if packing is not None:
         packed = _plan_packed(cfg, facts, packing, mbs=mbs, num_mb=num_mb)
         per_unit = len(packed.token_budgets) * packed.copies
-    else:
+    padded, engine_source = None, ""
+    if packing is None:
         check_padded(cfg, facts)
-        per_unit = 1 if facts.pp == 1 else num_mb
+        engine_source = _megatron_engine_reason(facts, modules)
+        if engine_source:
+            per_unit = 1 if facts.pp == 1 else num_mb
+        else:
+            padded = _plan_padded(facts, mbs=mbs, num_mb=num_mb)
+            per_unit = padded.copies
     unit, unit_source = _language_unit(cfg, facts)
     merges = deepstack_merges(facts)
     segments = tuple(
@@ -656,9 +698,13 @@ def _plan_language(
         captured_per_stage=captured,
         graphs_per_unit=per_unit,
         graphs_per_stage=tuple(len(units) * per_unit for units in segments),
-        static_inputs=() if packed else _language_static_inputs(facts, mbs, modules),
+        static_inputs=(
+            () if packed else padded.static_inputs if padded else _language_static_inputs(facts, mbs, modules)
+        ),
         warmup_steps=steps,
         packed=packed,
+        padded=padded,
+        engine_source=engine_source,
         graph_unit=unit,
         deepstack_merges=merges,
         segments_per_stage=segments,

@@ -117,6 +117,29 @@ class PackedLanguagePlan:
 
 
 @dataclass(frozen=True, slots=True)
+class PaddedLanguagePlan:
+    """Whole layers of padded (BSHD) micro-batches on the ladder engine (:mod:`bridge_cudagraph.capture.padded`), the
+    engine of the packed graphs and of the vision graphs: one rung, the full width every micro-batch has.
+
+    Attributes:
+        rows: Rows of a micro-batch (the micro-batch size).
+        width: Tokens of a row the decoder sees (``seq_length / cp``).
+        copies: Graph sets, one per micro-batch a stage keeps in flight (1 without a pipeline).
+        static_inputs: The inputs of every graph.
+    """
+
+    rows: int
+    width: int
+    copies: int
+    static_inputs: tuple[StaticInput, ...]
+
+    @property
+    def token_budgets(self) -> tuple[int, ...]:
+        """The one rung, in tokens: what the ladder's memory estimate and capture count in."""
+        return (self.rows * self.width,)
+
+
+@dataclass(frozen=True, slots=True)
 class LanguagePlan:
     """The language model's graphs on each pipeline stage.
 
@@ -132,6 +155,10 @@ class LanguagePlan:
         static_inputs: Captured inputs of every graph (shapes as megatron-core's helper allocates them).
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         packed: The packed (THD) graphs when the data path packs, else None (one static BSHD shape).
+        padded: The padded (BSHD) graphs when they run on the ladder engine, else None: with packing, or where the
+            plan keeps megatron-core's helper (:attr:`engine_source` says why).
+        engine_source: Why padded micro-batches replay on megatron-core's ``TECudaGraphHelper`` rather than on the
+            ladder (empty otherwise).
         graph_unit: What one graph spans, resolved: ``deepstack`` (a run of layers between deepstack merges) or
             ``layer``.
         deepstack_merges: Layers of the first pipeline stage after which Qwen3-VL's decoder adds a deepstack feature
@@ -151,16 +178,23 @@ class LanguagePlan:
     static_inputs: tuple[StaticInput, ...]
     warmup_steps: int
     packed: PackedLanguagePlan | None = None
+    padded: PaddedLanguagePlan | None = None
     graph_unit: str = "layer"
     deepstack_merges: int = 0
     segments_per_stage: tuple[tuple[tuple[int, int], ...], ...] = ()
     warmup_source: str = ""
     unit_source: str = ""
+    engine_source: str = ""
 
     @property
     def graphs(self) -> int:
         """Graphs on the busiest rank."""
         return max(self.graphs_per_stage, default=0)
+
+    @property
+    def ladder(self) -> PackedLanguagePlan | PaddedLanguagePlan | None:
+        """The graphs on the ladder engine (packed or padded), or None: off, or on megatron-core's helper."""
+        return self.packed if self.packed is not None else self.padded
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,14 +81,23 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
         ]
     elif language.unit_source:
         runs = [f"  one graph per layer (graph_unit null: {language.unit_source})"]
-    packed = language.packed
+    packed, padded = language.packed, language.padded
     if packed is not None:
         copies = f" x {packed.copies} in-flight copies" if packed.copies > 1 else ""
         per = f"{plural(len(packed.token_budgets), 'budget')}{copies} each (packed THD)"
+    elif padded is not None and len(stages) > 1:
+        per = f"{plural(padded.copies, 'graph')} each (in flight)"
     inputs = [s.describe() for s in language.static_inputs]
     head = f"language: {layers} x {per} = {plural(language.graphs, 'graph')} per rank"
     warmup = _sourced(f"capture after {plural(language.warmup_steps, 'step')}", language.warmup_source)
     lines = [*_joined(head, f"{_modules_text(language.modules)}, {warmup}"), *runs]
+    if padded is not None:
+        lines.append(
+            f"  padded rows on the ladder engine (as the packed and vision graphs): one rung of mbs {padded.rows} x "
+            f"S {padded.width}"
+        )
+    elif packed is None:
+        lines.append(f"  padded rows on megatron-core's TECudaGraphHelper: {language.engine_source}")
     if packed is None:
         lines.append("  static inputs: " + inputs[0])
         lines += ["                 " + s for s in inputs[1:]]

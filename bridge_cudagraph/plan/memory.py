@@ -159,19 +159,20 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
         fused = f.gradient_accumulation_fusion or training.peft  # PEFT: the frozen base weights have no gradient
         unfused = 0 if fused else captured * language_layer_params(f) * dtype_bytes
         width = f.hidden_size
-        if lang.packed is not None:
+        ladder = lang.ladder
+        if ladder is not None:
             # A ladder gives its unfused parameter gradients back to the pool; part of the largest graph's stay in it
             # (GRADIENTS_HELD).
             spans = lang.segments_per_stage[0] if lang.segments_per_stage else ()
             widest = max((end - start for start, end in spans), default=1)
             unfused = 0 if fused else int(GRADIENTS_HELD * widest * language_layer_params(f) * dtype_bytes)
-            budgets = lang.packed.token_budgets
+            budgets = ladder.token_budgets
             sp = f.tp if f.sequence_parallel else 1
             segments = len(spans) or captured
             per_copy = ladder_pool_bytes(
                 per_token, captured, tuple(b // sp for b in budgets), width, segments, dtype_bytes=dtype_bytes
             )
-            language_graphs = (per_copy + unfused) * lang.packed.copies
+            language_graphs = (per_copy + unfused) * ladder.copies
             language_top = budgets[-1]
         else:
             sp = f.tp if f.sequence_parallel else 1
@@ -204,7 +205,7 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
         vision_graphs=int(vision_graphs),
         language_top=language_top,
         vision_top=vision_top,
-        language_ladder=lang.enabled and lang.packed is not None,
+        language_ladder=lang.enabled and lang.packed is not None,  # the padded ladder's one rung cannot be lowered
     )
 
 

@@ -23,10 +23,14 @@ def test_helpers_built_from_the_tiny_recipes_plan_hold_its_values(world):
     model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     language, vision = provider.make_graph_helpers(model, plan=plan)
 
-    assert language.seq_length == plan.facts.seq_length
-    assert language.micro_batch_size == plan.micro_batch_size
-    assert language.explicit_num_microbatches == plan.num_microbatches
+    # The recipe pads its rows: whole dense layers on the ladder engine, one rung of the plan's shape.
+    padded = plan.language.padded
+    assert padded is not None and type(language).__name__ == "PaddedLanguageGraphHelper"
+    assert (language.rows, language.width) == (padded.rows, padded.width)
+    assert (padded.rows, padded.width) == (plan.micro_batch_size, plan.facts.seq_length)
+    assert language.copies.count == padded.copies
     assert language.planned_inputs == plan.language.static_inputs
+    assert language.segments == [plan.language.segments_per_stage[0]]
     assert vision.budgets == list(plan.vision.token_budgets)
     assert vision.max_segments == plan.vision.max_images_per_microbatch
     assert vision.cu_seqlens_length == plan.vision.inputs_at(plan.vision.token_budgets[0])[2].shape[0]

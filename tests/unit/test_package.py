@@ -226,7 +226,6 @@ def test_class_swaps_and_rebindings_happen_in_the_host_folder_only():
 #: subclassed (its private state is the subclass's contract), until the ladder captures what it still does.
 HOST_SUBCLASSES = {
     "capture/language.py": "LanguageGraphHelper subclasses megatron-core's TECudaGraphHelper",
-    "capture/runs.py": "runs of layers replay through megatron-core's per-layer graph path",
 }
 
 

@@ -25,7 +25,8 @@ def _wiring(rank: int, world: int) -> dict:
 
     language = build_collections(ParallelLayout(tp=2), None, backend="gloo")["language"]
     cfg = CudaGraphConfig(
-        language=LanguageGraphConfig(enabled=True),
+        # Parts of layers: megatron-core's helper, which takes the collection (the ladder's layers carry theirs).
+        language=LanguageGraphConfig(enabled=True, modules=["attn", "mlp"]),
         vision=VisionGraphConfig(enabled=True, tensor_parallel_size=1),
         num_microbatches=3,
     )

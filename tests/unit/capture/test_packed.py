@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from bridge_cudagraph.capture.packed import install_packed_replay, packed_misfit, remove_packed_replay
+from bridge_cudagraph.capture.block_replay import install_ladder_replay, remove_ladder_replay
+from bridge_cudagraph.capture.packed import packed_misfit
 from bridge_cudagraph.plan.budgets import PackedLayout
 
 
@@ -50,12 +51,12 @@ def test_replay_class_swap_is_undone_and_keeps_state():
     block = torch.nn.Linear(4, 4)
     keys = sorted(block.state_dict())
     original = type(block)
-    install_packed_replay(block, helper=None)
+    install_ladder_replay(block, helper=None)
     assert type(block) is not original and isinstance(block, original)
     assert sorted(block.state_dict()) == keys
-    remove_packed_replay(block)
+    remove_ladder_replay(block)
     assert type(block) is original
-    assert "packed_graph_helper" not in block.__dict__
+    assert "ladder_helper" not in block.__dict__
 
 
 def test_load_writes_real_boundaries_then_a_tail_of_equal_lengths_in_both_forms():

@@ -239,7 +239,7 @@ def test_the_forward_copies_the_loss_mask_only_for_a_tight_packed_replay():
     from bridge_cudagraph.host.forward import _wants_extents
 
     def model(helper):
-        decoder = SimpleNamespace() if helper is None else SimpleNamespace(packed_graph_helper=helper)
+        decoder = SimpleNamespace() if helper is None else SimpleNamespace(ladder_helper=helper)
         return SimpleNamespace(language_model=SimpleNamespace(decoder=decoder))
 
     assert _wants_extents(model(SimpleNamespace(tight=True)))

@@ -104,12 +104,13 @@ class TestQwen3VL8B:
         assert p.language.graphs_per_unit == 1 and p.language.graphs == 4
         assert [(s.name, s.shape, s.dtype) for s in p.language.static_inputs] == [
             ("hidden_states", (4096, 2, 4096), "bf16"),
-            ("attention_mask", (2, 1, 4096, 4096), "bool"),
             ("rotary_pos_emb", (4096, 2, 1, 128), "fp32"),
         ]
+        # Whole dense layers of padded rows: the ladder engine, one rung; no attention mask (causal layers).
+        assert p.language.padded is not None and p.language.padded.token_budgets == (2 * 4096,)
+        assert p.language.engine_source == ""
         assert texts(p.language.static_inputs) == (
             "hidden_states (S/cp=4096, mbs=2, H=4096) bf16",
-            "attention_mask (mbs=2, 1, S/cp=4096, S=4096) bool",
             "rotary_pos_emb (S/cp=4096, mbs=2, 1, 128) fp32 (mRoPE)",
         )
         v = p.vision
@@ -244,15 +245,20 @@ class TestLanguage:
         assert p.language.static_inputs[0].shape == (512, 1, 4096)
         assert texts(p.language.static_inputs) == (
             "hidden_states (S/cp/tp=512, mbs=1, H=4096) bf16",
-            "attention_mask (mbs=1, 1, S/cp=2048, S=2048) bool",
             "rotary_pos_emb (S/cp=2048, 1, 1, 128) fp32",
         )
         assert p.num_microbatches == 32 // (1 * 2)
 
     def test_context_parallel_slices_the_sequence(self):
-        """cp 2 halves the rows of every static input; the mask keeps the full key length."""
+        """cp 2 halves the rows of every static input; on megatron-core's helper the mask keeps the full key
+        length."""
         p = plan(qwen3_8b(cp=2, tp=2), LANGUAGE_ON, mbs=1, gbs=32)
         assert p.language.static_inputs[0].describe() == "hidden_states (S/cp=1024, mbs=1, H=4096) bf16"
+        assert p.language.static_inputs[1].describe() == "rotary_pos_emb (S/cp=1024, 1, 1, 128) fp32"
+        assert p.language.padded.width == 1024
+        partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
+        p = plan(qwen3_8b(cp=2, tp=2), partial, mbs=1, gbs=32)
+        assert p.language.padded is None and p.language.engine_source == "language.modules captures parts of layers"
         assert p.language.static_inputs[1].describe() == "attention_mask (mbs=1, 1, S/cp=1024, S=2048) bool"
         assert p.language.static_inputs[1].shape == (1, 1, 1024, 2048)
 
@@ -261,23 +267,27 @@ class TestLanguage:
         p = plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}}))
         assert len(p.language.static_inputs) == 1
 
-    def test_pipeline_graphs_one_per_microbatch(self):
-        """With pp > 1 every layer needs one graph per micro-batch of the step."""
+    def test_pipeline_graphs_one_per_microbatch_in_flight(self):
+        """With pp > 1 every layer needs one graph per micro-batch a stage keeps in flight (1F1B: pp at most) on the
+        ladder; megatron-core's helper captures one per micro-batch of the step."""
         p = plan(qwen3_8b(tp=2, pp=4), LANGUAGE_ON, world=8, mbs=1, gbs=32)
         assert p.language_layout.dp == 1 and p.num_microbatches == 32
         assert p.language.layers_per_stage == (9, 9, 9, 9)
         # A GPT stage merges nothing between its layers: one run of 9 layers, one graph per micro-batch.
         assert p.language.segments_per_stage == (((0, 9),),) * 4
-        assert p.language.graphs_per_unit == 32 and p.language.graphs_per_stage == (32,) * 4
+        assert p.language.graphs_per_unit == 4 and p.language.graphs_per_stage == (4,) * 4
         per_layer = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "layer"}})
         p = plan(qwen3_8b(tp=2, pp=4), per_layer, world=8, mbs=1, gbs=32)
+        assert p.language.graphs_per_unit == 4 and p.language.graphs_per_stage == (36,) * 4
+        partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn", "mlp"]}})
+        p = plan(qwen3_8b(tp=2, pp=4), partial, world=8, mbs=1, gbs=32)
         assert p.language.graphs_per_unit == 32 and p.language.graphs_per_stage == (288,) * 4
 
     def test_explicit_microbatch_count(self):
         """``num_microbatches`` is used when the global batch is unknown."""
         cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "num_microbatches": 6})
         p = plan(qwen3_8b(tp=2, pp=4), cfg, world=8, mbs=1, gbs=None)
-        assert p.num_microbatches == 6 and p.language.graphs_per_stage == (6,) * 4
+        assert p.num_microbatches == 6 and p.language.graphs_per_stage == (4,) * 4
 
     def test_uneven_pipeline_split(self):
         """First/last stage sizes as Megatron-Core's ``get_num_layers_to_build`` places them."""
@@ -587,7 +597,10 @@ class TestDescribe:
         assert "busiest rank" not in off
         cfg = cuda_graph_config_from_dict({"language": {"enabled": True}, "on_capture_error": "raise"})
         pipe = plan(qwen3_8b(tp=2, pp=4), cfg, mbs=1, gbs=32).describe()
-        assert "language: 9+9+9+9 layers on 4 stages in 1+1+1+1 runs x 32 graphs each" in pipe and "stops" in pipe
+        assert (
+            "language: 9+9+9+9 layers on 4 stages in 1+1+1+1 runs x 4 graphs each (in flight)" in (pipe)
+            and "stops" in pipe
+        )
         assert "  runs of layers: 0-8 on stage 0; nothing runs between the layers" in pipe.splitlines()
         assert max(map(len, pipe.splitlines())) <= 119
 

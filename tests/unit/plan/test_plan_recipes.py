@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_cudagraph.capture.from_plan import language_helper_arguments, vision_helper_arguments
+from bridge_cudagraph.capture.from_plan import padded_helper_arguments, vision_helper_arguments
 from bridge_cudagraph.plan.from_config import plan_config
 from bridge_cudagraph.recipe.load import load_recipe
 
@@ -37,7 +37,6 @@ CASES = {
             language_warmup=3,
             language_inputs=[
                 ("hidden_states", (256, 2, 512), "bf16"),
-                ("attention_mask", (2, 1, 256, 256), "bool"),
                 ("rotary_pos_emb", (256, 2, 1, 64), "fp32"),
             ],
             # 256 x 2**2 x 2 = 2048 patches at most; rungs multiples of 64, <= 1.25x apart above 5 x 64
@@ -71,7 +70,6 @@ CASES = {
             language_warmup=3,
             language_inputs=[
                 ("hidden_states", (2048, 1, 4096), "bf16"),
-                ("attention_mask", (1, 1, 2048, 2048), "bool"),
                 ("rotary_pos_emb", (2048, 1, 1, 128), "fp32"),
             ],
         ),
@@ -84,12 +82,11 @@ CASES = {
             mbs=2,
             gbs=128,
             num_mb=32,
-            language_graphs_per_stage=(4 * 32, 1 * 32),  # runs 0, 1, 2, 3-17 on stage 0, 0-17 on stage 1; x 32 mb
+            language_graphs_per_stage=(4 * 2, 1 * 2),  # runs 0, 1, 2, 3-17 on stage 0, 0-17 on stage 1; x 2 in flight
             language_merges=3,
             language_warmup=3,
             language_inputs=[
                 ("hidden_states", (4096, 2, 4096), "bf16"),
-                ("attention_mask", (2, 1, 4096, 4096), "bool"),
                 ("rotary_pos_emb", (4096, 2, 1, 128), "fp32"),
             ],
             # 4096 x 2**2 x 2 = 32768 patches at most, down to 32768 / 64 = 512; multiples of 64, <= 1.25x apart
@@ -148,17 +145,18 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
     """What :meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` passes the helpers'
     constructors (the GPU test ``tests/gpu/test_plan_helpers.py`` checks the constructed helpers hold them)."""
     plan, want = planned
-    language = language_helper_arguments(plan)
-    seq = want["language_inputs"][1][1][3]  # the mask's key length: the full sequence
+    language = padded_helper_arguments(plan)  # whole dense layers of padded rows: the ladder
+    hidden = want["language_inputs"][0][1]  # (S/cp, mbs, H)
     assert language == {
-        "seq_length": seq,
-        "micro_batch_size": want["mbs"],
-        "num_microbatches": want["num_mb"],
+        "rows": want["mbs"],
+        "width": hidden[0],
+        "copies": plan.language.graphs_per_unit,
         "static_inputs": plan.language.static_inputs,
         "on_capture_error": "eager",
         "graph_unit": "deepstack",  # graph_unit unset: runs of layers between deepstack merges
         "deepstack_merges": want["language_merges"],
     }
+    assert plan.language.graphs_per_unit == (1 if plan.facts.pp == 1 else min(plan.facts.pp, want["num_mb"]))
     if "budgets" in want:
         vision = vision_helper_arguments(plan)
         assert vision == {

@@ -1,0 +1,162 @@
+"""What the ladder's two language forms share: packed rows (:mod:`bridge_cudagraph.capture.packed`) and padded rows
+(:mod:`bridge_cudagraph.capture.padded`) capture the same decoder layers in the same segments, replay through the same
+decoder mixin (:mod:`bridge_cudagraph.capture.block_replay`), and keep their rungs, copies, pools, manual hooks and
+fallback counts the same way; they differ in their static inputs and in how a micro-batch is fitted to a rung.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from bridge_cudagraph.capture.block_replay import (
+    check_merges,
+    install_ladder_replay,
+    remove_ladder_replay,
+    replay_segments,
+)
+from bridge_cudagraph.capture.common import (
+    BudgetLadder,
+    CaptureError,
+    CaptureStats,
+    GraphCopies,
+    LadderHelper,
+    StaticBuffers,
+    reset_graph_sets,
+)
+from bridge_cudagraph.host.compat import param_gather_hook_maker
+from bridge_cudagraph.plan.budgets import language_segments
+
+logger = logging.getLogger("bridge_cudagraph")
+
+__all__ = ["LanguageLadder"]
+
+
+class LanguageLadder(LadderHelper):
+    """The language model's decoder layers on the ladder engine, one model chunk per rank.
+
+    Subclasses provide ``_capture_rung(budget, copy, pool)`` and ``forward_block`` (the decoder mixin's question).
+
+    Args:
+        model: The DDP-wrapped model chunks.
+        budgets: The ladder's possible rungs, in tokens.
+        copies: Independent graph sets, one per micro-batch the schedule keeps in flight (1 without a pipeline).
+        num_warmup_iters: TE warmup iterations per callable before capture.
+        on_capture_error: ``"eager"`` or ``"raise"``.
+        graph_unit: ``deepstack`` (one graph per run of layers between deepstack merges) or ``layer``.
+        deepstack_merges: Layers after which a first-stage decoder merges a deepstack feature (the plan's).
+    """
+
+    submodule = "language"
+    tight = False
+    form = ""
+    """How this ladder's micro-batches reach the decoder, for the fallback log (``packed``, ``padded``)."""
+
+    def __init__(
+        self,
+        model: Sequence[torch.nn.Module],
+        *,
+        budgets: Sequence[int],
+        copies: int = 1,
+        num_warmup_iters: int = 3,
+        on_capture_error: str = "eager",
+        graph_unit: str = "layer",
+        deepstack_merges: int = 0,
+    ) -> None:
+        from bridge_cudagraph.capture.language import language_model_of
+
+        self.model = list(model)
+        self.num_warmup_iters = num_warmup_iters
+        self.on_capture_error = on_capture_error
+        decoders = [getattr(language_model_of(chunk), "decoder", None) for chunk in self.model]
+        self.decoders = [d for d in decoders if d is not None and len(d.layers)]
+        if len(self.decoders) > 1:
+            raise CaptureError("the language ladder supports one model chunk per rank (no virtual pipeline)")
+        #: The layer ranges ``[start, end)`` each graph of a set spans, per decoder.
+        self.segments = [
+            language_segments(
+                len(d.layers), deepstack_merges, first_stage=getattr(d, "pre_process", True), unit=graph_unit
+            )
+            for d in self.decoders
+        ]
+        self.copies = GraphCopies(int(copies))
+        self.ladder = BudgetLadder(budgets)
+        #: ``graphs[budget][copy]``.
+        self.graphs: dict[int, list] = {}
+        self._pools: list = []
+        self._statics = [StaticBuffers() for _ in range(self.copies.count)]
+        self._fused_grad_params: list[torch.nn.Parameter] = []
+        self._manual_hooks = False
+        self.stats = CaptureStats(self.submodule, layers=sum(len(d.layers) for d in self.decoders))
+        self._warned: set[str] = set()
+        for decoder in self.decoders:
+            install_ladder_replay(decoder, self)
+
+    def _captured_layers(self) -> list:
+        return list(self.decoders[0].layers) if self.decoders else []
+
+    def _fallback(self, cause: str, detail: str) -> None:
+        """A micro-batch runs eagerly: counted, logged once per cause."""
+        self.stats.eager_fallbacks += 1
+        if cause not in self._warned:
+            self._warned.add(cause)
+            logger.warning(
+                "bridge_cudagraph: a %s language micro-batch runs eagerly (counted in stats): %s", self.form, detail
+            )
+
+    def _prepare_replay(self) -> None:
+        """Before a rung's graphs replay: the parameters whose weight-gradient fusion the graphs do (see
+        :meth:`~bridge_cudagraph.capture.vision.VisionGraphHelper.before_replay`)."""
+        for param in self._fused_grad_params:
+            param.grad_added_to_main_grad = True
+
+    def _replay_layers(self, block, layers, h, statics, *, visual, kwargs: dict) -> torch.Tensor:
+        """The decoder's layers on one rung's graphs (:func:`replay_segments`), with the micro-batch's deepstack
+        merges where the first stage makes them."""
+        deepstack = kwargs.get("deepstack_visual_embeds")
+        merges = len(deepstack) if block.pre_process and deepstack is not None else 0
+        segments = self.segments[self.decoders.index(block)]
+        check_merges(merges, segments)
+        return replay_segments(block, layers, h, statics, segments, merges=merges, visual=visual, deepstack=deepstack)
+
+    def _finish(self, block, h: torch.Tensor) -> torch.Tensor:
+        """What the host's block does after its layers: the final norm (last stage), a viewless output; counted."""
+        from megatron.core.utils import make_viewless_tensor
+
+        if block.final_layernorm is not None:
+            h = block.final_layernorm(h)
+        h = make_viewless_tensor(inp=h, requires_grad=True, keep_graph=True)
+        self.stats.replays += 1
+        return h
+
+    # ------------------------------------------------------------------ lifecycle
+    def _set_manual_hooks(self) -> None:
+        for decoder in self.decoders:
+            chunk = next(c for c in self.model if any(m is decoder for m in c.modules()))
+            for layer in decoder.layers:
+                layer.setup_manual_hooks(param_gather_hook_maker(chunk))
+
+    def delete_cuda_graphs(self) -> None:
+        """Free every graph (TE ``reset()``) before process groups go away; allows re-capture."""
+        reset_graph_sets(self.graphs)
+        self.graphs = {}
+        self._pools = []
+        for statics in self._statics:
+            statics.clear()
+        self.ladder.reset()
+        self.copies.reset()
+        self._fused_grad_params = []
+        for decoder in self.decoders:
+            for layer in decoder.layers:
+                layer.cuda_graph_manual_hooks = []
+        self.stats.graphs = 0
+        gc.collect()
+
+    def uninstall(self) -> None:
+        """Delete the graphs and give the decoders their own class back."""
+        self.delete_cuda_graphs()
+        for decoder in self.decoders:
+            remove_ladder_replay(decoder)
