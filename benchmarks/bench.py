@@ -803,7 +803,8 @@ def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
         objs["full_iteration"] = FullIterationStep(world.language.pp.size(), capture_call(shared.warmup_steps))
 
 
-def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
+def _make_helpers(shared: _Shared, variant: str, objs: dict, plan=None) -> list:
+    """The variant's graph helpers; ours from ``plan`` (default: the provider's own for padded micro-batches)."""
     cfg, world = shared.cfg, shared.world
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
     if variant in UNGRAPHED or variant == FULL_ITERATION:  # the full-iteration graph is the schedule's wrapper
@@ -811,12 +812,13 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict) -> list:
     if is_ours(variant):
         from bridge_cudagraph.testing.plans import plan_for
 
-        plan = plan_for(
-            provider,
-            world_size=torch.distributed.get_world_size(),
-            micro_batch_size=cfg.micro_batch_size,
-            num_microbatches=cfg.num_microbatches,
-        )
+        if plan is None:
+            plan = plan_for(
+                provider,
+                world_size=torch.distributed.get_world_size(),
+                micro_batch_size=cfg.micro_batch_size,
+                num_microbatches=cfg.num_microbatches,
+            )
         from bridge_cudagraph.host import step as step_host  # as CudaGraphCallback.on_train_start installs it
 
         if plan.optimizer_host_cache:

@@ -11,7 +11,8 @@ loss per second, so that is what this benchmark measures, on one GPU, for
   as Bridge builds them, :func:`benchmarks.bench._make_helpers`), padded (they cannot pack);
 * ``ours_padded``: our BSHD language graphs and vision graphs, padded;
 * ``ours_packed``: our packed language graphs (:class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper`
-  on a budget ladder of :func:`~bridge_cudagraph.plan.budgets.derive_language_budgets`) and vision graphs, packed;
+  on a budget ladder of :func:`~bridge_cudagraph.plan.budgets.derive_language_budgets`) and vision graphs, packed,
+  planned and built by the product (:func:`packed_plan`, the provider's ``make_graph_helpers``);
 * ``eager_packed_repeat``: eager_packed again, last (the run-to-run noise floor);
 * the paired phase: eager_packed and ours_packed (or the two variants ``--paired`` names) alive at once, measured
   steps interleaved, where memory allows (:func:`benchmarks.bench.paired_memory_check`).
@@ -558,12 +559,13 @@ def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) ->
     return block
 
 
-def packed_graph_config(cfg: BenchConfig):
-    """ours_packed's block: vision graphs as bench.py's ours (budgets from the data); language off in the block,
-    since the packed language helper is constructed here directly (:func:`_helpers`)."""
+def packed_graph_config(run: _Run) -> CudaGraphConfig:
+    """ours_packed's block: bench.py's ours (vision budgets from the data, failures raised) with the run's language
+    budget ladder; the product plans it for Bridge's Qwen3-VL step (:func:`packed_plan`) and builds its helpers."""
     from bridge_cudagraph.config import LanguageGraphConfig
 
-    return dataclasses.replace(bench.ours_graph_config(cfg), language=LanguageGraphConfig(enabled=False))
+    language = LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets))
+    return dataclasses.replace(bench.ours_graph_config(run.cfg), language=language)
 
 
 def variant_provider(run: _Run, variant: str):
@@ -581,7 +583,7 @@ def variant_provider(run: _Run, variant: str):
         "eager_packed_fused": None,
         CONTROL: None,
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
-        **{name: packed_graph_config(run.cfg) for name in PACKED_GRAPHED},
+        **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
     }
     for name, parts in PADDED_PARTS.items():
         block = blocks["ours_padded"]
@@ -600,26 +602,16 @@ def variant_provider(run: _Run, variant: str):
 
 
 def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
-    """The plan of ours_packed's packed language graphs (the run's budget ladder) and vision graphs on
-    ``provider``'s model, as the product plans Bridge's Qwen3-VL step, with the memory estimate of ``training``
+    """The plan of ``provider``'s own block (:func:`packed_graph_config`: the run's budget ladder, vision graphs) for
+    Bridge's Qwen3-VL step, as ``bridge-cudagraph train`` plans it, with the memory estimate of ``training``
     (:class:`~bridge_cudagraph.plan.memory.TrainingFacts`; None: none); raises
     :class:`~bridge_cudagraph.config.CudaGraphConfigError` where it refuses them."""
-    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.facts import PackingFacts, model_facts
 
-    block = CudaGraphConfig(
-        language=LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets)),
-        vision=VisionGraphConfig(
-            enabled=True,
-            token_budgets=run.cfg.vision_budgets(),
-            max_images_per_microbatch=run.cfg.vision_max_segments(),
-        ),
-        num_microbatches=run.args.num_mb,
-    )
     return build_plan(
         model_facts(provider),
-        block,
+        provider.cuda_graph,
         world_size=1,
         micro_batch_size=run.args.mbs,
         global_batch_size=run.args.mbs * run.args.num_mb,
@@ -630,10 +622,9 @@ def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None)
 
 def refusal(run: _Run, variant: str) -> str | None:
     """Why the plan refuses ``variant`` on this model (its first line), or None. Only the packed graph variants
-    (ours_packed and its levers) ask: their packed language helper is built here directly (:func:`_helpers`), not
-    from a plan, so without this question an MoE model would capture packed whole layers that the product refuses
-    (packed graphs of MoE layers are not supported). The padded variants' plans are built with their helpers, and a
-    recipe variant's when it is loaded; a refusal there fails the variant."""
+    (ours_packed and its levers) ask before they are built, so that a refused variant is recorded as refused (packed
+    graphs of MoE layers are not supported yet) rather than failed. The padded variants' plans are built with their
+    helpers, and a recipe variant's when it is loaded; a refusal there fails the variant."""
     from bridge_cudagraph.config import CudaGraphConfigError
 
     if variant not in PACKED_GRAPHED or run.from_recipe:
@@ -688,9 +679,10 @@ def record_fusion(variant: str, model: list, out: dict) -> int:
 
 
 def _helpers(run: _Run, variant: str, objs: dict) -> list:
-    """The variant's graph helpers, language first: upstream's and ours as bench.py builds them; for a packed graph
-    variant (ours_packed and its levers) the packed language helper on the run's layout, tight packing on unless
-    the variant turns it off (:data:`~benchmarks.useful_tokens_report.TIGHT`), then the provider's vision helper."""
+    """The variant's graph helpers, language first: upstream's as bench.py builds them; ours from the product's plan
+    of the variant's provider (:func:`packed_plan` for a packed graph variant, the provider's padded plan otherwise)
+    through the provider, as ``bridge-cudagraph train`` builds them; then a lever's one change (tight packing off for
+    ours_packed_rows, :data:`~benchmarks.useful_tokens_report.TIGHT`; summing graphs off; megatron-core's helper)."""
     shared = run.shared[FORM[variant]]
     if variant == "upstream_padded":
         return bench._make_helpers(shared, "upstream", objs)
@@ -698,26 +690,16 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         return []
     if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
-    helpers = bench._make_helpers(shared, report.STEP_HOST_OF.get(variant, "ours"), objs)
+    plan = packed_plan(run, objs["provider"]) if variant in PACKED_GRAPHED else None
+    helpers = bench._make_helpers(shared, report.STEP_HOST_OF.get(variant, "ours"), objs, plan=plan)
     if variant in PACKED_GRAPHED:
         from bridge_cudagraph.capture.common import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
-        from bridge_cudagraph.plan.build import deepstack_merges
-        from bridge_cudagraph.plan.facts import model_facts
 
-        # As the product's plan builds it: one graph per run of layers between deepstack merges.
-        merges = deepstack_merges(model_facts(objs["provider"]))
-        # Tight packing as the plan turns it on at pp 1 without sequence parallelism (its lengths need
-        # fewer_host_waits, which bench's plan installs); ours_packed_rows turns it off.
-        helper = PackedLanguageGraphHelper(
-            objs["model"],
-            layout=run.layout,
-            on_capture_error="raise",
-            graph_unit="deepstack",
-            deepstack_merges=merges,
-            tight=variant in TIGHT,
-        )
-        helpers.insert(0, helper)
+        # The product's helpers from the product's plan; a lever changes one thing of them after.
+        if not isinstance(helpers[0], PackedLanguageGraphHelper) or not plan.language.packed.tight:
+            raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
+        helpers[0].tight = variant in TIGHT  # ours_packed_rows: tight packing off
         if variant in report.AUTOGRAD_GRADS:
             for ladder in helpers:
                 if isinstance(ladder, LadderHelper):

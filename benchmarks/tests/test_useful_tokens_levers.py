@@ -380,3 +380,16 @@ def test_the_autograd_grads_variant_is_checked_to_leave_its_gradients_to_autogra
         check_param_grads("ours_packed", {**summed, "vision": {"param_grads_summed": 0}})
     with pytest.raises(RuntimeError, match=variant):
         check_param_grads(variant, summed)
+
+
+def test_packed_variants_are_planned_and_built_by_the_product():
+    """ours_packed's helpers come from the product's plan of the variant's own provider (language packed on the run's
+    ladder, vision, tight packing on, runs of layers between deepstack merges), as ``bridge-cudagraph train`` plans
+    Bridge's Qwen3-VL step: nothing is constructed beside the plan."""
+    run = _run()
+    provider = useful_tokens.variant_provider(run, "ours_packed")
+    plan = useful_tokens.packed_plan(run, provider)
+    packed = plan.language.packed
+    assert provider.cuda_graph.language.enabled and packed is not None
+    assert packed.token_budgets == tuple(run.layout.budgets) and packed.tight
+    assert plan.language.graph_unit == "deepstack" and plan.vision is not None and plan.vision.enabled

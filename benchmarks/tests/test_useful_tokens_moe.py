@@ -62,8 +62,8 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
 ):
     """Every variant's provider is the MoE class with the model's experts, top-k and depth, the photo processor's ids
     and the run's sequence; eager: no graphs; ours_padded: language graphs over attn + router + preprocess and
-    vision graphs on the data's budgets, which the plan accepts (one graph set per layer); ours_packed: vision only
-    in the block (its packed language helper is made by the benchmark, and refused for MoE)."""
+    vision graphs on the data's budgets, which the plan accepts (one graph set per layer); ours_packed: language on the
+    run's packed ladder and vision, which the product's plan refuses for MoE layers."""
     from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
     from bridge_cudagraph.testing.plans import plan_for
 
@@ -88,8 +88,8 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
     assert plan.language.enabled and plan.language.packed is None and plan.language.graph_unit == "layer"
     assert plan.language.modules == ("attn", "moe_router", "moe_preprocess")
     assert plan.language.captured_per_stage == (layers,) and plan.vision is not None
-    packed = providers["ours_packed"].cuda_graph
-    assert not packed.language.enabled and packed.vision.enabled
+    packed = providers["ours_packed"].cuda_graph  # planned by the product, which refuses it on MoE layers
+    assert packed.language.enabled and packed.language.token_budgets and packed.vision.enabled
 
 
 def test_the_30b_a3b_shape_is_bridges_own_provider_at_reduced_depth():
@@ -160,7 +160,7 @@ def test_dense_models_are_not_refused_and_keep_their_providers(model):
     before = {
         "eager_packed": bench.variant_provider(run.cfg, "eager", **IDS),
         "ours_padded": bench.variant_provider(run.cfg, "ours", **IDS),
-        "ours_packed": bench.make_provider(run.cfg, useful_tokens.packed_graph_config(run.cfg), **IDS),
+        "ours_packed": bench.make_provider(run.cfg, useful_tokens.packed_graph_config(run), **IDS),
     }
     for variant, old in before.items():
         new = useful_tokens.variant_provider(run, variant)
