@@ -1,7 +1,8 @@
 """Bridge providers with the ``cuda_graph`` block: the mixin composed in front of the host's classes.
 
-``CudaGraphGPTModelProvider``, ``CudaGraphQwen3VLModelProvider`` and ``CudaGraphQwen3VLMoEModelProvider`` are
-the named ones; :func:`with_cuda_graphs` turns any provider *instance* (e.g. what a Bridge recipe function or
+``CudaGraphGPTModelProvider``, ``CudaGraphQwen3VLModelProvider``, ``CudaGraphQwen3VLMoEModelProvider``,
+``CudaGraphQwen35VLModelProvider`` and ``CudaGraphQwen35VLMoEModelProvider`` are the named ones;
+:func:`with_cuda_graphs` turns any provider *instance* (e.g. what a Bridge recipe function or
 ``AutoBridge.to_megatron_provider`` returns: ``Qwen3ModelProvider``, ``LlamaModelProvider``...) into the
 matching graph-enabled class, keeping every field.
 """
@@ -15,15 +16,16 @@ from typing import Any
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvider, Qwen3VLMoEModelProvider
+from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLModelProvider, Qwen35VLMoEModelProvider
 
 from bridge_cudagraph.bridge.mixin import CudaGraphProviderMixin, provider_fields
 
 
 class _VisionProviderMixin:
-    """Qwen3-VL specifics: a vision encoder exists."""
+    """Qwen3-VL specifics: a vision encoder exists (Bridge's ``Qwen3VLModel``, which Qwen3.5-VL builds too)."""
 
     def has_vision_encoder(self) -> bool:
-        """Qwen3-VL builds a vision encoder on the first pipeline stage."""
+        """Qwen3-VL and Qwen3.5-VL build a vision encoder on the first pipeline stage."""
         return True
 
 
@@ -42,11 +44,32 @@ class CudaGraphQwen3VLMoEModelProvider(_VisionProviderMixin, CudaGraphProviderMi
     """Qwen3-VL MoE provider with the ``cuda_graph`` block."""
 
 
+@dataclass
+class CudaGraphQwen35VLModelProvider(_VisionProviderMixin, CudaGraphProviderMixin, Qwen35VLModelProvider):
+    """Dense Qwen3.5-VL provider with the ``cuda_graph`` block.
+
+    Bridge's ``Qwen35VLModelProvider`` is a ``GPTModelProvider`` (not a Qwen3-VL provider) whose ``provide()``
+    builds Bridge's ``Qwen3VLModel``: the vision encoder is Bridge's ``Qwen3VLVisionModel`` without deepstack, the
+    decoder mixes gated-delta-net and gated standard attention layers. Which graphs the plan can give it is
+    :func:`bridge_cudagraph.plan.checks.check_linear_attention`'s decision.
+    """
+
+
+@dataclass
+class CudaGraphQwen35VLMoEModelProvider(_VisionProviderMixin, CudaGraphProviderMixin, Qwen35VLMoEModelProvider):
+    """Qwen3.5-VL MoE provider with the ``cuda_graph`` block (see :class:`CudaGraphQwen35VLModelProvider`)."""
+
+
 _NAMED = {
     GPTModelProvider: CudaGraphGPTModelProvider,
     Qwen3VLModelProvider: CudaGraphQwen3VLModelProvider,
     Qwen3VLMoEModelProvider: CudaGraphQwen3VLMoEModelProvider,
+    Qwen35VLModelProvider: CudaGraphQwen35VLModelProvider,
+    Qwen35VLMoEModelProvider: CudaGraphQwen35VLMoEModelProvider,
 }
+
+#: The host provider classes that build Bridge's ``Qwen3VLModel`` (a vision encoder on the first stage).
+_VISION_PROVIDERS = (Qwen3VLModelProvider, Qwen3VLMoEModelProvider, Qwen35VLModelProvider, Qwen35VLMoEModelProvider)
 
 
 @functools.cache
@@ -58,10 +81,11 @@ def cuda_graph_class_for(cls: type) -> type:
         return _NAMED[cls]
     if not issubclass(cls, GPTModelProvider):
         raise TypeError(
-            f"{cls.__name__} is not a GPTModelProvider; bridge_cudagraph supports GPT-family and Qwen3-VL providers"
+            f"{cls.__name__} is not a GPTModelProvider; bridge_cudagraph supports GPT-family, Qwen3-VL and Qwen3.5-VL "
+            "providers"
         )
     bases: tuple[type, ...] = (CudaGraphProviderMixin, cls)
-    if issubclass(cls, Qwen3VLModelProvider | Qwen3VLMoEModelProvider):
+    if issubclass(cls, _VISION_PROVIDERS):
         bases = (_VisionProviderMixin, *bases)
     composed = type(
         f"CudaGraph{cls.__name__}", bases, {"__module__": __name__, "__doc__": f"{cls.__name__} + cuda_graph"}

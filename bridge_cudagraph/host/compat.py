@@ -247,6 +247,17 @@ def apex_gradient_accumulation_fusion_available() -> bool:
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
+def linear_attention_kernels_available() -> bool:
+    """Whether flash-linear-attention (the ``fla`` package) is importable: megatron-core 0.19.2's
+    ``GatedDeltaNet`` (``ssm/gated_delta_net``, the linear attention of Qwen3.5's
+    ``experimental_attention_variant="gated_delta_net"``) takes its ``causal_conv1d`` and ``chunk_gated_delta_rule``
+    from it and raises ``ImportError`` at construction without it (``_GDNBase.__init__``); neither megatron-core
+    nor Bridge declares it as a dependency."""
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
+
+
 def _release(version: str) -> str:
     """``major.minor.`` of a version string (``0.19.2`` -> ``0.19.``)."""
     return ".".join(version.split(".")[:2]) + "."

@@ -58,7 +58,8 @@ def check_stack(config: Any) -> None:
     ``model.gradient_accumulation_fusion=true`` without APEX on a provider that is not this plugin's: Bridge enables
     it whenever Transformer Engine imports, but megatron-core's non-TE output layer then raises deep inside model
     construction (see :func:`bridge_cudagraph.host.compat.apex_gradient_accumulation_fusion_available`). This plugin's
-    providers build it (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`)."""
+    providers build it (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`). Linear-attention layers without
+    their kernels: :func:`check_linear_attention_kernels`."""
     from bridge_cudagraph.host.wgrad_fusion import fuses_te_layers_only
 
     # Read off the class (the mixin's ClassVar), not by importing the mixin: it imports this module.
@@ -69,6 +70,23 @@ def check_stack(config: Any) -> None:
             "machine lacks (Bridge turns the fusion on whenever Transformer Engine imports); set "
             "model.gradient_accumulation_fusion=false, build the model with a bridge_cudagraph provider (its "
             "Transformer Engine layers fuse without APEX), or install APEX with its CUDA extensions"
+        )
+    check_linear_attention_kernels(config.model)
+
+
+def check_linear_attention_kernels(model: Any) -> None:
+    """A model with linear-attention layers (``model.experimental_attention_variant="gated_delta_net"``, Qwen3.5)
+    on a stack without flash-linear-attention: megatron-core's ``GatedDeltaNet`` raises ``ImportError`` at
+    construction (:func:`bridge_cudagraph.host.compat.linear_attention_kernels_available`), graphs or not; part of
+    :func:`check_stack`, since ``validate`` and ``plan`` may run for another machine."""
+    from bridge_cudagraph.host.compat import linear_attention_kernels_available
+
+    variant = getattr(model, "experimental_attention_variant", None)
+    if variant == "gated_delta_net" and not linear_attention_kernels_available():
+        raise CudaGraphConfigError(
+            f"model.experimental_attention_variant='{variant}' builds megatron-core's GatedDeltaNet layers, whose "
+            "kernels come from flash-linear-attention (import name fla), which this machine lacks (megatron-core "
+            "raises ImportError at construction); install flash-linear-attention"
         )
 
 
@@ -470,8 +488,8 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
     :func:`build_plan` and by the provider's ``finalize()`` (which must refuse them before a model is built).
 
     Raises:
-        CudaGraphConfigError: Vision graphs or the vision fusion on a model without an encoder, or a virtual
-            pipeline with Qwen3-VL.
+        CudaGraphConfigError: Vision graphs or the vision fusion on a model without an encoder, a virtual
+            pipeline with Qwen3-VL, or language graphs over linear-attention layers (:func:`check_linear_attention`).
         LayoutError: The vision tensor-parallel size does not divide the encoder's heads
             (:func:`~bridge_cudagraph.parallel.layout.check_vision_heads`, also reached by the group derivation).
     """
@@ -494,10 +512,42 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
             "forward (mRoPE positions, deepstack merge); leave it null",
             fix=("model.cuda_graph.fewer_host_waits=null",),
         )
+    check_linear_attention(facts, cfg)
     if v is not None:
         check_vision_heads(cfg.vision.tensor_parallel_size, v.num_heads)
     if v is not None and cfg.vision.enabled and cfg.vision.token_budgets is not None:
         check_token_budgets(list(cfg.vision.token_budgets), v.spatial_merge_size, "model.cuda_graph.vision")
+
+
+def check_linear_attention(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
+    """Language graphs over linear-attention layers (megatron-core's ``GatedDeltaNet``, Qwen3.5's
+    ``experimental_attention_variant="gated_delta_net"``): refused, packed or padded, since no graph of such a layer
+    is proven (megatron-core 0.19.2, flash-linear-attention 0.5.2, read in their source):
+
+    * packed micro-batches: ``_GDNBase._resolve_cu_seqlens`` reads ``cu_seqlens[-1]`` on the host and branches on
+      the per-sequence lengths, ``GatedDeltaNet.forward`` compares ``cu_seqlens_q`` with ``cu_seqlens_kv`` on the
+      host, and the kernels it calls (``causal_conv1d``, ``chunk_gated_delta_rule``) size their launch grids from
+      the values of ``cu_seqlens`` (``prepare_chunk_indices``: one chunk per started 64 tokens of each sequence), so
+      a graph would keep the captured micro-batch's grid; their ``tensor_cache`` keys on the tensor's identity, so
+      a static ``cu_seqlens`` refilled in place would even be read stale outside a graph;
+    * padded micro-batches: nothing reads the host, but the Triton kernels autotune on their first calls and no run
+      of a captured layer is recorded against its eager twin.
+
+    The standard attention layers between them are not captured alone: a graph spans a run of whole layers, and
+    the run would stop at every linear-attention layer. The vision graphs are unaffected.
+    """
+    layers = facts.linear_attention_layers
+    if not (cfg.language.enabled and layers):
+        return
+    where = "model.cuda_graph.language"
+    raise CudaGraphConfigError(
+        f"{where}.enabled=true on {facts.provider}: {len(layers)} of its {facts.num_layers} decoder layers are "
+        "gated-delta-net layers (model.experimental_attention_variant='gated_delta_net'), whose packed forward reads "
+        "cu_seqlens on the host (megatron-core _GDNBase._resolve_cu_seqlens) and whose kernels size their launch "
+        "grids from its values (flash-linear-attention prepare_chunk_indices); no language graph over them is "
+        f"proven, packed or padded; set {where}.enabled=false (the vision graphs stay)",
+        fix=(f"{where}.enabled=false",),
+    )
 
 
 def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, mbs: int) -> None:

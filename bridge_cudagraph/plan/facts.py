@@ -97,6 +97,10 @@ class ModelFacts:
         vocab_size: Vocabulary rows of the embedding and the output layer (0: unknown).
         share_embeddings_and_output_weights: The output layer reuses the embedding's weights.
         qk_layernorm: Queries and keys are normalised per head (Qwen3): their pre-norm values are saved too.
+        linear_attention_pattern: 1 for a linear-attention layer (megatron-core's ``GatedDeltaNet``, Qwen3.5's
+            ``experimental_attention_variant="gated_delta_net"``), 0 for a standard attention layer, per decoder
+            layer, as megatron-core's ``get_linear_attention_pattern`` builds the block (empty when every layer is
+            standard attention).
     """
 
     provider: str
@@ -133,11 +137,17 @@ class ModelFacts:
     vocab_size: int = 0
     share_embeddings_and_output_weights: bool = False
     qk_layernorm: bool = False
+    linear_attention_pattern: tuple[int, ...] = ()
 
     @property
     def rotary_dim(self) -> int:
         """Width of the rotary table each attention layer reads (``kv_channels x rotary_percent``)."""
         return int(self.kv_channels * self.rotary_percent)
+
+    @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        """The decoder layers (0-based, whole model) that are linear-attention (gated-delta-net) layers."""
+        return tuple(i for i, linear in enumerate(self.linear_attention_pattern) if linear)
 
 
 def _moe_layer_pattern(freq: Any, num_layers: int, num_experts: int | None) -> tuple[int, ...]:
@@ -254,7 +264,31 @@ def model_facts(provider: Any, *, mixed_precision: Any = None) -> ModelFacts:
         vocab_size=int(getattr(provider, "vocab_size", 0) or 0),
         share_embeddings_and_output_weights=bool(getattr(provider, "share_embeddings_and_output_weights", False)),
         qk_layernorm=bool(getattr(provider, "qk_layernorm", False)),
+        linear_attention_pattern=_linear_attention_pattern(provider),
     )
+
+
+def _linear_attention_pattern(provider: Any) -> tuple[int, ...]:
+    """Which decoder layers are linear attention, read by megatron-core's own ``get_linear_attention_pattern``
+    (``experimental_attention_variant_module_specs.py``: ``linear_attention_freq`` N puts one standard attention
+    layer after every N-1 linear ones, a list is given per layer); empty for a model without a linear-attention
+    variant."""
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_linear_attention_pattern,
+        is_linear_attention_variant,
+    )
+
+    if not is_linear_attention_variant(getattr(provider, "experimental_attention_variant", None)):
+        return ()
+    try:
+        pattern = get_linear_attention_pattern(provider)
+    except (AssertionError, ValueError) as error:
+        raise CudaGraphConfigError(
+            f"model.linear_attention_freq={getattr(provider, 'linear_attention_freq', None)!r} does not give one "
+            f"attention kind per layer of model.num_layers={provider.num_layers} ({error}); give an int N (one "
+            "standard attention layer every N) or one 0/1 per layer"
+        ) from error
+    return tuple(int(x) for x in pattern)
 
 
 def _int_or_none(value: Any) -> int | None:
