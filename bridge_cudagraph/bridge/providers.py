@@ -19,6 +19,7 @@ from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvide
 from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLModelProvider, Qwen35VLMoEModelProvider
 
 from bridge_cudagraph.bridge.mixin import CudaGraphProviderMixin, provider_fields
+from bridge_cudagraph.host import compat
 
 
 class _VisionProviderMixin:
@@ -44,8 +45,32 @@ class CudaGraphQwen3VLMoEModelProvider(_VisionProviderMixin, CudaGraphProviderMi
     """Qwen3-VL MoE provider with the ``cuda_graph`` block."""
 
 
+class _StageFromCollectionMixin:
+    """Qwen3.5-VL specifics: its language block spec is built for this rank's pipeline stage, read off the collection
+    Bridge passed, not off ``parallel_state``."""
+
+    def build_language_spec(self, vp_stage=None, pp_rank=None):
+        """Bridge's ``Qwen35VLModelProvider.build_language_spec`` with ``pp_rank`` filled in from the collection
+        Bridge's ``provide_distributed_model(pg_collection=...)`` stored, where the caller gives none.
+
+        Bridge's ``provide()`` (and ``build_mtp_spec``) call it without ``pp_rank``; megatron-core's
+        ``get_transformer_block_with_experimental_attention_variant_spec`` then asks ``parallel_state`` for the rank
+        (``get_transformer_layer_offset``, ``get_num_layers_to_build``), which raises under
+        ``dist.use_decentralized_pg=true``, where ``parallel_state`` is never initialised: no Qwen3.5-VL model could be
+        built there. Where ``parallel_state`` is initialised its pipeline group is the collection's, so the rank is
+        the one it would read; with no collection stored the call is the host's, unchanged.
+        """
+        if pp_rank is None:
+            pp = getattr(compat.provider_pg_collection(self), "pp", None)
+            if pp is not None:
+                pp_rank = pp.rank()
+        return super().build_language_spec(vp_stage=vp_stage, pp_rank=pp_rank)
+
+
 @dataclass
-class CudaGraphQwen35VLModelProvider(_VisionProviderMixin, CudaGraphProviderMixin, Qwen35VLModelProvider):
+class CudaGraphQwen35VLModelProvider(
+    _VisionProviderMixin, _StageFromCollectionMixin, CudaGraphProviderMixin, Qwen35VLModelProvider
+):
     """Dense Qwen3.5-VL provider with the ``cuda_graph`` block.
 
     Bridge's ``Qwen35VLModelProvider`` is a ``GPTModelProvider`` (not a Qwen3-VL provider) whose ``provide()``
@@ -56,7 +81,9 @@ class CudaGraphQwen35VLModelProvider(_VisionProviderMixin, CudaGraphProviderMixi
 
 
 @dataclass
-class CudaGraphQwen35VLMoEModelProvider(_VisionProviderMixin, CudaGraphProviderMixin, Qwen35VLMoEModelProvider):
+class CudaGraphQwen35VLMoEModelProvider(
+    _VisionProviderMixin, _StageFromCollectionMixin, CudaGraphProviderMixin, Qwen35VLMoEModelProvider
+):
     """Qwen3.5-VL MoE provider with the ``cuda_graph`` block (see :class:`CudaGraphQwen35VLModelProvider`)."""
 
 
@@ -70,6 +97,8 @@ _NAMED = {
 
 #: The host provider classes that build Bridge's ``Qwen3VLModel`` (a vision encoder on the first stage).
 _VISION_PROVIDERS = (Qwen3VLModelProvider, Qwen3VLMoEModelProvider, Qwen35VLModelProvider, Qwen35VLMoEModelProvider)
+#: The host provider classes whose language spec is a per-layer block spec built for one pipeline stage.
+_HYBRID_PROVIDERS = (Qwen35VLModelProvider, Qwen35VLMoEModelProvider)
 
 
 @functools.cache
@@ -85,6 +114,8 @@ def cuda_graph_class_for(cls: type) -> type:
             "providers"
         )
     bases: tuple[type, ...] = (CudaGraphProviderMixin, cls)
+    if issubclass(cls, _HYBRID_PROVIDERS):
+        bases = (_StageFromCollectionMixin, *bases)
     if issubclass(cls, _VISION_PROVIDERS):
         bases = (_VisionProviderMixin, *bases)
     composed = type(

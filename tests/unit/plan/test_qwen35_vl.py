@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from _dist import run_world
 from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvider
 from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLModelProvider, Qwen35VLMoEModelProvider
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
@@ -107,6 +108,43 @@ def test_a_subclass_of_a_qwen35_vl_provider_is_composed_with_the_vision_encoder(
     composed = cuda_graph_class_for(MyQwen35)
     assert issubclass(composed, MyQwen35) and composed.__name__ == "CudaGraphMyQwen35"
     assert composed.has_vision_encoder(None)
+
+
+def _language_spec_under_explicit_groups(rank: int, world: int) -> dict:
+    """On one gloo rank with the collection Bridge builds under ``dist.use_decentralized_pg=true`` and no
+    ``parallel_state``: Bridge's provider and ours asked for the language block spec, as ``provide()`` asks."""
+    from _dist import bridge_collection, no_parallel_state
+
+    from bridge_cudagraph.testing.world import parallel_state_untouched
+
+    host = tiny_qwen35()
+    pgc = bridge_collection({})
+    host._pg_collection = pgc  # what Bridge's provide_distributed_model stores
+    try:
+        host.build_language_spec()
+        bridge_error = None
+    except AssertionError as error:
+        bridge_error = str(error)
+    ours = with_cuda_graphs(host)
+    with no_parallel_state():
+        spec = ours.build_language_spec()
+    return {
+        "bridge_error": bridge_error,
+        "attention": [layer.submodules.self_attention.module.__name__ for layer in spec.layer_specs],
+        "untouched": parallel_state_untouched(),
+    }
+
+
+@pytest.mark.slow
+def test_ours_builds_the_hybrid_block_spec_under_explicit_groups_where_bridges_cannot():
+    """Bridge's ``provide()`` asks megatron-core for the block spec without a pipeline rank, which megatron-core then
+    reads from ``parallel_state``; ours reads it off the collection, and the layers are the ones the facts name."""
+    (result,) = run_world(1, _language_spec_under_explicit_groups)
+    assert result["bridge_error"] == "pipeline_model parallel group is not initialized"
+    linear = model_facts(tiny_qwen35()).linear_attention_layers
+    assert [i for i, name in enumerate(result["attention"]) if name == "GatedDeltaNet"] == list(linear)
+    assert {name for i, name in enumerate(result["attention"]) if i not in linear} == {"Qwen3VLSelfAttention"}
+    assert result["untouched"]
 
 
 # ------------------------------------------------------------------------------------------------------- facts
