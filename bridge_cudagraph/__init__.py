@@ -32,6 +32,8 @@ _EXPORTS = {
     "CudaGraphGPTModelProvider": "bridge_cudagraph.bridge.providers",
     "CudaGraphQwen3VLModelProvider": "bridge_cudagraph.bridge.providers",
     "CudaGraphQwen3VLMoEModelProvider": "bridge_cudagraph.bridge.providers",
+    "CudaGraphQwen35VLModelProvider": "bridge_cudagraph.bridge.providers",
+    "CudaGraphQwen35VLMoEModelProvider": "bridge_cudagraph.bridge.providers",
     "with_cuda_graphs": "bridge_cudagraph.bridge.providers",
     "LanguageGraphHelper": "bridge_cudagraph.capture.language",
     "VisionGraphHelper": "bridge_cudagraph.capture.vision",

@@ -83,6 +83,9 @@ def qwen35_config(*, language: bool, vision: bool = True, moe: bool = False, **o
     ],
 )
 def test_bridges_qwen35_vl_providers_map_to_the_named_classes(host, ours):
+    import bridge_cudagraph
+
+    assert getattr(bridge_cudagraph, ours.__name__) is ours
     assert cuda_graph_class_for(host) is ours
     assert issubclass(ours, host)
     assert cuda_graph_class_for(ours) is ours
