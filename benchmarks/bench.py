@@ -213,14 +213,20 @@ def make_provider(cfg: BenchConfig, cuda_graph=None, **overrides: Any):
 def ours_graph_config(
     cfg: BenchConfig,
     vision_graph_unit: str | None = None,
-    optimizer_host_cache: bool | None = None,
-    fewer_host_waits: bool | None = None,
+    cached_walks: dict[str, bool] | None = None,
+    forward: dict[str, bool] | None = None,
     language_graph_unit: str | None = None,
 ):
     """Ours: language and vision graphs, budgets from the data, failures raised (never timed as eager);
-    ``vision_graph_unit``, ``optimizer_host_cache``, ``fewer_host_waits`` and ``language_graph_unit`` as those settings
-    of ``model.cuda_graph`` (None: the product's defaults)."""
-    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+    ``vision_graph_unit``, ``cached_walks``, ``forward`` and ``language_graph_unit`` as those settings of
+    ``model.cuda_graph`` (None: the product's defaults)."""
+    from bridge_cudagraph.config import (
+        CachedWalksConfig,
+        CudaGraphConfig,
+        ForwardConfig,
+        LanguageGraphConfig,
+        VisionGraphConfig,
+    )
 
     return CudaGraphConfig(
         language=LanguageGraphConfig(enabled=True, graph_unit=language_graph_unit),
@@ -232,8 +238,8 @@ def ours_graph_config(
         ),
         num_microbatches=cfg.num_microbatches,
         on_capture_error="raise",
-        optimizer_host_cache=optimizer_host_cache,
-        fewer_host_waits=fewer_host_waits,
+        cached_walks=CachedWalksConfig(**(cached_walks or {})),
+        forward=ForwardConfig(**(forward or {})),
     )
 
 
@@ -249,8 +255,8 @@ def variant_provider(cfg: BenchConfig, variant: str, **overrides: Any):
         graphs = ours_graph_config(
             cfg,
             lever.get("vision_graph_unit"),
-            lever.get("optimizer_host_cache"),
-            lever.get("fewer_host_waits"),
+            lever.get("cached_walks"),
+            lever.get("forward"),
             lever.get("language_graph_unit"),
         )
         if "gradient_accumulation_fusion" in lever:
@@ -821,19 +827,18 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict, plan=None) -> list:
             )
         from bridge_cudagraph.host import step as step_host  # as CudaGraphCallback.on_train_start installs it
 
-        if plan.optimizer_host_cache:
+        if plan.cached_walks.grad_finalize:
             from bridge_cudagraph.testing.parity import prepare_finalize
 
             prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
-        finalize = OURS_VARIANTS[variant].get("finalize_listing") is not False
-        installed = step_host.install_planned(plan, model, optimizer, finalize=finalize)
+        installed = step_host.install_planned(plan, model, optimizer)
         off = OURS_VARIANTS[variant].get("forward_off", ())
-        if off:  # the lever's mixins of fewer_host_waits taken off alone (names in bridge_cudagraph.host.forward)
+        if off:  # the lever's mixins of model.cuda_graph.forward taken off alone (bridge_cudagraph.host.forward)
             from bridge_cudagraph.host import forward as forward_host
 
             taken = [done for done in installed.forward if done[1].__name__ in off]
             if {mixin.__name__ for _, mixin in taken} != set(off):
-                raise RuntimeError(f"{variant}: fewer_host_waits did not install all of {sorted(off)} to take off")
+                raise RuntimeError(f"{variant}: the forward did not install all of {sorted(off)} to take off")
             forward_host.uninstall(taken)
             installed.forward = [done for done in installed.forward if done not in taken]
         objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)

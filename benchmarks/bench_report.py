@@ -45,8 +45,8 @@ LABELS = {
     "ours_uncached_positions": "ours deriving the vision positions per micro-batch, as Bridge does",
     "ours_walking_finalize": "ours with megatron-core's module walk in every gradient finalisation",
     "ours_fused": "ours with model.gradient_accumulation_fusion=true (TE's layers fuse, no APEX needed)",
-    "ours_host_waits": "ours with Bridge's Qwen3-VL forward as it is (fewer_host_waits=false: ~20 host waits)",
-    "ours_fused_host_waits": "ours_fused with Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)",
+    "ours_host_waits": "ours with Bridge's Qwen3-VL forward as it is (cuda_graph.forward all false: ~20 host waits)",
+    "ours_fused_host_waits": "ours_fused with Bridge's Qwen3-VL forward as it is (model.cuda_graph.forward all false)",
     "ours_fused_layer_graphs": "ours_fused with one language graph per layer (language.graph_unit=layer)",
     "ours_fused_merge_waits": "ours_fused with Bridge's image-token merge through the boolean mask (3 waits)",
 }

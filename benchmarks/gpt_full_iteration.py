@@ -236,7 +236,7 @@ def build_variant(state: _Config, shared: Any, variant: str, objs: dict) -> list
         return []
     from bridge_cudagraph.host import step as step_host  # as CudaGraphCallback.on_train_start installs it
 
-    if plan.optimizer_host_cache:
+    if plan.cached_walks.grad_finalize:
         prepare_finalize(model)
     installed = step_host.install_planned(plan, model, optimizer)
     objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)

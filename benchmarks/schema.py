@@ -24,6 +24,8 @@ EAGER = "eager"
 CONTROL = "eager_repeat"
 #: Variants without graphs (no capture time, no graph memory).
 UNGRAPHED = (EAGER, CONTROL)
+#: ``model.cuda_graph.forward`` with every part Bridge's own (what ``fewer_host_waits: false`` was).
+BRIDGE_FORWARD = {"positions": False, "merges": False, "flat_rows": False, "collated_grids": False}
 #: Ours and the speed levers of issue #18, each measured against it: variant -> what it changes from the product's
 #: defaults (``ours``: vision graphs cut after each deepstack layer, the optimizer stepping eagerly with its
 #: per-parameter host work cached).
@@ -34,35 +36,37 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # Bridge's optimizer graph on top (optimizer.optimizer_cuda_graph=true: capturable FusedAdam + megatron-core's
     # OptimizerCudaGraphWrapper), opt-in: its kernel rounds 1-2 ulps from the default one.
     "ours_optgraph": {"optimizer_graph": True},
-    # megatron-core's optimizer step as it is (model.cuda_graph.optimizer_host_cache=false): what the cache gives.
-    "ours_plain_optimizer": {"optimizer_host_cache": False},
+    # megatron-core's optimizer step and gradient finalisation as they are (model.cuda_graph.cached_walks: both
+    # false): what doing their walks once gives.
+    "ours_plain_optimizer": {"cached_walks": {"optimizer": False, "grad_finalize": False}},
     # Bridge's per-micro-batch derivation of the vision position indices, weights and rotary rows
     # (GraphedQwen3VLVisionModel.position_cache_size = 0): what the per-image-size cache gives.
     "ours_uncached_positions": {"vision_position_cache": False},
-    # megatron-core's module walk at the end of finalize_model_grads on every step (the step host caches without
-    # bridge_cudagraph.host.finalize): what listing its modules once gives.
-    "ours_walking_finalize": {"finalize_listing": False},
+    # megatron-core's module walk at the end of finalize_model_grads on every step
+    # (model.cuda_graph.cached_walks.grad_finalize=false): what listing its modules once gives.
+    "ours_walking_finalize": {"cached_walks": {"grad_finalize": False}},
     # Bridge's default model.gradient_accumulation_fusion=true, which this stack (no APEX) builds only through this
     # plugin's provider (bridge_cudagraph.host.wgrad_fusion): TE's layers sum weight gradients into main_grad in their
     # GEMMs. It changes the gradients' rounding, so its drift from the unfused eager run is not noise alone.
     "ours_fused": {"gradient_accumulation_fusion": True},
-    # Bridge's Qwen3-VL forward as it is (model.cuda_graph.fewer_host_waits=false): ~20 host waits per micro-batch
+    # Bridge's Qwen3-VL forward as it is (model.cuda_graph.forward: every part false): ~20 host waits per micro-batch
     # in get_rope_index and the deepstack merge; what bridge_cudagraph.host.forward gives.
-    "ours_host_waits": {"fewer_host_waits": False},
+    "ours_host_waits": {"forward": BRIDGE_FORWARD},
     # ours_fused with Bridge's forward as it is: the same lever against the fused step.
-    "ours_fused_host_waits": {"gradient_accumulation_fusion": True, "fewer_host_waits": False},
+    "ours_fused_host_waits": {"gradient_accumulation_fusion": True, "forward": BRIDGE_FORWARD},
     # ours_fused with one language graph per layer (model.cuda_graph.language.graph_unit=layer, megatron-core's unit)
     # instead of one per run of layers between deepstack merges: what the runs give.
     "ours_fused_layer_graphs": {"gradient_accumulation_fusion": True, "language_graph_unit": "layer"},
-    # ours_fused with Bridge's image-token merge through the boolean mask (fewer_host_waits without
+    # ours_fused with Bridge's image-token merge through the boolean mask (model.cuda_graph.forward without
     # bridge_cudagraph.host.forward.RowMerge): one wait forward, two backward; what the row merge gives.
     "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "forward_off": ("RowMerge",)},
-    # Bridge's forward packing the step's packed rows itself (fewer_host_waits without
+    # Bridge's forward packing the step's packed rows itself (model.cuda_graph.forward without
     # bridge_cudagraph.host.forward.FlatPackedRows): preprocess_packed_seqs and the deepstack round trip, with
     # their waits; what handing it the rows flat gives. Only packed micro-batches differ.
     "ours_bridge_packing": {"forward_off": ("FlatPackedRows",)},
-    # The vision grid read back from the GPU (fewer_host_waits without bridge_cudagraph.host.forward.BoundGrids):
-    # the encoder's replay waits for the queue at every micro-batch; what the collate's host copy gives.
+    # The vision grid read back from the GPU (model.cuda_graph.forward without
+    # bridge_cudagraph.host.forward.BoundGrids): the encoder's replay waits for the queue at every micro-batch; what
+    # the collate's host copy gives.
     "ours_device_grid": {"forward_off": ("BoundGrids",)},
 }
 #: megatron-core's one graph over the whole forward and backward (``cuda_graph_impl="full_iteration"``, its

@@ -791,7 +791,7 @@ def _counters(helpers: list) -> dict[str, dict]:
 
 
 def forward_counters(variant: str, model: list) -> dict[str, int]:
-    """How many micro-batches took each part of ``fewer_host_waits`` (:mod:`bridge_cudagraph.host.forward`) so far;
+    """How many micro-batches took each part of ``model.cuda_graph.forward`` (:mod:`bridge_cudagraph.host.forward`);
     raises where a packed graph variant's step rows were not handed flat to the forward, or
     ours_packed_bridge_packing's were, or where its forwards did not read the collate's host grids, or
     ours_packed_device_grid's did (either would time the other lever under the variant's name)."""

@@ -67,10 +67,11 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: of the benchmark's own shape): ours_packed with tight packing off, and eager_packed and ours_packed with
 #: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`), and
 #: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart), and
-#: ours_packed with Bridge's forward packing the step's rows itself (``fewer_host_waits`` without
+#: ours_packed with Bridge's forward packing the step's rows itself (``model.cuda_graph.forward`` without
 #: :class:`~bridge_cudagraph.host.forward.FlatPackedRows`), and ours_packed with its graphs' parameter gradients left
 #: to autograd and DDP's hooks (:mod:`bridge_cudagraph.capture.param_grads` off), and ours_packed with the vision
-#: grid read back from the GPU (``fewer_host_waits`` without :class:`~bridge_cudagraph.host.forward.BoundGrids`).
+#: grid read back from the GPU (``model.cuda_graph.forward`` without
+#: :class:`~bridge_cudagraph.host.forward.BoundGrids`).
 LEVER_VARIANTS = (
     "ours_padded_layer_graphs",
     "ours_padded_megatron",
@@ -166,7 +167,7 @@ PACKED_GRAPHED = (
 )
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
 #: The benchmark variant (:data:`benchmarks.schema.OURS_VARIANTS`) whose step host work a packed graph variant
-#: installs, where it is not ``ours``'s: which mixins of ``fewer_host_waits`` it takes off.
+#: installs, where it is not ``ours``'s: which mixins of ``model.cuda_graph.forward`` it takes off.
 STEP_HOST_OF = {"ours_packed_bridge_packing": "ours_bridge_packing", "ours_packed_device_grid": "ours_device_grid"}
 #: The packed graph variants whose ladders leave their parameter gradients to autograd and DDP's hooks
 #: (``LadderHelper.sum_param_grads`` off); every other one sums them in graphs where the gate holds.

@@ -5,10 +5,10 @@ graph also returned) replayed the per-token loss bit-exactly but not every gradi
 0's MLP norm weight), while one graph per layer stayed bit-exact. Run 31 ran this probe with that unit (then called
 ``encoder``) and the two that remain: the whole-stack graph moved 39 vision gradients (layers 0-2 and the patch
 embedding, the layers whose gradient passes a deepstack layer) by 4-5e-3, the same with deterministic kernels; graphs
-cut after each deepstack layer (``deepstack``) and one per layer moved none, and eager against eager moved none
-(``results/padded-levers/vision_unit_probe/``). The cause: a deepstack layer's output is read by the next layer (twice:
-its norm and the residual) and by a merger; inside one graph autograd sums those three gradient parts in another order
-than eager's per-layer backward does. So no graph spans a deepstack layer.
+cut after each deepstack layer (``run``, then called ``deepstack``) and one per layer moved none, and eager against
+eager moved none (``results/padded-levers/vision_unit_probe/``). The cause: a deepstack layer's output is read by the
+next layer (twice: its norm and the residual) and by a merger; inside one graph autograd sums those three gradient
+parts in another order than eager's per-layer backward does. So no graph spans a deepstack layer.
 
 This probe trains nothing: for each remaining unit it captures the tiny encoder's graphs and prints, for two
 micro-batches, every vision parameter whose gradient differs from the eager reference's, with its relative L2,
@@ -56,7 +56,7 @@ def main() -> int:
         return {"loss_exact": bool(torch.equal(a[0], b[0])), "grads_moved": out}
 
     report = {"eager_vs_eager": {n: moved(again[n], eager[n]) for n in batches}}
-    for unit in ("deepstack", "layer"):
+    for unit in ("run", "layer"):
         cfg = CudaGraphConfig(
             vision=VisionGraphConfig(
                 enabled=True, token_budgets=[256, 512, 1024], max_images_per_microbatch=8, graph_unit=unit

@@ -1,4 +1,5 @@
-"""The recipe flag: one nested ``cuda_graph`` block with a ``language`` and a ``vision`` part.
+"""The recipe flag: one nested ``cuda_graph`` block with a ``language`` and a ``vision`` part, and the parts of the
+graphed step done this plugin's way (``forward``, ``cached_walks``).
 
 These are *mutable* dataclasses on purpose: Megatron-Bridge applies YAML and Hydra-style overrides with a
 recursive ``setattr`` (``omegaconf_utils._apply_overrides``), so the block must accept assignment. What the
@@ -23,16 +24,18 @@ from typing import Any
 #: ``transformer/enums.py``). ``mamba`` is left out: neither GPT nor Qwen3-VL has Mamba layers.
 GRAPHABLE_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
-#: What one graph may span (``graph_unit`` of either part): a run of layers cut at each deepstack point
-#: (:func:`bridge_cudagraph.plan.budgets.layer_segments`), or one layer.
-GRAPH_UNITS: tuple[str, ...] = ("deepstack", "layer")
+#: What one graph may span (``graph_unit`` of either part): a run of layers that nothing outside them interrupts, cut
+#: at each deepstack point where the model has one (:func:`bridge_cudagraph.plan.budgets.layer_segments`), or one
+#: layer.
+GRAPH_UNITS: tuple[str, ...] = ("run", "layer")
 
 
 class CudaGraphConfigError(ValueError):
     """A ``cuda_graph`` setting that cannot work; the message names the setting and the fix.
 
-    ``fix``: the ``key=value`` overrides of the first fix the message gives, where a refusal can say it exactly; a
-    test follows them from refusal to refusal until the configuration validates (no advice that runs in a circle).
+    ``fix``: the ``key=value`` overrides of the first fix the message gives, where a refusal can say it exactly, and
+    ``~key`` (Hydra's deletion) for a setting that no longer exists and must go; a test follows them from refusal to
+    refusal until the configuration validates (no advice that runs in a circle).
     """
 
     def __init__(self, message: str, *, fix: Iterable[str] = ()) -> None:
@@ -115,6 +118,12 @@ def _check_budget_list(where: str, budgets: Any, unit: str) -> None:
 
 
 def _check_graph_unit(where: str, unit: Any) -> None:
+    if unit == "deepstack":
+        raise CudaGraphConfigError(
+            f"{where}.graph_unit='deepstack' was renamed: set {where}.graph_unit=run (a run of layers that nothing "
+            "outside them interrupts, cut at each deepstack point where the model has one), or null",
+            fix=(f"{where}.graph_unit=run",),
+        )
     if unit is not None and unit not in GRAPH_UNITS:
         raise CudaGraphConfigError(
             f"{where}.graph_unit={unit!r}: use one of {list(GRAPH_UNITS)} (or null to choose from the model)"
@@ -137,23 +146,36 @@ class LanguageGraphConfig(SubmoduleGraphConfig):
     segment per sample). Refused when every micro-batch is padded."""
 
     graph_unit: str | None = None
-    """What one language graph spans: ``deepstack``, a run of layers that nothing outside them interrupts (Qwen3-VL
-    adds a deepstack feature after each of its first 3 layers: 4 graphs on its first stage instead of 28; a GPT
-    stage: one), or ``layer``, one graph per layer (megatron-core's unit). Fewer graphs are fewer launches; both are
-    bit-exact. ``None``: ``deepstack`` for whole dense layers without per-layer quantization or offloading, else
-    ``layer``."""
+    """What one language graph spans: ``run``, a run of layers that nothing outside them interrupts (Qwen3-VL adds a
+    deepstack feature after each of its first 3 layers: 4 graphs on its first stage instead of 28; a GPT stage: one),
+    or ``layer``, one graph per layer (megatron-core's unit). Fewer graphs are fewer launches; both are bit-exact.
+    ``None``: ``run`` for whole dense layers without per-layer quantization or offloading, else ``layer``."""
+
+    tight_packing: bool | None = None
+    """Packed Qwen3-VL micro-batches only: the replay runs each row's needed prefix, its padding tail dropped before
+    the layers, at the budget of the rows' kept tokens (:mod:`bridge_cudagraph.capture.tight`). The rows' extents come
+    from the forward's copies of the tokens on the CPU (``forward.positions``). ``None``: on where the plan can (the
+    Qwen3-VL step's rows of varying width, pipeline parallel 1, no sequence parallelism, ``forward.positions`` on);
+    ``false``: every row replays at its full width; ``true`` where it cannot work is refused with the reason."""
 
     def validate(self, where: str = "cuda_graph.language") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
         self._validate(where)
         _check_graph_unit(where, self.graph_unit)
-        if self.graph_unit == "deepstack" and self.modules is not None:
+        if self.graph_unit == "run" and self.modules is not None:
             raise CudaGraphConfigError(
-                f"{where}.graph_unit='deepstack' with {where}.modules={self.modules}: a run of layers is captured "
+                f"{where}.graph_unit='run' with {where}.modules={self.modules}: a run of layers is captured "
                 "from whole layers; set modules to null, or graph_unit to 'layer' (or null)"
             )
         _check_budget_list(where, self.token_budgets, "tokens")
         _check_positive_or_none(where, "max_sequences", self.max_sequences, "derive it")
+        _check_switch(where, "tight_packing", self.tight_packing)
+        if self.tight_packing and not self.enabled:
+            raise CudaGraphConfigError(
+                f"{where}.tight_packing=true packs the rows the language graphs replay, but {where}.enabled is false; "
+                "set enabled to true, or leave tight_packing null",
+                fix=(f"{where}.tight_packing=null",),
+            )
 
 
 @dataclass
@@ -185,11 +207,11 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     (the plan says which). Above the largest budget it is refused. A larger image runs eagerly (counted)."""
 
     graph_unit: str | None = None
-    """What one vision graph spans: ``deepstack``, the layers up to and including each deepstack layer, then the
-    rest (4 graphs per budget on Qwen3-VL's 24 layers), or ``layer``, one graph per layer per budget; both are
-    bit-exact. A graph never spans a deepstack layer: its output would have consumers inside and outside the graph,
-    and autograd would sum the gradient's parts in another order than eager does (``benchmarks/vision_unit_probe.py``
-    shows it). ``None``: ``deepstack``."""
+    """What one vision graph spans: ``run``, a run of layers up to and including each deepstack layer, then the rest
+    (4 graphs per budget on Qwen3-VL's 24 layers), or ``layer``, one graph per layer per budget; both are bit-exact.
+    A graph never spans a deepstack layer: its output would have consumers inside and outside the graph, and autograd
+    would sum the gradient's parts in another order than eager does (``benchmarks/vision_unit_probe.py`` shows it).
+    ``None``: ``run``."""
 
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
@@ -209,6 +231,89 @@ class VisionGraphConfig(SubmoduleGraphConfig):
         _check_positive_or_none(where, "max_patches_per_image", self.max_patches_per_image, "allow any size")
 
 
+def _check_switch(where: str, name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise CudaGraphConfigError(f"{where}.{name} must be true, false or null (on where it can work), got {value!r}")
+
+
+@dataclass
+class ForwardConfig:
+    """Qwen3-VL's forward without its waits for the GPU (:mod:`bridge_cudagraph.host.forward`): one setting per part
+    that this plugin computes its own way, each the same values, bitwise, as Bridge's forward. Each is ``None``: on
+    wherever graphs are on a Qwen3-VL model; ``false``: Bridge's own code for that part; ``true`` without graphs, or on
+    a model without a vision encoder, is refused."""
+
+    positions: bool | None = None
+    """The mRoPE positions from Bridge's own ``get_rope_index`` on copies of the tokens, grids and sequence offsets
+    on the CPU, enqueued at the forward's start and filled before the input embedding runs, instead of reading the
+    GPU's tensors element by element. Its copies also give tight packing the rows' extents
+    (``language.tight_packing``). ``None``: on wherever graphs are on a Qwen3-VL model; ``false``: Bridge's own."""
+
+    merges: bool | None = None
+    """The deepstack merges and the image-token merge written by row positions (``nonzero_static``, the count
+    asserted on the device) instead of through a boolean mask, which waits forward and backward. ``None``: on wherever
+    graphs are on a Qwen3-VL model; ``false``: Bridge's own."""
+
+    flat_rows: bool | None = None
+    """The Qwen3-VL step's packed rows handed to the forward already flat where Bridge's own repacking gives exactly
+    that (every token kept by the step's attention mask, context parallelism off; a mask that drops tokens raises,
+    naming this setting). It hands the forward the explicit positions ``positions`` derives. ``None``: on wherever
+    graphs are on a Qwen3-VL model and ``positions`` is on; ``false``: Bridge's own; ``true`` with ``positions: false``
+    is refused."""
+
+    collated_grids: bool | None = None
+    """The image and video grids read from the collated batch's copy on the CPU
+    (:mod:`bridge_cudagraph.vision.host_grids`), bound to the device tensors the forward receives and checked on the
+    device, instead of read back from the GPU by the graphed encoder and by ``positions``. ``None``: on wherever graphs
+    are on a Qwen3-VL model; ``false``: read back."""
+
+    def validate(self, where: str = "cuda_graph.forward") -> None:
+        """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
+        for part in FORWARD_PARTS:
+            _check_switch(where, part, getattr(self, part))
+        if self.flat_rows and self.positions is False:
+            raise CudaGraphConfigError(
+                f"{where}.flat_rows=true hands the forward the rows flat with the explicit mRoPE positions that "
+                f"{where}.positions derives, but {where}.positions is false; set {where}.positions to null (or true), "
+                "or flat_rows to null",
+                fix=(f"{where}.positions=null",),
+            )
+
+    def on(self) -> tuple[str, ...]:
+        """The parts not turned off (``None`` or ``true``), in :data:`FORWARD_PARTS` order."""
+        return tuple(part for part in FORWARD_PARTS if getattr(self, part) is not False)
+
+
+#: The parts of Qwen3-VL's forward, one setting each (:class:`ForwardConfig`).
+FORWARD_PARTS: tuple[str, ...] = ("positions", "merges", "flat_rows", "collated_grids")
+
+
+@dataclass
+class CachedWalksConfig:
+    """Per-step walks over the same objects, done once and kept instead of on every step: the same kernels on the same
+    tensors, bitwise the same step, less Python while the GPU waits. Each is ``None``: on wherever graphs are;
+    ``false``: megatron-core's own walk; ``true`` without graphs is refused."""
+
+    optimizer: bool | None = None
+    """The optimizer step's per-parameter walks (the main-gradient views, the norm's and the clip's gradient lists,
+    Adam's tensor lists, the parameter copies: :mod:`bridge_cudagraph.host.optimizer`), kept until a DDP buffer is
+    replaced. ``None``: on wherever graphs are; ``false``: megatron-core's own walks."""
+
+    grad_finalize: bool | None = None
+    """The module walk at the end of megatron-core's gradient finalisation (``reset_model_temporary_tensors`` over
+    every module), listed once per model (:mod:`bridge_cudagraph.host.finalize`). ``None``: on wherever graphs are;
+    ``false``: megatron-core's own walk."""
+
+    def validate(self, where: str = "cuda_graph.cached_walks") -> None:
+        """Raise :class:`CudaGraphConfigError` on a value that is not a switch."""
+        for name in CACHED_WALKS:
+            _check_switch(where, name, getattr(self, name))
+
+
+#: The walks done once, one setting each (:class:`CachedWalksConfig`).
+CACHED_WALKS: tuple[str, ...] = ("optimizer", "grad_finalize")
+
+
 @dataclass
 class CudaGraphConfig:
     """The ``model.cuda_graph`` block of a recipe."""
@@ -219,6 +324,12 @@ class CudaGraphConfig:
     vision: VisionGraphConfig = field(default_factory=VisionGraphConfig)
     """Per-layer graphs and process groups of the vision encoder (Qwen3-VL only)."""
 
+    forward: ForwardConfig = field(default_factory=ForwardConfig)
+    """The parts of Qwen3-VL's forward computed without waiting for the GPU."""
+
+    cached_walks: CachedWalksConfig = field(default_factory=CachedWalksConfig)
+    """The step's per-step walks done once."""
+
     num_microbatches: int | None = None
     """Micro-batches per step, for the capture schedule under pipeline parallelism. ``None`` derives it
     from the training config (global batch / (micro batch x data parallel)) instead of reading
@@ -227,23 +338,6 @@ class CudaGraphConfig:
     on_capture_error: str = "eager"
     """What a failed capture does: ``eager`` logs one warning with the cause and trains on without graphs;
     ``raise`` stops the run."""
-
-    optimizer_host_cache: bool | None = None
-    """Do the optimizer step's per-parameter host work and the gradient finalisation's module walk once instead of
-    on every step (:mod:`bridge_cudagraph.host.step`): the same kernels, bitwise the same step, less Python while the
-    GPU waits. ``None``: on wherever graphs are; ``false``: megatron-core's step as it is; ``true`` without graphs is
-    refused."""
-
-    fewer_host_waits: bool | None = None
-    """Qwen3-VL's forward without most of its waits for the GPU (:mod:`bridge_cudagraph.host.forward`): the mRoPE
-    positions from Bridge's own ``get_rope_index`` on one host copy of the tokens and grids, the deepstack and
-    image-token merges by row positions instead of boolean masks, and the Qwen3-VL step's packed rows handed to the
-    forward already flat where its own repacking gives exactly that (every token kept by the step's attention mask,
-    context parallelism off; a mask that drops tokens raises, naming this setting), and the image grids from the
-    collated batch's host copy (:mod:`bridge_cudagraph.vision.host_grids`); the same values, bitwise. Its
-    host copies also give the packed rows' lengths to tight packing (:mod:`bridge_cudagraph.capture.tight`).
-    ``None``: on wherever graphs are on a Qwen3-VL model; ``false``: Bridge's forward as it is, and no tight packing;
-    ``true`` without graphs, or on a model without a vision encoder, is refused."""
 
     @property
     def any_enabled(self) -> bool:
@@ -256,13 +350,19 @@ class CudaGraphConfig:
         Checks that need the model or the world size (heads, merge size, group sizes) live in
         :func:`bridge_cudagraph.plan.build.build_plan`.
         """
-        if not isinstance(self.language, LanguageGraphConfig) or not isinstance(self.vision, VisionGraphConfig):
-            raise CudaGraphConfigError(
-                f"{where}.language / {where}.vision must be mappings of their settings "
-                "(build the block with cuda_graph_config_from_dict)"
-            )
+        for old in RENAMED_SETTINGS:  # set on the block in Python (or by Bridge's setattr), past the loader
+            if old in vars(self):
+                refuse_renamed(old, vars(self)[old], where)
+        for name, cls in SUB_BLOCKS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise CudaGraphConfigError(
+                    f"{where}.{name} must be a mapping of its settings, got {type(getattr(self, name)).__name__} "
+                    "(build the block with cuda_graph_config_from_dict)"
+                )
         self.language.validate(f"{where}.language")
         self.vision.validate(f"{where}.vision")
+        self.forward.validate(f"{where}.forward")
+        self.cached_walks.validate(f"{where}.cached_walks")
         if self.num_microbatches is not None and (
             not isinstance(self.num_microbatches, int) or self.num_microbatches < 1
         ):
@@ -270,25 +370,62 @@ class CudaGraphConfig:
                 f"{where}.num_microbatches must be an integer >= 1 (or null to derive it), "
                 f"got {self.num_microbatches!r}"
             )
-        for name, what in (
-            ("optimizer_host_cache", "caches the graphed step's optimizer work"),
-            ("fewer_host_waits", "takes the graphed step's forward off the host's waits"),
-        ):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
+        switches = [(f"forward.{p}", self.forward, p) for p in FORWARD_PARTS]
+        switches += [(f"cached_walks.{w}", self.cached_walks, w) for w in CACHED_WALKS]
+        for path, block, name in switches:
+            if getattr(block, name) and not self.any_enabled:
                 raise CudaGraphConfigError(
-                    f"{where}.{name} must be true, false or null (on wherever graphs are), got {value!r}"
-                )
-            if value and not self.any_enabled:
-                raise CudaGraphConfigError(
-                    f"{where}.{name}=true {what}, but no graphs are enabled; set {where}.language.enabled or "
-                    f"{where}.vision.enabled to true, or leave it null",
-                    fix=(f"{where}.{name}=null",),
+                    f"{where}.{path}=true changes the graphed step, but no graphs are enabled; set "
+                    f"{where}.language.enabled or {where}.vision.enabled to true, or leave it null",
+                    fix=(f"{where}.{path}=null",),
                 )
         if self.on_capture_error not in ("eager", "raise"):
             raise CudaGraphConfigError(
                 f"{where}.on_capture_error must be 'eager' or 'raise', got {self.on_capture_error!r}"
             )
+
+
+#: The block's parts that are blocks of their own, by field name.
+SUB_BLOCKS: dict[str, type] = {
+    "language": LanguageGraphConfig,
+    "vision": VisionGraphConfig,
+    "forward": ForwardConfig,
+    "cached_walks": CachedWalksConfig,
+}
+
+
+# ------------------------------------------------------------------------------------------ renamed settings
+#: Settings of ``model.cuda_graph`` that were split: old name -> (the new settings, relative to the block, and what
+#: their ``false`` does). Each is refused with its new names wherever it is given (the YAML, an override, Python).
+RENAMED_SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "fewer_host_waits": (
+        tuple(f"forward.{part}" for part in FORWARD_PARTS),
+        "false: Bridge's own code for that part; the tight packing it also turned off is language.tight_packing",
+    ),
+    "optimizer_host_cache": (
+        tuple(f"cached_walks.{walk}" for walk in CACHED_WALKS),
+        "false: megatron-core's own walk",
+    ),
+}
+
+
+def refuse_renamed(key: str, value: Any, where: str) -> None:
+    """Raise :class:`CudaGraphConfigError` naming the new settings where ``key`` is a renamed setting of the block
+    at ``where``; return otherwise. Its fix deletes the old key and, for ``false``, turns each new setting off (what
+    the old one did); else the new ones' ``null`` is the old default."""
+    if key not in RENAMED_SETTINGS:
+        return
+    settings, meaning = RENAMED_SETTINGS[key]
+    paths = [f"{where}.{s}" for s in settings]
+    if value is False:
+        advice = f"delete it and set {', '.join(f'{p}=false' for p in paths)}"
+        fix = (f"~{where}.{key}", *(f"{p}=false" for p in paths))
+    else:
+        advice = f"delete it (null: each on where it can work), or set {', '.join(paths)}"
+        fix = (f"~{where}.{key}",)
+    raise CudaGraphConfigError(
+        f"{where}.{key} was split into one setting per mechanism: {advice} ({meaning})", fix=fix
+    )
 
 
 def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_graph") -> CudaGraphConfig:
@@ -306,8 +443,8 @@ def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_
     check_keys(data, CudaGraphConfig, where)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        if key in ("language", "vision"):
-            sub_cls = LanguageGraphConfig if key == "language" else VisionGraphConfig
+        if key in SUB_BLOCKS:
+            sub_cls = SUB_BLOCKS[key]
             if value is None:
                 value = {}
             if not isinstance(value, Mapping):
@@ -318,7 +455,7 @@ def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_
             kwargs[key] = sub_cls(**_coerced(value, sub_cls, f"{where}.{key}"))
         else:
             kwargs[key] = value
-    cfg = CudaGraphConfig(**_coerced(kwargs, CudaGraphConfig, where, skip=("language", "vision")))
+    cfg = CudaGraphConfig(**_coerced(kwargs, CudaGraphConfig, where, skip=tuple(SUB_BLOCKS)))
     cfg.validate(where)
     return cfg
 
@@ -384,8 +521,19 @@ def unknown_key_message(key: str, allowed: Iterable[str], where: str) -> str:
 
 
 def check_keys(data: Mapping[str, Any], target: Any, where: str, extra: Iterable[str] = ()) -> None:
-    """Raise :class:`UnknownKeyError` for the first key of ``data`` that ``target`` does not have."""
+    """Raise :class:`UnknownKeyError` for the first key of ``data`` that ``target`` does not have, or
+    :class:`CudaGraphConfigError` with the new names where it is a renamed setting of the block
+    (:func:`refuse_renamed_key`)."""
     allowed = [*valid_keys(target), *extra]
-    for key in data:
+    for key, value in data.items():
         if key not in allowed:
+            refuse_renamed_key(target, str(key), value, where)
             raise UnknownKeyError(unknown_key_message(str(key), allowed, where))
+
+
+def refuse_renamed_key(target: Any, key: str, value: Any, where: str) -> None:
+    """Where ``target`` (a dataclass or its class) is the ``model.cuda_graph`` block and ``key`` a setting it no longer
+    has under that name, raise the refusal that names the new ones (:func:`refuse_renamed`); return otherwise."""
+    cls = target if isinstance(target, type) else type(target)
+    if cls is CudaGraphConfig:
+        refuse_renamed(key, value, where)

@@ -43,13 +43,10 @@ def field_docs(module=None) -> dict[str, dict[str, str]]:
 
 
 def _blocks():
-    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.config import SUB_BLOCKS, CudaGraphConfig
 
-    return (
-        ("model.cuda_graph.language", LanguageGraphConfig),
-        ("model.cuda_graph.vision", VisionGraphConfig),
-        ("model.cuda_graph", CudaGraphConfig),
-    )
+    parts = tuple((f"model.cuda_graph.{name}", cls) for name, cls in SUB_BLOCKS.items())
+    return (*parts, ("model.cuda_graph", CudaGraphConfig))
 
 
 def _default(field: dataclasses.Field) -> str:
@@ -67,12 +64,14 @@ def _default(field: dataclasses.Field) -> str:
 def render() -> str:
     """The README's reference: one table per block, each field with its default and its docstring, in the order the
     dataclasses declare them (inherited fields first)."""
+    from bridge_cudagraph.config import SUB_BLOCKS
+
     docs = field_docs()
     lines = [START, ""]
     for where, cls in _blocks():
         lines += [f"`{where}`:", "", "| setting | default | what it does |", "|---|---|---|"]
         for field in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(field.type) or field.name in ("language", "vision"):
+            if field.name in SUB_BLOCKS:
                 continue
             owner = next(c.__name__ for c in cls.__mro__ if field.name in docs.get(c.__name__, {}))
             text = " ".join(docs[owner][field.name].split()).replace("``", "`").replace("|", "\\|")

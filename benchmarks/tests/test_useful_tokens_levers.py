@@ -345,8 +345,8 @@ def test_a_step_change_within_the_variants_own_spread_is_not_claimed():
 @pytest.mark.fast
 def test_the_bridge_packing_variant_takes_off_the_flat_rows_only():
     """ours_packed_bridge_packing: ours_packed's provider and helpers, its step host work bench.py's
-    ours_bridge_packing (fewer_host_waits with :class:`~bridge_cudagraph.host.forward.FlatPackedRows` taken off, a
-    name bench.py checks it took off); every step-host variant names mixins that exist."""
+    ours_bridge_packing (model.cuda_graph.forward with :class:`~bridge_cudagraph.host.forward.FlatPackedRows` taken
+    off, a name bench.py checks it took off); every step-host variant names mixins that exist."""
     from benchmarks.schema import OURS_VARIANTS
     from bridge_cudagraph.host import forward as forward_host
 
@@ -392,4 +392,4 @@ def test_packed_variants_are_planned_and_built_by_the_product():
     packed = plan.language.packed
     assert provider.cuda_graph.language.enabled and packed is not None
     assert packed.token_budgets == tuple(run.layout.budgets) and packed.tight
-    assert plan.language.graph_unit == "deepstack" and plan.vision is not None and plan.vision.enabled
+    assert plan.language.graph_unit == "run" and plan.vision is not None and plan.vision.enabled

@@ -450,12 +450,12 @@ class CudaGraphCallback(Callback):
             from bridge_cudagraph.host import forward as forward_host
             from bridge_cudagraph.host import step as step_host
 
-            done = forward_host.counts(self._step_host.forward)
-            if any(done.values()):
+            forward_counts = forward_host.counts(self._step_host.forward)
+            if any(forward_counts.values()):
                 _print_rank0(
-                    f"bridge_cudagraph: fewer_host_waits: mRoPE positions from the host copy in "
-                    f"{done['host_positions_calls']} forwards, image tokens merged by rows in {done['row_merges']}, "
-                    f"packed rows handed flat in {done['flat_batches']}"
+                    f"bridge_cudagraph: model.cuda_graph.forward: mRoPE positions from the host copy in "
+                    f"{forward_counts['host_positions_calls']} forwards, image tokens merged by rows in "
+                    f"{forward_counts['row_merges']}, packed rows handed flat in {forward_counts['flat_batches']}"
                 )
             step_host.uninstall(self._step_host)
             self._step_host = None

@@ -234,7 +234,7 @@ def reset_graph_sets(graphs) -> None:
 
 class LayerChain(torch.nn.Module):
     """Graphable per-layer callables of one signature ``(hidden_states, *static) -> hidden_states`` one after the
-    other, as one callable: a segment of ``graph_unit: deepstack``
+    other, as one callable: a segment of ``graph_unit: run``
     (:func:`~bridge_cudagraph.plan.budgets.layer_segments`) in the budgeted helpers (vision, packed language). Every
     link reads the same static inputs, and only the last output is read outside (a segment ends wherever other code
     reads or changes the hidden states), so the chain is one launch and one backward node instead of one per layer, and

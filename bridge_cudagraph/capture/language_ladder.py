@@ -46,7 +46,7 @@ class LanguageLadder(LadderHelper):
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight (1 without a pipeline).
         num_warmup_iters: TE warmup iterations per callable before capture.
         on_capture_error: ``"eager"`` or ``"raise"``.
-        graph_unit: ``deepstack`` (one graph per run of layers between deepstack merges) or ``layer``.
+        graph_unit: ``run`` (one graph per run of layers between deepstack merges) or ``layer``.
         deepstack_merges: Layers after which a first-stage decoder merges a deepstack feature (the plan's).
     """
 

@@ -21,7 +21,7 @@ micro-batch, so the static shapes come from a **token budget ladder**, the schem
   with False), with Bridge's own ``_deepstack_process``;
 * each layer is captured as :class:`_PackedLanguageLayer`, whose inputs are tensors only and which rebuilds the
   ``PackedSeqParams`` inside from the static ``cu_seqlens`` (the approach of Megatron-LM dev #4359, kept in our
-  capture path instead of changing megatron-core's layer); with ``graph_unit: deepstack`` (the default) the layers
+  capture path instead of changing megatron-core's layer); with ``graph_unit: run`` (the default) the layers
   between two deepstack merges are one graph (:class:`~bridge_cudagraph.capture.common.LayerChain`), so a budget
   holds 4 graphs on Qwen3-VL's first stage instead of one per layer.
 
@@ -242,7 +242,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
         static_inputs: ``{budget: StaticInput...}`` from the plan; capture checks its buffers against them.
         num_warmup_iters: TE warmup iterations per callable before capture.
         on_capture_error: ``"eager"`` or ``"raise"``.
-        graph_unit: ``deepstack`` (one graph per run of layers between deepstack merges) or ``layer``.
+        graph_unit: ``run`` (one graph per run of layers between deepstack merges) or ``layer``.
         deepstack_merges: Layers after which a first-stage decoder merges a deepstack feature (the plan's).
         tight: Tight packing (the plan's; :mod:`bridge_cudagraph.capture.tight`): replay each row's needed prefix
             only, where :meth:`tight_rows` finds it safe.

@@ -5,7 +5,7 @@ A run that pads every micro-batch to ``seq_length`` (Bridge's padded Qwen3-VL pa
 pipeline-parallel recipes) feeds the decoder one shape: ``(S/cp, mbs, H)`` hidden states and a rotary table. The
 ladder holds one rung of that shape; each layer is captured as :class:`_PaddedLanguageLayer`, whose body is the layer's
 own ``forward`` with the hidden states and the rotary table as its inputs (what megatron-core's per-layer capture
-records, ``TransformerLayer._te_cuda_graph_capture``), and with ``graph_unit: deepstack`` the layers between two
+records, ``TransformerLayer._te_cuda_graph_capture``), and with ``graph_unit: run`` the layers between two
 deepstack merges are one graph, as in the packed form. A copy per micro-batch a pipeline stage keeps in flight (one
 without a pipeline), the rung's pool, the parameter gradients' summing graphs, the manual hooks and the decoder's
 replay (:mod:`bridge_cudagraph.capture.block_replay`) are the ladder's (:mod:`bridge_cudagraph.capture.common`).

@@ -6,7 +6,7 @@ other and to padding, from step 0 (max abs per-token-loss difference 0.06 on a t
 
 Here the vision layers are captured in Qwen3-VL's own eager format - packed THD attention - with the per-image
 boundaries as a *static tensor input*, one graph per run of layers that ends at a deepstack layer (``graph_unit:
-deepstack``, :func:`~bridge_cudagraph.plan.budgets.layer_segments`) or per layer:
+run``, :func:`~bridge_cudagraph.plan.budgets.layer_segments`) or per layer:
 
 * the patches of a micro-batch (``N``) are padded to the smallest captured budget ``B >= N`` (in patches, the
   unit the layers run on);
@@ -151,7 +151,7 @@ class VisionGraphHelper(LadderHelper):
             (:func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`; 1 without a pipeline).
         static_inputs: The plan's static inputs (:class:`~bridge_cudagraph.plan.capture_plan.StaticInput`) per
             budget; the capture buffers are checked against them (None: not checked, for callers without a plan).
-        graph_unit: ``deepstack`` or ``layer``: the layers each graph spans
+        graph_unit: ``run`` or ``layer``: the layers each graph spans
             (:func:`~bridge_cudagraph.plan.budgets.layer_segments`).
     """
 
@@ -170,7 +170,7 @@ class VisionGraphHelper(LadderHelper):
         on_capture_error: str = "eager",
         copies: int = 1,
         static_inputs: Mapping[int, Sequence[StaticInput]] | None = None,
-        graph_unit: str = "deepstack",
+        graph_unit: str = "run",
     ) -> None:
         if not isinstance(vision_model, GraphedQwen3VLVisionModel):
             raise CaptureError(

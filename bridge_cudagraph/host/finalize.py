@@ -5,7 +5,7 @@ Host change:
     rebound around each call (:func:`~bridge_cudagraph.host.patches.listed_reset_modules`)
   written for: megatron-core 0.19.2 ``finalize_model_grads.py``
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
-    :func:`~bridge_cudagraph.host.compat.finalize_walk_is_mirrored`; ``optimizer_host_cache``
+    :func:`~bridge_cudagraph.host.compat.finalize_walk_is_mirrored`; ``model.cuda_graph.cached_walks.grad_finalize``
   undo: :func:`uninstall`
 
 Why: megatron-core 0.19.2's ``finalize_model_grads`` (finalize_model_grads.py), which the schedule calls after

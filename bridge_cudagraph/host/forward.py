@@ -1,5 +1,5 @@
-"""Qwen3-VL's forward with fewer host waits: what ``model.cuda_graph.fewer_host_waits`` switches (null: on wherever
-graphs are on a Qwen3-VL model).
+"""Qwen3-VL's forward with fewer host waits: what ``model.cuda_graph.forward`` switches, one setting per part
+(:data:`MECHANISMS`; null: on wherever graphs are on a Qwen3-VL model).
 
 Host change:
   changes: the class of one ``Qwen3VLModel`` and its decoder (mixins in front,
@@ -12,7 +12,7 @@ Host change:
   written for: Megatron-Bridge 0.6.2 ``Qwen3VLModel.forward``, ``get_rope_index``, ``_deepstack_process``,
     ``preprocess_packed_seqs``
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
-    :func:`~bridge_cudagraph.host.compat.qwen3_vl_forward_is_mirrored`; ``fewer_host_waits``
+    :func:`~bridge_cudagraph.host.compat.qwen3_vl_forward_is_mirrored`; ``model.cuda_graph.forward``
   undo: :func:`uninstall`
 
 What each mixin takes off, in one line each (the reasoning, and what was measured, is in
@@ -42,7 +42,7 @@ from __future__ import annotations
 import copy
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -52,6 +52,7 @@ from bridge_cudagraph.host.patches import extend_instance_class, restore_instanc
 from bridge_cudagraph.vision import host_grids
 
 __all__ = [
+    "MECHANISMS",
     "BoundGrids",
     "FlatPackedRows",
     "HostRopeIndex",
@@ -172,9 +173,9 @@ class PendingPositions:
         if self._rows_must_be_unpadded and not bool(self.attention_mask.all()):
             raise RuntimeError(
                 "bridge_cudagraph: the step's packed Qwen3-VL rows came with an attention mask that drops tokens; "
-                "fewer_host_waits hands such rows to Bridge's forward flat only where the mask keeps every token "
-                "(Bridge's qwen3_vl_step builds it so). Set model.cuda_graph.fewer_host_waits=false to let Bridge's "
-                "forward pack them itself"
+                "model.cuda_graph.forward.flat_rows hands such rows to Bridge's forward flat only where the mask "
+                "keeps every token (Bridge's qwen3_vl_step builds it so). Set "
+                "model.cuda_graph.forward.flat_rows=false to let Bridge's forward pack them itself"
             )
 
     def _publish_extents(self) -> None:
@@ -222,7 +223,7 @@ class HostRopeIndex:
         if not pending.filled:
             raise RuntimeError(
                 "bridge_cudagraph: Qwen3-VL's forward read no input embedding, so its mRoPE positions were never "
-                "filled; set model.cuda_graph.fewer_host_waits=false"
+                "filled; set model.cuda_graph.forward.positions=false"
             )
         return output
 
@@ -500,32 +501,43 @@ def _targets(model_chunks: list[Any]) -> list[tuple[Any, type]]:
     return out
 
 
-def install(model_chunks: list[Any]) -> list[tuple[Any, type]]:
-    """Put the mixins on the Qwen3-VL models in ``model_chunks``; returns what :func:`uninstall` takes off (empty for
-    other models, and where the installed Bridge is not the release they mirror, logged once)."""
+#: Each part of ``model.cuda_graph.forward``: the mixins :func:`install` puts on for it.
+MECHANISMS: dict[str, tuple[type, ...]] = {
+    "positions": (HostRopeIndex,),
+    "merges": (IndexedDeepstack, RowMerge),
+    "flat_rows": (FlatPackedRows,),
+    "collated_grids": (BoundGrids,),
+}
+
+
+def install(model_chunks: list[Any], mechanisms: Iterable[str] = tuple(MECHANISMS)) -> list[tuple[Any, type]]:
+    """Put the mixins of ``mechanisms`` (:data:`MECHANISMS`) on the Qwen3-VL models in ``model_chunks``; returns what
+    :func:`uninstall` takes off (empty for other models, and where the installed Bridge is not the release they
+    mirror, logged once)."""
     if not compat.qwen3_vl_forward_is_mirrored():
         logger.warning(
-            "bridge_cudagraph: fewer_host_waits is off: it mirrors Megatron-Bridge %s's Qwen3-VL forward "
+            "bridge_cudagraph: model.cuda_graph.forward is off: it mirrors Megatron-Bridge %s's Qwen3-VL forward "
             "(installed: %s)",
             compat.QWEN3_VL_FORWARD_MIRRORS,
             compat.installed_version("megatron-bridge"),
         )
         return []
-    done = _targets(model_chunks)
-    for obj, mixin in done:
+    wanted = {mixin for name in mechanisms for mixin in MECHANISMS[name]}
+    mixed_in = [(obj, mixin) for obj, mixin in _targets(model_chunks) if mixin in wanted]
+    for obj, mixin in mixed_in:
         extend_instance_class(obj, mixin)
         embedding = getattr(getattr(obj, "language_model", None), "embedding", None)
         if mixin is HostRopeIndex and getattr(obj, "pre_process", False) and embedding is not None:
             obj.__dict__[_EMBEDDING_HOOK] = embedding.register_forward_pre_hook(_fill_pending(weakref.ref(obj)))
         if mixin is RowMerge:
             obj.__dict__[_VISION_HOOK] = obj.vision_model.register_forward_hook(_vision_rows(weakref.ref(obj)))
-    return done
+    return mixed_in
 
 
-def uninstall(done: list[tuple[Any, type]]) -> None:
-    """Undo :func:`install` for the pairs in ``done``: the host classes back, their counters and hooks dropped (a
+def uninstall(mixed_in: list[tuple[Any, type]]) -> None:
+    """Undo :func:`install` for the pairs in ``mixed_in``: the host classes back, their counters and hooks dropped (a
     pair's own only: the benchmark takes :class:`RowMerge` off alone)."""
-    for obj, mixin in done:
+    for obj, mixin in mixed_in:
         restore_instance_class(obj, mixin)
         obj.__dict__.pop(_COUNTERS.get(mixin, ""), None)
         if mixin is HostRopeIndex:
@@ -550,12 +562,13 @@ def row_merges(model_chunks: list[Any]) -> int:
     return _count(model_chunks, RowMerge)
 
 
-def counts(done: list[tuple[Any, type]]) -> dict[str, int]:
-    """What each counted mixin of ``done`` (:func:`install`'s pairs) did so far: ``host_positions_calls``,
+def counts(mixed_in: list[tuple[Any, type]]) -> dict[str, int]:
+    """What each counted mixin of ``mixed_in`` (:func:`install`'s pairs) did so far: ``host_positions_calls``,
     ``row_merges``, ``flat_batches``; each object counted once per mixin (one model carries several), 0 once
     :func:`uninstall` dropped the counters."""
     return {
-        name: sum(obj.__dict__.get(name, 0) for obj, on in done if on is mixin) for mixin, name in _COUNTERS.items()
+        name: sum(obj.__dict__.get(name, 0) for obj, on in mixed_in if on is mixin)
+        for mixin, name in _COUNTERS.items()
     }
 
 

@@ -6,7 +6,7 @@ Host change:
     per-parameter walks
   written for: megatron-core 0.19.2, Transformer Engine 2.20
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
-    :func:`~bridge_cudagraph.host.compat.optimizer_step_is_mirrored`; ``optimizer_host_cache``
+    :func:`~bridge_cudagraph.host.compat.optimizer_step_is_mirrored`; ``model.cuda_graph.cached_walks.optimizer``
   undo: :func:`uninstall`
 
 Why: a graphed step is host-bound (on the 2B shape the GPU runs 119 ms of kernels in a 177 ms step), and
@@ -469,22 +469,23 @@ def install(optimizer: Any) -> list[tuple[Any, type]]:
     off (empty where the installed megatron-core / TE is not the one these mixins mirror, logged once)."""
     if not compat.optimizer_step_is_mirrored():
         logger.warning(
-            "bridge_cudagraph: optimizer_host_cache is off: it mirrors megatron-core %s and Transformer Engine %s "
-            "(installed: %s, %s)",
+            "bridge_cudagraph: model.cuda_graph.cached_walks.optimizer is off: it mirrors megatron-core %s and "
+            "Transformer Engine %s (installed: %s, %s)",
             *compat.OPTIMIZER_STEP_MIRRORS,
             compat.installed_version("megatron-core"),
             compat.installed_version("transformer-engine"),
         )
         return []
-    done = _targets(optimizer)
-    for obj, mixin in done:
+    mixed_in = _targets(optimizer)
+    for obj, mixin in mixed_in:
         extend_instance_class(obj, mixin)
-    return done
+    return mixed_in
 
 
-def uninstall(done: list[tuple[Any, type]]) -> None:
-    """Undo :func:`install`: the host classes back, the caches dropped."""
-    for obj, mixin in done:
+def uninstall(mixed_in: list[tuple[Any, type]]) -> None:
+    """Undo :func:`install` for the ``(object, mixin)`` pairs it returned: the host classes back, the caches
+    dropped."""
+    for obj, mixin in mixed_in:
         restore_instance_class(obj, mixin)
         obj.__dict__.pop(CACHE, None)
 

@@ -1,5 +1,5 @@
-"""The graphed step's host work, put on and taken off together: what ``model.cuda_graph.optimizer_host_cache`` and
-``model.cuda_graph.fewer_host_waits`` switch (null: on wherever graphs are).
+"""The graphed step's host changes, put on and taken off together: what ``model.cuda_graph.cached_walks`` and
+``model.cuda_graph.forward`` switch (null: on wherever graphs are).
 
 Host change:
   changes: nothing of its own: puts on and takes off :mod:`~bridge_cudagraph.host.finalize`,
@@ -18,6 +18,7 @@ the graphs; the benchmark installs them for its ``ours`` variants through the sa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,42 +48,49 @@ class StepHostCaches:
 
 
 def install(
-    model_chunks: list[Any], optimizer: Any, *, caches: bool = True, finalize: bool = True, forward: bool = False
+    model_chunks: list[Any],
+    optimizer: Any,
+    *,
+    optimizer_walks: bool = True,
+    finalize_walk: bool = True,
+    forward: Iterable[str] = (),
 ) -> StepHostCaches:
-    """Put the optimizer and finalisation caches on ``model_chunks`` (their config's finalisation function, where
-    one is set) and ``optimizer`` (``caches``; ``finalize=False`` leaves the finalisation as it is: the benchmark's
-    lever), and Qwen3-VL's forward with fewer host waits on the models in ``model_chunks`` (``forward``)."""
+    """Put the optimizer's walks done once on ``optimizer`` (``optimizer_walks``), the gradient finalisation's walk
+    done once on the config of ``model_chunks`` where it has a finalisation function (``finalize_walk``), and the parts
+    of Qwen3-VL's forward named in ``forward`` (:data:`bridge_cudagraph.host.forward.MECHANISMS`) on its models."""
     from megatron.core.utils import get_model_config
 
-    done = StepHostCaches()
-    if caches:
-        done.optimizer = optimizer_host.install(optimizer)
-        if finalize and model_chunks:
-            config = get_model_config(model_chunks[0])
-            if finalize_host.install(config, model_chunks):
-                done.finalize_config = config
+    installed = StepHostCaches()
+    if optimizer_walks:
+        installed.optimizer = optimizer_host.install(optimizer)
+    if finalize_walk and model_chunks:
+        config = get_model_config(model_chunks[0])
+        if finalize_host.install(config, model_chunks):
+            installed.finalize_config = config
     if forward:
-        done.forward = forward_host.install(model_chunks)
-    return done
+        installed.forward = forward_host.install(model_chunks, forward)
+    return installed
 
 
-def install_planned(
-    plan: CapturePlan, model_chunks: list[Any], optimizer: Any, *, finalize: bool = True
-) -> StepHostCaches:
-    """:func:`install` as ``plan`` says (``optimizer_host_cache``, ``fewer_host_waits``)."""
+def install_planned(plan: CapturePlan, model_chunks: list[Any], optimizer: Any) -> StepHostCaches:
+    """:func:`install` as ``plan`` says (``cached_walks``, ``forward``)."""
     return install(
-        model_chunks, optimizer, caches=plan.optimizer_host_cache, finalize=finalize, forward=plan.fewer_host_waits
+        model_chunks,
+        optimizer,
+        optimizer_walks=plan.cached_walks.optimizer,
+        finalize_walk=plan.cached_walks.grad_finalize,
+        forward=plan.forward.parts,
     )
 
 
-def uninstall(done: StepHostCaches) -> None:
+def uninstall(installed: StepHostCaches) -> None:
     """Undo :func:`install` (idempotent)."""
-    if done.optimizer:
-        optimizer_host.uninstall(done.optimizer)
-        done.optimizer = []
-    if done.finalize_config is not None:
-        finalize_host.uninstall(done.finalize_config)
-        done.finalize_config = None
-    if done.forward:
-        forward_host.uninstall(done.forward)
-        done.forward = []
+    if installed.optimizer:
+        optimizer_host.uninstall(installed.optimizer)
+        installed.optimizer = []
+    if installed.finalize_config is not None:
+        finalize_host.uninstall(installed.finalize_config)
+        installed.finalize_config = None
+    if installed.forward:
+        forward_host.uninstall(installed.forward)
+        installed.forward = []

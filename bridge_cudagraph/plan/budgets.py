@@ -207,7 +207,7 @@ def language_segments(layers: int, merges: int, *, first_stage: bool, unit: str)
 
 def layer_segments(depth: int, cut_after: Sequence[int], unit: str) -> tuple[tuple[int, int], ...]:
     """The layer ranges ``[start, end)`` one graph each spans, for a ``graph_unit`` of ``model.cuda_graph``: runs of
-    layers cut after each layer of ``cut_after`` and then the rest (``deepstack``), or single layers (``layer``).
+    layers cut after each layer of ``cut_after`` and then the rest (``run``), or single layers (``layer``).
 
     The cuts are where something outside the layers reads or changes their output: Qwen3-VL's vision encoder reads
     the output of each deepstack layer (its deepstack mergers), its language model adds a deepstack feature after
@@ -216,7 +216,7 @@ def layer_segments(depth: int, cut_after: Sequence[int], unit: str) -> tuple[tup
     """
     if unit == "layer":
         return tuple((i, i + 1) for i in range(depth))
-    if unit == "deepstack":
+    if unit == "run":
         ends = sorted({t + 1 for t in cut_after if 0 <= t < depth} | {depth})
         return tuple(zip([0, *ends[:-1]], ends, strict=True)) if depth else ()
     raise ValueError(f"unknown graph unit {unit!r}")

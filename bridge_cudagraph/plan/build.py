@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+from bridge_cudagraph.config import CACHED_WALKS, FORWARD_PARTS, CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.parallel.layout import (
     ParallelLayout,
     ResolvedLayout,
@@ -30,7 +30,9 @@ from bridge_cudagraph.plan.budgets import (
     max_patches_per_microbatch,
 )
 from bridge_cudagraph.plan.capture_plan import (
+    CachedWalksPlan,
     CapturePlan,
+    ForwardPlan,
     LanguagePlan,
     PackedLanguagePlan,
     PaddedLanguagePlan,
@@ -202,9 +204,9 @@ def deepstack_merges(facts: ModelFacts) -> int:
 
 
 def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[str, str]:
-    """``model.cuda_graph.language.graph_unit`` resolved: ``deepstack`` (runs of layers) where the decoder's loop
-    does nothing of its own between whole dense layers, else ``layer``, with the reason a null one is ``layer``
-    (empty otherwise); an explicit ``deepstack`` where it cannot work is refused with the reason and the fix."""
+    """``model.cuda_graph.language.graph_unit`` resolved: ``run`` (runs of layers) where the decoder's loop does
+    nothing of its own between whole dense layers, else ``layer``, with the reason a null one is ``layer`` (empty
+    otherwise); an explicit ``run`` where it cannot work is refused with the reason and the fix."""
     where = "model.cuda_graph.language.graph_unit"
     asked = cfg.language.graph_unit
     if asked == "layer":
@@ -220,10 +222,10 @@ def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[str, str]:
     if (facts.virtual_pipeline_size or 1) > 1:
         reasons.append("model.virtual_pipeline_model_parallel_size > 1 (runs inside virtual chunks are not built yet)")
     if not reasons:
-        return "deepstack", ""
-    if asked == "deepstack":
+        return "run", ""
+    if asked == "run":
         raise CudaGraphConfigError(
-            f"{where}='deepstack' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)",
+            f"{where}='run' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)",
             fix=("model.cuda_graph.language.graph_unit=layer",),
         )
     return "layer", reasons[0]
@@ -287,7 +289,7 @@ def _plan_vision(
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
     copies = 1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb)
-    unit = cfg.vision.graph_unit or "deepstack"
+    unit = cfg.vision.graph_unit or "run"
     segments = layer_segments(v.depth, v.deepstack_visual_indexes, unit)
     return VisionPlan(
         enabled=True,
@@ -451,18 +453,30 @@ def _packed_static_inputs(
 
 
 def _tight(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> tuple[bool, str]:
-    """Whether the packed replay packs rows tightly (:mod:`bridge_cudagraph.capture.tight`), and why: only on the
-    Qwen3-VL step's rows of varying width, at pipeline parallel 1 without sequence parallelism, where the forward's
-    host copies give the rows' extents (``fewer_host_waits``)."""
+    """Whether the packed replay packs rows tightly (:mod:`bridge_cudagraph.capture.tight`), and why
+    (``model.cuda_graph.language.tight_packing``): only on the Qwen3-VL step's rows of varying width, at pipeline
+    parallel 1 without sequence parallelism, where the forward's copies on the CPU give the rows' extents
+    (``forward.positions``); ``true`` where it cannot work is refused with the reason."""
+    asked = cfg.language.tight_packing
+    if asked is False:
+        return False, "off: language.tight_packing=false"
     if packing.mode != "qwen3_vl_step" or facts.vision is None:
-        return False, "off: only the Qwen3-VL step's rows are padded to the longest"
-    if packing.fixed_width:
-        return False, "off: every row is padded to seq_length (pp > 1 or ep > 1), one budget"
-    if facts.pp > 1 or facts.sequence_parallel:
-        return False, "off: pipeline or sequence parallelism"
-    if cfg.fewer_host_waits is False:
-        return False, "off: the rows' lengths come from fewer_host_waits' host copies, which is false"
-    return True, "on: each row's padding tail is dropped before the layers (fewer_host_waits' host copies)"
+        cannot = "off: only the Qwen3-VL step's rows are padded to the longest"
+    elif packing.fixed_width:
+        cannot = "off: every row is padded to seq_length (pp > 1 or ep > 1), one budget"
+    elif facts.pp > 1 or facts.sequence_parallel:
+        cannot = "off: pipeline or sequence parallelism"
+    elif cfg.forward.positions is False:
+        cannot = "off: the rows' lengths come from forward.positions' host copies, which is false"
+    else:
+        return True, "on: each row's padding tail is dropped before the layers (forward.positions' host copies)"
+    if asked:
+        where = "model.cuda_graph.language.tight_packing"
+        raise CudaGraphConfigError(
+            f"{where}=true cannot work here: {cannot.removeprefix('off: ')}; set it to null (or false)",
+            fix=(f"{where}=null",),
+        )
+    return False, cannot
 
 
 def _plan_packed(
@@ -585,8 +599,7 @@ def build_plan(
             pixels=images,
             deterministic=deterministic_kernels() if deterministic is None else deterministic,
         )
-    host_cache = cfg.any_enabled and cfg.optimizer_host_cache is not False
-    fewer_waits = cfg.any_enabled and facts.vision is not None and cfg.fewer_host_waits is not False
+    cached_walks, forward = _cached_walks(cfg), _forward(cfg, facts)
     plan = CapturePlan(
         facts=facts,
         world_size=world_size,
@@ -597,18 +610,41 @@ def build_plan(
         language=language,
         vision=vision,
         on_capture_error=cfg.on_capture_error,
-        optimizer_host_cache=host_cache,
-        fewer_host_waits=fewer_waits,
+        cached_walks=cached_walks,
+        forward=forward,
         num_microbatches_source=num_mb_source,
-        switches_defaulted=tuple(
-            name
-            for name, on in (("optimizer_host_cache", host_cache), ("fewer_host_waits", fewer_waits))
-            if on and getattr(cfg, name) is None
-        ),
+        switches_defaulted=_defaulted(cfg, cached_walks, forward),
     )
     if training is None:
         return plan
     return dataclasses.replace(plan, memory=estimate(plan, training))
+
+
+def _cached_walks(cfg: CudaGraphConfig) -> CachedWalksPlan:
+    """``model.cuda_graph.cached_walks`` resolved: each walk done once wherever graphs are, unless turned off."""
+    return CachedWalksPlan(**{w: cfg.any_enabled and getattr(cfg.cached_walks, w) is not False for w in CACHED_WALKS})
+
+
+def _forward(cfg: CudaGraphConfig, facts: ModelFacts) -> ForwardPlan:
+    """``model.cuda_graph.forward`` resolved: each part on wherever graphs are on a Qwen3-VL model, unless turned off
+    or it needs a part that is off (the flat rows carry the positions' explicit mRoPE positions; ``true`` against
+    ``false`` was refused by the block's own check)."""
+    if not cfg.any_enabled or facts.vision is None:
+        return ForwardPlan()
+    on = {part: getattr(cfg.forward, part) is not False for part in FORWARD_PARTS}
+    why = {part: f"forward.{part}=false" for part in FORWARD_PARTS if not on[part]}
+    if on["flat_rows"] and not on["positions"]:
+        on["flat_rows"] = False
+        why["flat_rows"] = "needs forward.positions, which is false"
+    return ForwardPlan(**on, off_reasons=tuple((part, why[part]) for part in FORWARD_PARTS if part in why))
+
+
+def _defaulted(cfg: CudaGraphConfig, cached_walks: CachedWalksPlan, forward: ForwardPlan) -> tuple[str, ...]:
+    """The switches of the block left null that the plan turns on, as their names in the block."""
+    walks = [
+        f"cached_walks.{w}" for w in CACHED_WALKS if getattr(cached_walks, w) and getattr(cfg.cached_walks, w) is None
+    ]
+    return (*walks, *(f"forward.{p}" for p in forward.parts if getattr(cfg.forward, p) is None))
 
 
 def _resolve_layouts(cfg: CudaGraphConfig, facts: ModelFacts, world_size: int) -> dict[Submodule, ResolvedLayout]:
@@ -687,7 +723,7 @@ def _plan_language(
     merges = deepstack_merges(facts)
     segments = tuple(
         language_segments(len(local), merges, first_stage=stage == 0, unit=unit)
-        if unit == "deepstack"
+        if unit == "run"
         else tuple((i, i + 1) for i in local)
         for stage, local in enumerate(graphable)
     )

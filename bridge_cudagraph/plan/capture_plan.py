@@ -159,14 +159,14 @@ class LanguagePlan:
             plan keeps megatron-core's helper (:attr:`engine_source` says why).
         engine_source: Why padded micro-batches replay on megatron-core's ``TECudaGraphHelper`` rather than on the
             ladder (empty otherwise).
-        graph_unit: What one graph spans, resolved: ``deepstack`` (a run of layers between deepstack merges) or
+        graph_unit: What one graph spans, resolved: ``run`` (a run of layers between deepstack merges) or
             ``layer``.
         deepstack_merges: Layers of the first pipeline stage after which Qwen3-VL's decoder adds a deepstack feature
             (its first ``len(deepstack_visual_indexes)`` layers); 0 for GPT. A run never spans one.
         segments_per_stage: The layer ranges ``[start, end)`` of each stage's graphs, in the stage's own layer
             indices (:func:`~bridge_cudagraph.plan.budgets.layer_segments`); the helpers build them the same way.
         warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
-        unit_source: Why a derived ``graph_unit`` is ``layer`` (empty when set, or derived as ``deepstack``).
+        unit_source: Why a derived ``graph_unit`` is ``layer`` (empty when set, or derived as ``run``).
     """
 
     enabled: bool
@@ -220,7 +220,7 @@ class VisionPlan:
             pipeline; :func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`).
         graphs: Graphs on each vision rank: ``len(segments) x len(token_budgets) x copies``.
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
-        graph_unit: What one graph spans: ``deepstack`` (the layers up to each deepstack layer) or ``layer``,
+        graph_unit: What one graph spans: ``run`` (the layers up to each deepstack layer) or ``layer``,
             resolved.
         patches_source: Where a derived ``max_patches_per_image`` comes from (empty when the block sets it).
         warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
@@ -242,7 +242,7 @@ class VisionPlan:
     graphs: int
     warmup_steps: int
     max_patches_per_image: int = 0
-    graph_unit: str = "deepstack"
+    graph_unit: str = "run"
     patches_source: str = ""
     warmup_source: str = ""
     deterministic_workspace: int = 0
@@ -336,6 +336,47 @@ class MemoryEstimate:
 
 
 @dataclass(frozen=True, slots=True)
+class ForwardPlan:
+    """Which parts of Qwen3-VL's forward run this plugin's way (``model.cuda_graph.forward`` resolved;
+    :mod:`bridge_cudagraph.host.forward`): each on wherever graphs are on a Qwen3-VL model, unless the block turns it
+    off or it needs a part that is off.
+
+    Attributes:
+        positions: The mRoPE positions from copies on the CPU.
+        merges: The deepstack and image-token merges by row positions.
+        flat_rows: The step's packed rows handed to the forward flat.
+        collated_grids: The collate's grids bound to the forward's device tensors.
+        off_reasons: ``(part, why)`` for each part that is off on a graphed Qwen3-VL model.
+    """
+
+    positions: bool = False
+    merges: bool = False
+    flat_rows: bool = False
+    collated_grids: bool = False
+    off_reasons: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The parts that are on (names of ``model.cuda_graph.forward``), in the block's order."""
+        names = ("positions", "merges", "flat_rows", "collated_grids")
+        return tuple(name for name in names if getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True)
+class CachedWalksPlan:
+    """Which per-step walks are done once (``model.cuda_graph.cached_walks`` resolved): each on wherever graphs are,
+    unless the block turns it off.
+
+    Attributes:
+        optimizer: The optimizer step's per-parameter walks (:mod:`bridge_cudagraph.host.optimizer`).
+        grad_finalize: The gradient finalisation's module walk (:mod:`bridge_cudagraph.host.finalize`).
+    """
+
+    optimizer: bool = False
+    grad_finalize: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CapturePlan:
     """Everything that will be captured, for one model on one world size.
 
@@ -353,16 +394,14 @@ class CapturePlan:
         language: The language graphs.
         vision: The vision graphs, or None for a text-only model.
         on_capture_error: ``eager`` or ``raise``.
-        optimizer_host_cache: The step's host caches are on (:mod:`bridge_cudagraph.host.step`: the optimizer's
-            per-parameter walks and the gradient finalisation's module walk): on wherever graphs are, unless the
-            block turns them off.
-        fewer_host_waits: Qwen3-VL's forward without most of its host waits (:mod:`bridge_cudagraph.host.forward`):
-            on wherever graphs are on a Qwen3-VL model, unless the block turns it off.
+        cached_walks: The per-step walks done once (:mod:`bridge_cudagraph.host.step`).
+        forward: The parts of Qwen3-VL's forward run without waiting for the GPU
+            (:mod:`bridge_cudagraph.host.forward`); all off on a model without a vision encoder.
         memory: The busiest rank's memory, estimated (:mod:`bridge_cudagraph.plan.memory`); None where the plan was
             built without the training facts (a plan of the provider alone).
         num_microbatches_source: How a derived ``num_microbatches`` was derived (empty when the block sets it).
-        switches_defaulted: The block's switches left null that the plan turns on (``optimizer_host_cache``,
-            ``fewer_host_waits``).
+        switches_defaulted: The block's switches left null that the plan turns on (``cached_walks.optimizer``,
+            ``forward.positions``, ...).
     """
 
     facts: ModelFacts
@@ -374,8 +413,8 @@ class CapturePlan:
     language: LanguagePlan
     vision: VisionPlan | None
     on_capture_error: str
-    optimizer_host_cache: bool = False
-    fewer_host_waits: bool = False
+    cached_walks: CachedWalksPlan = CachedWalksPlan()
+    forward: ForwardPlan = ForwardPlan()
     memory: MemoryEstimate | None = None
     num_microbatches_source: str = ""
     switches_defaulted: tuple[str, ...] = ()

@@ -11,7 +11,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
+from bridge_cudagraph.config import FORWARD_PARTS, CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.parallel.layout import check_vision_heads
 from bridge_cudagraph.plan.budgets import check_token_budgets
 from bridge_cudagraph.plan.facts import packing_facts
@@ -461,10 +461,11 @@ def check_padded(cfg: CudaGraphConfig, facts: ModelFacts) -> None:
     """The packed-only settings of the language block on a run whose micro-batches are all padded to ``seq_length``
     (one static shape): refused, not silently ignored."""
     given = [
-        f"{name}={value!r}"
+        f"{name}={str(value).lower() if isinstance(value, bool) else repr(value)}"
         for name, value in (
             ("token_budgets", cfg.language.token_budgets),
             ("max_sequences", cfg.language.max_sequences),
+            ("tight_packing", cfg.language.tight_packing or None),  # false: off, as on every padded run
         )
         if value is not None
     ]
@@ -506,11 +507,12 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
             "ignores vp_stage, so a virtual pipeline builds wrong chunks; set it to null",
             fix=("model.virtual_pipeline_model_parallel_size=null",),
         )
-    if cfg.fewer_host_waits and v is None:
+    asked = [part for part in FORWARD_PARTS if getattr(cfg.forward, part)]
+    if asked and v is None:
+        where = f"model.cuda_graph.forward.{asked[0]}"
         raise CudaGraphConfigError(
-            f"model.cuda_graph.fewer_host_waits=true but {facts.provider} is not Qwen3-VL: it changes Qwen3-VL's "
-            "forward (mRoPE positions, deepstack merge); leave it null",
-            fix=("model.cuda_graph.fewer_host_waits=null",),
+            f"{where}=true but {facts.provider} is not Qwen3-VL: it changes Qwen3-VL's forward; leave it null",
+            fix=(f"{where}=null",),
         )
     check_linear_attention(facts, cfg)
     if v is not None:

@@ -68,7 +68,7 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
         layers = "+".join(map(str, stages)) + f" layers on {len(stages)} stages"
         per = f"{plural(language.graphs_per_unit, 'graph')} each (one per micro-batch)"
     runs = []
-    if language.graph_unit == "deepstack":
+    if language.graph_unit == "run":
         units = "+".join(str(len(s)) for s in language.segments_per_stage)
         layers += f" in {units} run" + ("" if units == "1" else "s")
         merges = f"cut after each of the first {language.deepstack_merges} (a deepstack merge follows)"
@@ -201,6 +201,50 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
     return lines
 
 
+def _describe_cached_walks(walks: Any) -> list[str]:
+    """The optimizer's and the gradient finalisation's walks, done once or as megatron-core does them."""
+    if walks.optimizer and walks.grad_finalize:
+        return ["optimizer: the step's per-parameter and per-module host work cached (same kernels, same step)"]
+    if not walks.optimizer and not walks.grad_finalize:
+        return [
+            "optimizer: megatron-core's step as it is (cached_walks.optimizer=false, cached_walks.grad_finalize=false)"
+        ]
+    if walks.optimizer:
+        return [
+            "optimizer: the step's per-parameter host work cached (same kernels, same step)",
+            "  the gradient finalisation walks every module every step (cached_walks.grad_finalize=false)",
+        ]
+    return [
+        "optimizer: megatron-core's step as it is (cached_walks.optimizer=false)",
+        "  the gradient finalisation's modules to reset listed once (same resets)",
+    ]
+
+
+#: What each part of ``model.cuda_graph.forward`` does, for the plan's text.
+_FORWARD_TEXT = {
+    "positions": "mRoPE positions from one host copy",
+    "merges": "deepstack and image-token merges by index",
+    "flat_rows": "the step's packed rows handed flat",
+    "collated_grids": "the grids from the collate's copy",
+}
+
+
+def _describe_forward(forward: Any) -> list[str]:
+    """Which parts of Qwen3-VL's forward run this plugin's way, and why each other one is Bridge's."""
+    if not forward.off_reasons:
+        return [
+            "forward: mRoPE positions from one host copy, deepstack and image-token merges by index (same values, no "
+            "wait)"
+        ]
+    bridge = ", ".join(f"{part} ({why})" for part, why in forward.off_reasons)
+    if not forward.parts:
+        text = f"forward: Bridge's Qwen3-VL forward as it is: {bridge}"
+    else:
+        ours = ", ".join(_FORWARD_TEXT[part] for part in forward.parts)
+        text = f"forward: {ours} (same values, no wait); Bridge's own {bridge}"
+    return textwrap.wrap(text, 119, subsequent_indent="  ", break_on_hyphens=False)
+
+
 def describe_plan(plan: Any) -> str:
     """A readable multi-line block for logs and the CLI (at most 119 columns, no trailing newline). A value the
     plan derived says where it came from, in parentheses; one the block sets is printed as it is."""
@@ -218,20 +262,12 @@ def describe_plan(plan: Any) -> str:
     if plan.vision is not None:
         lines += _describe_vision(plan.vision, f, plan.vision_layout)
     if plan.language.enabled or (plan.vision is not None and plan.vision.enabled):
-        lines.append(
-            "optimizer: the step's per-parameter and per-module host work cached (same kernels, same step)"
-            if plan.optimizer_host_cache
-            else "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
-        )
+        lines += _describe_cached_walks(plan.cached_walks)
         if plan.vision is not None:
-            lines.append(
-                "forward: mRoPE positions from one host copy, deepstack and image-token merges by index (same "
-                "values, no wait)"
-                if plan.fewer_host_waits
-                else "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)"
-            )
+            lines += _describe_forward(plan.forward)
         if plan.switches_defaulted:
-            lines.append(f"  on wherever graphs are (left null): {', '.join(plan.switches_defaulted)}")
+            text = f"on wherever graphs are (left null): {', '.join(plan.switches_defaulted)}"
+            lines += textwrap.wrap(text, 119, initial_indent="  ", subsequent_indent="    ")
         lines += _describe_wgrad_accumulation(f, plan.vision)
         if plan.memory is not None:
             lines += plan.memory.describe()

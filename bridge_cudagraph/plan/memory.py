@@ -40,7 +40,7 @@ ACTIVATION_SLACK = 1.1
 #: (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`; the replays then sum them in graphs of their
 #: own, :mod:`bridge_cudagraph.capture.param_grads`, which take no pool memory), but within one graph's backward
 #: every layer's gradient is alive at its end, and the activations it frees meanwhile come in other sizes, so the pool
-#: cannot place all of them there: a graph over a run of layers (the ``deepstack`` unit) holds far more of them at
+#: cannot place all of them there: a graph over a run of layers (the ``run`` unit) holds far more of them at
 #: once than a graph of one layer. Calibrated on the 2B shape's captures (the useful-tokens benchmark's memory
 #: section): with TE's fused weight-gradient accumulation (no gradients in the pool) the top rung of 1408 tokens took
 #: 2.92 GiB, the estimate's activations alone; without it 4.16 GiB, half of the 2.34 GiB of the 25-layer run's

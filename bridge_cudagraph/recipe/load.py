@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge_cudagraph.config import UnknownKeyError, suggest, unknown_key_message
+from bridge_cudagraph.config import UnknownKeyError, refuse_renamed_key, suggest, unknown_key_message
 from bridge_cudagraph.recipe import RecipeError
 from bridge_cudagraph.recipe.offline import recipe_environment
 
@@ -354,6 +354,7 @@ def _check_entry(obj: Any, key: Any, value: Any, where: str) -> None:
         return  # free-form mapping (env_vars, dataset_kwargs...): Bridge takes any key
     allowed = _field_names(obj)
     if key not in allowed:
+        refuse_renamed_key(obj, str(key), value, where)
         raise UnknownKeyError(unknown_key_message(str(key), allowed, where))
     current = getattr(obj, key)
     if path == ".".join(_CUDA_GRAPH_PATH) and value is not None:

@@ -14,7 +14,7 @@ How, in three places with one owner each:
   :func:`bridge_cudagraph.bridge.data_path.observing_forward_step`; the benchmark and the GPU tests through
   :func:`published` around their own forward step, :mod:`bridge_cudagraph.testing.parity`);
 * Qwen3-VL's forward binds each published grid to the device tensor that call received
-  (:class:`~bridge_cudagraph.host.forward.BoundGrids`, part of ``fewer_host_waits``: :func:`bind` and
+  (:class:`~bridge_cudagraph.host.forward.BoundGrids`, ``model.cuda_graph.forward.collated_grids``: :func:`bind` and
   :func:`unbind`), where the shapes agree, and enqueues a device-side check that both hold the same values (no
   wait; a mismatch stops the run at the check);
 * the encoder asks for the host copy of the very tensor it is handed (:func:`host_copy`). By identity: a grid Bridge's

@@ -111,8 +111,8 @@ class Recorder(Callback):
         self.data["bridge_helper_name_installed"] = bridge_helper_installed()
         self.data["model_cuda_graph_impl"] = get_model_config(context.model[0]).cuda_graph_impl
         self.data["parallel_state_untouched_at_start"] = parallel_state_untouched()
-        self.data["optimizer_host_cache"] = optimizer_host.installed(context.optimizer)
-        self.data["fewer_host_waits"] = forward_host.installed(context.model)
+        self.data["optimizer_walks_cached"] = optimizer_host.installed(context.optimizer)
+        self.data["forward_installed"] = forward_host.installed(context.model)
         self.data["weights_at_start"] = _fingerprint(context.model)
         self.data["te_modules_fusing_wgrad"] = sum(wgrad_fusion.te_modules_fusing(chunk) for chunk in context.model)
         handler = signal.getsignal(signal.SIGTERM)  # Bridge's, with train.exit_signal_handler

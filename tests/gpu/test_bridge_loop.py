@@ -306,14 +306,14 @@ def test_callback_captured_after_warmup_and_again_after_resume(runs, record):
     )
 
 
-def test_optimizer_host_cache_steps_every_graphed_run(runs, record):
-    """The callback puts the optimizer host cache on where graphs are (the plan's default) and every step takes it;
-    graphs off leave megatron-core's step as it is. The losses test below is then the cache's parity against Bridge's
-    graphs-off loop too."""
+def test_the_cached_walks_step_every_graphed_run(runs, record):
+    """The callback puts the optimizer's and the finalisation's walks done once on where graphs are (the plan's
+    defaults of ``model.cuda_graph.cached_walks``) and every step takes them; graphs off leave megatron-core's step
+    as it is. The losses test below is then their parity against Bridge's graphs-off loop too."""
     runs.on.require_ok()
     runs.off.require_ok()
-    assert runs.on.data["optimizer_host_cache"] and not runs.off.data["optimizer_host_cache"]
-    # The finalisation's module walk is listed with it (bridge_cudagraph.host.step), at every step.
+    assert runs.on.data["optimizer_walks_cached"] and not runs.off.data["optimizer_walks_cached"]
+    # The finalisation's module walk is listed too (cached_walks.grad_finalize), at every step.
     assert runs.on.data["finalize_listed"] and not runs.off.data["finalize_listed"]
     counts = runs.on.data["optimizer_cached_steps"]
     # Adam's first step is the host's (it creates the state); every gradient view and parameter copy is cached.
@@ -327,8 +327,8 @@ def test_optimizer_host_cache_steps_every_graphed_run(runs, record):
     record(graphs_on=counts, resumed=after)
 
 
-def test_fewer_host_waits_in_every_graphed_run(runs, record):
-    """The callback puts Qwen3-VL's forward with fewer host waits on where graphs are (the plan's default): every
+def test_the_forward_parts_in_every_graphed_run(runs, record):
+    """The callback puts every part of ``model.cuda_graph.forward`` on where graphs are (the plan's default): every
     training micro-batch of the graphed runs took the positions from the host copy, those with images the
     image-token merge by rows; none went to Bridge's forward flat (the recipe's rows are padded, not packed); graphs
     off took none of them; every forward of the graphed runs bound the grids Bridge's loop drew on the host, and no
@@ -337,7 +337,7 @@ def test_fewer_host_waits_in_every_graphed_run(runs, record):
     for name in ("on", "fused_on"):
         run = getattr(runs, name)
         run.require_ok()
-        assert run.data["fewer_host_waits"], name
+        assert run.data["forward_installed"], name
         assert run.data["host_positions_calls"] >= ITERS, (name, run.data["host_positions_calls"])
         # Every sample of the tiny recipe holds an image: every forward merges by rows.
         assert run.data["row_merges"] == run.data["host_positions_calls"], (name, run.data["row_merges"])
@@ -349,7 +349,7 @@ def test_fewer_host_waits_in_every_graphed_run(runs, record):
         assert run.data["grid_binds"] == run.data["host_positions_calls"], (name, run.data["grid_binds"])
         assert run.data["grids_read_back"] == 0, (name, run.data["grids_read_back"])
     runs.off.require_ok()
-    assert not runs.off.data["fewer_host_waits"] and runs.off.data["host_positions_calls"] == 0
+    assert not runs.off.data["forward_installed"] and runs.off.data["host_positions_calls"] == 0
     assert runs.off.data["row_merges"] == runs.off.data["flat_batches"] == runs.off.data["grid_binds"] == 0
     record(
         graphs_on=runs.on.data["host_positions_calls"],

@@ -178,7 +178,7 @@ def test_language_graphs_match_bridge_bit_for_bit(world, record, kind):
     try:
         assert helper.graphs_created(), helper.stats.failed
         # The product's unit: runs of layers (GPT's 4 layers one graph, Qwen3-VL's 0, 1 and 2-3).
-        assert plan.language.graph_unit == "deepstack"
+        assert plan.language.graph_unit == "run"
         assert helper.stats.graphs == len(plan.language.segments_per_stage[0]) < helper.stats.layers
         _require_bit_identical(plugin, bridge, batches, f"{kind} language graphs", record)
         assert helper.stats.replays == len(batches), helper.stats
@@ -256,9 +256,9 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
 
 
 def test_vision_graphs_read_the_collates_host_grid_bit_for_bit(world, record):
-    """With ``fewer_host_waits`` on, a replaying encoder reads the grid the step's forward had published on the host
-    (:mod:`bridge_cudagraph.vision.host_grids`) instead of reading it back: per-token loss and every gradient bit for
-    bit Bridge's unmodified model's; every forward bound its grid and no replay read one back. Captured again, the
+    """With ``forward.collated_grids`` on, a replaying encoder reads the grid the step's forward had published on the
+    host (:mod:`bridge_cudagraph.vision.host_grids`) instead of reading it back: per-token loss and every gradient bit
+    for bit Bridge's unmodified model's; every forward bound its grid and no replay read one back. Captured again, the
     same batches without a host grid, or with one of another shape (not bound), read it back, as exactly; a forward
     and backward with the host grid makes the encoder wait for the GPU nowhere, one reading it back once (the census
     of each, by site, recorded)."""
@@ -319,12 +319,12 @@ def _host_waits(fn) -> int:
 
 
 @pytest.mark.parametrize("language", [False, True], ids=["graphs_off", "language_graphs"])
-def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
-    """``fewer_host_waits`` (:mod:`bridge_cudagraph.host.forward`: mRoPE positions from one host copy, the deepstack
-    and image-token merges by row positions) on the plugin's Qwen3-VL, graphs off and language graphs replaying:
-    per-token loss and every gradient bit for bit Bridge's unmodified model's, on every image mix; every micro-batch
-    took the host copy, every one with images the row merge; a forward and backward with images waits less often than
-    Bridge's (both counted and recorded)."""
+def test_the_forward_parts_match_bridge_bit_for_bit(world, record, language):
+    """``model.cuda_graph.forward`` (:mod:`bridge_cudagraph.host.forward`: mRoPE positions from one host copy, the
+    deepstack and image-token merges by row positions) on the plugin's Qwen3-VL, graphs off and language graphs
+    replaying: per-token loss and every gradient bit for bit Bridge's unmodified model's, on every image mix; every
+    micro-batch took the host copy, every one with images the row merge; a forward and backward with images waits less
+    often than Bridge's (both counted and recorded)."""
     from bridge_cudagraph.host import forward as forward_host
     from bridge_cudagraph.testing.parity import assert_captured, loss_and_grads
     from bridge_cudagraph.testing.plans import plan_for
@@ -336,7 +336,7 @@ def test_fewer_host_waits_match_bridge_bit_for_bit(world, record, language):
     helper = None
     if language:
         plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
-        assert plan.fewer_host_waits
+        assert plan.forward.parts == tuple(forward_host.MECHANISMS)
         helper = provider.make_language_graph_helper(plugin, plan=plan)
         helper.create_cudagraphs()
         assert helper.graphs_created(), helper.stats.failed

@@ -3,7 +3,7 @@
 30 steps of a tiny GPT and a tiny Qwen3-VL, our graphs captured at the warm-up step, with Bridge's default optimizer
 (distributed Adam in bf16 with fp32 main params) here with weight decay, a learning rate that changes every step,
 and a clip that engages on every other step. Every optimizer step is taken twice from one saved state, after one
-backward: by the host's classes (the mixins taken off, as ``optimizer_host_cache=false`` leaves them), and with the
+backward: by the host's classes (the mixins taken off, as ``cached_walks.optimizer=false`` leaves them), and with the
 mixins. Everything the step writes is compared bit for bit: the bf16 parameters and fp32 main gradients in the DDP
 buffers (the clip scales those in place), the fp32 main parameters, both Adam moments, the step counters and the grad
 norm; every value must be finite. The cached path must have run: all steps' gradient views and parameter copies, and
@@ -100,7 +100,7 @@ def test_cached_step_is_the_host_step_bit_for_bit(world, record, kind):
     model = tiny.build(provider, world.language, vision_pg_collection=world.vision)
     optimizer = megatron_optimizer(model, world.language, weight_decay=0.1)
     plan = plan_for(provider, world_size=1, micro_batch_size=opt_runs.MBS, num_microbatches=1)
-    assert plan.optimizer_host_cache, "the plan's default must turn the cache on where graphs are"
+    assert plan.cached_walks.optimizer, "the plan's default must turn the cache on where graphs are"
     helpers = provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     targets = optimizer_host.install(optimizer)
     kinds = sorted(mixin.__name__ for _, mixin in targets)

@@ -127,7 +127,7 @@ def _assert_match(a, b, what: str, floor: float | None) -> None:
         (4 * SEQ, False, False, "layer"),
         (SEQ, True, False, "layer"),
         (SEQ, True, True, "layer"),
-        (SEQ, True, True, "deepstack"),
+        (SEQ, True, True, "run"),
     ],
     ids=[
         "max_seqlen_S",
@@ -177,7 +177,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
     waits = forward_host.install(graphed) if fewer_waits else []
     helper.create_cudagraphs()
     assert helper.stats.failed is None, helper.stats.failed
-    assert helper.graphs_created() and helper.stats.graphs == {"layer": 4, "deepstack": 3}[unit] * len(BUDGETS)
+    assert helper.graphs_created() and helper.stats.graphs == {"layer": 4, "run": 3}[unit] * len(BUDGETS)
 
     for name, batch in batches.items():
         tokens = batch["input_ids"].numel()
@@ -231,7 +231,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
         # the host copy, before the language model runs), and the model then runs the next batch as before.
         dropped = batch["attention_mask"].clone()
         dropped[0, -1] = False
-        with pytest.raises(RuntimeError, match="fewer_host_waits=false"):
+        with pytest.raises(RuntimeError, match=r"forward\.flat_rows=false"):
             loss_and_grads(graphed, {**batch, "attention_mask": dropped})
         assert flat == forward_host.flat_batches(graphed) - 2  # the census's one, and the raising one
         _assert_match(
@@ -331,7 +331,7 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
         b, again = loss_and_grads(ours_off, batch), loss_and_grads(ours_off, batch)
         floors[name] = float((b[0] - again[0]).abs().max())
     merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))
-    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit="deepstack", deepstack_merges=merges)
+    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit="run", deepstack_merges=merges)
     seen = batches["T_2048"]["input_ids"].numel()
     loss_and_grads(graphed, batches["T_2048"])  # an eager training micro-batch before capture: the data's largest
     helper.create_cudagraphs()
@@ -475,7 +475,7 @@ def test_offline_packed_gpt_rows_replay_exactly(world, record, tmp_path, pad_seq
     helper.create_cudagraphs()
     # GPT merges nothing between layers: the plan's one run of every layer, one graph per budget.
     layers = cfg.model.num_layers
-    assert plan.language.graph_unit == "deepstack" and plan.language.segments_per_stage == (((0, layers),),)
+    assert plan.language.graph_unit == "run" and plan.language.segments_per_stage == (((0, layers),),)
     assert helper.stats.failed is None and helper.stats.graphs == 1, helper.stats.failed
     for i, batch in enumerate(batches):
         before = helper.stats.replays
@@ -558,7 +558,7 @@ def test_tight_packing_replays_the_kept_tokens_exactly(world, record):
 
     merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))
     helper = PackedLanguageGraphHelper(
-        graphed, layout=layout, graph_unit="deepstack", deepstack_merges=merges, on_capture_error="raise", tight=True
+        graphed, layout=layout, graph_unit="run", deepstack_merges=merges, on_capture_error="raise", tight=True
     )
     waits = forward_host.install(graphed)
     # Before capture: the host's forward (unchanged), exact against Bridge; the ladder observes the kept tokens.

@@ -85,7 +85,7 @@ def test_vision_encoder_has_its_own_groups(world):
     assert encoder.config.cuda_graph_impl == "none"
 
 
-@pytest.mark.parametrize("graph_unit", ["deepstack", "layer"])
+@pytest.mark.parametrize("graph_unit", ["run", "layer"])
 def test_vision_graphs_match_reference(world, record, graph_unit):
     """Both graph units: graphs cut after each deepstack layer (the tiny encoder's are layers 1 and 2 of 4: graphs
     over layers 0-1, 2 and 3) and one graph per layer."""
@@ -119,7 +119,7 @@ def test_vision_graphs_match_reference(world, record, graph_unit):
     helper.create_cudagraphs()
     assert helper.graphs_created(), helper.stats.failed
     assert helper.graph_unit == graph_unit
-    assert helper.stats.graphs == len(BUDGETS) * {"deepstack": 3, "layer": 4}[graph_unit]
+    assert helper.stats.graphs == len(BUDGETS) * {"run": 3, "layer": 4}[graph_unit]
     record(
         phase="capture",
         graph_unit=graph_unit,

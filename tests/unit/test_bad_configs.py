@@ -98,22 +98,46 @@ BLOCK_CASES = [
     ("unknown-module", {"language": {"modules": ["attention"]}}, CudaGraphConfigError, ["allowed"]),
     ("moe-and-router", {"language": {"modules": ["moe", "moe_router"]}}, CudaGraphConfigError, ["keep one"]),
     ("bad-on-capture-error", {"on_capture_error": "skip"}, CudaGraphConfigError, ["'eager' or 'raise'"]),
-    ("host-cache-not-bool", {"optimizer_host_cache": "yes"}, CudaGraphConfigError, ["true, false or null"]),
-    ("host-cache-without-graphs", {"optimizer_host_cache": True}, CudaGraphConfigError, ["no graphs are enabled"]),
-    ("fewer-waits-without-graphs", {"fewer_host_waits": True}, CudaGraphConfigError, ["no graphs are enabled"]),
+    ("cached-walk-not-bool", {"cached_walks": {"optimizer": "yes"}}, CudaGraphConfigError, ["true, false or null"]),
+    (
+        "cached-walk-without-graphs",
+        {"cached_walks": {"grad_finalize": True}},
+        CudaGraphConfigError,
+        ["no graphs are enabled"],
+    ),
+    ("forward-part-without-graphs", {"forward": {"merges": True}}, CudaGraphConfigError, ["no graphs are enabled"]),
+    (
+        "flat-rows-without-positions",
+        {"language": {"enabled": True}, "forward": {"flat_rows": True, "positions": False}},
+        CudaGraphConfigError,
+        ["forward.flat_rows=true", "positions is false"],
+    ),
+    ("renamed-fewer-host-waits", {"fewer_host_waits": False}, CudaGraphConfigError, ["was split", "forward.merges"]),
+    (
+        "renamed-optimizer-host-cache",
+        {"optimizer_host_cache": True},
+        CudaGraphConfigError,
+        ["was split", "cached_walks.optimizer"],
+    ),
     ("removed-grads-per-graph", {"param_grads_per_graph": True}, UnknownKeyError, ["param_grads_per_graph"]),
     ("unknown-key", {"vision": {"token_budget": [64]}}, UnknownKeyError, ["token_budget", "'token_budgets'"]),
     (
         "language-graph-unit-unknown",
         {"language": {"graph_unit": "block"}},
         CudaGraphConfigError,
-        ["language.graph_unit='block'", "['deepstack', 'layer']"],
+        ["language.graph_unit='block'", "['run', 'layer']"],
     ),
     (
         "language-runs-of-partial-layers",
-        {"language": {"graph_unit": "deepstack", "modules": ["attn"]}},
+        {"language": {"graph_unit": "run", "modules": ["attn"]}},
         CudaGraphConfigError,
-        ["graph_unit='deepstack'", "modules=['attn']", "set modules to null"],
+        ["graph_unit='run'", "modules=['attn']", "set modules to null"],
+    ),
+    (
+        "renamed-graph-unit",
+        {"language": {"graph_unit": "deepstack"}},
+        CudaGraphConfigError,
+        ["graph_unit='deepstack' was renamed", "graph_unit=run"],
     ),
     ("wrong-type", {"vision": {"tensor_parallel_size": "2"}}, CudaGraphConfigError, ["integer"]),
     ("wrong-bool", {"language": {"enabled": "yes"}}, CudaGraphConfigError, ["true or false"]),
@@ -450,7 +474,7 @@ CLI_CASES = [
     (
         "graph-unit-encoder",
         [VL_8B, "model.cuda_graph.vision.graph_unit=encoder"],
-        ["graph_unit='encoder'", "deepstack"],
+        ["graph_unit='encoder'", "'run'"],
     ),
     (
         "language-runs-of-moe-layers",
@@ -459,19 +483,60 @@ CLI_CASES = [
             "model.cuda_graph.language.modules=null",
             "model.moe_expert_capacity_factor=1.0",
             "model.moe_pad_expert_input_to_capacity=true",
-            "model.cuda_graph.language.graph_unit=deepstack",
+            "model.cuda_graph.language.graph_unit=run",
         ],
-        ["language.graph_unit='deepstack'", "MoE layers", "set it to 'layer'"],
+        ["language.graph_unit='run'", "MoE layers", "set it to 'layer'"],
     ),
     (
-        "host-cache-without-graphs",
+        "cached-walk-without-graphs",
         [
             VL_8B,
             "model.cuda_graph.language.enabled=false",
             "model.cuda_graph.vision.enabled=false",
-            "model.cuda_graph.optimizer_host_cache=true",
+            "model.cuda_graph.cached_walks.optimizer=true",
         ],
-        ["optimizer_host_cache=true", "leave it null"],
+        ["cached_walks.optimizer=true", "leave it null"],
+    ),
+    # Renamed settings and values: refused with their new names, on the command line and in the file.
+    (
+        "renamed-fewer-host-waits-false",
+        [PHOTOS, "model.cuda_graph.fewer_host_waits=false"],
+        [
+            "model.cuda_graph.fewer_host_waits was split",
+            "model.cuda_graph.forward.positions=false",
+            "model.cuda_graph.forward.collated_grids=false",
+            "language.tight_packing",
+        ],
+    ),
+    (
+        "renamed-fewer-host-waits-true",
+        [PHOTOS, "model.cuda_graph.fewer_host_waits=true"],
+        ["model.cuda_graph.fewer_host_waits was split", "delete it", "model.cuda_graph.forward.flat_rows"],
+    ),
+    (
+        "renamed-optimizer-host-cache",
+        [QWEN3_8B, "model.cuda_graph.optimizer_host_cache=false"],
+        ["model.cuda_graph.optimizer_host_cache was split", "model.cuda_graph.cached_walks.grad_finalize=false"],
+    ),
+    (
+        "renamed-graph-unit",
+        [QWEN3_8B, "model.cuda_graph.language.graph_unit=deepstack"],
+        ["language.graph_unit='deepstack' was renamed", "model.cuda_graph.language.graph_unit=run"],
+    ),
+    (
+        "flat-rows-without-positions",
+        [PHOTOS, "model.cuda_graph.forward.positions=false", "model.cuda_graph.forward.flat_rows=true"],
+        ["forward.flat_rows=true", "model.cuda_graph.forward.positions is false"],
+    ),
+    (
+        "tight-packing-without-positions",
+        [PHOTOS, "model.cuda_graph.forward.positions=false", "model.cuda_graph.language.tight_packing=true"],
+        ["language.tight_packing=true cannot work here", "forward.positions"],
+    ),
+    (
+        "tight-packing-on-padded-rows",
+        [TINY, "model.cuda_graph.language.tight_packing=true"],
+        ["language.tight_packing=true applies to packed micro-batches only"],
     ),
     ("budgets-empty", [VL_8B, "model.cuda_graph.vision.token_budgets=[]"], ["non-empty list", "null"]),
     ("budgets-zero", [VL_8B, "model.cuda_graph.vision.token_budgets=[0]"], ["token_budgets must be positive"]),
@@ -648,6 +713,13 @@ TRAIN_CASES = [
         [QWEN3_8B, "model.cuda_graph.vision.enabled=true"],
         "vision.enabled=true but CudaGraphGPTModelProvider has no vision encoder",
     ),
+    ("renamed-fewer-host-waits", [PHOTOS, "model.cuda_graph.fewer_host_waits=false"], "fewer_host_waits was split"),
+    (
+        "renamed-optimizer-host-cache",
+        [QWEN3_8B, "model.cuda_graph.optimizer_host_cache=false"],
+        "optimizer_host_cache was split",
+    ),
+    ("renamed-graph-unit", [TINY, "model.cuda_graph.vision.graph_unit=deepstack"], "'deepstack' was renamed"),
 ]
 
 
@@ -750,6 +822,18 @@ STRUCTURE_CASES = [
         "model: {cuda_graph: {language: true}}\n",
         CudaGraphConfigError,
         ["model.cuda_graph.language must be a mapping"],
+    ),
+    (
+        "block-renamed-setting",
+        "model: {cuda_graph: {language: {enabled: true}, optimizer_host_cache: false}}\n",
+        CudaGraphConfigError,
+        ["model.cuda_graph.optimizer_host_cache was split", "model.cuda_graph.cached_walks.optimizer=false"],
+    ),
+    (
+        "block-renamed-value",
+        "model: {cuda_graph: {vision: {graph_unit: deepstack}}}\n",
+        CudaGraphConfigError,
+        ["model.cuda_graph.vision.graph_unit='deepstack' was renamed", "graph_unit=run"],
     ),
 ]
 
@@ -918,9 +1002,11 @@ def _follow_the_advice(argv: list[str], *, limit: int = 6) -> list[str]:
             met.append(message)
             assert error.fix, f"a refusal without a fix that validates: {message}"
             for fix in error.fix:
-                key = fix.split("=", 1)[0]
+                key = fix.split("=", 1)[0].removeprefix("~")
                 assert key in message, (key, message)  # the message names what the fix changes
-                overrides = [o for o in overrides if o.split("=", 1)[0] != key] + [fix]
+                overrides = [o for o in overrides if o.split("=", 1)[0] != key]
+                if not fix.startswith("~"):  # ``~key``: the setting no longer exists and goes
+                    overrides.append(fix)
     raise AssertionError(f"still refused after {limit} fixes: {met}")
 
 
@@ -935,7 +1021,14 @@ ADVICE_CASES += [
     in (
         "num-microbatches-mismatch",
         "language-runs-of-moe-layers",
-        "host-cache-without-graphs",
+        "cached-walk-without-graphs",
+        "renamed-fewer-host-waits-false",
+        "renamed-fewer-host-waits-true",
+        "renamed-optimizer-host-cache",
+        "renamed-graph-unit",
+        "flat-rows-without-positions",
+        "tight-packing-without-positions",
+        "tight-packing-on-padded-rows",
         "optimizer-graph-weight-decay-schedule",
         "seq-length-past-the-models-positions",
         "language-budgets-on-a-padded-recipe",

@@ -11,9 +11,13 @@ import pytest
 
 import bridge_cudagraph.config as config_module
 from bridge_cudagraph.config import (
+    CACHED_WALKS,
+    FORWARD_PARTS,
     GRAPHABLE_MODULES,
+    CachedWalksConfig,
     CudaGraphConfig,
     CudaGraphConfigError,
+    ForwardConfig,
     LanguageGraphConfig,
     UnknownKeyError,
     VisionGraphConfig,
@@ -98,6 +102,8 @@ class TestFieldDocs:
             "SubmoduleGraphConfig",
             "LanguageGraphConfig",
             "VisionGraphConfig",
+            "ForwardConfig",
+            "CachedWalksConfig",
             "CudaGraphConfig",
         }
         missing = []
@@ -134,10 +140,40 @@ ERRORS = [
     ({"vision": {"max_images_per_microbatch": 0}}, CudaGraphConfigError, ["max_images_per_microbatch", ">= 1"]),
     ({"num_microbatches": 0}, CudaGraphConfigError, ["cuda_graph.num_microbatches", ">= 1"]),
     ({"on_capture_error": "ignore"}, CudaGraphConfigError, ["on_capture_error", "'eager' or 'raise'"]),
-    ({"optimizer_host_cache": "yes"}, CudaGraphConfigError, ["optimizer_host_cache", "true, false or null"]),
-    ({"optimizer_host_cache": True}, CudaGraphConfigError, ["optimizer_host_cache=true", "no graphs"]),
-    ({"fewer_host_waits": 1}, CudaGraphConfigError, ["fewer_host_waits", "true, false or null"]),
-    ({"fewer_host_waits": True}, CudaGraphConfigError, ["fewer_host_waits=true", "no graphs"]),
+    ({"cached_walks": {"optimizer": "yes"}}, CudaGraphConfigError, ["cached_walks.optimizer", "true, false or null"]),
+    (
+        {"cached_walks": {"grad_finalize": True}},
+        CudaGraphConfigError,
+        ["cached_walks.grad_finalize=true", "no graphs"],
+    ),
+    ({"forward": {"positions": 1}}, CudaGraphConfigError, ["cuda_graph.forward.positions", "true, false or null"]),
+    ({"forward": {"collated_grids": True}}, CudaGraphConfigError, ["forward.collated_grids=true", "no graphs"]),
+    ({"forward": 3}, CudaGraphConfigError, ["cuda_graph.forward must be a mapping"]),
+    ({"forward": {"position": True}}, UnknownKeyError, ["cuda_graph.forward.position", "'positions'"]),
+    (
+        {"language": {"enabled": True}, "forward": {"flat_rows": True, "positions": False}},
+        CudaGraphConfigError,
+        ["forward.flat_rows=true", "forward.positions is false", "set cuda_graph.forward.positions to null"],
+    ),
+    ({"language": {"tight_packing": True}}, CudaGraphConfigError, ["language.tight_packing=true", "enabled is false"]),
+    ({"language": {"tight_packing": "no"}}, CudaGraphConfigError, ["tight_packing", "true, false or null"]),
+    # renamed settings and values, with their new names
+    (
+        {"fewer_host_waits": False},
+        CudaGraphConfigError,
+        [
+            "fewer_host_waits was split",
+            "cuda_graph.forward.positions=false",
+            "cuda_graph.forward.collated_grids=false",
+        ],
+    ),
+    ({"fewer_host_waits": None}, CudaGraphConfigError, ["fewer_host_waits was split", "delete it"]),
+    (
+        {"optimizer_host_cache": False},
+        CudaGraphConfigError,
+        ["optimizer_host_cache was split", "cached_walks.optimizer=false", "cached_walks.grad_finalize=false"],
+    ),
+    ({"language": {"graph_unit": "deepstack"}}, CudaGraphConfigError, ["'deepstack' was renamed", "graph_unit=run"]),
     # wrong scalar types from YAML
     ({"language": {"enabled": "yes"}}, CudaGraphConfigError, ["cuda_graph.language.enabled", "true or false"]),
     ({"vision": {"tensor_parallel_size": "2"}}, CudaGraphConfigError, ["tensor_parallel_size", "integer"]),
@@ -203,3 +239,51 @@ def test_validate_messages_are_one_line():
             cuda_graph_config_from_dict(block)
         except (CudaGraphConfigError, UnknownKeyError) as error:
             assert "\n" not in str(error)
+
+
+@pytest.mark.parametrize(
+    ("block", "fix"),
+    [
+        (
+            {"fewer_host_waits": False},
+            (
+                "~cuda_graph.fewer_host_waits",
+                *(f"cuda_graph.forward.{part}=false" for part in FORWARD_PARTS),
+            ),
+        ),
+        ({"fewer_host_waits": True}, ("~cuda_graph.fewer_host_waits",)),
+        (
+            {"optimizer_host_cache": False},
+            (
+                "~cuda_graph.optimizer_host_cache",
+                "cuda_graph.cached_walks.optimizer=false",
+                "cuda_graph.cached_walks.grad_finalize=false",
+            ),
+        ),
+        ({"vision": {"graph_unit": "deepstack"}}, ("cuda_graph.vision.graph_unit=run",)),
+    ],
+)
+def test_a_renamed_setting_is_refused_with_a_fix_that_does_what_it_did(block, fix):
+    """The refusal's fix deletes the old key and sets the new ones to what the old value meant; applied, the block
+    loads (``false`` of the split setting: each new setting ``false``)."""
+    with pytest.raises(CudaGraphConfigError) as info:
+        cuda_graph_config_from_dict(block)
+    assert info.value.fix == fix
+    for setting in fix:
+        assert setting.lstrip("~").split("=")[0] in str(info.value)
+
+
+def test_a_renamed_setting_set_in_python_is_refused_by_validate():
+    """Bridge's ``setattr`` overrides (or a user's Python) can put an old name on the block past the loader:
+    ``validate()`` refuses it with the new names."""
+    cfg = CudaGraphConfig()
+    cfg.optimizer_host_cache = False  # type: ignore[attr-defined]
+    with pytest.raises(CudaGraphConfigError, match=r"optimizer_host_cache was split.*cached_walks\.optimizer=false"):
+        cfg.validate()
+
+
+def test_the_forward_parts_and_walks_are_each_a_field():
+    """One setting per mechanism: the names the plan, the host install and the refusal advice use are the fields."""
+    assert FORWARD_PARTS == tuple(f.name for f in dataclasses.fields(ForwardConfig))
+    assert CACHED_WALKS == tuple(f.name for f in dataclasses.fields(CachedWalksConfig))
+    assert ForwardConfig(merges=False, flat_rows=True).on() == ("positions", "flat_rows", "collated_grids")

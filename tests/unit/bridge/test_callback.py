@@ -26,7 +26,7 @@ from bridge_cudagraph.bridge.callback import (
     Phase,
     capture_summary,
 )
-from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+from bridge_cudagraph.config import CachedWalksConfig, CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 from bridge_cudagraph.examples import tiny
 from bridge_cudagraph.host import compat
 from bridge_cudagraph.host import patches as host_patches
@@ -661,11 +661,13 @@ def test_process_groups_alive_follows_torch_distributed(tmp_path, monkeypatch):
     assert not _process_groups_alive()
 
 
-def test_the_optimizer_host_cache_goes_on_at_train_start_and_off_with_the_graphs():
-    """The callback puts the cache (``bridge_cudagraph.host.optimizer``) on the run's real optimizer classes when
-    the plan says so (the default where graphs are), and takes it off when it releases the graphs; a plan with
-    ``optimizer_host_cache: false`` leaves the optimizer alone. The instances are bare (their ``__init__`` needs a
-    GPU); the classes are megatron-core's and Transformer Engine's."""
+def test_the_cached_walks_go_on_at_train_start_and_off_with_the_graphs():
+    """The callback puts the optimizer's walks done once (``bridge_cudagraph.host.optimizer``) on the run's real
+    optimizer classes and the finalisation's (``bridge_cudagraph.host.finalize``) on its config when the plan says so
+    (the default where graphs are), and takes them off when it releases the graphs; ``cached_walks.optimizer: false``
+    leaves the optimizer alone, ``cached_walks.grad_finalize: false`` the finalisation function, each without the
+    other. The instances are bare (their ``__init__`` needs a GPU); the classes are megatron-core's and Transformer
+    Engine's."""
     import torch  # noqa: F401  (first: Transformer Engine finds NCCL through torch's libraries)
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from transformer_engine.pytorch.optimizers import FusedAdam
@@ -676,19 +678,20 @@ def test_the_optimizer_host_cache_goes_on_at_train_start_and_off_with_the_graphs
     def finalize(*args, **kwargs):  # stands in for Bridge's partial(finalize_model_grads, ...)
         return None
 
-    for cache in (None, False):
-        provider = _provider(optimizer_host_cache=cache)
+    for optimizer_walks, finalize_walk in ((None, None), (False, None), (None, False), (False, False)):
+        walks = CachedWalksConfig(optimizer=optimizer_walks, grad_finalize=finalize_walk)
+        provider = _provider(cached_walks=walks)
         provider.finalize_model_grads_func = finalize
         world = _world(provider)
         optimizer = object.__new__(DistributedOptimizer)
         optimizer.optimizer = object.__new__(FusedAdam)
         world.context.optimizer = optimizer
         world.callback.on_train_start(world.context)
-        assert world.plan.optimizer_host_cache is (cache is None)
-        assert optimizer_host.installed(optimizer) is (cache is None), cache
-        # The finalisation's module walk goes with it (bridge_cudagraph.host.step).
-        assert finalize_host.installed(provider) is (cache is None), cache
-        assert (provider.finalize_model_grads_func is finalize) is (cache is not None)
+        assert world.plan.cached_walks.optimizer is (optimizer_walks is None)
+        assert world.plan.cached_walks.grad_finalize is (finalize_walk is None)
+        assert optimizer_host.installed(optimizer) is (optimizer_walks is None), walks
+        assert finalize_host.installed(provider) is (finalize_walk is None), walks
+        assert (provider.finalize_model_grads_func is finalize) is (finalize_walk is not None)
         world.callback.release_graphs(reason="test")
         assert type(optimizer) is DistributedOptimizer and type(optimizer.optimizer) is FusedAdam
         assert provider.finalize_model_grads_func is finalize

@@ -84,11 +84,11 @@ def test_vision_segments_end_at_every_deepstack_layer():
     layer the last of its range (so no graph has a second output), or single layers."""
     from bridge_cudagraph.plan.budgets import layer_segments
 
-    assert layer_segments(24, (5, 11, 17), "deepstack") == ((0, 6), (6, 12), (12, 18), (18, 24))
-    assert layer_segments(27, [8, 16, 24], "deepstack") == ((0, 9), (9, 17), (17, 25), (25, 27))
-    assert layer_segments(4, (1, 2), "deepstack") == ((0, 2), (2, 3), (3, 4))
-    assert layer_segments(4, (3,), "deepstack") == ((0, 4),)  # the last layer's output is the graph's own
-    assert layer_segments(4, (), "deepstack") == ((0, 4),)
+    assert layer_segments(24, (5, 11, 17), "run") == ((0, 6), (6, 12), (12, 18), (18, 24))
+    assert layer_segments(27, [8, 16, 24], "run") == ((0, 9), (9, 17), (17, 25), (25, 27))
+    assert layer_segments(4, (1, 2), "run") == ((0, 2), (2, 3), (3, 4))
+    assert layer_segments(4, (3,), "run") == ((0, 4),)  # the last layer's output is the graph's own
+    assert layer_segments(4, (), "run") == ((0, 4),)
     assert layer_segments(3, (1,), "layer") == ((0, 1), (1, 2), (2, 3))
     with pytest.raises(ValueError, match="encoder"):
         layer_segments(4, (1,), "encoder")  # tried and withdrawn: not bit-exact across a deepstack layer
@@ -98,10 +98,10 @@ def test_language_segments_cut_after_each_merge_on_the_first_stage_only():
     """Qwen3-VL's decoder adds a deepstack feature after each of its first layers, on pipeline stage 0 only."""
     from bridge_cudagraph.plan.budgets import language_segments
 
-    assert language_segments(28, 3, first_stage=True, unit="deepstack") == ((0, 1), (1, 2), (2, 3), (3, 28))
-    assert language_segments(14, 3, first_stage=False, unit="deepstack") == ((0, 14),)
-    assert language_segments(4, 0, first_stage=True, unit="deepstack") == ((0, 4),)  # GPT
-    assert language_segments(3, 3, first_stage=True, unit="deepstack") == ((0, 1), (1, 2), (2, 3))
+    assert language_segments(28, 3, first_stage=True, unit="run") == ((0, 1), (1, 2), (2, 3), (3, 28))
+    assert language_segments(14, 3, first_stage=False, unit="run") == ((0, 14),)
+    assert language_segments(4, 0, first_stage=True, unit="run") == ((0, 4),)  # GPT
+    assert language_segments(3, 3, first_stage=True, unit="run") == ((0, 1), (1, 2), (2, 3))
     assert language_segments(3, 2, first_stage=True, unit="layer") == ((0, 1), (1, 2), (2, 3))
 
 
@@ -109,5 +109,10 @@ def test_graph_unit_is_checked_with_the_fix():
     from bridge_cudagraph.config import CudaGraphConfigError, VisionGraphConfig
 
     VisionGraphConfig(enabled=True, graph_unit="layer").validate()
-    with pytest.raises(CudaGraphConfigError, match=r"graph_unit='encoder'.*deepstack"):
+    with pytest.raises(CudaGraphConfigError, match=r"graph_unit='encoder'.*'run'"):
         VisionGraphConfig(enabled=True, graph_unit="encoder").validate()
+    with pytest.raises(
+        CudaGraphConfigError, match=r"graph_unit='deepstack' was renamed: set .*graph_unit=run"
+    ) as info:
+        VisionGraphConfig(enabled=True, graph_unit="deepstack").validate("model.cuda_graph.vision")
+    assert info.value.fix == ("model.cuda_graph.vision.graph_unit=run",)

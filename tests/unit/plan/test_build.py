@@ -10,11 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError, cuda_graph_config_from_dict
+from bridge_cudagraph.config import (
+    FORWARD_PARTS,
+    CudaGraphConfig,
+    CudaGraphConfigError,
+    ForwardConfig,
+    cuda_graph_config_from_dict,
+)
 from bridge_cudagraph.parallel.layout import LayoutError
 from bridge_cudagraph.plan.budgets import derive_token_budgets
 from bridge_cudagraph.plan.build import build_plan
-from bridge_cudagraph.plan.capture_plan import CapturePlan
+from bridge_cudagraph.plan.capture_plan import CachedWalksPlan, CapturePlan, ForwardPlan
 from bridge_cudagraph.plan.facts import ModelFacts, VisionFacts, model_facts
 
 pytestmark = pytest.mark.fast
@@ -99,7 +105,7 @@ class TestQwen3VL8B:
         assert p.num_microbatches == num_mb
         assert p.language.layers_per_stage == (36,) and p.language.captured_per_stage == (36,)
         # Deepstack merges after language layers 0, 1, 2 cut the decoder into runs 0, 1, 2 and 3-35: 4 graphs.
-        assert p.language.graph_unit == "deepstack" and p.language.deepstack_merges == 3
+        assert p.language.graph_unit == "run" and p.language.deepstack_merges == 3
         assert p.language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 36)),)
         assert p.language.graphs_per_unit == 1 and p.language.graphs == 4
         assert [(s.name, s.shape, s.dtype) for s in p.language.static_inputs] == [
@@ -119,7 +125,7 @@ class TestQwen3VL8B:
         assert v.max_patches_per_microbatch == 4096 * 4 * 2
         assert v.max_images_per_microbatch == 32768 // (4 * 16) == 512 and v.images_derived
         # Deepstack layers 8, 16, 24 of 27 cut the stack into layers 0-8, 9-16, 17-24, 25-26: 4 graphs per budget.
-        assert v.graph_unit == "deepstack" and v.segments == ((0, 9), (9, 17), (17, 25), (25, 27))
+        assert v.graph_unit == "run" and v.segments == ((0, 9), (9, 17), (17, 25), (25, 27))
         assert v.graphs_per_budget == 4 and v.graphs == 4 * 21 == 84
         assert [(s.name, s.shape, s.dtype) for s in v.inputs_at(4544)] == [
             ("hidden_states", (4544, 1, 1152), "bf16"),
@@ -163,8 +169,8 @@ class TestQwen3VL8B:
     @pytest.mark.fast
     def test_language_runs_fall_back_to_layers_where_the_decoder_works_between_layers(self):
         """Per-layer quantization or offloading contexts, MoE layers, a virtual pipeline, a partial capture: null
-        means one graph per layer; an explicit ``deepstack`` there is refused with the reason and the fix."""
-        runs = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "deepstack"}})
+        means one graph per layer; an explicit ``run`` there is refused with the reason and the fix."""
+        runs = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "run"}})
         cases = [
             (qwen3_8b(per_layer_contexts=("fp8",)), "model.fp8 is set"),
             (qwen3_8b(per_layer_contexts=("cpu_offloading",)), "model.cpu_offloading is set"),
@@ -175,7 +181,7 @@ class TestQwen3VL8B:
             assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.graph_unit == "layer"
             with pytest.raises(CudaGraphConfigError, match=reason) as info:
                 plan(facts, runs, mbs=1, gbs=32)
-            assert "graph_unit='deepstack'" in str(info.value) and "set it to 'layer'" in str(info.value)
+            assert "graph_unit='run'" in str(info.value) and "set it to 'layer'" in str(info.value)
         partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
         assert plan(qwen3_8b(), partial, mbs=1, gbs=32).language.graph_unit == "layer"
 
@@ -538,39 +544,73 @@ class TestDescribe:
         text = plan(facts, both_on(), world=world, gbs=2 * world).describe()
         assert max(map(len, text.splitlines())) <= 119
 
-    def test_optimizer_host_cache_follows_the_graphs_unless_turned_off(self):
-        """On wherever graphs are (the default), off with ``optimizer_host_cache: false`` and with graphs off; the
-        plan says which, above the busiest-rank line."""
+    def test_each_cached_walk_follows_the_graphs_unless_turned_off(self):
+        """Each walk done once wherever graphs are (the default), each off on its own with its ``false`` and both with
+        graphs off; the plan says which, above the busiest-rank line."""
         on = plan(qwen3_vl_8b(), both_on())
-        assert on.optimizer_host_cache
+        assert (on.cached_walks.optimizer, on.cached_walks.grad_finalize) == (True, True)
         line = "optimizer: the step's per-parameter and per-module host work cached (same kernels, same step)"
         assert line in on.describe()
-        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "optimizer_host_cache": False})
-        off = plan(qwen3_8b(), block)
-        assert not off.optimizer_host_cache
-        plain = "optimizer: megatron-core's step as it is (optimizer_host_cache=false)"
-        assert plain in off.describe().splitlines()
+        lang = {"language": {"enabled": True}}
+        texts = {}
+        for walks in ({"optimizer": False}, {"grad_finalize": False}, {"optimizer": False, "grad_finalize": False}):
+            off = plan(qwen3_8b(), cuda_graph_config_from_dict({**lang, "cached_walks": walks}))
+            for walk in ("optimizer", "grad_finalize"):
+                assert getattr(off.cached_walks, walk) is (walk not in walks), (walks, walk)
+            text = off.describe()
+            assert all(f"cached_walks.{walk}=false" in text for walk in walks) and line not in text
+            texts[tuple(walks)] = text
+        assert len(set(texts.values())) == 3
+        both = (
+            "optimizer: megatron-core's step as it is (cached_walks.optimizer=false, cached_walks.grad_finalize=false)"
+        )
+        assert both in texts[("optimizer", "grad_finalize")].splitlines()
         no_graphs = plan(qwen3_vl_8b(), CudaGraphConfig())
-        assert not no_graphs.optimizer_host_cache and "optimizer:" not in no_graphs.describe()
+        assert no_graphs.cached_walks == CachedWalksPlan() and "optimizer:" not in no_graphs.describe()
 
-    def test_fewer_host_waits_follow_the_graphs_on_qwen3_vl_unless_turned_off(self):
-        """On wherever graphs are on a Qwen3-VL model (the default), off with ``fewer_host_waits: false``, with graphs
-        off, and on a text-only model, where ``true`` is refused; the plan says which, below the optimizer line."""
+    def test_each_forward_part_follows_the_graphs_on_qwen3_vl_unless_turned_off(self):
+        """Each part on wherever graphs are on a Qwen3-VL model (the default), off on its own with its ``false``, all
+        off with graphs off and on a text-only model, where ``true`` is refused; the plan says which, below the
+        optimizer line."""
         on = plan(qwen3_vl_8b(), both_on())
-        assert on.fewer_host_waits
+        assert on.forward.parts == FORWARD_PARTS and on.forward.off_reasons == ()
         lines = on.describe().splitlines()
         assert lines[lines.index(next(x for x in lines if x.startswith("optimizer:"))) + 1].startswith(
             "forward: mRoPE positions from one host copy, deepstack and image-token merges by index"
         )
-        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "fewer_host_waits": False})
-        off = plan(qwen3_vl_8b(), block)
-        assert not off.fewer_host_waits
-        assert "forward: Bridge's Qwen3-VL forward as it is (fewer_host_waits=false)" in off.describe()
+        for part in FORWARD_PARTS:
+            block = cuda_graph_config_from_dict({"language": {"enabled": True}, "forward": {part: False}})
+            off = plan(qwen3_vl_8b(), block)
+            assert not getattr(off.forward, part), part
+            gone = {part, "flat_rows"} if part == "positions" else {part}  # the flat rows carry the positions
+            assert set(off.forward.parts) == set(FORWARD_PARTS) - gone, part
+            assert (part, f"forward.{part}=false") in off.forward.off_reasons
+            assert f"forward.{part}=false" in off.describe()
+        block = {"language": {"enabled": True}, "forward": dict.fromkeys(FORWARD_PARTS, False)}
+        bridge = plan(qwen3_vl_8b(), cuda_graph_config_from_dict(block))
+        assert bridge.forward.parts == () and "forward: Bridge's Qwen3-VL forward as it is:" in bridge.describe()
         gpt = plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True}}))
-        assert not gpt.fewer_host_waits and "forward:" not in gpt.describe()
-        assert not plan(qwen3_vl_8b(), CudaGraphConfig()).fewer_host_waits
-        with pytest.raises(CudaGraphConfigError, match=r"fewer_host_waits=true but .* is not Qwen3-VL"):
-            plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True}, "fewer_host_waits": True}))
+        assert gpt.forward == ForwardPlan() and "forward:" not in gpt.describe()
+        assert plan(qwen3_vl_8b(), CudaGraphConfig()).forward == ForwardPlan()
+        for part in FORWARD_PARTS:
+            block = cuda_graph_config_from_dict({"language": {"enabled": True}, "forward": {part: True}})
+            with pytest.raises(CudaGraphConfigError, match=rf"forward\.{part}=true but .* is not Qwen3-VL"):
+                plan(qwen3_8b(), block)
+
+    def test_the_flat_rows_follow_the_positions(self):
+        """``flat_rows`` null with ``positions: false`` is off, and says why; ``true`` against it is refused by the
+        block with the fix that turns the positions back on."""
+        block = cuda_graph_config_from_dict({"language": {"enabled": True}, "forward": {"positions": False}})
+        p = plan(qwen3_vl_8b(), block)
+        assert (
+            not p.forward.flat_rows
+            and ("flat_rows", "needs forward.positions, which is false") in p.forward.off_reasons
+        )
+        with pytest.raises(CudaGraphConfigError, match=r"flat_rows=true .*forward\.positions is false") as info:
+            cuda_graph_config_from_dict(
+                {"language": {"enabled": True}, "forward": {"positions": False, "flat_rows": True}}, "model.cuda_graph"
+            )
+        assert info.value.fix == ("model.cuda_graph.forward.positions=null",)
 
     def test_the_weight_gradient_line_follows_the_providers_fusion(self):
         """Above the busiest-rank line: where the weight gradients are summed, as the provider's
@@ -633,7 +673,9 @@ def _packed_plan(**language):
         position_embedding_type="mrope",
         **{"vision": vision, **language.pop("facts", {})},
     )
+    positions = language.pop("forward_positions", None)
     cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, **language))
+    cfg.forward.positions = positions
     world = facts.tp * facts.cp
     return build_plan(
         facts, cfg, world_size=world, micro_batch_size=2, global_batch_size=2, packing=PackingFacts("qwen3_vl_step")
@@ -812,15 +854,23 @@ def test_derived_values_say_their_source_and_set_ones_do_not():
     derived = plan(qwen3_vl_8b(), both_on())
     assert derived.num_microbatches_source == "128 / (2 x dp 4)"
     assert derived.language.warmup_source == derived.vision.warmup_source == "model.cuda_graph_warmup_steps"
-    assert derived.switches_defaulted == ("optimizer_host_cache", "fewer_host_waits")
-    assert "  on wherever graphs are (left null): optimizer_host_cache, fewer_host_waits" in derived.describe()
+    assert derived.switches_defaulted == (
+        "cached_walks.optimizer",
+        "cached_walks.grad_finalize",
+        *(f"forward.{part}" for part in FORWARD_PARTS),
+    )
+    text = derived.describe()
+    assert (
+        "  on wherever graphs are (left null): cached_walks.optimizer, cached_walks.grad_finalize, forward.positions"
+        in text
+    )
     cfg = cuda_graph_config_from_dict(
         {
             "language": {"enabled": True, "warmup_steps": 5},
             "vision": {"enabled": True},
             "num_microbatches": 16,
-            "optimizer_host_cache": True,
-            "fewer_host_waits": False,
+            "cached_walks": {"optimizer": True, "grad_finalize": False},
+            "forward": dict.fromkeys(FORWARD_PARTS, False),
         }
     )
     given = plan(qwen3_vl_8b(), cfg)
@@ -887,12 +937,41 @@ def test_tight_packing_is_derived_on_the_qwen3_vl_rows_at_pp_1_and_off_elsewhere
     assert not sp.language.packed.tight and "sequence parallelism" in sp.language.packed.tight_source
     assert packed_helper_arguments(sp)["tight"] is False
     facts = on.facts
-    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True), fewer_host_waits=False)
+    cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True), forward=ForwardConfig(positions=False))
     no_waits = build_plan(facts, cfg, world_size=1, micro_batch_size=2, global_batch_size=2,
                           packing=PackingFacts("qwen3_vl_step"))  # fmt: skip
-    assert not no_waits.language.packed.tight and "fewer_host_waits" in no_waits.language.packed.tight_source
+    assert not no_waits.language.packed.tight and "forward.positions" in no_waits.language.packed.tight_source
     fixed = build_plan(facts, CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), world_size=1,
                        micro_batch_size=2, global_batch_size=2,
                        packing=PackingFacts("qwen3_vl_step", fixed_width=True))  # fmt: skip
     assert not fixed.language.packed.tight and "seq_length" in fixed.language.packed.tight_source
     assert not _offline_plan().language.packed.tight
+
+
+def test_tight_packing_is_its_own_setting():
+    """``language.tight_packing``: null on where the plan can, ``false`` off with the setting named (the packed
+    helper then replays full rows), ``true`` where it cannot work refused with the reason and a fix that validates,
+    and ``true`` on padded micro-batches refused as the other packed-only settings are."""
+    from bridge_cudagraph.capture.from_plan import packed_helper_arguments
+
+    assert _packed_plan(tight_packing=True).language.packed.tight
+    off = _packed_plan(tight_packing=False)
+    assert not off.language.packed.tight and off.language.packed.tight_source == "off: language.tight_packing=false"
+    assert (
+        packed_helper_arguments(off)["tight"] is False
+        and "tight packing off: language.tight_packing" in off.describe()
+    )
+    assert off.forward.positions  # the positions stay: only the packing is off
+    with pytest.raises(
+        CudaGraphConfigError, match=r"tight_packing=true cannot work here: pipeline or sequence"
+    ) as info:
+        _packed_plan(tight_packing=True, facts={"tp": 2, "sequence_parallel": True})
+    assert info.value.fix == ("model.cuda_graph.language.tight_packing=null",)
+    with pytest.raises(CudaGraphConfigError, match=r"tight_packing=true cannot work here: .*forward\.positions"):
+        _packed_plan(tight_packing=True, facts={}, forward_positions=False)
+    padded = cuda_graph_config_from_dict({"language": {"enabled": True, "tight_packing": True}})
+    with pytest.raises(
+        CudaGraphConfigError, match=r"language\.tight_packing=true applies to packed micro-batches only"
+    ):
+        plan(qwen3_8b(), padded)
+    plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True, "tight_packing": False}}))

@@ -71,9 +71,9 @@ CAPTURES = {
         2112,
         4.77,
     ),
-    "run72_runs_of_layers": (RUNS_OF_LAYERS, "deepstack", False, 1408, 4.22),
-    "run70_runs_of_layers_fused": (RUNS_OF_LAYERS, "deepstack", True, 1408, 2.97),
-    "run70_runs_of_layers_rows": (RUNS_OF_LAYERS, "deepstack", False, 2176, 5.20),
+    "run72_runs_of_layers": (RUNS_OF_LAYERS, "run", False, 1408, 4.22),
+    "run70_runs_of_layers_fused": (RUNS_OF_LAYERS, "run", True, 1408, 2.97),
+    "run70_runs_of_layers_rows": (RUNS_OF_LAYERS, "run", False, 2176, 5.20),
 }
 
 

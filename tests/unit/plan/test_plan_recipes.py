@@ -153,7 +153,7 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
         "copies": plan.language.graphs_per_unit,
         "static_inputs": plan.language.static_inputs,
         "on_capture_error": "eager",
-        "graph_unit": "deepstack",  # graph_unit unset: runs of layers between deepstack merges
+        "graph_unit": "run",  # graph_unit unset: runs of layers between deepstack merges
         "deepstack_merges": want["language_merges"],
     }
     assert plan.language.graphs_per_unit == (1 if plan.facts.pp == 1 else min(plan.facts.pp, want["num_mb"]))
@@ -164,7 +164,7 @@ def test_the_helpers_get_exactly_the_plans_numbers(planned):
             "max_segments": want["images"],
             "max_seqlen": want["max_patches"],  # max_patches_per_image unset: from the data path
             "copies": want["copies"],
-            "graph_unit": "deepstack",  # graph_unit unset: graphs cut after each deepstack layer
+            "graph_unit": "run",  # graph_unit unset: graphs cut after each deepstack layer
             "static_inputs": dict(plan.vision.static_inputs),
             "on_capture_error": "eager",
         }
