@@ -279,10 +279,6 @@ class ForwardConfig:
                 fix=(f"{where}.positions=null",),
             )
 
-    def on(self) -> tuple[str, ...]:
-        """The parts not turned off (``None`` or ``true``), in :data:`FORWARD_PARTS` order."""
-        return tuple(part for part in FORWARD_PARTS if getattr(self, part) is not False)
-
 
 #: The parts of Qwen3-VL's forward, one setting each (:class:`ForwardConfig`).
 FORWARD_PARTS: tuple[str, ...] = ("positions", "merges", "flat_rows", "collated_grids")

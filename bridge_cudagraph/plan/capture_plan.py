@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bridge_cudagraph.config import FORWARD_PARTS
 from bridge_cudagraph.parallel.layout import (
     ResolvedLayout,
 )
@@ -358,8 +359,7 @@ class ForwardPlan:
     @property
     def parts(self) -> tuple[str, ...]:
         """The parts that are on (names of ``model.cuda_graph.forward``), in the block's order."""
-        names = ("positions", "merges", "flat_rows", "collated_grids")
-        return tuple(name for name in names if getattr(self, name))
+        return tuple(name for name in FORWARD_PARTS if getattr(self, name))
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,11 @@ FINALIZE_CASES = [
         ["vision_cuda_graph_impl", "cuda_graph.vision.enabled=true"],
     ),
     ("vision-on-gpt", lambda: _gpt(VIS), ["no vision encoder", "false"]),
+    (
+        "forward-part-on-gpt",
+        lambda: _gpt({**LANG, "forward": {"merges": True}}),
+        ["forward.merges=true", "is not Qwen3-VL", "leave it null"],
+    ),
     ("vision-tp-vs-heads", lambda: _vl({"vision": {"tensor_parallel_size": 3}}), ["4 attention heads", "divisor"]),
     (
         "vision-tp-vs-language-tp",

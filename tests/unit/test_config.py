@@ -286,4 +286,3 @@ def test_the_forward_parts_and_walks_are_each_a_field():
     """One setting per mechanism: the names the plan, the host install and the refusal advice use are the fields."""
     assert FORWARD_PARTS == tuple(f.name for f in dataclasses.fields(ForwardConfig))
     assert CACHED_WALKS == tuple(f.name for f in dataclasses.fields(CachedWalksConfig))
-    assert ForwardConfig(merges=False, flat_rows=True).on() == ("positions", "flat_rows", "collated_grids")
