@@ -921,7 +921,7 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
     listed in ``record["late_captures"]`` with the caching allocator's reserved bytes before and after it (both after
     ``empty_cache``): a growth re-captures the ladder into a new pool, so it should cost the new pool less the one it
     replaces, and more says the old pool was not given back."""
-    from bridge_cudagraph.capture.common import held_reserved as reserved
+    from bridge_cudagraph.capture.device_memory import held_reserved as reserved
 
     ladders = [h for h in helpers if hasattr(h, "capture_pending")]
 
@@ -950,7 +950,9 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
 
 def _capture(variant: str, helpers: list) -> dict:
     """Capture every helper (as Bridge's loop does at the warmup step), measured like our own capture."""
-    from bridge_cudagraph.capture.common import CaptureStats, abandon_capture, measure
+    from bridge_cudagraph.capture.device_memory import measure
+    from bridge_cudagraph.capture.failure import abandon_capture
+    from bridge_cudagraph.capture.stats import CaptureStats
 
     total = CaptureStats("all")
     errors: dict[str, str] = {}

@@ -156,7 +156,7 @@ class FullIterationStep:
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
         from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
-        from bridge_cudagraph.capture.common import CaptureStats
+        from bridge_cudagraph.capture.stats import CaptureStats
 
         if any(graph is not None for graph in FullCudaGraphWrapper.cuda_graph.values()):
             raise RuntimeError("another full-iteration graph is alive in this process (megatron-core keeps one)")
@@ -181,7 +181,7 @@ class FullIterationStep:
     def __call__(self, **kwargs: Any) -> Any:
         if self.wrapper.curr_iter(_STAGE) != self.capture_at:
             return self.wrapper(**kwargs)
-        from bridge_cudagraph.capture.common import measure
+        from bridge_cudagraph.capture.device_memory import measure
 
         with measure(self.stats):
             out = self.wrapper(**kwargs)

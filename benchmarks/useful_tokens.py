@@ -693,7 +693,7 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
     plan = packed_plan(run, objs["provider"]) if variant in PACKED_GRAPHED else None
     helpers = bench._make_helpers(shared, report.STEP_HOST_OF.get(variant, "ours"), objs, plan=plan)
     if variant in PACKED_GRAPHED:
-        from bridge_cudagraph.capture.common import LadderHelper
+        from bridge_cudagraph.capture.ladder_helper import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         # The product's helpers from the product's plan; a lever changes one thing of them after.

@@ -204,13 +204,14 @@ class GraphLifecycle:
         if slot.helper.graphs_created():
             slot.phase = Phase.CAPTURED
             return
-        # The helper handled its own failure (and warned, see capture.common.abandon_capture), or had nothing to do.
+        # The helper handled its own failure (and warned, see capture.failure.abandon_capture), or had nothing to do.
         slot.failure = getattr(getattr(slot.helper, "stats", None), "failed", None)
         slot.phase = Phase.FAILED if slot.failure else Phase.EMPTY
 
     def grow(self, hooks: PreHooks) -> list[tuple[GraphSlot, tuple[int, ...]]]:
         """Capture the budgets that micro-batches above a ladder's captured top asked for in earlier steps
-        (:class:`~bridge_cudagraph.capture.common.BudgetLadder`), the pre-hooks off around it as for a first capture.
+        (:class:`~bridge_cudagraph.capture.budget_ladder.BudgetLadder`), the pre-hooks off around it as for a first
+        capture.
 
         Before a step no micro-batch is in flight and the gradient buffers hold nothing the optimizer still needs
         (the capture's warmups write into them and are zeroed after). Returns what each slot captured."""

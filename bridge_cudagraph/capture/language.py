@@ -36,15 +36,11 @@ from megatron.core.transformer.enums import CudaGraphModule
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from bridge_cudagraph.capture.common import (
-    CaptureError,
-    CaptureStats,
-    abandon_capture,
-    activation_dtype,
-    check_group_sizes,
-    check_static_inputs,
-    measure,
-)
+from bridge_cudagraph.capture.checks import CaptureError, check_group_sizes, check_static_inputs
+from bridge_cudagraph.capture.device_memory import measure
+from bridge_cudagraph.capture.failure import abandon_capture
+from bridge_cudagraph.capture.static_inputs import activation_dtype
+from bridge_cudagraph.capture.stats import CaptureStats
 from bridge_cudagraph.host.patches import explicit_num_microbatches
 
 if TYPE_CHECKING:
@@ -141,7 +137,7 @@ class LanguageGraphHelper(TECudaGraphHelper):
         self.on_capture_error = on_capture_error
         # TE's clone of the returned parameter gradients stays on: megatron-core's DDP consumes them on its own
         # stream, unordered with the next replays, which TE's shared pool lets write the same memory
-        # (capture.common.capture_budget_ladder says how).
+        # (capture.ladder_capture.capture_budget_ladder says how).
         self.stats = CaptureStats(self.submodule, param_grads_cloned=True)
         super().__init__(
             model,

@@ -18,15 +18,12 @@ from bridge_cudagraph.capture.block_replay import (
     remove_ladder_replay,
     replay_segments,
 )
-from bridge_cudagraph.capture.common import (
-    BudgetLadder,
-    CaptureError,
-    CaptureStats,
-    GraphCopies,
-    LadderHelper,
-    StaticBuffers,
-    reset_graph_sets,
-)
+from bridge_cudagraph.capture.budget_ladder import BudgetLadder
+from bridge_cudagraph.capture.checks import CaptureError
+from bridge_cudagraph.capture.graph_copies import GraphCopies, reset_graph_sets
+from bridge_cudagraph.capture.ladder_helper import LadderHelper
+from bridge_cudagraph.capture.static_inputs import StaticBuffers
+from bridge_cudagraph.capture.stats import CaptureStats
 from bridge_cudagraph.host.compat import param_gather_hook_maker
 from bridge_cudagraph.plan.budgets import language_segments
 

@@ -60,15 +60,11 @@ import torch
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.capture.common import (
-    CaptureError,
-    StaticBuffers,
-    activation_dtype,
-    check_static_inputs,
-    ladder_order_kwargs,
-    segment_callables,
-)
+from bridge_cudagraph.capture.checks import CaptureError, check_static_inputs
+from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.language_ladder import LanguageLadder
+from bridge_cudagraph.capture.segments import segment_callables
+from bridge_cudagraph.capture.static_inputs import StaticBuffers, activation_dtype
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
 from bridge_cudagraph.plan.budgets import PackedLayout
 

@@ -8,7 +8,7 @@ own ``forward`` with the hidden states and the rotary table as its inputs (what 
 records, ``TransformerLayer._te_cuda_graph_capture``), and with ``graph_unit: run`` the layers between two
 deepstack merges are one graph, as in the packed form. A copy per micro-batch a pipeline stage keeps in flight (one
 without a pipeline), the rung's pool, the parameter gradients' summing graphs, the manual hooks and the decoder's
-replay (:mod:`bridge_cudagraph.capture.block_replay`) are the ladder's (:mod:`bridge_cudagraph.capture.common`).
+replay (:mod:`bridge_cudagraph.capture.block_replay`) are the ladder's (:mod:`bridge_cudagraph.capture.ladder_helper`).
 
 The attention mask is not a graph input: the layers are causal, and TE reads a mask only for padding or arbitrary
 mask types (``DotProductAttention.forward``); a micro-batch whose layers would read one runs eagerly, counted, as does
@@ -24,13 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from bridge_cudagraph.capture.common import (
-    activation_dtype,
-    check_static_inputs,
-    ladder_order_kwargs,
-    segment_callables,
-)
+from bridge_cudagraph.capture.checks import check_static_inputs
+from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.language_ladder import LanguageLadder
+from bridge_cudagraph.capture.segments import segment_callables
+from bridge_cudagraph.capture.static_inputs import activation_dtype
 
 logger = logging.getLogger("bridge_cudagraph")
 

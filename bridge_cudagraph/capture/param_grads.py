@@ -5,9 +5,9 @@ The changes of the host this makes (TE's clone flags, megatron-core's ready mark
 
 Why: a backward replay of a TE graph hands autograd one gradient per parameter of its layers (200 for a run of 25
 language layers at the 2B shape). For each, TE 2.20 first clones the graph's buffer (every capture keeps the clone:
-:func:`~bridge_cudagraph.capture.common.capture_budget_ladder` says why), then autograd's ``AccumulateGrad`` sets
-it as ``param.grad``, then megatron-core's DDP hook adds it to ``main_grad`` in Python and drops it: per parameter and
-micro-batch, two allocations' worth of kernels and launches and a Python call, 1,082 of them per step on the 2B
+:func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder` says why), then autograd's ``AccumulateGrad``
+sets it as ``param.grad``, then megatron-core's DDP hook adds it to ``main_grad`` in Python and drops it: per parameter
+and micro-batch, two allocations' worth of kernels and launches and a Python call, 1,082 of them per step on the 2B
 Qwen3-VL packed step, where a profile put 30 ms of the GPU's idle time under ``AccumulateGrad``. The additions are the
 only part with a result.
 
@@ -22,8 +22,8 @@ buffers any more.
 The same ``add_`` on the same operands in the same order per parameter: the same ``main_grad``, bit for bit. Safe
 because the summing graph runs on the backward's stream right after it (the post-hook runs before the autograd engine
 moves on to any other node), so before any other replay of the pool can write the buffers, which TE may have given
-back to the pool (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`). DDP's own hook would not be safe
-there: it runs on the stream DDP was built on, unordered with the compute stream's next replays. So the clones are
+back to the pool (:func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder`). DDP's own hook would not be
+safe there: it runs on the stream DDP was built on, unordered with the compute stream's next replays. So the clones are
 switched off only for the callables wrapped here, whose every backward goes through the post-hook.
 """
 
@@ -122,7 +122,7 @@ class SummedGraph:
 def sum_param_grads(graph_sets: Sequence[Any], layers: Sequence[torch.nn.Module], model_chunks, fused) -> int:
     """Put a :class:`SummedGraph` in place of every graphed callable of ``graph_sets`` (one copy's rungs, each with a
     ``layers`` list of TE graphed callables) where the gate holds; ``fused``: the parameters
-    whose weight gradient TE sums into ``main_grad`` itself (:func:`~bridge_cudagraph.capture.common.
+    whose weight gradient TE sums into ``main_grad`` itself (:func:`~bridge_cudagraph.capture.grad_buffers.
     fused_grad_params`). Returns how many parameter gradients one rung's graphs sum (0 where the gate does not hold:
     TE's callables stay as they are)."""
     if not graph_sets or not ddp_consumes_param_grads(model_chunks, layers):

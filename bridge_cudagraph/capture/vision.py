@@ -43,18 +43,14 @@ from typing import TYPE_CHECKING
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.capture.common import (
-    BudgetLadder,
-    CaptureError,
-    CaptureStats,
-    GraphCopies,
-    LadderHelper,
-    StaticBuffers,
-    check_static_inputs,
-    ladder_order_kwargs,
-    reset_graph_sets,
-    segment_callables,
-)
+from bridge_cudagraph.capture.budget_ladder import BudgetLadder
+from bridge_cudagraph.capture.checks import CaptureError, check_static_inputs
+from bridge_cudagraph.capture.graph_copies import GraphCopies, reset_graph_sets
+from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
+from bridge_cudagraph.capture.ladder_helper import LadderHelper
+from bridge_cudagraph.capture.segments import segment_callables
+from bridge_cudagraph.capture.static_inputs import StaticBuffers
+from bridge_cudagraph.capture.stats import CaptureStats
 from bridge_cudagraph.config import GRAPH_UNITS
 from bridge_cudagraph.host.compat import param_gather_hook_maker
 from bridge_cudagraph.plan.budgets import PackedLayout, layer_segments

@@ -29,8 +29,8 @@ Outside this folder the package subclasses host classes at their documented seam
 subclass; that is not a change of a host object, but it is host code an upgrade must re-read, so it is listed here:
 :class:`~bridge_cudagraph.capture.language.LanguageGraphHelper` (megatron-core's ``TECudaGraphHelper``: its
 ``_get_sample_arguments``, ``_graphs_created``, ``_capture_finished``),
-:func:`~bridge_cudagraph.capture.common.megatron_capturing` and
-:func:`~bridge_cudagraph.capture.common.abandon_capture` (megatron-core's capture flag, ``_set_capture_start`` /
+:func:`~bridge_cudagraph.capture.capture_flag.megatron_capturing` and
+:func:`~bridge_cudagraph.capture.failure.abandon_capture` (megatron-core's capture flag, ``_set_capture_start`` /
 ``_set_capture_end``, as its own helper raises it), :class:`~bridge_cudagraph.vision.encoder.GraphedQwen3VLVisionModel`
 (Bridge's ``Qwen3VLVisionModel``), :class:`~bridge_cudagraph.bridge.loop.CallbackOwnedGraphs` (the helper class
 Bridge's loop builds) and the providers (:mod:`bridge_cudagraph.bridge.providers`).

@@ -153,8 +153,8 @@ def te_graphs_share_ladder_buffers() -> bool:
     megatron-core's pipeline schedules): after each backward is captured, the forward's static outputs and the
     consumed gradient buffers are held by weak reference only, so their memory goes back to the capture pool and the
     next capture into that pool reuses it. A budget ladder captures one rung at a time into one pool
-    (:func:`bridge_cudagraph.capture.common.capture_budget_ladder`); without this, every rung keeps its own outputs
-    and, for weights whose gradient TE does not fuse, a full set of parameter gradients."""
+    (:func:`bridge_cudagraph.capture.ladder_capture.capture_budget_ladder`); without this, every rung keeps its own
+    outputs and, for weights whose gradient TE does not fuse, a full set of parameter gradients."""
     from transformer_engine.pytorch import make_graphed_callables
 
     names = inspect.signature(make_graphed_callables).parameters

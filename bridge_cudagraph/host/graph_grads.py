@@ -22,8 +22,8 @@ Host change:
 
 Why TE's flags: TE 2.20 clones each parameter gradient a backward replay returns when the graphs were captured
 with ``clone_param_grads_on_return`` (its default, which every capture here keeps:
-:func:`~bridge_cudagraph.capture.common.capture_budget_ladder` says why). Once a graph of this package has summed the
-gradients, the clones are copies nobody reads; TE offers no switch after capture.
+:func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder` says why). Once a graph of this package has
+summed the gradients, the clones are copies nobody reads; TE offers no switch after capture.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ gradient TE returns; a replay runs no Python, which megatron-core's ``zero_grad_
 language graphs (it keeps the mark when ``cuda_graph_impl == "transformer_engine"``) and the vision helper restores
 before each replay (:meth:`bridge_cudagraph.capture.vision.VisionGraphHelper.before_replay`). TE's warmup passes
 write into ``main_grad``, which every capture zeroes afterwards
-(:func:`bridge_cudagraph.capture.common.zero_grad_buffers`).
+(:func:`bridge_cudagraph.capture.grad_buffers.zero_grad_buffers`).
 Eagerly, TE overwrites ``main_grad`` at a step's first micro-batch (``is_first_microbatch``) and accumulates after;
 a graph captured after the warmup always accumulates, into the buffer DDP zeroed: the same numbers, since adding
 to zero is exact. Graphs on and off fuse alike, so they train the same numbers; the fused sum rounds once per

@@ -124,8 +124,9 @@ def geometric_ladder(largest: int, multiple: int, floor_fraction: float) -> list
     capture time and each rung's own small buffers (its gradient output and last gradient input, one row per token;
     a geometric ladder's add up to about 5x the top rung's, :func:`~bridge_cudagraph.plan.memory.ladder_pool_bytes`),
     not pool memory: the rungs of a ladder share one graph pool, the size of the largest captured
-    (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`), and the first capture takes only the rungs up
-    to the largest micro-batch seen before it (:meth:`~bridge_cudagraph.capture.common.BudgetLadder.first_rungs`).
+    (:func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder`), and the first capture takes only the
+    rungs up to the largest micro-batch seen before it
+    (:meth:`~bridge_cudagraph.capture.budget_ladder.BudgetLadder.first_rungs`).
 
     Each rung below is the one above divided by the ratio, rounded *up* to the multiple (so the ratio bound
     holds), and at least one multiple below it (so small rungs, where the multiple is more than a fifth of the

@@ -3,7 +3,7 @@
 Pure arithmetic on the plan's numbers (no torch, no GPU), so ``plan`` and ``validate`` can say on a laptop whether a
 run fits an 80 GB H100, and ``train`` can refuse before the first step when it does not fit the device it has.
 
-What a graph pool holds (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`): the activations one
+What a graph pool holds (:func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder`): the activations one
 micro-batch saves between forward and backward at the largest captured shape, for every layer the rank graphs; the
 static inputs (shared by the rungs of a ladder); and per rung what that rung keeps (its gradient-output buffer and
 its last gradient input). Weights whose gradient TE does not fuse into ``main_grad`` add one set of parameter
@@ -14,8 +14,8 @@ them, the MLP's intermediate ones), times :data:`ACTIVATION_SLACK` for what the 
 statistics, rotary tables, workspaces, the caching allocator's rounding). Against the capture's measured pools the
 estimate is compared by the benchmark (and by ``tests/unit/plan/test_memory.py`` against recorded captures).
 
-A packed ladder's captured top follows the data (:class:`~bridge_cudagraph.capture.common.BudgetLadder`); the plan
-cannot know the data, so its estimate is for the ladder's top: an upper bound.
+A packed ladder's captured top follows the data (:class:`~bridge_cudagraph.capture.budget_ladder.BudgetLadder`); the
+plan cannot know the data, so its estimate is for the ladder's top: an upper bound.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ ACTIVATION_SLACK = 1.1
 
 #: The share of one graph's unfused weight gradients a packed ladder's pool still holds at its peak. A ladder is
 #: captured with TE's clone of those gradients, under which TE gives their buffers back to the pool
-#: (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`; the replays then sum them in graphs of their
-#: own, :mod:`bridge_cudagraph.capture.param_grads`, which take no pool memory), but within one graph's backward
+#: (:func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder`; the replays then sum them in graphs of
+#: their own, :mod:`bridge_cudagraph.capture.param_grads`, which take no pool memory), but within one graph's backward
 #: every layer's gradient is alive at its end, and the activations it frees meanwhile come in other sizes, so the pool
 #: cannot place all of them there: a graph over a run of layers (the ``run`` unit) holds far more of them at
 #: once than a graph of one layer. Calibrated on the 2B shape's captures (the useful-tokens benchmark's memory

@@ -300,8 +300,8 @@ def test_packed_graphs_over_the_plans_ladder_at_sequence_2048(world, record):
 
 
 def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(world, record):
-    """The ladder's memory and its top (:class:`bridge_cudagraph.capture.common.BudgetLadder`,
-    :func:`~bridge_cudagraph.capture.common.capture_budget_ladder`).
+    """The ladder's memory and its top (:class:`bridge_cudagraph.capture.budget_ladder.BudgetLadder`,
+    :func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder`).
 
     One eager micro-batch before capture sets the captured top (the rung that holds it, not the ladder's); the rungs
     share one pool: all of them together take at most 1.25x the largest alone (the 2B benchmark gives the product's
@@ -310,7 +310,7 @@ def test_ladder_rungs_share_one_pool_follow_the_data_and_replay_in_any_order(wor
     model with graphs off and Bridge's unmodified model (deterministic kernels; else within the eager floor). The rung
     the larger micro-batch asked for is captured between "steps" (:meth:`capture_pending`: the ladder re-captured up to
     the new top into one pool), and replays exactly too; the earlier rungs still do after it."""
-    from bridge_cudagraph.capture.common import held_reserved
+    from bridge_cudagraph.capture.device_memory import held_reserved
     from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
@@ -530,8 +530,8 @@ def test_tight_packing_replays_the_kept_tokens_exactly(world, record):
     Bridge's own run-to-run spread or bf16 noise). ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` for the exact assertions."""
     import torch
 
-    from bridge_cudagraph.capture.common import segment_callables
     from bridge_cudagraph.capture.packed import PackedGraphSet, PackedLanguageGraphHelper, _PackedLanguageLayer
+    from bridge_cudagraph.capture.segments import segment_callables
     from bridge_cudagraph.capture.tight import row_extents, tight_rows
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.host import forward as forward_host

@@ -37,7 +37,7 @@ def test_helpers_built_from_the_tiny_recipes_plan_hold_its_values(world):
     assert vision.copies.count == plan.vision.copies
     assert vision.planned_inputs == dict(plan.vision.static_inputs)
 
-    # Capture checks every buffer against the plan's StaticInputs (capture.common.check_static_inputs).
+    # Capture checks every buffer against the plan's StaticInputs (capture.checks.check_static_inputs).
     for helper in (language, vision):
         helper.create_cudagraphs()
         assert helper.graphs_created() and helper.stats.failed is None, helper.stats.failed

@@ -391,7 +391,7 @@ def test_copies_in_flight_and_budgets_sharing_memory(world, record):
     per_budget = {b: helper.stats.per_budget[b] / 2**20 for b in budgets}
     assert list(helper.stats.per_budget) == sorted(budgets, reverse=True)  # capture order: largest first
     # Three budgets in one pool and no fused weight gradient: TE clones at capture, which gives each budget's gradient
-    # buffers back to the pool (capture.common.param_grad_return_kwargs); the replays then do not clone: a graph of
+    # buffers back to the pool (capture.ladder_capture.ladder_order_kwargs); the replays then do not clone: a graph of
     # their own sums the parameter gradients into main_grad (capture.param_grads).
     assert helper.stats.param_grads_summed > 0 and helper.stats.param_grads_cloned is False
 

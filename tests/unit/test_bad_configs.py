@@ -390,7 +390,7 @@ def test_layout_that_does_not_divide_the_world_is_refused(record):
 
 
 def _mismatched_groups(rank: int, world: int) -> str:
-    from bridge_cudagraph.capture.common import CaptureError, check_group_sizes
+    from bridge_cudagraph.capture.checks import CaptureError, check_group_sizes
     from bridge_cudagraph.parallel.groups import build_collections
     from bridge_cudagraph.parallel.layout import ParallelLayout
 

@@ -6,7 +6,7 @@ import types
 
 import torch
 
-from bridge_cudagraph.capture.param_grads import sum_param_grads
+from bridge_cudagraph.capture.param_grads import ddp_consumes_param_grads, sum_param_grads
 from bridge_cudagraph.host import compat
 
 
@@ -84,3 +84,15 @@ def test_the_gate_refuses_parameters_outside_megatron_ddp():
     sets = [types.SimpleNamespace(layers=[object()])]
     assert sum_param_grads(sets, [layer], [layer], fused=[]) == 0
     assert sum_param_grads([], [layer], [layer], fused=[]) == 0
+
+
+def test_parameters_outside_megatron_ddp_are_not_summed_by_graphs():
+    layer = torch.nn.Linear(4, 4)
+    assert not ddp_consumes_param_grads([layer], [layer])
+
+
+def test_frozen_parameters_need_no_owner_but_trainable_ones_do():
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    # No chunk at all: every trainable parameter (none here) is owned.
+    assert ddp_consumes_param_grads([], [frozen])
+    assert not ddp_consumes_param_grads([], [torch.nn.Linear(4, 4)])

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from bridge_cudagraph.capture.common import CaptureStats
+from bridge_cudagraph.capture.stats import CaptureStats
 from bridge_cudagraph.testing.parity import (
     assert_captured,
     capture_problems,

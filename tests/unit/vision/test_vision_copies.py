@@ -88,7 +88,7 @@ def test_reset_frees_copies_an_aborted_step_left_taken():
 
 
 def test_zero_copies_is_refused():
-    from bridge_cudagraph.capture.common import CaptureError
+    from bridge_cudagraph.capture.checks import CaptureError
 
     with pytest.raises(CaptureError, match="copies must be >= 1"):
         _copies(0)
