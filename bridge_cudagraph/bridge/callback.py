@@ -31,8 +31,8 @@ What happens when (Bridge 0.6.2 ``megatron/bridge/training/train.py``):
   graphs holding NCCL buffers cannot hang the exit.
 * when the training loop raises (an exception, or Bridge's own ``sys.exit`` of the early-exit path), Bridge's
   ``_pretrain`` aborts the process groups in its ``except`` (``pretrain.py``) and no event fires;
-  :func:`bridge_cudagraph.host.patches.release_graphs_if_training_raises` wraps the loop so that :meth:`release_graphs`
-  runs first (:func:`bridge_cudagraph.bridge.train.run` installs it).
+  :func:`bridge_cudagraph.host.training_loop.release_graphs_if_training_raises` wraps the loop so that
+  :meth:`release_graphs` runs first (:func:`bridge_cudagraph.bridge.train.run` installs it).
 
 Every :meth:`CudaGraphCallback.release_graphs` call is logged in ``CudaGraphCallback.releases`` (why, what was
 deleted, whether ``torch.distributed`` was still initialised), which the teardown tests read.
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from megatron.bridge.training.callbacks import Callback
 
 from bridge_cudagraph.bridge import loop as bridge_loop
-from bridge_cudagraph.host.patches import bridge_helper_installed
+from bridge_cudagraph.host.bridge_helper import bridge_helper_installed
 
 if TYPE_CHECKING:
     from bridge_cudagraph.host.step import StepHostCaches
@@ -443,7 +443,7 @@ class CudaGraphCallback(Callback):
         """Delete every graph this callback captured; idempotent; returns the slots this call deleted.
 
         Reached from Bridge's end-of-loop teardown (via :mod:`~bridge_cudagraph.bridge.loop`, which calls it without
-        arguments), ``on_train_end``, and :func:`bridge_cudagraph.host.patches.release_graphs_if_training_raises`
+        arguments), ``on_train_end``, and :func:`bridge_cudagraph.host.training_loop.release_graphs_if_training_raises`
         when the loop raises. Never raises for a failing delete (logged by :meth:`GraphLifecycle.teardown`): it runs on
         the way out of a failed run and must not mask that failure.
         """

@@ -23,8 +23,8 @@ re-capture after resume. So the graphs are owned by :class:`bridge_cudagraph.bri
 Bridge's own capture must do nothing.
 
 :func:`install_bridge_helper` rebinds that one name (through
-:func:`bridge_cudagraph.host.patches.rebind_bridge_helper`), ``megatron.bridge.training.train.TECudaGraphHelper``, to
-the class :func:`dispatching_class` makes, which
+:func:`bridge_cudagraph.host.bridge_helper.rebind_bridge_helper`),
+``megatron.bridge.training.train.TECudaGraphHelper``, to the class :func:`dispatching_class` makes, which
 
 * keeps the real constructor's signature (``pg_collection`` included, so Bridge's probe still passes it);
 * for a config that is one of our providers (:func:`bridge_cudagraph.bridge.providers.is_graph_provider`) returns a
@@ -90,10 +90,10 @@ class CallbackOwnedGraphs:
 
 def install_bridge_helper() -> None:
     """Make Bridge's ``train()`` build :func:`dispatching_class`'s stand-in instead of megatron-core's helper
-    (idempotent; undone by :func:`bridge_cudagraph.host.patches.uninstall_bridge_helper`). The ``train`` verb and
+    (idempotent; undone by :func:`bridge_cudagraph.host.bridge_helper.uninstall_bridge_helper`). The ``train`` verb and
     the :class:`~bridge_cudagraph.bridge.callback.CudaGraphCallback` call it; so must a harness that runs Bridge's
     loop."""
-    from bridge_cudagraph.host.patches import rebind_bridge_helper
+    from bridge_cudagraph.host.bridge_helper import rebind_bridge_helper
 
     rebind_bridge_helper(dispatching_class)
 

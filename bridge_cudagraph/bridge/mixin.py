@@ -7,8 +7,8 @@ Composed in front of any ``GPTModelProvider`` (Qwen3, Llama, ...) or the Qwen3-V
 * turns the block into Megatron-Core's switches at ``finalize()`` (``cuda_graph_impl``, modules, warmup,
   the TE RNG tracker graphs need), refusing upstream's own switches so that exactly one owner captures;
 * builds the model with the collection Bridge hands ``provide_distributed_model`` (completed with the GTP_remat
-  fields megatron-core reads, :func:`~bridge_cudagraph.host.patches.complete_bridge_collection`) and keeps the
-  checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.capture.language.drop_language_aliases`);
+  fields megatron-core reads, :func:`~bridge_cudagraph.host.gtp_remat_aliases.complete_bridge_collection`) and keeps
+  the checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.capture.language.drop_language_aliases`);
 * keeps the vision replicas of the model it built identical, graphs or not (:meth:`provide_distributed_model`);
 * makes the graph helpers (:meth:`make_graph_helpers`) from a
   :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan`, which holds every number they need (budgets, segments,
@@ -227,11 +227,11 @@ class CudaGraphProviderMixin:
 
         The collection Bridge passes (``dist.use_decentralized_pg=true``) is the one its training loop logs with; it
         gets the GTP_remat fields megatron-core's MoE metric logging reads before anything is built from it
-        (:func:`bridge_cudagraph.host.patches.complete_bridge_collection`).
+        (:func:`bridge_cudagraph.host.gtp_remat_aliases.complete_bridge_collection`).
         """
         pgc = kwargs.get("pg_collection")
         if pgc is not None:
-            from bridge_cudagraph.host.patches import complete_bridge_collection
+            from bridge_cudagraph.host.gtp_remat_aliases import complete_bridge_collection
 
             complete_bridge_collection(pgc, self)
         model = super().provide_distributed_model(*args, **kwargs)

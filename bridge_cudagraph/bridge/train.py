@@ -45,7 +45,8 @@ from bridge_cudagraph.bridge.data_path import DataWait, observing_forward_step
 from bridge_cudagraph.bridge.loop import install_bridge_helper
 from bridge_cudagraph.bridge.throughput import ThroughputCallback, UsefulTokenMeter
 from bridge_cudagraph.host.data_workers import fork_safe_tokenizers
-from bridge_cudagraph.host.patches import release_graphs_if_training_raises, use_prebuilt_dataset_helpers
+from bridge_cudagraph.host.dataset_helpers import use_prebuilt_dataset_helpers
+from bridge_cudagraph.host.training_loop import release_graphs_if_training_raises
 from bridge_cudagraph.plan.from_config import plan_config, world_size_from_env
 from bridge_cudagraph.vision import host_grids
 

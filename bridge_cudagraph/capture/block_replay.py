@@ -65,7 +65,7 @@ def install_ladder_replay(decoder: torch.nn.Module, helper: BlockReplay | None) 
 
     Patches the instance's class, not the host's (:func:`~bridge_cudagraph.host.patches.extend_instance_class`).
     """
-    from bridge_cudagraph.host.patches import extend_instance_class
+    from bridge_cudagraph.host.instance_class import extend_instance_class
 
     extend_instance_class(decoder, LadderReplayBlock)
     decoder.ladder_helper = helper
@@ -73,7 +73,7 @@ def install_ladder_replay(decoder: torch.nn.Module, helper: BlockReplay | None) 
 
 def remove_ladder_replay(decoder: torch.nn.Module) -> None:
     """Restore the decoder's own class."""
-    from bridge_cudagraph.host.patches import restore_instance_class
+    from bridge_cudagraph.host.instance_class import restore_instance_class
 
     decoder.__dict__.pop("ladder_helper", None)
     restore_instance_class(decoder, LadderReplayBlock)

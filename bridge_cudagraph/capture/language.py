@@ -10,9 +10,9 @@ Built on megatron-core's ``TECudaGraphHelper`` and changed at three narrow point
    Here the mRoPE tensor, shape ``(S/cp, micro_batch, 1, rotary_dim)`` in fp32, is a static input that
    each replay refreshes from the model's own computation.
 2. **Static inputs follow the model's activation dtype**, not the hard-coded bf16 of ``module.py``.
-3. **The micro-batch count is the plugin's** (:func:`~bridge_cudagraph.host.patches.explicit_num_microbatches`),
-   so no process-global micro-batch calculator is needed, and the collection is mandatory (no fallback to
-   ``parallel_state``).
+3. **The micro-batch count is the plugin's**
+   (:func:`~bridge_cudagraph.host.num_microbatches.explicit_num_microbatches`), so no process-global micro-batch
+   calculator is needed, and the collection is mandatory (no fallback to ``parallel_state``).
 
 It also checks static shapes against the groups before capture, keeps Qwen3-VL's checkpoint keys
 unchanged (:func:`drop_language_aliases`), can capture again after :meth:`delete_cuda_graphs` (resume),
@@ -41,7 +41,7 @@ from bridge_cudagraph.capture.device_memory import measure
 from bridge_cudagraph.capture.failure import abandon_capture
 from bridge_cudagraph.capture.static_inputs import activation_dtype
 from bridge_cudagraph.capture.stats import CaptureStats
-from bridge_cudagraph.host.patches import explicit_num_microbatches
+from bridge_cudagraph.host.num_microbatches import explicit_num_microbatches
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import StaticInput

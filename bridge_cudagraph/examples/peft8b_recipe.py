@@ -2,7 +2,7 @@
 
 ``qwen3_vl_8b_peft_photos_config()`` calls Megatron-Bridge's own ``qwen3_vl_8b_peft_1gpu_h100_bf16_config()``
 (``megatron/bridge/recipes/qwen_vl/h100/qwen3_vl.py``; imported without running ``megatron.bridge.recipes``'s
-``__init__``, which needs ``diffusers``: :func:`~bridge_cudagraph.host.patches.bridge_recipes_without_init`) and
+``__init__``, which needs ``diffusers``: :func:`~bridge_cudagraph.host.bridge_recipes.bridge_recipes_without_init`) and
 changes only what running it offline on random weights forces:
 
 * **data**: Bridge's ``DirectHFSFTDatasetConfig`` over the local photo set and the offline-built Qwen3-VL processor
@@ -60,7 +60,7 @@ def qwen3_vl_8b_peft_photos_config(*, cache: str | os.PathLike[str] | None = Non
     Raises:
         ValueError: The processor's vocabulary does not fit the model's embedding table.
     """
-    from bridge_cudagraph.host.patches import bridge_recipes_without_init
+    from bridge_cudagraph.host.bridge_recipes import bridge_recipes_without_init
 
     with bridge_recipes_without_init():
         from megatron.bridge.recipes.qwen_vl.h100.qwen3_vl import qwen3_vl_8b_peft_1gpu_h100_bf16_config

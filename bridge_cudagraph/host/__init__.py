@@ -6,24 +6,34 @@ its gate and its undo (``tests/unit/test_package.py`` keeps the blocks complete)
 version check that runs before any model is built (:func:`~bridge_cudagraph.host.compat.check_proven_stack`:
 ``validate``, ``plan``, ``train`` and a provider's ``finalize()``), so no mirrored code runs unproven by surprise.
 
-======================  ================================================================================
-module                  what it changes
-======================  ================================================================================
-``patches``             module-level names of Bridge, megatron-core, huggingface_hub and torch, rebound for
-                        as long as needed; the class of one host object (a mixin in front)
-``optimizer``           the optimizer objects' classes: their per-parameter walks done once
-``finalize``            ``finalize_model_grads_func``: its module walk done once
-``forward``             ``Qwen3VLModel`` and its decoder: the forward's host waits
-``step``                the last three, put on and taken off together
-``wgrad_fusion``        TE modules' ``fuse_wgrad_accumulation``, without APEX
-``replica_sync``        ``finalize_model_grads_func``: the vision replicas' gradient average
-``encoder_swap``        ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups
-``graph_grads``         TE's graphed callables' parameter-gradient clone flags, megatron-core's ready mark on
-                        parameters: for gradients a ladder's graphs sum themselves
-``finalize_chain``      nothing of its own: how ``finalize`` and ``replica_sync`` put a wrapper on and off
-``data_workers``        the environment's ``TOKENIZERS_PARALLELISM`` while a data loader forks workers
-``refusals``            nothing: reads the frame of a host configuration check that raised, to name its settings
-======================  ================================================================================
+=========================  ================================================================================
+module                     what it changes
+=========================  ================================================================================
+``changes``                nothing: the index of every change below, one line each with its release and undo
+``bridge_helper``          Bridge's ``TECudaGraphHelper`` name: no second capture of the language layers
+``training_loop``          Bridge's ``pretrain.train`` name: the graphs released when the loop raises
+``dataset_helpers``        Bridge's ``compile_helpers`` name: the prebuilt dataset helpers where no Makefile ships
+``offline_hub``            ``huggingface_hub``'s offline and cache constants and their environment variables
+``from_hf_pretrained``     ``AutoBridge.from_hf_pretrained``: a hook ahead of each call
+``bridge_recipes``         ``sys.modules["megatron.bridge.recipes"]``: its modules without its ``__init__``
+``cpu_device_properties``  ``torch.cuda.get_device_properties`` on a machine without CUDA
+``num_microbatches``       megatron-core's ``get_num_microbatches`` name in its graph helper: the plan's count
+``gtp_remat_aliases``      the GTP_remat fields of Bridge's decentralized process-group collection
+``instance_class``         the class of one host object: a mixin in front, taken off again
+``optimizer``              the optimizer objects' classes: their per-parameter walks done once
+``finalize``               ``finalize_model_grads_func`` and megatron-core's ``reset_model_temporary_tensors`` name:
+                           the module walk done once
+``forward``                ``Qwen3VLModel`` and its decoder: the forward's host waits
+``step``                   the last three, put on and taken off together
+``wgrad_fusion``           TE modules' ``fuse_wgrad_accumulation``, without APEX
+``replica_sync``           ``finalize_model_grads_func``: the vision replicas' gradient average
+``encoder_swap``           ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups
+``graph_grads``            TE's graphed callables' parameter-gradient clone flags, megatron-core's ready mark on
+                           parameters: for gradients a ladder's graphs sum themselves
+``finalize_chain``         nothing of its own: how ``finalize`` and ``replica_sync`` put a wrapper on and off
+``data_workers``           the environment's ``TOKENIZERS_PARALLELISM`` while a data loader forks workers
+``refusals``               nothing: reads the frame of a host configuration check that raised, to name its settings
+=========================  ================================================================================
 
 Outside this folder the package subclasses host classes at their documented seams and reads what those seams hand a
 subclass; that is not a change of a host object, but it is host code an upgrade must re-read, so it is listed here:

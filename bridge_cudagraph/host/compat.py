@@ -199,7 +199,7 @@ def collection_declares_gtp_remat_groups() -> bool:
     ``None``: ``MoEMetricsTracker._sync_metrics`` (``moe_logging.py``, called by Bridge's ``training_log``
     for every MoE model) asks for ``dp_cp_gtp_remat`` and, without it, for
     ``parallel_state.get_data_parallel_group``, which asserts under pure M4. A core without these fields reads none
-    of them: :func:`bridge_cudagraph.host.patches.complete_bridge_collection` then changes nothing."""
+    of them: :func:`bridge_cudagraph.host.gtp_remat_aliases.complete_bridge_collection` then changes nothing."""
     import dataclasses
 
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -218,7 +218,7 @@ def dataset_helpers_prebuilt_without_makefile() -> bool:
     """megatron-core's PyPI wheels (0.19.2 seen) ship the compiled ``megatron.core.datasets.helpers_cpp`` but not the
     Makefile that Bridge 0.6.2's ``initialize_megatron`` runs ``make -C`` on (``bridge/training/initialize.py``
     ``compile_helpers()``). True when the Makefile is absent and the prebuilt module imports: then
-    :func:`bridge_cudagraph.host.patches.use_prebuilt_dataset_helpers` applies. A source install (NGC) has the
+    :func:`bridge_cudagraph.host.dataset_helpers.use_prebuilt_dataset_helpers` applies. A source install (NGC) has the
     Makefile."""
     import importlib
     import os

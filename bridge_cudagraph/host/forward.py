@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from bridge_cudagraph.host import compat
-from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
+from bridge_cudagraph.host.instance_class import extend_instance_class, restore_instance_class
 from bridge_cudagraph.vision import host_grids
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 Host change:
   changes: the class of one ``ChainedOptimizer``, its ``DistributedOptimizer`` members and their TE ``FusedAdam``
-    objects (a mixin in front, :func:`~bridge_cudagraph.host.patches.extend_instance_class`); mirrors their steps'
-    per-parameter walks
+    objects (a mixin in front, :func:`~bridge_cudagraph.host.instance_class.extend_instance_class`); mirrors their
+    steps' per-parameter walks
   written for: megatron-core 0.19.2, Transformer Engine 2.20
   gate: the proven stack (:func:`~bridge_cudagraph.host.compat.check_proven_stack`);
     :func:`~bridge_cudagraph.host.compat.optimizer_step_is_mirrored`; ``model.cuda_graph.cached_walks.optimizer``
@@ -31,7 +31,8 @@ group, capturable or master-weight Adam, DTensor or non-fp32 state), so a config
 for steps exactly as before.
 
 :func:`install` puts the mixins in front of the optimizer objects' classes (one object each, through
-:func:`bridge_cudagraph.host.patches.extend_instance_class`); :func:`uninstall` takes them off and drops the cache.
+:func:`bridge_cudagraph.host.instance_class.extend_instance_class`); :func:`uninstall` takes them off and drops the
+cache.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import Any
 import torch
 
 from bridge_cudagraph.host import compat
-from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
+from bridge_cudagraph.host.instance_class import extend_instance_class, restore_instance_class
 
 __all__ = [
     "CachedAdamLists",
@@ -186,9 +187,9 @@ class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for
     Adds one instance attribute, :data:`CACHE`.
 
     It derives from ``abc.ABC`` as ``MegatronOptimizer`` does: Python allows the ``__class__`` assignment of
-    :func:`~bridge_cudagraph.host.patches.extend_instance_class` only between classes whose instance dict and weakref
-    slots are added on top of the same base, and ``MegatronOptimizer`` adds them on top of ``ABC`` (a plain mixin
-    adds them on top of ``object``: "object layout differs").
+    :func:`~bridge_cudagraph.host.instance_class.extend_instance_class` only between classes whose instance dict and
+    weakref slots are added on top of the same base, and ``MegatronOptimizer`` adds them on top of ``ABC`` (a plain
+    mixin adds them on top of ``object``: "object layout differs").
     """
 
     def _bcg_views(self) -> _ShardViews:

@@ -147,7 +147,7 @@ def check_run(config: Any) -> PackingFacts | None:
 def check_decentralized(config: Any) -> None:
     """Under pure M4 (``dist.use_decentralized_pg=true``, every example recipe) ``parallel_state`` is never
     initialised; refuse the settings whose host paths still read it, graphs or not (a sweep of
-    megatron-core 0.19.2 and Bridge 0.6.2; MoE metric logging is completed instead, ``host_patches``):
+    megatron-core 0.19.2 and Bridge 0.6.2; MoE metric logging is completed instead, ``host.gtp_remat_aliases``):
 
     * ``model.mtp_num_layers``: multi-token prediction asks ``parallel_state`` for its stage and its loss-averaging
       group (``multi_token_prediction.py``);

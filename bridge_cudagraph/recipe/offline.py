@@ -46,10 +46,10 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     ``HF_HUB_OFFLINE``/``HF_HUB_CACHE`` in the environment is not enough: ``huggingface_hub`` reads them
     once at import (``huggingface_hub/constants.py``), and ``megatron.bridge`` imports it long before a recipe
     runs; the call then retries the unreachable Hub for ~100 s and fails. So the module's constants are set
-    too (:func:`~bridge_cudagraph.host.patches.offline_hub`), and everything is restored on exit.
-    ``AutoBridge.from_hf_pretrained`` is wrapped (:func:`~bridge_cudagraph.host.patches.from_hf_pretrained_hook`)
-    only to lay the snapshot out under the revision the recipe asks for (Bridge pins some, e.g. Qwen3-8B's, to a
-    commit).
+    too (:func:`~bridge_cudagraph.host.offline_hub.offline_hub`), and everything is restored on exit.
+    ``AutoBridge.from_hf_pretrained`` is wrapped
+    (:func:`~bridge_cudagraph.host.from_hf_pretrained.from_hf_pretrained_hook`) only to lay the snapshot out under the
+    revision the recipe asks for (Bridge pins some, e.g. Qwen3-8B's, to a commit).
 
     Args:
         config_dir: Folder ``<Org>--<Name>`` holding the model's public ``config.json``.
@@ -60,7 +60,8 @@ def offline_hf_config(config_dir: str | os.PathLike[str]) -> Iterator[str]:
     Raises:
         RecipeError: The folder has no ``config.json`` or is misnamed, or the recipe never asked for that model.
     """
-    from bridge_cudagraph.host.patches import from_hf_pretrained_hook, offline_hub
+    from bridge_cudagraph.host.from_hf_pretrained import from_hf_pretrained_hook
+    from bridge_cudagraph.host.offline_hub import offline_hub
 
     config_dir = Path(config_dir)
     repo_id = hf_repo_id(config_dir)
@@ -104,7 +105,7 @@ def _lay_out_snapshot(repo_dir: Path, config_dir: Path, revision: str | None) ->
 @contextlib.contextmanager
 def recipe_environment(hf_config: Path | None) -> Iterator[None]:
     """What a recipe function needs on this machine: the offline model config, and no GPU probe."""
-    from bridge_cudagraph.host.patches import cpu_device_properties
+    from bridge_cudagraph.host.cpu_device_properties import cpu_device_properties
 
     with contextlib.ExitStack() as stack:
         if hf_config is not None:

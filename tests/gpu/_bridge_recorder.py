@@ -36,7 +36,7 @@ from bridge_cudagraph.host import (
 from bridge_cudagraph.host import (
     wgrad_fusion,
 )
-from bridge_cudagraph.host.patches import bridge_helper_installed
+from bridge_cudagraph.host.bridge_helper import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
 
 _STATS = (

@@ -93,7 +93,7 @@ def _differences(a, b) -> list[str]:
 def test_cached_step_is_the_host_step_bit_for_bit(world, record, kind):
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.host import optimizer as optimizer_host
-    from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
+    from bridge_cudagraph.host.instance_class import extend_instance_class, restore_instance_class
     from bridge_cudagraph.testing.parity import assert_captured, megatron_optimizer, train_steps
 
     provider = opt_runs.provider(kind)

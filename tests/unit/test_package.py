@@ -183,15 +183,31 @@ def _host_blocks(text: str) -> list[dict[str, str]]:
     return blocks
 
 
+def _indexed_changes(text: str) -> dict[str, int]:
+    """Module -> how many changes the index of ``host/changes.py`` lists for it (its ``- ``module``: ...`` lines)."""
+    import re
+
+    counts: dict[str, int] = {}
+    for name in re.findall(r"^- ``(\w+)``: ", text, re.M):
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+#: The modules of ``host/`` that change nothing themselves: the probes and the index of every change.
+HOST_WITHOUT_CHANGES = ("__init__", "compat", "changes")
+
+
 def test_every_host_module_opens_with_its_changes():
-    """Each module of ``host/`` (but the probes) says, per change, what it changes, the release it was written for,
-    its gate and its undo; the folder's index names every module."""
+    """Each module of ``host/`` (but the probes and the index) says, per change, what it changes, the release it was
+    written for, its gate and its undo; the folder's index names every module, and the index of changes
+    (``host/changes.py``) lists each change of each module once, so an upgrade reads every change in one place."""
     import ast
     from pathlib import Path
 
     folder = Path(bridge_cudagraph.__file__).parent / "host"
     index = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
-    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "compat"))
+    changes = _indexed_changes(ast.get_docstring(ast.parse((folder / "changes.py").read_text())))
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem not in HOST_WITHOUT_CHANGES)
     assert len(modules) >= 8, modules
     for name in modules:
         doc = ast.get_docstring(ast.parse((folder / f"{name}.py").read_text()))
@@ -201,12 +217,22 @@ def test_every_host_module_opens_with_its_changes():
             assert set(block) == {"changes", "written for", "gate", "undo"}, (name, block)
             assert all(v.strip() for v in block.values()), (name, block)
         assert f"``{name}``" in index, f"host/__init__.py does not list {name}"
-    assert len(_host_blocks(Path(folder / "patches.py").read_text())) >= 10
+        assert changes.get(name, 0) == len(blocks), f"host/changes.py lists {changes.get(name, 0)} changes of {name}"
+    assert "``changes``" in index
+    assert set(changes) <= set(modules), f"host/changes.py lists modules that are gone: {set(changes) - set(modules)}"
+
+
+def test_the_index_of_host_changes_is_read_as_written():
+    """The index parser above counts the list lines of each module (not their continuation lines), so a change
+    missing from the index is seen."""
+    text = "Names:\n\n- ``a``: ``x.y``; Bridge 0.6.2; undo ``u``\n- ``b``: ``z``; any;\n  - ``c``: leaving\n"
+    assert _indexed_changes(text + "- ``a``: ``w``\n") == {"a": 2, "b": 1}
 
 
 def test_class_swaps_and_rebindings_happen_in_the_host_folder_only():
     """An object's class is swapped, and a host module's name rebound, only in ``host/`` (through
-    ``host.patches.extend_instance_class`` and its siblings): grep the rest of the package for the statements."""
+    ``host.instance_class.extend_instance_class`` and the other modules there): grep the rest of the package for the
+    statements."""
     import re
     from pathlib import Path
 

@@ -119,7 +119,7 @@ def _case(rank: int, world: int, lang: dict[str, Any]) -> None:
 
     from bridge_cudagraph.bridge.mixin import CudaGraphProviderMixin
     from bridge_cudagraph.host import compat
-    from bridge_cudagraph.host.patches import COMPLETED, restore_bridge_collection
+    from bridge_cudagraph.host.gtp_remat_aliases import COMPLETED, restore_bridge_collection
 
     assert compat.GTP_REMAT_ALIASES == ALIASES
     pgc = bridge_collection(lang)

@@ -28,8 +28,7 @@ from bridge_cudagraph.bridge.callback import (
 )
 from bridge_cudagraph.config import CachedWalksConfig, CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 from bridge_cudagraph.examples import tiny
-from bridge_cudagraph.host import compat
-from bridge_cudagraph.host import patches as host_patches
+from bridge_cudagraph.host import bridge_helper, compat
 from bridge_cudagraph.plan.build import build_plan
 from bridge_cudagraph.plan.facts import model_facts
 
@@ -37,7 +36,7 @@ from bridge_cudagraph.plan.facts import model_facts
 @pytest.fixture(autouse=True)
 def _restore_bridge():
     yield
-    host_patches.uninstall_bridge_helper()
+    bridge_helper.uninstall_bridge_helper()
 
 
 # ---------------------------------------------------------------------------------------------- fakes
@@ -325,12 +324,12 @@ def test_install_keeps_bridge_probe_and_dispatches_on_the_provider():
     assert compat.bridge_builds_language_helper_by_name()
     bridge_loop.install_bridge_helper()
     bridge_loop.install_bridge_helper()  # idempotent
-    assert host_patches.bridge_helper_installed() and issubclass(train.TECudaGraphHelper, real)
+    assert bridge_helper.bridge_helper_installed() and issubclass(train.TECudaGraphHelper, real)
     params = inspect.signature(train.TECudaGraphHelper.__init__).parameters
     assert list(params) == list(inspect.signature(real.__init__).parameters)
     assert ("pg_collection" in params) == compat.helper_accepts_pg_collection()
-    host_patches.uninstall_bridge_helper()
-    assert train.TECudaGraphHelper is real and not host_patches.bridge_helper_installed()
+    bridge_helper.uninstall_bridge_helper()
+    assert train.TECudaGraphHelper is real and not bridge_helper.bridge_helper_installed()
 
 
 def test_other_configs_get_the_real_helper_with_the_same_arguments():
@@ -540,7 +539,7 @@ def test_no_pre_hooks_without_overlap_param_gather():
 
 def test_refuses_to_run_when_bridge_would_capture_too():
     world = _world(_provider())
-    host_patches.uninstall_bridge_helper()
+    bridge_helper.uninstall_bridge_helper()
     with pytest.raises(RuntimeError, match="second time"):
         world.callback.on_train_start(world.context)
 
@@ -576,7 +575,7 @@ def _deleted_before(events, marker):
 
 
 def test_an_exception_in_the_loop_frees_the_graphs_before_bridge_aborts_the_groups(monkeypatch):
-    from bridge_cudagraph.host.patches import release_graphs_if_training_raises
+    from bridge_cudagraph.host.training_loop import release_graphs_if_training_raises
 
     world = _world(_provider())
     bridge = FakePretrainModule(world, monkeypatch)
@@ -606,7 +605,7 @@ def test_without_the_wrapper_the_groups_are_aborted_with_graphs_alive(monkeypatc
 
 def test_sigterm_exit_frees_the_graphs_in_bridges_teardown_then_exits_zero(monkeypatch):
     """train.exit_signal_handler: the loop leaves through _delete_cuda_graphs and sys.exit(0) (no on_train_end)."""
-    from bridge_cudagraph.host.patches import release_graphs_if_training_raises
+    from bridge_cudagraph.host.training_loop import release_graphs_if_training_raises
 
     world = _world(_provider())
     bridge = FakePretrainModule(world, monkeypatch)
@@ -625,7 +624,7 @@ def test_sigterm_exit_frees_the_graphs_in_bridges_teardown_then_exits_zero(monke
 
 
 def test_a_normal_end_frees_the_graphs_before_the_groups_are_destroyed(monkeypatch):
-    from bridge_cudagraph.host.patches import release_graphs_if_training_raises
+    from bridge_cudagraph.host.training_loop import release_graphs_if_training_raises
 
     world = _world(_provider())
     bridge = FakePretrainModule(world, monkeypatch)

@@ -13,7 +13,7 @@ from bridge_cudagraph.bridge import train
 from bridge_cudagraph.bridge.callback import CudaGraphCallback
 from bridge_cudagraph.bridge.throughput import ThroughputCallback
 from bridge_cudagraph.examples import tiny
-from bridge_cudagraph.host import patches as host_patches
+from bridge_cudagraph.host import bridge_helper, dataset_helpers, training_loop
 from bridge_cudagraph.testing.plans import plan_for
 
 PRETRAIN = "megatron.bridge.training.pretrain"
@@ -60,8 +60,8 @@ def entries(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron.bridge.training.finetune", SimpleNamespace(finetune=entry("finetune")))
     calls.loop = loop
     yield calls
-    host_patches.uninstall_bridge_helper()
-    host_patches.restore_dataset_helpers()
+    bridge_helper.uninstall_bridge_helper()
+    dataset_helpers.restore_dataset_helpers()
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_main_runs_bridge_pretrain_with_the_graph_callback_first(entries, capsys
     assert call.name == "pretrain" and call.config is config
     assert isinstance(call.callbacks[0], CudaGraphCallback) and call.callbacks[2:] == [extra]
     assert isinstance(call.callbacks[1], ThroughputCallback)  # useful tokens/s, measured after the capture step
-    assert host_patches.bridge_helper_installed()
+    assert bridge_helper.bridge_helper_installed()
     assert "pretrain() of CudaGraphQwen3VLModelProvider" in capsys.readouterr().out
     one = train.Run(SimpleNamespace(config=config), _plan(config.model))  # what `bridge-cudagraph train` runs
     assert one.train() == 0 and len(entries) == 2
@@ -152,7 +152,7 @@ def test_a_failing_release_does_not_mask_the_training_error(entries, caplog):
     entries.raises = Failure("the real one")
     with caplog.at_level(logging.ERROR, logger="bridge_cudagraph"):
         with pytest.raises(Failure, match="the real one"):
-            with host_patches.release_graphs_if_training_raises(owner, module):
+            with training_loop.release_graphs_if_training_raises(owner, module):
                 module.train([])
     assert "releasing the CUDA graphs after a training failure failed" in caplog.text
     assert module.train is entries.loop
@@ -173,7 +173,7 @@ def test_the_wrapper_keeps_the_loops_name_and_result():
         return x + y
 
     module = SimpleNamespace(train=loop)
-    with host_patches.release_graphs_if_training_raises(SimpleNamespace(release_graphs=None), module):
+    with training_loop.release_graphs_if_training_raises(SimpleNamespace(release_graphs=None), module):
         assert module.train is not loop and module.train.__wrapped__ is loop and module.train.__name__ == "loop"
         assert module.train(1, y=2) == 3 and module.train.__doc__ == "Bridge's loop."
     assert module.train is loop

@@ -8,9 +8,12 @@ reached as ``finalize_model_grads`` reaches it (the module-level name, looked up
 
 from __future__ import annotations
 
+import pytest
 import torch
+from _leaving import leave
 
 from bridge_cudagraph.host import finalize as finalize_host
+from bridge_cudagraph.host.changes import ORIGINAL
 
 
 class Router(torch.nn.Module):
@@ -121,3 +124,15 @@ def test_a_wrapper_put_on_top_is_not_taken_off():
 def test_nothing_to_wrap_before_the_function_is_set():
     holder = type("Holder", (), {"finalize_model_grads_func": None})()
     assert not finalize_host.install(holder, [Chunk()]) and holder.finalize_model_grads_func is None
+
+
+@pytest.mark.parametrize("raising", [False, True], ids=["returns", "raises"])
+def test_listed_reset_modules_is_undone(raising):
+    import importlib
+
+    host = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    original = host.reset_model_temporary_tensors
+    with finalize_host.listed_reset_modules([object()], [[]]):
+        assert getattr(host.reset_model_temporary_tensors, ORIGINAL) is original
+    leave(finalize_host.listed_reset_modules([object()], [[]]), raising)
+    assert host.reset_model_temporary_tensors is original

@@ -24,8 +24,8 @@ def test_mixins_go_on_and_off_the_host_classes(which):
     from megatron.core.optimizer.optimizer import ChainedOptimizer
     from transformer_engine.pytorch.optimizers import FusedAdam
 
+    from bridge_cudagraph.host.instance_class import extend_instance_class, restore_instance_class
     from bridge_cudagraph.host.optimizer import CachedAdamLists, CachedChainedStep, CachedShardViews
-    from bridge_cudagraph.host.patches import extend_instance_class, restore_instance_class
 
     pairs = {
         "distributed_optimizer": (DistributedOptimizer, CachedShardViews),
