@@ -836,11 +836,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict, plan=None) -> list:
         if off:  # the lever's mixins of model.cuda_graph.forward taken off alone (bridge_cudagraph.host.forward)
             from bridge_cudagraph.host import forward as forward_host
 
-            taken = [done for done in installed.forward if done[1].__name__ in off]
-            if {mixin.__name__ for _, mixin in taken} != set(off):
-                raise RuntimeError(f"{variant}: the forward did not install all of {sorted(off)} to take off")
-            forward_host.uninstall(taken)
-            installed.forward = [done for done in installed.forward if done not in taken]
+            forward_host.uninstall(installed.forward, off)  # raises where one of them is not on
         objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
         return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
     # Upstream, as Megatron-Bridge 0.6.2 train() builds its helpers (train.py:268-303), with the global

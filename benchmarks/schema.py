@@ -58,15 +58,15 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     # instead of one per run of layers between deepstack merges: what the runs give.
     "ours_fused_layer_graphs": {"gradient_accumulation_fusion": True, "language_graph_unit": "layer"},
     # ours_fused with Bridge's image-token merge through the boolean mask (model.cuda_graph.forward without
-    # bridge_cudagraph.host.forward.RowMerge): one wait forward, two backward; what the row merge gives.
+    # bridge_cudagraph.host.row_merge.RowMerge): one wait forward, two backward; what the row merge gives.
     "ours_fused_merge_waits": {"gradient_accumulation_fusion": True, "forward_off": ("RowMerge",)},
     # Bridge's forward packing the step's packed rows itself (model.cuda_graph.forward without
-    # bridge_cudagraph.host.forward.FlatPackedRows): preprocess_packed_seqs and the deepstack round trip, with
+    # bridge_cudagraph.host.flat_rows.FlatPackedRows): preprocess_packed_seqs and the deepstack round trip, with
     # their waits; what handing it the rows flat gives. Only packed micro-batches differ.
     "ours_bridge_packing": {"forward_off": ("FlatPackedRows",)},
     # The vision grid read back from the GPU (model.cuda_graph.forward without
-    # bridge_cudagraph.host.forward.BoundGrids): the encoder's replay waits for the queue at every micro-batch; what
-    # the collate's host copy gives.
+    # bridge_cudagraph.host.bound_grids.BoundGrids): the encoder's replay waits for the queue at every micro-batch;
+    # what the collate's CPU copy gives.
     "ours_device_grid": {"forward_off": ("BoundGrids",)},
 }
 #: megatron-core's one graph over the whole forward and backward (``cuda_graph_impl="full_iteration"``, its

@@ -26,13 +26,13 @@ Opt-in with ``--variants`` (dense models of the benchmark's own shape), one leve
   at most 1.25x apart: :meth:`benchmarks.configs.BenchConfig.vision_halvings`);
 * ``ours_packed_bridge_packing``: ours_packed with Bridge's forward packing the step's rows itself
   (``preprocess_packed_seqs`` and the deepstack round trip, with their waits), not handed them flat
-  (:class:`bridge_cudagraph.host.forward.FlatPackedRows`);
+  (:class:`bridge_cudagraph.host.flat_rows.FlatPackedRows`);
 * ``ours_packed_autograd_grads``: ours_packed with its graphs' parameter gradients left to autograd (TE's clone,
   ``AccumulateGrad``) and DDP's hook, one by one, not summed into ``main_grad`` by a graph per backward
   (:mod:`bridge_cudagraph.capture.param_grads`);
 * ``ours_packed_device_grid``: ours_packed with the vision encoder's grid read back from the GPU (a wait for the queue
-  at every micro-batch), not taken from the collate's host copy (:class:`bridge_cudagraph.host.forward.BoundGrids`,
-  :mod:`bridge_cudagraph.vision.host_grids`);
+  at every micro-batch), not taken from the collate's CPU copy (:class:`bridge_cudagraph.host.bound_grids.BoundGrids`,
+  :mod:`bridge_cudagraph.vision.cpu_grids`);
 * ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
   ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
   :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
@@ -798,12 +798,12 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
-    if variant in PACKED_GRAPHED and counts["host_positions_calls"]:
+    if variant in PACKED_GRAPHED and counts["cpu_positions_calls"]:
         step_host = OURS_VARIANTS[report.STEP_HOST_OF.get(variant, "ours")]
-        flat_expected = forward_host.FlatPackedRows.__name__ not in step_host.get("forward_off", ())
+        flat_expected = "FlatPackedRows" not in step_host.get("forward_off", ())
         if bool(counts["flat_batches"]) != flat_expected:
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
-        grids_expected = forward_host.BoundGrids.__name__ not in step_host.get("forward_off", ())
+        grids_expected = "BoundGrids" not in step_host.get("forward_off", ())
         if bool(counts["grid_binds"]) != grids_expected:
             raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's host grids")
     return counts

@@ -68,10 +68,10 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`), and
 #: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart), and
 #: ours_packed with Bridge's forward packing the step's rows itself (``model.cuda_graph.forward`` without
-#: :class:`~bridge_cudagraph.host.forward.FlatPackedRows`), and ours_packed with its graphs' parameter gradients left
+#: :class:`~bridge_cudagraph.host.flat_rows.FlatPackedRows`), and ours_packed with its graphs' parameter gradients left
 #: to autograd and DDP's hooks (:mod:`bridge_cudagraph.capture.param_grads` off), and ours_packed with the vision
 #: grid read back from the GPU (``model.cuda_graph.forward`` without
-#: :class:`~bridge_cudagraph.host.forward.BoundGrids`).
+#: :class:`~bridge_cudagraph.host.bound_grids.BoundGrids`).
 LEVER_VARIANTS = (
     "ours_padded_layer_graphs",
     "ours_padded_megatron",

@@ -263,7 +263,7 @@ class ForwardConfig:
 
     collated_grids: bool | None = None
     """The image and video grids read from the collated batch's copy on the CPU
-    (:mod:`bridge_cudagraph.vision.host_grids`), bound to the device tensors the forward receives and checked on the
+    (:mod:`bridge_cudagraph.vision.cpu_grids`), bound to the device tensors the forward receives and checked on the
     device, instead of read back from the GPU by the graphed encoder and by ``positions``. ``None``: on wherever graphs
     are on a Qwen3-VL model; ``false``: read back."""
 

@@ -454,8 +454,8 @@ class CudaGraphCallback(Callback):
             forward_counts = forward_host.counts(self._step_host.forward)
             if any(forward_counts.values()):
                 _print_rank0(
-                    f"bridge_cudagraph: model.cuda_graph.forward: mRoPE positions from the host copy in "
-                    f"{forward_counts['host_positions_calls']} forwards, image tokens merged by rows in "
+                    f"bridge_cudagraph: model.cuda_graph.forward: mRoPE positions from the CPU copy in "
+                    f"{forward_counts['cpu_positions_calls']} forwards, image tokens merged by rows in "
                     f"{forward_counts['row_merges']}, packed rows handed flat in {forward_counts['flat_batches']}"
                 )
             step_host.uninstall(self._step_host)

@@ -1,12 +1,15 @@
-"""Bridge's forward step, with each collated micro-batch seen on the host before the step moves it to the GPU.
+"""Bridge's forward step, with each collated micro-batch seen on the CPU before the step moves it to the GPU, inside
+the micro-batch's context.
 
 Bridge's forward steps draw their micro-batch themselves (``next(data_iterator)``) and move it to the GPU at once
-(``get_batch``). Two parts of the plugin need what the collate made while it is still on the host, where reading it
+(``get_batch``). Two parts of the plugin need what the collate made while it is still on the CPU, where reading it
 costs no wait: the useful-token meter (:mod:`bridge_cudagraph.bridge.throughput`) and the vision grids
-(:mod:`bridge_cudagraph.vision.host_grids`). :func:`observing_forward_step` wraps the step so that its data iterator
-hands each micro-batch it draws to observers first, and runs ``after`` when the step returns.
+(:func:`bridge_cudagraph.vision.cpu_grids.record_collated`). :func:`observing_forward_step` wraps the step so that it
+runs inside its own :class:`~bridge_cudagraph.micro_batch.MicroBatch` (:func:`~bridge_cudagraph.micro_batch.
+open_micro_batch`, ended when the step returns or raises), and its data iterator hands each micro-batch it draws to
+observers first.
 
-The same wrapper times each draw (:class:`DataWait`): the host seconds inside the data iterator's ``next()``, i.e.
+The same wrapper times each draw (:class:`DataWait`): the seconds spent inside the data iterator's ``next()``, i.e.
 how long the step waited for its batch. With DataLoader workers that keep up, a draw only takes a batch they made
 ahead off a queue; when they fall behind (or with no workers), the step waits in ``next()`` for the collate (the
 processor resizing and patching every image) to finish, and that wait is the data path's share of the step.
@@ -21,12 +24,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bridge_cudagraph.micro_batch import open_micro_batch
+
 __all__ = ["DataWait", "observing_forward_step"]
 
 
 @dataclass
 class DataWait:
-    """Host seconds the forward steps have spent inside their data iterator's ``next()``, summed over every draw."""
+    """Seconds the forward steps have spent inside their data iterator's ``next()``, summed over every draw."""
 
     seconds: float = 0.0
     """Seconds waited so far."""
@@ -69,13 +74,12 @@ def observing_forward_step(
     step: Callable,
     observers: Sequence[Callable[[Any], None]],
     *,
-    after: Callable[[], None] | None = None,
     wait: DataWait | None = None,
 ) -> Callable:
     """``step`` (a Bridge forward step, ``(state, data_iterator, model, ...)`` or ``(data_iterator, model, ...)``)
-    whose data iterator hands each micro-batch it draws to ``observers``; ``after()`` runs when the step returns or
-    raises (what an observer published for this step ends there); ``wait``, when given, sums the time each draw
-    spends in the iterator's ``next()``.
+    run inside a micro-batch of its own (:func:`~bridge_cudagraph.micro_batch.open_micro_batch`: what an observer
+    put there ends with the step, also when it raises), whose data iterator hands each micro-batch it draws to
+    ``observers``; ``wait``, when given, sums the time each draw spends in the iterator's ``next()``.
 
     ``functools.wraps`` keeps the signature Bridge inspects to decide whether to pass its state.
     """
@@ -95,10 +99,7 @@ def observing_forward_step(
             kwargs["data_iterator"] = observed(kwargs["data_iterator"])
         elif len(args) > position:
             args = (*args[:position], observed(args[position]), *args[position + 1 :])
-        try:
+        with open_micro_batch():
             return step(*args, **kwargs)
-        finally:
-            if after is not None:
-                after()
 
     return wrapped

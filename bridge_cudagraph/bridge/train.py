@@ -48,7 +48,7 @@ from bridge_cudagraph.host.data_workers import fork_safe_tokenizers
 from bridge_cudagraph.host.dataset_helpers import use_prebuilt_dataset_helpers
 from bridge_cudagraph.host.training_loop import release_graphs_if_training_raises
 from bridge_cudagraph.plan.from_config import plan_config, world_size_from_env
-from bridge_cudagraph.vision import host_grids
+from bridge_cudagraph.vision import cpu_grids
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import CapturePlan
@@ -92,13 +92,11 @@ def run(
     use_prebuilt_dataset_helpers()
     graph_callback = CudaGraphCallback(plan=plan)
     meter, data_wait = UsefulTokenMeter(), DataWait()
-    # Each micro-batch seen on the host as the collate made it: its loss tokens counted, its vision grids published
-    # for the forward that reads them (vision.host_grids), until the step returns; each draw's wait timed.
+    # Each micro-batch seen on the CPU as the collate made it: its loss tokens counted, its vision grids kept in the
+    # step's micro-batch for the forward that reads them (vision.cpu_grids), until the step returns; each draw's wait
+    # timed.
     step = observing_forward_step(
-        forward_step_func or forward_step_for(config.model),
-        [meter.add, host_grids.publish_collated],
-        after=host_grids.clear,
-        wait=data_wait,
+        forward_step_func or forward_step_for(config.model), [meter.add, cpu_grids.record_collated], wait=data_wait
     )
     # Measured after the capture step and the first replay (graphed and eager runs alike): warmup, capture and
     # one-time set-up are not training speed.

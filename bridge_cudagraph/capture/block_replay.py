@@ -7,17 +7,26 @@ or :class:`~bridge_cudagraph.capture.padded.PaddedLanguageGraphHelper`). The hel
 None (another form, before capture, or a micro-batch that does not fit: counted) and the host's ``forward`` runs
 unchanged. Evaluation, inference and calls with arguments the graphs do not take are the host's.
 
-:func:`replay_segments` is the decoder's layer loop on a rung's graphs, written once for both forms.
+:func:`replay_segments` is the layer loop on a rung's graphs, written once for both language forms and the vision
+encoder; what follows a segment (the language decoder's deepstack merge, :func:`deepstack_merge`, or the encoder's
+deepstack merger) is the caller's.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["LadderReplayBlock", "install_ladder_replay", "remove_ladder_replay", "replay_segments"]
+__all__ = [
+    "LadderReplayBlock",
+    "deepstack_merge",
+    "install_ladder_replay",
+    "remove_ladder_replay",
+    "replay_segments",
+]
 
 #: Arguments of the decoder's forward that the graphs do not take: a call that sets any of them is the host's.
 _UNGRAPHED_ARGUMENTS = (
@@ -79,16 +88,16 @@ def remove_ladder_replay(decoder: torch.nn.Module) -> None:
     restore_instance_class(decoder, LadderReplayBlock)
 
 
-def replay_segments(block, layers, h, statics, segments, *, merges: int, visual, deepstack) -> torch.Tensor:
-    """The decoder's layer loop on one rung's graphs (``layers``, one per segment), as the host's
-    ``TransformerBlock.forward`` (megatron-core 0.19.2) and Bridge 0.6.2's ``Qwen3VLTransformerBlock.forward`` run it:
-    each run of layers' manual hooks (parameter gathers), its graph, then the deepstack merge that follows it
-    (eagerly, the host's own ``_deepstack_process``); under sequence parallelism inside the tensor-parallel RNG fork,
-    as the host's block."""
+def replay_segments(
+    block, layers, h, statics, segments, *, after_segment: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """A block's layer loop on one rung's graphs (``layers``, one per segment of ``segments``), the one loop of every
+    replay (the language decoder's, :meth:`~bridge_cudagraph.capture.vision.VisionGraphHelper.replay_encoder`'s), as
+    the host's ``TransformerBlock.forward`` (megatron-core 0.19.2) runs it: each run of layers' manual hooks (parameter
+    gathers), its graph on ``(h, *statics)``, then ``after_segment(end, h)`` where given (what follows the segment
+    ending before layer ``end``: a deepstack merge, :func:`deepstack_merge`), whose result goes on; under sequence
+    parallelism inside the tensor-parallel RNG fork, as the host's block (and the capture)."""
     from megatron.core import tensor_parallel
-    from megatron.core.utils import make_viewless_tensor
-
-    from bridge_cudagraph.host.compat import deepstack_process
 
     parallel = block.config.sequence_parallel
     rng = tensor_parallel.get_cuda_rng_tracker().fork() if parallel else contextlib.nullcontext()
@@ -98,10 +107,26 @@ def replay_segments(block, layers, h, statics, segments, *, merges: int, visual,
                 for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
                     hook(*hook_args)
             h = graph(h, *statics)
-            if end - 1 < merges:
-                h = deepstack_process(block, h, visual, deepstack[end - 1])
-                h = make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
+            if after_segment is not None:
+                h = after_segment(end, h)
     return h
+
+
+def deepstack_merge(block, merges: int, visual, deepstack) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """What follows a language segment (:func:`replay_segments`' ``after_segment``): after layer ``i < merges``, the
+    micro-batch's ``i``-th deepstack feature merged at the ``visual`` rows, eagerly, with the host's own
+    ``_deepstack_process`` (Bridge 0.6.2's ``Qwen3VLTransformerBlock.forward``)."""
+    from megatron.core.utils import make_viewless_tensor
+
+    from bridge_cudagraph.host.compat import deepstack_process
+
+    def merge(end: int, h: torch.Tensor) -> torch.Tensor:
+        if end - 1 >= merges:
+            return h
+        h = deepstack_process(block, h, visual, deepstack[end - 1])
+        return make_viewless_tensor(inp=h, requires_grad=h.requires_grad, keep_graph=True)
+
+    return merge
 
 
 def check_merges(merges: int, segments) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from bridge_cudagraph.capture.block_replay import (
     check_merges,
+    deepstack_merge,
     install_ladder_replay,
     remove_ladder_replay,
     replay_segments,
@@ -117,7 +118,8 @@ class LanguageLadder(LadderHelper):
         merges = len(deepstack) if block.pre_process and deepstack is not None else 0
         segments = self.segments[self.decoders.index(block)]
         check_merges(merges, segments)
-        return replay_segments(block, layers, h, statics, segments, merges=merges, visual=visual, deepstack=deepstack)
+        merge = deepstack_merge(block, merges, visual, deepstack)
+        return replay_segments(block, layers, h, statics, segments, after_segment=merge)
 
     def _finish(self, block, h: torch.Tensor) -> torch.Tensor:
         """What the host's block does after its layers: the final norm (last stage), a viewless output; counted."""

@@ -45,8 +45,9 @@ once.
 pipeline parallel 1 without sequence parallelism, the replay keeps of each row only its needed prefix (rounded to 16)
 before the layers and puts the output back at the full layout's rows before the final norm, so the graphs run on
 ``T' = sum(round_up(extent, 16))`` tokens at the smallest budget that holds ``T'``, and the ladder observes ``T'``.
-The rows' extents come from the host copies :mod:`bridge_cudagraph.host.forward` makes; where they are unknown, or
-anything else differs, the micro-batch takes the path above unchanged.
+The rows' extents come from the CPU copies :mod:`bridge_cudagraph.host.rope_index` makes, through the forward step's
+:class:`~bridge_cudagraph.micro_batch.MicroBatch`; where they are unknown, or anything else differs, the micro-batch
+takes the path above unchanged.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from bridge_cudagraph.capture.language_ladder import LanguageLadder
 from bridge_cudagraph.capture.segments import segment_callables
 from bridge_cudagraph.capture.static_inputs import StaticBuffers, activation_dtype
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
+from bridge_cudagraph.micro_batch import current_micro_batch
 from bridge_cudagraph.plan.budgets import PackedLayout
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -128,7 +130,7 @@ class PackedGraphSet:
     ) -> None:
         """Write a micro-batch's rotary rows (zeros after) and its ``cu_seqlens`` into the static inputs.
 
-        ``tokens`` is the micro-batch's token count (a shape, known on the host). The real boundaries are copied
+        ``tokens`` is the micro-batch's token count (a shape, known on the CPU). The real boundaries are copied
         device to device; the tail's boundaries depend only on ``tokens`` and are written relative to the real
         last boundary (a device add), so nothing waits for the GPU. With padding between sequences the unpadded
         ``cu_seqlens`` ends below ``tokens``; its tail segments get the same lengths as the padded ones.
@@ -211,7 +213,7 @@ def packed_misfit(
 
 
 def _device_indices(tight: TightRows, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """:class:`TightRows`' gather and scatter indices on ``device``, built on the host and copied from pinned memory
+    """:class:`TightRows`' gather and scatter indices on ``device``, built on the CPU and copied from pinned memory
     without a wait (as :meth:`PackedGraphSet.load` copies ``cu_seqlens``)."""
     out = []
     for host in (tight.gather_index(), tight.scatter_index()):
@@ -308,14 +310,12 @@ class PackedLanguageGraphHelper(LanguageLadder):
     def tight_rows(self, block, hidden_states, params: PackedSeqParams | None) -> TightRows | None:
         """The micro-batch's rows tightly packed (:mod:`bridge_cudagraph.capture.tight`), or None: today's path.
 
-        Only where it cannot change a kept token's arithmetic and everything is known on the host: the plan's
+        Only where it cannot change a kept token's arithmetic and everything is known on the CPU: the plan's
         ``tight``, one pipeline stage (the block both embeds and norms), no sequence parallelism, no multi-token
         prediction, Bridge's Qwen3-VL rows form in the form captured (``B`` segments of the full width ``L``, a
-        separate padded copy), and the rows' extents published for this very ``packed_seq_params``
-        (:func:`bridge_cudagraph.host.forward.row_extents`).
+        separate padded copy), and the rows' extents in the micro-batch for this very ``packed_seq_params``
+        (:meth:`bridge_cudagraph.micro_batch.MicroBatch.row_extents_for`).
         """
-        from bridge_cudagraph.host.forward import row_extents
-
         if not self.tight or params is None or not self.separate_padded:
             return None
         config = block.config
@@ -326,7 +326,8 @@ class PackedLanguageGraphHelper(LanguageLadder):
         padded = params.cu_seqlens_q_padded
         if padded is None or padded is params.cu_seqlens_q or hidden_states.dim() != 3 or hidden_states.size(1) != 1:
             return None
-        extents = row_extents(block, params)
+        micro_batch = current_micro_batch()
+        extents = None if micro_batch is None else micro_batch.row_extents_for(params)
         rows, tokens = (len(extents) if extents else 0), hidden_states.size(0)
         if not rows or params.cu_seqlens_q.numel() != rows + 1 or tokens % rows:
             return None

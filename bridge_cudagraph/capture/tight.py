@@ -12,8 +12,8 @@ loss expect, the dropped rows zeros.
 A row's **extent** (:func:`row_extents`) is one past the last token that either carries loss (``loss_mask``) or is an
 image or video token (the deepstack merge must find every visual row). Every token the loss reads, and every token
 those attend to, is kept at its own position in its own row, with its own rotary row: its arithmetic is unchanged.
-The dropped tokens have loss mask 0; their output (zeros) is multiplied by it. The extents come from host copies the
-forward already makes (:mod:`bridge_cudagraph.host.forward`), so the index tensors are built on the host and copied
+The dropped tokens have loss mask 0; their output (zeros) is multiplied by it. The extents come from CPU copies the
+forward already makes (:mod:`bridge_cudagraph.host.rope_index`), so the index tensors are built on the CPU and copied
 without a wait.
 
 Gather and scatter are :class:`Reindex`: ``index_select`` forward and backward (a zero row appended where an index

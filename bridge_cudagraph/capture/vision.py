@@ -41,8 +41,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from bridge_cudagraph.capture.block_replay import replay_segments
 from bridge_cudagraph.capture.budget_ladder import BudgetLadder
 from bridge_cudagraph.capture.checks import CaptureError, check_static_inputs
 from bridge_cudagraph.capture.graph_copies import GraphCopies, reset_graph_sets
@@ -53,8 +55,9 @@ from bridge_cudagraph.capture.static_inputs import StaticBuffers
 from bridge_cudagraph.capture.stats import CaptureStats
 from bridge_cudagraph.config import GRAPH_UNITS
 from bridge_cudagraph.host.compat import param_gather_hook_maker
+from bridge_cudagraph.micro_batch import current_micro_batch
 from bridge_cudagraph.plan.budgets import PackedLayout, layer_segments
-from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
+from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel, frame_seqlens
 from bridge_cudagraph.vision.positions import rotary_input
 
 if TYPE_CHECKING:
@@ -64,7 +67,7 @@ logger = logging.getLogger("bridge_cudagraph")
 
 
 def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, layout: PackedLayout) -> torch.Tensor:
-    """The static ``cu_seqlens`` (int32, on the host) of a micro-batch whose frames have ``seqlens`` patches:
+    """The static ``cu_seqlens`` (int32, on the CPU) of a micro-batch whose frames have ``seqlens`` patches:
     its own boundaries, then the padding ``[N, B)`` as segments of at most ``layout.max_seqlen``, then
     zero-length segments (:meth:`~bridge_cudagraph.plan.budgets.PackedLayout.static_cu_seqlens`, the layout the
     packed language graphs use too). Real patches never attend to the padding."""
@@ -129,7 +132,8 @@ class GraphSet:
 
 
 class VisionGraphHelper(LadderHelper):
-    """Captures the vision layers once per token budget and serves the graphs to the encoder's forward.
+    """Captures the vision layers once per token budget and replays them for the encoder's forward
+    (:meth:`replay_encoder`, which the encoder asks first).
 
     Follows megatron-core's ``TECudaGraphHelper`` protocol (``create_cudagraphs``, ``graphs_created``,
     ``cuda_graph_set_manual_hooks``, ``delete_cuda_graphs``), so one lifecycle owner drives both submodules.
@@ -211,6 +215,9 @@ class VisionGraphHelper(LadderHelper):
         self._warned_fallback = False
         self._warned_no_copy = False
         self._warned_above = False
+        #: Replays that read their grid back from the device (no CPU copy bound,
+        #: :mod:`bridge_cudagraph.vision.cpu_grids`): each waited for the GPU's queue.
+        self.grids_read_back = 0
         vision_model.graph_helper = self
 
     # ------------------------------------------------------------------ selection
@@ -281,6 +288,67 @@ class VisionGraphHelper(LadderHelper):
         for param in self._fused_grad_params:
             param.grad_added_to_main_grad = True
 
+    # ------------------------------------------------------------------ replay
+    def replay_encoder(
+        self, encoder: GraphedQwen3VLVisionModel, hidden_states: torch.Tensor, grid_thw: torch.Tensor, inference_params
+    ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """The encoder's training forward on the graphs (what Bridge's ``Qwen3VLVisionModel.forward`` returns: the
+        merged rows and the deepstack features), or None: Bridge's forward runs. None before capture (the micro-batch's
+        patches tell the ladder) and for a micro-batch that fits no captured budget or finds no free copy (counted)."""
+        if not self.graphs_created():
+            self.observe(hidden_states.size(0))  # one row per patch: the ladder's top follows the data
+            return None
+        assert inference_params is None and encoder.input_tensor is None
+        grid = self._cpu_grid(grid_thw)
+        seqlens = frame_seqlens(grid)
+        n = int(seqlens.sum())
+        longest = int(seqlens.max()) if seqlens.numel() else 0
+        budget = self.captured_budget_for(n, seqlens.numel(), longest)
+        copy = None if budget is None else self.copies.acquire()
+        if copy is None:
+            above = budget is None and self.budget_for(n, seqlens.numel(), longest) is not None
+            self.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None, above=above)
+            return None
+        x = encoder.patch_embed(hidden_states)
+        if x.size(0) != n:
+            self.copies.release_now(copy)
+            raise ValueError(
+                f"vision input has {x.size(0)} patch rows but image_grid_thw describes {n} (sum of t*h*w); "
+                "pixel_values and image_grid_thw must come from the same processor call"
+            )
+        pos_embeds, rotary = encoder.position_inputs(grid)
+        x = x + pos_embeds
+        h = F.pad(x, (0, 0, 0, budget - n))[:, None]
+        graphs = self.graphs[budget][copy]
+        graphs.load(rotary, seqlens, self.layout)
+        self.before_replay()
+        block = encoder.decoder
+        deepstack: list[torch.Tensor] = []
+
+        def merge(end: int, h: torch.Tensor) -> torch.Tensor:
+            if end - 1 in block.deepstack_visual_indexes:  # a segment ends at each deepstack layer
+                merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(end - 1)]
+                deepstack.append(merger(h[:n]))
+            return h
+
+        statics = (graphs.rotary, graphs.cu_seqlens)
+        h = replay_segments(block, graphs.layers, h, statics, graphs.segments, after_segment=merge)
+        self.copies.release_after_backward(copy, h)
+        self.stats.replays += 1
+        return encoder.merger(h[:n]), deepstack
+
+    def _cpu_grid(self, grid_thw: torch.Tensor) -> torch.Tensor:
+        """The grid on the CPU, read once: Bridge's position helpers read it element by element, several device syncs
+        per image on a device tensor (136 for eight images), none on a CPU one (same values). The collate's CPU copy
+        where the forward bound one (:meth:`~bridge_cudagraph.micro_batch.MicroBatch.cpu_copy`); else read back, which
+        waits for the queue (counted: :attr:`grids_read_back`)."""
+        micro_batch = current_micro_batch()
+        grid = None if micro_batch is None else micro_batch.cpu_copy(grid_thw)
+        if grid is None:
+            grid = grid_thw.cpu()
+            self.grids_read_back += 1
+        return grid
+
     # ------------------------------------------------------------------ capture
     def _sample_inputs(
         self, budget: int, graphs: int, statics: StaticBuffers
@@ -338,7 +406,7 @@ class VisionGraphHelper(LadderHelper):
         return GraphSet(list(graphed), rotary, cu, segments=self.segments)
 
     def _set_manual_hooks(self) -> None:
-        # The encoder runs them before each layer's replay; upstream's vision helper makes this a no-op.
+        # The replay runs them before each layer's graph; upstream's vision helper makes this a no-op.
         chunk = next(c for c in self.model if _contains(c, self.vision_model))
         for layer in self.vision_model.decoder.layers:
             layer.setup_manual_hooks(param_gather_hook_maker(chunk))

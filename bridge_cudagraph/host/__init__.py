@@ -23,8 +23,13 @@ module                     what it changes
 ``optimizer``              the optimizer objects' classes: their per-parameter walks done once
 ``finalize``               ``finalize_model_grads_func`` and megatron-core's ``reset_model_temporary_tensors`` name:
                            the module walk done once
-``forward``                ``Qwen3VLModel`` and its decoder: the forward's host waits
-``step``                   the last three, put on and taken off together
+``forward``                ``Qwen3VLModel`` and its decoder: the forward's host waits, put on and taken off
+``rope_index``             ``Qwen3VLModel``: its mRoPE positions from one CPU copy (for ``forward``)
+``row_merge``              ``Qwen3VLModel`` and its decoder: image-token and deepstack merges by rows (for ``forward``)
+``flat_rows``              ``Qwen3VLModel``: the step's packed rows handed flat (for ``forward``)
+``bound_grids``            ``Qwen3VLModel``: the collate's CPU grids bound to its grid arguments (for ``forward``)
+``forward_counts``         ``Qwen3VLModel``'s instance dict: a reference to its install's counts (for ``forward``)
+``step``                   ``optimizer``, ``finalize`` and ``forward``, put on and taken off together
 ``wgrad_fusion``           TE modules' ``fuse_wgrad_accumulation``, without APEX
 ``replica_sync``           ``finalize_model_grads_func``: the vision replicas' gradient average
 ``encoder_swap``           ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups

@@ -46,6 +46,8 @@ Attributes and fields of host objects:
   callable ``stop_cloning`` returns
 - ``graph_grads``: megatron-core's ``_cudagraph_wgrad_ready_event`` on parameters; megatron-core 0.19.2; undo
   ``unmark_wgrad_ready``
+- ``forward_counts``: one instance attribute of ``Qwen3VLModel``, a reference to its install's counts; Bridge 0.6.2;
+  undo ``detach_counts``
 - ``data_workers``: the environment's ``TOKENIZERS_PARALLELISM``; tokenizers 0.22 under Bridge 0.6.2; undo: leaving
   the block
 
@@ -55,8 +57,14 @@ Classes of host objects (a mixin in front of one object's class, the host's clas
   undo ``restore_instance_class``
 - ``optimizer``: ``ChainedOptimizer``, its ``DistributedOptimizer`` members and their TE ``FusedAdam``; megatron-core
   0.19.2, Transformer Engine 2.20; undo ``uninstall``
-- ``forward``: ``Qwen3VLModel`` and its decoder, with hooks on its embedding and encoder; Bridge 0.6.2; undo
-  ``uninstall``
+- ``forward``: ``Qwen3VLModel`` and its decoder, the mixins and hooks below put on by the parts of
+  ``model.cuda_graph.forward``; Bridge 0.6.2; undo ``uninstall``
+- ``rope_index``: ``Qwen3VLModel`` (``CpuRopeIndex``), with a pre-hook on its input embedding; Bridge 0.6.2; undo
+  ``forward.uninstall``
+- ``row_merge``: ``Qwen3VLModel`` (``RowMerge``), with a hook on its encoder, and its decoder (``IndexedDeepstack``);
+  Bridge 0.6.2; undo ``forward.uninstall``
+- ``flat_rows``: ``Qwen3VLModel`` (``FlatPackedRows``); Bridge 0.6.2; undo ``forward.uninstall``
+- ``bound_grids``: ``Qwen3VLModel`` (``BoundGrids``); Bridge 0.6.2; undo ``forward.uninstall``
 
 Nothing of their own:
 

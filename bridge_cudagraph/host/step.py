@@ -39,12 +39,12 @@ class StepHostCaches:
     Attributes:
         optimizer: The optimizer objects given a mixin (:func:`bridge_cudagraph.host.optimizer.install`).
         finalize_config: The model config whose ``finalize_model_grads_func`` was wrapped, or None.
-        forward: The model objects given a mixin (:func:`bridge_cudagraph.host.forward.install`).
+        forward: What :func:`bridge_cudagraph.host.forward.install` put on, and its counts (empty: nothing).
     """
 
     optimizer: list[tuple[Any, type]] = field(default_factory=list)
     finalize_config: Any | None = None
-    forward: list[tuple[Any, type]] = field(default_factory=list)
+    forward: forward_host.ForwardInstall = field(default_factory=forward_host.ForwardInstall)
 
 
 def install(
@@ -91,6 +91,4 @@ def uninstall(installed: StepHostCaches) -> None:
     if installed.finalize_config is not None:
         finalize_host.uninstall(installed.finalize_config)
         installed.finalize_config = None
-    if installed.forward:
-        forward_host.uninstall(installed.forward)
-        installed.forward = []
+    forward_host.uninstall(installed.forward)

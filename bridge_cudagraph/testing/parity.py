@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from bridge_cudagraph.micro_batch import open_micro_batch
 from bridge_cudagraph.testing.bounds import GRAD_BOUND, LOSS_BOUND
-from bridge_cudagraph.testing.step_batch import HOST_GRIDS
-from bridge_cudagraph.vision import host_grids
+from bridge_cudagraph.testing.step_batch import CPU_GRIDS
 
 #: Where kernels are not bitwise deterministic (vision attention backward on packed sequences), a graphed run is
 #: held to this multiple of the eager-vs-eager floor measured in the same test: the graphed-vs-eager difference is
@@ -207,16 +207,16 @@ class Diff:
 def model_kwargs(batch: dict) -> dict:
     """The model's keyword arguments for ``batch``: all its entries but two. ``loss_mask`` goes only where the batch is
     packed, as Bridge's Qwen3-VL step hands it to the model then (tight packing reads the rows' extents from it,
-    :mod:`bridge_cudagraph.capture.tight`); the collate's host grids (:data:`~bridge_cudagraph.testing.step_batch.
-    HOST_GRIDS`) never go: the forward step publishes them instead."""
+    :mod:`bridge_cudagraph.capture.tight`); the collate's CPU grids (:data:`~bridge_cudagraph.testing.step_batch.
+    CPU_GRIDS`) never go: the forward step puts them in its micro-batch instead."""
     packed = batch.get("packed_seq_params") is not None
-    return {k: v for k, v in batch.items() if (k != "loss_mask" or packed) and k != HOST_GRIDS}
+    return {k: v for k, v in batch.items() if (k != "loss_mask" or packed) and k != CPU_GRIDS}
 
 
 def per_token_loss(model: list[torch.nn.Module], batch: dict) -> torch.Tensor:
-    """The model's per-token loss ``[b, s]`` (fp32) for ``batch`` (its host grids published, as Bridge's loop
-    publishes them)."""
-    with host_grids.published(batch.get(HOST_GRIDS)):
+    """The model's per-token loss ``[b, s]`` (fp32) for ``batch``, inside the micro-batch's context with its CPU
+    grids (:func:`~bridge_cudagraph.micro_batch.open_micro_batch`), as Bridge's loop runs its step."""
+    with open_micro_batch(batch.get(CPU_GRIDS)):
         out = model[0](**model_kwargs(batch))
     if isinstance(out, tuple):
         out = out[0]
@@ -427,10 +427,11 @@ def _loss_func(batch: dict, output: torch.Tensor):
 
 
 def _forward_step(data_iterator, model):
-    """Bridge's step on a batch it has already moved: the model on its arguments, the collate's host grids published
-    as Bridge's loop publishes them (:func:`bridge_cudagraph.bridge.data_path.observing_forward_step`)."""
+    """Bridge's step on a batch it has already moved: the model on its arguments inside the micro-batch's context with
+    the collate's CPU grids, as Bridge's loop runs its step (:func:`bridge_cudagraph.bridge.data_path.
+    observing_forward_step`)."""
     batch = next(data_iterator)
-    with host_grids.published(batch.get(HOST_GRIDS)):
+    with open_micro_batch(batch.get(CPU_GRIDS)):
         out = model(**model_kwargs(batch))
     if isinstance(out, tuple):
         out = out[0]

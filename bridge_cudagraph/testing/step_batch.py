@@ -24,16 +24,16 @@ from typing import Any
 
 import torch
 
-from bridge_cudagraph.vision import host_grids
+from bridge_cudagraph.vision import cpu_grids
 
-__all__ = ["HOST_GRIDS", "VISUAL_KEYS", "gpt_step_inputs", "qwen3_vl_step_inputs"]
+__all__ = ["CPU_GRIDS", "VISUAL_KEYS", "gpt_step_inputs", "qwen3_vl_step_inputs"]
 
 #: The visual tensors the step hands the model (``GenericVisualInputs.normalized_for_model``).
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-#: The key of a Qwen3-VL micro-batch's host grids as the collate made them
-#: (:class:`bridge_cudagraph.vision.host_grids.HostGrids`): not a model argument; the forward step publishes them, as
-#: Bridge's loop does from the collated batch it draws.
-HOST_GRIDS = "host_grids"
+#: The key of a Qwen3-VL micro-batch's CPU grids as the collate made them
+#: (:class:`bridge_cudagraph.vision.cpu_grids.CpuGrids`): not a model argument; the forward step puts them in its
+#: micro-batch, as Bridge's loop does from the collated batch it draws.
+CPU_GRIDS = "cpu_grids"
 
 
 def qwen3_vl_step_inputs(
@@ -60,7 +60,7 @@ def qwen3_vl_step_inputs(
     Returns:
         ``input_ids``, ``labels``, ``loss_mask``, ``attention_mask``, ``position_ids`` (None: the model computes
         mRoPE positions), ``packed_seq_params`` (None unless ``packed``), the visual tensors present, and their grids
-        on the host (:data:`HOST_GRIDS`, not a model argument).
+        on the CPU (:data:`CPU_GRIDS`, not a model argument).
     """
     from megatron.core.utils import get_batch_on_this_cp_rank
 
@@ -107,9 +107,9 @@ def qwen3_vl_step_inputs(
     for key in VISUAL_KEYS:
         if tensors.get(key) is not None:
             args[key] = to_device(tensors[key])
-    grids = host_grids.from_collated(collated)
+    grids = cpu_grids.from_collated(collated)
     if grids is not None:
-        args[HOST_GRIDS] = grids
+        args[CPU_GRIDS] = grids
     return args
 
 

@@ -15,43 +15,51 @@ holds what the rebuild (:func:`bridge_cudagraph.host.encoder_swap.rebuild_vision
 * Bridge's freeze flags re-applied to the new encoder;
 * gradient-norm bookkeeping for replicas (:func:`mark_vision_replicas`).
 
-The rebuilt encoder is a :class:`GraphedQwen3VLVisionModel`: Bridge's encoder whose layers replay the graphs of a
-:class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` once one is attached. It lives apart from the capture,
-so that code which only needs to find or build the encoder does not import the capture machinery; this module
-imports nothing from :mod:`bridge_cudagraph.capture`.
+The rebuilt encoder is a :class:`GraphedQwen3VLVisionModel`: Bridge's encoder whose training forward a
+:class:`~bridge_cudagraph.capture.vision.VisionGraphHelper`, once attached, replays on its graphs. It lives apart from
+the capture, so that code which only needs to find or build the encoder does not import the capture machinery; this
+module imports nothing from :mod:`bridge_cudagraph.capture`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
 
-from bridge_cudagraph.vision import host_grids
 from bridge_cudagraph.vision.positions import GridPositions, rotary_input
 
 
 def frame_seqlens(grid_thw: torch.Tensor) -> torch.Tensor:
     """Patches per attention segment: every frame of every image is one segment (Bridge's eager layout).
 
-    From the host grid's Python ints: torch's CPU ``repeat_interleave`` opens an OpenMP parallel region on every call
-    (its loop over the images has grain 1), which took 1.8-6.6 ms of host time per step while the GPU waited for a
+    From the CPU grid's Python ints: torch's CPU ``repeat_interleave`` opens an OpenMP parallel region on every call
+    (its loop over the images has grain 1), which took 1.8-6.6 ms of CPU time per step while the GPU waited for a
     handful of integers."""
     rows = grid_thw.tolist()
     return torch.tensor([h * w for t, h, w in rows for _ in range(t)], dtype=grid_thw.dtype)
 
 
-class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
-    """Bridge's Qwen3-VL vision encoder, built under the vision collection, whose transformer layers replay the
-    graphs of a :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` when one is attached (its
-    ``graph_helper``) and a micro-batch fits a budget; otherwise Bridge's eager forward."""
+class EncoderReplay(Protocol):
+    """What :class:`GraphedQwen3VLVisionModel` asks of its graph helper (as the language decoder asks its ladder's,
+    :class:`~bridge_cudagraph.capture.block_replay.BlockReplay`)."""
 
-    graph_helper: Any = None  # a capture.vision.VisionGraphHelper (not imported: it imports this module)
-    grids_read_back: int = 0
-    """Replaying forwards that read their grid back from the device (no host copy bound,
-    :mod:`~bridge_cudagraph.vision.host_grids`): each waited for the GPU's queue."""
+    def replay_encoder(
+        self, encoder: GraphedQwen3VLVisionModel, hidden_states: torch.Tensor, grid_thw: torch.Tensor, inference_params
+    ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """The encoder's training forward on the graphs, or None: Bridge's forward runs."""
+
+
+class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
+    """Bridge's Qwen3-VL vision encoder, built under the vision collection, whose training forward is first offered
+    to the :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` attached as its ``graph_helper``
+    (:meth:`~bridge_cudagraph.capture.vision.VisionGraphHelper.replay_encoder`): the helper replays its graphs, or
+    declines and Bridge's eager forward runs."""
+
+    graph_helper: EncoderReplay | None = None
+    """A :class:`~bridge_cudagraph.capture.vision.VisionGraphHelper` once attached (not imported: it imports this
+    module)."""
     position_cache_size: int = 256
     """Image sizes whose position indices, weights and rotary rows a replaying encoder keeps
     (:class:`~bridge_cudagraph.vision.positions.GridPositions`); 0 derives them on every micro-batch as Bridge does
@@ -67,60 +75,22 @@ class GraphedQwen3VLVisionModel(Qwen3VLVisionModel):
             cache = self.__dict__["_grid_positions"] = GridPositions(self.position_cache_size)
         return cache
 
-    def forward(self, hidden_states, grid_thw, inference_params=None, extra_block_kwargs=None):
-        helper = self.graph_helper
-        if helper is None or not helper.graphs_created() or not self.training or extra_block_kwargs:
-            if helper is not None and self.training and not extra_block_kwargs and not helper.graphs_created():
-                helper.observe(hidden_states.size(0))  # one row per patch: the ladder's top follows the data
-            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
-        assert inference_params is None and self.input_tensor is None
-        # The grid is read on the host once: Bridge's position helpers read it element by element, several device
-        # syncs per image on a device tensor (136 for eight images), none on a host one (same values). The collate's
-        # host copy where the forward bound one (vision.host_grids); else read back, which waits for the queue.
-        grid = host_grids.host_copy(grid_thw)
-        if grid is None:
-            grid = grid_thw.cpu()
-            self.grids_read_back += 1
-        seqlens = frame_seqlens(grid)
-        n = int(seqlens.sum())
-        longest = int(seqlens.max()) if seqlens.numel() else 0
-        budget = helper.captured_budget_for(n, seqlens.numel(), longest)
-        copy = None if budget is None else helper.copies.acquire()
-        if copy is None:
-            above = budget is None and helper.budget_for(n, seqlens.numel(), longest) is not None
-            helper.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None, above=above)
-            return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
-        x = self.patch_embed(hidden_states)
-        if x.size(0) != n:
-            helper.copies.release_now(copy)
-            raise ValueError(
-                f"vision input has {x.size(0)} patch rows but image_grid_thw describes {n} (sum of t*h*w); "
-                "pixel_values and image_grid_thw must come from the same processor call"
-            )
+    def position_inputs(self, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The position embeddings and the rotary input for the CPU ``grid``: Bridge's own
+        (``fast_pos_embed_interpolate``, ``rot_pos_emb``), or the same values from :meth:`grid_positions` for an image
+        size seen before."""
         positions = self.grid_positions()
         if positions is None:
-            pos_embeds, rotary = self.fast_pos_embed_interpolate(grid), rotary_input(self.rot_pos_emb(grid))
-        else:  # the same values, without Bridge's per-image host work for an image size seen before
-            pos_embeds, rotary = positions.positions(self, grid)
-        x = x + pos_embeds
-        h = F.pad(x, (0, 0, 0, budget - n))[:, None]
-        graphs = helper.graphs[budget][copy]
-        graphs.load(rotary, seqlens, helper.layout)
-        helper.before_replay()
-        block = self.decoder
-        deepstack = []
-        for (start, end), graph in zip(graphs.segments, graphs.layers, strict=True):
-            # Each layer's parameter all-gather hook (overlap_param_gather) before the replay that runs it.
-            for layer in block.layers[start:end]:
-                for hook, hook_args in getattr(layer, "cuda_graph_manual_hooks", []):
-                    hook(*hook_args)
-            h = graph(h, graphs.rotary, graphs.cu_seqlens)
-            if end - 1 in block.deepstack_visual_indexes:  # a segment ends at each deepstack layer
-                merger = block.deepstack_merger_list[block.deepstack_visual_indexes.index(end - 1)]
-                deepstack.append(merger(h[:n]))
-        helper.copies.release_after_backward(copy, h)
-        helper.stats.replays += 1
-        return self.merger(h[:n]), deepstack
+            return self.fast_pos_embed_interpolate(grid), rotary_input(self.rot_pos_emb(grid))
+        return positions.positions(self, grid)
+
+    def forward(self, hidden_states, grid_thw, inference_params=None, extra_block_kwargs=None):
+        helper = self.graph_helper
+        if helper is not None and self.training and not extra_block_kwargs:
+            out = helper.replay_encoder(self, hidden_states, grid_thw, inference_params)
+            if out is not None:
+                return out
+        return super().forward(hidden_states, grid_thw, inference_params, extra_block_kwargs)
 
 
 def vision_spec():

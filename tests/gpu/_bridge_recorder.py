@@ -38,6 +38,7 @@ from bridge_cudagraph.host import (
 )
 from bridge_cudagraph.host.bridge_helper import bridge_helper_installed
 from bridge_cudagraph.testing.world import parallel_state_untouched
+from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
 
 _STATS = (
     "graphs",
@@ -142,12 +143,13 @@ class Recorder(Callback):
         # Read at every step: the callback drops the counts with the cache when it releases the graphs.
         self.data["optimizer_cached_steps"] = optimizer_host.cached_steps(context.optimizer)
         self.data["finalize_listed"] = finalize_host.installed(get_model_config(context.model[0]))
-        self.data["host_positions_calls"] = forward_host.host_positions_calls(context.model)
-        self.data["row_merges"] = forward_host.row_merges(context.model)
-        self.data["flat_batches"] = forward_host.flat_batches(context.model)
-        self.data["grid_binds"] = forward_host.grid_binds(context.model)
+        # cpu_positions_calls, row_merges, flat_batches, grid_binds
+        self.data.update(forward_host.counts_in(context.model))
         self.data["grids_read_back"] = sum(
-            getattr(m, "grids_read_back", 0) for chunk in context.model for m in chunk.modules()
+            m.graph_helper.grids_read_back
+            for chunk in context.model
+            for m in chunk.modules()
+            if isinstance(m, GraphedQwen3VLVisionModel) and m.graph_helper is not None
         )
         self.data["params_marked_added_to_main_grad"] = sum(
             bool(getattr(p, "grad_added_to_main_grad", False)) for chunk in context.model for p in chunk.parameters()

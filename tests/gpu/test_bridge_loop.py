@@ -338,22 +338,22 @@ def test_the_forward_parts_in_every_graphed_run(runs, record):
         run = getattr(runs, name)
         run.require_ok()
         assert run.data["forward_installed"], name
-        assert run.data["host_positions_calls"] >= ITERS, (name, run.data["host_positions_calls"])
+        assert run.data["cpu_positions_calls"] >= ITERS, (name, run.data["cpu_positions_calls"])
         # Every sample of the tiny recipe holds an image: every forward merges by rows.
-        assert run.data["row_merges"] == run.data["host_positions_calls"], (name, run.data["row_merges"])
+        assert run.data["row_merges"] == run.data["cpu_positions_calls"], (name, run.data["row_merges"])
         # The tiny recipe pads every row to seq_length and packs nothing (BSHD): no rows for Bridge's forward to
         # pack, so none handed flat (the photo recipe's packed rows are: tests/gpu/test_packed_language.py).
         assert run.data["flat_batches"] == 0, (name, run.data["flat_batches"])
-        # The collated batch's grids, published by the loop's forward step (vision.host_grids): every forward bound
+        # The collated batch's grids, in the loop's forward step's micro-batch (vision.cpu_grids): every forward bound
         # its grid, and no replaying encoder read one back from the GPU.
-        assert run.data["grid_binds"] == run.data["host_positions_calls"], (name, run.data["grid_binds"])
+        assert run.data["grid_binds"] == run.data["cpu_positions_calls"], (name, run.data["grid_binds"])
         assert run.data["grids_read_back"] == 0, (name, run.data["grids_read_back"])
     runs.off.require_ok()
-    assert not runs.off.data["forward_installed"] and runs.off.data["host_positions_calls"] == 0
+    assert not runs.off.data["forward_installed"] and runs.off.data["cpu_positions_calls"] == 0
     assert runs.off.data["row_merges"] == runs.off.data["flat_batches"] == runs.off.data["grid_binds"] == 0
     record(
-        graphs_on=runs.on.data["host_positions_calls"],
-        fused_on=runs.fused_on.data["host_positions_calls"],
+        graphs_on=runs.on.data["cpu_positions_calls"],
+        fused_on=runs.fused_on.data["cpu_positions_calls"],
         row_merges_on=runs.on.data["row_merges"],
         row_merges_fused_on=runs.fused_on.data["row_merges"],
         flat_batches_on=runs.on.data["flat_batches"],

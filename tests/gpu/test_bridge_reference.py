@@ -36,7 +36,6 @@ its own pytest process, with the variable set for the whole process:
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import pytest
 
@@ -255,18 +254,18 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
         _require_bit_identical(plugin, bridge, batches, "qwen3_vl vision graphs", record)
 
 
-def test_vision_graphs_read_the_collates_host_grid_bit_for_bit(world, record):
-    """With ``forward.collated_grids`` on, a replaying encoder reads the grid the step's forward had published on the
-    host (:mod:`bridge_cudagraph.vision.host_grids`) instead of reading it back: per-token loss and every gradient bit
-    for bit Bridge's unmodified model's; every forward bound its grid and no replay read one back. Captured again, the
-    same batches without a host grid, or with one of another shape (not bound), read it back, as exactly; a forward
-    and backward with the host grid makes the encoder wait for the GPU nowhere, one reading it back once (the census
-    of each, by site, recorded)."""
+def test_vision_graphs_read_the_collates_cpu_grid_bit_for_bit(world, record):
+    """With ``forward.collated_grids`` on, a replaying encoder reads the grid the step's micro-batch holds on the CPU
+    (:mod:`bridge_cudagraph.vision.cpu_grids`) instead of reading it back: per-token loss and every gradient bit for
+    bit Bridge's unmodified model's; every forward bound its grid and no replay read one back. Captured again, the
+    same batches without a CPU grid, or with one of another shape (not bound), read it back, as exactly; a forward
+    and backward with the CPU grid makes the encoder's replay wait for the GPU nowhere, one reading it back once (the
+    census of each, by site, recorded)."""
     from bridge_cudagraph.host import forward as forward_host
     from bridge_cudagraph.testing.plans import plan_for
-    from bridge_cudagraph.testing.step_batch import HOST_GRIDS
+    from bridge_cudagraph.testing.step_batch import CPU_GRIDS
+    from bridge_cudagraph.vision.cpu_grids import CpuGrids
     from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
-    from bridge_cudagraph.vision.host_grids import HostGrids
 
     bridge = _bridge_model("qwen3_vl", world)
     provider, plugin = _plugin_model("qwen3_vl", world, _cfg(False, True), bridge)
@@ -277,33 +276,37 @@ def test_vision_graphs_read_the_collates_host_grid_bit_for_bit(world, record):
     done = forward_host.install(plugin)
     waits = {}
     try:
-        with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs, host grid") as batches:
-            host = {name: HostGrids({"image_grid_thw": b["image_grid_thw"].cpu()}) for name, b in batches.items()}
-            hosted = {name: {**batch, HOST_GRIDS: host[name]} for name, batch in batches.items()}
-            waits["host grid"] = _require_bit_identical(
-                plugin, bridge, hosted, "vision graphs, host grid", record, census_first=True
+        with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs, CPU grid") as batches:
+            cpu = {name: CpuGrids({"image_grid_thw": b["image_grid_thw"].cpu()}) for name, b in batches.items()}
+            with_cpu = {name: {**batch, CPU_GRIDS: cpu[name]} for name, batch in batches.items()}
+            waits["cpu grid"] = _require_bit_identical(
+                plugin, bridge, with_cpu, "vision graphs, CPU grid", record, census_first=True
             )
-            assert forward_host.grid_binds(plugin) == len(batches) and encoder.grids_read_back == 0
+            binds = forward_host.counts(done)["grid_binds"]
+            assert binds == len(batches) and encoder.graph_helper.grids_read_back == 0
         with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs, grid read back") as batches:
             first = next(iter(batches))
-            shorter = HostGrids({"image_grid_thw": batches[first]["image_grid_thw"].cpu()[:-1]})
-            read_back = {**batches, first: {**batches[first], HOST_GRIDS: shorter}}
+            shorter = CpuGrids({"image_grid_thw": batches[first]["image_grid_thw"].cpu()[:-1]})
+            read_back = {**batches, first: {**batches[first], CPU_GRIDS: shorter}}
             waits["read back"] = _require_bit_identical(
                 plugin, bridge, read_back, "vision graphs, read back", record, census_first=True
             )
-            assert forward_host.grid_binds(plugin) == len(batches) and encoder.grids_read_back == len(batches)
+            assert forward_host.counts(done)["grid_binds"] == binds  # no CPU grid, or one of another shape: none bound
+            assert encoder.graph_helper.grids_read_back == len(batches)
     finally:
         forward_host.uninstall(done)
     # Where the waits are, not only how many: the totals mix in one-time waits of whatever runs first (run 79: 1 and 1;
-    # run 80, this test first in its process: 25 with the host grid, 24 of them megatron-core's fused cross entropy).
-    encoder = {case: _waits_in(got, "bridge_cudagraph/vision/encoder.py") for case, got in waits.items()}
+    # run 80, this test first in its process: 25 with the CPU grid, 24 of them megatron-core's fused cross entropy).
+    # The encoder's replay: the encoder's own lines and its helper's (capture/vision.py, where the grid is read).
+    replay = ("bridge_cudagraph/vision/encoder.py", "bridge_cudagraph/capture/vision.py")
+    encoder = {case: sum(_waits_in(got, path) for path in replay) for case, got in waits.items()}
     record(
         case="host waits per forward and backward, first batch",
         **{f"{case} total": got["total"] for case, got in waits.items()},
         **{f"{case} in the encoder": n for case, n in encoder.items()},
         sites={case: got["sites"] for case, got in waits.items()},
     )
-    assert encoder == {"host grid": 0, "read back": 1}, waits
+    assert encoder == {"cpu grid": 0, "read back": 1}, waits
 
 
 def _waits_in(census: dict, path: str) -> int:
@@ -342,21 +345,15 @@ def test_the_forward_parts_match_bridge_bit_for_bit(world, record, language):
         assert helper.graphs_created(), helper.stats.failed
     done = forward_host.install(plugin)
     try:
-        mixins = {mixin for _, mixin in done}
-        assert mixins == {
-            forward_host.HostRopeIndex,
-            forward_host.FlatPackedRows,
-            forward_host.IndexedDeepstack,
-            forward_host.RowMerge,
-            forward_host.BoundGrids,
-        }, done
+        mixins = {mixin for _, mixin in done.pairs}
+        assert mixins == set(forward_host.MIXINS.values()), done
         batches = _batches("qwen3_vl")
         _require_bit_identical(plugin, bridge, batches, f"fewer host waits, language graphs {language}", record)
-        (qwen,) = (obj for obj, mixin in done if mixin is forward_host.HostRopeIndex)
-        assert qwen.host_positions_calls == forward_host.host_positions_calls(plugin) == len(batches)
+        counts = forward_host.counts(done)
+        assert counts == forward_host.counts_in(plugin) and counts["cpu_positions_calls"] == len(batches)
         with_images = sum(batch["image_grid_thw"] is not None for batch in batches.values())
-        assert forward_host.row_merges(plugin) == with_images > 0, (forward_host.row_merges(plugin), with_images)
-        assert forward_host.flat_batches(plugin) == 0  # BSHD rows: nothing for Bridge to pack
+        assert counts["row_merges"] == with_images > 0, (counts, with_images)
+        assert counts["flat_batches"] == 0  # BSHD rows: nothing for Bridge to pack
         for name, batch in batches.items():
             ours = _host_waits(lambda batch=batch: loss_and_grads(plugin, batch))
             theirs = _host_waits(lambda batch=batch: loss_and_grads(bridge, batch))
@@ -381,7 +378,10 @@ def test_the_merges_never_wait_and_the_positions_wait_at_most_once(world, record
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.rope import get_rope_index
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.transformer_block import Qwen3VLTransformerBlock
 
-    from bridge_cudagraph.host.forward import IndexedDeepstack, PendingPositions, RowMerge, VisionRows
+    from bridge_cudagraph.host.forward_counts import ForwardCounts
+    from bridge_cudagraph.host.rope_index import PendingPositions
+    from bridge_cudagraph.host.row_merge import IndexedDeepstack, VisionRows
+    from bridge_cudagraph.micro_batch import open_micro_batch
 
     g = torch.Generator(device="cuda").manual_seed(0)
     mask = torch.rand(MBS, SEQ, generator=g, device="cuda") < 0.3
@@ -403,19 +403,19 @@ def test_the_merges_never_wait_and_the_positions_wait_at_most_once(world, record
         "deepstack_ours": _host_waits(lambda: merge(IndexedDeepstack._deepstack_process)),
     }
 
-    def image_merge(counter=None):  # Bridge's statement in its forward (model.py), as test_forward_host's CPU case
+    def image_merge(counter=None):  # Bridge's statement in its forward (model.py), as test_row_merge's CPU case
         h, e = hidden.clone().requires_grad_(True), embeds.clone().requires_grad_(True)
         rows = e * 1.0
         if counter is not None:
             rows = rows.as_subclass(VisionRows)
-            rows.owner = weakref.ref(counter)
+            rows.counts = counter
         combined = (h * 1.0).transpose(0, 1).contiguous()
         combined[mask] = rows
         out = combined.transpose(0, 1).contiguous()
         (out * weight).sum().backward()
         return out.detach(), h.grad, e.grad
 
-    counter = RowMerge()
+    counter = ForwardCounts()
     assert all(torch.equal(a, b) for a, b in zip(image_merge(counter), image_merge(), strict=True))
     waits["image_merge_bridge"] = _host_waits(image_merge)
     waits["image_merge_ours"] = _host_waits(lambda: image_merge(counter))
@@ -428,9 +428,10 @@ def test_the_merges_never_wait_and_the_positions_wait_at_most_once(world, record
     theirs = get_rope_index(*args, batch["input_ids"], image_grid_thw=batch["image_grid_thw"])[0]
 
     def ours_positions():
-        pending = PendingPositions(model, batch)
-        pending.fill()
-        return pending.positions
+        with open_micro_batch() as micro_batch:
+            pending = PendingPositions(model, batch, micro_batch)
+            pending.fill()
+            return pending.positions
 
     assert torch.equal(ours_positions(), theirs)
     waits["positions_bridge"] = _host_waits(

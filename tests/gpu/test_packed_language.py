@@ -174,7 +174,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
 
     merges = deepstack_merges(model_facts(tiny.tiny_qwen3_vl_provider()))  # the tiny encoder's 2 deepstack taps
     helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit=unit, deepstack_merges=merges)
-    waits = forward_host.install(graphed) if fewer_waits else []
+    waits = forward_host.install(graphed) if fewer_waits else forward_host.ForwardInstall()
     helper.create_cudagraphs()
     assert helper.stats.failed is None, helper.stats.failed
     assert helper.graphs_created() and helper.stats.graphs == {"layer": 4, "run": 3}[unit] * len(BUDGETS)
@@ -216,12 +216,13 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
     if fewer_waits:
         from benchmarks.host_syncs import census
 
-        (qwen,) = (obj for obj, mixin in waits if mixin is forward_host.HostRopeIndex)
-        merged, flat = forward_host.row_merges(graphed), forward_host.flat_batches(graphed)
-        record(case="fewer host waits", host_positions_calls=qwen.host_positions_calls, row_merges=merged, flat=flat)
-        assert qwen.host_positions_calls == len(batches) + 1  # every graphed call, the fallback too
-        assert 0 < merged <= qwen.host_positions_calls  # the image-token merge by rows, in calls with images
-        assert flat == qwen.host_positions_calls  # every one of the step's packed batches went to Bridge flat
+        counts = forward_host.counts(waits)
+        calls, merged, flat = counts["cpu_positions_calls"], counts["row_merges"], counts["flat_batches"]
+        assert forward_host.counts_in(graphed) == counts  # the one install on these models
+        record(case="fewer host waits", cpu_positions_calls=calls, row_merges=merged, flat=flat)
+        assert calls == len(batches) + 1  # every graphed call, the fallback too
+        assert 0 < merged <= calls  # the image-token merge by rows, in calls with images
+        assert flat == calls  # every one of the step's packed batches went to Bridge flat
         # A forward and backward of the step's packed rows with images: how often the host waits for the GPU.
         batch = batches["fill_70"]
         ours = census(lambda: loss_and_grads(graphed, batch))["total"]
@@ -233,14 +234,14 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
         dropped[0, -1] = False
         with pytest.raises(RuntimeError, match=r"forward\.flat_rows=false"):
             loss_and_grads(graphed, {**batch, "attention_mask": dropped})
-        assert flat == forward_host.flat_batches(graphed) - 2  # the census's one, and the raising one
+        assert flat == forward_host.counts(waits)["flat_batches"] - 2  # the census's one, and the raising one
         _assert_match(
             loss_and_grads(graphed, batch), loss_and_grads(bridge, batch), "after the raise", floors["fill_70"]
         )
         # The same graphed model with Bridge's packing (FlatPackedRows alone taken off): its forward alone waits for
         # each of its packing calls (tokens, embeddings, positions, one per deepstack feature) three times plus
         # once per row; the backward more.
-        forward_host.uninstall([(qwen, forward_host.FlatPackedRows)])
+        forward_host.uninstall(waits, ["FlatPackedRows"])
         packing = census(lambda: loss_and_grads(graphed, batch))["total"]
         record(case="host waits per packed forward and backward", ours=ours, bridge_packing=packing, bridge=theirs)
         rows = batch["input_ids"].shape[0]

@@ -1,5 +1,5 @@
-"""bridge.data_path: Bridge's forward step with every micro-batch it draws seen by observers on the host first, and
-the time each draw waits for its batch."""
+"""bridge.data_path: Bridge's forward step inside a micro-batch of its own, with every micro-batch it draws seen by
+observers on the CPU first, and the time each draw waits for its batch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import pytest
 
 from bridge_cudagraph.bridge.data_path import DataWait, observing_forward_step
+from bridge_cudagraph.micro_batch import current_micro_batch
 
 
 def _step(state, data_iterator, model, return_schedule_plan: bool = False):
@@ -16,30 +17,38 @@ def _step(state, data_iterator, model, return_schedule_plan: bool = False):
     return next(data_iterator)
 
 
-def test_observers_see_each_drawn_batch_before_the_step_and_after_runs_per_call():
+def test_observers_see_each_drawn_batch_before_the_step_inside_its_micro_batch():
     seen, ends = [], []
-    step = observing_forward_step(
-        _step, [seen.append, lambda b: seen.append(("again", b))], after=lambda: ends.append(1)
-    )
-    assert list(inspect.signature(step).parameters) == ["state", "data_iterator", "model", "return_schedule_plan"]
+
+    def step(state, data_iterator, model, return_schedule_plan: bool = False):
+        """A forward step of Bridge's shape: it draws one micro-batch."""
+        batch = next(data_iterator)
+        ends.append(current_micro_batch())
+        return batch
+
+    wrapped = observing_forward_step(step, [seen.append, lambda b: seen.append(("again", b, current_micro_batch()))])
+    assert list(inspect.signature(wrapped).parameters) == ["state", "data_iterator", "model", "return_schedule_plan"]
     batches = iter(["a", "b"])
-    assert step(None, batches, None) == "a"
-    assert step(None, data_iterator=batches, model=None) == "b"
-    assert seen == ["a", ("again", "a"), "b", ("again", "b")] and ends == [1, 1]
+    assert wrapped(None, batches, None) == "a"
+    assert wrapped(None, data_iterator=batches, model=None) == "b"
+    assert seen == ["a", ("again", "a", ends[0]), "b", ("again", "b", ends[1])]
+    assert ends[0] is not ends[1] and not any(m.open for m in ends) and current_micro_batch() is None
 
 
-def test_after_runs_when_the_step_raises_and_a_missing_iterator_is_left_alone():
-    ends = []
+def test_the_micro_batch_ends_when_the_step_raises_and_a_missing_iterator_is_left_alone():
+    during = []
 
     def plain(data_iterator, model):
+        during.append(current_micro_batch())
         if data_iterator is None:
             raise StopIteration
         return next(data_iterator)
 
-    step = observing_forward_step(plain, [], after=lambda: ends.append(1))
+    step = observing_forward_step(plain, [])
     with pytest.raises(StopIteration):
         step(None, None)
-    assert step(iter([3]), None) == 3 and ends == [1, 1]
+    assert step(iter([3]), None) == 3 and len(during) == 2 and not any(m.open for m in during)
+    assert current_micro_batch() is None
 
 
 def _slow(items, seconds):

@@ -12,8 +12,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.capture.packed import PackedGraphSet, PackedLanguageGraphHelper
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, row_extents, scatter_rows, tight_rows
-from bridge_cudagraph.host.forward import publish_row_extents
-from bridge_cudagraph.host.forward import row_extents as published_extents
+from bridge_cudagraph.micro_batch import current_micro_batch, open_micro_batch
 from bridge_cudagraph.plan.budgets import PackedLayout
 
 
@@ -178,65 +177,74 @@ def _helper(tight: bool = True, separate_padded: bool = True) -> PackedLanguageG
     return PackedLanguageGraphHelper([], layout=layout, tight=tight, separate_padded=separate_padded)
 
 
+def _set_extents(params: PackedSeqParams, extents: tuple[int, ...]) -> None:
+    """The rows' extents in the current micro-batch for ``params``, as the forward's CPU copies set them
+    (:class:`~bridge_cudagraph.host.rope_index.PendingPositions`)."""
+    current_micro_batch().row_extents = (params, extents)
+
+
 def test_the_replay_packs_tightly_only_where_it_is_safe():
     block, params = _Block(), _rows_form(2, 512)
     hidden = torch.zeros(1024, 1, 16)
-    publish_row_extents(block, params, (300, 20))
-    assert published_extents(block, params) == (300, 20)
-    rows = _helper().tight_rows(block, hidden, params)
-    assert rows == TightRows(512, (304, 32))
-    # Every other case: today's path (None).
-    assert _helper(tight=False).tight_rows(block, hidden, params) is None
-    assert _helper(separate_padded=False).tight_rows(block, hidden, params) is None
-    assert _helper().tight_rows(block, hidden, None) is None
-    other = _rows_form(2, 512)  # another micro-batch's params: the extents are not its own
-    assert published_extents(block, other) is None and _helper().tight_rows(block, hidden, other) is None
-    sp = _Block(tensor_model_parallel_size=2, sequence_parallel=True)
-    publish_row_extents(sp, params, (300, 20))
-    assert _helper().tight_rows(sp, hidden[:512], params) is None
-    for stage in ("pre_process", "post_process"):  # a pipeline stage
-        staged = _Block()
-        setattr(staged, stage, False)
-        publish_row_extents(staged, params, (300, 20))
-        assert _helper().tight_rows(staged, hidden, params) is None
-    mtp = _Block(mtp_num_layers=1)
-    publish_row_extents(mtp, params, (300, 20))
-    assert _helper().tight_rows(mtp, hidden, params) is None
-    # GPT offline packing: the real boundaries already, no separate padded copy.
-    offline = PackedSeqParams(qkv_format="thd", cu_seqlens_q=params.cu_seqlens_q, max_seqlen_q=512)
-    publish_row_extents(block, offline, (300, 20))
-    assert _helper().tight_rows(block, hidden, offline) is None
-    # Segments that are not the rows (several per row), or extents for another number of rows.
-    several = _rows_form(2, 512)
-    several.max_seqlen_q = 300
-    publish_row_extents(block, several, (300, 20))
-    assert _helper().tight_rows(block, hidden, several) is None
-    publish_row_extents(block, params, (300, 20, 5))
-    assert _helper().tight_rows(block, hidden, params) is None
+    assert _helper().tight_rows(block, hidden, params) is None  # outside a micro-batch: no extents
+    with open_micro_batch() as micro_batch:
+        assert _helper().tight_rows(block, hidden, params) is None  # none set
+        _set_extents(params, (300, 20))
+        assert micro_batch.row_extents_for(params) == (300, 20)
+        rows = _helper().tight_rows(block, hidden, params)
+        assert rows == TightRows(512, (304, 32))
+        # Every other case: today's path (None).
+        assert _helper(tight=False).tight_rows(block, hidden, params) is None
+        assert _helper(separate_padded=False).tight_rows(block, hidden, params) is None
+        assert _helper().tight_rows(block, hidden, None) is None
+        other = _rows_form(2, 512)  # another forward's params: the extents are not its own
+        assert micro_batch.row_extents_for(other) is None and _helper().tight_rows(block, hidden, other) is None
+        sp = _Block(tensor_model_parallel_size=2, sequence_parallel=True)
+        assert _helper().tight_rows(sp, hidden[:512], params) is None
+        for stage in ("pre_process", "post_process"):  # a pipeline stage
+            staged = _Block()
+            setattr(staged, stage, False)
+            assert _helper().tight_rows(staged, hidden, params) is None
+        mtp = _Block(mtp_num_layers=1)
+        assert _helper().tight_rows(mtp, hidden, params) is None
+        # GPT offline packing: the real boundaries already, no separate padded copy.
+        offline = PackedSeqParams(qkv_format="thd", cu_seqlens_q=params.cu_seqlens_q, max_seqlen_q=512)
+        _set_extents(offline, (300, 20))
+        assert _helper().tight_rows(block, hidden, offline) is None
+        # Segments that are not the rows (several per row), or extents for another number of rows.
+        several = _rows_form(2, 512)
+        several.max_seqlen_q = 300
+        _set_extents(several, (300, 20))
+        assert _helper().tight_rows(block, hidden, several) is None
+        _set_extents(params, (300, 20, 5))
+        assert _helper().tight_rows(block, hidden, params) is None
+        _set_extents(params, (300, 20))
+    assert _helper().tight_rows(block, hidden, params) is None  # the micro-batch has ended
 
 
 def test_the_ladder_observes_the_compacted_size_before_capture():
     block, params = _Block(), _rows_form(2, 512)
     hidden = torch.zeros(1024, 1, 16)
     helper = _helper()
-    helper.observe(block, hidden, params)  # no extents published: T
+    helper.observe(block, hidden, params)  # no extents: T
     assert helper.ladder.seen == 1024
-    publish_row_extents(block, params, (100, 60))
-    helper = _helper()
-    helper.observe(block, hidden, params)
-    assert helper.ladder.seen == 112 + 64 and helper.ladder.first_rungs() == (256,)
-    off = _helper(tight=False)
-    off.observe(block, hidden, params)
-    assert off.ladder.seen == 1024
+    with open_micro_batch():
+        _set_extents(params, (100, 60))
+        helper = _helper()
+        helper.observe(block, hidden, params)
+        assert helper.ladder.seen == 112 + 64 and helper.ladder.first_rungs() == (256,)
+        off = _helper(tight=False)
+        off.observe(block, hidden, params)
+        assert off.ladder.seen == 1024
 
 
 def test_the_forward_copies_the_loss_mask_only_for_a_tight_packed_replay():
-    """The host forward derives the rows' extents (a host copy of the ``loss_mask`` per micro-batch) only where the
+    """The forward derives the rows' extents (a CPU copy of the ``loss_mask`` per micro-batch) only where the
     decoder's packed replay packs rows tightly: with no replay, or one the plan left on the rows form, nothing reads
     them."""
     from types import SimpleNamespace
 
-    from bridge_cudagraph.host.forward import _wants_extents
+    from bridge_cudagraph.host.rope_index import _wants_extents
 
     def model(helper):
         decoder = SimpleNamespace() if helper is None else SimpleNamespace(ladder_helper=helper)

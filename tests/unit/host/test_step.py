@@ -90,12 +90,13 @@ def test_each_forward_setting_leaves_its_own_part_to_bridge(part):
         off = {part, "flat_rows"} if part == "positions" else {part}
         expected = {m for name, ms in forward_host.MECHANISMS.items() if name not in off for m in ms}
         assert _mixins(model) == expected
-        assert ("_bridge_cudagraph_positions_hook" in model.__dict__) is (part != "positions")
-        assert ("_bridge_cudagraph_vision_rows_hook" in model.__dict__) is (part != "merges")
+        hooked = {mixin for _, mixin, _ in installed.forward.hooks}  # the embedding's and the encoder's
+        assert hooked == {forward_host.MIXINS[name] for name in ("CpuRopeIndex", "RowMerge")} & expected
         assert not installed.optimizer and installed.finalize_config is None
     finally:
         step_host.uninstall(installed)
     assert (type(model), type(model.language_model.decoder)) == classes and _mixins(model) == set()
+    assert installed.forward.hooks == []
 
 
 def test_every_forward_part_on_by_default_and_none_on_a_graphless_plan():
@@ -108,7 +109,7 @@ def test_every_forward_part_on_by_default_and_none_on_a_graphless_plan():
     graphless = plan_for(tiny.tiny_qwen3_vl_provider(CudaGraphConfig()), world_size=1, micro_batch_size=2,
                          num_microbatches=1)  # fmt: skip
     installed = step_host.install_planned(graphless, [model], None)
-    assert _mixins(model) == set() and installed.forward == []
+    assert _mixins(model) == set() and installed.forward.pairs == []
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ def _forms(rank: int, world: int) -> dict:
     from bridge_cudagraph.parallel.groups import build_collections
     from bridge_cudagraph.parallel.layout import ParallelLayout
     from bridge_cudagraph.testing.parity import model_kwargs
-    from bridge_cudagraph.testing.step_batch import HOST_GRIDS, qwen3_vl_step_inputs
+    from bridge_cudagraph.testing.step_batch import CPU_GRIDS, qwen3_vl_step_inputs
 
     pgc = build_collections(ParallelLayout(), None, world_size=world, backend="gloo")["language"]
     collated = _collated()
@@ -80,13 +80,13 @@ def _forms(rank: int, world: int) -> dict:
             bool((padded["labels"][:, collated["input_ids"].size(1) :] == -100).all()),
         ],
         "visual": sorted(k for k in ("pixel_values", "image_grid_thw") if k in packed and k in padded),
-        "host_grid_is_the_collates": all(
-            torch.equal(form[HOST_GRIDS].grids["image_grid_thw"], collated["visual_inputs"].image_grid_thw)
-            and form[HOST_GRIDS].grids["image_grid_thw"].device.type == "cpu"
+        "cpu_grid_is_the_collates": all(
+            torch.equal(form[CPU_GRIDS].grids["image_grid_thw"], collated["visual_inputs"].image_grid_thw)
+            and form[CPU_GRIDS].grids["image_grid_thw"].device.type == "cpu"
             for form in (packed, padded)
         ),
-        "host_grid_not_a_model_argument": HOST_GRIDS not in model_kwargs(packed)
-        and HOST_GRIDS not in model_kwargs(padded),
+        "cpu_grid_not_a_model_argument": CPU_GRIDS not in model_kwargs(packed)
+        and CPU_GRIDS not in model_kwargs(padded),
     }
 
 
@@ -105,5 +105,5 @@ def test_both_forms_are_what_bridges_qwen3_vl_step_hands_the_model():
     assert got["loss"][0] == got["loss"][1] == got["loss"][2] > 0
     assert got["rows_kept"] and got["pad_values"] == [0, True]
     assert got["visual"] == ["image_grid_thw", "pixel_values"]
-    # The collate's grid on the host beside the model's (vision.host_grids), which the forward step publishes.
-    assert got["host_grid_is_the_collates"] and got["host_grid_not_a_model_argument"]
+    # The collate's grid on the CPU beside the model's (vision.cpu_grids), which the forward step keeps.
+    assert got["cpu_grid_is_the_collates"] and got["cpu_grid_not_a_model_argument"]
