@@ -10,7 +10,7 @@ segment per row, ``cu_seqlens_q`` and a separate ``cu_seqlens_q_padded`` of equa
 micro-batch, so the static shapes come from a **token budget ladder**, the scheme the vision graphs use:
 
 * the decoder's input (``T`` tokens) is padded to the smallest captured budget ``B >= T``;
-* the static ``cu_seqlens`` lists the micro-batch's own boundaries (a device-to-device copy, no host sync), then
+* the static ``cu_seqlens`` lists the micro-batch's own boundaries (a device-to-device copy, no wait), then
   the unused tail ``[T, B)`` as segments of its own, each at most ``max_seqlen`` long (the static ``max_seqlen``
   is the longest real segment allowed, not the budget: attention workspaces grow with it, and under
   ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` a budget-sized one asked for tens of GiB), then zero-length segments up
@@ -135,18 +135,18 @@ class PackedGraphSet:
         last boundary (a device add), so nothing waits for the GPU. With padding between sequences the unpadded
         ``cu_seqlens`` ends below ``tokens``; its tail segments get the same lengths as the padded ones.
 
-        ``cu_seqlens`` (host, ``[0, ..., tokens]``): the boundaries of tightly packed rows, written into both static
+        ``cu_seqlens`` (CPU, ``[0, ..., tokens]``): the boundaries of tightly packed rows, written into both static
         copies instead of ``params``' (equal values, as the Qwen3-VL step's are).
         """
         rows = rotary.size(0)
         self.rotary[:rows].copy_(rotary)
         self.rotary[rows:].zero_()
         if cu_seqlens is not None:
-            host = torch.tensor(layout.static_cu_seqlens(cu_seqlens, self.budget), dtype=self.cu_seqlens.dtype)
-            host = host.pin_memory() if torch.cuda.is_available() else host
+            cpu = torch.tensor(layout.static_cu_seqlens(cu_seqlens, self.budget), dtype=self.cu_seqlens.dtype)
+            cpu = cpu.pin_memory() if torch.cuda.is_available() else cpu
             for static in (self.cu_seqlens, self.cu_seqlens_padded):
                 if static is not None:
-                    static.copy_(host, non_blocking=True)
+                    static.copy_(cpu, non_blocking=True)
             return
         tail = layout.tail(tokens, self.budget)
         pairs = ((self.cu_seqlens, params.cu_seqlens_q), (self.cu_seqlens_padded, params.cu_seqlens_q_padded))
@@ -155,9 +155,9 @@ class PackedGraphSet:
                 continue
             n = real.numel()
             rest = [end - tokens for end in tail] + [self.budget - tokens] * (static.numel() - n - len(tail))
-            host = torch.tensor(rest, dtype=static.dtype)
+            cpu = torch.tensor(rest, dtype=static.dtype)
             static[:n].copy_(real, non_blocking=True)
-            static[n:].copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
+            static[n:].copy_(cpu.pin_memory() if torch.cuda.is_available() else cpu, non_blocking=True)
             static[n:].add_(real[-1:])
 
 
@@ -216,10 +216,10 @@ def _device_indices(tight: TightRows, device) -> tuple[torch.Tensor, torch.Tenso
     """:class:`TightRows`' gather and scatter indices on ``device``, built on the CPU and copied from pinned memory
     without a wait (as :meth:`PackedGraphSet.load` copies ``cu_seqlens``)."""
     out = []
-    for host in (tight.gather_index(), tight.scatter_index()):
+    for cpu in (tight.gather_index(), tight.scatter_index()):
         if torch.device(device).type == "cuda":
-            host = host.pin_memory()
-        out.append(host.to(device, non_blocking=True))
+            cpu = cpu.pin_memory()
+        out.append(cpu.to(device, non_blocking=True))
     return out[0], out[1]
 
 

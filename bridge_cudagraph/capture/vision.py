@@ -123,12 +123,12 @@ class GraphSet:
 
     def load(self, rotary: torch.Tensor, seqlens: torch.Tensor, layout: PackedLayout) -> None:
         """Write a micro-batch's rotary embedding (``n`` rows, zeros after) and its ``cu_seqlens`` (computed from
-        the host ``seqlens``, copied through pinned memory without waiting) into the static inputs."""
+        the CPU ``seqlens``, copied through pinned memory without waiting) into the static inputs."""
         n = rotary.size(0)
         self.rotary[:n].copy_(rotary)
         self.rotary[n:].zero_()
-        host = padded_cu_seqlens(seqlens, self.budget, layout)
-        self.cu_seqlens.copy_(host.pin_memory() if torch.cuda.is_available() else host, non_blocking=True)
+        cpu = padded_cu_seqlens(seqlens, self.budget, layout)
+        self.cu_seqlens.copy_(cpu.pin_memory() if torch.cuda.is_available() else cpu, non_blocking=True)
 
 
 class VisionGraphHelper(LadderHelper):

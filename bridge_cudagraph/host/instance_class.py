@@ -30,7 +30,7 @@ def extend_instance_class(obj: Any, mixin: type) -> None:
     (``TransformerBlock.forward``) for the packed replay, the optimizer's per-parameter walks for the host cache,
     Bridge 0.6.2's Qwen3-VL forward and deepstack merge (:mod:`bridge_cudagraph.host.forward`). The mixin must add no
     state the host saves or reads: parameters, buffers and state dicts are untouched (the optimizer cache keeps one
-    private instance attribute, the forward a call counter and its embedding hook's handle, dropped on uninstall).
+    private instance attribute, the forward a reference to its install's counts, dropped on uninstall).
     Undone by :func:`restore_instance_class`.
     """
     cls = type(obj)

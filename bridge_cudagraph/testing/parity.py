@@ -444,7 +444,7 @@ def prepare_finalize(model: list[torch.nn.Module]) -> None:
     wrap).
 
     Once per model: :func:`train_steps` calls it while the config has no function yet. Each call walks every module
-    of the model (to find the encoder), host time Bridge's loop pays once and a step must not (the benchmark calls
+    of the model (to find the encoder), CPU time Bridge's loop pays once and a step must not (the benchmark calls
     :func:`train_steps` once per step)."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.utils import get_model_config

@@ -115,7 +115,7 @@ def qwen3_vl_step_inputs(
 
 def gpt_step_inputs(collated: Mapping[str, Any], config: Any, pg_collection) -> dict[str, Any]:
     """The model's keyword arguments (and ``loss_mask``) for one collated GPT micro-batch, as Bridge's ``gpt_step``
-    builds them: its ``get_batch`` (the batch on the GPU, boundary lengths on the host, the context-parallel
+    builds them: its ``get_batch`` (the batch on the GPU, boundary lengths on the CPU, the context-parallel
     split) and, for a packed batch, ``get_packed_seq_params`` (``_forward_step_common``).
 
     Args:

@@ -256,3 +256,30 @@ def test_loss_and_grads_keeps_a_missing_gradient_missing():
     d = diff((loss, grads), (loss.clone(), zeros))
     assert not d.exact and d.grad_missing == ("unused.weight (reference only)",)
     assert d.grad_absent == ("unused.bias",)
+
+
+def test_the_parity_forward_step_runs_the_model_in_a_micro_batch_with_the_batchs_cpu_grids():
+    """:func:`per_token_loss` is the parity's forward step: the model runs inside a micro-batch holding the batch's
+    CPU grids (not a model argument), closed when the model returns or raises."""
+    from bridge_cudagraph.micro_batch import current_micro_batch
+    from bridge_cudagraph.testing.parity import per_token_loss
+    from bridge_cudagraph.testing.step_batch import CPU_GRIDS
+    from bridge_cudagraph.vision.cpu_grids import CpuGrids
+
+    seen = []
+
+    class Model(torch.nn.Module):
+        def forward(self, input_ids, fail=False):
+            seen.append((current_micro_batch(), current_micro_batch().cpu_grids))
+            if fail:
+                raise RuntimeError("the model failed")
+            return input_ids.float()
+
+    grids = CpuGrids({"image_grid_thw": torch.tensor([[1, 2, 2]])})
+    batch = {"input_ids": torch.ones(1, 3), CPU_GRIDS: grids}
+    assert torch.equal(per_token_loss([Model()], batch), torch.ones(1, 3))
+    with pytest.raises(RuntimeError, match="the model failed"):
+        per_token_loss([Model()], {**batch, "fail": True})
+    (first, first_grids), (second, second_grids) = seen
+    assert first_grids is grids and second_grids is grids and first is not second
+    assert current_micro_batch() is None and not first.open and not second.open
