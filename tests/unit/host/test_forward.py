@@ -104,14 +104,16 @@ def test_one_mixin_taken_off_alone_keeps_the_others_and_their_counts():
     for obj, mixin in record.pairs:
         extend_instance_class(obj, mixin)
         attach_counts(obj, record.counts)
-    handle = model.register_forward_hook(lambda *args: None)
+    fired = []
+    handle = model.register_forward_hook(lambda *args: fired.append(True))
     record.hooks.append((model, BoundGrids, handle))
     with pytest.raises(ValueError, match="RowMerge"):
         forward_host.uninstall(record, ["BoundGrids", "RowMerge"])
     assert isinstance(model, BoundGrids)  # a refused call takes nothing off
     forward_host.uninstall(record, ["BoundGrids"])
     assert not isinstance(model, BoundGrids) and isinstance(model, FlatPackedRows)
-    assert record.pairs == [(model, FlatPackedRows)] and record.hooks == [] and not model._forward_hooks
+    model(input_ids=torch.zeros(1, 2))
+    assert record.pairs == [(model, FlatPackedRows)] and record.hooks == [] and fired == []  # the hook went with it
     assert counts_of(model) is record.counts  # FlatPackedRows still counts
     forward_host.uninstall(record)
     assert type(model) is _Model and counts_of(model) is None and record.pairs == []
