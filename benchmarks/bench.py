@@ -894,7 +894,7 @@ def _make_helpers(shared: _Shared, variant: str, objs: dict, plan=None) -> list:
 
 
 def capture_record(stats) -> dict[str, Any]:
-    """What one helper's :class:`~bridge_cudagraph.capture.common.CaptureStats` says about its capture and memory."""
+    """What one helper's :class:`~bridge_cudagraph.capture.stats.CaptureStats` says about its capture and memory."""
     return {
         "seconds": stats.seconds,
         "graphs": stats.graphs,

@@ -145,7 +145,7 @@ class FullIterationStep:
     """megatron-core's ``FullCudaGraphWrapper`` around the schedule's function, as Megatron-Bridge 0.6.2's ``train()``
     builds it, for :func:`bridge_cudagraph.testing.parity.train_steps`' ``forward_backward_func``: eager for
     ``capture_at`` calls, captured (and replayed) at that call, replayed after. The capture call is measured like
-    every other capture of the benchmark (:func:`bridge_cudagraph.capture.common.measure`: wall time, growth of
+    every other capture of the benchmark (:func:`bridge_cudagraph.capture.device_memory.measure`: wall time, growth of
     reserved memory; it includes the wrapper's one replay after the capture).
 
     The wrapper keeps its graph, result, call count and static buffers on its classes; they are cleared here on

@@ -934,7 +934,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     if variant in (*PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
-        rec["fewer_host_waits"] = forward_counters(variant, model)
+        rec["forward_counts"] = forward_counters(variant, model)
 
     # Parity: the fixed micro-batch with the initial weights copied back in (in place: the graphs stay valid).
     bench._load(model, run.initial_state, aliases_allowed=variant == "upstream_padded")

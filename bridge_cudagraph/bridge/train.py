@@ -18,7 +18,7 @@ How a run ends, and who deletes the graphs first (Bridge 0.6.2; the teardown GPU
   process groups and ``run`` returns.
 * **by an exception** in the loop (a step, a callback, a data loader): Bridge's ``_pretrain`` catches it and aborts
   the process groups (``pretrain.py``) before re-raising, and no callback event fires. So :func:`run`
-  calls the loop through :func:`~bridge_cudagraph.host.patches.release_graphs_if_training_raises`, which deletes
+  calls the loop through :func:`~bridge_cudagraph.host.training_loop.release_graphs_if_training_raises`, which deletes
   the graphs *before* that clean-up and re-raises: the exception is never swallowed, the process exits non-zero
   with it.
 * **by SIGTERM** (Slurm ``scancel``, preemption, torchrun forwarding its own SIGTERM): with

@@ -72,7 +72,7 @@ class LadderReplayBlock:
 def install_ladder_replay(decoder: torch.nn.Module, helper: BlockReplay | None) -> None:
     """Give ``decoder`` (a ``TransformerBlock`` instance) the ladder's replay; undone by :func:`remove_ladder_replay`.
 
-    Patches the instance's class, not the host's (:func:`~bridge_cudagraph.host.patches.extend_instance_class`).
+    Patches the instance's class, not the host's (:func:`~bridge_cudagraph.host.instance_class.extend_instance_class`).
     """
     from bridge_cudagraph.host.instance_class import extend_instance_class
 

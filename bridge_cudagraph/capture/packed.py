@@ -22,7 +22,7 @@ micro-batch, so the static shapes come from a **token budget ladder**, the schem
 * each layer is captured as :class:`_PackedLanguageLayer`, whose inputs are tensors only and which rebuilds the
   ``PackedSeqParams`` inside from the static ``cu_seqlens`` (the approach of Megatron-LM dev #4359, kept in our
   capture path instead of changing megatron-core's layer); with ``graph_unit: run`` (the default) the layers
-  between two deepstack merges are one graph (:class:`~bridge_cudagraph.capture.common.LayerChain`), so a budget
+  between two deepstack merges are one graph (:class:`~bridge_cudagraph.capture.segments.LayerChain`), so a budget
   holds 4 graphs on Qwen3-VL's first stage instead of one per layer.
 
 TE picks the attention backend from whether ``cu_seqlens_q_padded`` *is* ``cu_seqlens_q`` (``pad_between_seqs``
@@ -233,7 +233,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
     Args:
         model: The DDP-wrapped model chunks.
         layout: Budgets, sequence cap and ``max_seqlen`` (from the plan): the ladder's possible rungs; the captured
-            ones follow the data (:class:`~bridge_cudagraph.capture.common.BudgetLadder`).
+            ones follow the data (:class:`~bridge_cudagraph.capture.budget_ladder.BudgetLadder`).
         separate_padded: Capture with a ``cu_seqlens_q_padded`` that is a tensor of its own (Bridge's Qwen3-VL
             step) rather than none (or the same object).
         copies: Independent graph sets, one per micro-batch the schedule keeps in flight (1 without a pipeline).

@@ -19,9 +19,9 @@ run``, :func:`~bridge_cudagraph.plan.budgets.layer_segments`) or per layer:
 
 A micro-batch larger than the largest budget, or with more frames than ``max_segments``, runs eagerly and is
 counted (:attr:`CaptureStats.eager_fallbacks`), logged once. The budgets share their memory: only one budget
-runs per micro-batch (:func:`~bridge_cudagraph.capture.common.capture_budget_ladder`). The captured rungs follow the
-data: those up to the largest micro-batch of the warmup steps, more when a later micro-batch needs them
-(:class:`~bridge_cudagraph.capture.common.BudgetLadder`).
+runs per micro-batch (:func:`~bridge_cudagraph.capture.ladder_capture.capture_budget_ladder`). The captured rungs
+follow the data: those up to the largest micro-batch of the warmup steps, more when a later micro-batch needs them
+(:class:`~bridge_cudagraph.capture.budget_ladder.BudgetLadder`).
 
 Under a pipelined language model the first stage holds several micro-batches between forward and backward (1F1B), so
 the graphs are captured in ``copies`` independent sets (:func:`~bridge_cudagraph.plan.budgets.in_flight_microbatches`):
@@ -230,7 +230,7 @@ class VisionGraphHelper(LadderHelper):
 
     def captured_budget_for(self, patches: int, segments: int, longest: int = 0) -> int | None:
         """:meth:`budget_for` when that budget is captured; else None, and a budget above the captured top is asked
-        for (:class:`~bridge_cudagraph.capture.common.BudgetLadder`) and counted."""
+        for (:class:`~bridge_cudagraph.capture.budget_ladder.BudgetLadder`) and counted."""
         budget = self.budget_for(patches, segments, longest)
         if budget is None or self.ladder.holds(budget):
             return budget

@@ -135,7 +135,7 @@ def _stat(stats, key: str):
 def capture_problems(stats, *, where: str = "") -> list[str]:
     """What is wrong with an enabled submodule's capture: no graphs, no replay, or a failed capture.
 
-    ``stats`` is a :class:`~bridge_cudagraph.capture.common.CaptureStats` or its JSON form (a mapping with
+    ``stats`` is a :class:`~bridge_cudagraph.capture.stats.CaptureStats` or its JSON form (a mapping with
     ``graphs``, ``replays`` and ``failed`` or ``failure``). A capture that fell back to eager trains correctly,
     so parity alone cannot see it: every test of an enabled submodule must ask this too.
     """
