@@ -769,11 +769,6 @@ class _Shared:
     trace_dir: str | None = None
     """``--profile-stacks``: profile with Python stacks, attribute the GPU-idle time to Python functions
     (:func:`~benchmarks.bench_trace.idle_by_python_function`) and keep each variant's trace here, gzipped."""
-    build: Callable[[Any, str, dict], list] | None = None
-    """Another benchmark's variants (:mod:`benchmarks.gpt_full_iteration`): ``build(shared, variant, objs)`` puts the
-    variant's ``model``, ``optimizer`` and ``provider`` into ``objs`` (and ``schedule``, the function that runs the
-    schedule, or ``full_iteration``) and returns its graph helpers, in place of :func:`_build_variant` and
-    :func:`_make_helpers`."""
 
 
 def _build_variant(shared: _Shared, variant: str, objs: dict) -> None:
@@ -1144,11 +1139,8 @@ def _run_variant_body(shared: _Shared, variant: str, rec: dict, objs: dict, *, t
         if why is not None:
             raise VariantRefused(f"megatron-core's static buffers cannot carry this data: {why}")
     t0 = time.perf_counter()
-    if shared.build is not None:
-        helpers = shared.build(shared, variant, objs)
-    else:
-        _build_variant(shared, variant, objs)
-        helpers = _make_helpers(shared, variant, objs)
+    _build_variant(shared, variant, objs)
+    helpers = _make_helpers(shared, variant, objs)
     rec["build_s"] = time.perf_counter() - t0
     model, optimizer = objs["model"], objs["optimizer"]
     objs["helpers"] = helpers
@@ -1491,10 +1483,10 @@ def _step_runner(
     shared: _Shared, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
     """``run(i)``: training step ``i`` of the plan on ``objs``' model (its schedule through ``objs``' full-iteration
-    wrapper where it has one, or ``objs["schedule"]``); its wall ms. Each step's loss and grad norm are appended to
+    wrapper where it has one); its wall ms. Each step's loss and grad norm are appended to
     ``losses`` and ``grad_norms`` when given."""
     model, optimizer = objs["model"], objs["optimizer"]
-    schedule = objs.get("schedule") or objs.get("full_iteration")
+    schedule = objs.get("full_iteration")
 
     def run(i: int) -> float:
         micro_batches = [shared.batches[k] for k in shared.plan[i]]

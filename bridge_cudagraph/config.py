@@ -210,8 +210,8 @@ class VisionGraphConfig(SubmoduleGraphConfig):
     """What one vision graph spans: ``run``, a run of layers up to and including each deepstack layer, then the rest
     (4 graphs per budget on Qwen3-VL's 24 layers), or ``layer``, one graph per layer per budget; both are bit-exact.
     A graph never spans a deepstack layer: its output would have consumers inside and outside the graph, and autograd
-    would sum the gradient's parts in another order than eager does (``benchmarks/vision_unit_probe.py`` shows it).
-    ``None``: ``run``."""
+    would sum the gradient's parts in another order than eager does (``results/padded-levers/vision_unit_probe/``
+    shows it). ``None``: ``run``."""
 
     def validate(self, where: str = "cuda_graph.vision") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""

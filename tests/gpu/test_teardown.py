@@ -80,7 +80,7 @@ SHUTDOWN_TIMEOUT_S = 90
 # that save 20-30 s of torchrun's fixed 30 s, and one after it breaks the save: Bridge's and megatron-core's doing.
 # The cause (2026-12-01): that Manager's spawned child re-imports the launching script, and this test's runner
 # imported the whole stack at module level: 15-27 s per save on a 2-core host, against 0.07-0.14 s for a script
-# that imports it inside ``main()`` as ``bridge-cudagraph train`` does (``benchmarks/spawn_manager_probe.py``). The
+# that imports it inside ``main()`` as ``bridge-cudagraph train`` does (``results/teardown/``). The
 # runner now imports the stack inside ``main()`` (``_bridge_recorder.py``; ``tests/unit/test_cli.py`` checks every
 # way of launching), so a save costs what the product's costs, and no SIGKILL by torchrun is tolerated, before or
 # after the worker's last record. Run 25 (four signal runs at once): saves 6.5-10.4 s, workers done 10.6-15.2 s after

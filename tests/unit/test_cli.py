@@ -215,7 +215,7 @@ def test_a_spawned_child_imports_no_training_stack(tmp_path, how):
     """Bridge's checkpoint save starts megatron-core's write-results queue, a ``spawn`` multiprocessing Manager; its
     child re-imports the launching ``__main__`` as ``__mp_main__`` before it serves anything. A main module that
     imports the stack at its top makes every save pay that import again (15-27 s against 0.07-0.14 s on a 2-core host,
-    ``benchmarks/spawn_manager_probe.py``), which is what pushed SIGTERM saves past torchrun's fixed 30 s grace.
+    ``results/teardown/``), which is what pushed SIGTERM saves past torchrun's fixed 30 s grace.
     The child's preparation runs here exactly as ``multiprocessing.spawn`` runs it, for each way ``train`` is
     launched."""
     if how == "python -m bridge_cudagraph":
