@@ -1,10 +1,8 @@
-"""The benchmark of bridge_cudagraph: eager vs upstream's graphs vs ours on one GPU, its multi-GPU runner, report,
-trace analysis and leak finder. Not part of the installed package (``pyproject.toml`` ships only
-``bridge_cudagraph``): run it from a checkout's root, ``python -m benchmarks.bench --out results/bench --quick``,
-or on two GPUs with ``bash scripts/bench_two_gpus.sh``. Its tests are in ``benchmarks/tests/``.
+"""Benchmarks of bridge_cudagraph: not shipped with the package (the wheel holds ``bridge_cudagraph`` only).
 
-Modules: :mod:`~benchmarks.configs` (what is measured), :mod:`~benchmarks.schema` (the names and statuses of
-``bench.json``), :mod:`~benchmarks.bench` (the variants, instrumentation, paired phase and command line),
-:mod:`~benchmarks.bench_gpus` (the matrix split over GPUs), :mod:`~benchmarks.bench_trace` (profiler traces),
-:mod:`~benchmarks.bench_report` (``bench.json`` -> ``bench.md``/``bench.png``) and :mod:`~benchmarks.leaks`.
+Run from a checkout's root: ``python -m benchmarks.useful_tokens --out DIR`` (the variants in one process),
+``python -m benchmarks.real_loop RECIPE --out DIR`` (the product's own loop). Modules: :mod:`~benchmarks.runner` (what
+every variant goes through), :mod:`~benchmarks.useful_tokens` (the variants, data and command line),
+:mod:`~benchmarks.report` (the JSON's arithmetic, ``.md`` and ``.png``), :mod:`~benchmarks.trace` (profiler traces).
+How the numbers are made: ``benchmarks/README.md``. Tests: ``benchmarks/tests/``.
 """

@@ -10,8 +10,7 @@ A site is the innermost frame outside torch itself (the line of Megatron, Bridge
 with its two callers for context. The synchronize calls the benchmark itself makes around a step are not in it:
 those are ``torch.cuda.synchronize``, which sync debug mode does not report.
 
-:func:`census_lines` renders the records (one line per variant) for the reports of ``bench.py`` and
-``useful_tokens.py``.
+:func:`census_lines` renders the records (one line per variant) for :mod:`benchmarks.report`.
 """
 
 from __future__ import annotations

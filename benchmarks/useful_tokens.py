@@ -8,17 +8,17 @@ loss per second, so that is what this benchmark measures, on one GPU, for
 * ``eager_packed``: Bridge's default, graphs off, micro-batches packed by Bridge's Qwen3-VL step;
 * ``eager_padded``: graphs off, every row padded to ``seq_length``;
 * ``upstream_padded``: upstream's graphs (megatron-core's ``TECudaGraphHelper`` and ``VisionTECudaGraphHelper``
-  as Bridge builds them, :func:`benchmarks.bench._make_helpers`), padded (they cannot pack);
+  as Bridge builds them, :func:`benchmarks.runner.upstream_helpers`), padded (they cannot pack);
 * ``ours_padded``: our BSHD language graphs and vision graphs, padded;
 * ``ours_packed``: our packed language graphs (:class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper`
   on a budget ladder of :func:`~bridge_cudagraph.plan.budgets.derive_language_budgets`) and vision graphs, packed,
   planned and built by the product (:func:`packed_plan`, the provider's ``make_graph_helpers``);
 * ``eager_packed_repeat``: eager_packed again, last (the run-to-run noise floor);
 * the paired phase: eager_packed and ours_packed (or the two variants ``--paired`` names) alive at once, measured
-  steps interleaved, where memory allows (:func:`benchmarks.bench.paired_memory_check`).
+  steps interleaved, where memory allows (:func:`benchmarks.runner.paired_memory_check`).
 
 Opt-in with ``--variants`` (dense models of the benchmark's own shape), one lever of the packed step each
-(:data:`~benchmarks.useful_tokens_report.LEVER_VARIANTS`; the report's lever section compares each pair):
+(:data:`~benchmarks.report.LEVER_VARIANTS`; the report's lever section compares each pair):
 
 * ``ours_packed_rows``: ours_packed with tight packing off (each micro-batch replays in the budget of its rows'
   full width);
@@ -26,29 +26,29 @@ Opt-in with ``--variants`` (dense models of the benchmark's own shape), one leve
   at most 1.25x apart: :meth:`benchmarks.configs.BenchConfig.vision_halvings`);
 * ``ours_packed_bridge_packing``: ours_packed with Bridge's forward packing the step's rows itself
   (``preprocess_packed_seqs`` and the deepstack round trip, with their waits), not handed them flat
-  (:class:`bridge_cudagraph.host.flat_rows.FlatPackedRows`);
+  (:class:`bridge_cudagraph.host.forward.FlatPackedRows`);
 * ``ours_packed_autograd_grads``: ours_packed with its graphs' parameter gradients left to autograd (TE's clone,
   ``AccumulateGrad``) and DDP's hook, one by one, not summed into ``main_grad`` by a graph per backward
   (:mod:`bridge_cudagraph.capture.param_grads`);
 * ``ours_packed_device_grid``: ours_packed with the vision encoder's grid read back from the GPU (a wait for the queue
-  at every micro-batch), not taken from the collate's CPU copy (:class:`bridge_cudagraph.host.bound_grids.BoundGrids`,
-  :mod:`bridge_cudagraph.vision.cpu_grids`);
+  at every micro-batch), not taken from the collate's host copy (:class:`bridge_cudagraph.host.forward.BoundGrids`,
+  :mod:`bridge_cudagraph.vision.host_grids`);
 * ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
   ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
   :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
   fuses is failed. ours_packed_fused's parity reference is eager_packed_fused.
 
-Every variant trains the same initial weights (:func:`benchmarks.bench._snapshot`/``_load``) on the same samples:
+Every variant trains the same initial weights (:func:`benchmarks.runner.snapshot`/``_load``) on the same samples:
 the first ``microbatches x micro_batch_size`` training samples of the project's photo SFT set
 (:mod:`bridge_cudagraph.examples.photo_recipe`), built by Bridge's dataset provider
 (``get_dataset_provider(DirectHFSFTDatasetConfig)``) and collated ``micro_batch_size`` at a time by Bridge's own
 ``collate_fn``, once; each collated micro-batch is turned into model inputs in both forms by
 :func:`bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs` (Bridge's ``_pad_and_pack_qwen3_vl_step`` and
 the step's packing branch). The model: ``--model small`` is the Qwen3-VL-2B shape of
-:func:`benchmarks.bench.small_qwen3_vl_provider`, ``--model tiny`` the tiny one (a smoke test), both with the
+:func:`small_qwen3_vl_provider`, ``--model tiny`` the tiny one (a smoke test), both with the
 photo processor's special token ids. Steps go through Megatron's schedule and the distributed optimizer
-(:func:`benchmarks.bench._train_step`); a few steps after the measured ones are profiled
-(:func:`benchmarks.bench._profile`) for GPU busy and kernel time, and for eager_packed and the packed graph
+(:func:`benchmarks.runner.train_step`); a few steps after the measured ones are profiled
+(:func:`benchmarks.runner.profile`) for GPU busy and kernel time, and for eager_packed and the packed graph
 variants one more step runs under :func:`benchmarks.host_syncs.census` (where the host waits for the GPU).
 Variants are built and freed one at a time.
 
@@ -78,7 +78,7 @@ the plan's reason and upstream_padded is not run (:data:`MOE_VARIANTS`)::
 (:mod:`benchmarks.recipe_variants`: the recipe loaded with a few overrides per variant, its own capture plan, its
 LoRA applied by Bridge); ``--num-mb`` defaults to its global batch over its micro-batch (16).
 
-Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.useful_tokens_report`),
+Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.report`),
 ``useful_tokens.md`` and ``useful_tokens.png``, and prints a short table.
 """
 
@@ -102,13 +102,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from benchmarks import bench, recipe_variants
-from benchmarks import useful_tokens_report as report
-from benchmarks.bench_trace import gpu_busy_summary
-from benchmarks.configs import QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
+from benchmarks import recipe_variants, report, runner
+from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
 from benchmarks.progress import say
-from benchmarks.schema import OK, OURS_VARIANTS, json_safe, write_json
-from benchmarks.useful_tokens_report import (
+from benchmarks.report import (
     CONTROL,
     FORM,
     FUSED,
@@ -132,6 +129,8 @@ from benchmarks.useful_tokens_report import (
     MicroBatch,
     reference_of,
 )
+from benchmarks.runner import OK, json_safe, write_json
+from benchmarks.trace import gpu_busy_summary
 
 if TYPE_CHECKING:
     from bridge_cudagraph.config import CudaGraphConfig
@@ -173,6 +172,48 @@ def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int
     )
 
 
+# ============================================================================================ models
+def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: Any):
+    """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block: the
+    tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes.
+
+    ``overrides`` replace any field, e.g. the special token ids of another tokenizer (the photo processor's)."""
+    from bridge_cudagraph.examples import tiny
+
+    deepstack = [5, 11, 17]
+    vision = tiny.tiny_vision_config(
+        2048,
+        depth=24,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=list(deepstack),
+    )
+    fields = dict(
+        vocab_size=QWEN3_VL_VOCAB,
+        share_embeddings_and_output_weights=True,
+        num_layers=28,
+        hidden_size=2048,
+        ffn_hidden_size=6144,
+        num_attention_heads=16,
+        num_query_groups=8,
+        kv_channels=128,
+        seq_length=seq_length,
+        language_max_sequence_length=seq_length,
+        mrope_section=[24, 20, 20],
+        layernorm_epsilon=1e-6,
+        vision_config=vision,
+        spatial_merge_size=MERGE,
+        num_position_embeddings=2304,
+        out_hidden_size=2048,
+        deepstack_visual_indexes=list(deepstack),
+        **QWEN3_VL_TOKENS,
+    )
+    fields.update(overrides)
+    return tiny.tiny_qwen3_vl_provider(cuda_graph, **fields)
+
+
 def qwen3_vl_30b_a3b_shape_provider(
     cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any
 ) -> Any:
@@ -180,7 +221,7 @@ def qwen3_vl_30b_a3b_shape_provider(
     weights: the shapes of Bridge's own provider (what ``AutoBridge`` makes of the committed HF config of
     ``recipes/qwen3_vl_30b_a3b_sft_graphs.yaml``; the unit test compares them field by field) with the tiny
     provider's settings (bf16, no dropout, no APEX fusion; every weight trained, as Bridge's 30B-A3B SFT recipe
-    does), as the 2B shape of :func:`benchmarks.bench.small_qwen3_vl_provider` is made. One GPU at EP 1, TP 1.
+    does), as the 2B shape of :func:`small_qwen3_vl_provider` is made. One GPU at EP 1, TP 1.
     Depth is the one change: 48 layers of 128 experts do not fit one GPU at EP 1; 4 keep the layer's shape (what
     graphs do to one MoE layer's step), while the embedding, the output layer and the vision encoder weigh more in
     the step than at full depth.
@@ -244,7 +285,7 @@ MODELS: dict[str, ModelDef] = {
     "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=(*LEVER_VARIANTS, PADDED_CONTROL)),
     "small": ModelDef(
         "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights",
-        bench.small_qwen3_vl_provider,
+        small_qwen3_vl_provider,
         optional=(*LEVER_VARIANTS, PADDED_CONTROL),
     ),
     "tiny-moe": ModelDef(
@@ -395,7 +436,7 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 
 def chosen_variants(args: argparse.Namespace) -> tuple[str, ...]:
-    """The variants the run measures, in run order (:data:`~benchmarks.useful_tokens_report.ORDER`; the control
+    """The variants the run measures, in run order (:data:`~benchmarks.report.ORDER`; the control
     besides): ``--variants``, or the model's."""
     if args.variants is None:
         return MODELS[args.model].variants
@@ -502,7 +543,7 @@ def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device=
 
 def image_sets(collated: Sequence[dict]) -> tuple:
     """The micro-batches' image grids in :class:`benchmarks.configs.BenchConfig`'s ``image_sets`` form (per
-    micro-batch, per image a one-image entry), so that its vision budgets come from the data as in bench.py."""
+    micro-batch, per image a one-image entry), so that its vision budgets come from the data."""
     out = []
     for batch in collated:
         visual = batch.get("visual_inputs")
@@ -524,10 +565,10 @@ class _Run:
     ids: dict[str, int]
     micro: list[MicroBatch]
     shared: dict[str, Any]
-    """Per form, a :class:`benchmarks.bench._Shared` (its batches, fixed batch and step plan)."""
+    """Per form, a :class:`benchmarks.runner.StepData` (its batches, fixed batch and step plan)."""
     initial_state: list[dict] | None = None
     references: dict[str, dict] = field(default_factory=dict)
-    """Per reference variant (:data:`~benchmarks.useful_tokens_report.REFERENCES`): its profile, fixed-batch loss,
+    """Per reference variant (:data:`~benchmarks.report.REFERENCES`): its profile, fixed-batch loss,
     loss mask, grad norm and step losses."""
     results: dict[str, dict] = field(default_factory=dict)
     profiler_sees_graph_kernels: bool | None = None
@@ -552,30 +593,44 @@ class _Run:
 
 
 def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) -> CudaGraphConfig:
-    """ours_padded's block: bench.py's ours (language and vision graphs, budgets from the data, failures raised),
-    the language graphs over ``modules`` (None: whole layers; an MoE model's :data:`MOE_SCOPE`)."""
-    block = bench.ours_graph_config(cfg)
-    block.language.modules = None if modules is None else list(modules)
-    return block
+    """ours_padded's block: language and vision graphs, vision budgets from the data, failures raised (never timed as
+    eager), the language graphs over ``modules`` (None: whole layers; an MoE model's :data:`MOE_SCOPE`)."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+
+    return CudaGraphConfig(
+        language=LanguageGraphConfig(enabled=True, modules=None if modules is None else list(modules)),
+        vision=VisionGraphConfig(
+            enabled=True, token_budgets=cfg.vision_budgets(), max_images_per_microbatch=cfg.vision_max_segments()
+        ),
+        num_microbatches=cfg.num_microbatches,
+        on_capture_error="raise",
+    )
 
 
 def packed_graph_config(run: _Run) -> CudaGraphConfig:
-    """ours_packed's block: bench.py's ours (vision budgets from the data, failures raised) with the run's language
+    """ours_packed's block: ours_padded's (vision budgets from the data, failures raised) with the run's language
     budget ladder; the product plans it for Bridge's Qwen3-VL step (:func:`packed_plan`) and builds its helpers."""
     from bridge_cudagraph.config import LanguageGraphConfig
 
     language = LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets))
-    return dataclasses.replace(bench.ours_graph_config(run.cfg), language=language)
+    return dataclasses.replace(ours_graph_config(run.cfg), language=language)
 
 
 def variant_provider(run: _Run, variant: str):
     """The provider of ``variant`` (not finalized), with the photo processor's token ids: the model's
-    (:data:`MODELS`) with graphs off, ours_padded's or ours_packed's block; upstream's as bench.py makes it. The
-    fused variants (:data:`~benchmarks.useful_tokens_report.FUSED`) set ``gradient_accumulation_fusion=True`` on
-    it, as bench.py's ours_fused does; the provider honours it without APEX by fusing TE's layers only."""
+    (:data:`MODELS`) with graphs off, ours_padded's or ours_packed's block; upstream's the host's provider class
+    with megatron-core's per-layer graphs (``cuda_graph_impl="transformer_engine"``, vision too, one vision length
+    that holds the largest micro-batch). The
+    fused variants (:data:`~benchmarks.report.FUSED`) set ``gradient_accumulation_fusion=True`` on
+    it; the provider honours it without APEX by fusing TE's layers only."""
     model = MODELS[run.args.model]
     if variant == "upstream_padded":
-        return bench.variant_provider(run.cfg, "upstream", **run.ids)
+        from bridge_cudagraph.examples import tiny
+
+        plain = tiny.upstream_provider(model.provider(None, seq_length=run.cfg.seq_length, **run.ids))
+        plain.vision_cuda_graph_impl = "transformer_engine"
+        plain.max_vision_cuda_graph_seq_length = run.cfg.upstream_vision_seq_length()
+        return plain
     blocks = {
         "eager_packed": None,
         "eager_padded": None,
@@ -637,8 +692,9 @@ def refusal(run: _Run, variant: str) -> str | None:
 
 
 def _build(run: _Run, variant: str, objs: dict) -> None:
-    """Build the model (as bench.py's ``_build_variant``), load the initial weights, make the optimizer. A recipe
-    variant brings its capture plan and its PEFT (Bridge's LoRA transformation, before DDP wraps the model)."""
+    """Build the model (:func:`bridge_cudagraph.examples.tiny.build`), load the initial weights, make the optimizer.
+    A recipe variant brings its capture plan and its PEFT (Bridge's LoRA transformation, before DDP wraps the
+    model)."""
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.testing.parity import megatron_optimizer
 
@@ -657,9 +713,9 @@ def _build(run: _Run, variant: str, objs: dict) -> None:
     objs["model"] = model
     record_fusion(variant, model, objs)
     if run.initial_state is None:
-        run.initial_state = bench._snapshot(model)
+        run.initial_state = runner.snapshot(model)
     else:
-        bench._load(model, run.initial_state, aliases_allowed=upstream)
+        runner.load_weights(model, run.initial_state, aliases_allowed=upstream)
     objs["optimizer"] = megatron_optimizer(model, run.world.language)
 
 
@@ -679,19 +735,27 @@ def record_fusion(variant: str, model: list, out: dict) -> int:
 
 
 def _helpers(run: _Run, variant: str, objs: dict) -> list:
-    """The variant's graph helpers, language first: upstream's as bench.py builds them; ours from the product's plan
+    """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them
+    (:func:`benchmarks.runner.upstream_helpers`); ours from the product's plan
     of the variant's provider (:func:`packed_plan` for a packed graph variant, the provider's padded plan otherwise)
     through the provider, as ``bridge-cudagraph train`` builds them; then a lever's one change (tight packing off for
-    ours_packed_rows, :data:`~benchmarks.useful_tokens_report.TIGHT`; summing graphs off; megatron-core's helper)."""
-    shared = run.shared[FORM[variant]]
+    ours_packed_rows, :data:`~benchmarks.report.TIGHT`; summing graphs off; megatron-core's helper)."""
     if variant == "upstream_padded":
-        return bench._make_helpers(shared, "upstream", objs)
+        return runner.upstream_helpers(
+            objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
+        )
     if variant not in (*PADDED_GRAPHED, *PACKED_GRAPHED):
         return []
     if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
     plan = packed_plan(run, objs["provider"]) if variant in PACKED_GRAPHED else None
-    helpers = bench._make_helpers(shared, report.STEP_HOST_OF.get(variant, "ours"), objs, plan=plan)
+    if plan is None:  # the provider's own plan for padded micro-batches
+        from bridge_cudagraph.testing.plans import plan_for
+
+        plan = plan_for(
+            objs["provider"], world_size=1, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
+        )
+    helpers = runner.ours_helpers(objs, plan, forward_off=report.FORWARD_OFF.get(variant, ()))
     if variant in PACKED_GRAPHED:
         from bridge_cudagraph.capture.ladder_helper import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
@@ -764,18 +828,6 @@ def memory_estimates(run: _Run, objs: dict, capture: dict) -> dict[str, dict]:
     return out
 
 
-def _release(objs: dict) -> dict:
-    """Give the decoders their class back (packed replay), then bench.py's teardown; returns its survivors."""
-    for helper in objs.get("helpers") or []:
-        uninstall = getattr(helper, "uninstall", None)
-        if uninstall is not None:
-            try:
-                uninstall()
-            except Exception as error:
-                logger.warning("useful_tokens: uninstalling %s failed: %s", type(helper).__name__, error)
-    return bench._teardown(objs)
-
-
 def _counters(helpers: list) -> dict[str, dict]:
     return {
         h.submodule: {
@@ -798,12 +850,12 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
-    if variant in PACKED_GRAPHED and counts["cpu_positions_calls"]:
-        step_host = OURS_VARIANTS[report.STEP_HOST_OF.get(variant, "ours")]
-        flat_expected = "FlatPackedRows" not in step_host.get("forward_off", ())
+    if variant in PACKED_GRAPHED and counts["host_positions_calls"]:
+        off = report.FORWARD_OFF.get(variant, ())
+        flat_expected = forward_host.FlatPackedRows.__name__ not in off
         if bool(counts["flat_batches"]) != flat_expected:
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
-        grids_expected = "BoundGrids" not in step_host.get("forward_off", ())
+        grids_expected = forward_host.BoundGrids.__name__ not in off
         if bool(counts["grid_binds"]) != grids_expected:
             raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's host grids")
     return counts
@@ -821,20 +873,20 @@ def _run_variant(run: _Run, variant: str) -> dict:
         return {**rec, "status": REFUSED, "reason": reason, "seconds": 0.0}
     objs: dict[str, Any] = {}
     started = time.perf_counter()
-    bench._free()
+    runner.free_memory()
     torch.cuda.reset_peak_memory_stats()
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
-    seed_rng(run.world.language, bench.SEED)
+    seed_rng(run.world.language, runner.SEED)
     try:
         _run_variant_body(run, variant, rec, objs)
         rec["status"] = OK
     except Exception as error:  # recorded; the other variants still run
-        bench._record_failure(rec, error, variant)
+        runner.record_failure(rec, error, variant)
     finally:
         if "te_modules_fusing" in objs:  # also where it failed the variant (record_fusion)
             rec["te_modules_fusing"] = objs["te_modules_fusing"]
-        survivors = _release(objs)
-    bench._check_freed(rec, survivors)
+        survivors = runner.teardown(objs)
+    runner.check_freed(rec, survivors)
     rec["seconds"] = time.perf_counter() - started
     return rec
 
@@ -849,14 +901,14 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     helpers = objs["helpers"] = _helpers(run, variant, objs)
     losses: list[float] = []
     grad_norms: list[float] = []
-    run_step = bench._step_runner(shared, objs, losses=losses, grad_norms=grad_norms)
+    run_step = runner.step_runner(shared, objs, losses=losses, grad_norms=grad_norms)
     rec["warmup_step_ms"] = [run_step(i) for i in range(shared.warmup_steps)]
     if helpers:
-        rec.update(bench._capture("upstream" if variant == "upstream_padded" else "ours", helpers))
+        rec.update(runner.capture(variant, helpers, upstream=variant == "upstream_padded"))
         check_param_grads(variant, rec.get("capture") or {})
         rec["graph_memory_gib"] = rec["graph_memory_bytes"] / report.GIB
         say(f"{variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_gib']:.2f} GiB")
-        run_step = bench.growing(run_step, helpers, rec)
+        run_step = runner.growing(run_step, helpers, rec)
         if variant in PACKED_GRAPHED and not run.from_recipe:
             try:
                 rec["memory_estimate"] = memory_estimates(run, objs, rec.get("capture") or {})
@@ -898,7 +950,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             run_step(i)
     elif shared.profile_steps:
         try:
-            profile, rec["host_time"] = bench._profile(shared, run_step, p_first, model=model, optimizer=optimizer)
+            profile, rec["host_time"] = runner.profile(shared, run_step, p_first, model=model, optimizer=optimizer)
         except Exception as error:  # a measurement aid, never a reason to lose the timings
             rec["profile_error"] = f"{type(error).__name__}: {error}"[:500]
             say(f"{variant}: profiling failed: {rec['profile_error']}")
@@ -909,7 +961,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             # losses are not kept (every variant's series stays the plan's steps, the control's too).
             kept = len(losses), len(grad_norms)
             try:
-                rec["cuda_only_profile"] = bench._profile_cuda_only(shared, run_step, p_first)
+                rec["cuda_only_profile"] = runner.profile_cuda_only(shared, run_step, p_first)
             except Exception as error:
                 rec["cuda_only_profile_error"] = f"{type(error).__name__}: {error}"[:500]
             del losses[kept[0] :], grad_norms[kept[1] :]
@@ -934,12 +986,12 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     if variant in (*PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
-        rec["forward_counts"] = forward_counters(variant, model)
+        rec["fewer_host_waits"] = forward_counters(variant, model)
 
     # Parity: the fixed micro-batch with the initial weights copied back in (in place: the graphs stay valid).
-    bench._load(model, run.initial_state, aliases_allowed=variant == "upstream_padded")
+    runner.load_weights(model, run.initial_state, aliases_allowed=variant == "upstream_padded")
     before = {sub: c["replays"] for sub, c in _counters(helpers).items()}
-    fixed_loss, grad_norm, grads = bench._fixed_batch_check(model, shared.fixed_batch, keep_grads=True)
+    fixed_loss, grad_norm, grads = runner.fixed_batch_check(model, shared.fixed_batch, keep_grads=True)
     after = _counters(helpers)
     mask = shared.fixed_batch["loss_mask"].detach().float().cpu()
     rec["parity"] = parity(
@@ -965,14 +1017,14 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             fixed_loss=fixed_loss, mask=mask, grad_norm=grad_norm, losses=list(losses), grads=grads, floor=floor
         )
     del grads
-    bench.require_finite(losses, grad_norms)
+    runner.require_finite(losses, grad_norms)
     if variant in HOST_SYNC_VARIANTS:
         # Last, so the compared losses are untouched: one more step, on the first profiled step's micro-batches
         # (the last measured step's without a profile), under torch's sync debug mode. A runner of its own, so the
         # step joins no recorded series. A measurement aid: its failure is recorded, never the variant's.
         from benchmarks.host_syncs import census
 
-        census_step = bench._step_runner(shared, objs)
+        census_step = runner.step_runner(shared, objs)
         try:
             rec["host_syncs"] = census(lambda: census_step(min(p_first, len(shared.plan) - 1)))
         except Exception as error:
@@ -993,7 +1045,7 @@ def grad_floor(model: list, batch: dict, loss: torch.Tensor, grads: dict, mask: 
     exact under deterministic kernels)."""
     from bridge_cudagraph.testing.parity import diff
 
-    again_loss, _, again = bench._fixed_batch_check(model, batch, keep_grads=True)
+    again_loss, _, again = runner.fixed_batch_check(model, batch, keep_grads=True)
     return diff((again_loss, again), (loss, grads), worst=GRAD_WORST, loss_mask=mask)
 
 
@@ -1032,7 +1084,7 @@ def parity(
     grads: dict | None = None,
 ) -> dict[str, Any]:
     """One variant's parity record: the fixed micro-batch's per-token loss against its reference
-    (:func:`~benchmarks.useful_tokens_report.reference_of`: the graphs-off variant of its form, or for
+    (:func:`~benchmarks.report.reference_of`: the graphs-off variant of its form, or for
     ours_packed_fused eager_packed_fused; ``reference``: that variant's kept numbers) (all tokens and the loss
     tokens only; NaN-safe :func:`~bridge_cudagraph.testing.parity.diff_losses`), its
     step losses against the reference's (:func:`~bridge_cudagraph.testing.parity.compare_series`), whether every
@@ -1049,7 +1101,7 @@ def parity(
         "reference": reference_of(variant),
         "fixed_batch_loss_mean": float(fixed_loss.mean()),
         "fixed_batch_grad_norm": grad_norm,
-        "nonfinite_steps": bench.non_finite_steps(losses),
+        "nonfinite_steps": runner.non_finite_steps(losses),
     }
     out["losses_finite"] = not out["nonfinite_steps"]
     if variant == reference_of(variant):
@@ -1099,7 +1151,7 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
 # ============================================================================================ paired phase
 def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
     """The two variants ``names`` (``--paired``) built side by side, each warmed up (a graphed one captured), then
-    their measured steps interleaved, the first of each pair alternating (as bench.py's paired phase); each trains
+    their measured steps interleaved, the first of each pair alternating; each trains
     its own form of the same samples. ``ratios``: the first's step ms over the second's per pair, which is the
     second's useful-tokens/s ratio over the first (same samples per pair). ``counters``: per graphed variant, its
     helpers' counters."""
@@ -1109,22 +1161,22 @@ def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
     rec: dict[str, Any] = {"status": "running", "variants": list(names)}
     objs: dict[str, dict] = {name: {} for name in names}
     started = time.perf_counter()
-    bench._free()
+    runner.free_memory()
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     runners: dict[str, Callable[[int], float]] = {}
     try:
         for name in names:
-            seed_rng(run.world.language, bench.SEED)
+            seed_rng(run.world.language, runner.SEED)
             _build(run, name, objs[name])
             objs[name]["helpers"] = _helpers(run, name, objs[name])
-            runners[name] = bench._step_runner(run.shared[FORM[name]], objs[name])
+            runners[name] = runner.step_runner(run.shared[FORM[name]], objs[name])
             for i in range(shared.warmup_steps):
                 runners[name](i)
             if objs[name]["helpers"]:
-                kind = "upstream" if name == "upstream_padded" else "ours"
-                rec.setdefault("capture_s", {})[name] = bench._capture(kind, objs[name]["helpers"])["capture_s"]
-                runners[name] = bench.growing(runners[name], objs[name]["helpers"], rec)
+                captured = runner.capture(name, objs[name]["helpers"], upstream=name == "upstream_padded")
+                rec.setdefault("capture_s", {})[name] = captured["capture_s"]
+                runners[name] = runner.growing(runners[name], objs[name]["helpers"], rec)
         times: dict[str, list[float]] = {name: [] for name in names}
         first = shared.warmup_steps
         steps = list(range(first, first + shared.measured_steps))
@@ -1141,13 +1193,13 @@ def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
         rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
         rec["status"] = OK
     except Exception as error:  # recorded; the variants' own results stand
-        bench._record_failure(rec, error, "paired")
+        runner.record_failure(rec, error, "paired")
     finally:
         runners.clear()  # their closures hold the models
-        survivors = {name: _release(objs[name]) for name in names}
+        survivors = {name: runner.teardown(objs[name]) for name in names}
         for name in sorted(names, key=lambda n: not survivors[n]):
             part: dict[str, Any] = {"allocated_at_start_bytes": rec["allocated_at_start_bytes"]}
-            bench._check_freed(part, survivors[name])
+            runner.check_freed(part, survivors[name])
             if "leak" in part:
                 rec.setdefault("leak", {})[name] = part["leak"]
         rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
@@ -1234,9 +1286,9 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         layout = derived_layout(args.seq, args.mbs)
     fixed = max(range(len(micro)), key=lambda i: micro[i].packed_tokens)
     total = args.warmup + args.steps + args.profile_steps
-    plan = bench.step_plan(cfg, total)
+    plan = [[(i * args.num_mb + j) % len(collated) for j in range(args.num_mb)] for i in range(total)]
     shared = {
-        form: bench._Shared(
+        form: runner.StepData(
             cfg=cfg,
             world=world,
             batches=batches,
@@ -1272,14 +1324,14 @@ def paired_skip_reason(
 ) -> str | None:
     """Why the paired phase of ``names`` cannot run, or None: one of them was not run (``--variants`` left it out;
     only the default pair can be), or the plan refused it (its record holds the reason), else
-    :func:`benchmarks.bench.paired_memory_check` on the GPU's memory."""
+    :func:`benchmarks.runner.paired_memory_check` on the GPU's memory."""
     missing = [name for name in names if name not in results]
     if missing:
         return f"{missing[0]} was not run (--variants)"
     refused = [name for name in names if (results.get(name) or {}).get("status") == REFUSED]
     if refused:
         return f"{refused[0]} was refused by the capture plan"
-    return bench.paired_memory_check(results, gpu_memory_bytes(), names=tuple(names))
+    return runner.paired_memory_check(results, gpu_memory_bytes(), names=tuple(names))
 
 
 def failed_variants(data: dict) -> list[str]:
@@ -1297,7 +1349,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
     from bridge_cudagraph.parallel.layout import VisionLayout
     from bridge_cudagraph.testing.world import init_world
 
-    world = world or init_world(vision=VisionLayout(), seed=bench.SEED)
+    world = world or init_world(vision=VisionLayout(), seed=runner.SEED)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = prepare(args, world)
@@ -1310,7 +1362,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
 
     if args.profile_steps:
         try:
-            probe = bench.probe_profiler_sees_graph_kernels()
+            probe = runner.probe_profiler_sees_graph_kernels()
         except Exception as error:
             probe = {"error": f"{type(error).__name__}: {error}"[:500], "sees_graph_kernels": None}
         data["meta"]["profiler_probe"] = probe
@@ -1318,7 +1370,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
     write()
     model = MODELS[args.model]
     chosen = chosen_variants(args)
-    if model.provider is not None:  # see bench._import_providers: a lazy import's pinned frames
+    if model.provider is not None:  # made once before any model: a lazy import's pinned frames (leaks.py)
         for name in chosen:
             with contextlib.suppress(Exception):  # a variant that cannot be made fails, recorded, when it runs
                 variant_provider(run, name)
@@ -1328,7 +1380,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
         write()
     if not args.no_paired:
         pair = paired_pair(args)
-        why_not = paired_skip_reason(run.results, bench._gpu_memory_bytes, pair)
+        why_not = paired_skip_reason(run.results, runner.gpu_memory_bytes, pair)
         if why_not:
             data["paired"] = {"status": "skipped", "reason": why_not, "variants": list(pair)}
             say(f"paired phase skipped: {why_not}")
@@ -1343,7 +1395,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
     try:
         report.render(json_path)
     except Exception as error:  # the JSON is the result; render it again on any machine
-        say(f"render failed ({type(error).__name__}: {error}); run python -m benchmarks.useful_tokens_report")
+        say(f"render failed ({type(error).__name__}: {error}); run python -m benchmarks.report")
     print("\n" + report.text_table(data), flush=True)
     return json_safe(data)
 
@@ -1355,15 +1407,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     problem = check_args(args)
     if problem is None and not torch.cuda.is_available():
-        problem = "no CUDA GPU: the useful-tokens benchmark trains on one (render a result with useful_tokens_report)"
+        problem = "no CUDA GPU: the useful-tokens benchmark trains on one (render a result with benchmarks.report)"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     from bridge_cudagraph.parallel.layout import VisionLayout
     from bridge_cudagraph.testing.world import close_world, init_world
 
-    world = init_world(vision=VisionLayout(), seed=bench.SEED)
-    bench.cap_gpu_memory(args.gpu_memory)
+    world = init_world(vision=VisionLayout(), seed=runner.SEED)
+    runner.cap_gpu_memory(args.gpu_memory)
     try:
         data = run_all(args, world=world, command=command_line(argv))
     finally:

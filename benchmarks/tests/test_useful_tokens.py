@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import useful_tokens_report as report
-from benchmarks.useful_tokens_report import MicroBatch
+from benchmarks import report
+from benchmarks.report import MicroBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
 from _dist import run_world

@@ -10,10 +10,9 @@ import json
 
 import pytest
 
-from benchmarks import useful_tokens
-from benchmarks import useful_tokens_report as report
+from benchmarks import report, useful_tokens
+from benchmarks.report import MicroBatch
 from benchmarks.tests.useful_tokens_runs import offline_run
-from benchmarks.useful_tokens_report import MicroBatch
 
 GIB = 2**30
 BUDGETS = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)
@@ -125,7 +124,7 @@ def test_the_lever_variants_providers_change_one_setting_each():
 
 
 def test_ours_padded_parts_change_only_their_submodules_fields():
-    """Each part of ours_padded (:data:`~benchmarks.useful_tokens_report.PADDED_PARTS`) is ours_padded's block with the
+    """Each part of ours_padded (:data:`~benchmarks.report.PADDED_PARTS`) is ours_padded's block with the
     named fields replaced, nothing else: what tells which graphs a gradient difference comes from."""
     import dataclasses
 
@@ -344,20 +343,18 @@ def test_a_step_change_within_the_variants_own_spread_is_not_claimed():
 
 @pytest.mark.fast
 def test_the_bridge_packing_variant_takes_off_the_flat_rows_only():
-    """ours_packed_bridge_packing: ours_packed's provider and helpers, its step host work bench.py's
-    ours_bridge_packing (model.cuda_graph.forward with :class:`~bridge_cudagraph.host.flat_rows.FlatPackedRows` taken
-    off, a name bench.py checks it took off); every step-host variant names mixins that exist."""
-    from benchmarks.schema import OURS_VARIANTS
+    """ours_packed_bridge_packing: ours_packed's provider and helpers, with ``model.cuda_graph.forward``'s
+    :class:`~bridge_cudagraph.host.forward.FlatPackedRows` taken off again (a name the runner checks it took off);
+    every lever that takes a mixin off names one that exists."""
     from bridge_cudagraph.host import forward as forward_host
 
     variant = "ours_packed_bridge_packing"
     assert variant in report.PACKED_GRAPHED and variant in report.TIGHT and variant in report.LEVER_VARIANTS
     assert any(lever[1:] == (variant, "ours_packed") for lever in report.LEVERS)
-    step_host = OURS_VARIANTS[report.STEP_HOST_OF[variant]]
-    assert step_host == {"forward_off": ("FlatPackedRows",)}
-    for entry in OURS_VARIANTS.values():
-        for name in entry.get("forward_off", ()):
-            assert name in forward_host.MIXINS, name
+    assert report.FORWARD_OFF[variant] == ("FlatPackedRows",)
+    for names in report.FORWARD_OFF.values():
+        for name in names:
+            assert name in forward_host.__all__ and isinstance(getattr(forward_host, name), type), name
 
 
 @pytest.mark.fast

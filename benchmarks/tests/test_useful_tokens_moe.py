@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import useful_tokens
-from benchmarks import useful_tokens_report as report
+from benchmarks import report, useful_tokens
 from benchmarks.tests.useful_tokens_runs import IDS, offline_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,21 +149,27 @@ def test_ours_packed_on_moe_is_refused_with_the_plans_reason_and_recorded(model,
 
 @pytest.mark.parametrize("model", ["tiny", "small"])
 def test_dense_models_are_not_refused_and_keep_their_providers(model):
-    """The table (``MODELS``) makes the dense providers bench.py made before it, field for field; the plan accepts
-    their packed graphs."""
-    from benchmarks import bench
-    from bridge_cudagraph.bridge.mixin import provider_fields
-
+    """The table (``MODELS``) makes the dense providers: graphs off for the eager forms; ours_padded's block with
+    language and vision graphs, the vision ladder from the data and capture failures raised (never timed as eager);
+    ours_packed's the same with the run's language ladder; upstream's the host's class with megatron-core's per-layer
+    graphs, vision included, at a vision length that holds the largest micro-batch. The plan accepts the packed
+    graphs."""
     run = _run(model)
     assert useful_tokens.refusal(run, "ours_packed") is None
-    before = {
-        "eager_packed": bench.variant_provider(run.cfg, "eager", **IDS),
-        "ours_padded": bench.variant_provider(run.cfg, "ours", **IDS),
-        "ours_packed": bench.make_provider(run.cfg, useful_tokens.packed_graph_config(run), **IDS),
-    }
-    for variant, old in before.items():
-        new = useful_tokens.variant_provider(run, variant)
-        assert type(new) is type(old) and provider_fields(new) == provider_fields(old), variant
+    eager = useful_tokens.variant_provider(run, "eager_packed")
+    assert not (eager.cuda_graph and eager.cuda_graph.language.enabled)
+    padded = useful_tokens.variant_provider(run, "ours_padded").cuda_graph
+    assert padded.language.enabled and padded.vision.enabled and padded.on_capture_error == "raise"
+    assert list(padded.vision.token_budgets) == run.cfg.vision_budgets()
+    assert padded.vision.max_images_per_microbatch == run.cfg.vision_max_segments()
+    packed = useful_tokens.variant_provider(run, "ours_packed").cuda_graph
+    assert list(packed.language.token_budgets) == list(run.layout.budgets) and packed.vision == padded.vision
+    upstream = useful_tokens.variant_provider(run, "upstream_padded")
+    assert type(upstream).__name__ == "Qwen3VLModelProvider" and upstream.cuda_graph_impl == "transformer_engine"
+    assert upstream.vision_cuda_graph_impl == "transformer_engine"
+    assert upstream.max_vision_cuda_graph_seq_length == run.cfg.upstream_vision_seq_length()
+    for variant in ("eager_packed", "ours_padded", "ours_packed"):
+        assert useful_tokens.variant_provider(run, variant).image_token_id == IDS["image_token_id"], variant
 
 
 def _rec(tok_s: float, **extra) -> dict:

@@ -45,7 +45,7 @@ def _surface(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
 
 
 def test_verbs_and_flags_are_frozen():
-    """Exactly the three verbs, each with exactly its flags (the benchmark is `python -m benchmarks.bench`)."""
+    """Exactly the three verbs, each with exactly its flags (the benchmarks are `python -m benchmarks.<name>`)."""
     assert VERBS == ("validate", "plan", "train")
     assert _surface(build_parser()) == FROZEN
 

@@ -1,23 +1,23 @@
-"""bench_trace: GPU-idle intervals and their attribution to phases, CPU ops and runtime calls, on hand-built chrome
+"""Profiler traces: GPU-idle intervals and their attribution to phases, CPU ops and runtime calls, on hand-built chrome
 traces with known answers."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import bench_trace
+from benchmarks import trace as bt
 
 
 def test_idle_intervals_are_the_window_minus_the_kernel_union():
     busy = [(100, 300), (250, 400), (600, 700), (-50, 20), (990, 1200)]
-    assert bench_trace.idle_intervals((0, 1000), busy) == [(20, 100), (400, 600), (700, 990)]
-    assert bench_trace.idle_intervals((0, 10), []) == [(0, 10)]
-    assert bench_trace.idle_intervals((0, 10), [(0, 10)]) == []
-    assert bench_trace.idle_intervals((0, 10), [(20, 30)]) == [(0, 10)]  # a kernel outside the window is no help
+    assert bt.idle_intervals((0, 1000), busy) == [(20, 100), (400, 600), (700, 990)]
+    assert bt.idle_intervals((0, 10), []) == [(0, 10)]
+    assert bt.idle_intervals((0, 10), [(0, 10)]) == []
+    assert bt.idle_intervals((0, 10), [(20, 30)]) == [(0, 10)]  # a kernel outside the window is no help
 
 
 def test_merge_intervals():
-    assert bench_trace.merge_intervals([(5, 6), (0, 2), (1, 3), (3, 4), (7, 7)]) == [(0, 4), (5, 6)]
+    assert bt.merge_intervals([(5, 6), (0, 2), (1, 3), (3, 4), (7, 7)]) == [(0, 4), (5, 6)]
 
 
 def test_outermost_keeps_only_top_level_ranges_per_thread():
@@ -29,7 +29,7 @@ def test_outermost_keeps_only_top_level_ranges_per_thread():
         (10, 12, "aten::add", 1),  # starts where linear ends: top level
         (1, 9, "aten::mul", 2),  # another thread: top level there
     ]
-    assert [r[2] for r in bench_trace.outermost(ranges)] == ["aten::linear", "aten::mul", "aten::add"]
+    assert [r[2] for r in bt.outermost(ranges)] == ["aten::linear", "aten::mul", "aten::add"]
 
 
 def test_attribute_innermost_splits_targets_by_the_latest_started_cover():
@@ -42,18 +42,18 @@ def test_attribute_innermost_splits_targets_by_the_latest_started_cover():
         (650, 800, "vision_bwd"),  # another thread, inside backward
         (300, 300, "empty"),  # zero length: ignored
     ]
-    out = bench_trace.attribute_innermost(targets, labelled)
+    out = bt.attribute_innermost(targets, labelled)
     assert out == pytest.approx(
-        {"setup": 50, "forward": 60, "vision": 90, "backward": 200, "vision_bwd": 100, bench_trace.UNMARKED: 100}
+        {"setup": 50, "forward": 60, "vision": 90, "backward": 200, "vision_bwd": 100, bt.UNMARKED: 100}
     )
     assert sum(out.values()) == pytest.approx(600)
-    assert bench_trace.attribute_innermost([(0, 5)], [], default="x") == {"x": 5}
+    assert bt.attribute_innermost([(0, 5)], [], default="x") == {"x": 5}
 
 
 def test_overlap_by_name_counts_overlap_calls_and_duration():
     targets = [(0, 100), (400, 600), (700, 1000)]
     ranges = [(20, 120, "a", 1), (420, 580, "b", 1), (950, 980, "b", 1), (100, 400, "c", 1)]
-    out = bench_trace.overlap_by_name(targets, ranges)
+    out = bt.overlap_by_name(targets, ranges)
     assert out["a"] == {"overlap": 80, "calls": 1, "duration": 100}
     assert out["b"] == {"overlap": 190, "calls": 2, "duration": 190}
     assert out["c"] == {"overlap": 0, "calls": 1, "duration": 300}  # ran only while the GPU was busy
@@ -61,7 +61,7 @@ def test_overlap_by_name_counts_overlap_calls_and_duration():
 
 def test_gap_histogram():
     gaps = [(0, 5), (10, 60), (100, 200), (300, 1300), (2000, 2100)]
-    out = bench_trace.gap_histogram(gaps)
+    out = bt.gap_histogram(gaps)
     assert [g["range"] for g in out] == ["< 10 us", "10-100 us", "100-1000 us", ">= 1000 us"]
     assert [g["gaps"] for g in out] == [1, 1, 2, 1]
     assert [g["us"] for g in out] == [5, 50, 200, 1000]
@@ -104,7 +104,7 @@ def _host_trace() -> dict:
 
 
 def test_host_time_breakdown_on_a_synthetic_trace():
-    out = bench_trace.host_time_breakdown(_host_trace(), top=2)
+    out = bt.host_time_breakdown(_host_trace(), top=2)
     assert out["steps"] == 2
     assert out["window_ms_per_step"] == pytest.approx(0.75)  # (1000 + 500) / 2 us
     assert out["idle_ms_per_step"] == pytest.approx(0.3)  # 600 / 2
@@ -118,7 +118,7 @@ def test_host_time_breakdown_on_a_synthetic_trace():
             "vision_forward": 0.045,
             "forward": 0.03,
             "step_setup": 0.025,
-            bench_trace.UNMARKED: 0.05,
+            bt.UNMARKED: 0.05,
         }
     )
     assert next(iter(out["by_phase"])) == "backward"  # ordered by idle time
@@ -130,7 +130,7 @@ def test_host_time_breakdown_on_a_synthetic_trace():
             "vision_forward": 0.195,
             "backward": 0.125,
             "vision_backward": 0.075,
-            bench_trace.UNMARKED: 0.3,  # 900-1000 of step 0 and all of step 1
+            bt.UNMARKED: 0.3,  # 900-1000 of step 0 and all of step 1
         }
     )
     assert out["phase_markers"] == 5
@@ -138,7 +138,7 @@ def test_host_time_breakdown_on_a_synthetic_trace():
     assert out["top_cpu_ops"][0] == pytest.approx(
         {"name": "aten::copy_", "idle_ms_per_step": 0.095, "calls_per_step": 1.0, "cpu_ms_per_step": 0.095}
     )
-    runtime = {r["name"]: r for r in bench_trace.host_time_breakdown(_host_trace())["top_runtime"]}
+    runtime = {r["name"]: r for r in bt.host_time_breakdown(_host_trace())["top_runtime"]}
     assert runtime["cudaStreamSynchronize"]["idle_ms_per_step"] == pytest.approx(0.01)  # 400-420 of its 120 us
     assert runtime["cudaLaunchKernel"]["idle_ms_per_step"] == pytest.approx(0.0015)
     assert runtime["cuLaunchKernel"]["idle_ms_per_step"] == pytest.approx(0.001)
@@ -151,54 +151,9 @@ def test_host_time_breakdown_on_a_synthetic_trace():
     assert gaps["< 10 us"]["gaps_per_step"] == 0
 
 
-def test_idle_by_python_function_splits_idle_time_into_self_and_inclusive():
-    # Step 0's idle time is 0-100, 400-600 and 700-1000 (600 us); step 1 has none.
-    py = "python_function"
-    trace = _host_trace()
-    trace["traceEvents"] += [
-        _x(py, "loop(1): step", 0, 1000, **{"Python id": 1}),
-        _x(py, "model(2): fwd", 0, 450, **{"Python id": 2, "Python parent id": 1}),
-        _x(py, "model(9): helper", 380, 70, **{"Python id": 3, "Python parent id": 2}),
-        _x(py, "model(2): fwd", 450, 200, **{"Python id": 4, "Python parent id": 1}),
-        _x(py, "tree(5): walk", 700, 200, **{"Python id": 5, "Python parent id": 1}),
-        _x(py, "tree(5): walk", 750, 50, **{"Python id": 6, "Python parent id": 5}),  # recursion
-        _x(py, "ddp(7): hook", 650, 150, tid=20, **{"Python id": 1}),  # the autograd thread
-        _x(py, "elsewhere(1): f", 0, 1000, pid=2, **{"Python id": 1}),  # another process: ignored
-        _x(py, "late(1): f", 1200, 100, **{"Python id": 9}),  # in no step window: ignored
-        _x(py, "worker(3): wait", 0, 1000, tid=30, **{"Python id": 1}),  # a thread running no torch op: ignored
-    ]
-    out = bench_trace.idle_by_python_function(trace)
-    assert out["steps"] == 2 and out["idle_ms_per_step"] == pytest.approx(0.3)
-    self_ = {(r["thread"], r["name"]): r["idle_ms_per_step"] for r in out["self"]}
-    assert self_ == pytest.approx(
-        {
-            ("main", "model(2): fwd"): 0.125,  # (100 + 150) / 2 steps
-            ("main", "tree(5): walk"): 0.1,  # 150 outer + 50 inner
-            ("main", "loop(1): step"): 0.05,  # 600 - 150 - 150 - 200
-            ("main", "model(9): helper"): 0.025,
-            ("other", "ddp(7): hook"): 0.05,
-        }
-    )
-    assert sum(v for (thread, _), v in self_.items() if thread == "main") == pytest.approx(out["idle_ms_per_step"])
-    assert out["self"][0]["name"] == "model(2): fwd"  # most idle first
-    incl = {(r["thread"], r["name"]): r for r in out["inclusive"]}
-    assert incl[("main", "loop(1): step")]["idle_ms_per_step"] == pytest.approx(0.3)
-    assert incl[("main", "loop(1): step")]["wall_ms_per_step"] == pytest.approx(0.5)
-    assert incl[("main", "model(2): fwd")]["idle_ms_per_step"] == pytest.approx(0.15)
-    assert incl[("main", "model(2): fwd")]["calls_per_step"] == pytest.approx(1.0)
-    walk = incl[("main", "tree(5): walk")]
-    assert walk["idle_ms_per_step"] == pytest.approx(0.1) and walk["calls_per_step"] == pytest.approx(0.5)
-    assert out["python_events"] == 7
-
-
-def test_idle_by_python_function_needs_step_windows():
-    with pytest.raises(RuntimeError, match="bench_step_"):
-        bench_trace.idle_by_python_function({"traceEvents": []})
-
-
 def test_host_time_breakdown_needs_step_windows():
     with pytest.raises(RuntimeError, match="bench_step_"):
-        bench_trace.host_time_breakdown({"traceEvents": [_x("cpu_op", "aten::add", 0, 10)]})
+        bt.host_time_breakdown({"traceEvents": [_x("cpu_op", "aten::add", 0, 10)]})
 
 
 # ------------------------------------------------------------------------------------------ phase markers (CPU)
@@ -207,9 +162,9 @@ def test_host_time_breakdown_needs_step_windows():
 def test_top_kernels_and_longest_gaps_on_the_synthetic_trace():
     trace = _host_trace()
     # k3 500 us, k0 200, k1 150, k2 100 over 2 steps; the kernel outside every window is not counted
-    top = bench_trace.top_kernels(trace, 2, top=2)
+    top = bt.top_kernels(trace, 2, top=2)
     assert top == [["k3", pytest.approx(0.25), 0.5], ["k0", pytest.approx(0.1), 0.5]]
-    out = bench_trace.host_time_breakdown(trace, top=2)
+    out = bt.host_time_breakdown(trace, top=2)
     gaps = out["longest_gaps"]
     # Step 0's idle: 0-100, 400-600, 700-1000. The longest, 700-1000, starts inside vision_backward (the innermost
     # phase open at 700) under the autograd thread's MulBackward0, and its last microsecond is under no op; the
@@ -240,7 +195,7 @@ def test_busy_between_marks_counts_the_kernel_union_between_the_two_markers():
             {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 5000},
         ]
     }
-    got = bench_trace.busy_between_marks(trace, 2)
+    got = bt.busy_between_marks(trace, 2)
     assert got["busy"] == pytest.approx(450 / 1000)
     assert got["kernel_ms_per_step"] == pytest.approx(0.225)
     assert got["window_ms_per_step"] == pytest.approx(0.5)
@@ -248,4 +203,63 @@ def test_busy_between_marks_counts_the_kernel_union_between_the_two_markers():
 
 def test_busy_between_marks_needs_both_markers():
     with pytest.raises(RuntimeError, match="markers"):
-        bench_trace.busy_between_marks({"traceEvents": [_kernel("spin_kernel", 0, 1), _kernel("gemm", 2, 3)]}, 1)
+        bt.busy_between_marks({"traceEvents": [_kernel("spin_kernel", 0, 1), _kernel("gemm", 2, 3)]}, 1)
+
+
+def _trace(kernels, windows):
+    events = [{"ph": "X", "cat": "kernel", "ts": s, "dur": d, "args": {"stream": st}} for s, d, st in kernels]
+    events += [
+        {"ph": "X", "cat": "user_annotation", "name": f"bench_step_{j}", "ts": s, "dur": d}
+        for j, (s, d) in enumerate(windows)
+    ]
+    events.append({"ph": "X", "cat": "gpu_user_annotation", "name": "bench_step_0", "ts": 0, "dur": 1e9})
+    return {"traceEvents": events}
+
+
+def test_kernel_time_per_step_unions_and_clips():
+    kernels = [
+        (100, 50, 7),  # step 0
+        (120, 50, 7),  # overlaps the previous one: union 100..170 = 70
+        (180, 10, 9),  # another stream
+        (1e14, 5, 7),  # a corrupted off-clock record: ignored
+        (1000, 400, 7),  # step 1
+    ]
+    trace = _trace(kernels, [(90, 200), (990, 1000)])
+    out = bt.kernel_time_per_step(trace, 2)
+    assert out["kernel_ms"] == pytest.approx([0.080, 0.400])
+    assert out["kernels"] == [3, 1]
+    assert out["compute_stream"] == 7
+    assert out["compute_stream_ms"] == pytest.approx([0.100, 0.400])  # stream sum (overlap counted twice)
+    assert out["window_ms"] == pytest.approx([0.2, 1.0])
+    with pytest.raises(RuntimeError, match="ranges"):
+        bt.kernel_time_per_step(trace, 3)
+
+
+def test_union_length():
+    assert bt.union_length([]) == 0
+    assert bt.union_length([(0, 1), (0.5, 2), (3, 4), (3.5, 3.6)]) == pytest.approx(3.0)
+
+
+def test_gpu_busy_summary_and_eager_fallback():
+    profile = {"kernel_ms": [8.0, 9.0], "kernels": [100, 110], "compute_stream_ms": [8.0, 9.0], "window_ms": [12, 13]}
+    by_key = {(0,): 10.0, (1,): 10.0}
+    eager = bt.gpu_busy_summary(profile, by_key, [(0,), (1,)])
+    assert eager["gpu_busy"] == pytest.approx(17 / 20) and eager["gpu_busy_source"] == "profiler"
+    assert eager["gpu_busy_in_profiled_steps"] == pytest.approx(17 / 25)
+    graphed = {"kernel_ms": [0.5, 0.5], "kernels": [3, 3], "compute_stream_ms": [0.5, 0.5], "window_ms": [9, 9]}
+    fast = {(0,): 9.0, (1,): 9.0}
+    out = bt.gpu_busy_summary(graphed, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
+    assert out["gpu_busy_source"] == "eager_kernel_time"
+    assert out["gpu_busy"] == pytest.approx(17 / 18)
+    assert "eager's kernel time" in out["gpu_busy_note"]
+    seen = bt.gpu_busy_summary(profile, fast, [(0,), (1,)], eager_profile=profile, graphed=True)
+    assert seen["gpu_busy_source"] == "profiler" and seen["gpu_busy"] == pytest.approx(17 / 18)
+    more = {**profile, "kernel_ms": [16.0, 17.0]}  # more work than eager (upstream's vision padding): kept
+    padded = bt.gpu_busy_summary(more, by_key, [(0,), (1,)], eager_profile=profile, graphed=True)
+    assert padded["gpu_busy_source"] == "profiler" and padded["gpu_busy"] == pytest.approx(33 / 20)
+    assert "exceeds the unprofiled step time" in padded["gpu_busy_note"]
+    blind = bt.gpu_busy_summary(
+        profile, fast, [(0,), (1,)], eager_profile=profile, graphed=True, profiler_sees_graph_kernels=False
+    )
+    assert blind["gpu_busy_source"] == "eager_kernel_time"
+    assert bt.gpu_busy_summary(None, by_key, [(0,)])["gpu_busy"] is None

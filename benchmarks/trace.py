@@ -6,7 +6,7 @@ Two questions, both answered from the same trace (the benchmark exports it; the 
   (:func:`kernel_time_per_step`, :func:`gpu_busy_summary`).
 * **Where did the rest go?** The GPU-idle intervals of each step, attributed to the innermost phase marker the
   benchmark opened on the host at that moment, and to the CPU ops and CUDA runtime calls that overlap them
-  (:func:`host_time_breakdown`). This is the report the issue asks for when GPU busy falls short of 0.95.
+  (:func:`host_time_breakdown`): what to read when GPU busy falls short.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import bisect
 import contextlib
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 #: Name prefix of the ``record_function`` range the benchmark opens around each profiled step.
@@ -218,7 +218,7 @@ PHASE_PREFIX = "bcg_phase/"
 UNMARKED = "(unmarked)"
 #: Chrome-trace categories of host-side CUDA API calls (kernel launches, graph launches, copies, syncs).
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
-#: Idle gap lengths (us) bench.md groups by: launch-latency gaps are a few us, stalls behind a sync are long.
+#: Idle gap lengths (us) the report groups by: launch-latency gaps are a few us, stalls behind a sync are long.
 GAP_EDGES_US = (10.0, 100.0, 1000.0)
 
 
@@ -463,114 +463,3 @@ def longest_gaps(
 
 
 # ================================================================================= idle by Python function
-def _idle_before(idle: Sequence[tuple[float, float]]) -> Callable[[float], float]:
-    """``G(t)``: the idle time (of the disjoint, sorted ``idle``) before instant ``t``, in O(log n)."""
-    starts = [s for s, _ in idle]
-    prefix = [0.0, *itertools.accumulate(e - s for s, e in idle)]
-
-    def before(t: float) -> float:
-        i = bisect.bisect_right(starts, t)
-        if i == 0:
-            return 0.0
-        s, e = idle[i - 1]
-        return prefix[i - 1] + (min(t, e) - s)
-
-    return before
-
-
-def idle_by_python_function(trace: dict, *, top: int = 25, max_name: int = 110) -> dict:
-    """Which Python functions the host was in while the GPU idled: from a trace profiled ``with_stack=True`` (pure).
-
-    Each ``python_function`` event of the step windows gets its overlap with the GPU-idle time (the window minus
-    the kernel union, as in :func:`host_time_breakdown`). **self** is that overlap minus its children's (what the
-    function's own lines and the C++ ops they call held the GPU up by: a sampling profiler restricted to idle
-    time, summing to the idle time each thread spent in Python); **inclusive** counts a function's whole subtree,
-    once per outermost call of that name (recursion does not count twice). Rows are per thread kind: ``main`` (the
-    thread of the step markers) or ``other`` (the autograd engine's, where the backward's hooks run); threads that
-    ran no torch op in the windows are left out (they only wait). Per step, ms.
-    """
-    windows = trace_windows(trace)
-    if not windows:
-        raise RuntimeError(f"no '{STEP_MARK}*' ranges in the trace: no step to attribute host time to")
-    n = len(windows)
-    kernels = [(s, e) for s, e, _ in trace_kernels(trace)]
-    idle = merge_intervals(g for w in windows for g in idle_intervals(w, kernels))
-    before = _idle_before(idle)
-    pid = _window_pid(trace)
-    main_tid = next(
-        (
-            e.get("tid")
-            for e in trace.get("traceEvents", [])
-            if str(e.get("cat", "")).lower() == "user_annotation" and str(e.get("name", "")).startswith(STEP_MARK)
-        ),
-        None,
-    )
-    # Threads that ran torch ops in the windows (the main one, the autograd engine's): a thread that only waits (a
-    # compile worker's reader, tqdm's monitor) would count its whole wait as self time.
-    working = {main_tid} | {
-        tid
-        for start, _, _, tid in trace_host_ranges(trace, ("cpu_op",), pid)
-        if any(lo <= start < hi for lo, hi in windows)
-    }
-    events: dict[Any, dict] = {}
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "python_function" or e.get("pid") != pid:
-            continue
-        if e.get("tid") not in working:
-            continue
-        ts = float(e.get("ts", 0.0))
-        end = ts + max(0.0, float(e.get("dur", 0.0)))
-        if not any(lo < end and ts < hi for lo, hi in windows):
-            continue
-        args = e.get("args") or {}
-        key = (e.get("tid"), args.get("Python id", id(e)))
-        events[key] = {
-            "name": str(e.get("name", "?"))[:max_name],
-            "thread": "main" if e.get("tid") == main_tid else "other",
-            "parent": (e.get("tid"), args.get("Python parent id")),
-            "overlap": before(end) - before(ts),
-            "wall": end - ts,
-        }
-    child_overlap: dict[Any, float] = {}
-    for ev in events.values():
-        child_overlap[ev["parent"]] = child_overlap.get(ev["parent"], 0.0) + ev["overlap"]
-
-    def has_same_named_ancestor(ev: dict) -> bool:
-        seen = 0
-        parent = events.get(ev["parent"])
-        while parent is not None and seen < 200:
-            if parent["name"] == ev["name"]:
-                return True
-            parent, seen = events.get(parent["parent"]), seen + 1
-        return False
-
-    self_rows: dict[tuple[str, str], list[float]] = {}
-    incl_rows: dict[tuple[str, str], list[float]] = {}
-    for key, ev in events.items():
-        row = self_rows.setdefault((ev["thread"], ev["name"]), [0.0, 0.0])
-        row[0] += max(0.0, ev["overlap"] - child_overlap.get(key, 0.0))
-        row[1] += 1
-        if not has_same_named_ancestor(ev):
-            row = incl_rows.setdefault((ev["thread"], ev["name"]), [0.0, 0.0, 0.0])
-            row[0] += ev["overlap"]
-            row[1] += 1
-            row[2] += ev["wall"]
-
-    def rows(table: dict, width: int) -> list[dict]:
-        ranked = sorted(table.items(), key=lambda kv: -kv[1][0])[:top]
-        out = []
-        for (thread, name), vals in ranked:
-            row = {"thread": thread, "name": name, "idle_ms_per_step": vals[0] / n / 1e3}
-            row["calls_per_step"] = vals[1] / n
-            if width == 3:
-                row["wall_ms_per_step"] = vals[2] / n / 1e3
-            out.append(row)
-        return out
-
-    return {
-        "steps": n,
-        "idle_ms_per_step": sum(e - s for s, e in idle) / n / 1e3,
-        "python_events": len(events),
-        "self": rows(self_rows, 2),
-        "inclusive": rows(incl_rows, 3),
-    }

@@ -28,7 +28,7 @@ A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per
 (its useful tokens/s over eager_packed's), ``step_ms`` (every measured step), ``step_ms_median``,
 ``step_ms_q1``/``_q3``/``_iqr``, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
 ``gpu_busy`` (+ ``gpu_busy_source``), ``gpu_busy_in_profiled_steps``, ``kernel_ms_per_step``
-(:func:`benchmarks.bench_trace.gpu_busy_summary`), ``capture_s``, ``graph_memory_bytes``, ``graph_memory_gib``,
+(:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``, ``graph_memory_bytes``, ``graph_memory_gib``,
 ``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks), ``parity`` (see
 :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``, ``peak_reserved_bytes``,
 ``te_modules_fusing`` (TE modules that accumulate their weight gradient into ``main_grad`` themselves),
@@ -43,22 +43,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import (
-    _fmt_step_over_kernel,
-    _table,
-    fmt_diff,
-    fmt_ms,
-    fmt_ratio,
-    host_time_section,
-    paired_verdict,
-)
 from benchmarks.host_syncs import census_lines
+from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report renders without torch
 
 #: The compared variants, in run order: what runs when ``--variants`` is left out. The first and last names are
 #: fixed by issue #17.
@@ -166,9 +159,10 @@ PACKED_GRAPHED = (
     "ours_packed_fused",
 )
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
-#: The benchmark variant (:data:`benchmarks.schema.OURS_VARIANTS`) whose step host work a packed graph variant
-#: installs, where it is not ``ours``'s: which mixins of ``model.cuda_graph.forward`` it takes off.
-STEP_HOST_OF = {"ours_packed_bridge_packing": "ours_bridge_packing", "ours_packed_device_grid": "ours_device_grid"}
+#: The ``model.cuda_graph.forward`` mixins (:mod:`bridge_cudagraph.host.forward`) a packed lever takes off again:
+#: Bridge's forward packing the step's rows itself (``FlatPackedRows`` off), the vision grid read back from the GPU
+#: (``BoundGrids`` off).
+FORWARD_OFF = {"ours_packed_bridge_packing": ("FlatPackedRows",), "ours_packed_device_grid": ("BoundGrids",)}
 #: The packed graph variants whose ladders leave their parameter gradients to autograd and DDP's hooks
 #: (``LadderHelper.sum_param_grads`` off); every other one sums them in graphs where the gate holds.
 AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
@@ -248,6 +242,265 @@ GIB = 2**30
 
 
 # ============================================================================================ arithmetic
+# ============================================================================================ numbers
+#: Confidence of the paired phase's interval for the median ours-vs-upstream ratio.
+PAIRED_CONFIDENCE = 0.95
+
+BOOTSTRAP_RESAMPLES = 4000
+
+#: How the host-time phases (``bcg_phase/<name>``, :class:`benchmarks.runner.PhaseMarkers`) read in the report.
+PHASE_LABELS = {
+    "step_setup": "step set-up (train_steps' set-up, zero_grad, schedule) before the first forward",
+    "forward": "forward outside the encoder and the language model's call (input embedding, image-token merge, "
+    "mRoPE positions)",
+    "vision_forward": "vision encoder forward",
+    "language_forward": "language model forward (decoder, output layer, loss)",
+    "backward": "loss reduction, backward outside the vision encoder, gradient finalisation",
+    "vision_backward": "vision encoder backward (autograd thread)",
+    "optimizer_step": "optimizer step (distributed Adam, grad norm, clipping)",
+    "step_end": "after the optimizer step: loss and grad norm to the host, the step's synchronize",
+    "(unmarked)": "outside every phase marker",
+}
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+def _num(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def fmt_ms(value: Any) -> str:
+    """Milliseconds: one decimal from 10 ms up, two below."""
+    x = _num(value)
+    if x is None:
+        return "n/a"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def fmt_ratio(value: Any, suffix: str = "") -> str:
+    """A ratio with two decimals (``2.51x``)."""
+    x = _num(value)
+    return "n/a" if x is None else f"{x:.2f}{suffix}"
+
+
+def fmt_diff(value: Any) -> str:
+    """A loss difference: ``0 (exact)``, ``3.2e-05``, or bold when over :data:`LOSS_BOUND`."""
+    x = _num(value)
+    if x is None:
+        return "n/a"
+    if x == 0:
+        return "0 (exact)"
+    text = f"{x:.1e}"
+    return f"**{text}**" if x > LOSS_BOUND else text
+
+
+def fmt_count(value: Any) -> str:
+    """A count per step: whole from 10 up (``2000``), one decimal below (``1.5``: an average over steps)."""
+    x = _num(value)
+    if x is None:
+        return "n/a"
+    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _pct(value: Any, digits: int = 0) -> str:
+    x = _num(value)
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
+    """A variant's median step over its kernel time per step (1.00x is the limit a graph can approach: the GPU
+    never waits for the host); None when either is missing."""
+    step, kernel = _num(variant.get("step_ms_median")), _num(variant.get("kernel_ms_per_step"))
+    return step / kernel if step and kernel else None
+
+
+def _fmt_step_over_kernel(variant: Mapping[str, Any]) -> str:
+    ratio = step_over_kernel(variant)
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
+
+
+def _gap_text(gaps: Any) -> str:
+    """``idle_by_gap_length`` as ``< 10 us: 812 gaps, 3.10 ms; ...``."""
+    parts = [
+        f"{g.get('range', '?')}: {fmt_count(g.get('gaps_per_step'))} gaps, {fmt_ms(g.get('ms_per_step'))} ms"
+        for g in gaps or []
+    ]
+    return "; ".join(parts)
+
+
+def block_bootstrap_ci(
+    values: Sequence[float],
+    confidence: float = PAIRED_CONFIDENCE,
+    *,
+    block: int | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap.
+
+    Consecutive paired steps are not independent (the host's state, the allocator, the clocks drift over a run),
+    so resampling single pairs understates the spread; resampling runs of ``block`` consecutive pairs (default
+    ``max(2, round(n ** (1/3)))``, 3 for 30 pairs) keeps that correlation inside each block. Seeded: the same
+    ratios give the same interval. None under 6 values (as the sign test)."""
+    n = len(values)
+    if n < 6:
+        return None
+    b = block or max(2, round(n ** (1 / 3)))
+    starts = range(n - b + 1)
+    rng = random.Random(seed)
+    medians = []
+    for _ in range(resamples):
+        sample: list[float] = []
+        while len(sample) < n:
+            i = rng.choice(starts)
+            sample.extend(values[i : i + b])
+        medians.append(statistics.median(sample[:n]))
+    medians.sort()
+    tail = (1 - confidence) / 2
+    return medians[int(tail * (resamples - 1))], medians[math.ceil((1 - tail) * (resamples - 1))]
+
+
+def sign_test_ci(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> tuple[float, float] | None:
+    """The sign test's distribution-free interval for the median, valid for independent values:
+    ``[r_(j), r_(n-j+1)]`` of the sorted values, ``j`` the largest with ``P(Binomial(n, 1/2) < j) <= (1 -
+    confidence) / 2``. None with too few values for one (under 6 at 95%)."""
+    r = sorted(float(x) for x in values)
+    n = len(r)
+    tail, j, cumulative = (1 - confidence) / 2, 0, 0.0
+    while n and j < n:
+        cumulative += math.comb(n, j) / 2**n  # P(X <= j)
+        if cumulative > tail:
+            break
+        j += 1
+    return None if j < 1 else (r[j - 1], r[n - j])
+
+
+def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> dict[str, Any]:
+    """Judge per-pair step-time ratios (the reference's over ours', from a paired phase, in measurement order:
+    above 1, ours faster).
+
+    ``median`` of the ratios and a ``confidence`` interval for it: the wider of the sign test's
+    (:func:`sign_test_ci`, no assumption on the distribution, but pairs taken as independent) and a moving-block
+    bootstrap's (:func:`block_bootstrap_ci`, which keeps the serial correlation of consecutive steps); both are
+    recorded. ``verdict``: "faster" when the whole interval is above 1, "slower" when below, "within timing noise"
+    when it contains 1; None (and no interval) with too few pairs (under 6 at 95%)."""
+    values = [float(x) for x in ratios]
+    out: dict[str, Any] = {
+        "pairs": len(values),
+        "median": statistics.median(values) if values else None,
+        "ci": None,
+        "verdict": None,
+        "ours_faster_pairs": sum(x > 1 for x in values),
+    }
+    independent, blocks = sign_test_ci(values, confidence), block_bootstrap_ci(values, confidence)
+    if independent is None or blocks is None:
+        return out
+    lo, hi = min(independent[0], blocks[0]), max(independent[1], blocks[1])
+    out.update(
+        ci=[lo, hi],
+        ci_sign_test=list(independent),
+        ci_block_bootstrap=list(blocks),
+        confidence=confidence,
+        verdict="faster" if lo > 1 else "slower" if hi < 1 else "within timing noise",
+    )
+    return out
+
+
+#: GPU busy under which the report says where the remaining host time goes.
+GPU_BUSY_TARGET = 0.95
+
+
+def host_time_section(
+    ours: Mapping[str, Any], eager: Mapping[str, Any], *, target: float = GPU_BUSY_TARGET
+) -> list[str]:
+    """The section "Where the remaining host time goes": nothing when ours' GPU-busy fraction reaches ``target`` (or
+    ours did not run); otherwise ours' GPU-idle time per profiled step split by phase, and the CPU ops and CUDA
+    runtime calls that overlap it most, each next to eager's (``ours``, ``eager``: the two variants' records)."""
+    busy = _num(ours.get("gpu_busy"))
+    if ours.get("status") != "ok" or busy is None or busy >= target:
+        return []
+    out = ["### Where the remaining host time goes", ""]
+    host = ours.get("host_time") or {}
+    if not host or host.get("error"):
+        why = host.get("error") if host else "this run has no host-time profile (--profile-steps 0)"
+        return [*out, f"Ours' GPU busy is {busy:.2f}, under the {target:g} target; {why}.", ""]
+    eager = eager.get("host_time") or {}
+    out.append(
+        f"Ours' GPU busy is {busy:.2f}, under the {target:g} target. In its {host.get('steps', '?')} profiled steps "
+        f"({fmt_ms(host.get('window_ms_per_step'))} ms each under the profiler, {fmt_ms(ours.get('step_ms_median'))} "
+        f"ms unprofiled) the GPU ran no kernel for {fmt_ms(host.get('idle_ms_per_step'))} ms per step "
+        f"({_pct(host.get('idle_fraction'))} of the step; eager: {fmt_ms(eager.get('idle_ms_per_step'))} ms). "
+        "Idle time is the step window minus the union of kernel intervals on every stream; each idle microsecond is "
+        "attributed to the innermost `bcg_phase/` marker open at that moment, and to the CPU ops and CUDA runtime "
+        "calls running then (outermost per thread; ops of different threads may overlap, so those columns need not "
+        "add up to the idle time)."
+    )
+    if ours.get("gpu_busy_source") not in (None, "profiler"):
+        out.append(
+            "Caveat: ours' GPU-busy fraction was estimated from eager's kernel time because the profiler missed graph "
+            "kernels, so the idle intervals below (from the kernels it saw) overstate the idle time."
+        )
+    out.append("")
+    ours_phases, eager_phases = host.get("by_phase") or {}, eager.get("by_phase") or {}
+    rows = []
+    for phase in [*ours_phases, *(k for k in eager_phases if k not in ours_phases)]:
+        o, e = ours_phases.get(phase) or {}, eager_phases.get(phase) or {}
+        rows.append(
+            [
+                f"{phase}: {PHASE_LABELS[phase]}" if phase in PHASE_LABELS else phase,
+                fmt_ms(o.get("idle_ms_per_step")),
+                fmt_ms(o.get("wall_ms_per_step")),
+                fmt_ms(e.get("idle_ms_per_step")),
+                fmt_ms(e.get("wall_ms_per_step")),
+            ]
+        )
+    out += _table(("phase", "ours GPU-idle ms/step", "ours wall ms/step", "eager GPU-idle ms", "eager wall ms"), rows)
+    out.append("")
+    facts = []
+    outside = _num(host.get("idle_outside_ops_ms_per_step"))
+    if outside is not None:
+        facts.append(
+            f"{fmt_ms(outside)} ms of ours' idle time per step overlaps no CPU op and no CUDA runtime call on any "
+            "thread (Python and framework code between ops)"
+        )
+    gaps = _gap_text(host.get("idle_by_gap_length"))
+    if gaps:
+        facts.append(f"ours' idle gaps by length, per step: {gaps}")
+    if facts:
+        out += [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""]
+    for key, title in (("top_cpu_ops", "CPU op"), ("top_runtime", "CUDA runtime call")):
+        eager_rows = {r.get("name"): r for r in eager.get(key) or []}
+        rows = []
+        for r in host.get(key) or []:
+            e = eager_rows.get(r.get("name"))
+            rows.append(
+                [
+                    f"`{str(r.get('name')).replace('|', '/')}`",
+                    fmt_ms(r.get("idle_ms_per_step")),
+                    fmt_count(r.get("calls_per_step")),
+                    fmt_ms(r.get("cpu_ms_per_step")),
+                    fmt_ms(e.get("idle_ms_per_step")) if e else "-",
+                ]
+            )
+        if rows:
+            header = (title, "ours GPU-idle overlap ms/step", "calls/step", "CPU ms/step", "eager GPU-idle overlap ms")
+            out += [*_table(header, rows), ""]
+    if host.get("top_cpu_ops") or host.get("top_runtime"):
+        out += ["(-: not among eager's top entries.)", ""]
+    return out
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """One collated micro-batch as the variants see it: the numbers, not the tensors.
@@ -551,7 +804,7 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
 
 def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
     """Whether the profiler missed the variant's graph kernels (its GPU busy is then estimated from the eager
-    variant's kernel time, :func:`benchmarks.bench_trace.gpu_busy_summary`): its profiled kernel time is too low."""
+    variant's kernel time, :func:`benchmarks.trace.gpu_busy_summary`): its profiled kernel time is too low."""
     return rec.get("gpu_busy_source") not in (None, "profiler")
 
 
@@ -852,7 +1105,7 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
 
 def remaining_time(data: Mapping[str, Any]) -> list[str]:
     """Where ours_packed's step time goes: GPU kernels against idle, padding in the computed slots, kernel time
-    against eager_packed's, and the host-time attribution of the profile (:func:`bench_report.host_time_section`,
+    against eager_packed's, and the host-time attribution of the profile (:func:`host_time_section`,
     whose "ours"/"eager" are ours_packed/eager_packed here)."""
     variants = data.get("variants") or {}
     ours, eager = variants.get("ours_packed") or {}, variants.get(BASELINE) or {}
@@ -896,7 +1149,7 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
         facts.append(f"its kernel time is {kernel / ek:.2f}x eager_packed's ({fmt_ms(ek)} ms) for the same samples")
     if facts:
         out += [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""]
-    out += host_time_section({"variants": {"ours": ours, "eager": eager}})
+    out += host_time_section(ours, eager)
     return out
 
 
@@ -941,14 +1194,14 @@ HOW = (
     "budget of each row's kept prefix, its extent rounded up to 16, summed over the rows; ours_packed_rows, tight "
     "packing off, the budget of the rows' full width); padded variants rows x seq_length.",
     "- **kernel ms/step**: union of CUDA kernel intervals (over streams) in a few profiled steps after the measured "
-    "ones (`torch.profiler`, benchmarks/bench_trace.py), per step. **GPU busy (in profiled steps)**: that kernel "
+    "ones (`torch.profiler`, benchmarks/trace.py), per step. **GPU busy (in profiled steps)**: that kernel "
     "time over the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same "
     "steps; dividing by the unprofiled median instead mixes two runs of the steps and read lower). **step / "
     "kernel**: the measured steps' median over the kernel time per step (1.00x: the GPU never waits for the "
     "host). † the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over "
     "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time. The step-time section "
     "also gives the GPU busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches "
-    "again, between two marker kernels: `cuda_only_profile`, benchmarks/bench_trace.py `busy_between_marks`), which "
+    "again, between two marker kernels: `cuda_only_profile`, benchmarks/trace.py `busy_between_marks`), which "
     "recording every CPU op does not stretch; its two steps' losses are not kept.",
     "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
     "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
@@ -962,7 +1215,7 @@ HOW = (
     "- **paired phase**: two variants (`--paired A,B`, default eager_packed,ours_packed) alive at once, their "
     "measured steps interleaved (the first of each pair alternating); the per-pair ratio A ms / B ms is B's "
     "useful-tokens/s ratio over A (same samples per pair); median and a distribution-free 95% interval "
-    "(`bench_report.paired_verdict`). The target is judged on it only where it paired eager_packed and ours_packed.",
+    "(`report.paired_verdict`). The target is judged on it only where it paired eager_packed and ours_packed.",
     "- **levers** (opt-in with `--variants`): ours_packed_rows is ours_packed with tight packing off (each "
     "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train "
     "with `model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "

@@ -1,0 +1,876 @@
+"""The benchmarks' variant runner: what every variant of a run goes through, as public functions.
+
+A variant is built (the caller's provider, the model through :func:`bridge_cudagraph.examples.tiny.build`, the
+optimizer, the initial weights loaded: :func:`snapshot`, :func:`load_weights`), its graph helpers made through the
+product's own path (:func:`ours_helpers`: the plan's step host and the provider's ``make_graph_helpers``; or
+megatron-core's, :func:`upstream_helpers`), its eager warm-up steps run, its helpers captured (:func:`capture`; a
+ladder's later rungs by :func:`growing`), its measured steps timed (:func:`step_runner`: wall time between
+synchronizes), a few more steps profiled (:func:`profile`: the kernel time of exactly those steps, and where the
+host time goes; :func:`profile_cuda_only`: the same steps under a kernels-only profiler), its per-token loss and
+every parameter's gradient taken on a fixed micro-batch (:func:`fixed_batch_check`), and freed
+(:func:`teardown`, :func:`check_freed`). A run whose loss or grad norm goes NaN or infinite at any step is failed
+(:func:`require_finite`). The paired phase builds two variants at once where both fit (:func:`paired_memory_check`).
+
+:mod:`benchmarks.useful_tokens` drives it: which variants, on which data, compared how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.progress import say
+from benchmarks.trace import (
+    PHASE_PREFIX,
+    STEP_MARK,
+    busy_between_marks,
+    host_time_breakdown,
+    kernel_time_per_step,
+    top_kernels,
+)
+
+logger = logging.getLogger("benchmarks.runner")
+
+#: The seed of every variant's random state (the same initial weights and dropout for all).
+SEED = 1234
+#: A variant's outcome.
+OK = "ok"
+FAILED = "failed"
+#: A variant the capture plan refuses: never built or timed; its record says why.
+REFUSED = "refused"
+
+
+@dataclass
+class StepData:
+    """One form's step data, which every variant of that form trains: the micro-batches on the GPU, the fixed
+    micro-batch of the parity check, the step plan (per step, the indices of its micro-batches) and the step counts
+    (warm-up, measured, profiled: the plan's steps in that order)."""
+
+    world: Any
+    batches: list[dict]
+    fixed_batch: dict
+    plan: list[list[int]]
+    warmup_steps: int
+    measured_steps: int
+    profile_steps: int
+
+
+# ============================================================================================ GPU helpers
+def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
+    """Replay a CUDA graph of ``kernels_per_graph`` known elementwise kernels under ``torch.profiler`` and count
+    the kernels it reports: does CUPTI/kineto see the kernels inside graph replays on this machine?"""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(1 << 16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x.mul(1.0001).add_(1.0)  # warm the kernels up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x
+        for _ in range(kernels_per_graph // 2):
+            y = y.mul(1.0001).add_(1.0)
+    torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _preroll()
+            for j in range(replays):
+                with torch.profiler.record_function(f"{STEP_MARK}{j}"):
+                    graph.replay()
+                    torch.cuda.synchronize()
+        trace = _chrome_trace(prof, os.path.join(tmp, "probe.json"))
+    counts = kernel_time_per_step(trace, replays)["kernels"]
+    del graph
+    expected = kernels_per_graph * replays
+    return {"kernels_expected": expected, "kernels_seen": sum(counts), "sees_graph_kernels": sum(counts) >= expected}
+
+
+def _chrome_trace(prof, path: str) -> dict:
+    """``prof``'s chrome trace, exported to ``path`` (kept there for the caller) and read back."""
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        return json.load(f)
+
+
+def _preroll(n: int = 64) -> None:
+    """Tiny kernels at the start of a profiling session, outside every step window: kineto's per-session CUPTI
+    re-registration can corrupt the timestamps of a session's first kernel records."""
+    t = torch.zeros(8, device="cuda")
+    for _ in range(n):
+        t.add_(1.0)
+    torch.cuda.synchronize()
+
+
+class VisionTimer:
+    """CUDA events around every vision-encoder call of a model: forward (module pre/post hooks) and backward (from
+    the gradient reaching the encoder's output to the gradient reaching its patch embedding's output).
+
+    Records only while :attr:`active` and never during stream capture.
+    """
+
+    def __init__(self, model: Sequence[torch.nn.Module]) -> None:
+        from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
+
+        self.active = False
+        self.records: list[dict[str, torch.cuda.Event]] = []
+        self._current: dict | None = None
+        self._handles = []
+        self.encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, Qwen3VLVisionModel)]
+        for encoder in self.encoders:
+            self._handles.append(encoder.register_forward_pre_hook(self._pre))
+            self._handles.append(encoder.register_forward_hook(self._post))
+            embed = getattr(encoder, "patch_embed", None)
+            if embed is not None:
+                self._handles.append(embed.register_forward_hook(self._embedded))
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _recording(self) -> bool:
+        return self.active and not torch.cuda.is_current_stream_capturing()
+
+    def _pre(self, module, args) -> None:
+        if self._recording():
+            self._current = {"fwd0": self._event()}
+
+    def _embedded(self, module, args, output) -> None:
+        record = self._current
+        if record is None or not torch.is_tensor(output) or not output.requires_grad:
+            return
+
+        def on_grad(_grad, record=record):
+            record["bwd1"] = self._event()
+
+        output.register_hook(on_grad)
+
+    def _post(self, module, args, output) -> None:
+        record, self._current = self._current, None
+        if record is None:
+            return
+        record["fwd1"] = self._event()
+        main = output[0] if isinstance(output, tuple | list) else output
+        if torch.is_tensor(main) and main.requires_grad:
+
+            def on_grad(_grad, record=record):
+                record["bwd0"] = self._event()
+
+            main.register_hook(on_grad)
+        self.records.append(record)
+
+    def collect(self) -> list[tuple[float, float | None]]:
+        """``(forward ms, backward ms or None)`` per recorded call since the last collect (synchronizes)."""
+        torch.cuda.synchronize()
+        out = []
+        for r in self.records:
+            fwd = r["fwd0"].elapsed_time(r["fwd1"])
+            bwd = r["bwd0"].elapsed_time(r["bwd1"]) if "bwd0" in r and "bwd1" in r else None
+            out.append((fwd, bwd))
+        self.records = []
+        return out
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[torch.nn.Module]:
+    """Every distinct module that some submodule of ``model`` holds as ``attribute`` (Qwen3-VL's ``vision_model``
+    and ``language_model``, whatever wraps the model: DDP, Float16Module, our rebuilt encoder)."""
+    found: dict[int, torch.nn.Module] = {}
+    for chunk in model:
+        for module in chunk.modules():
+            child = getattr(module, attribute, None)
+            if isinstance(child, torch.nn.Module):
+                found.setdefault(id(child), child)
+    return list(found.values())
+
+
+class PhaseMarkers:
+    """``record_function`` ranges named ``bcg_phase/<phase>`` around the phases of a training step, so that
+    :func:`host_time_breakdown` can say which phase the host was in while the GPU idled.
+
+    Installed for the profiled steps only and removed after (:meth:`remove`): forward hooks on the model chunks,
+    the vision encoders and the language models, tensor hooks for the vision backward, and a per-instance wrapper
+    of ``optimizer.step``; nothing of :mod:`bridge_cudagraph.testing.parity`, the model's classes or the
+    optimizer's class changes. Main-thread phases follow one another and cover the step: ``step_setup`` (from
+    :meth:`start_step` to the first forward), ``forward``, ``backward`` (from a forward's end to the next forward or
+    the optimizer step: loss, backward, gradient finalisation), ``optimizer_step``, ``step_end`` (until
+    :meth:`end_step`). Nested: ``vision_forward`` and ``language_forward`` (module hooks) and ``vision_backward``
+    (from the gradient reaching the encoder's output to the gradient reaching its patch embedding, on the autograd
+    thread). Ranges are entered and exited by hand; ``record_function`` handles need not nest. Each marker is one
+    host-side range per call, a few microseconds: cheap next to the ops the profiler records anyway.
+    """
+
+    SEQUENTIAL = ("step_setup", "forward", "backward", "optimizer_step", "step_end")
+
+    def __init__(
+        self,
+        model: Sequence[torch.nn.Module],
+        optimizer: Any = None,
+        *,
+        prefix: str = PHASE_PREFIX,
+    ) -> None:
+        self.prefix = prefix
+        self._open: dict[str, Any] = {}
+        self._current: str | None = None
+        self._handles: list[Any] = []
+        self._optimizer = optimizer
+        self._had_step_attr = False
+        self._old_step: Any = None
+        for chunk in model:
+            self._handles.append(chunk.register_forward_pre_hook(lambda *_: self.switch("forward")))
+            self._handles.append(chunk.register_forward_hook(lambda *_: self.switch("backward")))
+        for encoder in submodules_named(model, "vision_model"):
+            self._handles.append(encoder.register_forward_pre_hook(lambda *_: self.open("vision_forward")))
+            self._handles.append(encoder.register_forward_hook(self._vision_post))
+            embed = getattr(encoder, "patch_embed", None)
+            if isinstance(embed, torch.nn.Module):
+                self._handles.append(embed.register_forward_hook(self._embedded))
+        for language in submodules_named(model, "language_model"):
+            self._handles.append(language.register_forward_pre_hook(lambda *_: self.open("language_forward")))
+            self._handles.append(language.register_forward_hook(lambda *_: self.close("language_forward")))
+        if optimizer is not None:
+            self._wrap_step(optimizer)
+
+    # ------------------------------------------------------------------------------ ranges
+    def open(self, phase: str) -> None:
+        """Enter ``bcg_phase/<phase>`` (an open one of the same name is closed first)."""
+        self.close(phase)
+        marker = torch.profiler.record_function(self.prefix + phase)
+        marker.__enter__()
+        self._open[phase] = marker
+
+    def close(self, phase: str) -> None:
+        """Exit ``bcg_phase/<phase>`` if it is open."""
+        marker = self._open.pop(phase, None)
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
+    def switch(self, phase: str) -> None:
+        """End the current main-thread phase and begin ``phase``."""
+        if self._current is not None:
+            self.close(self._current)
+        self._current = phase
+        self.open(phase)
+
+    def start_step(self) -> None:
+        """Call first thing in a profiled step."""
+        self.switch("step_setup")
+
+    def end_step(self) -> None:
+        """Call last thing in a profiled step (after its synchronize): closes every range still open."""
+        for phase in list(self._open):
+            self.close(phase)
+        self._current = None
+
+    def remove(self) -> None:
+        """Close every range, remove every hook and restore ``optimizer.step``."""
+        self.end_step()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._optimizer is not None:
+            if self._had_step_attr:
+                self._optimizer.step = self._old_step
+            else:
+                with contextlib.suppress(AttributeError):
+                    del self._optimizer.step
+            self._optimizer = None
+
+    # ------------------------------------------------------------------------------ hooks
+    def _wrap_step(self, optimizer: Any) -> None:
+        self._had_step_attr = "step" in vars(optimizer)
+        self._old_step = vars(optimizer).get("step")
+        inner = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self.switch("optimizer_step")
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.switch("step_end")
+
+        optimizer.step = step
+
+    def _vision_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.close("vision_forward")
+        main = output[0] if isinstance(output, tuple | list) else output
+        if torch.is_tensor(main) and main.requires_grad:
+            main.register_hook(lambda _grad: self.open("vision_backward"))
+
+    def _embedded(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.is_tensor(output) and output.requires_grad:
+            output.register_hook(lambda _grad: self.close("vision_backward"))
+
+
+def _named_tensors(chunk: torch.nn.Module, *, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
+    """A chunk's parameters and buffers by name: the tensors themselves, whatever ``state_dict`` makes of them
+    (Bridge's LoRA ``AdapterWrapper.state_dict`` drops the ``to_wrap.`` its ``load_state_dict`` expects)."""
+    out = dict(chunk.named_parameters(remove_duplicate=remove_duplicate))
+    out.update(chunk.named_buffers(remove_duplicate=remove_duplicate))
+    return out
+
+
+def snapshot(model) -> list[dict]:
+    """Every parameter and buffer of the model chunks, on the CPU."""
+    out = []
+    for chunk in model:
+        state = {}
+        for key, value in _named_tensors(chunk).items():
+            # Pinned: the copies back into each variant (twice per variant) are several GB for the small model.
+            host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda)
+            state[key] = host.copy_(value.detach())
+        out.append(state)
+    return out
+
+
+#: Names only a graphs-on upstream Qwen3-VL has: Bridge 0.6.2 registers the language model's decoder and rotary
+#: embedding on the root too (DESIGN.md: 290 keys against 195); they alias the language model's tensors.
+_UPSTREAM_ALIAS_KEY = re.compile(r"^(module\.)*(decoder|rotary_pos_emb)(\.|$)")
+
+
+def load_weights(model, state: list[dict], *, aliases_allowed: bool) -> None:
+    """Copy ``state`` (:func:`snapshot`'s) into the model's tensors in place (captured graphs keep pointing at
+    them). Every parameter of the model must be in ``state`` and the other way round, save upstream's aliases;
+    a buffer the model made after the snapshot (a rotary table built at the first forward: run 27's
+    ``vision_model.rotary_pos_emb.inv_freq``) is a function of the config and is left as it is."""
+    for chunk, chunk_state in zip(model, state, strict=True):
+        target = _named_tensors(chunk, remove_duplicate=False)
+        params = {k for k, _ in chunk.named_parameters(remove_duplicate=False)}
+        missing = [k for k in params - chunk_state.keys() if not (aliases_allowed and _UPSTREAM_ALIAS_KEY.match(k))]
+        unexpected = sorted(chunk_state.keys() - target.keys())
+        if missing or unexpected:
+            raise RuntimeError(
+                f"initial weights do not fit the model ({len(missing)} missing, {len(unexpected)} unexpected): "
+                f"missing {sorted(missing)[:5]}, unexpected {unexpected[:5]}"
+            )
+        with torch.no_grad():
+            for key, value in chunk_state.items():
+                if target[key].shape != value.shape:
+                    raise RuntimeError(
+                        f"initial weights: {key} is {tuple(target[key].shape)}, not {tuple(value.shape)}"
+                    )
+                target[key].copy_(value)
+
+
+def free_memory() -> None:
+    """Collect garbage and give the caching allocator's free blocks back (after a synchronize)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def train_step(
+    model,
+    optimizer,
+    micro_batches: list[dict],
+    pg_collection,
+    grad_norms: list,
+) -> tuple[float, float]:
+    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps` (Megatron's schedule and the
+    distributed optimizer); ``(loss, wall ms)`` between two synchronizes."""
+    from bridge_cudagraph.testing.parity import train_steps
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    loss = train_steps(
+        model,
+        optimizer,
+        [micro_batches],
+        pg_collection=pg_collection,
+        grad_norms=grad_norms,
+    )[0]
+    torch.cuda.synchronize()
+    return loss, (time.perf_counter() - start) * 1e3
+
+
+def fixed_batch_check(model, batch: dict, *, keep_grads: bool = False) -> tuple[torch.Tensor, float, dict | None]:
+    """Per-token loss (CPU, fp32), total gradient norm and, with ``keep_grads``, every trainable parameter's gradient
+    (fp32, on the host: :func:`bridge_cudagraph.testing.parity.loss_and_grads`) of one forward/backward on ``batch``;
+    gradient buffers are zeroed before and after."""
+    from bridge_cudagraph.testing.parity import grad_norm, loss_and_grads
+
+    loss, grads = loss_and_grads(model, batch, device="cpu")
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    return loss.cpu(), grad_norm(grads), grads if keep_grads else None
+
+
+def non_finite_steps(values: Sequence[float] | None) -> list[int]:
+    """The steps whose value is NaN, inf or missing."""
+    return [i for i, v in enumerate(values or []) if v is None or not math.isfinite(v)]
+
+
+class NonFiniteStepError(RuntimeError):
+    """A variant's run had a NaN or infinite loss or grad norm: it is failed, never compared."""
+
+
+def require_finite(losses: Sequence[float], grad_norms: Sequence[float] | None = None) -> None:
+    """Raise :class:`NonFiniteStepError` when any step's loss or grad norm is not finite (the variant's record
+    is then failed by :func:`_run_variant`, with what :func:`compare_steps` found)."""
+    bad = {
+        name: steps
+        for name, steps in (("loss", non_finite_steps(losses)), ("grad norm", non_finite_steps(grad_norms)))
+        if steps
+    }
+    if bad:
+        raise NonFiniteStepError(
+            "non-finite " + "; ".join(f"{name} at steps {steps[:10]}" for name, steps in bad.items())
+        )
+
+
+def capture_record(stats) -> dict[str, Any]:
+    """What one helper's :class:`~bridge_cudagraph.capture.stats.CaptureStats` says about its capture and memory."""
+    return {
+        "seconds": stats.seconds,
+        "graphs": stats.graphs,
+        "layers": stats.layers,
+        "graph_memory_bytes": stats.graph_memory_bytes,
+        "per_budget": dict(stats.per_budget),
+        "per_budget_live": dict(stats.per_budget_live),
+        "budgets_captured": list(stats.budgets_captured),
+        "budget_source": stats.budget_source,
+        "late_captures": stats.late_captures,
+        "above_captured": stats.above_captured,
+        "param_grads_cloned": stats.param_grads_cloned,
+        "param_grads_summed": stats.param_grads_summed,
+    }
+
+
+def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Callable[[int], float]:
+    """``run_step`` with, before each step and untimed, the budgets a micro-batch above a ladder's captured top asked
+    for captured (what the callback's lifecycle does in Bridge's loop, :meth:`GraphLifecycle.grow`); each growth is
+    listed in ``record["late_captures"]`` with the caching allocator's reserved bytes before and after it (both after
+    ``empty_cache``): a growth re-captures the ladder into a new pool, so it should cost the new pool less the one it
+    replaces, and more says the old pool was not given back."""
+    from bridge_cudagraph.capture.device_memory import held_reserved as reserved
+
+    ladders = [h for h in helpers if hasattr(h, "capture_pending")]
+
+    def run(i: int) -> float:
+        for helper in ladders:
+            if not helper.pending_budgets():
+                continue
+            pool_before, before = sum(helper.stats.per_budget.values()), reserved()
+            rungs = helper.capture_pending()
+            if rungs:
+                record.setdefault("late_captures", []).append(
+                    {
+                        "step": i,
+                        "submodule": helper.submodule,
+                        "budgets": list(rungs),
+                        "reserved_before_bytes": before,
+                        "reserved_after_bytes": reserved(),
+                        "pool_before_bytes": pool_before,
+                        "pool_after_bytes": sum(helper.stats.per_budget.values()),
+                    }
+                )
+        return run_step(i)
+
+    return run
+
+
+def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
+    """Capture every helper (as Bridge's loop does at the warmup step), measured like our own capture; ``upstream``:
+    megatron-core's helpers (:func:`upstream_helpers`), whose vision capture may fail without failing the variant."""
+    from bridge_cudagraph.capture.device_memory import measure
+    from bridge_cudagraph.capture.failure import abandon_capture
+    from bridge_cudagraph.capture.stats import CaptureStats
+
+    total = CaptureStats("all")
+    errors: dict[str, str] = {}
+    with measure(total):
+        for helper in helpers:
+            upstream_vision = upstream and getattr(helper, "bench_submodule", None) == "vision"
+            try:
+                helper.create_cudagraphs()
+            except Exception as error:
+                if not upstream_vision:
+                    raise
+                # Upstream's vision capture is not exercised by the GPU tests: if it fails, keep measuring
+                # upstream's language graphs (vision then runs upstream's padded eager path) and say so.
+                errors["vision"] = abandon_capture(helper.flattened_callables, helper.model, error, "upstream vision")
+                gc.unfreeze()  # megatron-core's _start_capturing may have frozen the collector
+                continue
+            if upstream_vision:
+                helper.cuda_graph_set_manual_hooks()  # train.py:449 (a no-op upstream)
+    missing = [
+        type(h).__name__ for h in helpers if not h.graphs_created() and getattr(h, "bench_submodule", "") not in errors
+    ]
+    if missing:
+        raise RuntimeError(f"{variant}: no graphs after create_cudagraphs() for {missing}")
+    out: dict[str, Any] = {"capture_s": total.seconds, "graph_memory_bytes": total.graph_memory_bytes}
+    if errors:
+        out["capture_errors"] = errors
+    if not upstream:
+        out["capture"] = {h.submodule: capture_record(h.stats) for h in helpers}
+        vision = [h for h in helpers if h.submodule == "vision"]
+        if vision:
+            out["vision_graph_memory_per_budget"] = dict(vision[0].stats.per_budget)
+    return out
+
+
+def profile(
+    shared: StepData,
+    run_step: Callable[[int], None],
+    first_step: int,
+    *,
+    model=None,
+    optimizer=None,
+) -> tuple[dict, dict]:
+    """Profile ``shared.profile_steps`` steps from ``first_step``, with :class:`PhaseMarkers` on ``model`` and
+    ``optimizer`` for those steps only; ``(kernel_time_per_step, host_time_breakdown or {"error": ...})``: the kernel
+    time of exactly these steps, whose wall time the caller has from the same steps' step runner."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    n = shared.profile_steps
+    markers = PhaseMarkers(model, optimizer) if model is not None else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                _preroll()
+                for j in range(n):
+                    with torch.profiler.record_function(f"{STEP_MARK}{j}"):
+                        if markers is not None:
+                            markers.start_step()
+                        try:
+                            run_step(first_step + j)
+                            torch.cuda.synchronize()
+                        finally:
+                            if markers is not None:
+                                markers.end_step()
+            trace = _chrome_trace(prof, os.path.join(tmp, "trace.json"))
+    finally:
+        if markers is not None:
+            markers.remove()
+    kernels = kernel_time_per_step(trace, n)
+    kernels["top_kernels"] = top_kernels(trace, n)
+    try:
+        host = host_time_breakdown(trace)
+    except Exception as error:  # an analysis aid: never a reason to lose the kernel times
+        host = {"error": f"{type(error).__name__}: {error}"[:500]}
+    return kernels, host
+
+
+def profile_cuda_only(shared: StepData, run_step: Callable[[int], None], first_step: int) -> dict:
+    """The profiled steps from ``first_step`` again, under a profiler that records CUDA kernels only: no CPU ops,
+    no phase markers, no stacks. Recording every CPU op stretches a graphed step whose host work is many small
+    calls (196 to 275 ms on the 2B packed step), so the busy fraction of :func:`profile` reads the profiler's own
+    host time as GPU idle; this one is close to the unprofiled step (:func:`~benchmarks.trace.busy_between_marks`:
+    its window is the steps' wall time, between two marker kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n = shared.profile_steps
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _preroll()
+            torch.cuda._sleep(1)
+            for j in range(n):
+                run_step(first_step + j)
+                torch.cuda.synchronize()
+            torch.cuda._sleep(1)
+            torch.cuda.synchronize()
+        trace = _chrome_trace(prof, os.path.join(tmp, "trace.json"))
+    return busy_between_marks(trace, n)
+
+
+def record_failure(rec: dict, error: Exception, what: str) -> None:
+    """Mark ``rec`` failed with the error and the tail of its traceback (call inside ``except``), and say so."""
+    rec["status"] = FAILED
+    rec["error"] = f"{type(error).__name__}: {error}"
+    rec.update(error_origin(error))
+    rec["traceback"] = traceback.format_exc()[-4000:]
+    say(f"{what}: FAILED {rec['error'][:300]}")
+
+
+#: Memory a deleted variant may leave allocated (its batches' share and allocator slack) before the benchmark
+#: records who holds the rest (:func:`benchmarks.leaks.leak_report`).
+LEAK_TOLERANCE_BYTES = 512 * 2**20
+
+
+def check_freed(rec: dict, survivors: dict) -> None:
+    """Record what the deleted variant left allocated. If its model or optimizer outlived :func:`teardown`
+    (``survivors``), record who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without
+    survivors, record who holds the largest tensors. A leaked model counts in every later variant's peak memory
+    and can run the largest configuration out of it."""
+    from benchmarks import leaks
+
+    rec["left_allocated_bytes"] = left = torch.cuda.memory_allocated()
+    try:
+        if survivors:
+            target = survivors.get("optimizer") or survivors["model"][0]
+            # The survivors' own containers are not holders (without the list, a model's chain stopped at it).
+            ignore = [survivors, *([survivors["model"]] if "model" in survivors else [])]
+            rec["leak"] = {"survivors": sorted(survivors), "holders": leaks.holder_chains(target, ignore=ignore)}
+        elif left - rec["allocated_at_start_bytes"] > LEAK_TOLERANCE_BYTES:
+            rec["leak"] = leaks.leak_report()
+    except Exception as error:  # a diagnosis aid, never a reason to lose the variant
+        rec["leak"] = {"error": f"{type(error).__name__}: {error}"[:500]}
+    if survivors:
+        try:
+            released = leaks.release_training_memory(survivors.get("model"), survivors.get("optimizer"))
+            rec["leak"]["released_bytes"] = released
+        except Exception as error:  # the next variant then starts with this memory taken, which its record shows
+            rec["leak"]["release_error"] = f"{type(error).__name__}: {error}"[:500]
+        survivors.clear()
+        free_memory()
+        rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
+    if "leak" in rec:
+        say(f"variant left {left / 2**30:.1f} GiB allocated: {json.dumps(rec['leak'])[:3000]}")
+
+
+#: The paired phase holds both graphed models at once; it runs only when their first runs' peaks (less what was
+#: allocated before either, counted once) fit in this share of the GPU's memory.
+PAIRED_MEMORY_FRACTION = 0.9
+
+
+def paired_memory_check(results: dict[str, dict], total_bytes: int, names: Sequence[str]) -> str | None:
+    """Why the paired phase cannot hold both models ``names`` at once, or None when it can (from their first runs'
+    ``peak_memory_bytes``: a conservative sum, since the eager warmup peak of one never overlaps the other's)."""
+    recs = [results.get(name) or {} for name in names]
+    if any(r.get("status") != "ok" or not r.get("peak_memory_bytes") for r in recs):
+        return f"a first run of {' or '.join(names)} did not finish"
+    start = min(int(r.get("allocated_at_start_bytes") or 0) for r in recs)
+    need = sum(int(r["peak_memory_bytes"]) for r in recs) - start
+    if need > PAIRED_MEMORY_FRACTION * total_bytes:
+        return (
+            f"both models at once need up to {need / 2**30:.1f} GiB (the sum of their peaks), over "
+            f"{PAIRED_MEMORY_FRACTION:.0%} of the GPU's {total_bytes / 2**30:.1f} GiB"
+        )
+    return None
+
+
+def gpu_memory_bytes() -> int:
+    """The current GPU's memory, or the cap ``--gpu-memory`` set on this process (:func:`cap_gpu_memory`)."""
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return min(total, GPU_MEMORY_CAP[0]) if GPU_MEMORY_CAP else total
+
+
+#: The cap :func:`cap_gpu_memory` set (bytes), empty without one.
+GPU_MEMORY_CAP: list[int] = []
+
+
+def cap_gpu_memory(gib: float | None) -> float | None:
+    """``--gpu-memory GIB``: cap this process's CUDA allocations at GIB (torch's per-process memory fraction, as
+    ``bridge-cudagraph train --gpu-memory`` does: an 80 GB H100 on a larger GPU); returns the fraction set."""
+    if gib is None:
+        return None
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    fraction = min(1.0, gib * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    GPU_MEMORY_CAP[:] = [int(fraction * total)]
+    return fraction
+
+
+def step_runner(
+    shared: StepData, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
+) -> Callable[[int], float]:
+    """``run(i)``: training step ``i`` of the plan on ``objs``' model; its wall ms. Each step's loss and grad norm
+    are appended to ``losses`` and ``grad_norms`` when given."""
+    model, optimizer = objs["model"], objs["optimizer"]
+
+    def run(i: int) -> float:
+        micro_batches = [shared.batches[k] for k in shared.plan[i]]
+        norms = [] if grad_norms is None else grad_norms
+        loss, ms = train_step(model, optimizer, micro_batches, shared.world.language, norms)
+        if losses is not None:
+            losses.append(loss)
+        return ms
+
+    return run
+
+
+def break_ddp_cycles(model: Any) -> None:
+    """Drop Megatron DDP's ``grad_accs`` (the AccumulateGrad nodes whose hooks close over the DDP module): that
+    cycle runs through C++ autograd nodes that Python's collector cannot see, so without this every deleted DDP
+    model stays alive (results/padded-vs-upstream/README.md, "Leaks the benchmark found")."""
+    for chunk in model or []:
+        grad_accs = getattr(chunk, "grad_accs", None)
+        if isinstance(grad_accs, list):
+            grad_accs.clear()
+
+
+def teardown(objs: dict) -> dict:
+    """Give the decoders their class back, delete graphs, hooks, the micro-batch calculator, the step-host changes,
+    model and optimizer, and give the memory back. Returns
+    what of the model (``"model"``: its chunks) and the optimizer (``"optimizer"``) is still alive after that, for
+    :func:`check_freed`."""
+    chunk_refs = [weakref.ref(chunk) for chunk in objs.get("model") or []]
+    optimizer_ref = weakref.ref(objs["optimizer"]) if objs.get("optimizer") is not None else None
+    timer = objs.get("timer")
+    if timer is not None:
+        timer.remove()
+    for helper in objs.get("helpers") or []:
+        uninstall = getattr(helper, "uninstall", None)  # the decoders' class back (packed and padded replay)
+        try:
+            if uninstall is not None:
+                uninstall()
+            if helper.graphs_created():
+                helper.delete_cuda_graphs()
+        except Exception as error:
+            logger.warning("runner: releasing %s failed: %s", type(helper).__name__, error)
+    if objs.get("calculator"):
+        from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+
+        destroy_num_microbatches_calculator()
+    if objs.get("exits") is not None:
+        objs["exits"].close()  # the step host's changes undone
+    break_ddp_cycles(objs.get("model"))
+    objs.clear()
+    free_memory()
+    survivors: dict[str, Any] = {}
+    chunks = [chunk for chunk in (ref() for ref in chunk_refs) if chunk is not None]
+    if chunks:
+        survivors["model"] = chunks
+    optimizer = optimizer_ref() if optimizer_ref is not None else None
+    if optimizer is not None:
+        survivors["optimizer"] = optimizer
+    return survivors
+
+
+def ours_helpers(objs: dict, plan: Any, *, forward_off: Sequence[str] = ()) -> list:
+    """This plugin's helpers of ``plan`` through the variant's provider, as ``bridge-cudagraph train`` builds them:
+    the step host installed first (as ``CudaGraphCallback.on_train_start`` installs it; undone by :func:`teardown`),
+    then ``forward_off``, the names of :mod:`bridge_cudagraph.host.forward`'s ``model.cuda_graph.forward`` mixins
+    taken off again (a lever that measures one of them)."""
+    from bridge_cudagraph.host import forward as forward_host
+    from bridge_cudagraph.host import step as step_host
+
+    model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
+    if plan.cached_walks.grad_finalize:
+        from bridge_cudagraph.testing.parity import prepare_finalize
+
+        prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
+    installed = step_host.install_planned(plan, model, optimizer)
+    if forward_off:
+        taken = [done for done in installed.forward if done[1].__name__ in forward_off]
+        if {mixin.__name__ for _, mixin in taken} != set(forward_off):
+            raise RuntimeError(f"the forward did not install all of {sorted(forward_off)} to take off")
+        forward_host.uninstall(taken)
+        installed.forward = [done for done in installed.forward if done not in taken]
+    objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
+    return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
+
+
+def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_size: int, num_microbatches: int) -> list:
+    """megatron-core's ``TECudaGraphHelper`` and ``VisionTECudaGraphHelper`` as Megatron-Bridge's ``train()`` builds
+    them for a host provider with ``cuda_graph_impl="transformer_engine"``, with the global micro-batch calculator
+    megatron-core's helpers read (destroyed by :func:`teardown`)."""
+    from megatron.core.num_microbatches_calculator import get_num_microbatches, init_num_microbatches_calculator
+    from megatron.core.transformer.cuda_graphs import (
+        TECudaGraphHelper,
+        VisionTECudaGraphHelper,
+        get_vision_cuda_graph_seq_length,
+    )
+    from megatron.core.utils import get_attr_wrapped_model, get_model_config
+
+    from bridge_cudagraph.host import compat
+
+    model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
+    init_num_microbatches_calculator(
+        0, None, micro_batch_size * num_microbatches, micro_batch_size, world.language.dp.size()
+    )
+    objs["calculator"] = True
+    helpers = []
+    model_config = get_model_config(model[0])
+    if model_config.cuda_graph_impl == "transformer_engine":
+        kwargs: dict[str, Any] = dict(
+            model=model,
+            config=model_config,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            optimizers=[optimizer],
+        )
+        if compat.helper_accepts_pg_collection():
+            kwargs["pg_collection"] = world.language
+        helpers.append(TECudaGraphHelper(**kwargs))
+    if getattr(provider, "vision_cuda_graph_impl", None) == "transformer_engine":
+        for chunk in model:
+            unwrapped = get_attr_wrapped_model(chunk, "vision_model", allow_none=True, return_model_obj=True)
+            if unwrapped is not None and getattr(unwrapped, "vision_model", None) is not None:
+                vision_config = unwrapped.vision_model.config
+                if vision_config.cuda_graph_impl == "transformer_engine":
+                    vkwargs: dict[str, Any] = dict(
+                        model=model,
+                        vision_config=vision_config,
+                        vision_seq_length=get_vision_cuda_graph_seq_length(vision_config),
+                        micro_batch_size=micro_batch_size,
+                        num_microbatches=get_num_microbatches(),
+                    )
+                    if compat.vision_helper_accepts_pg_collection():
+                        vkwargs["pg_collection"] = world.language
+                    helper = VisionTECudaGraphHelper(**vkwargs)
+                    helper.bench_submodule = "vision"
+                    helpers.append(helper)
+                break
+    return helpers
+
+
+def error_origin(error: BaseException) -> dict[str, str]:
+    """Where ``error`` came from: its root cause (the last of the ``__cause__``/``__context__`` chain: a capture that
+    fails inside ``torch.cuda.graph`` surfaces as the capture's end failing, with the host read that invalidated it
+    as the context) as ``cause`` (type and first line), and ``where``, the innermost frame of that cause's traceback
+    (``file:line in function``, the path from ``site-packages/`` or the working directory on)."""
+    root, seen = error, {id(error)}
+    while True:
+        nxt = root.__cause__ or root.__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        root = nxt
+    lines = str(root).strip().splitlines()
+    out = {"cause": f"{type(root).__name__}: {lines[0] if lines else ''}"[:300]}
+    frames = traceback.extract_tb(root.__traceback__)
+    if frames:
+        frame = frames[-1]
+        path = frame.filename
+        if "site-packages/" in path:
+            path = path.split("site-packages/")[-1]
+        else:
+            with contextlib.suppress(ValueError):
+                path = os.path.relpath(path)
+        out["where"] = f"{path}:{frame.lineno} in {frame.name}"
+    return out
+
+
+def json_safe(value: Any) -> Any:
+    """JSON-safe: NaN/inf floats become None, tuples lists, dict keys strings."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data: Any) -> None:
+    """``data`` (:func:`json_safe`) to ``path`` through a temporary file and a rename: a reader, or a process killed
+    while writing, never sees half a file (the benchmarks rewrite their JSON after every variant)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(json_safe(data), indent=2))
+    os.replace(tmp, path)
