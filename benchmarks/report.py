@@ -319,9 +319,12 @@ def _pct(value: Any, digits: int = 0) -> str:
 
 
 def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
-    """A variant's median step over its kernel time per step (1.00x is the limit a graph can approach: the GPU
-    never waits for the host); None when either is missing."""
-    step, kernel = _num(variant.get("step_ms_median")), _num(variant.get("kernel_ms_per_step"))
+    """A variant's step time over its kernel time per step on the same micro-batches (the unprofiled median wall
+    time of the profiled steps' micro-batches, ``step_ms_same_microbatches``; a record without it: the median of all
+    measured steps). 1.00x is the limit a graph can approach: the GPU never waits for the host. None when either is
+    missing."""
+    step = _num(variant.get("step_ms_same_microbatches")) or _num(variant.get("step_ms_median"))
+    kernel = _num(variant.get("kernel_ms_per_step"))
     return step / kernel if step and kernel else None
 
 
@@ -910,6 +913,42 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
+    """``## Vision encoder and MFU``: each variant's vision encoder time per micro-batch (CUDA events around every
+    encoder call of the measured steps: forward, backward, both) and, for the padded rows, the model FLOPs
+    utilisation of the measured steps and at the profiled steps' kernel time."""
+    variants = data.get("variants") or {}
+    rows = []
+    for name in shown(data):
+        rec = variants.get(name) or {}
+        if rec.get("status") != "ok" or rec.get("vision_calls") is None:
+            continue
+        rows.append(
+            [
+                name,
+                fmt_ms(rec.get("vision_fwd_ms")),
+                fmt_ms(rec.get("vision_bwd_ms")),
+                fmt_ms(rec.get("vision_ms")),
+                fmt_ratio(rec.get("vision_microbatches_per_step")),
+                _pct(rec.get("mfu"), 1) if "mfu" in rec else "-",
+                _pct(rec.get("mfu_at_kernel_time"), 1) if "mfu_at_kernel_time" in rec else "-",
+            ]
+        )
+    if not rows:
+        return []
+    header = (
+        "variant",
+        "vision fwd ms/mb",
+        "vision bwd ms/mb",
+        "vision ms/mb",
+        "encoder calls/step",
+        "MFU",
+        "MFU at kernel time",
+    )
+    note = "(MFU: padded rows only, every position counted, dense BF16 peak of `benchmarks/flops.py`; -: not taken.)"
+    return ["## Vision encoder and MFU", "", *_table(header, rows), "", note, ""]
+
+
 def _pct_change(new: float | None, old: float | None) -> float | None:
     return new / old - 1.0 if new is not None and old else None
 
@@ -1098,7 +1137,7 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
     first, second = paired_names(paired)
     return (
         f"paired (both models alive, steps interleaved) median per-pair ratio {first} ms / {second} ms "
-        f"{judged['median']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
+        f"{judged['median']:.3f}x, within-call 95% interval [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
         f"({judged['ours_faster_pairs']} with {second} faster): {judged['verdict']}"
     )
 
@@ -1112,12 +1151,14 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
     if ours.get("status") != "ok":
         return []
     out = ["## Where ours_packed's step time goes", ""]
-    step, kernel = _num(ours.get("step_ms_median")), _num(ours.get("kernel_ms_per_step"))
+    same = _num(ours.get("step_ms_same_microbatches"))
+    step, kernel = same or _num(ours.get("step_ms_median")), _num(ours.get("kernel_ms_per_step"))
     facts = []
     if step is not None and kernel is not None:
         idle = max(0.0, step - kernel)
+        where = "the profiled steps' micro-batches, unprofiled" if same else "median of the measured steps"
         facts.append(
-            f"per step {fmt_ms(step)} ms wall, of which the GPU runs kernels {fmt_ms(kernel)} ms "
+            f"per step {fmt_ms(step)} ms wall ({where}), of which the GPU runs kernels {fmt_ms(kernel)} ms "
             f"({_fmt(kernel / step, '.0%')}) and idles {fmt_ms(idle)} ms: host time the graphs did not remove"
         )
         useful = ours.get("useful_tokens_per_step") or []
@@ -1180,6 +1221,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     out.append("")
     out += lever_section(data)
     out += memory_section(data)
+    out += encoder_and_mfu_section(data)
     out += remaining_time(data)
     out += host_syncs_section(data)
     out += ["## How it is measured", "", *HOW, ""]
@@ -1197,7 +1239,8 @@ HOW = (
     "ones (`torch.profiler`, benchmarks/trace.py), per step. **GPU busy (in profiled steps)**: that kernel "
     "time over the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same "
     "steps; dividing by the unprofiled median instead mixes two runs of the steps and read lower). **step / "
-    "kernel**: the measured steps' median over the kernel time per step (1.00x: the GPU never waits for the "
+    "kernel**: the unprofiled median wall time of the profiled steps' own micro-batches over their kernel time per "
+    "step (`step_ms_same_microbatches`: the same micro-batches on both sides; 1.00x: the GPU never waits for the "
     "host). † the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over "
     "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time. The step-time section "
     "also gives the GPU busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches "

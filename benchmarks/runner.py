@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import re
+import statistics
 import tempfile
 import time
 import traceback
@@ -193,6 +194,49 @@ class VisionTimer:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    @staticmethod
+    def summary(calls: Sequence[tuple[float, float | None]], steps: int) -> dict[str, Any]:
+        """The record of ``calls`` (:meth:`collect`'s, over ``steps`` steps): median forward, backward and forward +
+        backward ms per encoder call (``vision_ms``), and the calls per step."""
+        fwd = [f for f, _ in calls]
+        bwd = [b for _, b in calls if b is not None]
+        both = [f + b for f, b in calls if b is not None]
+        median = statistics.median
+        return {
+            "vision_calls": len(calls),
+            "vision_fwd_ms": median(fwd) if fwd else None,
+            "vision_bwd_ms": median(bwd) if bwd else None,
+            "vision_ms": median(both) if both else (median(fwd) if fwd else None),
+            "vision_microbatches_per_step": len(calls) / max(1, steps),
+        }
+
+
+def model_flops_utilisation(
+    flops_per_step: Sequence[float],
+    step_ms: Sequence[float],
+    profiled_flops: Sequence[float],
+    kernel_ms: float | None,
+    peak: float | None,
+) -> dict[str, Any]:
+    """Model FLOPs per step (:mod:`benchmarks.flops`), the TFLOP/s and MFU of the measured steps (``flops_per_step``,
+    ``step_ms``: the same steps), and the MFU at the profiled steps' kernel time (``profiled_flops``: those steps'
+    FLOPs): what the step would reach if the GPU never waited for the host. ``peak``: the GPU's dense BF16 TFLOP/s
+    (:func:`benchmarks.flops.peak_tflops`; None: no MFU). Empty without FLOPs."""
+    from benchmarks.flops import mfu
+
+    if not flops_per_step or not step_ms:
+        return {}
+    tflops = sum(flops_per_step) / (sum(step_ms) * 1e-3) / 1e12
+    out = {
+        "model_flops_per_step": statistics.fmean(flops_per_step),
+        "model_tflops_per_s": tflops,
+        "peak_tflops": peak,
+        "mfu": tflops / peak if peak else None,
+    }
+    if profiled_flops and kernel_ms:
+        out["mfu_at_kernel_time"] = mfu(statistics.fmean(profiled_flops), kernel_ms, peak)
+    return out
 
 
 def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[torch.nn.Module]:

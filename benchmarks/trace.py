@@ -165,10 +165,11 @@ def gpu_busy_summary(
     """The GPU-busy numbers of one variant.
 
     ``gpu_busy`` = kernel time of the profiled steps (union over streams) / the unprofiled median wall time of the
-    same micro-batches. For a graphed variant whose graph kernels the profiler does not see (probe), or whose kernel
-    time is under 70% of eager's (graph kernels missed; kineto/CUPTI graph timing is known to be unreliable on some
-    CUDA versions), the eager variant's kernel time is used instead (``gpu_busy_source="eager_kernel_time"``). More
-    kernel time than eager is legitimate (upstream's vision graphs pad every micro-batch to one length).
+    same micro-batches (``step_ms_same_microbatches``, per step: the step time a kernel time is compared with). For a
+    graphed variant whose graph kernels the profiler does not see (probe), or whose kernel time is under 70% of
+    eager's (graph kernels missed; kineto/CUPTI graph timing is known to be unreliable on some CUDA versions), the
+    eager variant's kernel time is used instead (``gpu_busy_source="eager_kernel_time"``). More kernel time than
+    eager is legitimate (upstream's vision graphs pad every micro-batch to one length).
     """
     if not profile:
         return {"gpu_busy": None, "gpu_busy_source": None}
@@ -179,6 +180,7 @@ def gpu_busy_summary(
     kernel = sum(profile["kernel_ms"])
     out: dict[str, Any] = {
         "kernel_ms_per_step": kernel / len(denominators),
+        "step_ms_same_microbatches": wall / len(denominators),
         "kernels_per_step": sum(profile["kernels"]) / len(denominators),
         "gpu_busy_profiler": kernel / wall,
         "gpu_busy_compute_stream": sum(profile["compute_stream_ms"]) / wall,

@@ -572,6 +572,9 @@ class _Run:
     loss mask, grad norm and step losses."""
     results: dict[str, dict] = field(default_factory=dict)
     profiler_sees_graph_kernels: bool | None = None
+    flops: list[float] = field(default_factory=list)
+    """Model FLOPs of each padded micro-batch (:func:`benchmarks.flops.step_flops`: every position of a padded row
+    counts, which is what a padded step computes); empty for a recipe model. The padded variants' MFU."""
     data: dict[str, Any] = field(default_factory=dict)
     """``useful_tokens.json``'s ``data``: the micro-batches' numbers and the static shapes."""
 
@@ -916,7 +919,14 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
                 rec["memory_estimate_error"] = f"{type(error).__name__}: {error}"[:300]
     first = shared.warmup_steps
     measured = list(range(first, first + shared.measured_steps))
-    times = [run_step(i) for i in measured]
+    timer = objs["timer"] = runner.VisionTimer(model)  # CUDA events around each encoder call, measured steps only
+    timer.active = True
+    times, vision = [], []
+    for i in measured:
+        times.append(run_step(i))
+        vision += timer.collect()
+    timer.active = False
+    rec.update(runner.VisionTimer.summary(vision, len(measured)))
     rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     rec["step_ms"] = times
@@ -981,6 +991,19 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     )
     if profile is not None:
         rec["profile"] = profile
+    if FORM[variant] == PADDED and run.flops:
+        from benchmarks.flops import peak_tflops
+
+        per_step = [sum(run.flops[k] for k in shared.plan[i]) for i in range(len(shared.plan))]
+        rec.update(
+            runner.model_flops_utilisation(
+                [per_step[i] for i in measured],
+                times,
+                [per_step[i] for i in profiled],
+                rec.get("kernel_ms_per_step"),
+                peak_tflops(torch.cuda.get_device_name()),
+            )
+        )
     rec["losses"] = losses
     rec["grad_norms"] = grad_norms
     if variant in (*PADDED_GRAPHED, *PACKED_GRAPHED):
@@ -1302,6 +1325,11 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         for form, batches in forms.items()
     }
     run = _Run(args=args, world=world, cfg=cfg, layout=layout, ids=token_ids(processor), micro=micro, shared=shared)
+    provider = None if MODELS[args.model].provider is None else MODELS[args.model].provider(None, seq_length=args.seq)
+    if provider is not None and not getattr(provider, "num_moe_experts", None):  # the FLOPs of dense layers only
+        from benchmarks.flops import step_flops
+
+        run.flops = [step_flops(provider, [batch]) for batch in forms[PADDED]]
     run.data = {
         "source": "the photo SFT set (bridge_cudagraph/examples/photo_recipe.py) through Bridge's "
         "DirectHFSFTDatasetConfig provider and collate_fn; forms by Bridge's qwen3_vl_step functions",

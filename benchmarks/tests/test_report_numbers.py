@@ -108,3 +108,45 @@ def test_the_block_bootstrap_widens_the_interval_of_serially_correlated_pairs():
     assert width(in_order) > width(independent)
     assert report.block_bootstrap_ci(drift) == report.block_bootstrap_ci(drift)  # seeded
     assert report.block_bootstrap_ci(drift[:5]) is None
+
+
+def test_step_over_kernel_compares_the_same_micro_batches():
+    """Kernel time comes from the profiled steps; the step time it is set against is the unprofiled median of those
+    steps' own micro-batches, not the median of every measured step (which mixes in other micro-batches)."""
+    rec = {"step_ms_median": 169.6, "step_ms_same_microbatches": 175.3, "kernel_ms_per_step": 162.3}
+    assert report.step_over_kernel(rec) == pytest.approx(175.3 / 162.3)
+    assert report.step_over_kernel({"step_ms_median": 169.6, "kernel_ms_per_step": 162.3}) == pytest.approx(
+        169.6 / 162.3
+    )  # a record from before the field
+    assert report.step_over_kernel({"step_ms_median": 169.6}) is None
+
+
+def test_encoder_and_mfu_section_lists_what_each_variant_measured():
+    data = {
+        "variants": {
+            "eager_packed": {
+                "status": "ok",
+                "vision_calls": 16,
+                "vision_fwd_ms": 4.0,
+                "vision_bwd_ms": 6.5,
+                "vision_ms": 10.5,
+                "vision_microbatches_per_step": 2.0,
+            },
+            "eager_padded": {
+                "status": "ok",
+                "vision_calls": 16,
+                "vision_fwd_ms": 4.0,
+                "vision_bwd_ms": 6.5,
+                "vision_ms": 10.5,
+                "vision_microbatches_per_step": 2.0,
+                "mfu": 0.123,
+                "mfu_at_kernel_time": 0.2,
+            },
+            "ours_packed": {"status": "failed"},
+        }
+    }
+    text = "\n".join(report.encoder_and_mfu_section(data))
+    assert "| eager_packed | 4.00 | 6.50 | 10.5 | 2.00 | - | - |" in text
+    assert "| eager_padded | 4.00 | 6.50 | 10.5 | 2.00 | 12.3% | 20.0% |" in text
+    assert "ours_packed" not in text
+    assert report.encoder_and_mfu_section({"variants": {}}) == []

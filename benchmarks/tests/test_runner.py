@@ -189,3 +189,24 @@ def test_json_safe_makes_nan_and_inf_null():
     out = runner.json_safe({"a": float("nan"), 1: (1.0, math.inf), "b": {"c": [2.0]}})
     assert out == {"a": None, "1": [1.0, None], "b": {"c": [2.0]}}
     json.dumps(out, allow_nan=False)
+
+
+def test_vision_time_per_call_is_the_median_of_the_measured_calls():
+    calls = [(1.0, 2.0), (3.0, 4.0), (2.0, None), (5.0, 6.0)]  # the third call's backward did not reach the encoder
+    got = runner.VisionTimer.summary(calls, steps=2)
+    assert got["vision_calls"] == 4 and got["vision_microbatches_per_step"] == 2.0
+    assert got["vision_fwd_ms"] == 2.5 and got["vision_bwd_ms"] == 4.0 and got["vision_ms"] == 7.0  # 3, 7, 11
+    fwd_only = runner.VisionTimer.summary([(1.0, None), (3.0, None)], steps=1)
+    assert fwd_only["vision_bwd_ms"] is None and fwd_only["vision_ms"] == 2.0
+    assert runner.VisionTimer.summary([], steps=3)["vision_ms"] is None
+
+
+def test_mfu_of_the_measured_steps_and_at_the_profiled_steps_kernel_time():
+    # 2 steps of 1e12 and 3e12 FLOPs in 10 ms and 30 ms: 1e14 FLOP/s = 100 TFLOP/s, 10% of a 1000 TFLOP/s peak.
+    got = runner.model_flops_utilisation([1e12, 3e12], [10.0, 30.0], [2e12], kernel_ms=4.0, peak=1000.0)
+    assert got["model_flops_per_step"] == 2e12 and got["model_tflops_per_s"] == pytest.approx(100.0)
+    assert got["mfu"] == pytest.approx(0.1)
+    assert got["mfu_at_kernel_time"] == pytest.approx(2e12 / 4e-3 / 1e15)  # 0.5
+    no_peak = runner.model_flops_utilisation([1e12], [10.0], [1e12], kernel_ms=None, peak=None)
+    assert no_peak["mfu"] is None and "mfu_at_kernel_time" not in no_peak
+    assert runner.model_flops_utilisation([], [10.0], [], kernel_ms=1.0, peak=1000.0) == {}

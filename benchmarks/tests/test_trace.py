@@ -245,6 +245,8 @@ def test_gpu_busy_summary_and_eager_fallback():
     by_key = {(0,): 10.0, (1,): 10.0}
     eager = bt.gpu_busy_summary(profile, by_key, [(0,), (1,)])
     assert eager["gpu_busy"] == pytest.approx(17 / 20) and eager["gpu_busy_source"] == "profiler"
+    # the step time a kernel time is set against: the same micro-batches' unprofiled median, per step
+    assert eager["step_ms_same_microbatches"] == pytest.approx(10.0) and eager["kernel_ms_per_step"] == 8.5
     assert eager["gpu_busy_in_profiled_steps"] == pytest.approx(17 / 25)
     graphed = {"kernel_ms": [0.5, 0.5], "kernels": [3, 3], "compute_stream_ms": [0.5, 0.5], "window_ms": [9, 9]}
     fast = {(0,): 9.0, (1,): 9.0}

@@ -285,6 +285,7 @@ def test_a_paired_phase_of_another_pair_is_reported_as_that_pair_and_judges_no_t
         "interleaved) median per-pair ratio ours_packed ms / ours_packed_fused ms 1.020x"
     ) in md
     assert "(10 with ours_packed_fused faster)" in md
+    assert "within-call 95% interval [" in md  # the spread it states is the one within this call
     text = report.text_table(data)
     assert "ours_packed vs eager_packed: separate 1.50x; not paired; target" in text
     assert "ours_packed_fused vs ours_packed: paired" in text
