@@ -1,12 +1,7 @@
 """What ``useful_tokens.json`` holds, the arithmetic of its numbers, and how it reads (``.md``, ``.png``, stdout).
 
 No torch, no GPU: :mod:`benchmarks.useful_tokens` measures and calls these; the tests call them on hand-made
-records. Rendering again on any machine: ``python -m benchmarks.useful_tokens_report DIR/useful_tokens.json``.
-
-Why useful tokens: a graphed step that replays static shapes computes padding. Per second of step wall time,
-what a fine-tune gains is the tokens that carry loss (the assistant's answer: ``loss_mask`` summed over the step's
-micro-batches); those are the same for every variant, since every variant trains the same samples. A faster step
-that computes 9x more padding can deliver fewer of them.
+records. Rendering again on any machine: ``python -m benchmarks.report DIR/useful_tokens.json``.
 
 Layout of ``useful_tokens.json``::
 
@@ -1456,7 +1451,7 @@ def render(json_path: str | Path) -> dict[str, Path | None]:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.useful_tokens_report", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.report", description=__doc__.split("\n")[0]
     )
     parser.add_argument("json", help="a useful_tokens.json")
     args = parser.parse_args(argv)

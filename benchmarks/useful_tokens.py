@@ -1,85 +1,24 @@
 """Useful tokens per second on Bridge's own Qwen3-VL fine-tuning data path: packed eager vs padded and packed graphs.
 
-Issue #17, section 5. Static graphs replay static shapes, so until now every graph implementation demanded rows
-padded to ``seq_length``, while Bridge's Qwen3-VL recipes pack (``enable_in_batch_packing``): real SFT samples
-(one photo and a short answer) fill a small part of a 4096-token row. What a user gains is the tokens that carry
-loss per second, so that is what this benchmark measures, on one GPU, for
+Useful tokens carry loss, so a step that replays static shapes and computes padding is judged on what a user gains.
+Every variant (:data:`benchmarks.report.LABELS` says what each is; the lever variants run when ``--variants`` names
+them) trains in this process, one at a time, from the same initial weights on the same samples: the first
+``--microbatches x --mbs`` training samples of the photo SFT set (:mod:`bridge_cudagraph.examples.photo_recipe`)
+built by Bridge's dataset provider, collated by its ``collate_fn`` and turned into both forms, packed and padded, by
+Bridge's Qwen3-VL step (:func:`~bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs`). Each goes through
+:mod:`benchmarks.runner` (build through the product's own plan and provider, warm-up, capture, measured steps,
+profiled steps, the fixed micro-batch's per-token loss and every parameter's gradient against its reference and the
+reference's own floor); then the paired phase (two variants alive at once, steps interleaved) and the eager
+control. ``--model`` picks the model (:data:`MODELS`: the tiny one, the 2B shape, two MoE shapes whose packed
+graphs the plan refuses, and Bridge's 8B LoRA recipe file through :mod:`benchmarks.recipe_variants`).
 
-* ``eager_packed``: Bridge's default, graphs off, micro-batches packed by Bridge's Qwen3-VL step;
-* ``eager_padded``: graphs off, every row padded to ``seq_length``;
-* ``upstream_padded``: upstream's graphs (megatron-core's ``TECudaGraphHelper`` and ``VisionTECudaGraphHelper``
-  as Bridge builds them, :func:`benchmarks.runner.upstream_helpers`), padded (they cannot pack);
-* ``ours_padded``: our BSHD language graphs and vision graphs, padded;
-* ``ours_packed``: our packed language graphs (:class:`~bridge_cudagraph.capture.packed.PackedLanguageGraphHelper`
-  on a budget ladder of :func:`~bridge_cudagraph.plan.budgets.derive_language_budgets`) and vision graphs, packed,
-  planned and built by the product (:func:`packed_plan`, the provider's ``make_graph_helpers``);
-* ``eager_packed_repeat``: eager_packed again, last (the run-to-run noise floor);
-* the paired phase: eager_packed and ours_packed (or the two variants ``--paired`` names) alive at once, measured
-  steps interleaved, where memory allows (:func:`benchmarks.runner.paired_memory_check`).
+Run from the repository root, e.g.::
 
-Opt-in with ``--variants`` (dense models of the benchmark's own shape), one lever of the packed step each
-(:data:`~benchmarks.report.LEVER_VARIANTS`; the report's lever section compares each pair):
-
-* ``ours_packed_rows``: ours_packed with tight packing off (each micro-batch replays in the budget of its rows'
-  full width);
-* ``ours_packed_halvings``: ours_packed with the former vision ladder (the data's top and three halvings, not rungs
-  at most 1.25x apart: :meth:`benchmarks.configs.BenchConfig.vision_halvings`);
-* ``ours_packed_bridge_packing``: ours_packed with Bridge's forward packing the step's rows itself
-  (``preprocess_packed_seqs`` and the deepstack round trip, with their waits), not handed them flat
-  (:class:`bridge_cudagraph.host.forward.FlatPackedRows`);
-* ``ours_packed_autograd_grads``: ours_packed with its graphs' parameter gradients left to autograd (TE's clone,
-  ``AccumulateGrad``) and DDP's hook, one by one, not summed into ``main_grad`` by a graph per backward
-  (:mod:`bridge_cudagraph.capture.param_grads`);
-* ``ours_packed_device_grid``: ours_packed with the vision encoder's grid read back from the GPU (a wait for the queue
-  at every micro-batch), not taken from the collate's host copy (:class:`bridge_cudagraph.host.forward.BoundGrids`,
-  :mod:`bridge_cudagraph.vision.host_grids`);
-* ``eager_packed_fused`` and ``ours_packed_fused``: eager_packed and ours_packed with
-  ``model.gradient_accumulation_fusion=true`` (without APEX only Transformer Engine's layers fuse,
-  :mod:`bridge_cudagraph.host.wgrad_fusion`); the fused TE modules are counted, and a fused variant in which none
-  fuses is failed. ours_packed_fused's parity reference is eager_packed_fused.
-
-Every variant trains the same initial weights (:func:`benchmarks.runner.snapshot`/``_load``) on the same samples:
-the first ``microbatches x micro_batch_size`` training samples of the project's photo SFT set
-(:mod:`bridge_cudagraph.examples.photo_recipe`), built by Bridge's dataset provider
-(``get_dataset_provider(DirectHFSFTDatasetConfig)``) and collated ``micro_batch_size`` at a time by Bridge's own
-``collate_fn``, once; each collated micro-batch is turned into model inputs in both forms by
-:func:`bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs` (Bridge's ``_pad_and_pack_qwen3_vl_step`` and
-the step's packing branch). The model: ``--model small`` is the Qwen3-VL-2B shape of
-:func:`small_qwen3_vl_provider`, ``--model tiny`` the tiny one (a smoke test), both with the
-photo processor's special token ids. Steps go through Megatron's schedule and the distributed optimizer
-(:func:`benchmarks.runner.train_step`); a few steps after the measured ones are profiled
-(:func:`benchmarks.runner.profile`) for GPU busy and kernel time, and for eager_packed and the packed graph
-variants one more step runs under :func:`benchmarks.host_syncs.census` (where the host waits for the GPU).
-Variants are built and freed one at a time.
-
-Run (from the repository root)::
-
-    python -m benchmarks.useful_tokens --out results/useful_tokens --model small --seq 4096 --mbs 2
-    python -m benchmarks.useful_tokens --out /tmp/ut --model tiny          # smoke test
-    python -m benchmarks.useful_tokens --out results/useful_tokens/levers --model small --seq 4096 --mbs 2 \
-        --num-mb 2 --variants eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_halvings,\
-ours_packed_bridge_packing,ours_packed_autograd_grads,ours_packed_device_grid,ours_packed_fused
-        # the levers, each on its own (add --paired A,B to pair two of them)
-    python -m benchmarks.useful_tokens --out results/useful_tokens/peft8b --model peft8b --num-mb 8 --warmup 2 \
-        --steps 4 --profile-steps 0 --no-paired   # the 8B LoRA recipe (recipe_variants.py): run 28, 367 s
-
-``--model tiny-moe`` and ``--model moe-30b-a3b-shape`` answer what MoE users get from graphs: the MoE
-tiny Qwen3-VL, and Qwen3-VL-30B-A3B's layer (128 experts, top 8, grouped GEMM) at 4 language layers with its own
-vision encoder, random weights, on one GPU at EP 1 (:data:`MODELS`). Their graphs are the MoE recipes' padded ones
-(language over attention, router and dispatch preprocess, :data:`MOE_SCOPE`; vision graphs); packed language
-graphs capture whole layers, which the plan refuses for MoE layers, so ours_packed is recorded as ``refused`` with
-the plan's reason and upstream_padded is not run (:data:`MOE_VARIANTS`)::
-
-    python -m benchmarks.useful_tokens --out /tmp/ut_moe --model tiny-moe --steps 8 --profile-steps 1
-    python -m benchmarks.useful_tokens --out /tmp/ut_30b --model moe-30b-a3b-shape --microbatches 4 --warmup 2 \
-        --steps 6 --profile-steps 1
-
-``--model peft8b`` takes every variant from Bridge's 8B LoRA recipe file, sequence and micro-batch included
-(:mod:`benchmarks.recipe_variants`: the recipe loaded with a few overrides per variant, its own capture plan, its
-LoRA applied by Bridge); ``--num-mb`` defaults to its global batch over its micro-batch (16).
+    python -m benchmarks.useful_tokens --out /tmp/ut --model small --seq 4096 --mbs 2 --num-mb 2
 
 Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.report`),
-``useful_tokens.md`` and ``useful_tokens.png``, and prints a short table.
+``useful_tokens.md`` and ``useful_tokens.png``, and prints a short table. How each number is made:
+``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -755,8 +694,9 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
     if plan is None:  # the provider's own plan for padded micro-batches
         from bridge_cudagraph.testing.plans import plan_for
 
+        world_size = torch.distributed.get_world_size()
         plan = plan_for(
-            objs["provider"], world_size=1, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
+            objs["provider"], world_size=world_size, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
         )
     helpers = runner.ours_helpers(objs, plan, forward_off=report.FORWARD_OFF.get(variant, ()))
     if variant in PACKED_GRAPHED:
