@@ -1130,10 +1130,16 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
         return f"paired {fmt_ratio(judged['median'], 'x')} over {judged['pairs']} pairs (too few for an interval)"
     lo, hi = judged["ci"]
     first, second = paired_names(paired)
+    peak = _num(paired.get("peak_memory_bytes"))
+    reserved = _num(paired.get("peak_reserved_bytes"))
+    memory = ""
+    if peak is not None:
+        both = f"{peak / GIB:.1f}" if reserved is None else f"{peak / GIB:.1f} / {reserved / GIB:.1f}"
+        memory = f"; both models' peak {both} GiB allocated{'' if reserved is None else ' / reserved'}"
     return (
         f"paired (both models alive, steps interleaved) median per-pair ratio {first} ms / {second} ms "
         f"{judged['median']:.3f}x, within-call 95% interval [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
-        f"({judged['ours_faster_pairs']} with {second} faster): {judged['verdict']}"
+        f"({judged['ours_faster_pairs']} with {second} faster): {judged['verdict']}{memory}"
     )
 
 
@@ -1450,9 +1456,7 @@ def render(json_path: str | Path) -> dict[str, Path | None]:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.report", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
     parser.add_argument("json", help="a useful_tokens.json")
     args = parser.parse_args(argv)
     paths = render(args.json)

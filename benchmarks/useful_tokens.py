@@ -1154,6 +1154,7 @@ def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
         rec["verdict"] = report.paired_verdict(rec["ratios"])
         rec["counters"] = {name: _counters(objs[name]["helpers"]) for name in names if objs[name]["helpers"]}
         rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+        rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         rec["status"] = OK
     except Exception as error:  # recorded; the variants' own results stand
         runner.record_failure(rec, error, "paired")

@@ -274,7 +274,13 @@ def test_the_table_shows_the_lever_variants_that_ran_in_run_order(tmp_path):
 @pytest.mark.fast
 def test_a_paired_phase_of_another_pair_is_reported_as_that_pair_and_judges_no_target():
     data = _levers()
-    data["paired"] = {"status": "ok", "variants": ["ours_packed", "ours_packed_fused"], "ratios": [1.02] * 10}
+    data["paired"] = {
+        "status": "ok",
+        "variants": ["ours_packed", "ours_packed_fused"],
+        "ratios": [1.02] * 10,
+        "peak_memory_bytes": 60 * 2**30,
+        "peak_reserved_bytes": 64 * 2**30,
+    }
     data = report.finish(data)
     summary = data["summary"]
     assert summary["paired"] is None and summary["met_on"] == "separate runs"  # not ours_packed vs eager_packed
@@ -286,6 +292,7 @@ def test_a_paired_phase_of_another_pair_is_reported_as_that_pair_and_judges_no_t
     ) in md
     assert "(10 with ours_packed_fused faster)" in md
     assert "within-call 95% interval [" in md  # the spread it states is the one within this call
+    assert "both models' peak 60.0 / 64.0 GiB allocated / reserved" in md  # memory next to the speed figure
     text = report.text_table(data)
     assert "ours_packed vs eager_packed: separate 1.50x; not paired; target" in text
     assert "ours_packed_fused vs ours_packed: paired" in text
