@@ -834,24 +834,37 @@ def _run_variant(run: _Run, variant: str) -> dict:
     return rec
 
 
-def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
-    form = FORM[variant]
-    shared = run.shared[form]
+def _start(
+    run: _Run, variant: str, objs: dict, grown: dict, *, losses: list | None = None, grad_norms: list | None = None
+) -> tuple[Callable[[int], float], dict[str, Any]]:
+    """Build ``variant`` through the product's path (:func:`_build`, :func:`_helpers`), run its eager warm-up steps
+    and capture its helpers: ``(run_step, record)``, the step runner of its measured steps (a ladder's later rungs
+    captured before the step that needs them, listed in ``grown``) and its build, warm-up and capture figures. A
+    separate run and the paired phase start each variant here."""
+    data = run.shared[FORM[variant]]
     t0 = time.perf_counter()
     _build(run, variant, objs)
-    rec["build_s"] = time.perf_counter() - t0
-    model, optimizer = objs["model"], objs["optimizer"]
+    record: dict[str, Any] = {"build_s": time.perf_counter() - t0}
     helpers = objs["helpers"] = _helpers(run, variant, objs)
+    run_step = runner.step_runner(data, objs, losses=losses, grad_norms=grad_norms)
+    record["warmup_step_ms"] = [run_step(i) for i in range(data.warmup_steps)]
+    if helpers:
+        record.update(runner.capture(variant, helpers, upstream=variant == "upstream_padded"))
+        run_step = runner.growing(run_step, helpers, grown)
+    return run_step, record
+
+
+def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
+    shared = run.shared[FORM[variant]]
     losses: list[float] = []
     grad_norms: list[float] = []
-    run_step = runner.step_runner(shared, objs, losses=losses, grad_norms=grad_norms)
-    rec["warmup_step_ms"] = [run_step(i) for i in range(shared.warmup_steps)]
+    run_step, started = _start(run, variant, objs, rec, losses=losses, grad_norms=grad_norms)
+    rec.update(started)
+    model, optimizer, helpers = objs["model"], objs["optimizer"], objs["helpers"]
     if helpers:
-        rec.update(runner.capture(variant, helpers, upstream=variant == "upstream_padded"))
         check_param_grads(variant, rec.get("capture") or {})
         rec["graph_memory_gib"] = rec["graph_memory_bytes"] / report.GIB
         say(f"{variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_gib']:.2f} GiB")
-        run_step = runner.growing(run_step, helpers, rec)
         if variant in PACKED_GRAPHED and not run.from_recipe:
             try:
                 rec["memory_estimate"] = memory_estimates(run, objs, rec.get("capture") or {})
@@ -1131,15 +1144,9 @@ def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
     try:
         for name in names:
             seed_rng(run.world.language, runner.SEED)
-            _build(run, name, objs[name])
-            objs[name]["helpers"] = _helpers(run, name, objs[name])
-            runners[name] = runner.step_runner(run.shared[FORM[name]], objs[name])
-            for i in range(shared.warmup_steps):
-                runners[name](i)
-            if objs[name]["helpers"]:
-                captured = runner.capture(name, objs[name]["helpers"], upstream=name == "upstream_padded")
-                rec.setdefault("capture_s", {})[name] = captured["capture_s"]
-                runners[name] = runner.growing(runners[name], objs[name]["helpers"], rec)
+            runners[name], started = _start(run, name, objs[name], rec)
+            if "capture_s" in started:
+                rec.setdefault("capture_s", {})[name] = started["capture_s"]
         times: dict[str, list[float]] = {name: [] for name in names}
         first = shared.warmup_steps
         steps = list(range(first, first + shared.measured_steps))
