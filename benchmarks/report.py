@@ -1247,19 +1247,28 @@ HOW = (
     "also gives the GPU busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches "
     "again, between two marker kernels: `cuda_only_profile`, benchmarks/trace.py `busy_between_marks`), which "
     "recording every CPU op does not stretch; its two steps' losses are not kept.",
+    "- **vision ms/mb**: CUDA events around each vision-encoder call of the measured steps (forward, backward). "
+    "**MFU**: model FLOPs (`benchmarks/flops.py`, every position of a padded row) over the measured steps' wall "
+    "time and the GPU's dense BF16 peak, padded rows of the dense models only; at kernel time: over the profiled "
+    "steps' kernel time.",
     "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
     "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
     "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
     "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs "
-    "eager_padded; ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match). Every "
-    "step's loss must be finite, else the variant is failed. On an MoE model these losses are the language model's "
-    "cross-entropy only (the router's load-balancing loss reaches the gradients, so the grad norm, not the losses).",
+    "eager_padded; ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match); and "
+    "every parameter's gradient, computed for this run, against the reference's and against the reference's own "
+    "second pass (the floor): a graphed variant of ours beyond twice the floor, or without the comparison, is "
+    "failed. Every step's loss and grad norm must be finite, else the variant is failed. On an MoE model these "
+    "losses are the language model's cross-entropy only (the router's load-balancing loss reaches the gradients, "
+    "so the grad norm, not the losses).",
     "- **capture counters**: per submodule of a graphed variant, graphs captured, replays and a failed capture; a "
     "submodule without graphs, without replays or with a failed capture is named in the notes.",
     "- **paired phase**: two variants (`--paired A,B`, default eager_packed,ours_packed) alive at once, their "
     "measured steps interleaved (the first of each pair alternating); the per-pair ratio A ms / B ms is B's "
-    "useful-tokens/s ratio over A (same samples per pair); median and a distribution-free 95% interval "
-    "(`report.paired_verdict`). The target is judged on it only where it paired eager_packed and ours_packed.",
+    "useful-tokens/s ratio over A (same samples per pair); median and a 95% interval, the wider of the sign "
+    "test's and a moving-block bootstrap's (`report.paired_verdict`): the spread within this call, not between "
+    "calls; both models' peak memory beside it. The target is judged on it only where it paired eager_packed and "
+    "ours_packed.",
     "- **levers** (opt-in with `--variants`): ours_packed_rows is ours_packed with tight packing off (each "
     "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train "
     "with `model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "
