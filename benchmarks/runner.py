@@ -768,15 +768,18 @@ def teardown(objs: dict) -> dict:
     timer = objs.get("timer")
     if timer is not None:
         timer.remove()
-    for helper in objs.get("helpers") or []:
-        uninstall = getattr(helper, "uninstall", None)  # the decoders' class back (packed and padded replay)
+    for helper in objs.get("helpers") or []:  # first every decoder's class back (packed and padded replay)
         try:
-            if uninstall is not None:
-                uninstall()
+            if getattr(helper, "uninstall", None) is not None:
+                helper.uninstall()
+        except Exception as error:
+            logger.warning("runner: uninstalling %s failed: %s", type(helper).__name__, error)
+    for helper in objs.get("helpers") or []:
+        try:
             if helper.graphs_created():
                 helper.delete_cuda_graphs()
         except Exception as error:
-            logger.warning("runner: releasing %s failed: %s", type(helper).__name__, error)
+            logger.warning("runner: deleting %s graphs failed: %s", type(helper).__name__, error)
     if objs.get("calculator"):
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
