@@ -315,10 +315,11 @@ def _pct(value: Any, digits: int = 0) -> str:
 
 def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
     """A variant's step time over its kernel time per step on the same micro-batches (the unprofiled median wall
-    time of the profiled steps' micro-batches, ``step_ms_same_microbatches``; a record without it: the median of all
-    measured steps). 1.00x is the limit a graph can approach: the GPU never waits for the host. None when either is
-    missing."""
-    step = _num(variant.get("step_ms_same_microbatches")) or _num(variant.get("step_ms_median"))
+    time of the profiled steps' micro-batches, ``step_ms_same_microbatches``, None where no measured step ran them;
+    a record from before the field: the median of all measured steps). 1.00x is the limit a graph can approach: the
+    GPU never waits for the host. None when either is missing."""
+    same = "step_ms_same_microbatches" in variant  # None there: no measured step ran the profiled micro-batches
+    step = _num(variant.get("step_ms_same_microbatches" if same else "step_ms_median"))
     kernel = _num(variant.get("kernel_ms_per_step"))
     return step / kernel if step and kernel else None
 
@@ -1153,7 +1154,11 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
         return []
     out = ["## Where ours_packed's step time goes", ""]
     same = _num(ours.get("step_ms_same_microbatches"))
-    step, kernel = same or _num(ours.get("step_ms_median")), _num(ours.get("kernel_ms_per_step"))
+    if "step_ms_same_microbatches" in ours:
+        step = same
+    else:  # a record from before the field
+        step = _num(ours.get("step_ms_median"))
+    kernel = _num(ours.get("kernel_ms_per_step"))
     facts = []
     if step is not None and kernel is not None:
         idle = max(0.0, step - kernel)

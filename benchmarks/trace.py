@@ -180,7 +180,10 @@ def gpu_busy_summary(
     kernel = sum(profile["kernel_ms"])
     out: dict[str, Any] = {
         "kernel_ms_per_step": kernel / len(denominators),
-        "step_ms_same_microbatches": wall / len(denominators),
+        # None where a profiled step's micro-batches never ran unprofiled: no step time of the same work to compare.
+        "step_ms_same_microbatches": wall / len(denominators)
+        if all(k in step_ms_by_key for k in profiled_keys)
+        else None,
         "kernels_per_step": sum(profile["kernels"]) / len(denominators),
         "gpu_busy_profiler": kernel / wall,
         "gpu_busy_compute_stream": sum(profile["compute_stream_ms"]) / wall,

@@ -119,6 +119,8 @@ def test_step_over_kernel_compares_the_same_micro_batches():
         169.6 / 162.3
     )  # a record from before the field
     assert report.step_over_kernel({"step_ms_median": 169.6}) is None
+    unmatched = {"step_ms_median": 169.6, "step_ms_same_microbatches": None, "kernel_ms_per_step": 162.3}
+    assert report.step_over_kernel(unmatched) is None  # never the median of other micro-batches
 
 
 def test_encoder_and_mfu_section_lists_what_each_variant_measured():

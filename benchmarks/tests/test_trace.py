@@ -247,6 +247,8 @@ def test_gpu_busy_summary_and_eager_fallback():
     assert eager["gpu_busy"] == pytest.approx(17 / 20) and eager["gpu_busy_source"] == "profiler"
     # the step time a kernel time is set against: the same micro-batches' unprofiled median, per step
     assert eager["step_ms_same_microbatches"] == pytest.approx(10.0) and eager["kernel_ms_per_step"] == 8.5
+    unmatched = bt.gpu_busy_summary(profile, {(0,): 10.0}, [(0,), (1,)], fallback_step_ms=10.0)
+    assert unmatched["step_ms_same_microbatches"] is None  # step (1,) never ran unprofiled
     assert eager["gpu_busy_in_profiled_steps"] == pytest.approx(17 / 25)
     graphed = {"kernel_ms": [0.5, 0.5], "kernels": [3, 3], "compute_stream_ms": [0.5, 0.5], "window_ms": [9, 9]}
     fast = {(0,): 9.0, (1,): 9.0}
