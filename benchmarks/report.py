@@ -55,11 +55,10 @@ VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "o
 #: of the benchmark's own shape): ours_packed with tight packing off, and eager_packed and ours_packed with
 #: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`), and
 #: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart), and
-#: ours_packed with Bridge's forward packing the step's rows itself (``model.cuda_graph.forward`` without
-#: :class:`~bridge_cudagraph.host.flat_rows.FlatPackedRows`), and ours_packed with its graphs' parameter gradients left
-#: to autograd and DDP's hooks (:mod:`bridge_cudagraph.capture.param_grads` off), and ours_packed with the vision
-#: grid read back from the GPU (``model.cuda_graph.forward`` without
-#: :class:`~bridge_cudagraph.host.bound_grids.BoundGrids`).
+#: ours_packed with Bridge's forward packing the step's rows itself (``model.cuda_graph.forward.flat_rows: false``),
+#: and ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks
+#: (:mod:`bridge_cudagraph.capture.param_grads` off), and ours_packed with the vision grid read back from the GPU
+#: (``model.cuda_graph.forward.collated_grids: false``).
 LEVER_VARIANTS = (
     "ours_padded_layer_graphs",
     "ours_padded_megatron",
@@ -154,10 +153,14 @@ PACKED_GRAPHED = (
     "ours_packed_fused",
 )
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
-#: The ``model.cuda_graph.forward`` mixins (:mod:`bridge_cudagraph.host.forward`) a packed lever takes off again:
-#: Bridge's forward packing the step's rows itself (``FlatPackedRows`` off), the vision grid read back from the GPU
-#: (``BoundGrids`` off).
-FORWARD_OFF = {"ours_packed_bridge_packing": ("FlatPackedRows",), "ours_packed_device_grid": ("BoundGrids",)}
+#: The packed levers that are a setting of ours_packed's block (``model.cuda_graph``: per part, the fields
+#: replaced), planned by the product as a run with that setting is: tight packing off, Bridge's forward packing the
+#: step's rows itself, the vision grid read back from the GPU (:mod:`bridge_cudagraph.host.forward`).
+PACKED_PARTS = {
+    "ours_packed_rows": {"language": {"tight_packing": False}},
+    "ours_packed_bridge_packing": {"forward": {"flat_rows": False}},
+    "ours_packed_device_grid": {"forward": {"collated_grids": False}},
+}
 #: The packed graph variants whose ladders leave their parameter gradients to autograd and DDP's hooks
 #: (``LadderHelper.sum_param_grads`` off); every other one sums them in graphs where the gate holds.
 AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)

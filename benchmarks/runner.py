@@ -799,12 +799,10 @@ def teardown(objs: dict) -> dict:
     return survivors
 
 
-def ours_helpers(objs: dict, plan: Any, *, forward_off: Sequence[str] = ()) -> list:
+def ours_helpers(objs: dict, plan: Any) -> list:
     """This plugin's helpers of ``plan`` through the variant's provider, as ``bridge-cudagraph train`` builds them:
-    the step host installed first (as ``CudaGraphCallback.on_train_start`` installs it; undone by :func:`teardown`),
-    then ``forward_off``, the names of :mod:`bridge_cudagraph.host.forward`'s ``model.cuda_graph.forward`` mixins
-    taken off again (a lever that measures one of them)."""
-    from bridge_cudagraph.host import forward as forward_host
+    the step host installed first, as ``plan`` says (``cached_walks``, ``forward``; as
+    ``CudaGraphCallback.on_train_start`` installs it; undone by :func:`teardown`)."""
     from bridge_cudagraph.host import step as step_host
 
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
@@ -813,12 +811,6 @@ def ours_helpers(objs: dict, plan: Any, *, forward_off: Sequence[str] = ()) -> l
 
         prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
     installed = step_host.install_planned(plan, model, optimizer)
-    if forward_off:
-        taken = [done for done in installed.forward if done[1].__name__ in forward_off]
-        if {mixin.__name__ for _, mixin in taken} != set(forward_off):
-            raise RuntimeError(f"the forward did not install all of {sorted(forward_off)} to take off")
-        forward_host.uninstall(taken)
-        installed.forward = [done for done in installed.forward if done not in taken]
     objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
     return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
 

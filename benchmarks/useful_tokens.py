@@ -53,6 +53,7 @@ from benchmarks.report import (
     ORDER,
     PACKED,
     PACKED_GRAPHED,
+    PACKED_PARTS,
     PADDED,
     PADDED_CONTROL,
     PADDED_GRAPHED,
@@ -582,8 +583,8 @@ def variant_provider(run: _Run, variant: str):
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
         **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
     }
-    for name, parts in PADDED_PARTS.items():
-        block = blocks["ours_padded"]
+    for name, parts in (*PADDED_PARTS.items(), *PACKED_PARTS.items()):
+        block = blocks["ours_padded" if name in PADDED_PARTS else "ours_packed"]
         blocks[name] = dataclasses.replace(
             block, **{sub: dataclasses.replace(getattr(block, sub), **fields) for sub, fields in parts.items()}
         )
@@ -680,8 +681,8 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
     """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them
     (:func:`benchmarks.runner.upstream_helpers`); ours from the product's plan
     of the variant's provider (:func:`packed_plan` for a packed graph variant, the provider's padded plan otherwise)
-    through the provider, as ``bridge-cudagraph train`` builds them; then a lever's one change (tight packing off for
-    ours_packed_rows, :data:`~benchmarks.report.TIGHT`; summing graphs off; megatron-core's helper)."""
+    through the provider, as ``bridge-cudagraph train`` builds them; then a lever that is no setting changes one
+    thing of them (summing graphs off; megatron-core's helper)."""
     if variant == "upstream_padded":
         return runner.upstream_helpers(
             objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
@@ -698,15 +699,14 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         plan = plan_for(
             objs["provider"], world_size=world_size, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
         )
-    helpers = runner.ours_helpers(objs, plan, forward_off=report.FORWARD_OFF.get(variant, ()))
+    helpers = runner.ours_helpers(objs, plan)
     if variant in PACKED_GRAPHED:
         from bridge_cudagraph.capture.ladder_helper import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
-        # The product's helpers from the product's plan; a lever changes one thing of them after.
-        if not isinstance(helpers[0], PackedLanguageGraphHelper) or not plan.language.packed.tight:
+        # The product's helpers from the product's plan (tight packing off for ours_packed_rows' setting).
+        if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != (variant in TIGHT):
             raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
-        helpers[0].tight = variant in TIGHT  # ours_packed_rows: tight packing off
         if variant in report.AUTOGRAD_GRADS:
             for ladder in helpers:
                 if isinstance(ladder, LadderHelper):
@@ -788,18 +788,17 @@ def _counters(helpers: list) -> dict[str, dict]:
 def forward_counters(variant: str, model: list) -> dict[str, int]:
     """How many micro-batches took each part of ``model.cuda_graph.forward`` (:mod:`bridge_cudagraph.host.forward`);
     raises where a packed graph variant's step rows were not handed flat to the forward, or
-    ours_packed_bridge_packing's were, or where its forwards did not read the collate's host grids, or
-    ours_packed_device_grid's did (either would time the other lever under the variant's name)."""
+    ours_packed_bridge_packing's were (``forward.flat_rows: false``), or where its forwards did not read the
+    collate's host grids, or ours_packed_device_grid's did (``forward.collated_grids: false``): either would time the
+    other lever under the variant's name."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
     if variant in PACKED_GRAPHED and counts["host_positions_calls"]:
-        off = report.FORWARD_OFF.get(variant, ())
-        flat_expected = forward_host.FlatPackedRows.__name__ not in off
-        if bool(counts["flat_batches"]) != flat_expected:
+        forward = PACKED_PARTS.get(variant, {}).get("forward", {})
+        if bool(counts["flat_batches"]) != (forward.get("flat_rows") is not False):
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
-        grids_expected = forward_host.BoundGrids.__name__ not in off
-        if bool(counts["grid_binds"]) != grids_expected:
+        if bool(counts["grid_binds"]) != (forward.get("collated_grids") is not False):
             raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's host grids")
     return counts
 

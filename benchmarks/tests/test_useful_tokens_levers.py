@@ -106,7 +106,7 @@ def _run(model: str = "tiny") -> useful_tokens._Run:
 
 def test_the_lever_variants_providers_change_one_setting_each():
     """eager_packed_fused and ours_packed_fused are eager_packed's and ours_packed's providers with the fusion on;
-    ours_packed_rows is ours_packed's provider (tight packing is the helper's, made by the benchmark)."""
+    ours_packed_rows is ours_packed's provider with ``language.tight_packing: false``."""
     from bridge_cudagraph.bridge.mixin import provider_fields
 
     run = _run()
@@ -117,25 +117,29 @@ def test_the_lever_variants_providers_change_one_setting_each():
     for fused, plain in (("eager_packed_fused", "eager_packed"), ("ours_packed_fused", "ours_packed")):
         assert type(got[fused]) is type(got[plain])
         assert {**fields[fused], "gradient_accumulation_fusion": False} == fields[plain], fused
-    assert fields["ours_packed_rows"] == fields["ours_packed"]
+    rows = {**fields["ours_packed_rows"], "cuda_graph": fields["ours_packed"]["cuda_graph"]}
+    assert rows == fields["ours_packed"] and fields["ours_packed_rows"]["cuda_graph"].language.tight_packing is False
     assert not got["eager_packed_fused"].cuda_graph.any_enabled
     # packed graphs: the plan's refusal on MoE layers holds for every packed graph variant, not only ours_packed
     assert all(useful_tokens.refusal(run, v) is None for v in report.PACKED_GRAPHED)
 
 
-def test_ours_padded_parts_change_only_their_submodules_fields():
-    """Each part of ours_padded (:data:`~benchmarks.report.PADDED_PARTS`) is ours_padded's block with the
-    named fields replaced, nothing else: what tells which graphs a gradient difference comes from."""
+def test_ours_padded_and_packed_parts_change_only_their_fields():
+    """Each part of ours_padded (:data:`~benchmarks.report.PADDED_PARTS`) and each packed lever that is a setting
+    (:data:`~benchmarks.report.PACKED_PARTS`) is ours_padded's or ours_packed's block with the named fields replaced,
+    nothing else: what tells which graphs a gradient difference comes from, and which setting a lever measures."""
     import dataclasses
 
     run = _run()
-    base = useful_tokens.variant_provider(run, "ours_padded").cuda_graph
-    for name, parts in report.PADDED_PARTS.items():
-        block = useful_tokens.variant_provider(run, name).cuda_graph
-        for sub in ("language", "vision"):
-            want = dataclasses.replace(getattr(base, sub), **parts.get(sub, {}))
-            assert getattr(block, sub) == want, (name, sub)
-        assert dataclasses.replace(block, language=base.language, vision=base.vision) == base, name
+    for base_name, parts_of in (("ours_padded", report.PADDED_PARTS), ("ours_packed", report.PACKED_PARTS)):
+        base = useful_tokens.variant_provider(run, base_name).cuda_graph
+        for name, parts in parts_of.items():
+            block = useful_tokens.variant_provider(run, name).cuda_graph
+            for sub in ("language", "vision", "forward", "cached_walks"):
+                want = dataclasses.replace(getattr(base, sub), **parts.get(sub, {}))
+                assert getattr(block, sub) == want, (name, sub)
+            kept = {sub: getattr(base, sub) for sub in ("language", "vision", "forward", "cached_walks")}
+            assert dataclasses.replace(block, **kept) == base, name
     assert not useful_tokens.variant_provider(run, "ours_padded_vision").cuda_graph.language.enabled
     assert useful_tokens.variant_provider(run, "ours_padded_layer_graphs").cuda_graph.language.graph_unit == "layer"
 
@@ -350,19 +354,26 @@ def test_a_step_change_within_the_variants_own_spread_is_not_claimed():
 
 
 @pytest.mark.fast
-def test_the_bridge_packing_variant_takes_off_the_flat_rows_only():
-    """ours_packed_bridge_packing: ours_packed's provider and helpers, with ``model.cuda_graph.forward``'s
-    :class:`~bridge_cudagraph.host.forward.FlatPackedRows` taken off again (a name the runner checks it took off);
-    every lever that takes a mixin off names one that exists."""
-    from bridge_cudagraph.host import forward as forward_host
+def test_the_packed_setting_levers_plan_one_difference_from_ours_packed():
+    """ours_packed_rows, ours_packed_bridge_packing and ours_packed_device_grid are planned by the product from
+    their setting: tight packing off, ``forward.flat_rows`` off (no
+    :class:`~bridge_cudagraph.host.forward.FlatPackedRows`), ``forward.collated_grids`` off (no
+    :class:`~bridge_cudagraph.host.forward.BoundGrids`), everything else of ours_packed's plan kept."""
+    import dataclasses
 
-    variant = "ours_packed_bridge_packing"
-    assert variant in report.PACKED_GRAPHED and variant in report.TIGHT and variant in report.LEVER_VARIANTS
-    assert any(lever[1:] == (variant, "ours_packed") for lever in report.LEVERS)
-    assert report.FORWARD_OFF[variant] == ("FlatPackedRows",)
-    for names in report.FORWARD_OFF.values():
-        for name in names:
-            assert name in forward_host.__all__ and isinstance(getattr(forward_host, name), type), name
+    run = _run()
+    ours = useful_tokens.packed_plan(run, useful_tokens.variant_provider(run, "ours_packed"))
+    assert ours.language.packed.tight and ours.forward.flat_rows and ours.forward.collated_grids
+    plans = {v: useful_tokens.packed_plan(run, useful_tokens.variant_provider(run, v)) for v in report.PACKED_PARTS}
+    assert not plans["ours_packed_rows"].language.packed.tight and plans["ours_packed_rows"].forward == ours.forward
+    assert report.TIGHT == tuple(v for v in report.PACKED_GRAPHED if v != "ours_packed_rows")
+    for variant, part in (("ours_packed_bridge_packing", "flat_rows"), ("ours_packed_device_grid", "collated_grids")):
+        plan = plans[variant]
+        assert variant in report.PACKED_GRAPHED and variant in report.TIGHT and variant in report.LEVER_VARIANTS
+        assert any(lever[1:] == (variant, "ours_packed") for lever in report.LEVERS)
+        assert part not in plan.forward.parts and set(plan.forward.parts) == {*ours.forward.parts} - {part}
+        assert plan.language == ours.language and plan.cached_walks == ours.cached_walks, variant
+        assert dataclasses.replace(plan.forward, **{part: True}, off_reasons=()) == ours.forward, variant
 
 
 @pytest.mark.fast
