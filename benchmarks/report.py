@@ -263,13 +263,14 @@ PHASE_LABELS = {
 
 # ---------------------------------------------------------------------------------------------- formatting
 def _num(value: Any) -> float | None:
+    """``value`` as a finite float, or None (missing, a bool, not a number, NaN or infinite)."""
     if value is None or isinstance(value, bool):
         return None
     try:
         x = float(value)
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(x) or math.isinf(x) else x
+    return x if math.isfinite(x) else None
 
 
 def fmt_ms(value: Any) -> str:
@@ -611,16 +612,6 @@ def variant_metrics(
         "fill_fraction": fill_fraction(sum(real), sum(slots)),
         **step_time_stats(step_ms),
     }
-
-
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def speedup(variant: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None) -> float | None:

@@ -74,17 +74,7 @@ def trace_windows(trace: dict, prefix: str = STEP_MARK) -> list[tuple[float, flo
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length covered by ``(start, end)`` intervals (overlaps counted once)."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted((s, e) for s, e in intervals if e > s):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
+    return sum((end - start for start, end in merge_intervals(intervals)), 0.0)
 
 
 def kernel_time_per_step(trace: dict, n_steps: int) -> dict:
@@ -243,7 +233,7 @@ def idle_intervals(window: tuple[float, float], busy: Iterable[tuple[float, floa
 
 
 def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Overlapping or touching intervals joined, in order (what :func:`union_length` measures, as intervals)."""
+    """Overlapping or touching intervals joined, in order (:func:`union_length` sums their lengths)."""
     out: list[tuple[float, float]] = []
     for start, end in sorted((s, e) for s, e in intervals if e > s):
         if out and start <= out[-1][1]:
