@@ -41,25 +41,3 @@ prologue() {
   python3 -c "import torch, transformer_engine, megatron.core, megatron.bridge as b; print(torch.__version__, transformer_engine.__version__, megatron.core.__version__, b.__version__)" >"$LOGS/versions.txt" 2>&1
 }
 
-# One line per variant of every bench.json under $LOGS/$1 (step, kernel time, in-profile busy, parity), then the paired
-# phase and the lever pairs (median ratio, interval): the table a device call prints last about a benchmark.
-bench_summary() {
-  python3 - "$LOGS/$1/bench.json" <<'PY'
-import json, os, statistics, sys
-path = sys.argv[1]
-if not os.path.exists(path):
-    sys.exit(print("no", path))
-for c in json.load(open(path))["configs"]:
-    print("config", c.get("name"), c.get("status"))
-    for v, r in c["variants"].items():
-        step, kern = r.get("step_ms_median") or 0, r.get("kernel_ms_per_step") or 0
-        ratio = step / kern if kern else 0
-        print(f"  {v:26s} {r.get('status')} step {step:8.2f} kern {kern:7.2f} x{ratio:5.3f} "
-              f"busy {r.get('gpu_busy_in_profiled_steps') or 0:.2f} fixed {(r.get('fixed_batch') or {}).get('loss_max_abs_diff')} "
-              f"run {r.get('loss_max_abs_diff_vs_eager')}")
-    for p in [c.get("paired") or {}, *(c.get("lever_pairs") or [])]:
-        r = p.get("ratios") or []
-        print("  paired", p.get("variants"), p.get("status"), "median", statistics.median(r) if r else None, p.get("error"))
-PY
-  grep -h "Step time over kernel\|Paired\|vs the noise floor" "$LOGS/$1/bench.md" 2>/dev/null | cut -c1-330
-}
