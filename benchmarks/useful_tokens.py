@@ -789,17 +789,17 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
     """How many micro-batches took each part of ``model.cuda_graph.forward`` (:mod:`bridge_cudagraph.host.forward`);
     raises where a packed graph variant's step rows were not handed flat to the forward, or
     ours_packed_bridge_packing's were (``forward.flat_rows: false``), or where its forwards did not read the
-    collate's host grids, or ours_packed_device_grid's did (``forward.collated_grids: false``): either would time the
+    collate's CPU grids, or ours_packed_device_grid's did (``forward.collated_grids: false``): either would time the
     other lever under the variant's name."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
-    if variant in PACKED_GRAPHED and counts["host_positions_calls"]:
+    if variant in PACKED_GRAPHED and counts["cpu_positions_calls"]:
         forward = PACKED_PARTS.get(variant, {}).get("forward", {})
         if bool(counts["flat_batches"]) != (forward.get("flat_rows") is not False):
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
         if bool(counts["grid_binds"]) != (forward.get("collated_grids") is not False):
-            raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's host grids")
+            raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's CPU grids")
     return counts
 
 
@@ -961,7 +961,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     if variant in (*PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
-        rec["fewer_host_waits"] = forward_counters(variant, model)
+        rec["forward_counts"] = forward_counters(variant, model)
 
     # Parity: the fixed micro-batch with the initial weights copied back in (in place: the graphs stay valid).
     runner.load_weights(model, run.initial_state, aliases_allowed=variant == "upstream_padded")
