@@ -93,14 +93,14 @@ def _make(kind: str, cfg=None, **fields):
     return tiny.tiny_gpt_provider(cfg, **fields) if kind == "gpt" else tiny.tiny_qwen3_vl_provider(cfg, **fields)
 
 
-def _bridge_model(kind: str, world, *, fused: bool = False):
-    """The same model on Bridge's own provider class, graphs off (``cuda_graph_impl="none"``); ``fused``: with TE's
-    weight-gradient fusion on in the modules built from its config (what its ``gradient_accumulation_fusion=true``
-    gives them where APEX lets the host build it)."""
+def _bridge_model(kind: str, world, *, fused: bool = False, **fields):
+    """The same model on Bridge's own provider class, graphs off (``cuda_graph_impl="none"``), with provider
+    ``fields``; ``fused``: with TE's weight-gradient fusion on in the modules built from its config (what its
+    ``gradient_accumulation_fusion=true`` gives them where APEX lets the host build it)."""
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.host.wgrad_fusion import fuse_te_modules
 
-    plain = tiny.upstream_provider(_make(kind))
+    plain = tiny.upstream_provider(_make(kind, **fields))
     plain.cuda_graph_impl = "none"
     assert not hasattr(plain, "cuda_graph"), type(plain)
     assert type(plain).__module__.startswith("megatron.bridge"), type(plain)
@@ -222,10 +222,10 @@ def test_fused_weight_gradients_match_bridge_bit_for_bit(world, record, kind):
 
 
 @contextlib.contextmanager
-def _replaying_vision_graphs(provider, plugin, plan, record, case: str):
-    """The plugin's vision helper under ``plan``, captured; yields the image batches (each replays a budget).
-    A capture that fell back to eager fails with its own cause. After the body: every batch replayed, none ran
-    eagerly, the capture counted; the graphs are deleted."""
+def _replaying_vision_graphs(provider, plugin, plan, record, case: str, batches: dict | None = None):
+    """The plugin's vision helper under ``plan``, captured; yields the image batches (each replays a budget): this
+    module's, or ``batches``. A capture that fell back to eager fails with its own cause. After the body: every batch
+    replayed, none ran eagerly, the capture counted; the graphs are deleted."""
     from bridge_cudagraph.testing.parity import assert_captured
 
     (helper,) = (h for h in provider.make_graph_helpers(plugin, plan=plan) if h.submodule == "vision")
@@ -234,7 +234,8 @@ def _replaying_vision_graphs(provider, plugin, plan, record, case: str):
         record(case=case, capture_failed=helper.stats.failed, graphs=helper.stats.graphs)
         assert helper.stats.failed is None, f"vision capture fell back to eager: {helper.stats.failed}"
         assert helper.graphs_created() and helper.stats.graphs > 0
-        batches = {k: v for k, v in _batches("qwen3_vl").items() if k != "no_image"}
+        if batches is None:
+            batches = {k: v for k, v in _batches("qwen3_vl").items() if k != "no_image"}
         yield batches
         assert helper.stats.replays == len(batches) and helper.stats.eager_fallbacks == 0, helper.stats
         assert_captured(helper.stats)
@@ -252,6 +253,51 @@ def test_vision_graphs_match_bridge_bit_for_bit(world, record):
     plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
     with _replaying_vision_graphs(provider, plugin, plan, record, "vision graphs") as batches:
         _require_bit_identical(plugin, bridge, batches, "qwen3_vl vision graphs", record)
+
+
+#: Budgets up to 4096 patches with the image size the plan derives: under deterministic kernels the plan lowers the
+#: static ``max_seqlen`` below TE's unfused threshold and keeps cuDNN's workspace within its limit
+#: (:mod:`bridge_cudagraph.plan.determinism`); the module's other cases stop at 1024 patches of 144-patch images.
+LARGE_BUDGETS = [1024, 2048, 4096]
+LARGE_SEQ = 2048
+
+
+def test_vision_graphs_at_4096_patches_match_bridge_bit_for_bit(world, record):
+    """Every rung of a ladder up to 4096 patches captured under deterministic kernels at the derived image size
+    (none falls back to eager for its workspace or backend), a micro-batch replayed on each rung, and the per-token
+    loss and every gradient bit for bit Bridge's unmodified model's."""
+    import math
+
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
+    from bridge_cudagraph.examples.data import qwen3_vl_batch
+    from bridge_cudagraph.testing.plans import plan_for
+
+    cfg = CudaGraphConfig(
+        language=LanguageGraphConfig(enabled=False),
+        vision=VisionGraphConfig(enabled=True, token_budgets=list(LARGE_BUDGETS)),
+    )
+    bridge = _bridge_model("qwen3_vl", world, seq_length=LARGE_SEQ)
+    provider, plugin = _plugin_model("qwen3_vl", world, cfg, bridge, seq_length=LARGE_SEQ)
+    _require_deterministic(bridge)
+    _require_deterministic(plugin)
+    plan = plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1)
+    assert plan.vision.token_budgets == tuple(LARGE_BUDGETS), plan.vision.token_budgets
+    # The largest square image the plan replays, with even sides for the 2x2 merge.
+    side = math.isqrt(plan.vision.max_patches_per_image) // 2 * 2
+    per_image = side * side
+    batches = {}
+    for below, budget in zip([0, *LARGE_BUDGETS], LARGE_BUDGETS, strict=False):
+        n = budget // per_image
+        assert below < n * per_image <= budget, (budget, per_image)  # the micro-batch lands on this rung
+        images = [(1, side, side)] * n
+        batches[f"{n}x{side}x{side}"] = qwen3_vl_batch(
+            [images[: (n + 1) // 2], images[(n + 1) // 2 :]], LARGE_SEQ, seed=n
+        )
+    record(case="vision graphs at 4096 patches", max_patches_per_image=plan.vision.max_patches_per_image, side=side)
+    with _replaying_vision_graphs(
+        provider, plugin, plan, record, "vision graphs at 4096 patches", batches
+    ) as replayed:
+        _require_bit_identical(plugin, bridge, replayed, "qwen3_vl vision graphs at 4096 patches", record)
 
 
 def test_vision_graphs_read_the_collates_cpu_grid_bit_for_bit(world, record):
