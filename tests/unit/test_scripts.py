@@ -55,3 +55,15 @@ def test_the_scripts_say_which_python_they_run(tmp_path, script, console_script)
         "-m pytest -q x=1" if script == "test.sh" else "-m bridge_cudagraph plan recipes/tiny_qwen3_vl_photos.yaml x=1"
     )
     assert done.stdout == f"ran: {expected}\n"
+
+
+def test_every_test_file_name_is_unique_across_the_test_paths():
+    """The test folders have no ``__init__.py`` (pytest's default import mode), so two test files of one basename
+    anywhere under the configured test paths stop the whole run at collection: the README's test command would
+    then test nothing."""
+    import tomllib
+    from collections import Counter
+
+    paths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    names = Counter(p.name for path in paths for p in (ROOT / path).rglob("test_*.py"))
+    assert not [name for name, count in names.items() if count > 1], names.most_common(3)
