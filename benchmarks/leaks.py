@@ -110,10 +110,7 @@ def leak_report(count: int = 2, *, depth: int = 10) -> dict:
     them (:func:`holder_chains`). Call after the objects expected to be freed are gone and ``gc.collect()`` ran."""
     gc.collect()
     tensors = largest_cuda_tensors(count)
-    report = {
-        "allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0,
-        "largest": [],
-    }
+    report = {"allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0, "largest": []}
     for tensor in tensors:
         report["largest"].append(
             {"mib": round(_nbytes(tensor) / 2**20, 1), "holders": holder_chains(tensor, depth=depth, ignore=[tensors])}

@@ -269,13 +269,7 @@ class PhaseMarkers:
 
     SEQUENTIAL = ("step_setup", "forward", "backward", "optimizer_step", "step_end")
 
-    def __init__(
-        self,
-        model: Sequence[torch.nn.Module],
-        optimizer: Any = None,
-        *,
-        prefix: str = PHASE_PREFIX,
-    ) -> None:
+    def __init__(self, model: Sequence[torch.nn.Module], optimizer: Any = None, *, prefix: str = PHASE_PREFIX) -> None:
         self.prefix = prefix
         self._open: dict[str, Any] = {}
         self._current: str | None = None
@@ -427,26 +421,14 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def train_step(
-    model,
-    optimizer,
-    micro_batches: list[dict],
-    pg_collection,
-    grad_norms: list,
-) -> tuple[float, float]:
+def train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_norms: list) -> tuple[float, float]:
     """One training step through :func:`bridge_cudagraph.testing.parity.train_steps` (Megatron's schedule and the
     distributed optimizer); ``(loss, wall ms)`` between two synchronizes."""
     from bridge_cudagraph.testing.parity import train_steps
 
     torch.cuda.synchronize()
     start = time.perf_counter()
-    loss = train_steps(
-        model,
-        optimizer,
-        [micro_batches],
-        pg_collection=pg_collection,
-        grad_norms=grad_norms,
-    )[0]
+    loss = train_steps(model, optimizer, [micro_batches], pg_collection=pg_collection, grad_norms=grad_norms)[0]
     torch.cuda.synchronize()
     return loss, (time.perf_counter() - start) * 1e3
 
@@ -578,12 +560,7 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
 
 
 def profile(
-    shared: StepData,
-    run_step: Callable[[int], None],
-    first_step: int,
-    *,
-    model=None,
-    optimizer=None,
+    shared: StepData, run_step: Callable[[int], None], first_step: int, *, model=None, optimizer=None
 ) -> tuple[dict, dict]:
     """Profile ``shared.profile_steps`` steps from ``first_step``, with :class:`PhaseMarkers` on ``model`` and
     ``optimizer`` for those steps only; ``(kernel_time_per_step, host_time_breakdown or {"error": ...})``: the kernel
