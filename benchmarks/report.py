@@ -51,53 +51,35 @@ from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report
 #: The compared variants, in run order: what runs when ``--variants`` is left out. The first and last names are
 #: fixed by issue #17.
 VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "ours_packed")
-#: One lever of the packed step each, measured on its own; run only when ``--variants`` names them (dense models
-#: of the benchmark's own shape): ours_packed with tight packing off, and eager_packed and ours_packed with
-#: ``model.gradient_accumulation_fusion=true`` (TE's layers fuse, :mod:`bridge_cudagraph.host.wgrad_fusion`), and
-#: ours_packed with the vision ladder's former rungs (the data's top and three halvings, not 1.25x apart), and
-#: ours_packed with Bridge's forward packing the step's rows itself (``model.cuda_graph.forward.flat_rows: false``),
-#: and ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks
-#: (:mod:`bridge_cudagraph.capture.param_grads` off), and ours_packed with the vision grid read back from the GPU
-#: (``model.cuda_graph.forward.collated_grids: false``).
-LEVER_VARIANTS = (
-    "ours_padded_layer_graphs",
-    "ours_padded_megatron",
-    "ours_padded_language",
-    "ours_padded_vision",
-    "ours_packed_rows",
-    "ours_packed_halvings",
-    "ours_packed_bridge_packing",
-    "ours_packed_autograd_grads",
-    "ours_packed_device_grid",
-    "eager_packed_fused",
-    "ours_packed_fused",
-)
-#: Every variant in run order: the eager ones first (a variant's parity reference runs before it), then the graphs;
-#: the control runs after all of them (and after the paired phase).
-ORDER = (
-    "eager_packed",
-    "eager_packed_fused",
-    "eager_padded",
-    "upstream_padded",
-    "ours_padded",
-    "ours_padded_layer_graphs",
-    "ours_padded_megatron",
-    "ours_padded_language",
-    "ours_padded_vision",
-    "eager_padded_repeat",
-    "ours_packed",
-    "ours_packed_rows",
-    "ours_packed_halvings",
-    "ours_packed_bridge_packing",
-    "ours_packed_autograd_grads",
-    "ours_packed_device_grid",
-    "ours_packed_fused",
-)
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
 CONTROL = "eager_packed_repeat"
 #: eager_padded again, where ``--variants`` names it: its step losses against eager_padded's are the floor the padded
 #: graphs' loss curve is read against (eager_packed_repeat's are the packed one's).
 PADDED_CONTROL = "eager_padded_repeat"
+#: What each variant is, in run order (the control last).
+LABELS = {
+    "eager_packed": "Bridge's default: graphs off, in-batch packing",
+    "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
+    "eager_padded": "graphs off, every row padded to seq_length",
+    "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
+    "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
+    "ours_padded_layer_graphs": "ours_padded with one language graph per layer (language.graph_unit=layer)",
+    "ours_padded_megatron": "ours_padded_layer_graphs on megatron-core's TECudaGraphHelper instead of the ladder",
+    "ours_padded_language": "ours_padded with the language graphs only (vision graphs off)",
+    "ours_padded_vision": "ours_padded with the vision graphs only (language graphs off)",
+    PADDED_CONTROL: "eager_padded again (the padded loss curve's noise floor)",
+    "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
+    "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
+    "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
+    "ours_packed_bridge_packing": "ours_packed with Bridge's forward packing the step's rows itself",
+    "ours_packed_autograd_grads": "ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks",
+    "ours_packed_device_grid": "ours_packed with the vision grid read back from the GPU (waits for the queue)",
+    "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
+    CONTROL: "eager_packed again (run-to-run noise floor)",
+}
+#: Every variant in run order: the eager ones first (a variant's parity reference runs before it), then the graphs;
+#: the control runs after all of them (and after the paired phase).
+ORDER = tuple(v for v in LABELS if v != CONTROL)
 #: The reference every speed-up is against: Bridge's default (graphs off, in-batch packing).
 BASELINE = "eager_packed"
 #: The close pair measured side by side, steps interleaved (ratios: first's step time over the second's), unless
@@ -122,15 +104,7 @@ REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
 REFUSED = "refused"
 #: The packed language graph variants; of them, those with tight packing on (ours_packed_rows replays the rows).
-PACKED_GRAPHED = (
-    "ours_packed",
-    "ours_packed_rows",
-    "ours_packed_halvings",
-    "ours_packed_bridge_packing",
-    "ours_packed_autograd_grads",
-    "ours_packed_device_grid",
-    "ours_packed_fused",
-)
+PACKED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_packed"))
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
 #: The packed levers that are a setting of ours_packed's block (``model.cuda_graph``: per part, the fields
 #: replaced), planned by the product as a run with that setting is: tight packing off, Bridge's forward packing the
@@ -164,6 +138,9 @@ GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
 FUSED = ("eager_packed_fused", "ours_packed_fused")
 #: The variants whose one extra step runs under :func:`benchmarks.host_syncs.census` (eager_packed for comparison).
 HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
+#: One lever each, run only when ``--variants`` names them (dense models of the benchmark's own shape); :data:`LEVERS`
+#: pairs them.
+LEVER_VARIANTS = (*PADDED_PARTS, *(v for v in PACKED_GRAPHED if v not in ("ours_packed", *FUSED)), *FUSED)
 #: The levers of the packed step: (lever, the variant without it, the variant with it).
 LEVERS = (
     ("tight packing", "ours_packed_rows", "ours_packed"),
@@ -183,26 +160,6 @@ LEVERS = (
     ("padded rows on the ladder, not megatron-core's helper", "ours_padded_megatron", "ours_padded_layer_graphs"),
     ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
 )
-LABELS = {
-    "eager_packed": "Bridge's default: graphs off, in-batch packing",
-    "eager_padded": "graphs off, every row padded to seq_length",
-    "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
-    "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
-    "ours_padded_layer_graphs": "ours_padded with one language graph per layer (language.graph_unit=layer)",
-    "ours_padded_megatron": "ours_padded_layer_graphs on megatron-core's TECudaGraphHelper instead of the ladder",
-    "ours_padded_language": "ours_padded with the language graphs only (vision graphs off)",
-    "ours_padded_vision": "ours_padded with the vision graphs only (language graphs off)",
-    PADDED_CONTROL: "eager_padded again (the padded loss curve's noise floor)",
-    "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
-    "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
-    "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
-    "ours_packed_bridge_packing": "ours_packed with Bridge's forward packing the step's rows itself",
-    "ours_packed_autograd_grads": "ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks",
-    "ours_packed_device_grid": "ours_packed with the vision grid read back from the GPU (waits for the queue)",
-    "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
-    "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
-    CONTROL: "eager_packed again (run-to-run noise floor)",
-}
 #: The micro-batch form each variant trains on, which its name says (every padded variant's has ``_padded``).
 FORM = {v: PADDED if "_padded" in v else PACKED for v in LABELS}
 #: Issue #17's target for ours_packed over eager_packed on the 2B shape (useful tokens/s).
