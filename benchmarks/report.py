@@ -177,7 +177,6 @@ def target_of(data: Mapping[str, Any]) -> float:
 GIB = 2**30
 
 
-# ============================================================================================ arithmetic
 # ============================================================================================ numbers
 #: Confidence of the paired phase's interval for the median ours-vs-upstream ratio.
 PAIRED_CONFIDENCE = 0.95
@@ -214,9 +213,7 @@ def _num(value: Any) -> float | None:
 def fmt_ms(value: Any) -> str:
     """Milliseconds: one decimal from 10 ms up, two below."""
     x = _num(value)
-    if x is None:
-        return "n/a"
-    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+    return "n/a" if x is None else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
 def fmt_ratio(value: Any, suffix: str = "") -> str:
@@ -239,9 +236,7 @@ def fmt_diff(value: Any) -> str:
 def fmt_count(value: Any) -> str:
     """A count per step: whole from 10 up (``2000``), one decimal below (``1.5``: an average over steps)."""
     x = _num(value)
-    if x is None:
-        return "n/a"
-    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
+    return "n/a" if x is None else f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -267,8 +262,7 @@ def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
 
 
 def _fmt_step_over_kernel(variant: Mapping[str, Any]) -> str:
-    ratio = step_over_kernel(variant)
-    return "n/a" if ratio is None else f"{ratio:.2f}x"
+    return fmt_ratio(step_over_kernel(variant), "x")
 
 
 def _gap_text(gaps: Any) -> str:
