@@ -1,17 +1,11 @@
 """The benchmarks' variant runner: what every variant of a run goes through, as public functions.
 
-A variant is built (the caller's provider, the model through :func:`bridge_cudagraph.examples.tiny.build`, the
-optimizer, the initial weights loaded: :func:`snapshot`, :func:`load_weights`), its graph helpers made through the
-product's own path (:func:`ours_helpers`: the plan's step host and the provider's ``make_graph_helpers``; or
-megatron-core's, :func:`upstream_helpers`), its eager warm-up steps run, its helpers captured (:func:`capture`; a
-ladder's later rungs by :func:`growing`), its measured steps timed (:func:`step_runner`: wall time between
-synchronizes), a few more steps profiled (:func:`profile`: the kernel time of exactly those steps, and where the
-host time goes; :func:`profile_cuda_only`: the same steps under a kernels-only profiler), its per-token loss and
-every parameter's gradient taken on a fixed micro-batch (:func:`fixed_batch_check`), and freed
-(:func:`teardown`, :func:`check_freed`). A run whose loss or grad norm goes NaN or infinite at any step is failed
-(:func:`require_finite`). The paired phase builds two variants at once where both fit (:func:`paired_memory_check`).
-
-:mod:`benchmarks.useful_tokens` drives it: which variants, on which data, compared how.
+A variant is built (:func:`snapshot`, :func:`load_weights`), its graph helpers made through the product's path
+(:func:`ours_helpers`) or megatron-core's (:func:`upstream_helpers`), warmed up eagerly, captured (:func:`capture`;
+later rungs by :func:`growing`), timed (:func:`step_runner`: wall time between synchronizes), profiled
+(:func:`profile`, :func:`profile_cuda_only`), checked on a fixed micro-batch (:func:`fixed_batch_check`) and freed
+(:func:`teardown`, :func:`check_freed`); a non-finite loss or grad norm fails it (:func:`require_finite`). The paired
+phase builds two at once where both fit (:func:`paired_memory_check`). :mod:`benchmarks.useful_tokens` drives it.
 """
 
 from __future__ import annotations

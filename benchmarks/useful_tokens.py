@@ -1,24 +1,12 @@
 """Useful tokens per second on Bridge's own Qwen3-VL fine-tuning data path: packed eager vs padded and packed graphs.
 
 Useful tokens carry loss, so a step that replays static shapes and computes padding is judged on what a user gains.
-Every variant (:data:`benchmarks.report.LABELS` says what each is; the lever variants run when ``--variants`` names
-them) trains in this process, one at a time, from the same initial weights on the same samples: the first
-``--microbatches x --mbs`` training samples of the photo SFT set (:mod:`bridge_cudagraph.examples.photo_recipe`)
-built by Bridge's dataset provider, collated by its ``collate_fn`` and turned into both forms, packed and padded, by
-Bridge's Qwen3-VL step (:func:`~bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs`). Each goes through
-:mod:`benchmarks.runner` (build through the product's own plan and provider, warm-up, capture, measured steps,
-profiled steps, the fixed micro-batch's per-token loss and every parameter's gradient against its reference and the
-reference's own floor); then the paired phase (two variants alive at once, steps interleaved) and the eager
-control. ``--model`` picks the model (:data:`MODELS`: the tiny one, the 2B shape, two MoE shapes whose packed
-graphs the plan refuses, and Bridge's 8B LoRA recipe file through :mod:`benchmarks.recipe_variants`).
-
-Run from the repository root, e.g.::
-
-    python -m benchmarks.useful_tokens --out /tmp/ut --model small --seq 4096 --mbs 2 --num-mb 2
-
-Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.report`),
-``useful_tokens.md`` and ``useful_tokens.png``, and prints a short table. How each number is made:
-``benchmarks/README.md``.
+Every variant (:data:`benchmarks.report.LABELS`) trains in this process, one at a time, from the same initial weights
+on the same photo SFT micro-batches (Bridge's dataset provider, ``collate_fn`` and Qwen3-VL step), through
+:mod:`benchmarks.runner`; then the paired phase and the eager control. ``--model``: :data:`MODELS`. Run from the
+repository root, e.g. ``python -m benchmarks.useful_tokens --out /tmp/ut --model small --seq 4096 --mbs 2 --num-mb 2``.
+Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.report`), ``.md``, ``.png``
+and a short table on stdout. How each number is made: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -112,7 +100,6 @@ def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int
     )
 
 
-# ============================================================================================ models
 def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: Any):
     """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block: the
     tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes.
@@ -166,13 +153,10 @@ def qwen3_vl_30b_a3b_shape_provider(
     graphs do to one MoE layer's step), while the embedding, the output layer and the vision encoder weigh more in
     the step than at full depth.
 
-    Memory: a language layer is 128 experts x 3 x 2048 x 768 (604M) + attention (2048 x (32 + 2 x 4) x 128 in, 4096
-    x 2048 out: 19M) = 623M parameters, 4 of them 2.49B; embedding and output layer (untied) 2 x 151936 x 2048 =
-    0.62B; the vision encoder (27 x 1152) with its mergers ~0.54B: ~3.65B in all. At 18 bytes per parameter (bf16
-    weight, fp32 gradient buffer, fp32 master and two Adam moments: the distributed optimizer on one rank) that is
-    ~61 GiB; a padded micro-batch (2 x 4096 tokens) adds ~10 GiB of fp32 logits and their gradient and a few GiB of
-    expert activations (8192 x top 8 rows of 2048): a peak of ~80-90 GiB with the graph pools, on 139 GiB. The
-    initial weights are kept once in pinned host memory (~7.3 GB)."""
+    Memory: ~3.65B parameters (4 language layers of 623M, untied embedding and output layer 0.62B, vision encoder
+    ~0.54B), ~61 GiB at 18 bytes each (the distributed optimizer on one rank); a padded micro-batch's fp32 logits and
+    expert activations and the graph pools bring the peak to ~80-90 GiB on 139 GiB. The initial weights are kept once
+    in pinned host memory (~7.3 GB)."""
     from bridge_cudagraph.examples import tiny
 
     deepstack = [8, 16, 24]
