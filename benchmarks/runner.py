@@ -249,16 +249,12 @@ class PhaseMarkers:
     """``record_function`` ranges named ``bcg_phase/<phase>`` around the phases of a training step, so that
     :func:`host_time_breakdown` can say which phase the host was in while the GPU idled.
 
-    Installed for the profiled steps only and removed after (:meth:`remove`): forward hooks on the model chunks,
-    the vision encoders and the language models, tensor hooks for the vision backward, and a per-instance wrapper
-    of ``optimizer.step``; nothing of :mod:`bridge_cudagraph.testing.parity`, the model's classes or the
-    optimizer's class changes. Main-thread phases follow one another and cover the step: ``step_setup`` (from
-    :meth:`start_step` to the first forward), ``forward``, ``backward`` (from a forward's end to the next forward or
-    the optimizer step: loss, backward, gradient finalisation), ``optimizer_step``, ``step_end`` (until
-    :meth:`end_step`). Nested: ``vision_forward`` and ``language_forward`` (module hooks) and ``vision_backward``
-    (from the gradient reaching the encoder's output to the gradient reaching its patch embedding, on the autograd
-    thread). Ranges are entered and exited by hand; ``record_function`` handles need not nest. Each marker is one
-    host-side range per call, a few microseconds: cheap next to the ops the profiler records anyway.
+    Installed for the profiled steps only and removed after (:meth:`remove`): module and tensor hooks and a
+    per-instance wrapper of ``optimizer.step``; no class changes. Main-thread phases follow one another and cover
+    the step: ``step_setup`` (from :meth:`start_step`), ``forward``, ``backward`` (from a forward's end to the next
+    forward or the optimizer step), ``optimizer_step``, ``step_end`` (until :meth:`end_step`). Nested:
+    ``vision_forward``, ``language_forward`` and ``vision_backward`` (on the autograd thread). Ranges are entered and
+    exited by hand (handles need not nest); each is a few microseconds of host time per call.
     """
 
     SEQUENTIAL = ("step_setup", "forward", "backward", "optimizer_step", "step_end")

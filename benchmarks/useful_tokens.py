@@ -546,10 +546,8 @@ def packed_graph_config(run: _Run) -> CudaGraphConfig:
 def variant_provider(run: _Run, variant: str):
     """The provider of ``variant`` (not finalized), with the photo processor's token ids: the model's
     (:data:`MODELS`) with graphs off, ours_padded's or ours_packed's block; upstream's the host's provider class
-    with megatron-core's per-layer graphs (``cuda_graph_impl="transformer_engine"``, vision too, one vision length
-    that holds the largest micro-batch). The
-    fused variants (:data:`~benchmarks.report.FUSED`) set ``gradient_accumulation_fusion=True`` on
-    it; the provider honours it without APEX by fusing TE's layers only."""
+    with megatron-core's per-layer graphs (vision too, one length that holds the largest micro-batch). The fused
+    variants (:data:`~benchmarks.report.FUSED`) set ``gradient_accumulation_fusion=True`` (TE's layers fuse)."""
     model = MODELS[run.args.model]
     if variant == "upstream_padded":
         from bridge_cudagraph.examples import tiny
@@ -559,11 +557,7 @@ def variant_provider(run: _Run, variant: str):
         plain.max_vision_cuda_graph_seq_length = run.cfg.upstream_vision_seq_length()
         return plain
     blocks = {
-        "eager_packed": None,
-        "eager_padded": None,
-        PADDED_CONTROL: None,
-        "eager_packed_fused": None,
-        CONTROL: None,
+        **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, "eager_packed_fused", CONTROL)),
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
         **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
     }
@@ -1047,12 +1041,9 @@ def parity(
     ours_packed_fused eager_packed_fused; ``reference``: that variant's kept numbers) (all tokens and the loss
     tokens only; NaN-safe :func:`~bridge_cudagraph.testing.parity.diff_losses`), its
     step losses against the reference's (:func:`~bridge_cudagraph.testing.parity.compare_series`), whether every
-    step's loss is finite, and for a padded variant its loss tokens against eager_packed's packed form.
-
-    On an MoE model every compared loss is still the language model's cross-entropy alone: the per-token loss is
-    the model's output and a step's loss is the schedule's ``lm loss``, while the router's load-balancing loss
-    reaches only the gradients (megatron-core's ``MoEAuxLossAutoScaler``), so it is inside the grad norm (compared
-    within a form only: a padded row routes its padding too, which changes the aux loss but no loss token)."""
+    step's loss is finite, and for a padded variant its loss tokens against eager_packed's packed form. On an MoE
+    model the compared losses are the language model's cross-entropy alone: the router's load-balancing loss reaches
+    only the gradients (megatron-core's ``MoEAuxLossAutoScaler``), so the grad norm, compared within a form only."""
     from bridge_cudagraph.testing.parity import compare_series, diff, diff_losses, within_floor
 
     form = FORM[variant]
