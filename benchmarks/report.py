@@ -1080,10 +1080,8 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
         return []
     out = ["## Where ours_packed's step time goes", ""]
     same = _num(ours.get("step_ms_same_microbatches"))
-    if "step_ms_same_microbatches" in ours:
-        step = same
-    else:  # a record from before the field
-        step = _num(ours.get("step_ms_median"))
+    # A record from before the field: the median of the measured steps.
+    step = same if "step_ms_same_microbatches" in ours else _num(ours.get("step_ms_median"))
     kernel = _num(ours.get("kernel_ms_per_step"))
     facts = []
     if step is not None and kernel is not None:
@@ -1151,11 +1149,8 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     out += _verdict_lines(data)
     out += _notes(data)
     out.append("")
-    out += lever_section(data)
-    out += memory_section(data)
-    out += encoder_and_mfu_section(data)
-    out += remaining_time(data)
-    out += host_syncs_section(data)
+    for section in (lever_section, memory_section, encoder_and_mfu_section, remaining_time, host_syncs_section):
+        out += section(data)
     out += ["## How it is measured", "", *HOW, ""]
     return "\n".join(out)
 
