@@ -612,20 +612,12 @@ def finish(data: dict) -> dict:
 
 
 # ============================================================================================ reading
-COLUMNS = (
-    "variant",
-    "useful tok/s",
-    "x vs eager_packed",
-    "step ms (median, IQR)",
-    "fill",
-    "GPU busy (in profiled steps)",
-    "kernel ms/step",
-    "step / kernel",
-    "graph GiB",
-    "peak GiB (allocated / reserved)",
-    "capture s",
-    "replays / eager fallbacks",
-    "parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager floor)",
+#: The table's header, as it reads.
+COLUMNS = tuple(
+    "variant | useful tok/s | x vs eager_packed | step ms (median, IQR) | fill | GPU busy (in profiled steps) | "
+    "kernel ms/step | step / kernel | graph GiB | peak GiB (allocated / reserved) | capture s | replays / eager "
+    "fallbacks | parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager "
+    "floor)".split(" | ")
 )
 
 
@@ -859,14 +851,8 @@ def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     header = (
-        "variant",
-        "vision fwd ms/mb",
-        "vision bwd ms/mb",
-        "vision ms/mb",
-        "encoder calls/step",
-        "MFU",
-        "MFU at kernel time",
-    )
+        "variant | vision fwd ms/mb | vision bwd ms/mb | vision ms/mb | encoder calls/step | MFU | MFU at kernel time"
+    ).split(" | ")
     note = "(MFU: padded rows only, every position counted, dense BF16 peak of `benchmarks/flops.py`; -: not taken.)"
     return ["## Vision encoder and MFU", "", *_table(header, rows), "", note, ""]
 
@@ -956,14 +942,9 @@ def lever_section(data: Mapping[str, Any]) -> list[str]:
     if not pairs:
         return []
     header = (
-        "lever",
-        "without → with",
-        "kernel ms/step (profiled)",
-        "step ms median (IQR)",
-        "useful tok/s (with / without)",
-        "fill",
-        "peak GiB allocated / reserved",
-    )
+        "lever | without → with | kernel ms/step (profiled) | step ms median (IQR) | useful tok/s (with / without) | "
+        "fill | peak GiB allocated / reserved"
+    ).split(" | ")
     out = ["## Levers", "", *_table(header, [lever_row(*lever, variants) for lever in pairs]), ""]
     out += [line for line in (lever_verdict(*lever, variants) for lever in pairs) if line]
     out.append("")
