@@ -28,9 +28,6 @@ A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per
 :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``, ``peak_reserved_bytes``,
 ``te_modules_fusing`` (TE modules that accumulate their weight gradient into ``main_grad`` themselves),
 ``host_syncs`` (:func:`benchmarks.host_syncs.census` of one more step; :data:`HOST_SYNC_VARIANTS`), ``seconds``.
-
-The lever variants (:data:`LEVER_VARIANTS`, run only when ``--variants`` names them) each change one setting of
-ours_packed or eager_packed; :data:`LEVERS` pairs them for the report's lever section.
 """
 
 from __future__ import annotations
