@@ -3,12 +3,14 @@ between steps, and the manual hooks that must survive a re-capture."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Sequence
 
 import torch
 
 from bridge_cudagraph.capture.device_memory import free_for_capture
+from bridge_cudagraph.capture.graph_copies import reset_graph_sets
 from bridge_cudagraph.capture.ladder_capture import capture_budget_ladder
 
 logger = logging.getLogger("bridge_cudagraph")
@@ -23,8 +25,9 @@ class LadderHelper:
     A subclass sets ``self.model``, ``self.ladder``
     (:class:`~bridge_cudagraph.capture.budget_ladder.BudgetLadder`), ``self.stats``, ``self.copies``,
     ``self.graphs = {}``, ``self._pools = []``, ``self._fused_grad_params = []``, ``self._manual_hooks = False``,
-    ``self.on_capture_error``, and provides ``_captured_layers()``, ``_capture_rung(budget, copy, pool)``
-    (one copy's graph set of one rung), ``delete_cuda_graphs()`` and ``_set_manual_hooks()``.
+    ``self.on_capture_error``, ``self._statics`` (the static buffers of each copy), and provides
+    ``_captured_layers()``, ``_hooked_layers()`` (every layer whose manual hooks the replay runs),
+    ``_capture_rung(budget, copy, pool)`` (one copy's graph set of one rung) and ``_set_manual_hooks()``.
 
     Growing re-captures the whole ladder up to the new top, largest first, into a fresh pool, rather than adding the
     larger rungs to the pool the smaller ones left (``docs/design/shared-pool.md`` says why).
@@ -74,6 +77,21 @@ class LadderHelper:
         self.ladder.add(graphs)
         self.stats.budgets_captured = self.ladder.captured
         return True
+
+    def delete_cuda_graphs(self) -> None:
+        """Free every graph (TE ``reset()``) before process groups go away; allows re-capture."""
+        reset_graph_sets(self.graphs)
+        self.graphs = {}
+        self._pools = []
+        for statics in self._statics:
+            statics.clear()
+        self.ladder.reset()
+        self.copies.reset()
+        self._fused_grad_params = []
+        for layer in self._hooked_layers():
+            layer.cuda_graph_manual_hooks = []
+        self.stats.graphs = 0
+        gc.collect()
 
     def pending_budgets(self) -> tuple[int, ...]:
         """Rungs a micro-batch above the captured top asked for, to capture before the next step."""

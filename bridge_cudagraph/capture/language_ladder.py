@@ -6,7 +6,6 @@ fallback counts the same way; they differ in their static inputs and in how a mi
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Sequence
 
@@ -21,7 +20,7 @@ from bridge_cudagraph.capture.block_replay import (
 )
 from bridge_cudagraph.capture.budget_ladder import BudgetLadder
 from bridge_cudagraph.capture.checks import CaptureError
-from bridge_cudagraph.capture.graph_copies import GraphCopies, reset_graph_sets
+from bridge_cudagraph.capture.graph_copies import GraphCopies
 from bridge_cudagraph.capture.ladder_helper import LadderHelper
 from bridge_cudagraph.capture.static_inputs import StaticBuffers
 from bridge_cudagraph.capture.stats import CaptureStats
@@ -138,21 +137,8 @@ class LanguageLadder(LadderHelper):
             for layer in decoder.layers:
                 layer.setup_manual_hooks(param_gather_hook_maker(chunk))
 
-    def delete_cuda_graphs(self) -> None:
-        """Free every graph (TE ``reset()``) before process groups go away; allows re-capture."""
-        reset_graph_sets(self.graphs)
-        self.graphs = {}
-        self._pools = []
-        for statics in self._statics:
-            statics.clear()
-        self.ladder.reset()
-        self.copies.reset()
-        self._fused_grad_params = []
-        for decoder in self.decoders:
-            for layer in decoder.layers:
-                layer.cuda_graph_manual_hooks = []
-        self.stats.graphs = 0
-        gc.collect()
+    def _hooked_layers(self) -> list:
+        return [layer for decoder in self.decoders for layer in decoder.layers]
 
     def uninstall(self) -> None:
         """Delete the graphs and give the decoders their own class back."""

@@ -34,7 +34,6 @@ and is counted, never corrupts another's activations.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from bridge_cudagraph.capture.block_replay import replay_segments
 from bridge_cudagraph.capture.budget_ladder import BudgetLadder
 from bridge_cudagraph.capture.checks import CaptureError, check_static_inputs
-from bridge_cudagraph.capture.graph_copies import GraphCopies, reset_graph_sets
+from bridge_cudagraph.capture.graph_copies import GraphCopies
 from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.ladder_helper import LadderHelper
 from bridge_cudagraph.capture.segments import segment_callables
@@ -411,20 +410,8 @@ class VisionGraphHelper(LadderHelper):
         for layer in self.vision_model.decoder.layers:
             layer.setup_manual_hooks(param_gather_hook_maker(chunk))
 
-    def delete_cuda_graphs(self) -> None:
-        """Free every vision graph (TE ``reset()``) before process groups go away; allows re-capture."""
-        reset_graph_sets(self.graphs)
-        self.graphs = {}
-        self._pools = []
-        for statics in self._statics:
-            statics.clear()
-        self.ladder.reset()
-        self.copies.reset()
-        self._fused_grad_params = []
-        for layer in self.vision_model.decoder.layers:
-            layer.cuda_graph_manual_hooks = []
-        self.stats.graphs = 0
-        gc.collect()
+    def _hooked_layers(self) -> list:
+        return self._captured_layers()
 
 
 def _contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
