@@ -37,4 +37,6 @@ table
 #   python3 -m benchmarks.useful_tokens --out $LOGS/ut --model small --seq 4096 --mbs 2 --num-mb 2 --steps 17 \
 #     --warmup 3 --profile-steps 2 --no-control --variants eager_packed,eager_padded,ours_padded,\
 #     ours_padded_layer_graphs,ours_padded_megatron,eager_padded_repeat,ours_packed
+# with the way train takes to its first replay (the house's target: at most 20 modules):
+#   python3 -m benchmarks.module_path recipes/tiny_qwen3_vl_photos.yaml --out $LOGS/module_path
 # and a third: det_vision_draft.sh's train step, run_conversations_draft.sh, moe_packed_draft.sh (branch moe-packed).

@@ -1,0 +1,139 @@
+"""Which product modules a ``bridge-cudagraph train`` call runs before its first graph replay, in the order it first
+enters each, and which folders its way returns to after leaving them.
+
+    python -m benchmarks.module_path recipes/tiny_qwen3_vl_photos.yaml --out OUT [key=value ...]
+
+Runs ``python -m bridge_cudagraph train RECIPE train.train_iters=2 [key=value ...]`` in this process under a profile
+hook (:func:`sys.setprofile`, :func:`threading.setprofile`) that records every call of a function from one product
+module into another (a module's import is not a call). At the first call of
+:func:`bridge_cudagraph.capture.block_replay.replay_segments` (the one layer loop of every language and vision replay)
+it writes ``OUT/module_path.json`` (:func:`summarize`) and stops recording; the run then trains to its end. A run
+that never replays writes ``"replayed": false`` and the way as far as it went. Needs a GPU (``train`` does); calls
+in forked DataLoader workers are not seen (other processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import runpy
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ModuleWay", "main", "summarize"]
+
+PACKAGE = "bridge_cudagraph"
+#: The function whose first call ends the way: the layer loop every replay runs.
+FIRST_REPLAY = ("block_replay", "replay_segments")
+#: The folder the way may return to: the host adapters, reached from everywhere.
+HOST = "host"
+
+
+class ModuleWay:
+    """The profile hook: records, for every call whose callee lies in ``root`` (the package's folder), the callee's
+    module when its caller's module differs, until :data:`FIRST_REPLAY` is called."""
+
+    def __init__(self, root: Path, on_replay) -> None:
+        self.root = str(root) + os.sep
+        self.on_replay = on_replay
+        self.entries: list[str] = []
+        self.done = False
+
+    def module_of(self, filename: str) -> str | None:
+        """``folder/module`` of a file under the package (``cli`` for a top-level one), or None outside it."""
+        if not filename.startswith(self.root) or not filename.endswith(".py"):
+            return None
+        return filename[len(self.root) : -3].replace(os.sep, "/")
+
+    def __call__(self, frame, event: str, arg: Any) -> None:
+        if self.done or event != "call" or frame.f_code.co_name == "<module>":  # calls, not imports
+            return
+        callee = self.module_of(frame.f_code.co_filename)
+        if callee is None:
+            return
+        caller = frame.f_back and self.module_of(frame.f_back.f_code.co_filename)
+        if caller != callee:
+            self.entries.append(callee)
+        if (callee.rsplit("/", 1)[-1], frame.f_code.co_name) == FIRST_REPLAY:
+            self.done = True
+            self.on_replay(self)
+
+
+def _folder(module: str) -> str:
+    return module.split("/", 1)[0] if "/" in module else "."
+
+
+def summarize(entries: Sequence[str]) -> dict[str, Any]:
+    """The way as the issue's targets read it: the distinct modules in first-entry order with how often the way entered
+    each from another module; the folders in the order the way walks them (consecutive entries of one folder are one
+    visit, and a trip into ``host`` and back does not leave a folder); and the folders it visits more than once."""
+    modules: dict[str, int] = {}
+    for module in entries:
+        modules[module] = modules.get(module, 0) + 1
+    visits: list[str] = []
+    for module in entries:
+        folder = _folder(module)
+        if folder != HOST and (not visits or visits[-1] != folder):
+            visits.append(folder)
+    returns = {f: visits.count(f) - 1 for f in dict.fromkeys(visits) if visits.count(f) > 1}
+    return {
+        "module_count": len(modules),
+        "modules": [{"module": m, "entries": n} for m, n in modules.items()],
+        "folder_visits": visits,
+        "folder_returns": returns,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Train the recipe two iterations under the hook; the train call's exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe")
+    parser.add_argument("--out", required=True, type=Path)
+    args, overrides = parser.parse_known_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.out / "module_path.json"
+    command = ["train", args.recipe, "train.train_iters=2", *overrides]
+    record: dict[str, Any] = {
+        "meta": {
+            "command": "python -m benchmarks.module_path " + " ".join([args.recipe, *overrides]),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "python": platform.python_version(),
+        },
+        "replayed": False,
+    }
+
+    def on_replay(way: ModuleWay) -> None:
+        record.update(replayed=True, **summarize(way.entries))
+        target.write_text(json.dumps(record, indent=1) + "\n")
+
+    import bridge_cudagraph
+
+    way = ModuleWay(Path(bridge_cudagraph.__file__).resolve().parent, on_replay)
+    target.write_text(json.dumps(record, indent=1) + "\n")
+    sys.argv = ["bridge-cudagraph", *command]
+    threading.setprofile(way)
+    sys.setprofile(way)
+    try:
+        runpy.run_module(PACKAGE, run_name="__main__")
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+    else:
+        code = 0
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    if not way.done:  # the way as far as it went (a refusal, a run without graphs)
+        record.update(summarize(way.entries))
+        target.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({k: record.get(k) for k in ("replayed", "module_count", "folder_returns")}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""benchmarks.module_path on the CPU: the profile hook over real calls into the package, and the way's summary."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import bridge_cudagraph
+from benchmarks.module_path import ModuleWay, summarize
+
+pytestmark = pytest.mark.fast
+
+
+def test_the_summary_counts_modules_and_the_folders_the_way_returns_to():
+    way = ["cli", "plan/build", "plan/checks", "host/compat", "plan/build", "bridge/train", "plan/checks", "host/step"]
+    got = summarize(way)
+    assert got["module_count"] == 6
+    assert got["modules"][1] == {"module": "plan/build", "entries": 2}
+    # host/ does not count as leaving plan/; bridge/ then plan/ again is a return to plan/.
+    assert got["folder_visits"] == [".", "plan", "bridge", "plan"]
+    assert got["folder_returns"] == {"plan": 1}
+
+
+def test_the_hook_records_calls_between_package_modules_until_the_first_replay():
+    """Real calls into the package (the config loader, then the replay loop) under the real hook."""
+    from bridge_cudagraph.capture import block_replay
+    from bridge_cudagraph.config import cuda_graph_config_from_dict
+
+    seen: list[list[str]] = []
+    way = ModuleWay(Path(bridge_cudagraph.__file__).resolve().parent, lambda w: seen.append(list(w.entries)))
+    sys.setprofile(way)
+    try:
+        cuda_graph_config_from_dict({"language": {"enabled": True}})
+        # A rung of no segments: the loop runs no graph and hands the hidden states back.
+        block = types.SimpleNamespace(config=types.SimpleNamespace(sequence_parallel=False), layers=[])
+        assert block_replay.replay_segments(block, [], "h", (), []) == "h"
+        cuda_graph_config_from_dict({})  # after the first replay: not recorded
+    finally:
+        sys.setprofile(None)
+    assert way.done and len(seen) == 1
+    assert seen[0][0] == "config" and seen[0][-1] == "capture/block_replay"
+    assert way.entries == seen[0]
