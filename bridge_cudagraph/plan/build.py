@@ -43,6 +43,7 @@ from bridge_cudagraph.plan.checks import check_model, check_packed_language, che
 from bridge_cudagraph.plan.determinism import (
     DERIVED_WORKSPACE_LIMIT,
     DETERMINISTIC_ENV,
+    UNFUSED_FROM,
     deterministic_kernels,
     deterministic_max_seqlen,
     workspace_bytes,
@@ -480,17 +481,26 @@ def _tight(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> tu
 
 
 def _plan_packed(
-    cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, *, mbs: int, num_mb: int
+    cfg: CudaGraphConfig,
+    facts: ModelFacts,
+    packing: PackingFacts,
+    *,
+    mbs: int,
+    num_mb: int,
+    deterministic: bool = False,
 ) -> PackedLanguagePlan:
     """The packed language graphs' budgets and static shapes, or a refusal with the setting and the fix."""
     check_packed_language(cfg, facts, packing, mbs)
     offline = packing.mode == "offline"
-    max_seqlen, max_tokens, multiple = _packed_widths(facts, packing, mbs)
+    row_width, max_tokens, multiple = _packed_widths(facts, packing, mbs)
     budgets, derived = _packed_budgets(cfg, facts, packing, max_tokens=max_tokens, multiple=multiple)
     sequences, sequences_source = cfg.language.max_sequences, ""
     if sequences is None:
         sequences = offline_max_sequences(facts.seq_length) if offline else mbs
         sequences_source = f"model.seq_length {facts.seq_length} // 32" if offline else "the micro-batch size"
+    max_seqlen, seqlen_source, workspace = row_width, "", 0
+    if deterministic:
+        max_seqlen, seqlen_source, workspace = _deterministic_seqlen(facts, budgets, sequences, row_width)
     layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
     tight, tight_source = _tight(cfg, facts, packing)
     return PackedLanguagePlan(
@@ -509,7 +519,50 @@ def _plan_packed(
         sequences_source=sequences_source,
         tight=tight,
         tight_source=tight_source,
+        row_width=row_width,
+        max_seqlen_source=seqlen_source,
+        deterministic_workspace=workspace,
     )
+
+
+def _deterministic_seqlen(
+    facts: ModelFacts, budgets: tuple[int, ...], sequences: int, row_width: int
+) -> tuple[int, str, int]:
+    """The packed language graphs' static ``max_seqlen`` under TE's deterministic kernels
+    (:mod:`bridge_cudagraph.plan.determinism`), why it is lower than ``row_width`` (empty where it is not) and the
+    workspace cuDNN's deterministic backward asks for at it. The rows' width is the data path's, never a setting, so
+    it is lowered as a derived vision shape is: below TE's unfused threshold and within the derived workspace limit,
+    in steps of Bridge's row rounding; a micro-batch with a longer row runs eagerly (counted), on the backend eager
+    picks for it. Refused, with the fix, where not even one rounding step fits."""
+    heads = facts.num_attention_heads // facts.tp
+    step = math.lcm(facts.tp, 16)
+
+    def segments_at(seqlen: int) -> int:
+        return PackedLayout(budgets, max_sequences=sequences, max_seqlen=seqlen).cu_seqlens_length - 1
+
+    fits = deterministic_max_seqlen(row_width, heads, segments_at, multiple=step, workspace=DERIVED_WORKSPACE_LIMIT)
+    if fits == row_width:
+        return row_width, "", workspace_bytes(segments_at(row_width), heads, row_width)
+    segments = segments_at(row_width)
+    need = workspace_bytes(segments, heads, row_width) / 2**30
+    why = (
+        f"under {DETERMINISTIC_ENV}=0, TE 2.20 gives {segments} static segments x {heads} heads x max_seqlen "
+        f"{row_width}**2 >= 2**30 the unfused attention (its scores in memory, another backend than eager's)"
+        if segments * heads * row_width**2 >= UNFUSED_FROM
+        else f"under {DETERMINISTIC_ENV}=0, cuDNN's attention backward of {segments} static segments x {heads} heads "
+        f"at max_seqlen {row_width} asks about {need:.1f} GiB of workspace (TE 2.20; a derived shape keeps it within "
+        f"{DERIVED_WORKSPACE_LIMIT / 2**30:g} GiB)"
+    )
+    where = "model.cuda_graph.language"
+    if fits < step:
+        raise CudaGraphConfigError(
+            f"{where}: {why}, and no static max_seqlen of {step} tokens or more avoids it with {sequences} sequences "
+            f"per micro-batch and budgets up to {budgets[-1]} tokens; set {where}.token_budgets or "
+            f"{where}.max_sequences lower, or {where}.enabled=false for deterministic runs",
+            fix=(f"{where}.enabled=false",),
+        )
+    source = f"lowered from {row_width} for deterministic kernels: {why}; a micro-batch with a longer row runs eagerly"
+    return fits, source, workspace_bytes(segments_at(fits), heads, fits)
 
 
 def _megatron_engine_reason(facts: ModelFacts, modules: tuple[str, ...] | None) -> str:
@@ -586,7 +639,10 @@ def build_plan(
     dp = resolved[Submodule.LANGUAGE].dp
     num_mb, num_mb_source = _microbatches(cfg, facts, mbs=micro_batch_size, gbs=global_batch_size, dp=dp)
     language_warmup, vision_warmup = _warmups(cfg, facts)
-    language = _plan_language(cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb, warmup=language_warmup)
+    deterministic = deterministic_kernels() if deterministic is None else deterministic
+    language = _plan_language(
+        cfg, facts, packing, mbs=micro_batch_size, num_mb=num_mb, warmup=language_warmup, deterministic=deterministic
+    )
     vision = None
     if facts.vision is not None:
         vision = _plan_vision(
@@ -597,7 +653,7 @@ def build_plan(
             num_mb=num_mb,
             warmup=vision_warmup,
             pixels=images,
-            deterministic=deterministic_kernels() if deterministic is None else deterministic,
+            deterministic=deterministic,
         )
     cached_walks, forward = _cached_walks(cfg), _forward(cfg, facts)
     plan = CapturePlan(
@@ -687,6 +743,7 @@ def _plan_language(
     mbs: int,
     num_mb: int | None,
     warmup: tuple[int, str],
+    deterministic: bool = False,
 ) -> LanguagePlan:
     """The language graphs: which layers each stage captures, in which runs, with which static inputs."""
     lang = cfg.language
@@ -708,7 +765,7 @@ def _plan_language(
     assert num_mb is not None  # language graphs need it (_microbatches)
     packed = None
     if packing is not None:
-        packed = _plan_packed(cfg, facts, packing, mbs=mbs, num_mb=num_mb)
+        packed = _plan_packed(cfg, facts, packing, mbs=mbs, num_mb=num_mb, deterministic=deterministic)
         per_unit = len(packed.token_budgets) * packed.copies
     padded, engine_source = None, ""
     if packing is None:

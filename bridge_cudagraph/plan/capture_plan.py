@@ -84,7 +84,9 @@ class PackedLanguagePlan:
         multiple: What every packed width is a multiple of (micro batch x Bridge's row rounding and the
             sequence-parallel split); derived budgets are multiples of it.
         max_sequences: Sequences a micro-batch may hold and replay.
-        max_seqlen: Longest sequence that replays, the static attention ``max_seqlen``.
+        max_seqlen: Longest sequence that replays, the static attention ``max_seqlen``: :attr:`row_width`, or below
+            it under TE's deterministic kernels (:attr:`max_seqlen_source`).
+        row_width: The widest row the data path makes (``seq_length`` as the data path rounds it).
         separate_padded: The data path hands a ``cu_seqlens_q_padded`` tensor of its own (TE then assumes padding
             between sequences and picks its backend accordingly; the graphs are captured the same way).
         static_inputs: ``(budget, inputs)`` for every budget.
@@ -95,6 +97,9 @@ class PackedLanguagePlan:
         tight: Tight packing (:mod:`bridge_cudagraph.capture.tight`): the replay runs each row's needed prefix only,
             at the budget of the rows' kept tokens.
         tight_source: Why :attr:`tight` is on or off.
+        max_seqlen_source: Why :attr:`max_seqlen` is below :attr:`row_width` (empty where it is not).
+        deterministic_workspace: Under TE's deterministic kernels, the workspace cuDNN's deterministic attention
+            backward asks for at the static shape of the top budget (counted into the pool estimate); 0 otherwise.
     """
 
     token_budgets: tuple[int, ...]
@@ -110,6 +115,9 @@ class PackedLanguagePlan:
     sequences_source: str = ""
     tight: bool = False
     tight_source: str = ""
+    row_width: int = 0
+    max_seqlen_source: str = ""
+    deterministic_workspace: int = 0
 
     @property
     def layout(self) -> PackedLayout:

@@ -105,16 +105,18 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
     budget_lines = _budget_lines(packed.token_budgets, "tokens")
     if packed.offline:
         budget_lines.append(
-            f"    offline-packed rows of S {packed.max_seqlen} (dataset.offline_packing_specs), one per micro-batch"
+            f"    offline-packed rows of S {packed.row_width} (dataset.offline_packing_specs), one per micro-batch"
         )
     elif packed.budgets_derived:
         budget_lines.append(
-            f"    derived: mbs {packed.max_tokens // packed.max_seqlen} x S {packed.max_seqlen} = {packed.max_tokens} "
+            f"    derived: mbs {packed.max_tokens // packed.row_width} x S {packed.row_width} = {packed.max_tokens} "
             f"max, {len(packed.token_budgets)} rungs <= {LADDER_RATIO}x apart"
             if len(packed.token_budgets) > 1
-            else f"    derived: every row padded to S {packed.max_seqlen} (pp > 1 or ep > 1)"
+            else f"    derived: every row padded to S {packed.row_width} (pp > 1 or ep > 1)"
         )
-    seqlen = "model.seq_length" if packed.max_seqlen == facts.seq_length else f"S {facts.seq_length} in padded rows"
+    seqlen = "model.seq_length" if packed.row_width == facts.seq_length else f"S {facts.seq_length} in padded rows"
+    if packed.max_seqlen_source:
+        seqlen = packed.max_seqlen_source
     lines += [
         *budget_lines,
         "  max sequences per micro-batch "
@@ -123,6 +125,11 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
         "  a micro-batch with more tokens or sequences runs eagerly (counted)",
         f"  tight packing {packed.tight_source}",
     ]
+    if packed.deterministic_workspace:
+        lines.append(
+            f"  deterministic kernels: cuDNN's attention backward workspace about "
+            f"{packed.deterministic_workspace / 2**30:.1f} GiB at the top budget (in the pool estimate)"
+        )
     budget, largest = packed.static_inputs[-1]
     lines.append(f"  static inputs at T={budget} (each budget the same with its own T):")
     lines += ["    " + x.describe() for x in largest]

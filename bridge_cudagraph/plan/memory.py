@@ -172,7 +172,8 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
             per_copy = ladder_pool_bytes(
                 per_token, captured, tuple(b // sp for b in budgets), width, segments, dtype_bytes=dtype_bytes
             )
-            language_graphs = (per_copy + unfused) * ladder.copies
+            workspace = lang.packed.deterministic_workspace if lang.packed is not None else 0
+            language_graphs = (per_copy + unfused + workspace) * ladder.copies
             language_top = budgets[-1]
         else:
             sp = f.tp if f.sequence_parallel else 1

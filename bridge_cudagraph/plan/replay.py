@@ -108,7 +108,7 @@ def _check_packed(plan: CapturePlan) -> None:
                 f"below the narrowest packed micro-batch ({mbs} rows of at least {ROW_TOKENS} tokens = {narrowest})"
                 if budget < narrowest
                 else f"above the widest packed micro-batch ({packed.max_tokens} tokens: micro batch {mbs} x "
-                f"model.seq_length {seq}, rows rounded to {packed.max_seqlen})"
+                f"model.seq_length {seq}, rows rounded to {packed.row_width})"
             )
             raise CudaGraphConfigError(
                 f"{where}.token_budgets[{i}]={budget} is {bound}, so no micro-batch ever replays it; use budgets from "

@@ -126,3 +126,65 @@ def test_a_shape_that_fits_only_below_the_smallest_image_is_refused_with_a_fix_t
     (fix,) = refused.value.fix
     assert fix == "model.cuda_graph.vision.enabled=false"
     assert not _plan(True, images=collate, enabled=False).vision.enabled
+
+
+# ------------------------------------------------------------------------------------------ packed language graphs
+def _language_plan(deterministic: bool, **changes):
+    """Packed language graphs of Qwen3-VL's 2B language shape (16 heads, sequence 4096, micro-batch 2) on Bridge's
+    Qwen3-VL step."""
+    import dataclasses
+
+    from bridge_cudagraph.plan.facts import PackingFacts
+
+    shape = {"num_layers": 28, "hidden_size": 2048, "num_attention_heads": 16, **changes}
+    facts = dataclasses.replace(qwen3_vl_8b(tp=1), **shape)
+    cfg = cuda_graph_config_from_dict({"language": {"enabled": True}})
+    return build_plan(
+        facts,
+        cfg,
+        world_size=1,
+        micro_batch_size=2,
+        global_batch_size=2,
+        packing=PackingFacts("qwen3_vl_step"),
+        training=TrainingFacts(),
+        deterministic=deterministic,
+    )
+
+
+def _static_elements(packed, heads: int = 16) -> int:
+    return (packed.layout.cu_seqlens_length - 1) * heads * packed.max_seqlen**2
+
+
+def test_packed_language_rows_keep_their_width_without_deterministic_kernels():
+    packed = _language_plan(False).language.packed
+    assert packed.max_seqlen == packed.row_width == 4096
+    assert packed.max_seqlen_source == "" and packed.deterministic_workspace == 0
+    # The shape the deterministic plan must avoid: at the top budget TE would drop to unfused attention.
+    assert _static_elements(packed) >= UNFUSED_FROM
+
+
+def test_packed_language_max_seqlen_is_lowered_below_the_unfused_threshold_and_the_workspace_limit():
+    plain, det = _language_plan(False), _language_plan(True)
+    packed = det.language.packed
+    assert packed.row_width == 4096 and packed.max_seqlen < 4096 and packed.max_seqlen % 16 == 0
+    assert _static_elements(packed) < UNFUSED_FROM
+    segments = packed.layout.cu_seqlens_length - 1
+    assert packed.deterministic_workspace == workspace_bytes(segments, 16, packed.max_seqlen)
+    assert packed.deterministic_workspace <= DERIVED_WORKSPACE_LIMIT
+    # The largest such width: one rounding step more crosses the threshold or the limit.
+    wider = PackedLayout(packed.token_budgets, max_sequences=packed.max_sequences, max_seqlen=packed.max_seqlen + 16)
+    assert workspace_bytes(wider.cu_seqlens_length - 1, 16, packed.max_seqlen + 16) > DERIVED_WORKSPACE_LIMIT
+    # The budgets stay those of the rows; the static cu_seqlens grows by the tail's extra pieces.
+    assert packed.token_budgets == plain.language.packed.token_budgets
+    assert packed.layout.cu_seqlens_length > plain.language.packed.layout.cu_seqlens_length
+    text = det.describe()
+    assert "lowered from 4096 for deterministic kernels" in text and "a longer row runs eagerly" in text
+    assert "deterministic kernels: cuDNN's attention backward workspace" in text
+    # The workspace is in the language pool's estimate.
+    assert det.memory.language_graphs - plain.memory.language_graphs == packed.deterministic_workspace
+
+
+def test_a_small_packed_shape_keeps_its_width_under_deterministic_kernels():
+    packed = _language_plan(True, seq_length=256, num_attention_heads=4).language.packed
+    assert packed.max_seqlen == packed.row_width == 256 and packed.max_seqlen_source == ""
+    assert 0 < packed.deterministic_workspace <= DERIVED_WORKSPACE_LIMIT
