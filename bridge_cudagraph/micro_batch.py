@@ -34,16 +34,22 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from bridge_cudagraph.vision.cpu_grids import CpuGrids
+__all__ = ["CpuGrids", "MicroBatch", "current_micro_batch", "open_micro_batch", "within_micro_batch"]
 
-__all__ = ["MicroBatch", "current_micro_batch", "open_micro_batch", "within_micro_batch"]
+
+@dataclass(frozen=True)
+class CpuGrids:
+    """One micro-batch's image and video grids on the CPU, keyed as the model's keyword arguments
+    (:data:`bridge_cudagraph.vision.cpu_grids.GRID_KEYS`), in the shape Bridge's step hands them to the model
+    (:func:`bridge_cudagraph.vision.cpu_grids.from_collated` makes them)."""
+
+    grids: Mapping[str, torch.Tensor]
 
 
 @dataclass(eq=False)

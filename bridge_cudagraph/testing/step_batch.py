@@ -31,7 +31,7 @@ __all__ = ["CPU_GRIDS", "VISUAL_KEYS", "gpt_step_inputs", "qwen3_vl_step_inputs"
 #: The visual tensors the step hands the model (``GenericVisualInputs.normalized_for_model``).
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 #: The key of a Qwen3-VL micro-batch's CPU grids as the collate made them
-#: (:class:`bridge_cudagraph.vision.cpu_grids.CpuGrids`): not a model argument; the forward step puts them in its
+#: (:class:`bridge_cudagraph.micro_batch.CpuGrids`): not a model argument; the forward step puts them in its
 #: micro-batch, as Bridge's loop does from the collated batch it draws.
 CPU_GRIDS = "cpu_grids"
 

@@ -27,25 +27,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from bridge_cudagraph.micro_batch import MicroBatch, current_micro_batch
+from bridge_cudagraph.micro_batch import CpuGrids, MicroBatch, current_micro_batch
 
-__all__ = ["GRID_KEYS", "CpuGrids", "bind", "from_collated", "record_collated"]
+__all__ = ["GRID_KEYS", "bind", "from_collated", "record_collated"]
 
 #: The model's keyword arguments that carry a grid (``GenericVisualInputs.normalized_for_model``'s names).
 GRID_KEYS = ("image_grid_thw", "video_grid_thw")
-
-
-@dataclass(frozen=True)
-class CpuGrids:
-    """One micro-batch's grids on the CPU, keyed as the model's keyword arguments (:data:`GRID_KEYS`), in the shape
-    Bridge's step hands them to the model."""
-
-    grids: Mapping[str, torch.Tensor]
 
 
 def from_collated(batch: Any) -> CpuGrids | None:

@@ -308,9 +308,9 @@ def test_vision_graphs_read_the_collates_cpu_grid_bit_for_bit(world, record):
     and backward with the CPU grid makes the encoder's replay wait for the GPU nowhere, one reading it back once (the
     census of each, by site, recorded)."""
     from bridge_cudagraph.host import forward as forward_host
+    from bridge_cudagraph.micro_batch import CpuGrids
     from bridge_cudagraph.testing.plans import plan_for
     from bridge_cudagraph.testing.step_batch import CPU_GRIDS
-    from bridge_cudagraph.vision.cpu_grids import CpuGrids
     from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
 
     bridge = _bridge_model("qwen3_vl", world)

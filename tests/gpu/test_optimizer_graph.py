@@ -1,10 +1,10 @@
 """Bridge's optimizer CUDA graph (``optimizer.optimizer_cuda_graph=true``) composed with our graphs, on one GPU.
 
-The flag does two things (``results/padded-levers/optimizer_graph_probe/``): megatron-core builds TE's ``FusedAdam`` with
-``capturable=True``, whose kernel rounds 1-2 fp32 ulps differently from the default one, and Bridge's ``train()``
-wraps the step in megatron-core's ``OptimizerCudaGraphWrapper``. So the faithful reference of the graphed step is
-the same optimizer stepping eagerly, and the default kernel is a second, looser comparison. 30 steps of a tiny
-model, our graphs captured at the warm-up step and the optimizer graph at the same step, each against:
+The flag does two things (``results/padded-levers/optimizer_graph_probe/``): megatron-core builds TE's
+``FusedAdam`` with ``capturable=True``, whose kernel rounds 1-2 fp32 ulps differently from the default one, and
+Bridge's ``train()`` wraps the step in megatron-core's ``OptimizerCudaGraphWrapper``. So the faithful reference of the
+graphed step is the same optimizer stepping eagerly, and the default kernel is a second, looser comparison. 30 steps
+of a tiny model, our graphs captured at the warm-up step and the optimizer graph at the same step, each against:
 
 * our graphs with the capturable optimizer stepping eagerly: identical at every step (loss and grad norm);
 * graphs off with the capturable optimizer: identical (our graphs are exact, the optimizer graph is exact);

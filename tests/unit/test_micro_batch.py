@@ -11,8 +11,14 @@ import pytest
 import torch
 
 from bridge_cudagraph.bridge.data_path import observing_forward_step
-from bridge_cudagraph.micro_batch import MicroBatch, current_micro_batch, open_micro_batch, within_micro_batch
-from bridge_cudagraph.vision.cpu_grids import CpuGrids, record_collated
+from bridge_cudagraph.micro_batch import (
+    CpuGrids,
+    MicroBatch,
+    current_micro_batch,
+    open_micro_batch,
+    within_micro_batch,
+)
+from bridge_cudagraph.vision.cpu_grids import record_collated
 
 
 def test_readers_see_nothing_outside_a_micro_batch():

@@ -15,8 +15,7 @@ from bridge_cudagraph.host.bound_grids import BoundGrids
 from bridge_cudagraph.host.flat_rows import FlatPackedRows
 from bridge_cudagraph.host.forward_counts import attach_counts, counts_of
 from bridge_cudagraph.host.instance_class import extend_instance_class
-from bridge_cudagraph.micro_batch import current_micro_batch, open_micro_batch
-from bridge_cudagraph.vision.cpu_grids import CpuGrids
+from bridge_cudagraph.micro_batch import CpuGrids, current_micro_batch, open_micro_batch
 
 
 class _Model(torch.nn.Module):

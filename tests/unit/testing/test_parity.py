@@ -261,10 +261,9 @@ def test_loss_and_grads_keeps_a_missing_gradient_missing():
 def test_the_parity_forward_step_runs_the_model_in_a_micro_batch_with_the_batchs_cpu_grids():
     """:func:`per_token_loss` is the parity's forward step: the model runs inside a micro-batch holding the batch's
     CPU grids (not a model argument), closed when the model returns or raises."""
-    from bridge_cudagraph.micro_batch import current_micro_batch
+    from bridge_cudagraph.micro_batch import CpuGrids, current_micro_batch
     from bridge_cudagraph.testing.parity import per_token_loss
     from bridge_cudagraph.testing.step_batch import CPU_GRIDS
-    from bridge_cudagraph.vision.cpu_grids import CpuGrids
 
     seen = []
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
-from bridge_cudagraph.micro_batch import current_micro_batch, open_micro_batch
+from bridge_cudagraph.micro_batch import CpuGrids, current_micro_batch, open_micro_batch
 from bridge_cudagraph.vision import cpu_grids
-from bridge_cudagraph.vision.cpu_grids import CpuGrids
 
 
 def _collated(grid: torch.Tensor) -> dict:
