@@ -440,7 +440,8 @@ def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Seq
 
 def _tight_tokens(packed: dict, visual_ids: Sequence[int]) -> int:
     """``T'`` of the packed form as the replay packs it tightly (0 where its rows are not the step's rows)."""
-    from bridge_cudagraph.capture.tight import row_extents, tight_rows
+    from bridge_cudagraph.capture.tight import tight_rows
+    from bridge_cudagraph.micro_batch import row_extents
 
     ids = packed["input_ids"].detach().cpu()
     extents = row_extents(packed["loss_mask"].detach().cpu(), ids, visual_ids)

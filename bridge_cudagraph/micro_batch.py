@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["CpuGrids", "MicroBatch", "current_micro_batch", "open_micro_batch", "within_micro_batch"]
+__all__ = ["CpuGrids", "MicroBatch", "current_micro_batch", "open_micro_batch", "row_extents", "within_micro_batch"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,25 @@ class MicroBatch:
         self.row_extents = None
         self.pending_positions = None
         self.open = False
+
+
+def row_extents(
+    loss_mask: torch.Tensor, input_ids: torch.Tensor, visual_ids: Sequence[int] = ()
+) -> tuple[int, ...] | None:
+    """The rows' extents :attr:`MicroBatch.row_extents` holds, for tight packing
+    (:mod:`bridge_cudagraph.capture.tight`): per row of ``input_ids`` (``[B, L]``, on the CPU), one past its last
+    token that carries loss (``loss_mask``, on the CPU, ``[B, L]`` or ``[1, B x L]``) or is one of ``visual_ids``; at
+    least 1. None when the shapes disagree."""
+    if input_ids.dim() != 2 or loss_mask.numel() != input_ids.numel():
+        return None
+    rows, width = input_ids.shape
+    keep = loss_mask.reshape(rows, width) != 0
+    for token in visual_ids:
+        keep |= input_ids == int(token)
+    # The last True per row: argmax of position x keep (0 where a row keeps nothing).
+    positions = torch.arange(1, width + 1).expand(rows, width)
+    last = torch.where(keep, positions, torch.zeros_like(positions)).amax(dim=1)
+    return tuple(max(1, int(x)) for x in last.tolist())
 
 
 _CURRENT: contextvars.ContextVar[MicroBatch | None] = contextvars.ContextVar(

@@ -9,12 +9,12 @@ attention is causal, so no earlier token reads it, and its loss mask is 0. Where
 that holds them, and puts the output back at the rows' positions of the ``[T, 1, H]`` layout Bridge's output layer and
 loss expect, the dropped rows zeros.
 
-A row's **extent** (:func:`row_extents`) is one past the last token that either carries loss (``loss_mask``) or is an
-image or video token (the deepstack merge must find every visual row). Every token the loss reads, and every token
-those attend to, is kept at its own position in its own row, with its own rotary row: its arithmetic is unchanged.
-The dropped tokens have loss mask 0; their output (zeros) is multiplied by it. The extents come from CPU copies the
-forward already makes (:mod:`bridge_cudagraph.host.rope_index`), so the index tensors are built on the CPU and copied
-without a wait.
+A row's **extent** (:func:`bridge_cudagraph.micro_batch.row_extents`) is one past the last token that either
+carries loss (``loss_mask``) or is an image or video token (the deepstack merge must find every visual row). Every
+token the loss reads, and every token those attend to, is kept at its own position in its own row, with its own
+rotary row: its arithmetic is unchanged. The dropped tokens have loss mask 0; their output (zeros) is multiplied by
+it. The extents come from CPU copies the forward already makes (:mod:`bridge_cudagraph.host.rope_index`), so the
+index tensors are built on the CPU and copied without a wait.
 
 Gather and scatter are :class:`Reindex`: ``index_select`` forward and backward (a zero row appended where an index
 names none), so neither direction uses atomics and both are deterministic.
@@ -27,28 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ROW_MULTIPLE", "Reindex", "TightRows", "gather_rows", "row_extents", "scatter_rows", "tight_rows"]
+__all__ = ["ROW_MULTIPLE", "Reindex", "TightRows", "gather_rows", "scatter_rows", "tight_rows"]
 
 #: What each kept row is rounded up to: Bridge's Qwen3-VL step rounds rows to ``lcm(tp, 16)`` (``use_fp8_padding``),
 #: and the packed path runs at tp-local width 16 multiples, so a kept row is never wider than the step's row.
 ROW_MULTIPLE = 16
-
-
-def row_extents(
-    loss_mask: torch.Tensor, input_ids: torch.Tensor, visual_ids: Sequence[int] = ()
-) -> tuple[int, ...] | None:
-    """Per row of ``input_ids`` (``[B, L]``, host), one past its last token that carries loss (``loss_mask``, host,
-    ``[B, L]`` or ``[1, B x L]``) or is one of ``visual_ids``; at least 1. None when the shapes disagree."""
-    if input_ids.dim() != 2 or loss_mask.numel() != input_ids.numel():
-        return None
-    rows, width = input_ids.shape
-    keep = loss_mask.reshape(rows, width) != 0
-    for token in visual_ids:
-        keep |= input_ids == int(token)
-    # The last True per row: argmax of position x keep (0 where a row keeps nothing).
-    positions = torch.arange(1, width + 1).expand(rows, width)
-    last = torch.where(keep, positions, torch.zeros_like(positions)).amax(dim=1)
-    return tuple(max(1, int(x)) for x in last.tolist())
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,9 +133,9 @@ class PendingPositions:
             )
 
     def _set_extents(self) -> None:
-        """Each row's extent (:func:`bridge_cudagraph.capture.tight.row_extents`) in the micro-batch, keyed by this
+        """Each row's extent (:func:`bridge_cudagraph.micro_batch.row_extents`) in the micro-batch, keyed by this
         forward's ``packed_seq_params`` object (CPU copies only: nothing waits)."""
-        from bridge_cudagraph.capture.tight import row_extents as extents_of
+        from bridge_cudagraph.micro_batch import row_extents as extents_of
 
         if self._packed is None or self._loss_mask is None or _decoder_of(self.model) is None:
             return

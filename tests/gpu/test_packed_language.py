@@ -533,9 +533,10 @@ def test_tight_packing_replays_the_kept_tokens_exactly(world, record):
 
     from bridge_cudagraph.capture.packed import PackedGraphSet, PackedLanguageGraphHelper, _PackedLanguageLayer
     from bridge_cudagraph.capture.segments import segment_callables
-    from bridge_cudagraph.capture.tight import row_extents, tight_rows
+    from bridge_cudagraph.capture.tight import tight_rows
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.host import forward as forward_host
+    from bridge_cudagraph.micro_batch import row_extents
     from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
     from bridge_cudagraph.plan.build import deepstack_merges
     from bridge_cudagraph.plan.facts import model_facts

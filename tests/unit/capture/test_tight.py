@@ -11,8 +11,8 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.capture.packed import PackedGraphSet, PackedLanguageGraphHelper
-from bridge_cudagraph.capture.tight import TightRows, gather_rows, row_extents, scatter_rows, tight_rows
-from bridge_cudagraph.micro_batch import current_micro_batch, open_micro_batch
+from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
+from bridge_cudagraph.micro_batch import current_micro_batch, open_micro_batch, row_extents
 from bridge_cudagraph.plan.budgets import PackedLayout
 
 
