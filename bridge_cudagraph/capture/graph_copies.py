@@ -21,7 +21,7 @@ class GraphCopies:
 
     def __init__(self, count: int) -> None:
         if count < 1:
-            raise CaptureError(f"vision graph copies must be >= 1, got {count}")
+            raise CaptureError(f"graph copies must be >= 1, got {count}")
         self.count = count
         self._busy = [False] * count
 
