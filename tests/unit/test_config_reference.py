@@ -38,3 +38,24 @@ def test_a_changed_docstring_shows_as_a_stale_readme():
     stale = config_reference.splice(text, config_reference.render().replace("| `enabled` |", "| `enable` |", 1))
     assert stale != text
     assert config_reference.splice(stale, config_reference.render()) == text
+
+
+def test_the_table_keeps_the_first_sentence_and_what_none_means():
+    doc = (
+        "Static lengths (one per budget, e.g. 64. or more), ascending. Refused when unsorted. ``None`` derives a "
+        "ladder (rungs at most 1.25x apart); the plan says which. A last word."
+    )
+    assert config_reference.sentences(doc)[0] == "Static lengths (one per budget, e.g. 64. or more), ascending."
+    assert config_reference.brief(doc) == (
+        "Static lengths (one per budget, e.g. 64. or more), ascending. ``None`` derives a ladder."
+    )
+    assert config_reference.brief("One sentence only") == "One sentence only"
+
+
+def test_the_full_reference_holds_every_docstring_whole():
+    full, brief = config_reference.render(full=True), config_reference.render()
+    assert len(full) > len(brief)
+    # warmup_steps' default: what None means is in both, its detail only in the full text.
+    assert "`None` uses the model's `cuda_graph_warmup_steps`" in brief
+    assert "(3 in Megatron-Core)" in full and "(3 in Megatron-Core)" not in brief
+    assert ":mod:" not in brief and ":class:" not in brief
