@@ -42,10 +42,9 @@ from bridge_cudagraph.plan.capture_plan import (
 from bridge_cudagraph.plan.checks import check_model, check_packed_language, check_padded, check_sequence_split
 from bridge_cudagraph.plan.determinism import (
     DERIVED_WORKSPACE_LIMIT,
-    DETERMINISTIC_ENV,
-    UNFUSED_FROM,
     deterministic_kernels,
     deterministic_max_seqlen,
+    why_lowered,
     workspace_bytes,
 )
 from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, VisionFacts
@@ -362,21 +361,10 @@ def _deterministic_patches(
         return PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=seqlen).cu_seqlens_length - 1
 
     merge = v.spatial_merge_size**2
-    fused = deterministic_max_seqlen(longest, heads, segments_at, multiple=merge)
-    fits = fused
-    if source:  # derived: its workspace within the limit too
-        fits = deterministic_max_seqlen(longest, heads, segments_at, multiple=merge, workspace=DERIVED_WORKSPACE_LIMIT)
+    limit = DERIVED_WORKSPACE_LIMIT if source else None  # derived: its workspace within the limit too
+    fits = deterministic_max_seqlen(longest, heads, segments_at, multiple=merge, workspace=limit)
     if fits != longest:
-        need = workspace_bytes(segments_at(longest), heads, longest) / 2**30
-        why = (
-            f"under {DETERMINISTIC_ENV}=0, TE 2.20 gives {segments_at(longest)} static segments x {heads} heads x "
-            f"max_seqlen {longest}**2 >= 2**30 the unfused attention (its scores in memory, another backend than "
-            "eager's)"
-            if fused != longest
-            else f"under {DETERMINISTIC_ENV}=0, cuDNN's attention backward of {segments_at(longest)} static segments "
-            f"x {heads} heads at max_seqlen {longest} asks about {need:.1f} GiB of workspace (TE 2.20; a derived "
-            f"shape keeps it within {DERIVED_WORKSPACE_LIMIT / 2**30:g} GiB)"
-        )
+        why = why_lowered(segments_at(longest), heads, longest)
         if fits < max(smallest_image, 1):
             floor = f" at or above the smallest image ({smallest_image} patches)" if smallest_image else ""
             raise CudaGraphConfigError(
@@ -543,16 +531,7 @@ def _deterministic_seqlen(
     fits = deterministic_max_seqlen(row_width, heads, segments_at, multiple=step, workspace=DERIVED_WORKSPACE_LIMIT)
     if fits == row_width:
         return row_width, "", workspace_bytes(segments_at(row_width), heads, row_width)
-    segments = segments_at(row_width)
-    need = workspace_bytes(segments, heads, row_width) / 2**30
-    why = (
-        f"under {DETERMINISTIC_ENV}=0, TE 2.20 gives {segments} static segments x {heads} heads x max_seqlen "
-        f"{row_width}**2 >= 2**30 the unfused attention (its scores in memory, another backend than eager's)"
-        if segments * heads * row_width**2 >= UNFUSED_FROM
-        else f"under {DETERMINISTIC_ENV}=0, cuDNN's attention backward of {segments} static segments x {heads} heads "
-        f"at max_seqlen {row_width} asks about {need:.1f} GiB of workspace (TE 2.20; a derived shape keeps it within "
-        f"{DERIVED_WORKSPACE_LIMIT / 2**30:g} GiB)"
-    )
+    why = why_lowered(segments_at(row_width), heads, row_width)
     where = "model.cuda_graph.language"
     if fits < step:
         raise CudaGraphConfigError(

@@ -32,6 +32,7 @@ __all__ = [
     "WORKSPACE_BYTES_PER_ELEMENT",
     "deterministic_kernels",
     "deterministic_max_seqlen",
+    "why_lowered",
     "workspace_bytes",
 ]
 
@@ -76,3 +77,20 @@ def deterministic_max_seqlen(
         allowed = math.isqrt(elements // (segments * heads))
         seqlen = min(seqlen - multiple, allowed // multiple * multiple)
     return 0
+
+
+def why_lowered(segments: int, heads: int, max_seqlen: int) -> str:
+    """Why a static attention shape of ``segments x heads x max_seqlen**2`` is lowered under deterministic kernels:
+    TE's unfused backend at or above :data:`UNFUSED_FROM`, else cuDNN's workspace above
+    :data:`DERIVED_WORKSPACE_LIMIT` (the text the plan and its refusals give)."""
+    if segments * heads * max_seqlen**2 >= UNFUSED_FROM:
+        return (
+            f"under {DETERMINISTIC_ENV}=0, TE 2.20 gives {segments} static segments x {heads} heads x max_seqlen "
+            f"{max_seqlen}**2 >= 2**30 the unfused attention (its scores in memory, another backend than eager's)"
+        )
+    need = workspace_bytes(segments, heads, max_seqlen) / 2**30
+    return (
+        f"under {DETERMINISTIC_ENV}=0, cuDNN's attention backward of {segments} static segments x {heads} heads at "
+        f"max_seqlen {max_seqlen} asks about {need:.1f} GiB of workspace (TE 2.20; a derived shape keeps it within "
+        f"{DERIVED_WORKSPACE_LIMIT / 2**30:g} GiB)"
+    )
