@@ -17,6 +17,13 @@ logger = logging.getLogger("bridge_cudagraph")
 
 __all__ = ["LadderHelper"]
 
+GROWTH_MARGIN = 1.2
+"""The factor on a grown ladder's estimated pool before :meth:`LadderHelper.capture_pending` re-captures it. The
+estimate scales the captured top rung's measured pool linearly to the new top; the lower rungs share that pool and
+keep alive only their outputs beyond it, and the allocator rounds segments up. Neither is estimated, so the 20% is a
+margin chosen, not measured: too small, and a re-capture that does not fit fails as any capture does (its
+``on_capture_error``); too large, and a rung that would fit is refused (logged)."""
+
 
 class LadderHelper:
     """What the budgeted helpers (packed language, vision) share about their ladder: which rungs exist, capturing more
@@ -115,7 +122,7 @@ class LadderHelper:
         before, top, new_top = self.ladder.captured, self.ladder.top, rungs[-1]
         pool = sum(self.stats.per_budget.values())
         per_unit = self.stats.per_budget.get(top, 0) / top if top else 0
-        need = int(per_unit * new_top * self.copies.count * 1.2)
+        need = int(per_unit * new_top * self.copies.count * GROWTH_MARGIN)
         available = free_for_capture() + pool
         if need > available:
             self.ladder.refuse()
