@@ -1142,13 +1142,11 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
     micro = [MicroBatch(**m) for m in info.get("microbatches") or []]
     notes = []
     if micro:
-        real = [m.real_tokens for m in micro]
-        loss = [m.loss_tokens for m in micro]
+        keys = ("real_tokens", "loss_tokens", "packed_tokens", "patches")
+        real, loss, packed, patches = (f"{min(v)}-{max(v)}" for v in ([getattr(m, k) for m in micro] for k in keys))
         notes.append(
             f"- Data: {len(micro)} distinct micro-batches of {micro[0].rows} samples, cycled; real tokens per "
-            f"micro-batch {min(real)}-{max(real)}, loss tokens {min(loss)}-{max(loss)}, packed width x rows "
-            f"{min(m.packed_tokens for m in micro)}-{max(m.packed_tokens for m in micro)}, vision patches "
-            f"{min(m.patches for m in micro)}-{max(m.patches for m in micro)}."
+            f"micro-batch {real}, loss tokens {loss}, packed width x rows {packed}, vision patches {patches}."
         )
     if info.get("language_budgets"):
         notes.append(
@@ -1160,9 +1158,9 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
     variants = data.get("variants") or {}
     for name in shown(data):
         rec = variants.get(name) or {}
-        parity = rec.get("parity") or {}
+        parity, ok = rec.get("parity") or {}, rec.get("status") == "ok"
         steps = parity.get("steps") or {}
-        if rec.get("status") == "ok" and steps and parity.get("reference") != name:
+        if ok and steps and parity.get("reference") != name:
             expected = (
                 " (expected to differ: the fused weight-gradient sum rounds differently; only a non-finite loss fails "
                 "it)"
@@ -1175,15 +1173,15 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
                 f"{_fmt_rel(steps.get('max_rel'))}{expected}."
             )
         cross = parity.get("vs_eager_packed_loss_tokens")
-        if rec.get("status") == "ok" and cross:
+        if ok and cross:
             notes.append(
                 f"- {name}: fixed micro-batch, loss tokens against eager_packed's packed form: max abs "
                 f"{fmt_diff(cross.get('loss_max_abs'))} (padded BSHD vs packed THD kernels)."
             )
-        problems = counter_problems(rec.get("counters") or {}) if rec.get("status") == "ok" else []
+        problems = counter_problems(rec.get("counters") or {}) if ok else []
         if problems:
             notes.append(f"- **{name}: its graphs were not what was timed**: {'; '.join(problems)}.")
-        if rec.get("status") == "ok" and name in FUSED:
+        if ok and name in FUSED:
             notes.append(
                 f"- {name}: {rec.get('te_modules_fusing', 'n/a')} Transformer Engine modules accumulate their weight "
                 "gradient into main_grad themselves (gradient_accumulation_fusion)."
@@ -1200,10 +1198,8 @@ def text_table(data: Mapping[str, Any]) -> str:
     variants = data.get("variants") or {}
     columns = ("variant", "useful tok/s", "x", "step ms", "fill", "busy", "graph GiB", "parity")
     picked = [COLUMNS.index(c) for c in (*COLUMNS[:6], "graph GiB", COLUMNS[-1])]
-    lines = [" | ".join(columns)]
-    for name in shown(data):
-        row = variant_row(name, variants.get(name))
-        lines.append(" | ".join(row[i] for i in picked))
+    rows = (variant_row(name, variants.get(name)) for name in shown(data))
+    lines = [" | ".join(columns), *(" | ".join(row[i] for i in picked) for row in rows)]
     summary = data.get("summary") or summarize(data)
     paired = data.get("paired")
     default_pair = paired_names(paired) == PAIRED
@@ -1236,12 +1232,8 @@ def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
         return None
     variants = data.get("variants") or {}
     names = shown(data)
-    values = [
-        _num((variants.get(n) or {}).get("useful_tokens_per_s"))
-        if (variants.get(n) or {}).get("status") == "ok"
-        else None
-        for n in names
-    ]
+    ok = dict(_finished(data))
+    values = [_num(ok[n].get("useful_tokens_per_s")) if n in ok else None for n in names]
     top = max([v for v in values if v is not None] or [1.0])
     fig, ax = plt.subplots(figsize=(1.5 * len(names) + 2.0, 4.8))
     for i, (name, v) in enumerate(zip(names, values, strict=True)):
@@ -1251,25 +1243,14 @@ def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
             ax.text(i, top * 0.05, label, ha="center", va="bottom", fontsize=8, rotation=90)
             continue
         ax.bar(i, v, color=COLORS.get(name, "#777777"), width=0.7)
-        text = [
-            f"{v:,.0f}",
-            fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"),
-            f"fill {_fmt(rec.get('fill_fraction'), '.0%')}",
-        ]
-        ax.text(i, v + top * 0.02, "\n".join(text), ha="center", va="bottom", fontsize=8)
+        ratio, fill = fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"), _fmt(rec.get("fill_fraction"), ".0%")
+        ax.text(i, v + top * 0.02, f"{v:,.0f}\n{ratio}\nfill {fill}", ha="center", va="bottom", fontsize=8)
     base = _num((variants.get(BASELINE) or {}).get("useful_tokens_per_s"))
     target = target_of(data)
     if base:
         ax.axhline(base * target, color="#c0392b", linestyle="--", linewidth=1)
-        ax.text(
-            len(names) - 0.5,
-            base * target,
-            f"target {target:g}x eager_packed",
-            color="#c0392b",
-            fontsize=8,
-            ha="right",
-            va="bottom",
-        )
+        label = f"target {target:g}x eager_packed"
+        ax.text(len(names) - 0.5, base * target, label, color="#c0392b", fontsize=8, ha="right", va="bottom")
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([n.replace("_", "\n", 1) for n in names], fontsize=8)
     ax.set_ylim(0, top * 1.35)

@@ -32,31 +32,7 @@ import torch
 from benchmarks import recipe_variants, report, runner
 from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
 from benchmarks.progress import say
-from benchmarks.report import (
-    CONTROL,
-    FORM,
-    FUSED,
-    HOST_SYNC_VARIANTS,
-    LEVER_VARIANTS,
-    ORDER,
-    PACKED,
-    PACKED_GRAPHED,
-    PACKED_PARTS,
-    PADDED,
-    PADDED_CONTROL,
-    PADDED_GRAPHED,
-    PADDED_PARTS,
-    PAIRED,
-    REFERENCE,
-    REFERENCE_OF,
-    REFERENCES,
-    REFUSED,
-    TIGHT,
-    VARIANTS,
-    VISION_HALVINGS,
-    MicroBatch,
-    reference_of,
-)
+from benchmarks.report import CONTROL, FORM, LEVER_VARIANTS, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
 from benchmarks.runner import OK, json_safe, write_json
 from benchmarks.trace import gpu_busy_summary
 
@@ -197,7 +173,7 @@ class ModelDef:
     the recipe file's, :mod:`benchmarks.recipe_variants`)."""
     language_modules: tuple[str, ...] | None = None
     """``model.cuda_graph.language.modules`` of ours_padded: None captures whole layers."""
-    variants: tuple[str, ...] = VARIANTS
+    variants: tuple[str, ...] = report.VARIANTS
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
     optional: tuple[str, ...] = ()
     """What ``--variants`` may add to :attr:`variants` (the lever variants of a dense model)."""
@@ -240,46 +216,40 @@ MODELS: dict[str, ModelDef] = {
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (checked by :func:`check_args`)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
+    add(
         "--model",
         choices=tuple(MODELS),
         default="small",
         help="tiny: smoke test; small: the 2B shape; tiny-moe: the MoE tiny; moe-30b-a3b-shape: Qwen3-VL-30B-A3B's "
         "layer at reduced depth; peft8b: Bridge's 8B LoRA recipe (benchmarks/recipe_variants.py)",
     )
-    parser.add_argument("--seq", type=int, default=None, help="seq_length (default 4096; a recipe model: its own)")
-    parser.add_argument("--mbs", type=int, default=None, help="micro-batch size (default 2; a recipe: its own)")
-    parser.add_argument(
-        "--num-mb", type=int, default=None, help="micro-batches per optimizer step (default 2; a recipe: its own)"
-    )
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="measured steps per variant")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="eager steps before capture")
-    parser.add_argument(
-        "--microbatches", type=int, default=DEFAULT_MICROBATCHES, help="distinct micro-batches (cycled)"
-    )
-    parser.add_argument("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
-    parser.add_argument("--no-paired", action="store_true", help="skip the paired phase")
-    parser.add_argument(
+    add("--seq", type=int, help="seq_length (default 4096; a recipe model: its own)")
+    add("--mbs", type=int, help="micro-batch size (default 2; a recipe: its own)")
+    add("--num-mb", type=int, help="micro-batches per optimizer step (default 2; a recipe: its own)")
+    add("--steps", type=int, default=DEFAULT_STEPS, help="measured steps per variant")
+    add("--warmup", type=int, default=DEFAULT_WARMUP, help="eager steps before capture")
+    add("--microbatches", type=int, default=DEFAULT_MICROBATCHES, help="distinct micro-batches (cycled)")
+    add("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
+    add("--no-paired", action="store_true", help="skip the paired phase")
+    add(
         "--paired",
-        default=None,
         metavar="A,B",
         help="the two variants the paired phase builds side by side and interleaves (ratios: A ms / B ms); both "
         f"must be among the run's variants (default {','.join(PAIRED)}, skipped where --variants leaves one out)",
     )
-    parser.add_argument("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
-    parser.add_argument(
+    add("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
+    add(
         "--variants",
-        default=None,
         metavar="A,B",
-        help=f"run only these variants, in the usual order (default: the model's, all of {','.join(VARIANTS)} "
+        help=f"run only these variants, in the usual order (default: the model's, all of {','.join(report.VARIANTS)} "
         f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one); a dense model of the benchmark's shape also "
         f"runs the lever variants {','.join(LEVER_VARIANTS)} when named here",
     )
-    parser.add_argument(
+    add(
         "--gpu-memory",
         type=float,
-        default=None,
         metavar="GIB",
         help="cap the process at GIB of GPU memory (80: an 80 GB H100 on a larger GPU), as train --gpu-memory does",
     )
@@ -338,9 +308,9 @@ def check_args(args: argparse.Namespace) -> str | None:
         unknown = [v for v in chosen if v not in allowed]
         if unknown or not chosen:
             return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
-        if REFERENCE[PACKED] not in chosen:
-            return f"--variants {args.variants}: include {REFERENCE[PACKED]}, the reference of every packed variant"
-        for variant, reference in REFERENCE_OF.items():
+        if (reference := report.REFERENCE[PACKED]) not in chosen:
+            return f"--variants {args.variants}: include {reference}, the reference of every packed variant"
+        for variant, reference in report.REFERENCE_OF.items():
             if variant in chosen and reference not in chosen:
                 return f"--variants {args.variants}: include {reference}, the parity reference of {variant}"
     if not args.no_paired and args.paired is not None:
@@ -365,7 +335,7 @@ def chosen_variants(args: argparse.Namespace) -> tuple[str, ...]:
     if args.variants is None:
         return MODELS[args.model].variants
     named = set(args.variants.split(","))
-    return tuple(v for v in ORDER if v in named)
+    return tuple(v for v in report.ORDER if v in named)
 
 
 def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
@@ -413,7 +383,7 @@ def token_ids(processor) -> dict[str, int]:
     }
 
 
-def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> MicroBatch:
+def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> report.MicroBatch:
     """The numbers of one collated micro-batch and its two forms; the forms must keep every loss token.
     ``visual_ids``: the image and video token ids (a row's extent reaches its last one, as the replay's does)."""
 
@@ -425,7 +395,7 @@ def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Seq
             raise RuntimeError(f"the {form} form holds {got} loss tokens, the collated batch {loss}")
     visual = collated.get("visual_inputs")
     grid = (visual.normalized_for_model() if visual is not None else {}).get("image_grid_thw")
-    return MicroBatch(
+    return report.MicroBatch(
         rows=int(rows),
         width=int(width),
         real_tokens=int(collated["attention_mask"].sum()),
@@ -488,7 +458,7 @@ class _Run:
     cfg: BenchConfig
     layout: Any
     ids: dict[str, int]
-    micro: list[MicroBatch]
+    micro: list[report.MicroBatch]
     shared: dict[str, Any]
     """Per form, a :class:`benchmarks.runner.StepData` (its batches, fixed batch and step plan)."""
     initial_state: list[dict] | None = None
@@ -562,19 +532,19 @@ def variant_provider(run: _Run, variant: str):
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
         **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
     }
-    for name, parts in (*PADDED_PARTS.items(), *PACKED_PARTS.items()):
-        block = blocks["ours_padded" if name in PADDED_PARTS else "ours_packed"]
+    for name, parts in (*report.PADDED_PARTS.items(), *report.PACKED_PARTS.items()):
+        block = blocks["ours_padded" if name in report.PADDED_PARTS else "ours_packed"]
         blocks[name] = dataclasses.replace(
             block, **{sub: dataclasses.replace(getattr(block, sub), **fields) for sub, fields in parts.items()}
         )
-    for name in VISION_HALVINGS:
+    for name in report.VISION_HALVINGS:
         block = blocks[name]
         blocks[name] = dataclasses.replace(
             block, vision=dataclasses.replace(block.vision, token_budgets=run.cfg.vision_halvings())
         )
     if variant not in blocks or model.provider is None:
-        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*ORDER, CONTROL]}")
-    fields = {"gradient_accumulation_fusion": True} if variant in FUSED else {}
+        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*report.ORDER, CONTROL]}")
+    fields = {"gradient_accumulation_fusion": True} if variant in report.FUSED else {}
     return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids, **fields)
 
 
@@ -648,7 +618,7 @@ def record_fusion(variant: str, model: list, out: dict) -> int:
     from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
 
     count = out["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
-    if variant in FUSED and not count:
+    if variant in report.FUSED and not count:
         raise RuntimeError(
             f"{variant}: model.gradient_accumulation_fusion=true, but no Transformer Engine module of the model "
             "fuses its weight-gradient accumulation; it would time the unfused step"
@@ -666,7 +636,7 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         return runner.upstream_helpers(
             objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
         )
-    if variant not in (*PADDED_GRAPHED, *PACKED_GRAPHED):
+    if variant not in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         return []
     if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
@@ -684,7 +654,7 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         # The product's helpers from the product's plan (tight packing off for ours_packed_rows' setting).
-        if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != (variant in TIGHT):
+        if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != (variant in report.TIGHT):
             raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
         if variant in report.AUTOGRAD_GRADS:
             for ladder in helpers:
@@ -774,7 +744,7 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
 
     counts = forward_host.counts_in(model)
     if variant in PACKED_GRAPHED and counts["cpu_positions_calls"]:
-        forward = PACKED_PARTS.get(variant, {}).get("forward", {})
+        forward = report.PACKED_PARTS.get(variant, {}).get("forward", {})
         if bool(counts["flat_batches"]) != (forward.get("flat_rows") is not False):
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
         if bool(counts["grid_binds"]) != (forward.get("collated_grids") is not False):
@@ -791,7 +761,7 @@ def _run_variant(run: _Run, variant: str) -> dict:
     reason = refusal(run, variant)
     if reason is not None:
         say(f"{variant}: refused: {reason}")
-        return {**rec, "status": REFUSED, "reason": reason, "seconds": 0.0}
+        return {**rec, "status": report.REFUSED, "reason": reason, "seconds": 0.0}
     objs: dict[str, Any] = {}
     started = time.perf_counter()
     runner.free_memory()
@@ -897,7 +867,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             say(f"{variant}: profiling failed: {rec['profile_error']}")
             for i in range(p_first + max(0, len(losses) - p_first), p_first + shared.profile_steps):
                 run_step(i)
-        if variant in report.GRAPHED or variant in REFERENCES:
+        if variant in report.GRAPHED or variant in report.REFERENCES:
             # The same steps' micro-batches again, kernels only: the busy figure without the CPU ops' cost. Their
             # losses are not kept (every variant's series stays the plan's steps, the control's too).
             kept = len(losses), len(grad_norms)
@@ -906,8 +876,8 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             except Exception as error:
                 rec["cuda_only_profile_error"] = f"{type(error).__name__}: {error}"[:500]
             del losses[kept[0] :], grad_norms[kept[1] :]
-    reference = reference_of(variant)
-    if variant in REFERENCES:
+    reference = report.reference_of(variant)
+    if variant in report.REFERENCES:
         run.references.setdefault(variant, {})["profile"] = profile
     rec.update(
         gpu_busy_summary(
@@ -937,7 +907,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         )
     rec["losses"] = losses
     rec["grad_norms"] = grad_norms
-    if variant in (*PADDED_GRAPHED, *PACKED_GRAPHED):
+    if variant in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
         rec["forward_counts"] = forward_counters(variant, model)
@@ -955,7 +925,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         grad_norm,
         losses,
         run.references.get(reference),
-        run.references.get(REFERENCE[PACKED]),
+        run.references.get(report.REFERENCE[PACKED]),
         grads=grads,
     )
     if before:
@@ -964,7 +934,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     if fixed:
         loss = report.fmt_diff(fixed.get("loss_max_abs"))
         say(f"{variant}: fixed batch: loss {loss}; {report.fmt_grad_parity(fixed)}")
-    if variant in REFERENCES:
+    if variant in report.REFERENCES:
         floor = grad_floor(model, shared.fixed_batch, fixed_loss, grads, mask)
         rec["parity"]["floor"] = floor.as_dict()
         run.references[variant].update(
@@ -972,7 +942,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         )
     del grads
     runner.require_finite(losses, grad_norms)
-    if variant in HOST_SYNC_VARIANTS:
+    if variant in report.HOST_SYNC_VARIANTS:
         # Last, so the compared losses are untouched: one more step, on the first profiled step's micro-batches
         # (the last measured step's without a profile), under torch's sync debug mode. A runner of its own, so the
         # step joins no recorded series. A measurement aid: its failure is recorded, never the variant's.
@@ -1049,13 +1019,13 @@ def parity(
 
     form = FORM[variant]
     out: dict[str, Any] = {
-        "reference": reference_of(variant),
+        "reference": report.reference_of(variant),
         "fixed_batch_loss_mean": float(fixed_loss.mean()),
         "fixed_batch_grad_norm": grad_norm,
         "nonfinite_steps": runner.non_finite_steps(losses),
     }
     out["losses_finite"] = not out["nonfinite_steps"]
-    if variant == reference_of(variant):
+    if variant == report.reference_of(variant):
         return out
     if reference is None or reference.get("fixed_loss") is None:
         return out
@@ -1279,7 +1249,7 @@ def paired_skip_reason(
     missing = [name for name in names if name not in results]
     if missing:
         return f"{missing[0]} was not run (--variants)"
-    refused = [name for name in names if (results.get(name) or {}).get("status") == REFUSED]
+    refused = [name for name in names if (results.get(name) or {}).get("status") == report.REFUSED]
     if refused:
         return f"{refused[0]} was refused by the capture plan"
     return runner.paired_memory_check(results, gpu_memory_bytes(), names=tuple(names))
@@ -1291,8 +1261,9 @@ def failed_variants(data: dict) -> list[str]:
     :func:`require_gradient_parity`); a refusal by the plan (ours_packed on an MoE model) is the answer to what
     was asked, not a failure."""
     variants = data.get("variants") or {}
-    asked = (report.BASELINE, "ours_packed", *(n for n in (*PADDED_GRAPHED, *LEVER_VARIANTS) if n in variants))
-    return [n for n in asked if (variants.get(n) or {}).get("status") not in (OK, REFUSED)]
+    optional = (*report.PADDED_GRAPHED, *LEVER_VARIANTS)
+    asked = (report.BASELINE, "ours_packed", *(n for n in optional if n in variants))
+    return [n for n in asked if (variants.get(n) or {}).get("status") not in (OK, report.REFUSED)]
 
 
 def run_all(args: argparse.Namespace, *, world=None, command: str | None = None) -> dict:
