@@ -245,12 +245,10 @@ def block_bootstrap_ci(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap.
-
-    Consecutive paired steps are not independent (the host's state, the allocator, the clocks drift over a run),
-    so resampling single pairs understates the spread; resampling runs of ``block`` consecutive pairs (default
-    ``max(2, round(n ** (1/3)))``, 3 for 30 pairs) keeps that correlation inside each block. Seeded: the same
-    ratios give the same interval. None under 6 values (as the sign test)."""
+    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap:
+    consecutive paired steps are not independent (the host, the allocator and the clocks drift), so runs of
+    ``block`` consecutive pairs (default ``max(2, round(n ** (1/3)))``) are resampled, keeping that correlation.
+    Seeded; None under 6 values."""
     n = len(values)
     if n < 6:
         return None
@@ -285,14 +283,11 @@ def sign_test_ci(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE)
 
 
 def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> dict[str, Any]:
-    """Judge per-pair step-time ratios (the reference's over ours', from a paired phase, in measurement order:
-    above 1, ours faster).
-
-    ``median`` of the ratios and a ``confidence`` interval for it: the wider of the sign test's
-    (:func:`sign_test_ci`, no assumption on the distribution, but pairs taken as independent) and a moving-block
-    bootstrap's (:func:`block_bootstrap_ci`, which keeps the serial correlation of consecutive steps); both are
-    recorded. ``verdict``: "faster" when the whole interval is above 1, "slower" when below, "within timing noise"
-    when it contains 1; None (and no interval) with too few pairs (under 6 at 95%)."""
+    """Judge per-pair step-time ratios (in measurement order; above 1: the second variant faster): ``median`` and a
+    ``confidence`` interval, the wider of the sign test's (:func:`sign_test_ci`, pairs taken as independent) and a
+    moving-block bootstrap's (:func:`block_bootstrap_ci`, serial correlation kept), both recorded. ``verdict``:
+    "faster" when the whole interval is above 1, "slower" below, else "within timing noise"; None with under 6
+    pairs."""
     values = [float(x) for x in ratios]
     out: dict[str, Any] = {
         "pairs": len(values),
@@ -323,9 +318,9 @@ PHASE_KEYS = ("idle_ms_per_step", "wall_ms_per_step")
 def host_time_section(
     ours: Mapping[str, Any], eager: Mapping[str, Any], *, target: float = GPU_BUSY_TARGET
 ) -> list[str]:
-    """The section "Where the remaining host time goes": nothing when ours' GPU-busy fraction reaches ``target`` (or
-    ours did not run); otherwise ours' GPU-idle time per profiled step split by phase, and the CPU ops and CUDA
-    runtime calls that overlap it most, each next to eager's (``ours``, ``eager``: the two variants' records)."""
+    """The section on where the remaining host time goes, unless ours' GPU busy reaches ``target`` (or ours did not
+    run): ours' GPU-idle time per profiled step by phase, and the CPU ops and CUDA runtime calls overlapping it most,
+    beside eager's."""
     busy = _num(ours.get("gpu_busy"))
     if ours.get("status") != "ok" or busy is None or busy >= target:
         return []
@@ -437,10 +432,9 @@ def budget_for(tokens: int, rows: int, budgets: Sequence[int], max_sequences: in
 def token_slots(
     variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0, *, tight: bool = False
 ) -> int:
-    """Token slots the language model computes for ``mb`` in ``variant``: padded forms every row at seq_length;
-    eager packed the packed width ``T``; packed graphs (:data:`PACKED_GRAPHED`) the budget ``T`` replays in (``T``
-    itself where it falls back to eager), and with ``tight`` (tight packing on) the budget the kept tokens ``T'``
-    replay in; ours_packed_rows, tight packing off, always the budget of ``T``."""
+    """Token slots the language model computes for ``mb`` in ``variant``: padded forms rows x seq_length; eager packed
+    ``T``; packed graphs the budget ``T`` replays in (``T`` where it falls back to eager), with ``tight`` (tight
+    packing on) the budget of the kept tokens ``T'``."""
     if FORM[variant] == PADDED:
         return mb.padded_tokens
     if variant in PACKED_GRAPHED:
@@ -528,11 +522,9 @@ def step_noise_floor(variants: Mapping[str, Any]) -> float | None:
 
 
 def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[str, Any]:
-    """ours_packed against eager_packed: from the separate runs, from the paired phase (median per-pair ratio
-    and its 95% interval; only where the phase compared these two), and whether the issue's target is met (on
-    the paired interval's lower end where the phase ran, else on the separate runs; None when neither measured
-    it). Also the noise floor: how far eager_packed_repeat's useful tokens/s (``noise_floor``) and median step
-    (``step_noise_floor``) lie from eager_packed's. ``target``: default :func:`target_of`."""
+    """ours_packed against eager_packed: separate runs, the paired phase (where it compared these two), and whether the
+    target (default :func:`target_of`) is met, on the paired interval's lower end where the phase ran, else on the
+    separate runs (None when neither measured it); and the noise floors of eager_packed_repeat's tokens/s and step."""
     variants = data.get("variants") or {}
     base = variants.get(BASELINE)
     target = target_of(data) if target is None else target
@@ -596,9 +588,8 @@ def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
 
 
 def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
-    """The per-parameter gradient comparison of a fixed-batch record, as computed (never a default): the share of
-    parameters bit-exact, the largest relative difference against the floor's, and the verdict; "gradients not
-    compared" where the record has none."""
+    """A fixed-batch record's per-parameter gradient comparison as computed (never a default): the share bit-exact, the
+    largest relative difference against the floor's, the verdict; "gradients not compared" without one."""
     grads = fixed.get("grads")
     if not grads:
         return "gradients not compared"
@@ -612,9 +603,8 @@ def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
 
 
 def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """What a graphed variant's counters (per submodule: ``graphs``, ``replays``, ``failed``) say against its
-    graphs being the ones timed: a submodule without graphs, without a replay, or whose capture failed (it trained
-    on eagerly). Empty when every enabled submodule captured and replayed."""
+    """What a graphed variant's counters say against its graphs being the ones timed: a submodule without graphs,
+    without a replay, or whose capture failed (it trained on eagerly); empty when every one captured and replayed."""
     out = []
     for sub, c in sorted(counters.items()):
         if c.get("failed"):
@@ -672,9 +662,8 @@ def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
 
 
 def _fmt_busy(rec: Mapping[str, Any]) -> tuple[str, str]:
-    """The GPU busy and step / kernel cells: the kernel time's share of the profiled steps' own wall time
-    (``gpu_busy_in_profiled_steps``), and the unprofiled median step over the profiled kernel time. Where the
-    profiler missed graph kernels, the busy cell is the estimate from eager's kernel time and both carry †."""
+    """The GPU busy and step / kernel cells; where the profiler missed graph kernels, the busy cell is the estimate
+    from eager's kernel time and both carry †."""
     if kernel_time_missed(rec):
         busy = _fmt(rec.get("gpu_busy"), ".2f")
         return (busy + "†" if busy != "n/a" else busy), fmt_ratio(step_over_kernel(rec), "x") + "†"
@@ -707,9 +696,8 @@ LADDER_TARGET = 1.1
 
 
 def memory_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Memory``: every variant's peaks against eager_packed's, and ours_packed's ladders rung by rung (what each
-    rung's capture added to the reserved memory, and of it the tensors it keeps alive), the captured tops and why,
-    the estimate of :mod:`bridge_cudagraph.plan.memory` against the measured pools."""
+    """``## Memory``: every variant's peaks against eager_packed's, ours_packed's ladders rung by rung (reserved
+    growth, and of it kept alive), and :mod:`bridge_cudagraph.plan.memory`'s estimate against the measured pools."""
     variants = data.get("variants") or {}
     base = variants.get(BASELINE) or {}
     base_reserved = _num(base.get("peak_reserved_bytes"))
@@ -783,9 +771,8 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
 
 
 def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Vision encoder and MFU``: each variant's vision encoder time per micro-batch (CUDA events around every
-    encoder call of the measured steps: forward, backward, both) and, for the padded rows, the model FLOPs
-    utilisation of the measured steps and at the profiled steps' kernel time."""
+    """``## Vision encoder and MFU``: each variant's encoder time per micro-batch (CUDA events, measured steps) and for
+    padded rows the MFU of the measured steps and at the profiled steps' kernel time."""
     rows = [
         [
             name,
@@ -843,9 +830,8 @@ def _spread(record: Mapping[str, Any]) -> float | None:
 
 
 def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> str | None:
-    """One sentence on what the lever did: the median step's change against the run-to-run noise floor
-    (:func:`step_noise_floor`) and the two variants' own step spread (:func:`_spread`), and separately the profiled
-    kernel time's change (the less noisy signal); None unless both finished."""
+    """One sentence on what the lever did: the median step's change against the noise floor and the pair's own step
+    spread, and the profiled kernel time's change (the less noisy signal); None unless both finished."""
     a, b = variants.get(without) or {}, variants.get(with_) or {}
     if a.get("status") != "ok" or b.get("status") != "ok":
         return None
@@ -882,9 +868,7 @@ def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, A
 
 
 def lever_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Levers``: for each pair of :data:`LEVERS` both of whose variants the run holds, the numbers side by side
-    and one sentence on the step time (against the noise floor and the pair's step spread) and the kernel time;
-    empty when no pair ran."""
+    """``## Levers``: each pair of :data:`LEVERS` the run holds, side by side, and its :func:`lever_verdict`."""
     variants = data.get("variants") or {}
     pairs = [lever for lever in LEVERS if lever[1] in variants and lever[2] in variants]
     if not pairs:
@@ -1000,9 +984,8 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
 
 
 def remaining_time(data: Mapping[str, Any]) -> list[str]:
-    """Where ours_packed's step time goes: GPU kernels against idle, padding in the computed slots, kernel time
-    against eager_packed's, and the host-time attribution of the profile (:func:`host_time_section`,
-    whose "ours"/"eager" are ours_packed/eager_packed here)."""
+    """Where ours_packed's step time goes: kernels against idle, padding in the computed slots, kernel time against
+    eager_packed's, and :func:`host_time_section`."""
     variants = data.get("variants") or {}
     ours, eager = variants.get("ours_packed") or {}, variants.get(BASELINE) or {}
     if ours.get("status") != "ok":
