@@ -912,17 +912,14 @@ def table(data: Mapping[str, Any]) -> list[str]:
 
 
 def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
-    summary = data.get("summary") or summarize(data)
-    target = summary.get("target", TARGET_SPEEDUP)
-    out = []
-    separate = summary.get("separate")
-    paired = data.get("paired")
+    summary, paired = data.get("summary") or summarize(data), data.get("paired")
     default_pair = paired_names(paired) == PAIRED
-    out.append(
-        f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {fmt_ratio(separate, 'x')}; "
+    separate = fmt_ratio(summary.get("separate"), "x")
+    out = [
+        f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {separate}; "
         + (_fmt_paired(paired) if default_pair else "not paired in this run")
         + "."
-    )
+    ]
     if not default_pair:
         first, second = paired_names(paired)
         out.append(f"- **{second} vs {first} (useful tokens/s, `--paired`)**: {_fmt_paired(paired)}.")
@@ -935,9 +932,9 @@ def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
     refused = (data.get("variants") or {}).get("ours_packed") or {}
     if refused.get("status") == REFUSED:
         out.append(f"- **ours_packed refused by the capture plan**: {refused.get('reason', '?')}")
-    met = summary.get("met")
-    verdict = {True: "**met**", False: "**not met**", None: "not measured"}[met]
+    verdict = {True: "**met**", False: "**not met**", None: "not measured"}[summary.get("met")]
     on = f" (judged on the {summary['met_on']})" if summary.get("met_on") else ""
+    target = summary.get("target", TARGET_SPEEDUP)
     out.append(f"- Target of issue #17 on this shape: ours_packed >= {target:g}x eager_packed: {verdict}{on}.")
     floor = summary.get("noise_floor")
     if floor is not None:
