@@ -26,14 +26,15 @@ def kernel_events(trace: dict) -> Iterator[dict]:
             yield e
 
 
+def _span(event: dict) -> tuple[float, float]:
+    """``(start_us, end_us)`` of a complete event (a negative duration as none)."""
+    ts = float(event.get("ts", 0.0))
+    return ts, ts + max(0.0, float(event.get("dur", 0.0)))
+
+
 def trace_kernels(trace: dict) -> list[tuple[float, float, Any]]:
     """``(start_us, end_us, stream)`` of every CUDA kernel in a chrome trace exported by ``torch.profiler``."""
-    out = []
-    for e in kernel_events(trace):
-        ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
-        args = e.get("args") or {}
-        out.append((ts, ts + max(0.0, dur), args.get("stream", e.get("tid"))))
-    return out
+    return [(*_span(e), (e.get("args") or {}).get("stream", e.get("tid"))) for e in kernel_events(trace)]
 
 
 def top_kernels(trace: dict, n_steps: int, top: int = 12) -> list[list[Any]]:
@@ -113,11 +114,9 @@ def busy_between_marks(trace: dict, n_steps: int) -> dict:
     a CUDA-only profile without ``record_function`` step ranges: from the end of the first (launched after a
     synchronize, before the first step) to the start of the last (after the last step's synchronize), the steps' wall
     time on the GPU's clock. ``busy`` and per step ``kernel_ms`` and ``window_ms``."""
-    marks = []
-    kernels = []
+    marks, kernels = [], []
     for e in kernel_events(trace):
-        ts, dur = float(e.get("ts", 0.0)), max(0.0, float(e.get("dur", 0.0)))
-        (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append((ts, ts + dur))
+        (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append(_span(e))
     if len(marks) < 2:
         raise RuntimeError(f"CUDA-only profile has {len(marks)} '{MARK_KERNEL}' markers, needs 2")
     marks.sort()
@@ -318,23 +317,18 @@ def trace_host_ranges(trace: dict, cats: Sequence[str], pid: Any = None) -> list
     """``(start_us, end_us, name, thread)`` of the complete events of categories ``cats`` (of process ``pid`` when
     given)."""
     wanted = {c.lower() for c in cats}
-    out = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() not in wanted:
-            continue
-        if pid is not None and e.get("pid") != pid:
-            continue
-        ts = float(e.get("ts", 0.0))
-        out.append((ts, ts + max(0.0, float(e.get("dur", 0.0))), str(e.get("name", "?")), e.get("tid")))
-    return out
+    return [
+        (*_span(e), str(e.get("name", "?")), e.get("tid"))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in wanted and (pid is None or e.get("pid") == pid)
+    ]
 
 
 def _window_pid(trace: dict, prefix: str = STEP_MARK) -> Any:
     """The process of the step windows (the CPU side; kernels live under the GPU's pid)."""
-    for e in trace.get("traceEvents", []):
-        if str(e.get("cat", "")).lower() == "user_annotation" and str(e.get("name", "")).startswith(prefix):
-            return e.get("pid")
-    return None
+    events = trace.get("traceEvents", [])
+    marks = (e for e in events if str(e.get("cat", "")).lower() == "user_annotation")
+    return next((e.get("pid") for e in marks if str(e.get("name", "")).startswith(prefix)), None)
 
 
 def _top(stats: dict[str, dict[str, float]], n_steps: int, top: int) -> list[dict]:
@@ -362,9 +356,7 @@ def host_time_breakdown(trace: dict, *, prefix: str = PHASE_PREFIX, top: int = 1
         raise RuntimeError(f"no '{STEP_MARK}*' ranges in the trace: no step to attribute host time to")
     n = len(windows)
     kernels = [(s, e) for s, e, _ in trace_kernels(trace)]
-    idle: list[tuple[float, float]] = []
-    for window in windows:
-        idle += idle_intervals(window, kernels)
+    idle = [gap for window in windows for gap in idle_intervals(window, kernels)]
     pid = _window_pid(trace)
 
     def in_windows(ranges: list[tuple[float, float, str, Any]]) -> list[tuple[float, float, str, Any]]:
@@ -425,14 +417,12 @@ def longest_gaps(
         names = [name for s, e, name, _ in ops if s <= t < e]
         return names[0][:100] if names else None
 
-    out = []
-    for start, end in sorted(idle, key=lambda g: g[0] - g[1])[:top]:
-        out.append(
-            {
-                "ms": (end - start) / 1e3,
-                "phase": innermost_phase(start),
-                "op_at_start": op_at(start),
-                "op_at_end": op_at(max(start, end - 1.0)),
-            }
-        )
-    return out
+    return [
+        {
+            "ms": (end - start) / 1e3,
+            "phase": innermost_phase(start),
+            "op_at_start": op_at(start),
+            "op_at_end": op_at(max(start, end - 1.0)),
+        }
+        for start, end in sorted(idle, key=lambda g: g[0] - g[1])[:top]
+    ]
