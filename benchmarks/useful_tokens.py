@@ -270,19 +270,17 @@ def fill_shape(args: argparse.Namespace) -> str | None:
 def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line (one sentence naming the setting and the fix), or None; fills the shape
     first (:func:`fill_shape`)."""
-    problem = fill_shape(args)
-    if problem:
+    if problem := fill_shape(args):
         return problem
     if args.mbs < 2:
         return f"--mbs {args.mbs}: Bridge's in-batch packing needs a micro-batch of at least 2; use --mbs 2 or more"
     if args.seq < 1024 or args.seq % 128:
         return f"--seq {args.seq}: use a multiple of 128 of at least 1024 (the photo samples run to ~1.2k tokens)"
-    for name in ("num_mb", "steps", "microbatches"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1"
-    for name in ("warmup", "profile_steps"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} {getattr(args, name)}: must be 0 or more"
+    for name, least in (("num_mb", 1), ("steps", 1), ("microbatches", 1), ("warmup", 0), ("profile_steps", 0)):
+        if getattr(args, name) < least:
+            return (
+                f"--{name.replace('_', '-')} {getattr(args, name)}: must be {'at least 1' if least else '0 or more'}"
+            )
     if args.gpu_memory is not None and not args.gpu_memory > 0:
         return f"--gpu-memory {args.gpu_memory:g}: give the GiB to cap the process at (80 for an 80 GB H100)"
     if args.variants is not None:
