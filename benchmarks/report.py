@@ -699,8 +699,7 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     """``## Memory``: every variant's peaks against eager_packed's, ours_packed's ladders rung by rung (reserved
     growth, and of it kept alive), and :mod:`bridge_cudagraph.plan.memory`'s estimate against the measured pools."""
     variants = data.get("variants") or {}
-    base = variants.get(BASELINE) or {}
-    base_reserved = _num(base.get("peak_reserved_bytes"))
+    base_reserved = _num((variants.get(BASELINE) or {}).get("peak_reserved_bytes"))
     out = ["## Memory", ""]
     rows = [
         [
@@ -716,9 +715,7 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
         out += [*_table(header, rows), ""]
     ours = variants.get("ours_packed") or {}
     capture = ours.get("capture") or {}
-    reserved = _num(ours.get("peak_reserved_bytes"))
-    if reserved and base_reserved:
-        ratio = reserved / base_reserved
+    if (ratio := _over(ours.get("peak_reserved_bytes"), base_reserved)) is not None:
         met = "met" if ratio <= RESERVED_TARGET else "not met"
         out.append(
             f"- **ours_packed's peak reserved** is {ratio:.2f}x eager_packed's (target at most {RESERVED_TARGET}x: "
@@ -730,8 +727,7 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
         captured = rec.get("budgets_captured") or sorted(per_budget)
         if not per_budget:
             continue
-        top = max(per_budget)
-        total = sum(per_budget.values())
+        top, total = max(per_budget), sum(per_budget.values())
         ratio = total / per_budget[top] if per_budget[top] else float("nan")
         met = "met" if ratio <= LADDER_TARGET else "not met"
         # ``rec`` is the helper's stats at the capture; rungs captured after it are in ours["late_captures"].
