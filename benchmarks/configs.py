@@ -41,21 +41,17 @@ class BenchConfig:
         return [sum(t for sample in mb for (t, _, _) in sample) for mb in self.image_sets]
 
     def vision_budgets(self) -> list[int]:
-        """Ours: the plugin's vision ladder (:func:`bridge_cudagraph.plan.budgets.geometric_ladder`, rungs
-        multiples of 64 patches at most 1.25x apart, as ``derive_token_budgets`` derives it from the sequence bound)
-        from the data's largest micro-batch: its patches rounded up to 64, down to a 16th of that. The top here is
-        what the data carries, not the bound (every token an image token), so the floor is the packed language
-        ladder's (:data:`~bridge_cudagraph.plan.budgets.LANGUAGE_LADDER_FLOOR`, a top micro-batches fill too): the
-        bound's 64th would add rungs far below any micro-batch, each captured for nothing."""
+        """Ours: the plugin's vision ladder (:func:`bridge_cudagraph.plan.budgets.geometric_ladder`) from the data's
+        largest micro-batch, down to the packed language ladder's floor: the top is what the data carries, not the
+        sequence bound, whose 64th would add rungs far below any micro-batch, each captured for nothing."""
         from bridge_cudagraph.plan.budgets import LANGUAGE_LADDER_FLOOR, geometric_ladder, vision_ladder_multiple
 
         top = max([*self.patches_per_microbatch(), MERGE * MERGE])
         return geometric_ladder(top, vision_ladder_multiple(MERGE), LANGUAGE_LADDER_FLOOR)
 
     def vision_halvings(self) -> list[int]:
-        """The vision ladder the benchmarks used before :meth:`vision_budgets`: the data's largest micro-batch rounded
-        up to 1024 patches and three halvings, each a multiple of ``merge**2`` (a micro-batch pads up to half its
-        rung). Kept to measure that lever on its own (useful_tokens' ``ours_packed_halvings``)."""
+        """The former vision ladder: the data's largest micro-batch rounded up to 1024 patches and three halvings, each
+        a multiple of ``merge**2``; kept to measure that lever (``ours_packed_halvings``)."""
         from bridge_cudagraph.plan.budgets import round_up
 
         unit = MERGE * MERGE
@@ -69,7 +65,6 @@ class BenchConfig:
         return max(derive_max_segments(self.vision_budgets(), MERGE), *self.frames_per_microbatch())
 
     def upstream_vision_seq_length(self) -> int:
-        """Upstream: one ``max_vision_cuda_graph_seq_length`` that holds the largest micro-batch (patches): our
-        ladder's top, the largest micro-batch rounded up to 64 patches (at most 63 above it), so both variants
-        capture the same largest shape."""
+        """Upstream: one ``max_vision_cuda_graph_seq_length`` holding the largest micro-batch, our ladder's top, so
+        both variants capture the same largest shape."""
         return self.vision_budgets()[-1]

@@ -1,17 +1,10 @@
-"""Model FLOPs of a Qwen3-VL training step, for the benchmark's MFU column (issue #18).
+"""Model FLOPs of a Qwen3-VL training step, for the benchmark's MFU column.
 
-Counted the way MFU is usually counted (PaLM's appendix B, Megatron's ``num_floating_point_operations``): the
-matrix multiplications of the model as written, forward x 3 for forward + backward, no recomputation, nothing for
-element-wise work. Two choices are stated because they move the number:
-
-* attention scores and values count only what the mask keeps: causal for the language model (``S * (S + 1) / 2``
-  query-key pairs per sequence of ``S`` tokens), full squares per image frame for the vision encoder (its attention
-  never crosses frames);
-* the vision encoder counts its real patches, not the token budget's padding; the language model counts every
-  position of the padded micro-batch (the benchmark's rows have no padding).
-
-``MFU = FLOPs per step / (step time x peak)``; ``peak`` is the GPU's dense BF16 tensor-core rate
-(:data:`PEAK_BF16_TFLOPS`, by device name).
+Counted as MFU usually is (Megatron's ``num_floating_point_operations``): the model's matrix multiplications, forward x
+3 for forward + backward, no recomputation, nothing element-wise. Attention counts what the mask keeps (causal pairs in
+the language model, full squares per image frame in the vision encoder); the vision encoder counts its real patches,
+the language model every position of the padded micro-batch. ``MFU = FLOPs per step / (step time x peak)``, ``peak``
+the GPU's dense BF16 rate (:data:`PEAK_BF16_TFLOPS`).
 """
 
 from __future__ import annotations

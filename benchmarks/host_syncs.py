@@ -1,16 +1,10 @@
-"""Where a training step makes the host wait for the GPU (issue #18: "the remaining host syncs").
+"""Where a training step makes the host wait for the GPU, and who asked.
 
-A graphed step is fast only while the host runs ahead of the GPU: each wait drains the GPU's queue, and the GPU then
-idles until the host has launched the next work. The profiler counts the waits (``cudaStreamSynchronize``: 38 per
-step of ours at micro-batch 1, sequence 2048, 2026-11-29) but not who asked for them. torch's sync debug mode does:
-it warns at every synchronizing call (``.item()``, ``.tolist()``, ``.cpu()``, a boolean-mask index, a
-``nonzero``...) from the Python frame that made it, and :func:`census` records each warning's Python stack.
-
-A site is the innermost frame outside torch itself (the line of Megatron, Bridge, TE or this plugin that asked),
-with its two callers for context. The synchronize calls the benchmark itself makes around a step are not in it:
-those are ``torch.cuda.synchronize``, which sync debug mode does not report.
-
-:func:`census_lines` renders the records (one line per variant) for :mod:`benchmarks.report`.
+A graphed step is fast only while the host runs ahead of the GPU; each wait drains the queue. The profiler counts the
+waits but not who asked for them; torch's sync debug mode warns at every synchronizing call from the frame that made
+it, and :func:`census` records each warning's site: the innermost frame outside torch (the line of Megatron, Bridge, TE
+or this plugin that asked) with two callers. The benchmark's own ``torch.cuda.synchronize`` calls are not reported.
+:func:`census_lines` renders the records for :mod:`benchmarks.report`.
 """
 
 from __future__ import annotations
@@ -29,10 +23,9 @@ _STDLIB_PARTS = (f"{os.sep}contextlib.py", f"{os.sep}warnings.py")
 
 @functools.cache
 def torch_dir() -> str:
-    """torch's package directory with a trailing separator: a frame under it is torch's own (the op, not who called
-    it). Matched by the package's own path, not by a ``/torch/`` path part: an environment under ``/opt/torch/.venv``
-    (the device's) has that part in every installed package's path, Megatron's and Bridge's too, and every site then
-    read as the nearest frame of this repository."""
+    """torch's package directory with a trailing separator: a frame under it is torch's own. Matched by the package's
+    own path, not a ``/torch/`` path part, which an environment under ``/opt/torch/.venv`` has in every installed
+    package's path."""
     import torch
 
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

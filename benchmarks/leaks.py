@@ -1,13 +1,8 @@
 """Who still holds a deleted model: referrer chains of an object (or of the largest live CUDA tensors).
 
-The benchmark builds, trains and deletes one model per variant in one process, and a model that outlives its
-teardown counts in every later variant's peak memory (a small-Qwen3-VL model with its gradient buffers and Adam
-states can run the largest configuration out of memory). This module answers "what holds it" from inside the
-process, so the answer comes back in the benchmark's JSON rather than needing a debugger on a machine that is gone
-by then (what it found: results/padded-vs-upstream/README.md, "Leaks the benchmark found"; the fixes are
-``bench._import_providers`` and ``bench._break_ddp_cycles``).
-:func:`release_training_memory` frees a deleted model's large storages
-whatever still holds the Python objects, so one leak cannot run a later variant out of memory.
+A model that outlives its variant's teardown counts in every later variant's peak memory; this answers "what holds it"
+from inside the process, into the benchmark's JSON, and :func:`release_training_memory` frees a deleted model's large
+storages whatever still holds the Python objects, so one leak cannot run a later variant out of memory.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """Compare Bridge ``pretrain()`` runs by their logs: per-iteration loss and grad norm, NaN-safe.
 
-Bridge logs every iteration as ``iteration  N/ M | ... | lm loss: 7.099136E+00 | ... | grad norm: 36.534 |``, and
-the plugin's callback adds ``bridge_cudagraph [iteration N] language: graphs=... replays=... eager_fallbacks=...``.
-This reads both from the raw logs the device calls keep (``results/<claim>/runNN/*.log``), compares each run with a
-reference through :func:`bridge_cudagraph.testing.parity.compare_series` (any non-finite step fails, lengths must
-agree) and writes one JSON (run 18's, from its logs as written, stored gzipped since:
-``results/vision-padding/run18/main_job_*.json``). The logs print the loss to 7 significant digits and the grad
-norm to 5, so "identical" here means identical at the printed precision, never bit-exact.
+Reads Bridge's iteration lines and the plugin's capture summaries from raw logs and compares each run with a reference
+(:func:`bridge_cudagraph.testing.parity.compare_series`); the logs print 7 and 5 significant digits, so "identical"
+means at the printed precision, never bit-exact.
 
-    python -m benchmarks.loop_logs --out main_job_loop.json --reference m2_eager.log m1_graphs.log m3_eager_again.log
-    python -m benchmarks.loop_logs --out X.json --reference uninterrupted.log --from-iteration 16 resumed.log
-    python -m benchmarks.loop_logs --out X.json --reference eager.log --floor eager_again.log graphs.log
+python -m benchmarks.loop_logs --out X.json --reference eager.log --floor eager_again.log graphs.log python -m
+benchmarks.loop_logs --out X.json --reference uninterrupted.log --from-iteration 16 resumed.log
 
-``--floor LOG``: a second eager run of the reference's configuration. The eager-vs-eager difference of each series
-is the noise floor (:func:`~bridge_cudagraph.testing.parity.noise_floor`), and every run given is a graphed run that
-must stay within ``parity.FLOOR_FACTOR`` times it and finite, and whose last capture summary shows graphs and
-replays for every submodule (:func:`~bridge_cudagraph.testing.parity.capture_problems`: a run that fell back to
-eager would match eager trivially), as the GPU suites require; the exit status is 1 if one does not.
+``--floor LOG``: a second eager run of the reference's configuration, the noise floor; every run given is then a
+graphed run that must stay finite, within ``parity.FLOOR_FACTOR`` times the floor, and show graphs and replays in every
+submodule (one that fell back to eager would match trivially); else the exit status is 1.
 """
 
 from __future__ import annotations

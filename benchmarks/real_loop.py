@@ -1,18 +1,13 @@
 """The product's real loop, graphs on and off, one run after another: ``bridge-cudagraph train`` on a recipe.
 
-The useful-tokens benchmark times a fixed set of collated micro-batches in one process; what a user sees also depends
-on Bridge's data loader, its workers and the CPU they share. This runs the recipe through the product's own path
-(``python -m bridge_cudagraph train``: Bridge's ``pretrain()``, its dataset provider, collate and DataLoader workers),
-once per variant, and reads the lines ``train`` prints at the end of training
-(:mod:`bridge_cudagraph.bridge.throughput`): useful tokens/s, the data wait per step and the peak memory. The runs go
-one after another, never side by side: two would share the host's cores, which is what the data wait measures.
-Each variant can run ``--repeats`` times, alternating, so the spread between runs of one variant stands beside the
-difference between variants.
+Unlike the useful-tokens benchmark, this runs the product's own path (Bridge's ``pretrain()``, data loader and workers)
+once per variant and reads the end-of-training lines ``train`` prints: useful tokens/s, data wait, peak memory. Runs go
+one after another (two would share the cores the data wait measures), ``--repeats`` alternating.
 
-    python -m benchmarks.real_loop recipes/tiny_qwen3_vl_conversations.yaml --iters 30 --workers 2,4 --out OUT
+python -m benchmarks.real_loop recipes/tiny_qwen3_vl_conversations.yaml --iters 30 --workers 2,4 --out OUT
 
-Writes ``OUT/real_loop.json`` and ``OUT/real_loop.md`` (the table) and each run's log; a run that fails is a row
-with its exit code and its last ``error:`` line, never a number.
+Writes ``OUT/real_loop.json``, ``OUT/real_loop.md`` and each run's log; a failed run is a row with its exit code and
+last ``error:`` line, never a number.
 """
 
 from __future__ import annotations
@@ -97,16 +92,8 @@ class Run:
 def train_command(recipe: str, iters: int, variant: Variant, extra: tuple[str, ...] = ()) -> list[str]:
     """The user's command: ``python -m bridge_cudagraph train RECIPE train.train_iters=N`` and the variant's
     overrides."""
-    return [
-        sys.executable,
-        "-m",
-        "bridge_cudagraph",
-        "train",
-        recipe,
-        f"train.train_iters={iters}",
-        *variant.overrides(),
-        *extra,
-    ]
+    head = [sys.executable, "-m", "bridge_cudagraph", "train", recipe]
+    return [*head, f"train.train_iters={iters}", *variant.overrides(), *extra]
 
 
 def plan_runs(variants: list[Variant], repeats: int) -> list[tuple[Variant, int]]:
@@ -151,16 +138,9 @@ def run_one(recipe: str, iters: int, variant: Variant, repeat: int, out: Path, p
         text = f"{expired.stdout or ''}{expired.stderr or ''}\nerror: timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
     log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    numbers = parse_log(log.read_text())
     return Run(
-        variant.name,
-        variant.graphs,
-        variant.workers,
-        repeat,
-        code,
-        seconds,
-        **parse_log(log.read_text()),
-        log=log.name,
-        command=command,
+        variant.name, variant.graphs, variant.workers, repeat, code, seconds, **numbers, log=log.name, command=command
     )
 
 

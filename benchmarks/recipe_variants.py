@@ -1,21 +1,10 @@
 """The useful-tokens benchmark's variants of a recipe file: each variant is the recipe loaded with a few overrides.
 
-``python -m benchmarks.useful_tokens --model peft8b`` measures Bridge's Qwen3-VL 8B LoRA recipe
-(``recipes/qwen3_vl_8b_peft_photos_graphs.yaml``: Bridge's ``qwen3_vl_8b_peft_1gpu_h100_bf16_config`` on the photo set,
-offline) rather than a shape of the benchmark's own. So that every variant is the recipe a user runs, each is
-:func:`bridge_cudagraph.recipe.load.load_recipe` of that file with the overrides of :data:`VARIANT_OVERRIDES`,
-finalized as training finalizes it (:func:`bridge_cudagraph.plan.from_config.finalize_config`: Bridge's
-``runtime_config_update``) and, where graphs are on, planned from that finalized config
-(:func:`bridge_cudagraph.plan.from_config.plan_config`, ``finalized=True``). So the capture plan is the one
-``bridge-cudagraph train`` would build, and the helpers come from the provider's own
-:meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers` with it. The recipe's LoRA is applied
-by Bridge's own ``_apply_peft_transformation`` as the pre-wrap hook (Bridge's PEFT setup, without the base
-checkpoint load: the benchmark's weights are random and shared by all variants).
-
-What stays the benchmark's (and is the same for every variant): Megatron's schedule and distributed optimizer
-(:func:`bridge_cudagraph.testing.parity.megatron_optimizer`: Adam, bf16, clip 1.0, the recipe's learning rate
-1e-4), the DDP settings of :func:`bridge_cudagraph.examples.tiny.ddp_config`, and the micro-batches, made once by
-Bridge's dataset provider and collate and put in both forms by Bridge's Qwen3-VL step functions.
+``--model peft8b`` measures Bridge's Qwen3-VL 8B LoRA recipe (``recipes/qwen3_vl_8b_peft_photos_graphs.yaml``). So that
+every variant is the recipe a user runs, each is the file loaded with :data:`VARIANT_OVERRIDES`, finalized and planned
+as ``bridge-cudagraph train`` does, its helpers made by the provider with that plan and its LoRA applied by Bridge's
+PEFT transformation (without the base checkpoint: the weights are random and shared). The schedule, optimizer, DDP
+settings and micro-batches stay the benchmark's, the same for every variant.
 """
 
 from __future__ import annotations
@@ -62,8 +51,7 @@ class RecipeVariant:
         return self.config.model
 
     def pre_wrap_hook(self):
-        """Bridge's PEFT transformation of the recipe (``training/setup.py`` ``_apply_peft_transformation``), or
-        None for a recipe without ``peft``."""
+        """Bridge's PEFT transformation of the recipe, or None for a recipe without ``peft``."""
         peft = getattr(self.config, "peft", None)
         if peft is None:
             return None
@@ -72,14 +60,11 @@ class RecipeVariant:
         return functools.partial(peft_transformation(), copy.deepcopy(peft))
 
     def register_peft(self, pg_collection: Any) -> None:
-        """Register :meth:`pre_wrap_hook` on the provider as Bridge's setup does (``_register_pre_wrap_hook``:
-        after the provider's own hooks, which a ``pre_wrap_hook=`` argument would replace).
+        """Register :meth:`pre_wrap_hook` on the provider as Bridge's setup does (after the provider's own hooks).
 
-        Bridge's adapters take their groups from the wrapped module's config and otherwise from parallel_state's
-        globals, which the benchmark's pure M4 world never initialises. Ours carries the encoder's collection on
-        the encoder's config (:func:`bridge_cudagraph.host.encoder_swap.rebuild_vision_encoder`); upstream's encoder,
-        which Bridge builds with the language groups, gets ``pg_collection`` (the language collection: what the
-        globals would give it under Bridge's own training) on every config that has none, before LoRA runs."""
+        Bridge's adapters take their groups from the wrapped module's config, else from parallel_state's globals, which
+        the benchmark's world never initialises: every config without a collection gets ``pg_collection`` (the language
+        one, as the globals would give it) before LoRA runs."""
         hook = self.pre_wrap_hook()
         if hook is None:
             return

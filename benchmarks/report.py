@@ -45,49 +45,46 @@ from typing import Any
 from benchmarks.host_syncs import census_lines
 from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report renders without torch
 
-#: The compared variants, in run order: what runs when ``--variants`` is left out. The first and last names are
-#: fixed by issue #17.
+#: The compared variants, in run order: what runs when ``--variants`` is left out.
 VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "ours_packed")
 #: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
 CONTROL = "eager_packed_repeat"
-#: eager_padded again, where ``--variants`` names it: its step losses against eager_padded's are the floor the padded
-#: graphs' loss curve is read against (eager_packed_repeat's are the packed one's).
+#: eager_padded again, where ``--variants`` names it: the padded loss curve's noise floor.
 PADDED_CONTROL = "eager_padded_repeat"
-#: What each variant is, in run order (the control last).
-LABELS = {
-    "eager_packed": "Bridge's default: graphs off, in-batch packing",
-    "eager_packed_fused": "eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
-    "eager_padded": "graphs off, every row padded to seq_length",
-    "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
-    "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
-    "ours_padded_layer_graphs": "ours_padded with one language graph per layer (language.graph_unit=layer)",
-    "ours_padded_megatron": "ours_padded_layer_graphs on megatron-core's TECudaGraphHelper instead of the ladder",
-    "ours_padded_language": "ours_padded with the language graphs only (vision graphs off)",
-    "ours_padded_vision": "ours_padded with the vision graphs only (language graphs off)",
-    PADDED_CONTROL: "eager_padded again (the padded loss curve's noise floor)",
-    "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
-    "ours_packed_rows": "ours_packed with tight packing off (each micro-batch replays its rows' full width)",
-    "ours_packed_halvings": "ours_packed with the former vision ladder (the data's top and three halvings)",
-    "ours_packed_bridge_packing": "ours_packed with Bridge's forward packing the step's rows itself",
-    "ours_packed_autograd_grads": "ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks",
-    "ours_packed_device_grid": "ours_packed with the vision grid read back from the GPU (waits for the queue)",
-    "ours_packed_fused": "ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)",
-    CONTROL: "eager_packed again (run-to-run noise floor)",
-}
-#: Every variant in run order: the eager ones first (a variant's parity reference runs before it), then the graphs;
-#: the control runs after all of them (and after the paired phase).
+#: Every variant in run order (the control last), its colour in the plot and what it is.
+_VARIANT_ROWS = """\
+eager_packed #4e79a7 Bridge's default: graphs off, in-batch packing
+eager_packed_fused #76b7b2 eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)
+eager_padded #9e9e9e graphs off, every row padded to seq_length
+upstream_padded #f28e2b upstream's TE graphs (megatron-core/Bridge helpers), padded
+ours_padded #8cd17d bridge_cudagraph: BSHD language + vision graphs, padded
+ours_padded_layer_graphs #b6e3a8 ours_padded with one language graph per layer (language.graph_unit=layer)
+ours_padded_megatron #8cd17d ours_padded_layer_graphs on megatron-core's TECudaGraphHelper instead of the ladder
+ours_padded_language #59a14f ours_padded with the language graphs only (vision graphs off)
+ours_padded_vision #d4f0cc ours_padded with the vision graphs only (language graphs off)
+eager_padded_repeat #c9c9c9 eager_padded again (the padded loss curve's noise floor)
+ours_packed #59a14f bridge_cudagraph: packed (THD) language + vision graphs
+ours_packed_rows #b6992d ours_packed with tight packing off (each micro-batch replays its rows' full width)
+ours_packed_halvings #d4a6c8 ours_packed with the former vision ladder (the data's top and three halvings)
+ours_packed_bridge_packing #e15759 ours_packed with Bridge's forward packing the step's rows itself
+ours_packed_autograd_grads #9c755f ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks
+ours_packed_device_grid #bab0ac ours_packed with the vision grid read back from the GPU (waits for the queue)
+ours_packed_fused #2e7d32 ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)
+eager_packed_repeat #a0cbe8 eager_packed again (run-to-run noise floor)
+"""
+_VARIANT_TABLE = [row.split(maxsplit=2) for row in _VARIANT_ROWS.splitlines()]
+LABELS = {name: label for name, _, label in _VARIANT_TABLE}
+COLORS = {name: color for name, color, _ in _VARIANT_TABLE}
+#: Every variant in run order: a variant's parity reference runs before it; the control after all (and the paired).
 ORDER = tuple(v for v in LABELS if v != CONTROL)
 #: The reference every speed-up is against: Bridge's default (graphs off, in-batch packing).
 BASELINE = "eager_packed"
-#: The close pair measured side by side, steps interleaved (ratios: first's step time over the second's), unless
-#: ``--paired`` names another.
+#: The pair measured side by side, steps interleaved (ratios: first's step ms over the second's), unless ``--paired``.
 PAIRED = ("eager_packed", "ours_packed")
 PACKED, PADDED = "packed", "padded"
 #: The graphs-off variant of the same form, the parity reference (unless :data:`REFERENCE_OF` names another).
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
-#: Parity references other than the form's: ours_packed_fused trains the fused numbers, which eager_packed_fused
-#: trains graphs off. eager_packed_fused itself is compared with eager_packed, which it is expected to differ from
-#: slightly (the fused weight-gradient sum rounds once per micro-batch in fp32, not through a bf16 gradient).
+#: Parity references other than the form's (eager_packed_fused trains ours_packed_fused's numbers graphs off).
 REFERENCE_OF = {"ours_packed_fused": "eager_packed_fused"}
 
 
@@ -103,21 +100,17 @@ REFUSED = "refused"
 #: The packed language graph variants; of them, those with tight packing on (ours_packed_rows replays the rows).
 PACKED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_packed"))
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
-#: The packed levers that are a setting of ours_packed's block (``model.cuda_graph``: per part, the fields
-#: replaced), planned by the product as a run with that setting is: tight packing off, Bridge's forward packing the
-#: step's rows itself, the vision grid read back from the GPU (:mod:`bridge_cudagraph.host.forward`).
+#: The packed levers that are a setting of ours_packed's block (``model.cuda_graph``: per part, the fields replaced).
 PACKED_PARTS = {
     "ours_packed_rows": {"language": {"tight_packing": False}},
     "ours_packed_bridge_packing": {"forward": {"flat_rows": False}},
     "ours_packed_device_grid": {"forward": {"collated_grids": False}},
 }
-#: The packed graph variants whose ladders leave their parameter gradients to autograd and DDP's hooks
-#: (``LadderHelper.sum_param_grads`` off); every other one sums them in graphs where the gate holds.
+#: The packed graph variants whose ladders leave parameter gradients to autograd (``LadderHelper.sum_param_grads``).
 AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
 #: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
 VISION_HALVINGS = ("ours_packed_halvings",)
-#: ours_padded and its parts: what each changes of ours_padded's block (``model.cuda_graph``: per submodule, the
-#: fields replaced), to tell which graphs a difference comes from.
+#: ours_padded's parts: what each changes of ours_padded's block (per submodule, the fields replaced).
 PADDED_PARTS = {
     "ours_padded_layer_graphs": {"language": {"graph_unit": "layer"}},
     "ours_padded_megatron": {"language": {"graph_unit": "layer"}},
@@ -125,43 +118,32 @@ PADDED_PARTS = {
     "ours_padded_vision": {"language": {"enabled": False}},
 }
 PADDED_GRAPHED = ("ours_padded", *PADDED_PARTS)
-#: The padded variants whose language graphs are megatron-core's ``TECudaGraphHelper`` (our subclass,
-#: :mod:`bridge_cudagraph.capture.language`) with the plan's numbers, not the ladder the plan builds: the engine the
-#: ladder replaced for whole dense layers, side by side with ours_padded_layer_graphs (the same graphs, one per layer).
+#: The padded variants whose language graphs are megatron-core's ``TECudaGraphHelper``, not the plan's ladder.
 MEGATRON_ENGINE = ("ours_padded_megatron",)
 GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
-#: The variants trained with ``model.gradient_accumulation_fusion=true``: a run of one in which no TE module fuses
-#: is failed (it would time the unfused step under the fused name).
+#: The variants trained with ``model.gradient_accumulation_fusion=true`` (failed where no TE module fuses).
 FUSED = ("eager_packed_fused", "ours_packed_fused")
 #: The variants whose one extra step runs under :func:`benchmarks.host_syncs.census` (eager_packed for comparison).
 HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
-#: One lever each, run only when ``--variants`` names them (dense models of the benchmark's own shape); :data:`LEVERS`
-#: pairs them.
+#: One lever each, run only when ``--variants`` names them (dense models); :data:`LEVERS` pairs them.
 LEVER_VARIANTS = (*PADDED_PARTS, *(v for v in PACKED_GRAPHED if v not in ("ours_packed", *FUSED)), *FUSED)
 #: The levers of the packed step: (lever, the variant without it, the variant with it).
-LEVERS = (
-    ("tight packing", "ours_packed_rows", "ours_packed"),
-    ("vision rungs 1.25x apart, not halvings", "ours_packed_halvings", "ours_packed"),
-    ("the step's rows handed flat, not packed by Bridge's forward", "ours_packed_bridge_packing", "ours_packed"),
-    (
-        "parameter gradients summed by a graph per backward, not by autograd and DDP's hook one by one",
-        "ours_packed_autograd_grads",
-        "ours_packed",
-    ),
-    (
-        "the vision grid from the collate's host copy, not read back from the GPU",
-        "ours_packed_device_grid",
-        "ours_packed",
-    ),
-    ("gradient-accumulation fusion, graphed", "ours_packed", "ours_packed_fused"),
-    ("padded rows on the ladder, not megatron-core's helper", "ours_padded_megatron", "ours_padded_layer_graphs"),
-    ("gradient-accumulation fusion, eager", "eager_packed", "eager_packed_fused"),
-)
+_LEVER_ROWS = """\
+tight packing | ours_packed_rows | ours_packed
+vision rungs 1.25x apart, not halvings | ours_packed_halvings | ours_packed
+the step's rows handed flat, not packed by Bridge's forward | ours_packed_bridge_packing | ours_packed
+parameter gradients summed by a graph per backward, not by autograd and DDP's hook one by one \
+| ours_packed_autograd_grads | ours_packed
+the vision grid from the collate's host copy, not read back from the GPU | ours_packed_device_grid | ours_packed
+gradient-accumulation fusion, graphed | ours_packed | ours_packed_fused
+padded rows on the ladder, not megatron-core's helper | ours_padded_megatron | ours_padded_layer_graphs
+gradient-accumulation fusion, eager | eager_packed | eager_packed_fused
+"""
+LEVERS = tuple(tuple(row.split(" | ")) for row in _LEVER_ROWS.splitlines())
 #: The micro-batch form each variant trains on, which its name says (every padded variant's has ``_padded``).
 FORM = {v: PADDED if "_padded" in v else PACKED for v in LABELS}
-#: Issue #17's target for ours_packed over eager_packed on the 2B shape (useful tokens/s).
+#: The target for ours_packed over eager_packed (useful tokens/s): on the 2B shape, and per ``meta.config.model``.
 TARGET_SPEEDUP = 1.3
-#: Its target per ``--model`` (``meta.config.model``): 1.3x on the 2B full fine-tune, 1.15x on the 8B LoRA recipe.
 TARGETS = {"tiny": TARGET_SPEEDUP, "small": TARGET_SPEEDUP, "peft8b": 1.15}
 
 
@@ -172,13 +154,8 @@ def target_of(data: Mapping[str, Any]) -> float:
 
 
 GIB = 2**30
-
-
-# ============================================================================================ numbers
-#: Confidence of the paired phase's interval for the median ours-vs-upstream ratio.
-PAIRED_CONFIDENCE = 0.95
-
-BOOTSTRAP_RESAMPLES = 4000
+#: Confidence of the paired phase's interval for the median ratio, and the bootstrap's resamples.
+PAIRED_CONFIDENCE, BOOTSTRAP_RESAMPLES = 0.95, 4000
 
 #: How the host-time phases (``bcg_phase/<name>``, :class:`benchmarks.runner.PhaseMarkers`) read in the report.
 PHASE_LABELS = {
@@ -207,68 +184,57 @@ def _num(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    """``value`` in ``spec`` (then ``suffix``), or ``n/a`` where it is no finite number."""
+    x = _num(value)
+    return "n/a" if x is None else format(x, spec) + suffix
+
+
 def fmt_ms(value: Any) -> str:
     """Milliseconds: one decimal from 10 ms up, two below."""
-    x = _num(value)
-    return "n/a" if x is None else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+    return _fmt(value, ".1f" if abs(_num(value) or 0) >= 10 else ".2f")
 
 
 def fmt_ratio(value: Any, suffix: str = "") -> str:
     """A ratio with two decimals (``2.51x``)."""
-    x = _num(value)
-    return "n/a" if x is None else f"{x:.2f}{suffix}"
+    return _fmt(value, ".2f", suffix)
 
 
 def fmt_diff(value: Any) -> str:
     """A loss difference: ``0 (exact)``, ``3.2e-05``, or bold when over :data:`LOSS_BOUND`."""
     x = _num(value)
-    if x is None:
-        return "n/a"
-    if x == 0:
-        return "0 (exact)"
-    text = f"{x:.1e}"
-    return f"**{text}**" if x > LOSS_BOUND else text
+    return f"**{x:.1e}**" if x is not None and x > LOSS_BOUND else _fmt_rel(x)
+
+
+def _fmt_rel(value: Any) -> str:
+    """A relative difference: ``0 (exact)`` or ``3.0e-03`` (no loss bound applies to it)."""
+    x = _num(value)
+    return "n/a" if x is None else "0 (exact)" if x == 0 else f"{x:.1e}"
 
 
 def fmt_count(value: Any) -> str:
     """A count per step: whole from 10 up (``2000``), one decimal below (``1.5``: an average over steps)."""
-    x = _num(value)
-    return "n/a" if x is None else f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
+    return _fmt(value, ".0f" if abs(_num(value) or 0) >= 10 else ".1f")
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _pct(value: Any, digits: int = 0) -> str:
-    x = _num(value)
-    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+def _sentences(facts: Sequence[str]) -> list[str]:
+    """``facts`` as one paragraph of sentences (each capitalised) and a blank line; nothing without facts."""
+    return [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""] if facts else []
 
 
 def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
-    """A variant's step time over its kernel time per step on the same micro-batches (the unprofiled median wall
-    time of the profiled steps' micro-batches, ``step_ms_same_microbatches``, None where no measured step ran them;
-    a record from before the field: the median of all measured steps). 1.00x is the limit a graph can approach: the
-    GPU never waits for the host. None when either is missing."""
-    same = "step_ms_same_microbatches" in variant  # None there: no measured step ran the profiled micro-batches
+    """A variant's step time over its kernel time per step on the same micro-batches (``step_ms_same_microbatches``,
+    None where no measured step ran them; a record from before the field: the median step). 1.00x is the limit a
+    graph can approach: the GPU never waits for the host. None when either is missing."""
+    same = "step_ms_same_microbatches" in variant
     step = _num(variant.get("step_ms_same_microbatches" if same else "step_ms_median"))
     kernel = _num(variant.get("kernel_ms_per_step"))
     return step / kernel if step and kernel else None
-
-
-def _fmt_step_over_kernel(variant: Mapping[str, Any]) -> str:
-    return fmt_ratio(step_over_kernel(variant), "x")
-
-
-def _gap_text(gaps: Any) -> str:
-    """``idle_by_gap_length`` as ``< 10 us: 812 gaps, 3.10 ms; ...``."""
-    parts = [
-        f"{g.get('range', '?')}: {fmt_count(g.get('gaps_per_step'))} gaps, {fmt_ms(g.get('ms_per_step'))} ms"
-        for g in gaps or []
-    ]
-    return "; ".join(parts)
 
 
 def block_bootstrap_ci(
@@ -279,12 +245,10 @@ def block_bootstrap_ci(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap.
-
-    Consecutive paired steps are not independent (the host's state, the allocator, the clocks drift over a run),
-    so resampling single pairs understates the spread; resampling runs of ``block`` consecutive pairs (default
-    ``max(2, round(n ** (1/3)))``, 3 for 30 pairs) keeps that correlation inside each block. Seeded: the same
-    ratios give the same interval. None under 6 values (as the sign test)."""
+    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap:
+    consecutive paired steps are not independent (the host, the allocator and the clocks drift), so runs of
+    ``block`` consecutive pairs (default ``max(2, round(n ** (1/3)))``) are resampled, keeping that correlation.
+    Seeded; None under 6 values."""
     n = len(values)
     if n < 6:
         return None
@@ -319,14 +283,11 @@ def sign_test_ci(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE)
 
 
 def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> dict[str, Any]:
-    """Judge per-pair step-time ratios (the reference's over ours', from a paired phase, in measurement order:
-    above 1, ours faster).
-
-    ``median`` of the ratios and a ``confidence`` interval for it: the wider of the sign test's
-    (:func:`sign_test_ci`, no assumption on the distribution, but pairs taken as independent) and a moving-block
-    bootstrap's (:func:`block_bootstrap_ci`, which keeps the serial correlation of consecutive steps); both are
-    recorded. ``verdict``: "faster" when the whole interval is above 1, "slower" when below, "within timing noise"
-    when it contains 1; None (and no interval) with too few pairs (under 6 at 95%)."""
+    """Judge per-pair step-time ratios (in measurement order; above 1: the second variant faster): ``median`` and a
+    ``confidence`` interval, the wider of the sign test's (:func:`sign_test_ci`, pairs taken as independent) and a
+    moving-block bootstrap's (:func:`block_bootstrap_ci`, serial correlation kept), both recorded. ``verdict``:
+    "faster" when the whole interval is above 1, "slower" below, else "within timing noise"; None with under 6
+    pairs."""
     values = [float(x) for x in ratios]
     out: dict[str, Any] = {
         "pairs": len(values),
@@ -351,14 +312,15 @@ def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENC
 
 #: GPU busy under which the report says where the remaining host time goes.
 GPU_BUSY_TARGET = 0.95
+PHASE_KEYS = ("idle_ms_per_step", "wall_ms_per_step")
 
 
 def host_time_section(
     ours: Mapping[str, Any], eager: Mapping[str, Any], *, target: float = GPU_BUSY_TARGET
 ) -> list[str]:
-    """The section "Where the remaining host time goes": nothing when ours' GPU-busy fraction reaches ``target`` (or
-    ours did not run); otherwise ours' GPU-idle time per profiled step split by phase, and the CPU ops and CUDA
-    runtime calls that overlap it most, each next to eager's (``ours``, ``eager``: the two variants' records)."""
+    """The section on where the remaining host time goes, unless ours' GPU busy reaches ``target`` (or ours did not
+    run): ours' GPU-idle time per profiled step by phase, and the CPU ops and CUDA runtime calls overlapping it most,
+    beside eager's."""
     busy = _num(ours.get("gpu_busy"))
     if ours.get("status") != "ok" or busy is None or busy >= target:
         return []
@@ -372,7 +334,7 @@ def host_time_section(
         f"Ours' GPU busy is {busy:.2f}, under the {target:g} target. In its {host.get('steps', '?')} profiled steps "
         f"({fmt_ms(host.get('window_ms_per_step'))} ms each under the profiler, {fmt_ms(ours.get('step_ms_median'))} "
         f"ms unprofiled) the GPU ran no kernel for {fmt_ms(host.get('idle_ms_per_step'))} ms per step "
-        f"({_pct(host.get('idle_fraction'))} of the step; eager: {fmt_ms(eager.get('idle_ms_per_step'))} ms). "
+        f"({_fmt(host.get('idle_fraction'), '.0%')} of the step; eager: {fmt_ms(eager.get('idle_ms_per_step'))} ms). "
         "Idle time is the step window minus the union of kernel intervals on every stream; each idle microsecond is "
         "attributed to the innermost `bcg_phase/` marker open at that moment, and to the CPU ops and CUDA runtime "
         "calls running then (outermost per thread; ops of different threads may overlap, so those columns need not "
@@ -385,18 +347,13 @@ def host_time_section(
         )
     out.append("")
     ours_phases, eager_phases = host.get("by_phase") or {}, eager.get("by_phase") or {}
-    rows = []
-    for phase in [*ours_phases, *(k for k in eager_phases if k not in ours_phases)]:
-        o, e = ours_phases.get(phase) or {}, eager_phases.get(phase) or {}
-        rows.append(
-            [
-                f"{phase}: {PHASE_LABELS[phase]}" if phase in PHASE_LABELS else phase,
-                fmt_ms(o.get("idle_ms_per_step")),
-                fmt_ms(o.get("wall_ms_per_step")),
-                fmt_ms(e.get("idle_ms_per_step")),
-                fmt_ms(e.get("wall_ms_per_step")),
-            ]
-        )
+    rows = [
+        [
+            f"{phase}: {PHASE_LABELS[phase]}" if phase in PHASE_LABELS else phase,
+            *(fmt_ms((p.get(phase) or {}).get(k)) for p in (ours_phases, eager_phases) for k in PHASE_KEYS),
+        ]
+        for phase in [*ours_phases, *(k for k in eager_phases if k not in ours_phases)]
+    ]
     out += _table(("phase", "ours GPU-idle ms/step", "ours wall ms/step", "eager GPU-idle ms", "eager wall ms"), rows)
     out.append("")
     facts = []
@@ -406,25 +363,25 @@ def host_time_section(
             f"{fmt_ms(outside)} ms of ours' idle time per step overlaps no CPU op and no CUDA runtime call on any "
             "thread (Python and framework code between ops)"
         )
-    gaps = _gap_text(host.get("idle_by_gap_length"))
+    gaps = "; ".join(
+        f"{g.get('range', '?')}: {fmt_count(g.get('gaps_per_step'))} gaps, {fmt_ms(g.get('ms_per_step'))} ms"
+        for g in host.get("idle_by_gap_length") or []
+    )
     if gaps:
         facts.append(f"ours' idle gaps by length, per step: {gaps}")
-    if facts:
-        out += [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""]
+    out += _sentences(facts)
     for key, title in (("top_cpu_ops", "CPU op"), ("top_runtime", "CUDA runtime call")):
         eager_rows = {r.get("name"): r for r in eager.get(key) or []}
-        rows = []
-        for r in host.get(key) or []:
-            e = eager_rows.get(r.get("name"))
-            rows.append(
-                [
-                    f"`{str(r.get('name')).replace('|', '/')}`",
-                    fmt_ms(r.get("idle_ms_per_step")),
-                    fmt_count(r.get("calls_per_step")),
-                    fmt_ms(r.get("cpu_ms_per_step")),
-                    fmt_ms(e.get("idle_ms_per_step")) if e else "-",
-                ]
-            )
+        rows = [
+            [
+                f"`{str(r.get('name')).replace('|', '/')}`",
+                fmt_ms(r.get("idle_ms_per_step")),
+                fmt_count(r.get("calls_per_step")),
+                fmt_ms(r.get("cpu_ms_per_step")),
+                fmt_ms(e.get("idle_ms_per_step")) if (e := eager_rows.get(r.get("name"))) else "-",
+            ]
+            for r in host.get(key) or []
+        ]
         if rows:
             header = (title, "ours GPU-idle overlap ms/step", "calls/step", "CPU ms/step", "eager GPU-idle overlap ms")
             out += [*_table(header, rows), ""]
@@ -475,10 +432,9 @@ def budget_for(tokens: int, rows: int, budgets: Sequence[int], max_sequences: in
 def token_slots(
     variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0, *, tight: bool = False
 ) -> int:
-    """Token slots the language model computes for ``mb`` in ``variant``: padded forms every row at seq_length;
-    eager packed the packed width ``T``; packed graphs (:data:`PACKED_GRAPHED`) the budget ``T`` replays in (``T``
-    itself where it falls back to eager), and with ``tight`` (tight packing on) the budget the kept tokens ``T'``
-    replay in; ours_packed_rows, tight packing off, always the budget of ``T``."""
+    """Token slots the language model computes for ``mb`` in ``variant``: padded forms rows x seq_length; eager packed
+    ``T``; packed graphs the budget ``T`` replays in (``T`` where it falls back to eager), with ``tight`` (tight
+    packing on) the budget of the kept tokens ``T'``."""
     if FORM[variant] == PADDED:
         return mb.padded_tokens
     if variant in PACKED_GRAPHED:
@@ -566,11 +522,9 @@ def step_noise_floor(variants: Mapping[str, Any]) -> float | None:
 
 
 def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[str, Any]:
-    """ours_packed against eager_packed: from the separate runs, from the paired phase (median per-pair ratio
-    and its 95% interval; only where the phase compared these two), and whether the issue's target is met (on
-    the paired interval's lower end where the phase ran, else on the separate runs; None when neither measured
-    it). Also the noise floor: how far eager_packed_repeat's useful tokens/s (``noise_floor``) and median step
-    (``step_noise_floor``) lie from eager_packed's. ``target``: default :func:`target_of`."""
+    """ours_packed against eager_packed: separate runs, the paired phase (where it compared these two), and whether the
+    target (default :func:`target_of`) is met, on the paired interval's lower end where the phase ran, else on the
+    separate runs (None when neither measured it); and the noise floors of eager_packed_repeat's tokens/s and step."""
     variants = data.get("variants") or {}
     base = variants.get(BASELINE)
     target = target_of(data) if target is None else target
@@ -581,11 +535,9 @@ def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[s
         judged = paired_verdict(paired["ratios"])
     out["paired"] = judged
     if judged and judged.get("ci"):
-        out["met"] = judged["ci"][0] >= target
-        out["met_on"] = "paired 95% interval's lower end"
+        out["met"], out["met_on"] = judged["ci"][0] >= target, "paired 95% interval's lower end"
     elif out["separate"] is not None:
-        out["met"] = out["separate"] >= target
-        out["met_on"] = "separate runs"
+        out["met"], out["met_on"] = out["separate"] >= target, "separate runs"
     else:
         out["met"], out["met_on"] = None, None
     control = speedup(variants.get(CONTROL), base)
@@ -618,11 +570,6 @@ COLUMNS = tuple(
 )
 
 
-def _fmt(value: Any, spec: str) -> str:
-    x = _num(value)
-    return "n/a" if x is None else format(x, spec)
-
-
 def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
     parity = rec.get("parity") or {}
     if not parity:
@@ -640,16 +587,9 @@ def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
     return text + "; " + fmt_grad_parity(fixed)
 
 
-def _fmt_rel(value: Any) -> str:
-    """A relative difference: ``0 (exact)`` or ``3.0e-03`` (no loss bound applies to it)."""
-    x = _num(value)
-    return "n/a" if x is None else "0 (exact)" if x == 0 else f"{x:.1e}"
-
-
 def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
-    """The per-parameter gradient comparison of a fixed-batch record, as computed (never a default): the share of
-    parameters bit-exact, the largest relative difference against the floor's, and the verdict; "gradients not
-    compared" where the record has none."""
+    """A fixed-batch record's per-parameter gradient comparison as computed (never a default): the share bit-exact, the
+    largest relative difference against the floor's, the verdict; "gradients not compared" without one."""
     grads = fixed.get("grads")
     if not grads:
         return "gradients not compared"
@@ -663,9 +603,8 @@ def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
 
 
 def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """What a graphed variant's counters (per submodule: ``graphs``, ``replays``, ``failed``) say against its
-    graphs being the ones timed: a submodule without graphs, without a replay, or whose capture failed (it trained
-    on eagerly). Empty when every enabled submodule captured and replayed."""
+    """What a graphed variant's counters say against its graphs being the ones timed: a submodule without graphs,
+    without a replay, or whose capture failed (it trained on eagerly); empty when every one captured and replayed."""
     out = []
     for sub, c in sorted(counters.items()):
         if c.get("failed"):
@@ -688,22 +627,22 @@ def _fmt_counters(rec: Mapping[str, Any]) -> str:
 
 def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
     """One row of the table (a failed or missing variant says so)."""
-    blank = ["n/a"] * (len(COLUMNS) - 2)
-    if not rec:
-        return [name, "not run", *blank]
-    if rec.get("status") == REFUSED:
-        return [name, f"refused: {str(rec.get('reason') or '?').replace('|', '/')}", *blank]
-    if rec.get("status") != "ok":
-        error = str(rec.get("error") or "failed").splitlines()[0][:120].replace("|", "/")
-        return [name, f"failed: {error}", *blank]
+    if not rec or rec.get("status") != "ok":
+        why = (
+            "not run"
+            if not rec
+            else f"refused: {rec.get('reason') or '?'}"
+            if rec.get("status") == REFUSED
+            else f"failed: {str(rec.get('error') or 'failed').splitlines()[0][:120]}"
+        )
+        return [name, why.replace("|", "/"), *["n/a"] * (len(COLUMNS) - 2)]
     graphed = name in GRAPHED
-    iqr = _num(rec.get("step_ms_iqr"))
     busy, step_kernel = _fmt_busy(rec)
     return [
         name,
         _fmt(rec.get("useful_tokens_per_s"), ",.0f"),
         fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"),
-        f"{fmt_ms(rec.get('step_ms_median'))} (IQR {fmt_ms(iqr)})",
+        f"{fmt_ms(rec.get('step_ms_median'))} (IQR {fmt_ms(rec.get('step_ms_iqr'))})",
         _fmt(rec.get("fill_fraction"), ".0%"),
         busy,
         fmt_ms(rec.get("kernel_ms_per_step")),
@@ -723,13 +662,24 @@ def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
 
 
 def _fmt_busy(rec: Mapping[str, Any]) -> tuple[str, str]:
-    """The GPU busy and step / kernel cells: the kernel time's share of the profiled steps' own wall time
-    (``gpu_busy_in_profiled_steps``), and the unprofiled median step over the profiled kernel time. Where the
-    profiler missed graph kernels, the busy cell is the estimate from eager's kernel time and both carry †."""
+    """The GPU busy and step / kernel cells; where the profiler missed graph kernels, the busy cell is the estimate
+    from eager's kernel time and both carry †."""
     if kernel_time_missed(rec):
         busy = _fmt(rec.get("gpu_busy"), ".2f")
-        return (busy + "†" if busy != "n/a" else busy), _fmt_step_over_kernel(rec) + "†"
-    return _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f"), _fmt_step_over_kernel(rec)
+        return (busy + "†" if busy != "n/a" else busy), fmt_ratio(step_over_kernel(rec), "x") + "†"
+    return _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f"), fmt_ratio(step_over_kernel(rec), "x")
+
+
+def _over(a: Any, b: Any) -> float | None:
+    """``a / b`` where both are finite and non-zero, else None."""
+    a, b = _num(a), _num(b)
+    return a / b if a and b else None
+
+
+def _finished(data: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(name, record)`` of every finished variant, in :func:`shown`'s order."""
+    variants = data.get("variants") or {}
+    return [(n, variants[n]) for n in shown(data) if (variants.get(n) or {}).get("status") == "ok"]
 
 
 def _fmt_peak(rec: Mapping[str, Any]) -> str:
@@ -746,32 +696,26 @@ LADDER_TARGET = 1.1
 
 
 def memory_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Memory``: every variant's peaks against eager_packed's, and ours_packed's ladders rung by rung (what each
-    rung's capture added to the reserved memory, and of it the tensors it keeps alive), the captured tops and why,
-    the estimate of :mod:`bridge_cudagraph.plan.memory` against the measured pools."""
+    """``## Memory``: every variant's peaks against eager_packed's, ours_packed's ladders rung by rung (reserved
+    growth, and of it kept alive), and :mod:`bridge_cudagraph.plan.memory`'s estimate against the measured pools."""
     variants = data.get("variants") or {}
-    base = variants.get(BASELINE) or {}
-    base_reserved = _num(base.get("peak_reserved_bytes"))
+    base_reserved = _num((variants.get(BASELINE) or {}).get("peak_reserved_bytes"))
     out = ["## Memory", ""]
-    rows = []
-    for name in shown(data):
-        rec = variants.get(name) or {}
-        if rec.get("status") != "ok":
-            continue
-        reserved = _num(rec.get("peak_reserved_bytes"))
-        ratio = fmt_ratio(reserved / base_reserved, "x") if reserved and base_reserved else "n/a"
-        graph = _fmt(rec.get("graph_memory_gib"), ".1f") if name in GRAPHED else "-"
-        rows.append([name, *_fmt_peak(rec).split(" / "), ratio, graph])
+    rows = [
+        [
+            name,
+            *_fmt_peak(rec).split(" / "),
+            fmt_ratio(_over(rec.get("peak_reserved_bytes"), base_reserved), "x"),
+            _fmt(rec.get("graph_memory_gib"), ".1f") if name in GRAPHED else "-",
+        ]
+        for name, rec in _finished(data)
+    ]
     if rows:
-        out += _table(
-            ("variant", "peak allocated GiB", "peak reserved GiB", "reserved vs eager_packed", "graph GiB"), rows
-        )
-        out.append("")
+        header = ("variant", "peak allocated GiB", "peak reserved GiB", "reserved vs eager_packed", "graph GiB")
+        out += [*_table(header, rows), ""]
     ours = variants.get("ours_packed") or {}
     capture = ours.get("capture") or {}
-    reserved = _num(ours.get("peak_reserved_bytes"))
-    if reserved and base_reserved:
-        ratio = reserved / base_reserved
+    if (ratio := _over(ours.get("peak_reserved_bytes"), base_reserved)) is not None:
         met = "met" if ratio <= RESERVED_TARGET else "not met"
         out.append(
             f"- **ours_packed's peak reserved** is {ratio:.2f}x eager_packed's (target at most {RESERVED_TARGET}x: "
@@ -783,12 +727,10 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
         captured = rec.get("budgets_captured") or sorted(per_budget)
         if not per_budget:
             continue
-        top = max(per_budget)
-        total = sum(per_budget.values())
+        top, total = max(per_budget), sum(per_budget.values())
         ratio = total / per_budget[top] if per_budget[top] else float("nan")
         met = "met" if ratio <= LADDER_TARGET else "not met"
-        # ``rec`` is the helper's stats at the capture; rungs captured after it are listed in ours["late_captures"]
-        # (run 67's report said "0 rungs captured later" above a line listing one).
+        # ``rec`` is the helper's stats at the capture; rungs captured after it are in ours["late_captures"].
         late = sum(
             len(g.get("budgets") or []) for g in ours.get("late_captures") or [] if g.get("submodule") == submodule
         )
@@ -813,10 +755,10 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
             f"({fmt_ratio(ratio, 'x')} of the estimate; within 20%: "
             f"**{'yes' if ratio and abs(ratio - 1) <= 0.2 else 'no'}**)."
         )
-    for grown in ours.get("late_captures") or []:
-        out.append(
-            f"- before step {grown.get('step')}: {grown.get('submodule')} budgets {grown.get('budgets')} captured."
-        )
+    out += [
+        f"- before step {g.get('step')}: {g.get('submodule')} budgets {g.get('budgets')} captured."
+        for g in ours.get("late_captures") or []
+    ]
     cap = ((data.get("meta") or {}).get("config") or {}).get("gpu_memory_cap_gib")
     if cap:
         out.append(f"- The process was capped at {cap:g} GiB (`--gpu-memory`, torch's per-process memory fraction).")
@@ -825,26 +767,18 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
 
 
 def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Vision encoder and MFU``: each variant's vision encoder time per micro-batch (CUDA events around every
-    encoder call of the measured steps: forward, backward, both) and, for the padded rows, the model FLOPs
-    utilisation of the measured steps and at the profiled steps' kernel time."""
-    variants = data.get("variants") or {}
-    rows = []
-    for name in shown(data):
-        rec = variants.get(name) or {}
-        if rec.get("status") != "ok" or rec.get("vision_calls") is None:
-            continue
-        rows.append(
-            [
-                name,
-                fmt_ms(rec.get("vision_fwd_ms")),
-                fmt_ms(rec.get("vision_bwd_ms")),
-                fmt_ms(rec.get("vision_ms")),
-                fmt_ratio(rec.get("vision_microbatches_per_step")),
-                _pct(rec.get("mfu"), 1) if "mfu" in rec else "-",
-                _pct(rec.get("mfu_at_kernel_time"), 1) if "mfu_at_kernel_time" in rec else "-",
-            ]
-        )
+    """``## Vision encoder and MFU``: each variant's encoder time per micro-batch (CUDA events, measured steps) and for
+    padded rows the MFU of the measured steps and at the profiled steps' kernel time."""
+    rows = [
+        [
+            name,
+            *(fmt_ms(rec.get(k)) for k in ("vision_fwd_ms", "vision_bwd_ms", "vision_ms")),
+            fmt_ratio(rec.get("vision_microbatches_per_step")),
+            *(_fmt(rec.get(k), ".1%") if k in rec else "-" for k in ("mfu", "mfu_at_kernel_time")),
+        ]
+        for name, rec in _finished(data)
+        if rec.get("vision_calls") is not None
+    ]
     if not rows:
         return []
     header = (
@@ -892,9 +826,8 @@ def _spread(record: Mapping[str, Any]) -> float | None:
 
 
 def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> str | None:
-    """One sentence on what the lever did: the median step's change against the run-to-run noise floor
-    (:func:`step_noise_floor`) and the two variants' own step spread (:func:`_spread`), and separately the profiled
-    kernel time's change (the less noisy signal); None unless both finished."""
+    """One sentence on what the lever did: the median step's change against the noise floor and the pair's own step
+    spread, and the profiled kernel time's change (the less noisy signal); None unless both finished."""
     a, b = variants.get(without) or {}, variants.get(with_) or {}
     if a.get("status") != "ok" or b.get("status") != "ok":
         return None
@@ -931,9 +864,7 @@ def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, A
 
 
 def lever_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Levers``: for each pair of :data:`LEVERS` both of whose variants the run holds, the numbers side by side
-    and one sentence on the step time (against the noise floor and the pair's step spread) and the kernel time;
-    empty when no pair ran."""
+    """``## Levers``: each pair of :data:`LEVERS` the run holds, side by side, and its :func:`lever_verdict`."""
     variants = data.get("variants") or {}
     pairs = [lever for lever in LEVERS if lever[1] in variants and lever[2] in variants]
     if not pairs:
@@ -977,17 +908,14 @@ def table(data: Mapping[str, Any]) -> list[str]:
 
 
 def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
-    summary = data.get("summary") or summarize(data)
-    target = summary.get("target", TARGET_SPEEDUP)
-    out = []
-    separate = summary.get("separate")
-    paired = data.get("paired")
+    summary, paired = data.get("summary") or summarize(data), data.get("paired")
     default_pair = paired_names(paired) == PAIRED
-    out.append(
-        f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {fmt_ratio(separate, 'x')}; "
+    separate = fmt_ratio(summary.get("separate"), "x")
+    out = [
+        f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {separate}; "
         + (_fmt_paired(paired) if default_pair else "not paired in this run")
         + "."
-    )
+    ]
     if not default_pair:
         first, second = paired_names(paired)
         out.append(f"- **{second} vs {first} (useful tokens/s, `--paired`)**: {_fmt_paired(paired)}.")
@@ -1000,9 +928,9 @@ def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
     refused = (data.get("variants") or {}).get("ours_packed") or {}
     if refused.get("status") == REFUSED:
         out.append(f"- **ours_packed refused by the capture plan**: {refused.get('reason', '?')}")
-    met = summary.get("met")
-    verdict = {True: "**met**", False: "**not met**", None: "not measured"}[met]
+    verdict = {True: "**met**", False: "**not met**", None: "not measured"}[summary.get("met")]
     on = f" (judged on the {summary['met_on']})" if summary.get("met_on") else ""
+    target = summary.get("target", TARGET_SPEEDUP)
     out.append(f"- Target of issue #17 on this shape: ours_packed >= {target:g}x eager_packed: {verdict}{on}.")
     floor = summary.get("noise_floor")
     if floor is not None:
@@ -1049,9 +977,8 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
 
 
 def remaining_time(data: Mapping[str, Any]) -> list[str]:
-    """Where ours_packed's step time goes: GPU kernels against idle, padding in the computed slots, kernel time
-    against eager_packed's, and the host-time attribution of the profile (:func:`host_time_section`,
-    whose "ours"/"eager" are ours_packed/eager_packed here)."""
+    """Where ours_packed's step time goes: kernels against idle, padding in the computed slots, kernel time against
+    eager_packed's, and :func:`host_time_section`."""
     variants = data.get("variants") or {}
     ours, eager = variants.get("ours_packed") or {}, variants.get(BASELINE) or {}
     if ours.get("status") != "ok":
@@ -1096,8 +1023,7 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
     ek = _num(eager.get("kernel_ms_per_step"))
     if kernel is not None and ek:
         facts.append(f"its kernel time is {kernel / ek:.2f}x eager_packed's ({fmt_ms(ek)} ms) for the same samples")
-    if facts:
-        out += [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""]
+    out += _sentences(facts)
     out += host_time_section(ours, eager)
     return out
 
@@ -1192,13 +1118,11 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
     micro = [MicroBatch(**m) for m in info.get("microbatches") or []]
     notes = []
     if micro:
-        real = [m.real_tokens for m in micro]
-        loss = [m.loss_tokens for m in micro]
+        keys = ("real_tokens", "loss_tokens", "packed_tokens", "patches")
+        real, loss, packed, patches = (f"{min(v)}-{max(v)}" for v in ([getattr(m, k) for m in micro] for k in keys))
         notes.append(
             f"- Data: {len(micro)} distinct micro-batches of {micro[0].rows} samples, cycled; real tokens per "
-            f"micro-batch {min(real)}-{max(real)}, loss tokens {min(loss)}-{max(loss)}, packed width x rows "
-            f"{min(m.packed_tokens for m in micro)}-{max(m.packed_tokens for m in micro)}, vision patches "
-            f"{min(m.patches for m in micro)}-{max(m.patches for m in micro)}."
+            f"micro-batch {real}, loss tokens {loss}, packed width x rows {packed}, vision patches {patches}."
         )
     if info.get("language_budgets"):
         notes.append(
@@ -1210,9 +1134,9 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
     variants = data.get("variants") or {}
     for name in shown(data):
         rec = variants.get(name) or {}
-        parity = rec.get("parity") or {}
+        parity, ok = rec.get("parity") or {}, rec.get("status") == "ok"
         steps = parity.get("steps") or {}
-        if rec.get("status") == "ok" and steps and parity.get("reference") != name:
+        if ok and steps and parity.get("reference") != name:
             expected = (
                 " (expected to differ: the fused weight-gradient sum rounds differently; only a non-finite loss fails "
                 "it)"
@@ -1225,15 +1149,15 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
                 f"{_fmt_rel(steps.get('max_rel'))}{expected}."
             )
         cross = parity.get("vs_eager_packed_loss_tokens")
-        if rec.get("status") == "ok" and cross:
+        if ok and cross:
             notes.append(
                 f"- {name}: fixed micro-batch, loss tokens against eager_packed's packed form: max abs "
                 f"{fmt_diff(cross.get('loss_max_abs'))} (padded BSHD vs packed THD kernels)."
             )
-        problems = counter_problems(rec.get("counters") or {}) if rec.get("status") == "ok" else []
+        problems = counter_problems(rec.get("counters") or {}) if ok else []
         if problems:
             notes.append(f"- **{name}: its graphs were not what was timed**: {'; '.join(problems)}.")
-        if rec.get("status") == "ok" and name in FUSED:
+        if ok and name in FUSED:
             notes.append(
                 f"- {name}: {rec.get('te_modules_fusing', 'n/a')} Transformer Engine modules accumulate their weight "
                 "gradient into main_grad themselves (gradient_accumulation_fusion)."
@@ -1250,10 +1174,8 @@ def text_table(data: Mapping[str, Any]) -> str:
     variants = data.get("variants") or {}
     columns = ("variant", "useful tok/s", "x", "step ms", "fill", "busy", "graph GiB", "parity")
     picked = [COLUMNS.index(c) for c in (*COLUMNS[:6], "graph GiB", COLUMNS[-1])]
-    lines = [" | ".join(columns)]
-    for name in shown(data):
-        row = variant_row(name, variants.get(name))
-        lines.append(" | ".join(row[i] for i in picked))
+    rows = (variant_row(name, variants.get(name)) for name in shown(data))
+    lines = [" | ".join(columns), *(" | ".join(row[i] for i in picked) for row in rows)]
     summary = data.get("summary") or summarize(data)
     paired = data.get("paired")
     default_pair = paired_names(paired) == PAIRED
@@ -1272,26 +1194,6 @@ def text_table(data: Mapping[str, Any]) -> str:
 
 
 # ============================================================================================ plot
-COLORS = {
-    "eager_packed": "#4e79a7",
-    "eager_padded": "#9e9e9e",
-    "upstream_padded": "#f28e2b",
-    "ours_padded": "#8cd17d",
-    "ours_padded_layer_graphs": "#b6e3a8",
-    "ours_padded_megatron": "#8cd17d",
-    "ours_padded_language": "#59a14f",
-    "ours_padded_vision": "#d4f0cc",
-    PADDED_CONTROL: "#c9c9c9",
-    "ours_packed": "#59a14f",
-    "ours_packed_rows": "#b6992d",
-    "ours_packed_halvings": "#d4a6c8",
-    "ours_packed_bridge_packing": "#e15759",
-    "ours_packed_autograd_grads": "#9c755f",
-    "ours_packed_device_grid": "#bab0ac",
-    "eager_packed_fused": "#76b7b2",
-    "ours_packed_fused": "#2e7d32",
-    CONTROL: "#a0cbe8",
-}
 
 
 def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
@@ -1306,12 +1208,8 @@ def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
         return None
     variants = data.get("variants") or {}
     names = shown(data)
-    values = [
-        _num((variants.get(n) or {}).get("useful_tokens_per_s"))
-        if (variants.get(n) or {}).get("status") == "ok"
-        else None
-        for n in names
-    ]
+    ok = dict(_finished(data))
+    values = [_num(ok[n].get("useful_tokens_per_s")) if n in ok else None for n in names]
     top = max([v for v in values if v is not None] or [1.0])
     fig, ax = plt.subplots(figsize=(1.5 * len(names) + 2.0, 4.8))
     for i, (name, v) in enumerate(zip(names, values, strict=True)):
@@ -1321,25 +1219,14 @@ def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
             ax.text(i, top * 0.05, label, ha="center", va="bottom", fontsize=8, rotation=90)
             continue
         ax.bar(i, v, color=COLORS.get(name, "#777777"), width=0.7)
-        text = [
-            f"{v:,.0f}",
-            fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"),
-            f"fill {_fmt(rec.get('fill_fraction'), '.0%')}",
-        ]
-        ax.text(i, v + top * 0.02, "\n".join(text), ha="center", va="bottom", fontsize=8)
+        ratio, fill = fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"), _fmt(rec.get("fill_fraction"), ".0%")
+        ax.text(i, v + top * 0.02, f"{v:,.0f}\n{ratio}\nfill {fill}", ha="center", va="bottom", fontsize=8)
     base = _num((variants.get(BASELINE) or {}).get("useful_tokens_per_s"))
     target = target_of(data)
     if base:
         ax.axhline(base * target, color="#c0392b", linestyle="--", linewidth=1)
-        ax.text(
-            len(names) - 0.5,
-            base * target,
-            f"target {target:g}x eager_packed",
-            color="#c0392b",
-            fontsize=8,
-            ha="right",
-            va="bottom",
-        )
+        label = f"target {target:g}x eager_packed"
+        ax.text(len(names) - 0.5, base * target, label, color="#c0392b", fontsize=8, ha="right", va="bottom")
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([n.replace("_", "\n", 1) for n in names], fontsize=8)
     ax.set_ylim(0, top * 1.35)

@@ -1,11 +1,9 @@
 """The benchmarks' variant runner: what every variant of a run goes through, as public functions.
 
-A variant is built (:func:`snapshot`, :func:`load_weights`), its graph helpers made through the product's path
-(:func:`ours_helpers`) or megatron-core's (:func:`upstream_helpers`), warmed up eagerly, captured (:func:`capture`;
-later rungs by :func:`growing`), timed (:func:`step_runner`: wall time between synchronizes), profiled
-(:func:`profile`, :func:`profile_cuda_only`), checked on a fixed micro-batch (:func:`fixed_batch_check`) and freed
-(:func:`teardown`, :func:`check_freed`); a non-finite loss or grad norm fails it (:func:`require_finite`). The paired
-phase builds two at once where both fit (:func:`paired_memory_check`). :mod:`benchmarks.useful_tokens` drives it.
+A variant is built (:func:`snapshot`, :func:`load_weights`), its helpers made (:func:`ours_helpers`,
+:func:`upstream_helpers`), warmed up, captured (:func:`capture`, :func:`growing`), timed (:func:`step_runner`),
+profiled (:func:`profile`, :func:`profile_cuda_only`), checked (:func:`fixed_batch_check`, :func:`require_finite`) and
+freed (:func:`teardown`, :func:`check_freed`). :mod:`benchmarks.useful_tokens` drives it.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ REFUSED = "refused"
 
 @dataclass
 class StepData:
-    """One form's step data, which every variant of that form trains: the micro-batches on the GPU, the fixed
-    micro-batch of the parity check, the step plan (per step, the indices of its micro-batches) and the step counts
-    (warm-up, measured, profiled: the plan's steps in that order)."""
+    """One form's step data: the micro-batches on the GPU, the parity check's fixed micro-batch, the step plan (per
+    step, its micro-batches' indices) and the step counts (warm-up, measured, profiled, in that order)."""
 
     world: Any
     batches: list[dict]
@@ -67,8 +64,8 @@ class StepData:
 
 # ============================================================================================ GPU helpers
 def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
-    """Replay a CUDA graph of ``kernels_per_graph`` known elementwise kernels under ``torch.profiler`` and count
-    the kernels it reports: does CUPTI/kineto see the kernels inside graph replays on this machine?"""
+    """Does ``torch.profiler`` report the kernels inside CUDA graph replays on this machine? A graph of
+    ``kernels_per_graph`` known kernels replayed ``replays`` times under it, the kernels counted."""
     from torch.profiler import ProfilerActivity, profile
 
     x = torch.randn(1 << 16, device="cuda")
@@ -114,11 +111,8 @@ def _preroll(n: int = 64) -> None:
 
 
 class VisionTimer:
-    """CUDA events around every vision-encoder call of a model: forward (module pre/post hooks) and backward (from
-    the gradient reaching the encoder's output to the gradient reaching its patch embedding's output).
-
-    Records only while :attr:`active` and never during stream capture.
-    """
+    """CUDA events around every vision-encoder call of a model: forward (module hooks) and backward (the gradient
+    reaching the encoder's output, then its patch embedding's output); only while :attr:`active`, not in a capture."""
 
     def __init__(self, model: Sequence[torch.nn.Module]) -> None:
         from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
@@ -191,8 +185,8 @@ class VisionTimer:
 
     @staticmethod
     def summary(calls: Sequence[tuple[float, float | None]], steps: int) -> dict[str, Any]:
-        """The record of ``calls`` (:meth:`collect`'s, over ``steps`` steps): median forward, backward and forward +
-        backward ms per encoder call (``vision_ms``), and the calls per step."""
+        """Median forward, backward and both ms per encoder call of ``calls`` (:meth:`collect`'s) and the calls per
+        step."""
         fwd = [f for f, _ in calls]
         bwd = [b for _, b in calls if b is not None]
         both = [f + b for f, b in calls if b is not None]
@@ -213,10 +207,8 @@ def model_flops_utilisation(
     kernel_ms: float | None,
     peak: float | None,
 ) -> dict[str, Any]:
-    """Model FLOPs per step (:mod:`benchmarks.flops`), the TFLOP/s and MFU of the measured steps (``flops_per_step``,
-    ``step_ms``: the same steps), and the MFU at the profiled steps' kernel time (``profiled_flops``: those steps'
-    FLOPs): what the step would reach if the GPU never waited for the host. ``peak``: the GPU's dense BF16 TFLOP/s
-    (:func:`benchmarks.flops.peak_tflops`; None: no MFU). Empty without FLOPs."""
+    """Model FLOPs, TFLOP/s and MFU of the measured steps (``flops_per_step``, ``step_ms``), and the MFU at the
+    profiled steps' kernel time (``profiled_flops``); ``peak``: dense BF16 TFLOP/s (None: no MFU); {} without FLOPs."""
     from benchmarks.flops import mfu
 
     if not flops_per_step or not step_ms:
@@ -234,8 +226,7 @@ def model_flops_utilisation(
 
 
 def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[torch.nn.Module]:
-    """Every distinct module that some submodule of ``model`` holds as ``attribute`` (Qwen3-VL's ``vision_model``
-    and ``language_model``, whatever wraps the model: DDP, Float16Module, our rebuilt encoder)."""
+    """Every distinct module some submodule of ``model`` holds as ``attribute``, whatever wraps the model."""
     found: dict[int, torch.nn.Module] = {}
     for chunk in model:
         for module in chunk.modules():
@@ -246,16 +237,13 @@ def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[t
 
 
 class PhaseMarkers:
-    """``record_function`` ranges named ``bcg_phase/<phase>`` around the phases of a training step, so that
-    :func:`host_time_breakdown` can say which phase the host was in while the GPU idled.
+    """``record_function`` ranges ``bcg_phase/<phase>`` around a training step's phases, for
+    :func:`host_time_breakdown`; installed for the profiled steps only (hooks and a per-instance ``optimizer.step``
+    wrapper, no class changes) and removed by :meth:`remove`.
 
-    Installed for the profiled steps only and removed after (:meth:`remove`): module and tensor hooks and a
-    per-instance wrapper of ``optimizer.step``; no class changes. Main-thread phases follow one another and cover
-    the step: ``step_setup`` (from :meth:`start_step`), ``forward``, ``backward`` (from a forward's end to the next
-    forward or the optimizer step), ``optimizer_step``, ``step_end`` (until :meth:`end_step`). Nested:
-    ``vision_forward``, ``language_forward`` and ``vision_backward`` (on the autograd thread). Ranges are entered and
-    exited by hand (handles need not nest); each is a few microseconds of host time per call.
-    """
+    Main-thread phases follow one another and cover the step: ``step_setup``, ``forward``, ``backward``,
+    ``optimizer_step``, ``step_end``; nested: ``vision_forward``, ``language_forward``, ``vision_backward`` (autograd
+    thread). Ranges are entered and exited by hand, since hooks need not nest."""
 
     SEQUENTIAL = ("step_setup", "forward", "backward", "optimizer_step", "step_end")
 
@@ -354,8 +342,8 @@ class PhaseMarkers:
 
 
 def _named_tensors(chunk: torch.nn.Module, *, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
-    """A chunk's parameters and buffers by name: the tensors themselves, whatever ``state_dict`` makes of them
-    (Bridge's LoRA ``AdapterWrapper.state_dict`` drops the ``to_wrap.`` its ``load_state_dict`` expects)."""
+    """A chunk's parameters and buffers by name, the tensors themselves (Bridge's LoRA ``AdapterWrapper.state_dict``
+    drops the ``to_wrap.`` its ``load_state_dict`` expects)."""
     out = dict(chunk.named_parameters(remove_duplicate=remove_duplicate))
     out.update(chunk.named_buffers(remove_duplicate=remove_duplicate))
     return out
@@ -374,16 +362,15 @@ def snapshot(model) -> list[dict]:
     return out
 
 
-#: Names only a graphs-on upstream Qwen3-VL has: Bridge 0.6.2 registers the language model's decoder and rotary
-#: embedding on the root too (DESIGN.md: 290 keys against 195); they alias the language model's tensors.
+#: Names only a graphs-on upstream Qwen3-VL has (the language model's decoder and rotary embedding registered on the
+#: root too): they alias the language model's tensors.
 _UPSTREAM_ALIAS_KEY = re.compile(r"^(module\.)*(decoder|rotary_pos_emb)(\.|$)")
 
 
 def load_weights(model, state: list[dict], *, aliases_allowed: bool) -> None:
-    """Copy ``state`` (:func:`snapshot`'s) into the model's tensors in place (captured graphs keep pointing at
-    them). Every parameter of the model must be in ``state`` and the other way round, save upstream's aliases;
-    a buffer the model made after the snapshot (a rotary table built at the first forward: run 27's
-    ``vision_model.rotary_pos_emb.inv_freq``) is a function of the config and is left as it is."""
+    """Copy ``state`` (:func:`snapshot`'s) into the model's tensors in place (captured graphs keep pointing at them).
+    Parameters must match both ways, save upstream's aliases; a buffer made after the snapshot (a rotary table built at
+    the first forward) is a function of the config and is left as it is."""
     for chunk, chunk_state in zip(model, state, strict=True):
         target = _named_tensors(chunk, remove_duplicate=False)
         params = {k for k, _ in chunk.named_parameters(remove_duplicate=False)}
@@ -412,8 +399,8 @@ def free_memory() -> None:
 
 
 def train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_norms: list) -> tuple[float, float]:
-    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps` (Megatron's schedule and the
-    distributed optimizer); ``(loss, wall ms)`` between two synchronizes."""
+    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps`; ``(loss, wall ms)`` between
+    two synchronizes."""
     from bridge_cudagraph.testing.parity import train_steps
 
     torch.cuda.synchronize()
@@ -424,9 +411,8 @@ def train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_
 
 
 def fixed_batch_check(model, batch: dict, *, keep_grads: bool = False) -> tuple[torch.Tensor, float, dict | None]:
-    """Per-token loss (CPU, fp32), total gradient norm and, with ``keep_grads``, every trainable parameter's gradient
-    (fp32, on the host: :func:`bridge_cudagraph.testing.parity.loss_and_grads`) of one forward/backward on ``batch``;
-    gradient buffers are zeroed before and after."""
+    """Per-token loss (CPU, fp32), gradient norm and, with ``keep_grads``, every trainable parameter's gradient (fp32,
+    host) of one forward/backward on ``batch``; gradient buffers zeroed after."""
     from bridge_cudagraph.testing.parity import grad_norm, loss_and_grads
 
     loss, grads = loss_and_grads(model, batch, device="cpu")
@@ -445,8 +431,7 @@ class NonFiniteStepError(RuntimeError):
 
 
 def require_finite(losses: Sequence[float], grad_norms: Sequence[float] | None = None) -> None:
-    """Raise :class:`NonFiniteStepError` when any step's loss or grad norm is not finite (the variant's record
-    is then failed by :func:`_run_variant`, with what :func:`compare_steps` found)."""
+    """Raise :class:`NonFiniteStepError` when any step's loss or grad norm is not finite."""
     bad = {
         name: steps
         for name, steps in (("loss", non_finite_steps(losses)), ("grad norm", non_finite_steps(grad_norms)))
@@ -477,11 +462,9 @@ def capture_record(stats) -> dict[str, Any]:
 
 
 def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Callable[[int], float]:
-    """``run_step`` with, before each step and untimed, the budgets a micro-batch above a ladder's captured top asked
-    for captured (what the callback's lifecycle does in Bridge's loop, :meth:`GraphLifecycle.grow`); each growth is
-    listed in ``record["late_captures"]`` with the caching allocator's reserved bytes before and after it (both after
-    ``empty_cache``): a growth re-captures the ladder into a new pool, so it should cost the new pool less the one it
-    replaces, and more says the old pool was not given back."""
+    """``run_step`` with the budgets a micro-batch above a ladder's captured top asked for captured before each step,
+    untimed (as :meth:`GraphLifecycle.grow` does in Bridge's loop); each growth in ``record["late_captures"]`` with the
+    reserved and pool bytes before and after (a growth should cost the new pool less the one it replaces)."""
     from bridge_cudagraph.capture.device_memory import held_reserved as reserved
 
     ladders = [h for h in helpers if hasattr(h, "capture_pending")]
@@ -510,8 +493,8 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
 
 
 def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
-    """Capture every helper (as Bridge's loop does at the warmup step), measured like our own capture; ``upstream``:
-    megatron-core's helpers (:func:`upstream_helpers`), whose vision capture may fail without failing the variant."""
+    """Capture every helper as Bridge's loop does at the warm-up step, measured like our own capture; ``upstream``:
+    megatron-core's helpers, whose vision capture may fail without failing the variant."""
     from bridge_cudagraph.capture.device_memory import measure
     from bridge_cudagraph.capture.failure import abandon_capture
     from bridge_cudagraph.capture.stats import CaptureStats
@@ -526,13 +509,12 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
             except Exception as error:
                 if not upstream_vision:
                     raise
-                # Upstream's vision capture is not exercised by the GPU tests: if it fails, keep measuring
-                # upstream's language graphs (vision then runs upstream's padded eager path) and say so.
+                # If upstream's vision capture fails, keep measuring its language graphs (vision runs eagerly).
                 errors["vision"] = abandon_capture(helper.flattened_callables, helper.model, error, "upstream vision")
                 gc.unfreeze()  # megatron-core's _start_capturing may have frozen the collector
                 continue
             if upstream_vision:
-                helper.cuda_graph_set_manual_hooks()  # train.py:449 (a no-op upstream)
+                helper.cuda_graph_set_manual_hooks()  # as Bridge's train() does (a no-op upstream)
     missing = [
         type(h).__name__ for h in helpers if not h.graphs_created() and getattr(h, "bench_submodule", "") not in errors
     ]
@@ -552,9 +534,8 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
 def profile(
     shared: StepData, run_step: Callable[[int], None], first_step: int, *, model=None, optimizer=None
 ) -> tuple[dict, dict]:
-    """Profile ``shared.profile_steps`` steps from ``first_step``, with :class:`PhaseMarkers` on ``model`` and
-    ``optimizer`` for those steps only; ``(kernel_time_per_step, host_time_breakdown or {"error": ...})``: the kernel
-    time of exactly these steps, whose wall time the caller has from the same steps' step runner."""
+    """Profile ``shared.profile_steps`` steps from ``first_step`` with :class:`PhaseMarkers` on ``model`` and
+    ``optimizer``: ``(kernel_time_per_step, host_time_breakdown or {"error": ...})`` of exactly these steps."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -588,11 +569,9 @@ def profile(
 
 
 def profile_cuda_only(shared: StepData, run_step: Callable[[int], None], first_step: int) -> dict:
-    """The profiled steps from ``first_step`` again, under a profiler that records CUDA kernels only: no CPU ops,
-    no phase markers, no stacks. Recording every CPU op stretches a graphed step whose host work is many small
-    calls (196 to 275 ms on the 2B packed step), so the busy fraction of :func:`profile` reads the profiler's own
-    host time as GPU idle; this one is close to the unprofiled step (:func:`~benchmarks.trace.busy_between_marks`:
-    its window is the steps' wall time, between two marker kernels)."""
+    """The profiled steps again under a profiler that records CUDA kernels only: recording every CPU op stretches a
+    graphed step of many small host calls, which :func:`profile`'s busy fraction reads as GPU idle; this window
+    (:func:`~benchmarks.trace.busy_between_marks`) is close to the unprofiled step."""
     from torch.profiler import ProfilerActivity, profile
 
     n = shared.profile_steps
@@ -610,7 +589,7 @@ def profile_cuda_only(shared: StepData, run_step: Callable[[int], None], first_s
 
 
 def record_failure(rec: dict, error: Exception, what: str) -> None:
-    """Mark ``rec`` failed with the error and the tail of its traceback (call inside ``except``), and say so."""
+    """Mark ``rec`` failed with the error and its traceback's tail (call inside ``except``), and say so."""
     rec["status"] = FAILED
     rec["error"] = f"{type(error).__name__}: {error}"
     rec.update(error_origin(error))
@@ -618,16 +597,14 @@ def record_failure(rec: dict, error: Exception, what: str) -> None:
     say(f"{what}: FAILED {rec['error'][:300]}")
 
 
-#: Memory a deleted variant may leave allocated (its batches' share and allocator slack) before the benchmark
-#: records who holds the rest (:func:`benchmarks.leaks.leak_report`).
+#: Memory a deleted variant may leave allocated (its batches' share, allocator slack) before who holds it is recorded.
 LEAK_TOLERANCE_BYTES = 512 * 2**20
 
 
 def check_freed(rec: dict, survivors: dict) -> None:
-    """Record what the deleted variant left allocated. If its model or optimizer outlived :func:`teardown`
-    (``survivors``), record who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without
-    survivors, record who holds the largest tensors. A leaked model counts in every later variant's peak memory
-    and can run the largest configuration out of it."""
+    """Record what the deleted variant left allocated: where its model or optimizer outlived :func:`teardown`
+    (``survivors``), who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without survivors, who
+    holds the largest tensors. A leaked model counts in every later variant's peak."""
     from benchmarks import leaks
 
     rec["left_allocated_bytes"] = left = torch.cuda.memory_allocated()
@@ -654,14 +631,13 @@ def check_freed(rec: dict, survivors: dict) -> None:
         say(f"variant left {left / 2**30:.1f} GiB allocated: {json.dumps(rec['leak'])[:3000]}")
 
 
-#: The paired phase holds both graphed models at once; it runs only when their first runs' peaks (less what was
-#: allocated before either, counted once) fit in this share of the GPU's memory.
+#: The share of the GPU's memory both models' first-run peaks must fit in for the paired phase to run.
 PAIRED_MEMORY_FRACTION = 0.9
 
 
 def paired_memory_check(results: dict[str, dict], total_bytes: int, names: Sequence[str]) -> str | None:
-    """Why the paired phase cannot hold both models ``names`` at once, or None when it can (from their first runs'
-    ``peak_memory_bytes``: a conservative sum, since the eager warmup peak of one never overlaps the other's)."""
+    """Why the paired phase cannot hold both models ``names`` at once, or None (from their first runs' peaks: a
+    conservative sum)."""
     recs = [results.get(name) or {} for name in names]
     if any(r.get("status") != "ok" or not r.get("peak_memory_bytes") for r in recs):
         return f"a first run of {' or '.join(names)} did not finish"
@@ -676,7 +652,7 @@ def paired_memory_check(results: dict[str, dict], total_bytes: int, names: Seque
 
 
 def gpu_memory_bytes() -> int:
-    """The current GPU's memory, or the cap ``--gpu-memory`` set on this process (:func:`cap_gpu_memory`)."""
+    """The GPU's memory, or the cap :func:`cap_gpu_memory` set."""
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     return min(total, GPU_MEMORY_CAP[0]) if GPU_MEMORY_CAP else total
 
@@ -686,8 +662,8 @@ GPU_MEMORY_CAP: list[int] = []
 
 
 def cap_gpu_memory(gib: float | None) -> float | None:
-    """``--gpu-memory GIB``: cap this process's CUDA allocations at GIB (torch's per-process memory fraction, as
-    ``bridge-cudagraph train --gpu-memory`` does: an 80 GB H100 on a larger GPU); returns the fraction set."""
+    """``--gpu-memory GIB``: cap this process's CUDA allocations (torch's per-process memory fraction, as
+    ``bridge-cudagraph train --gpu-memory`` does); returns the fraction set."""
     if gib is None:
         return None
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
@@ -700,8 +676,8 @@ def cap_gpu_memory(gib: float | None) -> float | None:
 def step_runner(
     shared: StepData, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
-    """``run(i)``: training step ``i`` of the plan on ``objs``' model; its wall ms. Each step's loss and grad norm
-    are appended to ``losses`` and ``grad_norms`` when given."""
+    """``run(i)``: training step ``i`` of the plan on ``objs``' model, returning its wall ms; the loss and grad norm
+    appended to ``losses`` and ``grad_norms`` when given."""
     model, optimizer = objs["model"], objs["optimizer"]
 
     def run(i: int) -> float:
@@ -716,9 +692,8 @@ def step_runner(
 
 
 def break_ddp_cycles(model: Any) -> None:
-    """Drop Megatron DDP's ``grad_accs`` (the AccumulateGrad nodes whose hooks close over the DDP module): that
-    cycle runs through C++ autograd nodes that Python's collector cannot see, so without this every deleted DDP
-    model stays alive (results/padded-vs-upstream/README.md, "Leaks the benchmark found")."""
+    """Drop Megatron DDP's ``grad_accs``: their hooks close over the DDP module through C++ autograd nodes that
+    Python's collector cannot see, so without this every deleted DDP model stays alive."""
     for chunk in model or []:
         grad_accs = getattr(chunk, "grad_accs", None)
         if isinstance(grad_accs, list):
@@ -726,10 +701,8 @@ def break_ddp_cycles(model: Any) -> None:
 
 
 def teardown(objs: dict) -> dict:
-    """Give the decoders their class back, delete graphs, hooks, the micro-batch calculator, the step-host changes,
-    model and optimizer, and give the memory back. Returns
-    what of the model (``"model"``: its chunks) and the optimizer (``"optimizer"``) is still alive after that, for
-    :func:`check_freed`."""
+    """Undo the helpers, graphs, hooks, micro-batch calculator and step-host changes, delete model and optimizer and
+    give the memory back; returns what of them is still alive (for :func:`check_freed`)."""
     chunk_refs = [weakref.ref(chunk) for chunk in objs.get("model") or []]
     optimizer_ref = weakref.ref(objs["optimizer"]) if objs.get("optimizer") is not None else None
     timer = objs.get("timer")
@@ -767,9 +740,8 @@ def teardown(objs: dict) -> dict:
 
 
 def ours_helpers(objs: dict, plan: Any) -> list:
-    """This plugin's helpers of ``plan`` through the variant's provider, as ``bridge-cudagraph train`` builds them:
-    the step host installed first, as ``plan`` says (``cached_walks``, ``forward``; as
-    ``CudaGraphCallback.on_train_start`` installs it; undone by :func:`teardown`)."""
+    """This plugin's helpers of ``plan`` through the variant's provider, as ``bridge-cudagraph train`` builds them,
+    the step host installed first as ``plan`` says (undone by :func:`teardown`)."""
     from bridge_cudagraph.host import step as step_host
 
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
@@ -784,8 +756,7 @@ def ours_helpers(objs: dict, plan: Any) -> list:
 
 def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_size: int, num_microbatches: int) -> list:
     """megatron-core's ``TECudaGraphHelper`` and ``VisionTECudaGraphHelper`` as Megatron-Bridge's ``train()`` builds
-    them for a host provider with ``cuda_graph_impl="transformer_engine"``, with the global micro-batch calculator
-    megatron-core's helpers read (destroyed by :func:`teardown`)."""
+    them for ``cuda_graph_impl="transformer_engine"``, with the global micro-batch calculator they read."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches, init_num_microbatches_calculator
     from megatron.core.transformer.cuda_graphs import (
         TECudaGraphHelper,
@@ -837,10 +808,8 @@ def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_siz
 
 
 def error_origin(error: BaseException) -> dict[str, str]:
-    """Where ``error`` came from: its root cause (the last of the ``__cause__``/``__context__`` chain: a capture that
-    fails inside ``torch.cuda.graph`` surfaces as the capture's end failing, with the host read that invalidated it
-    as the context) as ``cause`` (type and first line), and ``where``, the innermost frame of that cause's traceback
-    (``file:line in function``, the path from ``site-packages/`` or the working directory on)."""
+    """Where ``error`` came from: its root cause (the end of the ``__cause__``/``__context__`` chain: a failed capture
+    surfaces as the capture's end failing) as ``cause``, and ``where``, that cause's innermost frame."""
     root, seen = error, {id(error)}
     while True:
         nxt = root.__cause__ or root.__context__
@@ -875,8 +844,7 @@ def json_safe(value: Any) -> Any:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """``data`` (:func:`json_safe`) to ``path`` through a temporary file and a rename: a reader, or a process killed
-    while writing, never sees half a file (the benchmarks rewrite their JSON after every variant)."""
+    """``data`` (:func:`json_safe`) to ``path`` through a temporary file and a rename: never half a file."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(json_safe(data), indent=2))
     os.replace(tmp, path)

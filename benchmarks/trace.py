@@ -1,12 +1,8 @@
 """What a ``torch.profiler`` chrome trace of the benchmark's profiled steps says: pure functions, no GPU needed.
 
-Two questions, both answered from the same trace (the benchmark exports it; the tests build small ones by hand):
-
-* **How busy was the GPU?** The union of kernel intervals inside each step window over the step's wall time
-  (:func:`kernel_time_per_step`, :func:`gpu_busy_summary`).
-* **Where did the rest go?** The GPU-idle intervals of each step, attributed to the innermost phase marker the
-  benchmark opened on the host at that moment, and to the CPU ops and CUDA runtime calls that overlap them
-  (:func:`host_time_breakdown`): what to read when GPU busy falls short.
+How busy was the GPU (the union of kernel intervals in each step window over its wall time: :func:`gpu_busy_summary`),
+and where did the rest go (each GPU-idle interval attributed to the innermost phase marker open on the host, and to the
+CPU ops and CUDA runtime calls overlapping it: :func:`host_time_breakdown`).
 """
 
 from __future__ import annotations
@@ -24,27 +20,26 @@ STEP_MARK = "bench_step_"
 
 # ================================================================================================ GPU busy
 def kernel_events(trace: dict) -> Iterator[dict]:
-    """Every CUDA kernel's event in a chrome trace exported by ``torch.profiler`` (complete events of category
-    ``kernel``)."""
+    """Every CUDA kernel's complete event in a ``torch.profiler`` chrome trace."""
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel":
             yield e
 
 
+def _span(event: dict) -> tuple[float, float]:
+    """``(start_us, end_us)`` of a complete event (a negative duration as none)."""
+    ts = float(event.get("ts", 0.0))
+    return ts, ts + max(0.0, float(event.get("dur", 0.0)))
+
+
 def trace_kernels(trace: dict) -> list[tuple[float, float, Any]]:
     """``(start_us, end_us, stream)`` of every CUDA kernel in a chrome trace exported by ``torch.profiler``."""
-    out = []
-    for e in kernel_events(trace):
-        ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
-        args = e.get("args") or {}
-        out.append((ts, ts + max(0.0, dur), args.get("stream", e.get("tid"))))
-    return out
+    return [(*_span(e), (e.get("args") or {}).get("stream", e.get("tid"))) for e in kernel_events(trace)]
 
 
 def top_kernels(trace: dict, n_steps: int, top: int = 12) -> list[list[Any]]:
-    """The kernels that take most GPU time in the profiled steps: ``[name (first 120 characters), ms per step,
-    launches per step]``, most time first. Where a lever moves the kernel time (a captured optimizer runs TE's
-    capturable Adam kernel), this says which kernels moved."""
+    """The kernels taking most GPU time in the profiled steps, most first: ``[name (120 characters), ms per step,
+    launches per step]`` (which kernels a lever moved)."""
     windows = trace_windows(trace)
     totals: dict[str, list[float]] = {}
     for e in kernel_events(trace):
@@ -78,9 +73,9 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 
 def kernel_time_per_step(trace: dict, n_steps: int) -> dict:
-    """Per profiled step: the union of kernel intervals inside its window (ms), the kernel count, the busiest
-    stream's kernel time (ms), and the window's length (ms). Kernels outside every window (e.g. CUPTI's corrupted
-    head records with off-clock timestamps) are ignored."""
+    """Per profiled step: the union of kernel intervals in its window (ms), the kernel count, the busiest stream's
+    kernel time (ms) and the window's length (ms); kernels outside every window (CUPTI's off-clock head records)
+    ignored."""
     kernels = trace_kernels(trace)
     windows = trace_windows(trace)
     if len(windows) != n_steps:
@@ -115,17 +110,13 @@ MARK_KERNEL = "spin_kernel"
 
 
 def busy_between_marks(trace: dict, n_steps: int) -> dict:
-    """GPU busy over a window bounded by two marker kernels (:data:`MARK_KERNEL`, the first and last in ``trace``),
-    for a profile that records CUDA activity only: no CPU op, so no ``record_function`` step ranges to window by
-    (:func:`kernel_time_per_step`). The window runs from the end of the first marker (launched right after a
-    synchronize, just before the first step) to the start of the last (launched after the last step's synchronize),
-    which is the host's wall time of the steps on the GPU's clock. Returns ``busy`` (kernel union over the window),
-    and per step ``kernel_ms`` and ``window_ms``."""
-    marks = []
-    kernels = []
+    """GPU busy over the window between two marker kernels (:data:`MARK_KERNEL`, the first and last in ``trace``), for
+    a CUDA-only profile without ``record_function`` step ranges: from the end of the first (launched after a
+    synchronize, before the first step) to the start of the last (after the last step's synchronize), the steps' wall
+    time on the GPU's clock. ``busy`` and per step ``kernel_ms`` and ``window_ms``."""
+    marks, kernels = [], []
     for e in kernel_events(trace):
-        ts, dur = float(e.get("ts", 0.0)), max(0.0, float(e.get("dur", 0.0)))
-        (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append((ts, ts + dur))
+        (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append(_span(e))
     if len(marks) < 2:
         raise RuntimeError(f"CUDA-only profile has {len(marks)} '{MARK_KERNEL}' markers, needs 2")
     marks.sort()
@@ -154,13 +145,11 @@ def gpu_busy_summary(
 ) -> dict:
     """The GPU-busy numbers of one variant.
 
-    ``gpu_busy`` = kernel time of the profiled steps (union over streams) / the unprofiled median wall time of the
-    same micro-batches (``step_ms_same_microbatches``, per step: the step time a kernel time is compared with). For a
-    graphed variant whose graph kernels the profiler does not see (probe), or whose kernel time is under 70% of
-    eager's (graph kernels missed; kineto/CUPTI graph timing is known to be unreliable on some CUDA versions), the
-    eager variant's kernel time is used instead (``gpu_busy_source="eager_kernel_time"``). More kernel time than
-    eager is legitimate (upstream's vision graphs pad every micro-batch to one length).
-    """
+    ``gpu_busy`` = the profiled steps' kernel time (union over streams) over the unprofiled median wall time of the
+    same micro-batches (``step_ms_same_microbatches``). For a graphed variant whose graph kernels the profiler does not
+    see (probe), or whose kernel time is under 70% of eager's (CUPTI's graph timing is unreliable on some CUDA
+    versions), eager's kernel time is used instead (``gpu_busy_source="eager_kernel_time"``); more than eager's is
+    legitimate."""
     if not profile:
         return {"gpu_busy": None, "gpu_busy_source": None}
     denominators = [step_ms_by_key.get(k, fallback_step_ms) for k in profiled_keys]
@@ -218,8 +207,7 @@ GAP_EDGES_US = (10.0, 100.0, 1000.0)
 
 
 def idle_intervals(window: tuple[float, float], busy: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The parts of ``window`` that no interval of ``busy`` covers, in order: a step's GPU-idle intervals when
-    ``busy`` are its kernels (kernels on several streams that overlap count once, as in :func:`union_length`)."""
+    """The parts of ``window`` no interval of ``busy`` covers, in order (a step's GPU-idle intervals, for kernels)."""
     lo, hi = window
     out: list[tuple[float, float]] = []
     cursor = lo
@@ -244,11 +232,9 @@ def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[floa
 
 
 def outermost(ranges: Iterable[tuple[float, float, str, Any]]) -> list[tuple[float, float, str, Any]]:
-    """The ranges ``(start, end, name, thread)`` not nested in another one of the same thread, in order.
-
-    The profiler nests ops (``aten::linear`` holds ``aten::addmm``); counting both would count the same host time
-    twice. A range that starts inside an earlier one counts as nested even if it ends a rounding error after it.
-    """
+    """The ranges ``(start, end, name, thread)`` not nested in another of the same thread, in order: the profiler nests
+    ops (``aten::linear`` holds ``aten::addmm``), which would count host time twice. A range starting inside an earlier
+    one counts as nested even if it ends a rounding error after it."""
     by_thread: dict[Any, list[tuple[float, float, str, Any]]] = {}
     for r in ranges:
         by_thread.setdefault(r[3], []).append(r)
@@ -266,14 +252,10 @@ def outermost(ranges: Iterable[tuple[float, float, str, Any]]) -> list[tuple[flo
 def attribute_innermost(
     targets: Sequence[tuple[float, float]], labelled: Sequence[tuple[float, float, str]], *, default: str = UNMARKED
 ) -> dict[str, float]:
-    """Split the length of ``targets`` (disjoint intervals, e.g. GPU-idle time) among labels: each instant goes to
-    the innermost labelled range covering it, or to ``default``.
-
-    Innermost = the covering range that started last (ties: the shorter), across threads: phase markers nest in
-    time (vision_forward inside forward) and the backward's markers live on the autograd thread while the main
-    thread's ``backward`` phase is open, so "latest start" picks the finest phase on any thread. Lengths add up to
-    the targets' total.
-    """
+    """Split the length of ``targets`` (disjoint intervals, e.g. GPU idle) among labels: each instant goes to the
+    innermost labelled range covering it (the latest start, ties the shorter, across threads: phase markers nest in
+    time and the backward's live on the autograd thread), or to ``default``. The lengths add up to the targets'
+    total."""
     spans = [(s, e, name) for s, e, name in labelled if e > s]
     points = sorted({t for s, e in targets for t in (s, e)} | {t for s, e, _ in spans for t in (s, e)})
     starts: dict[float, list[int]] = {}
@@ -301,8 +283,8 @@ def attribute_innermost(
 def overlap_by_name(
     targets: Sequence[tuple[float, float]], ranges: Iterable[tuple[float, float, str, Any]]
 ) -> dict[str, dict[str, float]]:
-    """Per range name: ``overlap`` (total length of its ranges inside the disjoint ``targets``), ``calls`` and
-    ``duration`` (their total length): which host calls were running while the GPU idled, and for how long."""
+    """Per range name: ``overlap`` (its ranges' length inside the disjoint ``targets``), ``calls`` and ``duration``
+    (their total length): which host calls ran while the GPU idled, and for how long."""
     ordered = sorted((s, e) for s, e in targets if e > s)
     ends = [e for _, e in ordered]
     out: dict[str, dict[str, float]] = {}
@@ -320,8 +302,8 @@ def overlap_by_name(
 
 
 def gap_histogram(gaps: Sequence[tuple[float, float]], edges: Sequence[float] = GAP_EDGES_US) -> list[dict]:
-    """Idle gaps grouped by length (``edges`` in us): many short gaps mean kernel launches cannot keep up with the
-    GPU; a few long ones mean the host stopped launching (a synchronisation, Python work between phases)."""
+    """Idle gaps grouped by length (``edges`` in us): many short gaps mean launches cannot keep up with the GPU, a few
+    long ones that the host stopped launching (a synchronisation, Python work between phases)."""
     bounds = [0.0, *edges, math.inf]
     out = []
     for lo, hi in itertools.pairwise(bounds):
@@ -333,25 +315,20 @@ def gap_histogram(gaps: Sequence[tuple[float, float]], edges: Sequence[float] = 
 
 def trace_host_ranges(trace: dict, cats: Sequence[str], pid: Any = None) -> list[tuple[float, float, str, Any]]:
     """``(start_us, end_us, name, thread)`` of the complete events of categories ``cats`` (of process ``pid`` when
-    given: the CPU side of the trace, not the GPU tracks)."""
+    given)."""
     wanted = {c.lower() for c in cats}
-    out = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() not in wanted:
-            continue
-        if pid is not None and e.get("pid") != pid:
-            continue
-        ts = float(e.get("ts", 0.0))
-        out.append((ts, ts + max(0.0, float(e.get("dur", 0.0))), str(e.get("name", "?")), e.get("tid")))
-    return out
+    return [
+        (*_span(e), str(e.get("name", "?")), e.get("tid"))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in wanted and (pid is None or e.get("pid") == pid)
+    ]
 
 
 def _window_pid(trace: dict, prefix: str = STEP_MARK) -> Any:
     """The process of the step windows (the CPU side; kernels live under the GPU's pid)."""
-    for e in trace.get("traceEvents", []):
-        if str(e.get("cat", "")).lower() == "user_annotation" and str(e.get("name", "")).startswith(prefix):
-            return e.get("pid")
-    return None
+    events = trace.get("traceEvents", [])
+    marks = (e for e in events if str(e.get("cat", "")).lower() == "user_annotation")
+    return next((e.get("pid") for e in marks if str(e.get("name", "")).startswith(prefix)), None)
 
 
 def _top(stats: dict[str, dict[str, float]], n_steps: int, top: int) -> list[dict]:
@@ -368,22 +345,18 @@ def _top(stats: dict[str, dict[str, float]], n_steps: int, top: int) -> list[dic
 
 
 def host_time_breakdown(trace: dict, *, prefix: str = PHASE_PREFIX, top: int = 10) -> dict:
-    """Where the host time goes while the GPU idles, from a profiled run's chrome trace (pure).
+    """Where the host time goes while the GPU idles, from a profiled run's chrome trace.
 
-    Per profiled step window (``bench_step_<j>``): the GPU-idle intervals (window minus the union of kernels on
-    every stream); their length attributed to the innermost ``prefix`` phase marker (:func:`attribute_innermost`;
-    also each phase's whole wall time); the outermost CPU ops and CUDA runtime/driver calls of the process that
-    overlap them most; the idle time that no op or call overlaps (Python between ops); and the idle gaps by
-    length. Every number is per step (ms) unless named otherwise.
-    """
+    Per step window: the GPU-idle intervals (the window less the union of kernels on every stream), attributed to
+    the innermost ``prefix`` phase marker (also each phase's wall time); the outermost CPU ops and CUDA runtime
+    calls overlapping them most; the idle time no op or call overlaps; the idle gaps by length. Per step (ms) unless
+    named."""
     windows = trace_windows(trace)
     if not windows:
         raise RuntimeError(f"no '{STEP_MARK}*' ranges in the trace: no step to attribute host time to")
     n = len(windows)
     kernels = [(s, e) for s, e, _ in trace_kernels(trace)]
-    idle: list[tuple[float, float]] = []
-    for window in windows:
-        idle += idle_intervals(window, kernels)
+    idle = [gap for window in windows for gap in idle_intervals(window, kernels)]
     pid = _window_pid(trace)
 
     def in_windows(ranges: list[tuple[float, float, str, Any]]) -> list[tuple[float, float, str, Any]]:
@@ -432,9 +405,9 @@ def longest_gaps(
     *,
     top: int = 10,
 ) -> list[dict]:
-    """The ``top`` longest GPU-idle gaps of the profiled steps, each with its length (ms), the innermost phase open
-    when it starts, and the outermost CPU ops running at its start and at its end (what the host was doing while
-    the GPU waited, and what ended the wait)."""
+    """The ``top`` longest GPU-idle gaps, each with its length (ms), the innermost phase open at its start, and the
+    outermost CPU ops running at its start and its end (what the host did while the GPU waited, what ended the
+    wait)."""
 
     def innermost_phase(t: float) -> str | None:
         open_ = [(s, e, name) for s, e, name in phases if s <= t < e]
@@ -444,14 +417,12 @@ def longest_gaps(
         names = [name for s, e, name, _ in ops if s <= t < e]
         return names[0][:100] if names else None
 
-    out = []
-    for start, end in sorted(idle, key=lambda g: g[0] - g[1])[:top]:
-        out.append(
-            {
-                "ms": (end - start) / 1e3,
-                "phase": innermost_phase(start),
-                "op_at_start": op_at(start),
-                "op_at_end": op_at(max(start, end - 1.0)),
-            }
-        )
-    return out
+    return [
+        {
+            "ms": (end - start) / 1e3,
+            "phase": innermost_phase(start),
+            "op_at_start": op_at(start),
+            "op_at_end": op_at(max(start, end - 1.0)),
+        }
+        for start, end in sorted(idle, key=lambda g: g[0] - g[1])[:top]
+    ]

@@ -1,12 +1,10 @@
 """Useful tokens per second on Bridge's own Qwen3-VL fine-tuning data path: packed eager vs padded and packed graphs.
 
-Useful tokens carry loss, so a step that replays static shapes and computes padding is judged on what a user gains.
 Every variant (:data:`benchmarks.report.LABELS`) trains in this process, one at a time, from the same initial weights
-on the same photo SFT micro-batches (Bridge's dataset provider, ``collate_fn`` and Qwen3-VL step), through
-:mod:`benchmarks.runner`; then the paired phase and the eager control. ``--model``: :data:`MODELS`. Run from the
-repository root, e.g. ``python -m benchmarks.useful_tokens --out /tmp/ut --model small --seq 4096 --mbs 2 --num-mb 2``.
-Writes ``useful_tokens.json`` (rewritten after every variant; layout in :mod:`benchmarks.report`), ``.md``, ``.png``
-and a short table on stdout. How each number is made: ``benchmarks/README.md``.
+on the same photo SFT micro-batches, through :mod:`benchmarks.runner`; then the paired phase and the eager control.
+E.g. ``python -m benchmarks.useful_tokens --out /tmp/ut --model small``. Writes ``useful_tokens.json`` (after every
+variant; layout in :mod:`benchmarks.report`), ``.md``, ``.png`` and a table on stdout; the method:
+``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -32,31 +30,7 @@ import torch
 from benchmarks import recipe_variants, report, runner
 from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
 from benchmarks.progress import say
-from benchmarks.report import (
-    CONTROL,
-    FORM,
-    FUSED,
-    HOST_SYNC_VARIANTS,
-    LEVER_VARIANTS,
-    ORDER,
-    PACKED,
-    PACKED_GRAPHED,
-    PACKED_PARTS,
-    PADDED,
-    PADDED_CONTROL,
-    PADDED_GRAPHED,
-    PADDED_PARTS,
-    PAIRED,
-    REFERENCE,
-    REFERENCE_OF,
-    REFERENCES,
-    REFUSED,
-    TIGHT,
-    VARIANTS,
-    VISION_HALVINGS,
-    MicroBatch,
-    reference_of,
-)
+from benchmarks.report import CONTROL, FORM, LEVER_VARIANTS, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
 from benchmarks.runner import OK, json_safe, write_json
 from benchmarks.trace import gpu_busy_summary
 
@@ -79,13 +53,11 @@ JSON_NAME = "useful_tokens.json"
 
 
 # ============================================================================================ models
-#: The language graph scope of an MoE model (``recipes/tiny_qwen3_vl_moe_photos.yaml``, the 30B-A3B recipe): token
-#: counts per expert change every micro-batch, so the experts run eagerly; the attention, the router and the
-#: dispatch preprocess (alltoall, no capacity factor: no host sync inside) are captured, one graph set per layer.
+#: The language graph scope of an MoE model: token counts per expert change every micro-batch, so the experts run
+#: eagerly; the attention, router and dispatch preprocess (no host sync inside) are captured.
 MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
-#: The variants an MoE model measures: upstream's helper is left out (it would need its own MoE scope on the host
-#: class, which nothing here sets up); ours_packed is asked for and the plan refuses it (packed graphs capture whole
-#: layers), which the run records as ``refused`` with the plan's reason.
+#: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); the plan refuses
+#: ours_packed (packed graphs capture whole layers), which the run records as ``refused``.
 MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
 #: Language layers of the 30B-A3B shape: its own 48 at 128 experts need EP; 4 hold the layer's shape on one GPU.
 MOE_30B_LAYERS = 4
@@ -101,10 +73,8 @@ def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int
 
 
 def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: Any):
-    """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block: the
-    tiny provider's settings (bf16, no dropout, SwiGLU, RMSNorm, QK-norm, mRoPE) with the 2B shapes.
-
-    ``overrides`` replace any field, e.g. the special token ids of another tokenizer (the photo processor's)."""
+    """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block and
+    the tiny provider's settings; ``overrides`` replace any field (e.g. another tokenizer's special ids)."""
     from bridge_cudagraph.examples import tiny
 
     deepstack = [5, 11, 17]
@@ -145,18 +115,9 @@ def qwen3_vl_30b_a3b_shape_provider(
     cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any
 ) -> Any:
     """Qwen3-VL-30B-A3B's language layer and vision encoder at :data:`MOE_30B_LAYERS` language layers, random
-    weights: the shapes of Bridge's own provider (what ``AutoBridge`` makes of the committed HF config of
-    ``recipes/qwen3_vl_30b_a3b_sft_graphs.yaml``; the unit test compares them field by field) with the tiny
-    provider's settings (bf16, no dropout, no APEX fusion; every weight trained, as Bridge's 30B-A3B SFT recipe
-    does), as the 2B shape of :func:`small_qwen3_vl_provider` is made. One GPU at EP 1, TP 1.
-    Depth is the one change: 48 layers of 128 experts do not fit one GPU at EP 1; 4 keep the layer's shape (what
-    graphs do to one MoE layer's step), while the embedding, the output layer and the vision encoder weigh more in
-    the step than at full depth.
-
-    Memory: ~3.65B parameters (4 language layers of 623M, untied embedding and output layer 0.62B, vision encoder
-    ~0.54B), ~61 GiB at 18 bytes each (the distributed optimizer on one rank); a padded micro-batch's fp32 logits and
-    expert activations and the graph pools bring the peak to ~80-90 GiB on 139 GiB. The initial weights are kept once
-    in pinned host memory (~7.3 GB)."""
+    weights: Bridge's own provider's shapes (the unit test compares them field by field) with the tiny provider's
+    settings, on one GPU at EP 1, TP 1. Depth is the one change (48 layers of 128 experts do not fit one GPU): the
+    layer's shape is kept, while the embedding, output layer and vision encoder weigh more in the step."""
     from bridge_cudagraph.examples import tiny
 
     deepstack = [8, 16, 24]
@@ -197,14 +158,13 @@ class ModelDef:
     the recipe file's, :mod:`benchmarks.recipe_variants`)."""
     language_modules: tuple[str, ...] | None = None
     """``model.cuda_graph.language.modules`` of ours_padded: None captures whole layers."""
-    variants: tuple[str, ...] = VARIANTS
+    variants: tuple[str, ...] = report.VARIANTS
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
     optional: tuple[str, ...] = ()
     """What ``--variants`` may add to :attr:`variants` (the lever variants of a dense model)."""
 
 
-#: Every ``--model``. The dense ones are the benchmark's first; the MoE ones answer what MoE users get from graphs:
-#: padded graphs of the attention, router and preprocess against Bridge's packed eager step.
+#: Every ``--model``; the MoE ones answer what MoE users get from graphs against Bridge's packed eager step.
 MODELS: dict[str, ModelDef] = {
     "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=(*LEVER_VARIANTS, PADDED_CONTROL)),
     "small": ModelDef(
@@ -240,46 +200,40 @@ MODELS: dict[str, ModelDef] = {
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (checked by :func:`check_args`)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
+    add(
         "--model",
         choices=tuple(MODELS),
         default="small",
         help="tiny: smoke test; small: the 2B shape; tiny-moe: the MoE tiny; moe-30b-a3b-shape: Qwen3-VL-30B-A3B's "
         "layer at reduced depth; peft8b: Bridge's 8B LoRA recipe (benchmarks/recipe_variants.py)",
     )
-    parser.add_argument("--seq", type=int, default=None, help="seq_length (default 4096; a recipe model: its own)")
-    parser.add_argument("--mbs", type=int, default=None, help="micro-batch size (default 2; a recipe: its own)")
-    parser.add_argument(
-        "--num-mb", type=int, default=None, help="micro-batches per optimizer step (default 2; a recipe: its own)"
-    )
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="measured steps per variant")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="eager steps before capture")
-    parser.add_argument(
-        "--microbatches", type=int, default=DEFAULT_MICROBATCHES, help="distinct micro-batches (cycled)"
-    )
-    parser.add_argument("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
-    parser.add_argument("--no-paired", action="store_true", help="skip the paired phase")
-    parser.add_argument(
+    add("--seq", type=int, help="seq_length (default 4096; a recipe model: its own)")
+    add("--mbs", type=int, help="micro-batch size (default 2; a recipe: its own)")
+    add("--num-mb", type=int, help="micro-batches per optimizer step (default 2; a recipe: its own)")
+    add("--steps", type=int, default=DEFAULT_STEPS, help="measured steps per variant")
+    add("--warmup", type=int, default=DEFAULT_WARMUP, help="eager steps before capture")
+    add("--microbatches", type=int, default=DEFAULT_MICROBATCHES, help="distinct micro-batches (cycled)")
+    add("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
+    add("--no-paired", action="store_true", help="skip the paired phase")
+    add(
         "--paired",
-        default=None,
         metavar="A,B",
         help="the two variants the paired phase builds side by side and interleaves (ratios: A ms / B ms); both "
         f"must be among the run's variants (default {','.join(PAIRED)}, skipped where --variants leaves one out)",
     )
-    parser.add_argument("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
-    parser.add_argument(
+    add("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
+    add(
         "--variants",
-        default=None,
         metavar="A,B",
-        help=f"run only these variants, in the usual order (default: the model's, all of {','.join(VARIANTS)} "
+        help=f"run only these variants, in the usual order (default: the model's, all of {','.join(report.VARIANTS)} "
         f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one); a dense model of the benchmark's shape also "
         f"runs the lever variants {','.join(LEVER_VARIANTS)} when named here",
     )
-    parser.add_argument(
+    add(
         "--gpu-memory",
         type=float,
-        default=None,
         metavar="GIB",
         help="cap the process at GIB of GPU memory (80: an 80 GB H100 on a larger GPU), as train --gpu-memory does",
     )
@@ -291,10 +245,9 @@ SHAPE_DEFAULTS = {"seq": 4096, "mbs": 2, "num_mb": 2}
 
 
 def fill_shape(args: argparse.Namespace) -> str | None:
-    """Fill ``--seq``, ``--mbs`` and ``--num-mb`` left out: :data:`SHAPE_DEFAULTS`, or a recipe model's own
-    sequence, micro-batch and global batch (:func:`benchmarks.recipe_variants.recipe_shape`). A recipe model
-    trains at its recipe's sequence and micro-batch: a different one given is refused (one sentence); ``--num-mb``
-    stays free and defaults to the recipe's global batch over its micro-batch."""
+    """Fill ``--seq``, ``--mbs`` and ``--num-mb`` left out: :data:`SHAPE_DEFAULTS`, or a recipe model's own; a recipe
+    trains at its sequence and micro-batch (another one given is refused, one sentence), ``--num-mb`` defaulting to
+    its global batch over its micro-batch."""
     if args.model not in recipe_variants.RECIPES:
         for name, value in SHAPE_DEFAULTS.items():
             if getattr(args, name) is None:
@@ -315,21 +268,19 @@ def fill_shape(args: argparse.Namespace) -> str | None:
 
 
 def check_args(args: argparse.Namespace) -> str | None:
-    """What is wrong with the command line (one sentence naming the setting and the fix), or None; the shape is
-    filled first (:func:`fill_shape`)."""
-    problem = fill_shape(args)
-    if problem:
+    """What is wrong with the command line (one sentence naming the setting and the fix), or None; fills the shape
+    first (:func:`fill_shape`)."""
+    if problem := fill_shape(args):
         return problem
     if args.mbs < 2:
         return f"--mbs {args.mbs}: Bridge's in-batch packing needs a micro-batch of at least 2; use --mbs 2 or more"
     if args.seq < 1024 or args.seq % 128:
         return f"--seq {args.seq}: use a multiple of 128 of at least 1024 (the photo samples run to ~1.2k tokens)"
-    for name in ("num_mb", "steps", "microbatches"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1"
-    for name in ("warmup", "profile_steps"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} {getattr(args, name)}: must be 0 or more"
+    for name, least in (("num_mb", 1), ("steps", 1), ("microbatches", 1), ("warmup", 0), ("profile_steps", 0)):
+        if getattr(args, name) < least:
+            return (
+                f"--{name.replace('_', '-')} {getattr(args, name)}: must be {'at least 1' if least else '0 or more'}"
+            )
     if args.gpu_memory is not None and not args.gpu_memory > 0:
         return f"--gpu-memory {args.gpu_memory:g}: give the GiB to cap the process at (80 for an 80 GB H100)"
     if args.variants is not None:
@@ -338,9 +289,9 @@ def check_args(args: argparse.Namespace) -> str | None:
         unknown = [v for v in chosen if v not in allowed]
         if unknown or not chosen:
             return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
-        if REFERENCE[PACKED] not in chosen:
-            return f"--variants {args.variants}: include {REFERENCE[PACKED]}, the reference of every packed variant"
-        for variant, reference in REFERENCE_OF.items():
+        if (reference := report.REFERENCE[PACKED]) not in chosen:
+            return f"--variants {args.variants}: include {reference}, the reference of every packed variant"
+        for variant, reference in report.REFERENCE_OF.items():
             if variant in chosen and reference not in chosen:
                 return f"--variants {args.variants}: include {reference}, the parity reference of {variant}"
     if not args.no_paired and args.paired is not None:
@@ -360,12 +311,11 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 
 def chosen_variants(args: argparse.Namespace) -> tuple[str, ...]:
-    """The variants the run measures, in run order (:data:`~benchmarks.report.ORDER`; the control
-    besides): ``--variants``, or the model's."""
+    """The variants the run measures in run order (the control besides): ``--variants``, or the model's."""
     if args.variants is None:
         return MODELS[args.model].variants
     named = set(args.variants.split(","))
-    return tuple(v for v in ORDER if v in named)
+    return tuple(v for v in report.ORDER if v in named)
 
 
 def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
@@ -385,10 +335,8 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 def photo_microbatches(
     count: int, micro_batch_size: int, seq_length: int, *, cache=None, spec=None
 ) -> tuple[Any, list[dict]]:
-    """``(processor folder, collated micro-batches)``: the first ``count x micro_batch_size`` training samples of
-    the photo set, built by Bridge's dataset provider and collated ``micro_batch_size`` at a time by its
-    ``collate_fn`` (as :func:`bridge_cudagraph.examples.photo_stats.collated_stats`), on the CPU. ``cache`` and
-    ``spec``: :func:`~bridge_cudagraph.examples.photo_recipe.build_photo_data`'s (default: the full set)."""
+    """``(processor, collated micro-batches)``: the first ``count x micro_batch_size`` training samples of the photo
+    set through Bridge's dataset provider and ``collate_fn``, on the CPU (``cache``, ``spec``: build_photo_data's)."""
     from megatron.bridge.data.utils import get_dataset_provider
 
     from bridge_cudagraph.examples.photo_recipe import build_photo_data, photo_dataset_config
@@ -413,9 +361,9 @@ def token_ids(processor) -> dict[str, int]:
     }
 
 
-def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> MicroBatch:
-    """The numbers of one collated micro-batch and its two forms; the forms must keep every loss token.
-    ``visual_ids``: the image and video token ids (a row's extent reaches its last one, as the replay's does)."""
+def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> report.MicroBatch:
+    """The numbers of one collated micro-batch and its two forms, which must keep every loss token (``visual_ids``:
+    the image and video token ids, where a row's extent ends at the latest)."""
 
     rows, width = collated["input_ids"].shape
     loss = round(float(collated["loss_mask"].sum()))
@@ -425,7 +373,7 @@ def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Seq
             raise RuntimeError(f"the {form} form holds {got} loss tokens, the collated batch {loss}")
     visual = collated.get("visual_inputs")
     grid = (visual.normalized_for_model() if visual is not None else {}).get("image_grid_thw")
-    return MicroBatch(
+    return report.MicroBatch(
         rows=int(rows),
         width=int(width),
         real_tokens=int(collated["attention_mask"].sum()),
@@ -449,8 +397,7 @@ def _tight_tokens(packed: dict, visual_ids: Sequence[int]) -> int:
 
 
 def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device="cuda") -> dict[str, list[dict]]:
-    """Both forms of every collated micro-batch, made by Bridge's step functions
-    (:func:`~bridge_cudagraph.testing.step_batch.qwen3_vl_step_inputs`): packed, and padded to ``seq_length``."""
+    """Both forms of every collated micro-batch by Bridge's step functions: packed, and padded to ``seq_length``."""
     from bridge_cudagraph.testing.step_batch import qwen3_vl_step_inputs
 
     return {
@@ -467,8 +414,8 @@ def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device=
 
 
 def image_sets(collated: Sequence[dict]) -> tuple:
-    """The micro-batches' image grids in :class:`benchmarks.configs.BenchConfig`'s ``image_sets`` form (per
-    micro-batch, per image a one-image entry), so that its vision budgets come from the data."""
+    """The micro-batches' image grids as :class:`benchmarks.configs.BenchConfig`'s ``image_sets`` (vision budgets
+    from the data)."""
     out = []
     for batch in collated:
         visual = batch.get("visual_inputs")
@@ -480,15 +427,15 @@ def image_sets(collated: Sequence[dict]) -> tuple:
 # ============================================================================================ variants
 @dataclass
 class _Run:
-    """What every variant of one run shares: the world, both forms' step data, the initial weights, the
-    references each variant's parity is taken against, and the finished records."""
+    """What every variant of one run shares: the world, both forms' step data, the initial weights, the references'
+    kept numbers and the finished records."""
 
     args: argparse.Namespace
     world: Any
     cfg: BenchConfig
     layout: Any
     ids: dict[str, int]
-    micro: list[MicroBatch]
+    micro: list[report.MicroBatch]
     shared: dict[str, Any]
     """Per form, a :class:`benchmarks.runner.StepData` (its batches, fixed batch and step plan)."""
     initial_state: list[dict] | None = None
@@ -521,8 +468,8 @@ class _Run:
 
 
 def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) -> CudaGraphConfig:
-    """ours_padded's block: language and vision graphs, vision budgets from the data, failures raised (never timed as
-    eager), the language graphs over ``modules`` (None: whole layers; an MoE model's :data:`MOE_SCOPE`)."""
+    """ours_padded's block: language graphs over ``modules`` (None: whole layers) and vision graphs with the data's
+    budgets; failures raised, never timed as eager."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
@@ -536,8 +483,7 @@ def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) ->
 
 
 def packed_graph_config(run: _Run) -> CudaGraphConfig:
-    """ours_packed's block: ours_padded's (vision budgets from the data, failures raised) with the run's language
-    budget ladder; the product plans it for Bridge's Qwen3-VL step (:func:`packed_plan`) and builds its helpers."""
+    """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`)."""
     from bridge_cudagraph.config import LanguageGraphConfig
 
     language = LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets))
@@ -545,10 +491,9 @@ def packed_graph_config(run: _Run) -> CudaGraphConfig:
 
 
 def variant_provider(run: _Run, variant: str):
-    """The provider of ``variant`` (not finalized), with the photo processor's token ids: the model's
-    (:data:`MODELS`) with graphs off, ours_padded's or ours_packed's block; upstream's the host's provider class
-    with megatron-core's per-layer graphs (vision too, one length that holds the largest micro-batch). The fused
-    variants (:data:`~benchmarks.report.FUSED`) set ``gradient_accumulation_fusion=True`` (TE's layers fuse)."""
+    """The provider of ``variant`` (not finalized) with the processor's token ids: the model's with graphs off,
+    ours_padded's or ours_packed's block (a lever's part replaced), or upstream's host provider with megatron-core's
+    graphs; the fused variants set ``gradient_accumulation_fusion=True``."""
     model = MODELS[run.args.model]
     if variant == "upstream_padded":
         from bridge_cudagraph.examples import tiny
@@ -562,27 +507,25 @@ def variant_provider(run: _Run, variant: str):
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
         **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
     }
-    for name, parts in (*PADDED_PARTS.items(), *PACKED_PARTS.items()):
-        block = blocks["ours_padded" if name in PADDED_PARTS else "ours_packed"]
+    for name, parts in (*report.PADDED_PARTS.items(), *report.PACKED_PARTS.items()):
+        block = blocks["ours_padded" if name in report.PADDED_PARTS else "ours_packed"]
         blocks[name] = dataclasses.replace(
             block, **{sub: dataclasses.replace(getattr(block, sub), **fields) for sub, fields in parts.items()}
         )
-    for name in VISION_HALVINGS:
+    for name in report.VISION_HALVINGS:
         block = blocks[name]
         blocks[name] = dataclasses.replace(
             block, vision=dataclasses.replace(block.vision, token_budgets=run.cfg.vision_halvings())
         )
     if variant not in blocks or model.provider is None:
-        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*ORDER, CONTROL]}")
-    fields = {"gradient_accumulation_fusion": True} if variant in FUSED else {}
+        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*report.ORDER, CONTROL]}")
+    fields = {"gradient_accumulation_fusion": True} if variant in report.FUSED else {}
     return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids, **fields)
 
 
 def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
-    """The plan of ``provider``'s own block (:func:`packed_graph_config`: the run's budget ladder, vision graphs) for
-    Bridge's Qwen3-VL step, as ``bridge-cudagraph train`` plans it, with the memory estimate of ``training``
-    (:class:`~bridge_cudagraph.plan.memory.TrainingFacts`; None: none); raises
-    :class:`~bridge_cudagraph.config.CudaGraphConfigError` where it refuses them."""
+    """The plan of ``provider``'s block for Bridge's Qwen3-VL step, as ``bridge-cudagraph train`` plans it (memory
+    estimate of ``training``, if given); raises :class:`~bridge_cudagraph.config.CudaGraphConfigError` on a refusal."""
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.facts import PackingFacts, model_facts
 
@@ -598,10 +541,8 @@ def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None)
 
 
 def refusal(run: _Run, variant: str) -> str | None:
-    """Why the plan refuses ``variant`` on this model (its first line), or None. Only the packed graph variants
-    (ours_packed and its levers) ask before they are built, so that a refused variant is recorded as refused (packed
-    graphs of MoE layers are not supported yet) rather than failed. The padded variants' plans are built with their
-    helpers, and a recipe variant's when it is loaded; a refusal there fails the variant."""
+    """Why the plan refuses a packed graph variant on this model (its first line), or None: asked before the build so
+    that it is recorded as refused, not failed (the padded and recipe variants' refusals fail them)."""
     from bridge_cudagraph.config import CudaGraphConfigError
 
     if variant not in PACKED_GRAPHED or run.from_recipe:
@@ -614,9 +555,8 @@ def refusal(run: _Run, variant: str) -> str | None:
 
 
 def _build(run: _Run, variant: str, objs: dict) -> None:
-    """Build the model (:func:`bridge_cudagraph.examples.tiny.build`), load the initial weights, make the optimizer.
-    A recipe variant brings its capture plan and its PEFT (Bridge's LoRA transformation, before DDP wraps the
-    model)."""
+    """Build the model, load the initial weights (the first build snapshots them) and make the optimizer; a recipe
+    variant brings its plan and its PEFT."""
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.testing.parity import megatron_optimizer
 
@@ -642,13 +582,12 @@ def _build(run: _Run, variant: str, objs: dict) -> None:
 
 
 def record_fusion(variant: str, model: list, out: dict) -> int:
-    """How many TE modules of ``model`` accumulate their weight gradient into ``main_grad`` themselves, into
-    ``out["te_modules_fusing"]``; raises where ``variant`` asks for the fusion (:data:`FUSED`) and none does, so
-    that the variant is failed rather than timed unfused under its name."""
+    """The count of TE modules of ``model`` that fuse their weight-gradient accumulation, into
+    ``out["te_modules_fusing"]``; raises where a fused variant has none (it would time the unfused step)."""
     from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
 
     count = out["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
-    if variant in FUSED and not count:
+    if variant in report.FUSED and not count:
         raise RuntimeError(
             f"{variant}: model.gradient_accumulation_fusion=true, but no Transformer Engine module of the model "
             "fuses its weight-gradient accumulation; it would time the unfused step"
@@ -657,16 +596,13 @@ def record_fusion(variant: str, model: list, out: dict) -> int:
 
 
 def _helpers(run: _Run, variant: str, objs: dict) -> list:
-    """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them
-    (:func:`benchmarks.runner.upstream_helpers`); ours from the product's plan
-    of the variant's provider (:func:`packed_plan` for a packed graph variant, the provider's padded plan otherwise)
-    through the provider, as ``bridge-cudagraph train`` builds them; then a lever that is no setting changes one
-    thing of them (summing graphs off; megatron-core's helper)."""
+    """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them; ours from the
+    product's plan as ``bridge-cudagraph train`` builds them, then the one change of a lever that is no setting."""
     if variant == "upstream_padded":
         return runner.upstream_helpers(
             objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
         )
-    if variant not in (*PADDED_GRAPHED, *PACKED_GRAPHED):
+    if variant not in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         return []
     if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
@@ -684,7 +620,7 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         # The product's helpers from the product's plan (tight packing off for ours_packed_rows' setting).
-        if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != (variant in TIGHT):
+        if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != (variant in report.TIGHT):
             raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
         if variant in report.AUTOGRAD_GRADS:
             for ladder in helpers:
@@ -696,8 +632,7 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
 
 
 def megatron_engine(run: _Run, ladder: Any, objs: dict) -> Any:
-    """In place of the plan's padded ladder (``ladder``, uninstalled): megatron-core's helper with the same plan's
-    numbers, as the plan built it before the ladder took whole dense layers."""
+    """megatron-core's helper with the plan's numbers in place of the padded ladder (``ladder``, uninstalled)."""
     from bridge_cudagraph.capture.from_plan import language_helper_arguments
     from bridge_cudagraph.capture.language import LanguageGraphHelper
     from bridge_cudagraph.capture.padded import PaddedLanguageGraphHelper
@@ -719,7 +654,7 @@ def megatron_engine(run: _Run, ladder: Any, objs: dict) -> Any:
 
 def check_param_grads(variant: str, capture: dict) -> None:
     """Raise where a packed graph variant's ladders did not sum their parameter gradients in graphs, or
-    ours_packed_autograd_grads' did (either would time the other lever under the variant's name)."""
+    ours_packed_autograd_grads' did (it would time the other lever under the variant's name)."""
     if variant not in PACKED_GRAPHED:
         return
     summed = {sub: rec.get("param_grads_summed", 0) for sub, rec in capture.items()}
@@ -729,8 +664,7 @@ def check_param_grads(variant: str, capture: dict) -> None:
 
 
 def memory_estimates(run: _Run, objs: dict, capture: dict) -> dict[str, dict]:
-    """Each ladder's measured pool against :func:`bridge_cudagraph.plan.memory.pool_estimate` at the top it
-    captured."""
+    """Each ladder's measured pool against :func:`bridge_cudagraph.plan.memory.pool_estimate` at its captured top."""
     from bridge_cudagraph.plan.memory import TrainingFacts, pool_estimate
 
     plan = packed_plan(run, objs["provider"], TrainingFacts())
@@ -765,16 +699,13 @@ def _counters(helpers: list) -> dict[str, dict]:
 
 
 def forward_counters(variant: str, model: list) -> dict[str, int]:
-    """How many micro-batches took each part of ``model.cuda_graph.forward`` (:mod:`bridge_cudagraph.host.forward`);
-    raises where a packed graph variant's step rows were not handed flat to the forward, or
-    ours_packed_bridge_packing's were (``forward.flat_rows: false``), or where its forwards did not read the
-    collate's CPU grids, or ours_packed_device_grid's did (``forward.collated_grids: false``): either would time the
-    other lever under the variant's name."""
+    """How many micro-batches took each part of ``model.cuda_graph.forward``; raises where a packed graph variant's
+    flat rows or collated grids are not what its setting says (it would time the other lever under its name)."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
     if variant in PACKED_GRAPHED and counts["cpu_positions_calls"]:
-        forward = PACKED_PARTS.get(variant, {}).get("forward", {})
+        forward = report.PACKED_PARTS.get(variant, {}).get("forward", {})
         if bool(counts["flat_batches"]) != (forward.get("flat_rows") is not False):
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
         if bool(counts["grid_binds"]) != (forward.get("collated_grids") is not False):
@@ -783,15 +714,15 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
 
 
 def _run_variant(run: _Run, variant: str) -> dict:
-    """Build, warm up, capture, time, profile and check one variant; always frees it. A variant the plan refuses
-    (:func:`refusal`) is not built: its record says ``refused`` and why."""
+    """Build, warm up, capture, time, profile and check one variant, always freed; one the plan refuses is recorded
+    ``refused`` with the reason, not built."""
     from bridge_cudagraph.testing.world import seed_rng
 
     rec: dict[str, Any] = {"status": "running", "form": FORM[variant], "graphed": variant in report.GRAPHED}
     reason = refusal(run, variant)
     if reason is not None:
         say(f"{variant}: refused: {reason}")
-        return {**rec, "status": REFUSED, "reason": reason, "seconds": 0.0}
+        return {**rec, "status": report.REFUSED, "reason": reason, "seconds": 0.0}
     objs: dict[str, Any] = {}
     started = time.perf_counter()
     runner.free_memory()
@@ -815,10 +746,9 @@ def _run_variant(run: _Run, variant: str) -> dict:
 def _start(
     run: _Run, variant: str, objs: dict, grown: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> tuple[Callable[[int], float], dict[str, Any]]:
-    """Build ``variant`` through the product's path (:func:`_build`, :func:`_helpers`), run its eager warm-up steps
-    and capture its helpers: ``(run_step, record)``, the step runner of its measured steps (a ladder's later rungs
-    captured before the step that needs them, listed in ``grown``) and its build, warm-up and capture figures. A
-    separate run and the paired phase start each variant here."""
+    """Build ``variant``, run its eager warm-up and capture its helpers: ``(run_step, record)``, the step runner of its
+    measured steps (later rungs captured as needed, listed in ``grown``) and its build, warm-up and capture figures.
+    A separate run and the paired phase both start a variant here."""
     data = run.shared[FORM[variant]]
     t0 = time.perf_counter()
     _build(run, variant, objs)
@@ -897,17 +827,16 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
             say(f"{variant}: profiling failed: {rec['profile_error']}")
             for i in range(p_first + max(0, len(losses) - p_first), p_first + shared.profile_steps):
                 run_step(i)
-        if variant in report.GRAPHED or variant in REFERENCES:
-            # The same steps' micro-batches again, kernels only: the busy figure without the CPU ops' cost. Their
-            # losses are not kept (every variant's series stays the plan's steps, the control's too).
+        if variant in report.GRAPHED or variant in report.REFERENCES:
+            # The same micro-batches again, kernels only (the busy figure without the CPU ops' cost); losses not kept.
             kept = len(losses), len(grad_norms)
             try:
                 rec["cuda_only_profile"] = runner.profile_cuda_only(shared, run_step, p_first)
             except Exception as error:
                 rec["cuda_only_profile_error"] = f"{type(error).__name__}: {error}"[:500]
             del losses[kept[0] :], grad_norms[kept[1] :]
-    reference = reference_of(variant)
-    if variant in REFERENCES:
+    reference = report.reference_of(variant)
+    if variant in report.REFERENCES:
         run.references.setdefault(variant, {})["profile"] = profile
     rec.update(
         gpu_busy_summary(
@@ -937,7 +866,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         )
     rec["losses"] = losses
     rec["grad_norms"] = grad_norms
-    if variant in (*PADDED_GRAPHED, *PACKED_GRAPHED):
+    if variant in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
         rec["forward_counts"] = forward_counters(variant, model)
@@ -955,7 +884,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         grad_norm,
         losses,
         run.references.get(reference),
-        run.references.get(REFERENCE[PACKED]),
+        run.references.get(report.REFERENCE[PACKED]),
         grads=grads,
     )
     if before:
@@ -964,7 +893,7 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     if fixed:
         loss = report.fmt_diff(fixed.get("loss_max_abs"))
         say(f"{variant}: fixed batch: loss {loss}; {report.fmt_grad_parity(fixed)}")
-    if variant in REFERENCES:
+    if variant in report.REFERENCES:
         floor = grad_floor(model, shared.fixed_batch, fixed_loss, grads, mask)
         rec["parity"]["floor"] = floor.as_dict()
         run.references[variant].update(
@@ -972,10 +901,9 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         )
     del grads
     runner.require_finite(losses, grad_norms)
-    if variant in HOST_SYNC_VARIANTS:
-        # Last, so the compared losses are untouched: one more step, on the first profiled step's micro-batches
-        # (the last measured step's without a profile), under torch's sync debug mode. A runner of its own, so the
-        # step joins no recorded series. A measurement aid: its failure is recorded, never the variant's.
+    if variant in report.HOST_SYNC_VARIANTS:
+        # Last, so the compared losses are untouched: one more step under torch's sync debug mode, by a runner of
+        # its own (no recorded series); its failure is recorded, never the variant's.
         from benchmarks.host_syncs import census
 
         census_step = runner.step_runner(shared, objs)
@@ -988,15 +916,12 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
 
 
 class GradientParityError(RuntimeError):
-    """A graphed variant of this plugin whose fixed-batch gradients (or per-token loss) are further from its
-    reference's than the eager-vs-eager floor of the same run: the variant is failed, its numbers kept."""
+    """A graphed variant of ours whose fixed-batch gradients are beyond the eager floor: failed, its numbers kept."""
 
 
 def grad_floor(model: list, batch: dict, loss: torch.Tensor, grads: dict, mask: torch.Tensor):
-    """The eager-vs-eager floor on the fixed micro-batch: the reference model's forward and backward on ``batch``
-    again, same weights, against its first (``loss``, ``grads``): what the kernels' own non-determinism moves, per
-    parameter, and the per-token loss on the loss tokens (``mask``) (:class:`~bridge_cudagraph.testing.parity.Diff`;
-    exact under deterministic kernels)."""
+    """The eager-vs-eager floor on the fixed micro-batch: the reference's forward and backward again, same weights,
+    against its first (``loss``, ``grads``; ``mask``: the loss tokens)."""
     from bridge_cudagraph.testing.parity import diff
 
     again_loss, _, again = runner.fixed_batch_check(model, batch, keep_grads=True)
@@ -1008,9 +933,8 @@ GRAD_WORST = 12
 
 
 def require_gradient_parity(variant: str, record: dict) -> None:
-    """Raise :class:`GradientParityError` where ``variant`` is one of this plugin's graphed variants and its
-    fixed-batch comparison is missing or beyond the floor (``record["fixed_batch"]["within_floor"]``). Upstream's
-    graphs are measured, not held to it (they drop mRoPE: a documented difference)."""
+    """Raise :class:`GradientParityError` where one of our graphed variants' fixed-batch comparison is missing or
+    beyond the floor; upstream's graphs are measured, not held to it (they drop mRoPE)."""
     if variant not in report.GRAPHED or variant == "upstream_padded":
         return
     fixed = record.get("fixed_batch") or {}
@@ -1037,25 +961,22 @@ def parity(
     packed_reference: dict | None,
     grads: dict | None = None,
 ) -> dict[str, Any]:
-    """One variant's parity record: the fixed micro-batch's per-token loss against its reference
-    (:func:`~benchmarks.report.reference_of`: the graphs-off variant of its form, or for
-    ours_packed_fused eager_packed_fused; ``reference``: that variant's kept numbers) (all tokens and the loss
-    tokens only; NaN-safe :func:`~bridge_cudagraph.testing.parity.diff_losses`), its
-    step losses against the reference's (:func:`~bridge_cudagraph.testing.parity.compare_series`), whether every
-    step's loss is finite, and for a padded variant its loss tokens against eager_packed's packed form. On an MoE
-    model the compared losses are the language model's cross-entropy alone: the router's load-balancing loss reaches
-    only the gradients (megatron-core's ``MoEAuxLossAutoScaler``), so the grad norm, compared within a form only."""
+    """One variant's parity record: the fixed micro-batch's per-token loss (all tokens and loss tokens, NaN-safe) and
+    every parameter's gradient against its reference (:func:`~benchmarks.report.reference_of`; ``reference``: its kept
+    numbers), its step losses against the reference's, whether every step is finite, and for a padded variant its loss
+    tokens against eager_packed's. On an MoE model the losses are the cross-entropy alone (the router's auxiliary loss
+    reaches only the gradients)."""
     from bridge_cudagraph.testing.parity import compare_series, diff, diff_losses, within_floor
 
     form = FORM[variant]
     out: dict[str, Any] = {
-        "reference": reference_of(variant),
+        "reference": report.reference_of(variant),
         "fixed_batch_loss_mean": float(fixed_loss.mean()),
         "fixed_batch_grad_norm": grad_norm,
         "nonfinite_steps": runner.non_finite_steps(losses),
     }
     out["losses_finite"] = not out["nonfinite_steps"]
-    if variant == reference_of(variant):
+    if variant == report.reference_of(variant):
         return out
     if reference is None or reference.get("fixed_loss") is None:
         return out
@@ -1088,8 +1009,8 @@ def parity(
 
 
 def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
-    """The padded form's per-token loss ``[rows, seq]`` against the packed form's ``[1, rows x width]`` on the
-    loss tokens of the same samples (row ``r``, column ``c`` is packed position ``r x width + c``)."""
+    """The padded form's per-token loss ``[rows, seq]`` against the packed form's ``[1, rows x width]`` on the same
+    samples' loss tokens."""
     from bridge_cudagraph.testing.parity import diff_losses
 
     rows = padded_loss.size(0)
@@ -1101,11 +1022,8 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
 
 # ============================================================================================ paired phase
 def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
-    """The two variants ``names`` (``--paired``) built side by side, each warmed up (a graphed one captured), then
-    their measured steps interleaved, the first of each pair alternating; each trains
-    its own form of the same samples. ``ratios``: the first's step ms over the second's per pair, which is the
-    second's useful-tokens/s ratio over the first (same samples per pair). ``counters``: per graphed variant, its
-    helpers' counters."""
+    """The two variants ``names`` built side by side, each started (:func:`_start`), then their measured steps
+    interleaved, the first of each pair alternating. ``ratios``: the first's step ms over the second's per pair."""
     from bridge_cudagraph.testing.world import seed_rng
 
     shared = run.shared[FORM[names[0]]]  # the step plan and step counts, which both forms share
@@ -1273,26 +1191,24 @@ def prepare(args: argparse.Namespace, world) -> _Run:
 def paired_skip_reason(
     results: dict[str, dict], gpu_memory_bytes: Callable[[], int], names: Sequence[str] = PAIRED
 ) -> str | None:
-    """Why the paired phase of ``names`` cannot run, or None: one of them was not run (``--variants`` left it out;
-    only the default pair can be), or the plan refused it (its record holds the reason), else
-    :func:`benchmarks.runner.paired_memory_check` on the GPU's memory."""
+    """Why the paired phase of ``names`` cannot run, or None: one was not run or was refused, else
+    :func:`benchmarks.runner.paired_memory_check`."""
     missing = [name for name in names if name not in results]
     if missing:
         return f"{missing[0]} was not run (--variants)"
-    refused = [name for name in names if (results.get(name) or {}).get("status") == REFUSED]
+    refused = [name for name in names if (results.get(name) or {}).get("status") == report.REFUSED]
     if refused:
         return f"{refused[0]} was refused by the capture plan"
     return runner.paired_memory_check(results, gpu_memory_bytes(), names=tuple(names))
 
 
 def failed_variants(data: dict) -> list[str]:
-    """Of eager_packed, ours_packed, and ours_padded and the lever variants where they were run, those that did not
-    finish (a fused one in which no TE module fused among them, a graphed one whose gradients left the eager floor:
-    :func:`require_gradient_parity`); a refusal by the plan (ours_packed on an MoE model) is the answer to what
-    was asked, not a failure."""
+    """Of eager_packed, ours_packed and the padded graph and lever variants that ran, those that did not finish
+    (a refusal by the plan answers what was asked: not a failure)."""
     variants = data.get("variants") or {}
-    asked = (report.BASELINE, "ours_packed", *(n for n in (*PADDED_GRAPHED, *LEVER_VARIANTS) if n in variants))
-    return [n for n in asked if (variants.get(n) or {}).get("status") not in (OK, REFUSED)]
+    optional = (*report.PADDED_GRAPHED, *LEVER_VARIANTS)
+    asked = (report.BASELINE, "ours_packed", *(n for n in optional if n in variants))
+    return [n for n in asked if (variants.get(n) or {}).get("status") not in (OK, report.REFUSED)]
 
 
 def run_all(args: argparse.Namespace, *, world=None, command: str | None = None) -> dict:
@@ -1352,9 +1268,8 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; exit 2 with one ``error:`` line on bad input (before anything runs), 1 when eager_packed,
-    ours_packed or a lever variant that was run failed (ours_packed refused by the plan, as on an MoE model, is not
-    a failure)."""
+    """Entry point: exit 2 with one ``error:`` line on bad input (before anything runs), 1 when a variant of
+    :func:`failed_variants` failed."""
     args = parse_args(argv)
     problem = check_args(args)
     if problem is None and not torch.cuda.is_available():
