@@ -3,9 +3,9 @@ enters each, and which folders its way returns to after leaving them.
 
     python -m benchmarks.module_path recipes/tiny_qwen3_vl_photos.yaml --out OUT [key=value ...]
 
-Runs ``python -m bridge_cudagraph train RECIPE train.train_iters=2 [key=value ...]`` in this process under a profile
-hook (:func:`sys.setprofile`, :func:`threading.setprofile`) that records every call of a function from one product
-module into another (a module's import is not a call). At the first call of
+Runs ``python -m bridge_cudagraph train RECIPE [key=value ...]`` (the recipe's own iterations) in this process under a
+profile hook (:func:`sys.setprofile`, :func:`threading.setprofile`) that records every call of a function from one
+product module into another (a module's import is not a call). At the first call of
 :func:`bridge_cudagraph.capture.block_replay.replay_segments` (the one layer loop of every language and vision replay)
 it writes ``OUT/module_path.json`` (:func:`summarize`) and stops recording; the run then trains to its end. A run
 that never replays writes ``"replayed": false`` and the way as far as it went. Needs a GPU (``train`` does); calls
@@ -91,14 +91,14 @@ def summarize(entries: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train the recipe two iterations under the hook; the train call's exit code."""
+    """Train the recipe under the hook until its first replay; the train call's exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe")
     parser.add_argument("--out", required=True, type=Path)
     args, overrides = parser.parse_known_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / "module_path.json"
-    command = ["train", args.recipe, "train.train_iters=2", *overrides]
+    command = ["train", args.recipe, *overrides]
     record: dict[str, Any] = {
         "meta": {
             "command": "python -m benchmarks.module_path " + " ".join([args.recipe, *overrides]),
@@ -111,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_replay(way: ModuleWay) -> None:
         record.update(replayed=True, **summarize(way.entries))
         target.write_text(json.dumps(record, indent=1) + "\n")
+        sys.setprofile(None)  # the rest of the run at full speed (threads started later get none either)
+        threading.setprofile(None)
 
     import bridge_cudagraph
 

@@ -1153,7 +1153,6 @@ def prepare(args: argparse.Namespace, world) -> _Run:
     plan = [[(i * args.num_mb + j) % len(collated) for j in range(args.num_mb)] for i in range(total)]
     shared = {
         form: runner.StepData(
-            cfg=cfg,
             world=world,
             batches=batches,
             fixed_batch=batches[fixed],
@@ -1161,7 +1160,6 @@ def prepare(args: argparse.Namespace, world) -> _Run:
             warmup_steps=args.warmup,
             measured_steps=args.steps,
             profile_steps=args.profile_steps,
-            profiler_sees_graph_kernels=None,
         )
         for form, batches in forms.items()
     }
