@@ -262,10 +262,19 @@ LARGE_BUDGETS = [1024, 2048, 4096]
 LARGE_SEQ = 2048
 
 
-def test_vision_graphs_at_4096_patches_match_bridge_bit_for_bit(world, record):
+#: How far a gradient may part from Bridge's where a vision rung pads its micro-batch: one fp32 epsilon of relative
+#: L2. The graphs replay the padded computation bit for bit (``tests/gpu/test_vision_padding.py`` asserts it up to
+#: 8192 patches); the padded rows are zeros and add nothing, but a weight or bias gradient sums over the rows, and more
+#: rows change how the deterministic kernel blocks that fp32 sum (seen on the H200: one bias gradient of 104, 2.8e-9
+#: apart, with 676 patches on the 1024 rung). The order of fp32 additions is all that differs, so the bound is fp32's.
+FP32_EPS = 2.0**-23
+
+
+def test_vision_graphs_at_4096_patches_match_bridge(world, record):
     """Every rung of a ladder up to 4096 patches captured under deterministic kernels at the derived image size
-    (none falls back to eager for its workspace or backend), a micro-batch replayed on each rung, and the per-token
-    loss and every gradient bit for bit Bridge's unmodified model's."""
+    (none falls back to eager for its workspace or backend), a micro-batch replayed on each rung; the per-token loss
+    bit for bit Bridge's unmodified model's, and every gradient bit for bit or, where a rung's padding reorders a sum
+    over rows, within :data:`FP32_EPS` (no gradient on one side only)."""
     import math
 
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
@@ -297,7 +306,14 @@ def test_vision_graphs_at_4096_patches_match_bridge_bit_for_bit(world, record):
     with _replaying_vision_graphs(
         provider, plugin, plan, record, "vision graphs at 4096 patches", batches
     ) as replayed:
-        _require_bit_identical(plugin, bridge, replayed, "qwen3_vl vision graphs at 4096 patches", record)
+        from bridge_cudagraph.testing.parity import diff, loss_and_grads
+
+        for name, batch in replayed.items():
+            d = diff(loss_and_grads(plugin, batch), loss_and_grads(bridge, batch))
+            record(case="vision graphs at 4096 patches", batch=name, **d.as_dict())
+            what = f"qwen3_vl vision graphs at 4096 patches/{name} vs Bridge's unmodified model"
+            assert d.loss_exact and not d.grad_missing, f"{what}: {d}"
+            assert d.grad_max_rel_l2 <= FP32_EPS, f"{what}: a gradient beyond fp32 rounding: {d}"
 
 
 def test_vision_graphs_read_the_collates_cpu_grid_bit_for_bit(world, record):
