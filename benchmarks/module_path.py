@@ -4,8 +4,8 @@ enters each, and which folders its way returns to after leaving them.
     python -m benchmarks.module_path recipes/tiny_qwen3_vl_photos.yaml --out OUT [key=value ...]
 
 Runs ``python -m bridge_cudagraph train RECIPE [key=value ...]`` (the recipe's own iterations) in this process under a
-profile hook (:func:`sys.setprofile`, :func:`threading.setprofile`) that records every call of a function from one
-product module into another (a module's import is not a call). At the first call of
+hook (:class:`ModuleWay`, through :mod:`sys.monitoring`) that records every call of a function from one product
+module into another (a module's import is not a call). At the first call of
 :func:`bridge_cudagraph.capture.block_replay.replay_segments` (the one layer loop of every language and vision replay)
 it writes ``OUT/module_path.json`` (:func:`summarize`) and stops recording; the run then trains to its end. A run
 that never replays writes ``"replayed": false`` and the way as far as it went. Needs a GPU (``train`` does); calls
@@ -20,7 +20,6 @@ import os
 import platform
 import runpy
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,8 +35,17 @@ HOST = "host"
 
 
 class ModuleWay:
-    """The profile hook: records, for every call whose callee lies in ``root`` (the package's folder), the callee's
-    module when its caller's module differs, until :data:`FIRST_REPLAY` is called."""
+    """The hook: records, for every call whose callee lies in ``root`` (the package's folder), the callee's module
+    when its caller's module differs, until :data:`FIRST_REPLAY` is called.
+
+    It listens through :mod:`sys.monitoring` (:data:`EVENTS`, every thread) rather than :func:`sys.setprofile`: a
+    function outside the package is disabled at its first call (``DISABLE``), so torch's, megatron-core's and Bridge's
+    Python costs one callback per function instead of one per call, and ``train`` keeps its pace up to the replay. At
+    the first replay every event is switched off."""
+
+    TOOL = sys.monitoring.PROFILER_ID
+    #: A function's start and a generator's resumption: what :func:`sys.setprofile` reports as ``call``.
+    EVENTS = (sys.monitoring.events.PY_START, sys.monitoring.events.PY_RESUME)
 
     def __init__(self, root: Path, on_replay) -> None:
         self.root = str(root) + os.sep
@@ -51,18 +59,37 @@ class ModuleWay:
             return None
         return filename[len(self.root) : -3].replace(os.sep, "/")
 
-    def __call__(self, frame, event: str, arg: Any) -> None:
-        if self.done or event != "call" or frame.f_code.co_name == "<module>":  # calls, not imports
+    def start(self) -> None:
+        """Listen to every function start from now on (:data:`TOOL` must be free)."""
+        monitoring = sys.monitoring
+        monitoring.use_tool_id(self.TOOL, "benchmarks.module_path")
+        for event in self.EVENTS:
+            monitoring.register_callback(self.TOOL, event, self._started)
+        monitoring.set_events(self.TOOL, self.EVENTS[0] | self.EVENTS[1])
+
+    def stop(self) -> None:
+        """Stop listening and give :data:`TOOL` back (again is harmless)."""
+        monitoring = sys.monitoring
+        if monitoring.get_tool(self.TOOL) is None:
             return
-        callee = self.module_of(frame.f_code.co_filename)
-        if callee is None:
-            return
-        caller = frame.f_back and self.module_of(frame.f_back.f_code.co_filename)
+        monitoring.set_events(self.TOOL, 0)
+        for event in self.EVENTS:
+            monitoring.register_callback(self.TOOL, event, None)
+        monitoring.free_tool_id(self.TOOL)
+
+    def _started(self, code, instruction_offset: int):
+        callee = None if self.done or code.co_name == "<module>" else self.module_of(code.co_filename)
+        if callee is None:  # outside the package, an import, or after the first replay: never again here
+            return sys.monitoring.DISABLE
+        started = sys._getframe(1)  # the frame of ``code``: this callback's caller
+        caller = started.f_back and self.module_of(started.f_back.f_code.co_filename)
         if caller != callee:
             self.entries.append(callee)
-        if (callee.rsplit("/", 1)[-1], frame.f_code.co_name) == FIRST_REPLAY:
+        if (callee.rsplit("/", 1)[-1], code.co_name) == FIRST_REPLAY:
             self.done = True
+            sys.monitoring.set_events(self.TOOL, 0)
             self.on_replay(self)
+        return None
 
 
 def _folder(module: str) -> str:
@@ -111,16 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_replay(way: ModuleWay) -> None:
         record.update(replayed=True, **summarize(way.entries))
         target.write_text(json.dumps(record, indent=1) + "\n")
-        sys.setprofile(None)  # the rest of the run at full speed (threads started later get none either)
-        threading.setprofile(None)
 
     import bridge_cudagraph
 
     way = ModuleWay(Path(bridge_cudagraph.__file__).resolve().parent, on_replay)
     target.write_text(json.dumps(record, indent=1) + "\n")
     sys.argv = ["bridge-cudagraph", *command]
-    threading.setprofile(way)
-    sys.setprofile(way)
+    way.start()
     try:
         runpy.run_module(PACKAGE, run_name="__main__")
     except SystemExit as end:
@@ -128,8 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         code = 0
     finally:
-        sys.setprofile(None)
-        threading.setprofile(None)
+        way.stop()
     if not way.done:  # the way as far as it went (a refusal, a run without graphs)
         record.update(summarize(way.entries))
         target.write_text(json.dumps(record, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""benchmarks.module_path on the CPU: the profile hook over real calls into the package, and the way's summary."""
+"""benchmarks.module_path on the CPU: the hook over real calls into the package, and the way's summary."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_the_hook_records_calls_between_package_modules_until_the_first_replay()
 
     seen: list[list[str]] = []
     way = ModuleWay(Path(bridge_cudagraph.__file__).resolve().parent, lambda w: seen.append(list(w.entries)))
-    sys.setprofile(way)
+    way.start()
     try:
         cuda_graph_config_from_dict({"language": {"enabled": True}})
         # A rung of no segments: the loop runs no graph and hands the hidden states back.
@@ -39,7 +39,8 @@ def test_the_hook_records_calls_between_package_modules_until_the_first_replay()
         assert block_replay.replay_segments(block, [], "h", (), []) == "h"
         cuda_graph_config_from_dict({})  # after the first replay: not recorded
     finally:
-        sys.setprofile(None)
+        way.stop()
+    assert sys.monitoring.get_tool(ModuleWay.TOOL) is None  # given back
     assert way.done and len(seen) == 1
     assert seen[0][0] == "config" and seen[0][-1] == "capture/block_replay"
     assert way.entries == seen[0]
