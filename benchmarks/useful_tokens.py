@@ -56,8 +56,8 @@ JSON_NAME = "useful_tokens.json"
 #: The language graph scope of an MoE model: token counts per expert change every micro-batch, so the experts run
 #: eagerly; the attention, router and dispatch preprocess (no host sync inside) are captured.
 MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
-#: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); the plan refuses
-#: ours_packed (packed graphs capture whole layers), which the run records as ``refused``.
+#: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); ours_packed graphs
+#: :data:`MOE_SCOPE` on the packed ladder (a refusal by the plan is recorded as ``refused``).
 MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
 #: Language layers of the 30B-A3B shape: its own 48 at 128 experts need EP; 4 hold the layer's shape on one GPU.
 MOE_30B_LAYERS = 4
@@ -483,11 +483,12 @@ def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) ->
 
 
 def packed_graph_config(run: _Run) -> CudaGraphConfig:
-    """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`)."""
-    from bridge_cudagraph.config import LanguageGraphConfig
-
-    language = LanguageGraphConfig(enabled=True, token_budgets=list(run.layout.budgets))
-    return dataclasses.replace(ours_graph_config(run.cfg), language=language)
+    """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`). On
+    an MoE model the scope is :data:`MOE_SCOPE`, given explicitly: the benchmark's providers are built without
+    Bridge's config, under whose in-batch packing ``modules: null`` would mean that scope."""
+    block = ours_graph_config(run.cfg, MODELS[run.args.model].language_modules)
+    language = dataclasses.replace(block.language, token_budgets=list(run.layout.budgets))
+    return dataclasses.replace(block, language=language)
 
 
 def variant_provider(run: _Run, variant: str):

@@ -1,6 +1,6 @@
 """The useful-tokens benchmark on MoE models, CPU parts: ``--model tiny-moe`` and ``--model moe-30b-a3b-shape`` on
 the command line, their providers (experts, top-k, layers, the graph scope of each variant; no model is built), the
-30B-A3B shape against Bridge's own provider, ours_packed refused by the plan with its reason (and recorded, not
+30B-A3B shape against Bridge's own provider, ours_packed planned in the packed MoE scope (a refusal recorded, not
 failed), and how a refusal, the padded speed-ups and the capture counters read in the report."""
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from benchmarks.tests.useful_tokens_runs import IDS, offline_run
 ROOT = Path(__file__).resolve().parents[2]
 #: The photo processor's special ids (the tiny tokenizer's), as :func:`useful_tokens.token_ids` gives them.
 MOE_MODELS = ("tiny-moe", "moe-30b-a3b-shape")
-#: The plan's refusal of packed graphs on MoE layers (bridge_cudagraph/plan/checks.py, check_packed_language).
-PACKED_MOE_REFUSAL = "with packed micro-batches on an MoE model ({} experts): packed graphs of MoE layers are not"
 
 
 def _run(model: str, *extra: str) -> useful_tokens._Run:
@@ -62,7 +60,7 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
     """Every variant's provider is the MoE class with the model's experts, top-k and depth, the photo processor's ids
     and the run's sequence; eager: no graphs; ours_padded: language graphs over attn + router + preprocess and
     vision graphs on the data's budgets, which the plan accepts (one graph set per layer); ours_packed: language on the
-    run's packed ladder and vision, which the product's plan refuses for MoE layers."""
+    run's packed ladder in the same scope, and vision."""
     from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
     from bridge_cudagraph.testing.plans import plan_for
 
@@ -87,8 +85,9 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
     assert plan.language.enabled and plan.language.packed is None and plan.language.graph_unit == "layer"
     assert plan.language.modules == ("attn", "moe_router", "moe_preprocess")
     assert plan.language.captured_per_stage == (layers,) and plan.vision is not None
-    packed = providers["ours_packed"].cuda_graph  # planned by the product, which refuses it on MoE layers
+    packed = providers["ours_packed"].cuda_graph  # planned by the product: test_ours_packed_on_moe_plans_...
     assert packed.language.enabled and packed.language.token_budgets and packed.vision.enabled
+    assert packed.language.modules == ["attn", "moe_router", "moe_preprocess"]
 
 
 def test_the_30b_a3b_shape_is_bridges_own_provider_at_reduced_depth():
@@ -123,26 +122,25 @@ def test_the_30b_a3b_shape_is_bridges_own_provider_at_reduced_depth():
 
 
 @pytest.mark.parametrize(("model", "experts"), [("tiny-moe", 4), ("moe-30b-a3b-shape", 128)])
-def test_ours_packed_on_moe_is_refused_with_the_plans_reason_and_recorded(model, experts):
-    """The plan refuses packed language graphs on MoE layers: ours_packed is not built (nothing touches a GPU), its
-    record says ``refused`` and the plan's first line, and the run does not count it as a failure."""
+def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
+    """The plan accepts packed language graphs on MoE layers in megatron-core's partial scope: ours_packed is not
+    refused, its plan is the run's packed ladder with one graph per layer over attn + router + preprocess and the
+    rung's padding mask among the static inputs; a refusal (were there one) is still recorded, not failed."""
     run = _run(model)
-    reason = useful_tokens.refusal(run, "ours_packed")
-    assert reason is not None and PACKED_MOE_REFUSAL.format(experts) in reason
-    assert reason.startswith("model.cuda_graph.language.enabled=true") and "\n" not in reason
-    # the plan's fixes for Bridge's Qwen3-VL step: the language graphs off, or padded with the MoE scope
-    assert (
-        "model.cuda_graph.language.enabled=false" in reason and "pad (dataset.enable_in_batch_packing=false" in reason
-    )
-    for variant in ("eager_packed", "eager_padded", "ours_padded"):
-        assert useful_tokens.refusal(run, variant) is None, variant
-    rec = useful_tokens._run_variant(run, "ours_packed")
-    assert rec == {"status": report.REFUSED, "form": "packed", "graphed": True, "reason": reason, "seconds": 0.0}
-    data = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": rec}}
+    assert useful_tokens.refusal(run, "ours_packed") is None
+    provider = useful_tokens.variant_provider(run, "ours_packed")
+    assert provider.num_moe_experts == experts
+    assert provider.cuda_graph.language.modules == list(useful_tokens.MOE_SCOPE)
+    plan = useful_tokens.packed_plan(run, provider)
+    assert plan.language.packed is not None and plan.language.graph_unit == "layer"
+    assert plan.language.modules == useful_tokens.MOE_SCOPE
+    assert plan.language.packed.token_budgets == tuple(run.layout.budgets)
+    budget, inputs = plan.language.packed.static_inputs[-1]
+    assert inputs[-1].name == "padding_mask" and inputs[-1].shape == (1, budget) and inputs[-1].dtype == "bool"
+    refused = {"status": report.REFUSED, "form": "packed", "graphed": True, "reason": "x", "seconds": 0.0}
+    data = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": refused}}
     assert useful_tokens.failed_variants(data) == []
     assert useful_tokens.failed_variants({"variants": {"eager_packed": {"status": "ok"}}}) == ["ours_packed"]
-    crashed = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": {"status": "failed"}}}
-    assert useful_tokens.failed_variants(crashed) == ["ours_packed"]
     why = useful_tokens.paired_skip_reason(data["variants"], lambda: 1 << 40)
     assert why == "ours_packed was refused by the capture plan"
 

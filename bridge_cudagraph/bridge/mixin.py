@@ -98,7 +98,7 @@ class CudaGraphProviderMixin:
         if cfg.language.enabled:
             self.cuda_graph_impl = "transformer_engine"
             self._bridge_cudagraph_owns_language = True
-            set_cuda_graph_modules(self, list(cfg.language.modules or []))
+            set_cuda_graph_modules(self, list(self._language_modules() or []))
             if cfg.language.warmup_steps is not None:
                 self.cuda_graph_warmup_steps = cfg.language.warmup_steps
         if cfg.any_enabled:
@@ -151,7 +151,13 @@ class CudaGraphProviderMixin:
                 fix=("model.cpu_offloading=false",),
             )
         modules = self.cuda_graph.language.modules
-        if getattr(self, "num_moe_experts", None) and (modules is None or "moe" in modules):
+        if getattr(self, "num_moe_experts", None) and compat.in_batch_packing_marked(self):
+            # Packed rows (Bridge marked in-batch packing): modules null is the packed MoE scope, checked with the
+            # dispatch settings it needs (plan/checks.py holds the one copy of both refusals).
+            from bridge_cudagraph.plan.checks import check_packed_moe_dispatch
+
+            check_packed_moe_dispatch(self)
+        elif getattr(self, "num_moe_experts", None) and (modules is None or "moe" in modules):
             if getattr(self, "moe_expert_capacity_factor", None) is None or not getattr(
                 self, "moe_pad_expert_input_to_capacity", False
             ):
@@ -163,6 +169,18 @@ class CudaGraphProviderMixin:
                     "dropped)",
                     fix=(f"{where}.modules=[attn,moe_router,moe_preprocess]",),
                 )
+
+    def _language_modules(self) -> tuple[str, ...] | None:
+        """The language scope megatron-core's layers read (``config.cuda_graph_modules``): the block's, or on packed
+        rows of an MoE model with ``modules: null`` the packed MoE scope
+        (:func:`~bridge_cudagraph.plan.checks.packed_language_modules`), under which an MoE layer's forward returns
+        after its dispatch preprocess while a graph captures it."""
+        modules = self.cuda_graph.language.modules
+        if not compat.in_batch_packing_marked(self):
+            return None if modules is None else tuple(modules)
+        from bridge_cudagraph.plan.checks import packed_language_modules
+
+        return packed_language_modules(modules, getattr(self, "num_moe_experts", None))
 
     # ------------------------------------------------------------------ build time
     def provide(self, pre_process=None, post_process=None, vp_stage=None):

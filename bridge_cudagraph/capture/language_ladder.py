@@ -51,6 +51,12 @@ class LanguageLadder(LadderHelper):
     tight = False
     form = ""
     """How this ladder's micro-batches reach the decoder, for the fallback log (``packed``, ``padded``)."""
+    segment_remainder = None
+    """``(block, end, outputs) -> hidden_states``: what runs eagerly right after the graph of the segment that ends
+    before layer ``end``, on its outputs, before that segment's deepstack merge (the rest of an MoE layer,
+    :meth:`~bridge_cudagraph.capture.packed_moe.PackedMoE.remainder`); None: the graph's output is the hidden
+    states. :meth:`_replay_layers` composes it with the merge into the one ``after_segment`` of
+    :func:`~bridge_cudagraph.capture.block_replay.replay_segments`."""
 
     def __init__(
         self,
@@ -112,13 +118,21 @@ class LanguageLadder(LadderHelper):
 
     def _replay_layers(self, block, layers, h, statics, *, visual, kwargs: dict) -> torch.Tensor:
         """The decoder's layers on one rung's graphs (:func:`replay_segments`), with the micro-batch's deepstack
-        merges where the first stage makes them."""
+        merges where the first stage makes them, each after the segment's :attr:`segment_remainder` where there is
+        one."""
         deepstack = kwargs.get("deepstack_visual_embeds")
         merges = len(deepstack) if block.pre_process and deepstack is not None else 0
         segments = self.segments[self.decoders.index(block)]
         check_merges(merges, segments)
         merge = deepstack_merge(block, merges, visual, deepstack)
-        return replay_segments(block, layers, h, statics, segments, after_segment=merge)
+        remainder = self.segment_remainder
+        if remainder is None:
+            return replay_segments(block, layers, h, statics, segments, after_segment=merge)
+
+        def after_segment(end: int, outputs) -> torch.Tensor:
+            return merge(end, remainder(block, end, outputs))
+
+        return replay_segments(block, layers, h, statics, segments, after_segment=after_segment)
 
     def _finish(self, block, h: torch.Tensor) -> torch.Tensor:
         """What the host's block does after its layers: the final norm (last stage), a viewless output; counted."""

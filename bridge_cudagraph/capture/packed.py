@@ -64,6 +64,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from bridge_cudagraph.capture.checks import CaptureError, check_static_inputs
 from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.language_ladder import LanguageLadder
+from bridge_cudagraph.capture.packed_moe import PackedMoE
 from bridge_cudagraph.capture.segments import segment_callables
 from bridge_cudagraph.capture.static_inputs import StaticBuffers, activation_dtype
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
@@ -115,6 +116,9 @@ class PackedGraphSet:
     rotary: torch.Tensor
     cu_seqlens: torch.Tensor
     cu_seqlens_padded: torch.Tensor | None
+    padding_mask: torch.Tensor | None = None
+    """The rung's MoE padding mask ``[1, B/tp]``, the last static input of every graph
+    (:mod:`~bridge_cudagraph.capture.packed_moe`); None for a dense model."""
 
     @property
     def budget(self) -> int:
@@ -283,6 +287,9 @@ class PackedLanguageGraphHelper(LanguageLadder):
             graph_unit=graph_unit,
             deepstack_merges=deepstack_merges,
         )
+        #: The MoE layers' graphs and eager remainders (:mod:`bridge_cudagraph.capture.packed_moe`); None when dense.
+        self.moe = PackedMoE.of(self.decoders, self.segments, self.stats)
+        self.segment_remainder = None if self.moe is None else self.moe.remainder
 
     # ------------------------------------------------------------------ capture
     def forward_block(self, block, hidden_states, attention_mask, kwargs: dict) -> torch.Tensor | None:
@@ -366,15 +373,24 @@ class PackedLanguageGraphHelper(LanguageLadder):
 
         max_seqlen = self.layout.max_seqlen
         segments = self.segments[self.decoders.index(decoder)]
+
+        def wrap(layer):
+            return _PackedLanguageLayer(layer, max_seqlen)
+
+        moe, mask = self.moe, None
         callables = segment_callables(
-            list(decoder.layers), segments, lambda layer: _PackedLanguageLayer(layer, max_seqlen)
+            list(decoder.layers), segments, wrap if moe is None else lambda layer: moe.wrap(layer, wrap, max_seqlen)
         )
         hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget, len(callables), self._statics[copy])
         tensors = {"hidden_states": hidden[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}
         if cu_padded is not None:
             tensors["cu_seqlens_padded"] = cu_padded
+        if moe is not None:
+            tp = decoder.config.tensor_model_parallel_size if decoder.config.sequence_parallel else 1
+            mask = tensors["padding_mask"] = moe.mask_view(self._statics[copy], budget, tp)
         check_static_inputs(tensors, self.planned_inputs.get(budget, ()), self.submodule)
         statics = (rotary, cu) if cu_padded is None else (rotary, cu, cu_padded)
+        statics += () if mask is None else (mask,)
         rng = get_cuda_rng_tracker().fork() if decoder.config.sequence_parallel else contextlib.nullcontext()
         with rng:
             graphed = make_graphed_callables(
@@ -385,7 +401,9 @@ class PackedLanguageGraphHelper(LanguageLadder):
                 pool=pool,
                 **ladder_order_kwargs(len(callables)),
             )
-        return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
+        if moe is not None:
+            moe.record_shapes(decoder, mask.size(1))
+        return PackedGraphSet(list(graphed), rotary, cu, cu_padded, mask)
 
     def _capture_rung(self, budget: int, copy: int, pool) -> PackedGraphSet:
         return self._capture_budget(self.decoders[0], budget, copy, pool)
@@ -439,6 +457,10 @@ class PackedLanguageGraphHelper(LanguageLadder):
         rotary = kwargs.get("rotary_pos_emb")
         visual = kwargs.get("visual_pos_masks")
         rotary_shape = None if rotary is None else tuple(rotary.shape)
+        moe_misfit = None if self.moe is None else self.moe.misfit(params)
+        if moe_misfit is not None:
+            self._fallback(*moe_misfit)
+            return None
         tight = self.tight_rows(block, hidden_states, params)
         if tight is not None:
             if rotary_shape is not None and rotary_shape[0] == tokens:  # mRoPE: one row per token, kept ones only
@@ -467,6 +489,9 @@ class PackedLanguageGraphHelper(LanguageLadder):
         statics = (graphs.rotary, graphs.cu_seqlens) + (
             () if graphs.cu_seqlens_padded is None else (graphs.cu_seqlens_padded,)
         )
+        if graphs.padding_mask is not None:  # MoE: the rung's tail out of the routing losses
+            self.moe.load_mask(graphs.padding_mask, budget=budget, tokens=tokens, tp=tp)
+            statics += (graphs.padding_mask,)
         h = self._replay_layers(block, graphs.layers, h, statics, visual=visual, kwargs=kwargs)
         self.copies.release_after_backward(copy, h)
         h = h[:rows]

@@ -16,8 +16,8 @@ because importing ``megatron.bridge.recipes`` needs ``diffusers``) on the tiny m
 * micro-batch 2 (Bridge refuses in-batch packing at micro-batch 1), global batch 2, 20 iterations, evaluation
   every 10 for 2, no checkpoint loaded or saved (``checkpoint.save=...`` to save).
 
-``tiny_qwen3_vl_moe_photos_config()`` is the same with the MoE tiny Qwen3-VL on padded rows
-(``recipes/tiny_qwen3_vl_moe_photos.yaml``).
+``tiny_qwen3_vl_moe_photos_config()`` is the same with the MoE tiny Qwen3-VL, packed the same way
+(``recipes/tiny_qwen3_vl_moe_photos.yaml``); ``packed=False`` pads its rows instead.
 
 Both folders are built when the function runs, under ``$BRIDGE_CUDAGRAPH_CACHE`` (default: a fixed folder in the
 system temp dir), each named by a hash of its content and reused when present: every rank builds the same
@@ -110,7 +110,7 @@ def photo_dataset_config(
 def direct_sft_dataset_config(source, processor: ProcessorFolder, seq_length: int, *, packed: bool = True):
     """Bridge's ``DirectHFSFTDatasetConfig`` over ``source`` (an ``HFDatasetSourceConfig`` of a local set), as Bridge's
     Qwen3-VL recipes configure it (``packed``: in-batch packing deferred to the step); ``packed=False`` pads every row
-    to ``seq_length`` instead, Bridge's data path without packing (what language graphs of an MoE model replay)."""
+    to ``seq_length`` instead, Bridge's data path without packing."""
     from megatron.bridge.data.builders import ChatSFTPreprocessingConfig, DirectHFSFTDatasetConfig
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -147,18 +147,34 @@ def tiny_qwen3_vl_photos_config(
 
 
 def tiny_qwen3_vl_moe_photos_config(
-    *, train_iters: int = 20, seq_length: int = 2048, seed: int = 1234, cache: str | os.PathLike[str] | None = None
+    *,
+    train_iters: int = 20,
+    seq_length: int = 2048,
+    seed: int = 1234,
+    cache: str | os.PathLike[str] | None = None,
+    packed: bool = True,
 ):
     """:func:`tiny_qwen3_vl_photos_config` with the MoE tiny Qwen3-VL (4 experts, top 2, the alltoall dispatcher,
-    aux-loss balancing) and every row padded to ``seq_length`` (``recipes/tiny_qwen3_vl_moe_photos.yaml``): graphs of
-    an MoE model's attention, router and dispatch preprocess replay padded micro-batches, not packed ones. Pure M4
-    like every example, so Bridge logs its MoE metrics on its decentralized collection."""
-    return _photos_config(moe=True, train_iters=train_iters, seq_length=seq_length, seed=seed, cache=cache)
+    aux-loss balancing) on Bridge's Qwen3-VL packing (``recipes/tiny_qwen3_vl_moe_photos.yaml``), whose packed
+    language graphs hold each MoE layer's attention, router and dispatch preprocess; ``packed=False`` pads every row
+    to ``seq_length`` instead (the padded MoE graphs of megatron-core's helper). Pure M4 like every example, so Bridge
+    logs its MoE metrics on its decentralized collection."""
+    return _photos_config(
+        moe=True, train_iters=train_iters, seq_length=seq_length, seed=seed, cache=cache, packed=packed
+    )
 
 
-def _photos_config(*, moe: bool, train_iters: int, seq_length: int, seed: int, cache: str | os.PathLike[str] | None):
+def _photos_config(
+    *,
+    moe: bool,
+    train_iters: int,
+    seq_length: int,
+    seed: int,
+    cache: str | os.PathLike[str] | None,
+    packed: bool = True,
+):
     photos, processor = build_photo_data(cache)
-    dataset = photo_dataset_config(photos, processor, seq_length, packed=not moe)
+    dataset = photo_dataset_config(photos, processor, seq_length, packed=packed)
     return tiny_qwen3_vl_example_config(
         dataset, processor, moe=moe, train_iters=train_iters, seq_length=seq_length, seed=seed
     )

@@ -317,6 +317,15 @@ def qwen3_vl_forward_is_mirrored() -> bool:
     return _proven("megatron-bridge")
 
 
+@functools.cache
+def moe_partial_capture_is_mirrored() -> bool:
+    """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose partial MoE replay
+    (``TransformerLayer._te_cuda_graph_replay_impl``, its ``moe_router`` branch)
+    :mod:`bridge_cudagraph.host.moe_partial` mirrors for packed rows; another release may return other outputs from
+    the partial capture, so packed MoE layers are not captured there."""
+    return _proven("megatron-core")
+
+
 # ----------------------------------------------------------------------------------- named accessors of host internals
 # The host's private names this package reads, each behind one accessor: the only place outside the rest of host/ that
 # names them (tests/unit/test_package.py holds every other module to that), with the release it was written for.

@@ -39,7 +39,13 @@ from bridge_cudagraph.plan.capture_plan import (
     StaticInput,
     VisionPlan,
 )
-from bridge_cudagraph.plan.checks import check_model, check_packed_language, check_padded, check_sequence_split
+from bridge_cudagraph.plan.checks import (
+    check_model,
+    check_packed_language,
+    check_padded,
+    check_sequence_split,
+    packed_language_modules,
+)
 from bridge_cudagraph.plan.determinism import (
     DERIVED_WORKSPACE_LIMIT,
     deterministic_kernels,
@@ -50,6 +56,9 @@ from bridge_cudagraph.plan.determinism import (
 from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, VisionFacts
 from bridge_cudagraph.plan.memory import TrainingFacts, estimate
 from bridge_cudagraph.plan.sizes import check_positive as _check_positive
+
+#: Why ``language.modules: null`` on packed rows of an MoE model is the partial scope, for the plan's text.
+PACKED_MOE_SOURCE = "null on packed MoE layers"
 
 
 # ------------------------------------------------------------------------------------------ derivation
@@ -435,6 +444,12 @@ def _packed_static_inputs(
                 StaticInput("rotary_pos_emb", (b, 1, 1, facts.rotary_dim), "fp32", ("T", "", "", ""), rotary_note),
                 StaticInput("cu_seqlens", cu, "int32"),
                 *((StaticInput("cu_seqlens_padded", cu, "int32"),) if separate_padded else ()),
+                # MoE layers: True on the rung's tail, out of the routing losses (capture/packed_moe.py).
+                *(
+                    (StaticInput("padding_mask", (1, b // tp), "bool", ("", "T/tp" if tp > 1 else "T")),)
+                    if facts.num_moe_experts
+                    else ()
+                ),
             ),
         )
         for b in budgets
@@ -727,6 +742,9 @@ def _plan_language(
     """The language graphs: which layers each stage captures, in which runs, with which static inputs."""
     lang = cfg.language
     modules = tuple(lang.modules) if lang.modules is not None else None
+    modules_source = ""
+    if lang.enabled and packing is not None and modules is None and facts.num_moe_experts:
+        modules, modules_source = packed_language_modules(None, facts.num_moe_experts), PACKED_MOE_SOURCE
     steps, source = warmup
     if not lang.enabled:
         return LanguagePlan(False, modules, (), (), 0, (), (), steps)
@@ -756,6 +774,8 @@ def _plan_language(
             padded = _plan_padded(facts, mbs=mbs, num_mb=num_mb)
             per_unit = padded.copies
     unit, unit_source = _language_unit(cfg, facts)
+    if modules_source and unit_source:
+        unit_source = "an eager MoE remainder follows each MoE layer's graph"
     merges = deepstack_merges(facts)
     segments = tuple(
         language_segments(len(local), merges, first_stage=stage == 0, unit=unit)
@@ -782,4 +802,5 @@ def _plan_language(
         segments_per_stage=segments,
         warmup_source=source,
         unit_source=unit_source,
+        modules_source=modules_source,
     )

@@ -299,9 +299,10 @@ def check_before_bridge(config: Any) -> None:
 
     * ``model.seq_length`` past the positions the model was trained for (accepted by Bridge; nothing in the stack
       limits rotary positions, so such a run trains on positions no weight has seen);
-    * context parallelism, MoE layers and fine-grained activation offloading with packed language graphs
-      (:func:`check_packed_context_parallel`, :func:`check_packed_layers`: the host's own lines about them would
-      come first, and the MoE one's advice leads to these refusals);
+    * context parallelism, MoE layers outside their packed scope, MoE dispatch settings the packed graphs cannot
+      hold, and fine-grained activation offloading with packed language graphs (:func:`check_packed_context_parallel`,
+      :func:`check_packed_layers`, :func:`check_packed_moe_dispatch`: the host's own lines about them would come
+      first, and megatron-core's assertion about ``moe_preprocess`` names no setting);
     * under context parallelism on a fine-tuning dataset: ``model.seq_length`` a multiple of 2 x cp,
       ``model.calculate_per_token_loss=true`` and ``ddp.average_in_collective=false`` (Bridge asserts them with
       ``When finetuning with CP>1, ... must be ...``);
@@ -319,7 +320,9 @@ def check_before_bridge(config: Any) -> None:
                 num_moe_experts=getattr(model, "num_moe_experts", None),
                 offloading=bool(getattr(model, "fine_grained_activation_offloading", False)),
                 packing=packing,
+                modules=cg.language.modules,
             )
+            check_packed_moe_dispatch(model)
     _check_finetuning_context_parallel(config)
     _check_sequence_lengths(config)
 
@@ -554,8 +557,9 @@ def check_linear_attention(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
 
 def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, mbs: int) -> None:
     """What packed language graphs cannot replay, refused with the setting and the fix: a packing path they do not
-    know, context parallelism, offline rows more than one per micro-batch, partial layers, MoE layers, and token
-    budgets the data path cannot produce or the tensor-parallel split cannot cut."""
+    know, context parallelism, offline rows more than one per micro-batch, partial layers of a dense model, MoE
+    layers other than in their packed scope (:func:`check_packed_layers`), and token budgets the data path cannot
+    produce or the tensor-parallel split cannot cut."""
     where = "model.cuda_graph.language"
     if packing.mode not in ("qwen3_vl_step", "offline"):
         raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
@@ -567,8 +571,9 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
             "rows one per micro-batch; set train.micro_batch_size=1",
             fix=("train.micro_batch_size=1",),
         )
-    check_packed_layers(num_moe_experts=facts.num_moe_experts, offloading=False, packing=packing)
-    if cfg.language.modules is not None:
+    modules = cfg.language.modules
+    check_packed_layers(num_moe_experts=facts.num_moe_experts, offloading=False, packing=packing, modules=modules)
+    if modules is not None and not facts.num_moe_experts:
         raise CudaGraphConfigError(
             f"{where}.modules={cfg.language.modules} with packed micro-batches: packed graphs capture whole layers "
             "(the attention must see the static cu_seqlens); set modules to null",
@@ -577,28 +582,57 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
     check_packed_budgets(cfg, facts, packing)
 
 
-def check_packed_layers(*, num_moe_experts: int | None, offloading: bool, packing: PackingFacts) -> None:
+#: What a packed language graph of an MoE layer holds (:mod:`bridge_cudagraph.capture.packed_moe`): the attention,
+#: the router and the dispatch preprocess, megatron-core's partial scope; the dispatch, the experts and the combine
+#: run eagerly after it. ``language.modules: null`` on packed rows of an MoE model means this scope.
+PACKED_MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
+
+
+def packed_language_modules(modules: Any, num_moe_experts: int | None) -> tuple[str, ...] | None:
+    """``model.cuda_graph.language.modules`` of packed graphs, resolved: null on an MoE model is
+    :data:`PACKED_MOE_SCOPE` (megatron-core's layers read it from ``config.cuda_graph_modules``: the MoE layer returns
+    early under it), else as given (None: whole layers)."""
+    if modules is None:
+        return PACKED_MOE_SCOPE if num_moe_experts else None
+    return tuple(modules)
+
+
+def check_packed_layers(
+    *, num_moe_experts: int | None, offloading: bool, packing: PackingFacts, modules: Any = None
+) -> None:
     """Layers packed language graphs cannot capture, refused with a fix that validates (the one copy, for
     :func:`check_packed_language` and, before Bridge's finalization, :func:`check_before_bridge`):
 
-    * MoE layers: the packed ladder captures whole layers, whose token counts per expert vary per micro-batch, and
-      partial scopes (``modules``) are padded-only; so the fix is the language graphs off (the vision graphs stay),
-      or padded micro-batches with the MoE scope;
+    * MoE layers on GPT SFT offline packing: the packed MoE graphs follow Bridge's Qwen3-VL step only;
+    * MoE layers in another scope than :data:`PACKED_MOE_SCOPE` (which ``modules: null`` derives): whole MoE layers
+      (``moe``) are refused on packed rows even with a padding capacity factor, since a rung's capacity would follow
+      its budget rather than the micro-batch and its tail would compete for it; ``attn`` alone, or the router
+      without the preprocess, have no packed callable;
     * fine-grained activation offloading: its offload hooks run inside the layers, and only megatron-core's own
       helper (padded micro-batches) turns them off around a capture.
     """
     where = "model.cuda_graph.language"
-    if num_moe_experts:
-        pad = (
-            "or pack no more (dataset.enable_offline_packing=false, pad_to_max_length=true)"
-            if packing.mode == "offline"
-            else "or pad (dataset.enable_in_batch_packing=false, pad_to_max_length=true) and capture "
-            f"{where}.modules=[attn,moe_router,moe_preprocess]"
+    if num_moe_experts and packing.mode == "offline":
+        raise CudaGraphConfigError(
+            f"{where}.enabled=true with dataset.enable_offline_packing=true on an MoE model ({num_moe_experts} "
+            "experts): packed graphs of MoE layers follow Bridge's Qwen3-VL step (in-batch packing), not GPT SFT's "
+            f"offline rows; set {where}.enabled=false, or pack no more (dataset.enable_offline_packing=false, "
+            "pad_to_max_length=true)",
+            fix=(f"{where}.enabled=false",),
+        )
+    if num_moe_experts and modules is not None and set(modules) != set(PACKED_MOE_SCOPE):
+        scope = "[" + ",".join(PACKED_MOE_SCOPE) + "]"
+        why = (
+            "captures whole MoE layers, whose expert capacity would follow the rung's token budget and not the "
+            "micro-batch"
+            if "moe" in modules
+            else "has no packed graph of its own"
         )
         raise CudaGraphConfigError(
-            f"{where}.enabled=true with packed micro-batches on an MoE model ({num_moe_experts} experts): packed "
-            f"graphs of MoE layers are not supported yet; set {where}.enabled=false (the vision graphs stay), {pad}",
-            fix=(f"{where}.enabled=false",),
+            f"{where}.modules={list(modules)} with packed micro-batches on an MoE model ({num_moe_experts} experts) "
+            f"{why}; packed MoE layers capture {scope} (the experts, their dispatch and combine run eagerly "
+            f"between the graphs): set {where}.modules=null",
+            fix=(f"{where}.modules=null",),
         )
     if offloading:
         raise CudaGraphConfigError(
@@ -607,6 +641,33 @@ def check_packed_layers(*, num_moe_experts: int | None, offloading: bool, packin
             "(padded micro-batches) switches off around a capture; set "
             f"model.fine_grained_activation_offloading=false, or {where}.enabled=false",
             fix=("model.fine_grained_activation_offloading=false",),
+        )
+
+
+def check_packed_moe_dispatch(model: Any) -> None:
+    """The MoE settings under which megatron-core lets the dispatch preprocess into a graph (``TransformerConfig``
+    refuses ``moe_preprocess`` otherwise, in a bare assertion): the alltoall dispatcher without a capacity factor
+    and without router padding, whose preprocess copies nothing to the host. For a provider on packed rows
+    (:func:`check_before_bridge`, and the provider's ``finalize()`` where Bridge marked in-batch packing)."""
+    if not getattr(model, "num_moe_experts", None):
+        return
+    where = "model.cuda_graph.language"
+    dispatcher = getattr(model, "moe_token_dispatcher_type", "allgather")
+    if dispatcher != "alltoall":
+        raise CudaGraphConfigError(
+            f"model.moe_token_dispatcher_type={dispatcher!r} with packed language graphs: the packed MoE graphs hold "
+            "the dispatch preprocess, which only the alltoall dispatcher runs without a host copy; set "
+            f"model.moe_token_dispatcher_type=alltoall, or {where}.enabled=false",
+            fix=("model.moe_token_dispatcher_type=alltoall",),
+        )
+    capacity = getattr(model, "moe_expert_capacity_factor", None)
+    if capacity is not None:
+        raise CudaGraphConfigError(
+            f"model.moe_expert_capacity_factor={capacity} with packed language graphs: a capacity factor makes the "
+            "dispatch preprocess copy token counts to the host (megatron-core refuses moe_preprocess graphs then); "
+            "set model.moe_expert_capacity_factor=null and model.moe_pad_expert_input_to_capacity=false (dropless), "
+            f"or {where}.enabled=false",
+            fix=("model.moe_expert_capacity_factor=null", "model.moe_pad_expert_input_to_capacity=false"),
         )
 
 

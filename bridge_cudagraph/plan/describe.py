@@ -90,7 +90,13 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
     inputs = [s.describe() for s in language.static_inputs]
     head = f"language: {layers} x {per} = {plural(language.graphs, 'graph')} per rank"
     warmup = _sourced(f"capture after {plural(language.warmup_steps, 'step')}", language.warmup_source)
-    lines = [*_joined(head, f"{_modules_text(language.modules)}, {warmup}"), *runs]
+    modules = _sourced(_modules_text(language.modules), language.modules_source)
+    lines = [*_joined(head, f"{modules}, {warmup}"), *runs]
+    if packed is not None and facts.num_moe_experts:
+        lines += [
+            "  MoE layers: each graph ends after the router and dispatch preprocess; dispatch, experts, combine",
+            "    run eagerly after it; the rung's tail is masked out of the routing losses (counted per rung)",
+        ]
     if padded is not None:
         lines.append(
             f"  padded rows on the ladder engine (as the packed and vision graphs): one rung of mbs {padded.rows} x "

@@ -23,8 +23,9 @@ About three minutes on an H200 (mostly process start-up and Bridge's set-up); at
 times out.
 
 Issue #35, the ``moe`` tests (``-k moe``, their own runs): the MoE tiny Qwen3-VL on the photo set through Bridge's
-data path (``recipes/tiny_qwen3_vl_moe_photos.yaml``: padded rows, language graphs of ``[attn, moe_router,
-moe_preprocess]``, vision graphs, ``dist.use_decentralized_pg=true``), 30 iterations graphs on and twice graphs off,
+data path (``recipes/tiny_qwen3_vl_moe_photos.yaml``: packed in Bridge's step since the packed MoE graphs, not yet run
+on a GPU that way; language graphs of ``[attn, moe_router, moe_preprocess]`` per MoE layer, vision graphs,
+``dist.use_decentralized_pg=true``), 30 iterations graphs on and twice graphs off,
 and graphs on resumed at 20: every run trains, logs its MoE metrics, evaluates and saves under pure M4; graphs
 captured and replayed, none failed; every loss and grad norm finite, graphs on equal to graphs off (within twice the
 eager-vs-eager floor where the two eager runs differ), the resumed run likewise against the uninterrupted one. At
@@ -535,7 +536,7 @@ def _moe_deterministic() -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def moe_runs(tmp_path_factory):
     """``recipes/tiny_qwen3_vl_moe_photos.yaml`` (the MoE tiny Qwen3-VL on the photo set through Bridge's data path,
-    padded rows, ``dist.use_decentralized_pg=true``) for ``MOE_ITERS`` iterations: graphs on (language
+    packed rows, ``dist.use_decentralized_pg=true``) for ``MOE_ITERS`` iterations: graphs on (language
     ``[attn, moe_router, moe_preprocess]`` and vision; saved at ``MOE_SAVE_AT`` and at the end), then at once graphs
     off (saved likewise), graphs off again (the eager-vs-eager floor) and graphs on resumed from the first run's
     checkpoint at ``MOE_SAVE_AT``."""

@@ -420,6 +420,12 @@ TINY = "recipes/tiny_qwen3_vl.yaml"
 VL_30B_MOE = "recipes/qwen3_vl_30b_a3b_sft_graphs.yaml"
 PHOTOS = "recipes/tiny_qwen3_vl_photos.yaml"  # packed in Bridge's Qwen3-VL step, world size 1
 PEFT_1GPU = "recipes/qwen3_vl_8b_peft_1gpu_graphs.yaml"  # names no base checkpoint
+# Bridge's Qwen3-VL data path without packing (the MoE recipes pack; padded MoE graphs stay supported).
+PADDED_ROWS = [
+    "dataset.enable_in_batch_packing=false",
+    "dataset.defer_in_batch_packing_to_step=false",
+    "dataset.pad_to_max_length=true",
+]
 # The Qwen3 8B recipe padded (the file packs offline; tests/unit/plan/test_plan_recipes.py unpacks it the same way).
 QWEN3_8B_PADDED = [
     QWEN3_8B,
@@ -485,6 +491,7 @@ CLI_CASES = [
         "language-runs-of-moe-layers",
         [
             VL_30B_MOE,
+            *PADDED_ROWS,
             "model.cuda_graph.language.modules=null",
             "model.moe_expert_capacity_factor=1.0",
             "model.moe_pad_expert_input_to_capacity=true",
@@ -889,7 +896,7 @@ def test_a_typo_is_reported_before_the_recipe_function_tries_the_hub(tmp_path, r
 
 
 # ------------------------------------------------------------------------------ second round (issue #49)
-MOE_PHOTOS = "recipes/tiny_qwen3_vl_moe_photos.yaml"  # padded, language graphs of attn, router and preprocess
+MOE_PHOTOS = "recipes/tiny_qwen3_vl_moe_photos.yaml"  # packed, language graphs of attn, router and preprocess
 PACK = [
     "dataset.enable_in_batch_packing=true",
     "dataset.defer_in_batch_packing_to_step=true",
@@ -957,18 +964,33 @@ SECOND_ROUND = [
         ["assert self.offload_modules is not None", "model.offload_modules", "TransformerConfig"],
     ),
     (
-        "moe-packed-with-the-moe-scope",
-        [MOE_PHOTOS, *PACK],
-        ["packed micro-batches on an MoE model", f"{LANG_BLOCK}.enabled=false", "pad"],
+        "moe-packed-whole-layers",
+        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn,moe]"],
+        ["packed micro-batches on an MoE model", "captures whole MoE layers", f"set {LANG_BLOCK}.modules=null"],
     ),
     (
-        "moe-packed-whole-layers",
-        [MOE_PHOTOS, *PACK, f"{LANG_BLOCK}.modules=null"],
-        ["packed micro-batches on an MoE model", f"{LANG_BLOCK}.enabled=false"],
+        "moe-packed-attention-only",
+        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn]"],
+        ["modules=['attn']", "has no packed graph of its own", f"set {LANG_BLOCK}.modules=null"],
+    ),
+    (
+        "moe-packed-router-without-preprocess",
+        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn,moe_router]"],
+        ["modules=['attn', 'moe_router']", "[attn,moe_router,moe_preprocess]", f"set {LANG_BLOCK}.modules=null"],
+    ),
+    (
+        "moe-packed-capacity-factor",
+        [MOE_PHOTOS, "model.moe_expert_capacity_factor=1.0"],
+        ["model.moe_expert_capacity_factor=1.0 with packed language graphs", "=null", "(dropless)"],
+    ),
+    (
+        "moe-packed-allgather-dispatcher",
+        [MOE_PHOTOS, "model.moe_token_dispatcher_type=allgather"],
+        ["model.moe_token_dispatcher_type='allgather'", "model.moe_token_dispatcher_type=alltoall"],
     ),
     (
         "moe-padded-whole-layers",
-        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=null"],
+        [MOE_PHOTOS, *PADDED_ROWS],
         ["whole MoE layers", f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]", "changes the model"],
     ),
     # 3. ordinary mistakes
@@ -1059,6 +1081,24 @@ def test_every_refusal_gives_a_fix_that_leads_to_ok(name, argv, fragments, monke
     met = _follow_the_advice(argv)
     record(argv=argv, refusals=met)
     assert met, "the case validates as it is: it no longer tests a refusal"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [MOE_PHOTOS],
+        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
+        [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
+        [VL_30B_MOE],
+    ],
+    ids=["packed-null", "packed-scope-given", "padded-scope", "30b-packed"],
+)
+def test_the_moe_advice_ends_where_the_issue_began(argv, monkeypatch):
+    """The MoE configurations the advice leads to validate as they are: packed rows with ``modules: null`` or with the
+    partial scope given (the advice once sent a user from one to a refusal of the other), and padded rows with the
+    partial scope."""
+    monkeypatch.chdir(ROOT)
+    assert _follow_the_advice(argv) == []
 
 
 @pytest.mark.parametrize(

@@ -29,9 +29,11 @@ def test_recipe_packs_as_bridges_qwen3_vl_recipes_and_plans(tmp_path, monkeypatc
     assert plan.vision.token_budgets == (1024, 2048, 4096, 8192)
 
 
-def test_the_moe_recipe_pads_and_plans_the_router_and_preprocess_graphs(tmp_path, monkeypatch):
-    """``recipes/tiny_qwen3_vl_moe_photos.yaml``, what the issue-#35 GPU test trains: the MoE tiny Qwen3-VL, pure M4,
-    the same photo data path with every row padded (MoE language graphs replay padded micro-batches only)."""
+def test_the_moe_recipe_packs_and_plans_the_router_and_preprocess_graphs(tmp_path, monkeypatch):
+    """``recipes/tiny_qwen3_vl_moe_photos.yaml``: the MoE tiny Qwen3-VL, pure M4, on Bridge's packing deferred to the
+    step as the dense photo recipe; ``language.modules: null`` on packed MoE layers plans megatron-core's partial
+    scope on the ladder (one graph per layer, the rung's padding mask among the static inputs), and the finalized
+    provider carries that scope for megatron-core's layers."""
     from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
 
     monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
@@ -39,8 +41,35 @@ def test_the_moe_recipe_pads_and_plans_the_router_and_preprocess_graphs(tmp_path
     cfg = loaded.config
     assert isinstance(cfg.model, CudaGraphQwen3VLMoEModelProvider) and cfg.model.num_moe_experts == 4
     assert cfg.dist.use_decentralized_pg and cfg.logger.log_interval == 1
-    assert not cfg.dataset.enable_in_batch_packing and cfg.dataset.pad_to_max_length
+    assert cfg.dataset.enable_in_batch_packing and cfg.dataset.defer_in_batch_packing_to_step
+    assert cfg.model.cuda_graph.language.modules is None
     assert cfg.dataset.source.schema_adapter == "cord_v2" and cfg.model.seq_length == cfg.dataset.seq_length == 2048
     plan = plan_config(loaded.config, world_size=loaded.world(), base_checkpoint_needed=False)
-    assert plan.language.packed is None and plan.language.modules == ("attn", "moe_router", "moe_preprocess")
+    packed = plan.language.packed
+    assert packed is not None and packed.token_budgets[-1] == 2 * 2048 and packed.separate_padded
+    assert plan.language.modules == ("attn", "moe_router", "moe_preprocess") and plan.language.graph_unit == "layer"
+    assert plan.language.graphs_per_stage == (4 * len(packed.token_budgets),)
+    budget, inputs = packed.static_inputs[-1]
+    assert [i.name for i in inputs][-1] == "padding_mask" and inputs[-1].shape == (1, budget)
+    modules = [getattr(m, "name", m) for m in loaded.config.model.cuda_graph_modules]
+    assert modules == ["attn", "moe_router", "moe_preprocess"]  # what megatron-core's MoE layer reads
+    text = plan.describe()
+    assert "[attn, moe_router, moe_preprocess] (null on packed MoE layers)" in text
+    assert "dispatch, experts, combine" in text and "padding_mask (1, T=4096) bool" in text
     assert plan.vision is not None and plan.vision.token_budgets == (1024, 2048, 4096, 8192)
+
+
+def test_the_moe_recipe_still_pads_with_the_partial_scope(tmp_path, monkeypatch):
+    """Padded MoE stays supported: the recipe with packing off and the scope given plans megatron-core's helper."""
+    monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
+    overrides = [
+        "dataset.enable_in_batch_packing=false",
+        "dataset.defer_in_batch_packing_to_step=false",
+        "dataset.pad_to_max_length=true",
+        "model.cuda_graph.language.modules=[attn,moe_router,moe_preprocess]",
+    ]
+    loaded = load_recipe(YAML.with_name("tiny_qwen3_vl_moe_photos.yaml"), overrides)
+    plan = plan_config(loaded.config, world_size=loaded.world(), base_checkpoint_needed=False)
+    assert plan.language.packed is None and plan.language.padded is None
+    assert plan.language.modules == ("attn", "moe_router", "moe_preprocess") and not plan.language.modules_source
+    assert "padded rows on megatron-core's TECudaGraphHelper" in plan.describe()

@@ -718,6 +718,67 @@ def test_packed_plan_takes_given_budgets_and_refuses_what_it_cannot_replay():
         _packed_plan(token_budgets=[1023], facts={"tp": 2, "sequence_parallel": True})
 
 
+MOE_FACTS = {"num_moe_experts": 8, "moe_layer_pattern": (1, 0, 1, 1)}  # layer 1 dense (moe_layer_freq)
+
+
+def test_packed_moe_plan_derives_the_partial_scope_and_says_so():
+    """``modules: null`` on packed rows of an MoE model is megatron-core's partial scope: one graph per layer, per
+    budget, the rung's padding mask among the static inputs, and the plan's text names the scope and its source."""
+    plan = _packed_plan(facts=MOE_FACTS)
+    language, packed = plan.language, plan.language.packed
+    assert language.modules == ("attn", "moe_router", "moe_preprocess")
+    assert language.modules_source == "null on packed MoE layers"
+    assert language.graph_unit == "layer" and language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 4)),)
+    assert language.graphs == 4 * len(packed.token_budgets)
+    for budget, inputs in packed.static_inputs:
+        assert [x.name for x in inputs] == [
+            "hidden_states",
+            "rotary_pos_emb",
+            "cu_seqlens",
+            "cu_seqlens_padded",
+            "padding_mask",
+        ]
+        assert (inputs[-1].shape, inputs[-1].dtype) == ((1, budget), "bool")
+    text = plan.describe()
+    assert "[attn, moe_router, moe_preprocess] (null on packed MoE layers)" in text
+    assert "one graph per layer (graph_unit null: an eager MoE remainder follows each MoE layer's graph)" in text
+    assert "  MoE layers: each graph ends after the router and dispatch preprocess" in text
+    assert "    padding_mask (1, T=4096) bool" in text
+    assert all(len(line) <= 119 for line in text.splitlines())
+    # Under sequence parallelism the mask is the rank's rows, as the hidden states are.
+    split = _packed_plan(facts={**MOE_FACTS, "tp": 2, "sequence_parallel": True})
+    budget, inputs = split.language.packed.static_inputs[-1]
+    assert inputs[-1].describe() == f"padding_mask (1, T/tp={budget // 2}) bool"
+    # The scope given explicitly is the same plan, without the source.
+    given = _packed_plan(modules=["attn", "moe_router", "moe_preprocess"], facts=MOE_FACTS)
+    assert given.language.modules == language.modules and given.language.modules_source == ""
+    assert given.language.packed == packed
+
+
+@pytest.mark.parametrize(
+    ("modules", "fragment"),
+    [
+        (["attn", "moe"], "captures whole MoE layers"),
+        (["attn"], "has no packed graph of its own"),
+        (["attn", "moe_router"], "has no packed graph of its own"),
+    ],
+)
+def test_packed_moe_plan_refuses_other_scopes_with_modules_null(modules, fragment):
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    with pytest.raises(CudaGraphConfigError, match=fragment) as info:
+        _packed_plan(modules=modules, graph_unit="layer", facts=MOE_FACTS)
+    assert info.value.fix == ("model.cuda_graph.language.modules=null",)
+
+
+def test_packed_moe_on_offline_rows_is_refused():
+    from bridge_cudagraph.config import CudaGraphConfigError
+
+    with pytest.raises(CudaGraphConfigError, match="follow Bridge's Qwen3-VL step") as info:
+        _offline_plan(num_moe_experts=4, moe_layer_pattern=(1,) * 4)
+    assert info.value.fix == ("model.cuda_graph.language.enabled=false",)
+
+
 def _offline_plan(micro_batch_size: int = 1, *, separate_padded: bool = False, **fields):
     """A GPT on GPT SFT offline packing (rows of seq_length, one per micro-batch)."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig

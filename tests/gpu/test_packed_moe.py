@@ -1,0 +1,231 @@
+"""Packed (THD) language graphs of an MoE model (:mod:`bridge_cudagraph.capture.packed_moe`) against eager and against
+Bridge's unmodified MoE model, on micro-batches packed the way Bridge's Qwen3-VL step packs them.
+
+NOT YET RUN ON A GPU: written before any GPU proved the packed MoE path; ``results/device_calls/moe_packed_draft.sh``
+is the call that runs it. Run in its own process so deterministic kernels can be asked for before Transformer Engine
+is imported:
+
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 python -m pytest tests/gpu/test_packed_moe.py -q -rA
+
+The model: the MoE tiny Qwen3-VL (4 experts, top 2, alltoall, aux-loss balancing) with a z loss besides
+(``moe_z_loss_coeff``), so both of the router's losses are in the step. References: the plugin's MoE model with
+graphs off, and Bridge's unmodified MoE provider (``cuda_graph_impl="none"``), with the same weights.
+
+What each test asserts (``docs/design/moe-packed.md``, "Which numbers can still differ"):
+
+* the per-token loss: bit-exact against Bridge's model under deterministic kernels (else within the eager-vs-eager
+  floor measured in the same test);
+* every parameter gradient: within the eager-vs-eager floor measured in the same test
+  (:func:`~bridge_cudagraph.testing.parity.within_floor`: exact where the floor is exact);
+* the router's auxiliary and z losses (megatron-core's MoE metrics tracker, per layer): their sums run over the rung's
+  ``B`` rows with zeros on the tail instead of ``T``, so they may differ in their last bits; the test records whether
+  they are exact and how many fp32 ulps apart, and asserts only a relative 1e-5;
+* graphs > 0, replays > 0, no failed capture, and the tokens masked per rung equal to the tails replayed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DETERMINISTIC = os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0"
+SEQ, MBS = 512, 2
+BUDGETS = (256, 512, 1024)
+SCOPE = ["attn", "moe_router", "moe_preprocess"]
+#: The router's losses in megatron-core's MoE metrics tracker (``TopKRouter``: aux_loss balancing and the z loss).
+ROUTER_LOSSES = ("load_balancing_loss", "z_loss")
+
+# (real tokens per row, images per row): packed widths of about 30%, 70% and 100% of the top rung, so the replays land
+# on different rungs and on different tails.
+CASES = {
+    "fill_30": [(150, [(1, 8, 8)]), (96, [])],
+    "fill_70": [(352, [(1, 8, 12), (1, 4, 4)]), (200, [(1, 16, 8)])],
+    "fill_100": [(512, [(1, 12, 12)]), (480, [(1, 8, 8)])],
+}
+# Three rows: more sequences than the graphs hold (max_sequences = micro-batch size): runs eagerly, counted.
+FALLBACK = [(128, [(1, 8, 8)]), (64, []), (100, [(1, 4, 4)])]
+
+
+def _packed_batch(rows, *, seed: int, pg_collection, seq: int = SEQ) -> dict:
+    """One micro-batch as Bridge's collate and ``qwen3_vl_step`` hand it to the model: the packed language suite's
+    own (``tests/gpu/test_packed_language.py``), so both suites pack alike."""
+    from tests.gpu.test_packed_language import _packed_batch as packed_batch
+
+    return packed_batch(rows, seed=seed, pg_collection=pg_collection, seq=seq)
+
+
+def _models(world, seq: int = SEQ):
+    """The graphed plugin MoE model (its config in megatron-core's partial scope, as the provider sets it on packed
+    rows), the plugin's graphs-off twin and Bridge's unmodified MoE model, with the same weights."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.examples import tiny
+
+    fields = dict(seq_length=seq, language_max_sequence_length=seq, moe=True, moe_z_loss_coeff=1e-3)
+    block = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, modules=list(SCOPE)))
+    graphed = tiny.build(
+        tiny.tiny_qwen3_vl_provider(block, **fields), world.language, vision_pg_collection=world.vision
+    )
+    ours_off = tiny.build(
+        tiny.tiny_qwen3_vl_provider(None, **fields), world.language, vision_pg_collection=world.vision
+    )
+    tiny.copy_weights(graphed, ours_off)
+    bridge = tiny.upstream_provider(tiny.tiny_qwen3_vl_provider(None, **fields))
+    bridge.cuda_graph_impl = "none"  # Bridge's unmodified MoE provider, graphs off
+    bridge_model = tiny.build(bridge, world.language)
+    tiny.copy_weights(graphed, bridge_model)
+    return graphed, ours_off, bridge_model
+
+
+def _step(model, batch) -> tuple:
+    """``loss_and_grads`` of one micro-batch and the router's losses it recorded, per layer (the tracker cleared
+    before, so the values are this micro-batch's alone)."""
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+    from bridge_cudagraph.testing.parity import loss_and_grads
+
+    tracker = get_moe_metrics_tracker()
+    tracker.clear()
+    loss, grads = loss_and_grads(model, batch)
+    metrics = tracker.metrics
+    losses = {name: metrics[name].values.detach().clone() for name in ROUTER_LOSSES if name in metrics}
+    return loss, grads, losses
+
+
+def _ulps(a, b) -> int:
+    """The largest distance of two fp32 tensors in units in the last place (their bit patterns as integers)."""
+    import torch
+
+    ia, ib = a.float().contiguous().view(torch.int32).long(), b.float().contiguous().view(torch.int32).long()
+    return int((ia - ib).abs().max()) if ia.numel() else 0
+
+
+def _compare(got, ref, floor, what: str, record, **fields) -> None:
+    """The per-token loss and every gradient of ``got`` against ``ref`` within ``floor`` (eager vs eager, same batch),
+    the loss exact against Bridge under deterministic kernels; the router's losses recorded (exact or ulps apart)."""
+    import torch
+
+    from bridge_cudagraph.testing.parity import diff, within_floor
+
+    d = diff(got[:2], ref[:2], worst=3)
+    router = {}
+    for name in ROUTER_LOSSES:
+        a, b = got[2].get(name), ref[2].get(name)
+        assert (a is None) == (b is None), f"{what}: {name} recorded on one side only"
+        if a is None:
+            continue
+        router[name] = {"exact": bool(torch.equal(a, b)), "ulps": _ulps(a, b), "values": b.tolist()}
+        assert torch.allclose(a, b, rtol=1e-5, atol=0.0), f"{what}: {name} {a.tolist()} vs {b.tolist()}"
+    record(
+        case=what,
+        deterministic=DETERMINISTIC,
+        loss_exact=d.exact,
+        loss_max_abs=d.loss_max_abs,
+        grad_exact_fraction=d.grad_exact_fraction,
+        grad_max_rel_l2=d.grad_max_rel_l2,
+        grad_worst=d.grad_worst_params,
+        floor_grad_max_rel_l2=floor.grad_max_rel_l2,
+        router_losses=router,
+        **fields,
+    )
+    if DETERMINISTIC:
+        assert torch.equal(got[0], ref[0]), f"{what}: per-token loss differs, max {d.loss_max_abs}"
+    assert within_floor(d, floor), f"{what}: {d} outside the eager-vs-eager floor {floor}"
+
+
+def test_packed_moe_graphs_match_eager_and_bridge(world, record):
+    """Each packed micro-batch replays its rung (the MoE layers' graphs with their eager remainders); per-token loss,
+    gradients and router losses against the plugin's eager model and Bridge's unmodified one; a micro-batch that does
+    not fit runs eagerly and is the eager model itself."""
+    import torch
+
+    from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
+    from bridge_cudagraph.testing.parity import assert_captured, diff
+
+    graphed, ours_off, bridge = _models(world)
+    layout = PackedLayout(budgets=BUDGETS, max_sequences=MBS, max_seqlen=SEQ)
+    batches = {
+        name: _packed_batch(rows, seed=17 * i, pg_collection=world.language)
+        for i, (name, rows) in enumerate(CASES.items())
+    }
+    floors, eager = {}, {}
+    for name, batch in batches.items():
+        first, again, theirs = _step(ours_off, batch), _step(ours_off, batch), _step(bridge, batch)
+        floors[name] = diff(again[:2], first[:2])
+        eager[name] = first
+        _compare(first, theirs, floors[name], f"{name}: plugin graphs-off vs Bridge", record)
+        _compare(_step(graphed, batch), first, floors[name], f"{name}: before capture", record)
+
+    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit="layer")
+    assert helper.moe is not None and helper.moe.moe_layers == frozenset(range(4))
+    helper.create_cudagraphs()
+    assert helper.stats.failed is None, helper.stats.failed
+    assert helper.stats.graphs == 4 * len(BUDGETS)
+    assert set(helper.moe.shapes) == set(BUDGETS)  # every rung's dispatcher shapes recorded (tp 1: rows = budget)
+
+    masked = {}
+    for step in range(2):  # twice over: every rung replays again, after the others ran in between
+        for name, batch in batches.items():
+            tokens = batch["input_ids"].numel()
+            budget = layout.budget_for(tokens, MBS)
+            masked[budget] = masked.get(budget, 0) + budget - tokens
+            before = helper.stats.replays
+            got = _step(graphed, batch)
+            assert helper.stats.replays == before + 1, f"{name} did not replay"
+            fields = dict(tokens=tokens, budget=budget, tail=budget - tokens, step=step)
+            _compare(got, eager[name], floors[name], f"{name} pass {step}: graphs vs plugin eager", record, **fields)
+            _compare(
+                got, _step(bridge, batch), floors[name], f"{name} pass {step}: graphs vs Bridge", record, **fields
+            )
+    assert helper.stats.masked_tokens == masked
+    assert any(tail > 0 for tail in masked.values()), masked  # some replay had a tail to mask
+
+    fallback = _packed_batch(FALLBACK, seed=99, pg_collection=world.language)
+    before = helper.stats.eager_fallbacks
+    got = _step(graphed, fallback)
+    assert helper.stats.eager_fallbacks == before + 1
+    assert torch.equal(got[0], _step(ours_off, fallback)[0]), "an eager fallback must be the eager model itself"
+    assert math.isfinite(float(got[0].sum()))
+    assert_captured(helper.stats)
+    record(
+        case="counters",
+        replays=helper.stats.replays,
+        eager_fallbacks=helper.stats.eager_fallbacks,
+        masked_tokens=helper.stats.masked_tokens,
+        graph_memory_mib=helper.stats.graph_memory_bytes / 2**20,
+        capture_s=helper.stats.seconds,
+    )
+    helper.uninstall()
+    assert not helper.graphs_created()
+
+
+def test_the_tail_is_routed_but_adds_nothing(world, record):
+    """What the design corrected: megatron-core 0.19.2's router masks the tail out of its losses but not out of the
+    dispatch (``TopKRouter.routing`` returns the unmasked routing map), so a replay dispatches ``B x top-k`` routes.
+    The tail's rows stay zeros through every layer (nothing real attends to them, the experts of a zero row return
+    zeros) and the loss ignores them: the real rows' loss is exact, whatever the rung. Recorded: the routes of the
+    last replay (``tokens_per_expert`` of each layer's dispatcher) against the real tokens' ``T x top-k``."""
+    from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper, PackedLayout
+    from bridge_cudagraph.testing.parity import diff
+
+    graphed, ours_off, _ = _models(world)
+    layout = PackedLayout(budgets=(1024,), max_sequences=MBS, max_seqlen=SEQ)
+    batch = _packed_batch(CASES["fill_30"], seed=5, pg_collection=world.language)
+    tokens = batch["input_ids"].numel()
+    floor_a, floor_b = _step(ours_off, batch), _step(ours_off, batch)
+    helper = PackedLanguageGraphHelper(graphed, layout=layout, graph_unit="layer")
+    helper.create_cudagraphs()
+    assert helper.stats.failed is None, helper.stats.failed
+    got = _step(graphed, batch)
+    _compare(got, floor_a, diff(floor_b[:2], floor_a[:2]), "single rung, 30% full", record)
+    (decoder,) = helper.decoders
+    routes = []
+    for layer in decoder.layers:
+        counts = getattr(layer.mlp.token_dispatcher, "tokens_per_expert", None)
+        routes.append(None if counts is None else int(counts.sum()))
+    record(case="routes", tokens=tokens, budget=1024, topk=2, routes_per_layer=routes, real_routes=tokens * 2)
+    assert helper.stats.masked_tokens == {1024: 1024 - tokens} and helper.stats.replays == 1
+    helper.uninstall()
