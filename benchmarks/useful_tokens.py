@@ -693,6 +693,8 @@ def _counters(helpers: list) -> dict[str, dict]:
             "graphs": h.stats.graphs,
             "failed": h.stats.failed,
             **({"tight_replays": h.tight_replays} if hasattr(h, "tight_replays") else {}),
+            # packed MoE layers: the tail tokens masked out of the routing losses, per rung
+            **({"masked_tokens": dict(h.stats.masked_tokens)} if getattr(h.stats, "masked_tokens", None) else {}),
         }
         for h in helpers
         if hasattr(h, "stats")

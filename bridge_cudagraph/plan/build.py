@@ -460,7 +460,8 @@ def _tight(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> tu
     """Whether the packed replay packs rows tightly (:mod:`bridge_cudagraph.capture.tight`), and why
     (``model.cuda_graph.language.tight_packing``): only on the Qwen3-VL step's rows of varying width, at pipeline
     parallel 1 without sequence parallelism, where the forward's copies on the CPU give the rows' extents
-    (``forward.positions``); ``true`` where it cannot work is refused with the reason."""
+    (``forward.positions``), and not on an MoE model (its router's losses are statistics over every routed token,
+    each row's padding included); ``true`` where it cannot work is refused with the reason."""
     asked = cfg.language.tight_packing
     if asked is False:
         return False, "off: language.tight_packing=false"
@@ -468,6 +469,10 @@ def _tight(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> tu
         cannot = "off: only the Qwen3-VL step's rows are padded to the longest"
     elif packing.fixed_width:
         cannot = "off: every row is padded to seq_length (pp > 1 or ep > 1), one budget"
+    elif facts.num_moe_experts:
+        # Bridge's step routes each row's padding too: the router's losses count those tokens, so dropping them would
+        # change the auxiliary and z losses (a dense layer's kept tokens never see them).
+        cannot = "off: MoE routing losses count each row's padding tokens, as Bridge's step routes them"
     elif facts.pp > 1 or facts.sequence_parallel:
         cannot = "off: pipeline or sequence parallelism"
     elif cfg.forward.positions is False:

@@ -745,6 +745,9 @@ def test_packed_moe_plan_derives_the_partial_scope_and_says_so():
     assert "  MoE layers: each graph ends after the router and dispatch preprocess" in text
     assert "    padding_mask (1, T=4096) bool" in text
     assert all(len(line) <= 119 for line in text.splitlines())
+    # Tight packing would drop each row's padding, which Bridge's step routes and the router's losses count.
+    assert not packed.tight and "MoE routing losses count each row's padding" in packed.tight_source
+    assert _packed_plan().language.packed.tight  # the same facts without experts pack tightly
     # Under sequence parallelism the mask is the rank's rows, as the hidden states are.
     split = _packed_plan(facts={**MOE_FACTS, "tp": 2, "sequence_parallel": True})
     budget, inputs = split.language.packed.static_inputs[-1]
