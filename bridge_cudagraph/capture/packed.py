@@ -288,7 +288,11 @@ class PackedLanguageGraphHelper(LanguageLadder):
             deepstack_merges=deepstack_merges,
         )
         #: The MoE layers' graphs and eager remainders (:mod:`bridge_cudagraph.capture.packed_moe`); None when dense.
-        self.moe = PackedMoE.of(self.decoders, self.segments, self.stats)
+        try:
+            self.moe = PackedMoE.of(self.decoders, self.segments, self.stats)
+        except CaptureError:
+            self.uninstall()  # the decoders get their own class back
+            raise
         self.segment_remainder = None if self.moe is None else self.moe.remainder
 
     # ------------------------------------------------------------------ capture
