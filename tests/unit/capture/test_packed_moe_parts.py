@@ -90,3 +90,50 @@ def test_a_dense_layer_beside_moe_layers_does_not_see_the_mask():
     h, rotary, cu, mask = torch.zeros(4, 1, 2), torch.zeros(4, 1, 1, 2), torch.zeros(3), torch.zeros(1, 4).bool()
     out = MaskBlind(_Arguments())(h, rotary, cu, mask)
     assert len(out) == 3 and all(a is b for a, b in zip(out, (h, rotary, cu), strict=True))
+
+
+def test_an_moe_layers_remainder_follows_its_graph_before_the_deepstack_merge():
+    """The ladder's replay composes what follows a segment into the one ``after_segment`` of ``replay_segments``: the
+    MoE layer's eager remainder (on its graph's several outputs) first, then the deepstack merge after that layer, and
+    the merged hidden states go on into the next segment; a segment that is not an MoE layer passes its output to the
+    merge unchanged. Plain callables stand in for the graphs and the remainder (both need CUDA: tests/gpu)."""
+    from types import SimpleNamespace
+
+    from bridge_cudagraph.capture.language_ladder import LanguageLadder
+
+    calls: list = []
+
+    def deepstack_process(h, visual, embed):
+        calls.append(f"merge {embed}")
+        return h + embed
+
+    layer = SimpleNamespace(cuda_graph_manual_hooks=[])
+    block = SimpleNamespace(
+        config=SimpleNamespace(sequence_parallel=False),
+        layers=[layer, layer, layer],
+        pre_process=True,
+        _deepstack_process=deepstack_process,
+    )
+
+    def graph(name: str, moe: bool):
+        def run(h, *statics):
+            calls.append(f"graph {name}")
+            return (h + 1, "probs", h) if moe else h + 1
+
+        return run
+
+    def remainder(got_block, end, outputs):
+        assert got_block is block
+        if end != 2:  # layer 1 is the MoE layer, a segment of its own
+            return outputs
+        calls.append("remainder 2")
+        assert outputs[1] == "probs"
+        return outputs[0] * 10
+
+    segments = [(0, 1), (1, 2), (2, 3)]
+    ladder = SimpleNamespace(segments=[segments], decoders=[block], segment_remainder=remainder)
+    graphs = [graph("0", False), graph("1", True), graph("2", False)]
+    kwargs = {"deepstack_visual_embeds": [100, 200]}
+    out = LanguageLadder._replay_layers(ladder, block, graphs, torch.zeros(1), (), visual=None, kwargs=kwargs)
+    assert calls == ["graph 0", "merge 100", "graph 1", "remainder 2", "merge 200", "graph 2"]
+    assert out.item() == ((0 + 1 + 100) + 1) * 10 + 200 + 1
