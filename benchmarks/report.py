@@ -12,8 +12,7 @@ Layout of ``useful_tokens.json``::
               "max_seqlen", "vision_budgets", "vision_max_segments", "upstream_vision_seq_length",
               "fixed_microbatch", "plan"},
      "variants": {name: record},          # ORDER's that ran, then CONTROL, each with "status" ok | failed
-                                          # (+ "error") | refused (+ "reason": the capture plan's, e.g.
-                                          # ours_packed on MoE)
+                                          # (+ "error") | refused (+ "reason": the capture plan's)
      "paired": {"status": ok | skipped | failed, "variants": [A, B] (``--paired``, default PAIRED),
                 "step_ms": {name: [...]}, "ratios": [A ms / B ms per pair], "verdict": paired_verdict(ratios),
                 "counters": {graphed name: {submodule: counters}}, ...},
@@ -24,10 +23,12 @@ A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per
 ``step_ms_q1``/``_q3``/``_iqr``, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
 ``gpu_busy`` (+ ``gpu_busy_source``), ``gpu_busy_in_profiled_steps``, ``kernel_ms_per_step``
 (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``, ``graph_memory_bytes``, ``graph_memory_gib``,
-``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks), ``parity`` (see
-:func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``, ``peak_reserved_bytes``,
-``te_modules_fusing`` (TE modules that accumulate their weight gradient into ``main_grad`` themselves),
-``host_syncs`` (:func:`benchmarks.host_syncs.census` of one more step; :data:`HOST_SYNC_VARIANTS`), ``seconds``.
+``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks, graphs, failed; tight_replays
+of a packed ladder; masked_tokens, ``{rung: tail tokens masked out of the routing losses}``, of packed MoE layers),
+``parity`` (see :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``,
+``peak_reserved_bytes``, ``te_modules_fusing`` (TE modules that accumulate their weight gradient into ``main_grad``
+themselves), ``host_syncs`` (:func:`benchmarks.host_syncs.census` of one more step; :data:`HOST_SYNC_VARIANTS`),
+``seconds``.
 """
 
 from __future__ import annotations
@@ -543,7 +544,7 @@ def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[s
     control = speedup(variants.get(CONTROL), base)
     out["noise_floor"] = None if control is None else abs(control - 1.0)
     out["step_noise_floor"] = step_noise_floor(variants)
-    # Where packed graphs are refused (MoE), the padded graphs are what a user gets: against both eager forms.
+    # The padded graphs against both eager forms (on an MoE model, the form its padded recipes train).
     ours_padded = variants.get("ours_padded")
     out["ours_padded"] = {ref: speedup(ours_padded, variants.get(ref)) for ref in REFERENCE.values()}
     return out

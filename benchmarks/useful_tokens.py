@@ -620,10 +620,8 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
         from bridge_cudagraph.capture.ladder_helper import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
-        # The product's helpers from the product's plan (tight packing off for ours_packed_rows' setting, and on an
-        # MoE model for every variant: its router's losses count each row's padding, so the plan keeps it off).
-        tight = variant in report.TIGHT and not plan.facts.num_moe_experts
-        if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != tight:
+        # The product's helpers from the product's plan, tight as the variant's name says.
+        if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != packs_tightly(variant, plan):
             raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
         if variant in report.AUTOGRAD_GRADS:
             for ladder in helpers:
@@ -632,6 +630,13 @@ def _helpers(run: _Run, variant: str, objs: dict) -> list:
     if variant in report.MEGATRON_ENGINE:
         helpers[0] = megatron_engine(run, helpers[0], objs)
     return helpers
+
+
+def packs_tightly(variant: str, plan: CapturePlan) -> bool:
+    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: every packed graph
+    variant but ours_packed_rows (:data:`~benchmarks.report.TIGHT`), except on an MoE model, whose plan keeps tight
+    packing off for every variant (its router's losses count each row's padding, as Bridge's step routes it)."""
+    return variant in report.TIGHT and not plan.facts.num_moe_experts
 
 
 def megatron_engine(run: _Run, ladder: Any, objs: dict) -> Any:

@@ -137,6 +137,8 @@ def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
     assert plan.language.packed.token_budgets == tuple(run.layout.budgets)
     budget, inputs = plan.language.packed.static_inputs[-1]
     assert inputs[-1].name == "padding_mask" and inputs[-1].shape == (1, budget) and inputs[-1].dtype == "bool"
+    # tight packing off on MoE (the router's losses count each row's padding): the helper's check expects it off
+    assert not plan.language.packed.tight and not useful_tokens.packs_tightly("ours_packed", plan)
     refused = {"status": report.REFUSED, "form": "packed", "graphed": True, "reason": "x", "seconds": 0.0}
     data = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": refused}}
     assert useful_tokens.failed_variants(data) == []
@@ -162,6 +164,9 @@ def test_dense_models_are_not_refused_and_keep_their_providers(model):
     assert padded.vision.max_images_per_microbatch == run.cfg.vision_max_segments()
     packed = useful_tokens.variant_provider(run, "ours_packed").cuda_graph
     assert list(packed.language.token_budgets) == list(run.layout.budgets) and packed.vision == padded.vision
+    for variant, tight in (("ours_packed", True), ("ours_packed_rows", False)):  # the plan's, as the helper's check
+        plan = useful_tokens.packed_plan(run, useful_tokens.variant_provider(run, variant))
+        assert plan.language.packed.tight is tight and useful_tokens.packs_tightly(variant, plan) is tight, variant
     upstream = useful_tokens.variant_provider(run, "upstream_padded")
     assert type(upstream).__name__ == "Qwen3VLModelProvider" and upstream.cuda_graph_impl == "transformer_engine"
     assert upstream.vision_cuda_graph_impl == "transformer_engine"

@@ -33,5 +33,6 @@ table
 # shapes, and 30 steps of the 30B-A3B shape under --gpu-memory 80 with graphs on:
 #   python3 -m benchmarks.useful_tokens --out $LOGS/ut_moe --model tiny-moe --variants eager_packed,ours_packed \
 #     --paired eager_packed,ours_packed --steps 8 --profile-steps 1
-#   python3 -m benchmarks.useful_tokens --out $LOGS/ut_30b_30 --model moe-30b-a3b-shape --variants ours_packed \
-#     --no-paired --no-control --steps 30 --profile-steps 0 --gpu-memory 80
+#   python3 -m benchmarks.useful_tokens --out $LOGS/ut_30b_30 --model moe-30b-a3b-shape \
+#     --variants eager_packed,ours_packed --no-paired --no-control --steps 30 --profile-steps 0 --gpu-memory 80
+#   (--variants must hold eager_packed, every packed variant's reference: the harness refuses ours_packed alone)
