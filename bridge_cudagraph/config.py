@@ -155,8 +155,9 @@ class LanguageGraphConfig(SubmoduleGraphConfig):
     """Packed Qwen3-VL micro-batches only: the replay runs each row's needed prefix, its padding tail dropped before
     the layers, at the budget of the rows' kept tokens (:mod:`bridge_cudagraph.capture.tight`). The rows' extents come
     from the forward's copies of the tokens on the CPU (``forward.positions``). ``None``: on where the plan can (the
-    Qwen3-VL step's rows of varying width, pipeline parallel 1, no sequence parallelism, ``forward.positions`` on);
-    ``false``: every row replays at its full width; ``true`` where it cannot work is refused with the reason."""
+    Qwen3-VL step's rows of varying width, pipeline parallel 1, no sequence parallelism, no MoE layers,
+    ``forward.positions`` on); ``false``: every row replays at its full width; ``true`` where it cannot work is refused
+    with the reason."""
 
     def validate(self, where: str = "cuda_graph.language") -> None:
         """Raise :class:`CudaGraphConfigError` on a contradiction inside this block."""
