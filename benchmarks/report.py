@@ -24,7 +24,8 @@ A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per
 ``gpu_busy`` (+ ``gpu_busy_source``), ``gpu_busy_in_profiled_steps``, ``kernel_ms_per_step``
 (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``, ``graph_memory_bytes``, ``graph_memory_gib``,
 ``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks, graphs, failed; tight_replays
-of a packed ladder; masked_tokens, ``{rung: tail tokens masked out of the routing losses}``, of packed MoE layers),
+of a packed ladder; moe_tail_tokens, ``{rung: tail tokens kept out of the MoE layers' eager halves}``, of packed MoE
+layers),
 ``parity`` (see :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``,
 ``peak_reserved_bytes``, ``te_modules_fusing`` (TE modules that accumulate their weight gradient into ``main_grad``
 themselves), ``host_syncs`` (:func:`benchmarks.host_syncs.census` of one more step; :data:`HOST_SYNC_VARIANTS`),

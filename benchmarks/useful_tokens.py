@@ -53,11 +53,12 @@ JSON_NAME = "useful_tokens.json"
 
 
 # ============================================================================================ models
-#: The language graph scope of an MoE model: token counts per expert change every micro-batch, so the experts run
-#: eagerly; the attention, router and dispatch preprocess (no host sync inside) are captured.
+#: The padded language graph scope of an MoE model (megatron-core's helper): token counts per expert change every
+#: micro-batch, so the experts run eagerly; the attention, router and dispatch preprocess (no host sync inside) are
+#: captured. On packed rows the product's own scope holds (:data:`bridge_cudagraph.plan.checks.PACKED_MOE_SCOPE`).
 MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
 #: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); ours_packed graphs
-#: :data:`MOE_SCOPE` on the packed ladder (a refusal by the plan is recorded as ``refused``).
+#: each MoE layer's attention on the packed ladder (a refusal by the plan is recorded as ``refused``).
 MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
 #: Language layers of the 30B-A3B shape: its own 48 at 128 experts need EP; 4 hold the layer's shape on one GPU.
 MOE_30B_LAYERS = 4
@@ -173,8 +174,9 @@ MODELS: dict[str, ModelDef] = {
         optional=(*LEVER_VARIANTS, PADDED_CONTROL),
     ),
     "tiny-moe": ModelDef(
-        "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), language graphs of "
-        + ", ".join(MOE_SCOPE),
+        "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), padded language graphs of "
+        + ", ".join(MOE_SCOPE)
+        + "; packed: attn",
         functools.partial(_tiny_provider, moe=True),
         MOE_SCOPE,
         variants=MOE_VARIANTS,
@@ -183,7 +185,7 @@ MODELS: dict[str, ModelDef] = {
     "moe-30b-a3b-shape": ModelDef(
         f"Qwen3-VL-30B-A3B shape at {MOE_30B_LAYERS} language layers (2048 hidden, 32 heads / 4 KV groups x 128, "
         "128 experts of 768, top 8, grouped GEMM, alltoall, aux loss; vision 27 x 1152), random weights, EP 1, "
-        "language graphs of " + ", ".join(MOE_SCOPE),
+        "padded language graphs of " + ", ".join(MOE_SCOPE) + "; packed: attn",
         qwen3_vl_30b_a3b_shape_provider,
         MOE_SCOPE,
         variants=MOE_VARIANTS,
@@ -484,9 +486,12 @@ def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) ->
 
 def packed_graph_config(run: _Run) -> CudaGraphConfig:
     """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`). On
-    an MoE model the scope is :data:`MOE_SCOPE`, given explicitly: the benchmark's providers are built without
-    Bridge's config, under whose in-batch packing ``modules: null`` would mean that scope."""
-    block = ours_graph_config(run.cfg, MODELS[run.args.model].language_modules)
+    an MoE model the scope is the product's packed MoE scope, given explicitly: the benchmark's providers are built
+    without Bridge's config, under whose in-batch packing ``modules: null`` would mean that scope."""
+    from bridge_cudagraph.plan.checks import PACKED_MOE_SCOPE
+
+    moe = MODELS[run.args.model].language_modules is not None
+    block = ours_graph_config(run.cfg, PACKED_MOE_SCOPE if moe else None)
     language = dataclasses.replace(block.language, token_budgets=list(run.layout.budgets))
     return dataclasses.replace(block, language=language)
 
@@ -700,8 +705,10 @@ def _counters(helpers: list) -> dict[str, dict]:
             "graphs": h.stats.graphs,
             "failed": h.stats.failed,
             **({"tight_replays": h.tight_replays} if hasattr(h, "tight_replays") else {}),
-            # packed MoE layers: the tail tokens masked out of the routing losses, per rung
-            **({"masked_tokens": dict(h.stats.masked_tokens)} if getattr(h.stats, "masked_tokens", None) else {}),
+            # packed MoE layers: the tail tokens kept out of their MLP halves, per rung
+            **(
+                {"moe_tail_tokens": dict(h.stats.moe_tail_tokens)} if getattr(h.stats, "moe_tail_tokens", None) else {}
+            ),
         }
         for h in helpers
         if hasattr(h, "stats")

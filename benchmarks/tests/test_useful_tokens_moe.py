@@ -60,7 +60,7 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
     """Every variant's provider is the MoE class with the model's experts, top-k and depth, the photo processor's ids
     and the run's sequence; eager: no graphs; ours_padded: language graphs over attn + router + preprocess and
     vision graphs on the data's budgets, which the plan accepts (one graph set per layer); ours_packed: language on the
-    run's packed ladder in the same scope, and vision."""
+    run's packed ladder over the attention (the MLP half eager), and vision."""
     from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
     from bridge_cudagraph.testing.plans import plan_for
 
@@ -87,7 +87,7 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
     assert plan.language.captured_per_stage == (layers,) and plan.vision is not None
     packed = providers["ours_packed"].cuda_graph  # planned by the product: test_ours_packed_on_moe_plans_...
     assert packed.language.enabled and packed.language.token_budgets and packed.vision.enabled
-    assert packed.language.modules == ["attn", "moe_router", "moe_preprocess"]
+    assert packed.language.modules == ["attn"]
 
 
 def test_the_30b_a3b_shape_is_bridges_own_provider_at_reduced_depth():
@@ -123,20 +123,22 @@ def test_the_30b_a3b_shape_is_bridges_own_provider_at_reduced_depth():
 
 @pytest.mark.parametrize(("model", "experts"), [("tiny-moe", 4), ("moe-30b-a3b-shape", 128)])
 def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
-    """The plan accepts packed language graphs on MoE layers in megatron-core's partial scope: ours_packed is not
-    refused, its plan is the run's packed ladder with one graph per layer over attn + router + preprocess and the
-    rung's padding mask among the static inputs; a refusal (were there one) is still recorded, not failed."""
+    """The plan accepts packed language graphs on MoE layers in the product's packed MoE scope: ours_packed is not
+    refused, its plan is the run's packed ladder with one graph per layer over the attention and the dense packed
+    layers' static inputs; a refusal (were there one) is still recorded, not failed."""
+    from bridge_cudagraph.plan.checks import PACKED_MOE_SCOPE
+
     run = _run(model)
     assert useful_tokens.refusal(run, "ours_packed") is None
     provider = useful_tokens.variant_provider(run, "ours_packed")
     assert provider.num_moe_experts == experts
-    assert provider.cuda_graph.language.modules == list(useful_tokens.MOE_SCOPE)
+    assert provider.cuda_graph.language.modules == list(PACKED_MOE_SCOPE) == ["attn"]
     plan = useful_tokens.packed_plan(run, provider)
     assert plan.language.packed is not None and plan.language.graph_unit == "layer"
-    assert plan.language.modules == useful_tokens.MOE_SCOPE
+    assert plan.language.modules == PACKED_MOE_SCOPE
     assert plan.language.packed.token_budgets == tuple(run.layout.budgets)
     budget, inputs = plan.language.packed.static_inputs[-1]
-    assert inputs[-1].name == "padding_mask" and inputs[-1].shape == (1, budget) and inputs[-1].dtype == "bool"
+    assert "padding_mask" not in [i.name for i in inputs] and inputs[0].shape[0] == budget
     # tight packing off on MoE (the router's losses count each row's padding): the helper's check expects it off
     assert not plan.language.packed.tight and not useful_tokens.packs_tightly("ours_packed", plan)
     refused = {"status": report.REFUSED, "form": "packed", "graphed": True, "reason": "x", "seconds": 0.0}

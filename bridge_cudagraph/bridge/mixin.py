@@ -151,13 +151,10 @@ class CudaGraphProviderMixin:
                 fix=("model.cpu_offloading=false",),
             )
         modules = self.cuda_graph.language.modules
-        if getattr(self, "num_moe_experts", None) and compat.in_batch_packing_marked(self):
-            # Packed rows (Bridge marked in-batch packing): modules null is the packed MoE scope, checked with the
-            # dispatch settings it needs (plan/checks.py holds the one copy of both refusals).
-            from bridge_cudagraph.plan.checks import check_packed_moe_dispatch
-
-            check_packed_moe_dispatch(self)
-        elif getattr(self, "num_moe_experts", None) and (modules is None or "moe" in modules):
+        # On packed rows (Bridge marked in-batch packing) modules null is the packed MoE scope, and another scope is
+        # refused by plan/checks.py's one copy; padded MoE layers follow megatron-core's helper.
+        packed = compat.in_batch_packing_marked(self)
+        if getattr(self, "num_moe_experts", None) and not packed and (modules is None or "moe" in modules):
             if getattr(self, "moe_expert_capacity_factor", None) is None or not getattr(
                 self, "moe_pad_expert_input_to_capacity", False
             ):
@@ -173,8 +170,8 @@ class CudaGraphProviderMixin:
     def _language_modules(self) -> tuple[str, ...] | None:
         """The language scope megatron-core's layers read (``config.cuda_graph_modules``): the block's, or on packed
         rows of an MoE model with ``modules: null`` the packed MoE scope
-        (:func:`~bridge_cudagraph.plan.checks.packed_language_modules`), under which an MoE layer's forward returns
-        after its dispatch preprocess while a graph captures it."""
+        (:func:`~bridge_cudagraph.plan.checks.packed_language_modules`): the attention, the MoE layer's MLP half
+        eager after it."""
         modules = self.cuda_graph.language.modules
         if not compat.in_batch_packing_marked(self):
             return None if modules is None else tuple(modules)

@@ -52,11 +52,11 @@ class LanguageLadder(LadderHelper):
     form = ""
     """How this ladder's micro-batches reach the decoder, for the fallback log (``packed``, ``padded``)."""
     segment_remainder = None
-    """``(block, end, outputs) -> hidden_states``: what runs eagerly right after the graph of the segment that ends
-    before layer ``end``, on its outputs, before that segment's deepstack merge (the rest of an MoE layer,
-    :meth:`~bridge_cudagraph.capture.packed_moe.PackedMoE.remainder`); None: the graph's output is the hidden
-    states. :meth:`_replay_layers` composes it with the merge into the one ``after_segment`` of
-    :func:`~bridge_cudagraph.capture.block_replay.replay_segments`."""
+    """``(block, end, outputs, rows) -> hidden_states``: what runs eagerly right after the graph of the segment that
+    ends before layer ``end``, on its output and the micro-batch's ``rows`` local real rows, before that segment's
+    deepstack merge (an MoE layer's MLP half, :meth:`~bridge_cudagraph.capture.packed_moe.PackedMoE.remainder`);
+    None: the graph's output is the hidden states. :meth:`_replay_layers` composes it with the merge into the one
+    ``after_segment`` of :func:`~bridge_cudagraph.capture.block_replay.replay_segments`."""
 
     def __init__(
         self,
@@ -116,10 +116,10 @@ class LanguageLadder(LadderHelper):
         for param in self._fused_grad_params:
             param.grad_added_to_main_grad = True
 
-    def _replay_layers(self, block, layers, h, statics, *, visual, kwargs: dict) -> torch.Tensor:
+    def _replay_layers(self, block, layers, h, statics, *, visual, kwargs: dict, rows: int) -> torch.Tensor:
         """The decoder's layers on one rung's graphs (:func:`replay_segments`), with the micro-batch's deepstack
         merges where the first stage makes them, each after the segment's :attr:`segment_remainder` where there is
-        one."""
+        one (``rows``: the micro-batch's local rows, the rest of ``h`` the rung's tail)."""
         deepstack = kwargs.get("deepstack_visual_embeds")
         merges = len(deepstack) if block.pre_process and deepstack is not None else 0
         segments = self.segments[self.decoders.index(block)]
@@ -130,7 +130,7 @@ class LanguageLadder(LadderHelper):
             return replay_segments(block, layers, h, statics, segments, after_segment=merge)
 
         def after_segment(end: int, outputs) -> torch.Tensor:
-            return merge(end, remainder(block, end, outputs))
+            return merge(end, remainder(block, end, outputs, rows))
 
         return replay_segments(block, layers, h, statics, segments, after_segment=after_segment)
 

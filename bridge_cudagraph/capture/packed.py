@@ -116,9 +116,6 @@ class PackedGraphSet:
     rotary: torch.Tensor
     cu_seqlens: torch.Tensor
     cu_seqlens_padded: torch.Tensor | None
-    padding_mask: torch.Tensor | None = None
-    """The rung's MoE padding mask ``[1, B/tp]``, the last static input of every graph
-    (:mod:`~bridge_cudagraph.capture.packed_moe`); None for a dense model."""
 
     @property
     def budget(self) -> int:
@@ -287,7 +284,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
             graph_unit=graph_unit,
             deepstack_merges=deepstack_merges,
         )
-        #: The MoE layers' graphs and eager remainders (:mod:`bridge_cudagraph.capture.packed_moe`); None when dense.
+        #: The MoE layers' graphs and eager MLP halves (:mod:`bridge_cudagraph.capture.packed_moe`); None when dense.
         try:
             self.moe = PackedMoE.of(self.decoders, self.segments, self.stats)
         except CaptureError:
@@ -381,7 +378,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
         def wrap(layer):
             return _PackedLanguageLayer(layer, max_seqlen)
 
-        moe, mask = self.moe, None
+        moe = self.moe
         callables = segment_callables(
             list(decoder.layers), segments, wrap if moe is None else lambda layer: moe.wrap(layer, wrap, max_seqlen)
         )
@@ -389,12 +386,8 @@ class PackedLanguageGraphHelper(LanguageLadder):
         tensors = {"hidden_states": hidden[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}
         if cu_padded is not None:
             tensors["cu_seqlens_padded"] = cu_padded
-        if moe is not None:
-            tp = decoder.config.tensor_model_parallel_size if decoder.config.sequence_parallel else 1
-            mask = tensors["padding_mask"] = moe.mask_view(self._statics[copy], budget, tp)
         check_static_inputs(tensors, self.planned_inputs.get(budget, ()), self.submodule)
         statics = (rotary, cu) if cu_padded is None else (rotary, cu, cu_padded)
-        statics += () if mask is None else (mask,)
         rng = get_cuda_rng_tracker().fork() if decoder.config.sequence_parallel else contextlib.nullcontext()
         with rng:
             graphed = make_graphed_callables(
@@ -405,9 +398,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
                 pool=pool,
                 **ladder_order_kwargs(len(callables)),
             )
-        if moe is not None:
-            moe.record_shapes(decoder, mask.size(1))
-        return PackedGraphSet(list(graphed), rotary, cu, cu_padded, mask)
+        return PackedGraphSet(list(graphed), rotary, cu, cu_padded)
 
     def _capture_rung(self, budget: int, copy: int, pool) -> PackedGraphSet:
         return self._capture_budget(self.decoders[0], budget, copy, pool)
@@ -493,10 +484,9 @@ class PackedLanguageGraphHelper(LanguageLadder):
         statics = (graphs.rotary, graphs.cu_seqlens) + (
             () if graphs.cu_seqlens_padded is None else (graphs.cu_seqlens_padded,)
         )
-        if graphs.padding_mask is not None:  # MoE: the rung's tail out of the routing losses
-            self.moe.load_mask(graphs.padding_mask, budget=budget, tokens=tokens, tp=tp)
-            statics += (graphs.padding_mask,)
-        h = self._replay_layers(block, graphs.layers, h, statics, visual=visual, kwargs=kwargs)
+        if self.moe is not None:  # MoE: the rung's tail kept out of the MoE layers' eager halves
+            self.moe.count_tail(budget=budget, tokens=tokens)
+        h = self._replay_layers(block, graphs.layers, h, statics, visual=visual, kwargs=kwargs, rows=rows)
         self.copies.release_after_backward(copy, h)
         h = h[:rows]
         if tight is not None:  # back at the full layout's rows, the dropped ones zeros

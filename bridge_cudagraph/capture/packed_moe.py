@@ -1,31 +1,33 @@
 """MoE layers on the packed ladder (:mod:`bridge_cudagraph.capture.packed`): per rung and copy, one graph per MoE
-layer that holds the layer's attention, router and dispatch preprocess; the dispatch, the experts and the combine run
-eagerly after it, then the layer's post-MLP residual add. ``docs/design/moe-packed.md`` has the reasoning.
+layer that holds the layer's attention; the layer's MLP half (pre-MLP norm, router, dispatch, experts, combine,
+residual add) runs eagerly after it on the micro-batch's **real rows only**, the rung's tail passed around it.
+``docs/design/moe-packed.md`` has the reasoning and what was measured.
 
-* **The graph** (:class:`PackedMoEHead`): the layer's attention on the rung's static ``cu_seqlens`` (the
-  ``PackedSeqParams`` rebuilt inside, as for a dense packed layer), then its MLP step in megatron-core's partial scope
-  ``[attn, moe_router, moe_preprocess]`` (the provider sets it on the config), with a static **padding mask**
-  ``[1, B/tp]``, True on the rung's tail ``[T, B)``. The MoE layer returns early after its dispatch preprocess, and
-  its outputs (the permuted hidden states, the probabilities, the dispatcher's tensors, the residual) are the graph's.
-* **The mask** is filled per replay from the micro-batch's token count (a host number): two device fills, no wait
-  (:meth:`PackedMoE.load_mask`). Under megatron-core 0.19.2 it keeps the tail out of the router's z loss, out of the
-  auxiliary losses (their scores and routing map) and out of their token counts, so those are the real tokens' as in
-  Bridge's packed eager step. It does **not** keep the tail out of the dispatch: ``TopKRouter.routing`` returns the
-  unmasked routing map, so each tail token goes to top-k experts (all tail rows are zeros, so the same experts) and
-  comes back as zeros, and its gradient is zero; the experts' grouped GEMMs see those extra rows after the real ones.
-* **The eager remainder** (:meth:`PackedMoE.remainder`, the ladder's
+Why the MLP half runs on the real rows: a static rung is ``B`` rows wide and the micro-batch fills ``T <= B`` of them.
+Every kernel of the attention half treats rows independently or by the static ``cu_seqlens`` (the tail is segments
+of its own), which the dense packed suites prove equal to Bridge's eager step bit for bit. The MoE half does not: the
+router's weight gradient sums over every row it sees, and the experts' grouped GEMMs take their blocking from the
+rows routed to each expert, so a tail that reaches the router or the experts changes their numbers (measured: the
+loss and the router's weight gradient then part from Bridge's MoE model where two eager runs agree bit for bit). On
+the first ``T`` rows the MoE half sees exactly the rows of Bridge's packed eager step, in the same order, so its
+routing, its auxiliary and z losses, its token counts and its expert GEMMs are Bridge's. Under sequence parallelism
+each rank's local rows are its slice of the micro-batch followed by its share of the tail, so ``T/tp`` local rows are
+again the eager step's.
+
+* **The graph** (:class:`PackedMoEAttention`): the layer's attention on the rung's static ``cu_seqlens`` (the
+  ``PackedSeqParams`` rebuilt inside, as for a dense packed layer); its output is the hidden states after the
+  attention's residual add.
+* **The eager half** (:meth:`PackedMoE.remainder`, the ladder's
   :attr:`~bridge_cudagraph.capture.language_ladder.LanguageLadder.segment_remainder`, which
   :func:`~bridge_cudagraph.capture.block_replay.replay_segments`' ``after_segment`` runs after the MoE layer's graph,
-  before any deepstack merge of that layer): megatron-core's own partial replay
-  (:func:`bridge_cudagraph.host.moe_partial.resume`), with the dispatcher's shapes of the rung put back.
-* **Counted**: the tokens each rung masked (``stats.masked_tokens``), next to the replays and the fallbacks.
+  before any deepstack merge of that layer): ``TransformerLayer._forward_mlp`` on rows ``[0, T)``
+  (:func:`bridge_cudagraph.host.compat.layer_mlp`), the tail rows ``[T, B)`` carried on unchanged (they hold only
+  tail segments, which no real row attends to, and carry no loss).
+* **Counted**: the tail tokens each rung kept out of the MoE layers (``stats.moe_tail_tokens``), next to the
+  replays and the fallbacks.
 
-Dense layers of the same model stay whole-layer graphs (:class:`MaskBlind`: every graph of a set reads the same
-static inputs, the mask last). An MoE layer is always a graph of its own (the plan resolves ``graph_unit`` to
-``layer`` on an MoE model).
-
-Nothing here has run on a GPU: megatron-core's router and dispatcher need CUDA. ``tests/gpu/test_packed_moe.py`` is
-what proves it.
+Dense layers of the same model stay whole-layer graphs. An MoE layer is always a graph of its own (the plan resolves
+``graph_unit`` to ``layer`` on an MoE model), so its eager half follows its own graph.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from bridge_cudagraph.capture.checks import CaptureError
-from bridge_cudagraph.capture.static_inputs import StaticBuffers
 from bridge_cudagraph.capture.stats import CaptureStats
-from bridge_cudagraph.host import moe_partial
+from bridge_cudagraph.host import compat
 
-__all__ = ["MaskBlind", "PackedMoE", "PackedMoEHead", "fill_padding_mask", "packed_seq_params"]
+__all__ = ["PackedMoE", "PackedMoEAttention", "is_moe_layer", "packed_seq_params", "run_on_real_rows"]
+
+
+def is_moe_layer(layer: Any) -> bool:
+    """Whether a decoder layer's MLP is megatron-core's ``MoELayer`` (``TransformerLayer.is_moe_layer``)."""
+    return bool(getattr(layer, "is_moe_layer", False))
 
 
 def packed_seq_params(
@@ -50,72 +56,59 @@ def packed_seq_params(
     """The ``PackedSeqParams`` of a packed graph, built from its static ``cu_seqlens`` (and a separate padded copy
     where the data path has one), as :class:`~bridge_cudagraph.capture.packed.PackedGraphSet`'s dense layers build
     theirs."""
-    padded = None if cu_seqlens_padded is None else cu_seqlens_padded
     return PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=cu_seqlens,
         cu_seqlens_kv=cu_seqlens,
-        cu_seqlens_q_padded=padded,
-        cu_seqlens_kv_padded=padded,
+        cu_seqlens_q_padded=cu_seqlens_padded,
+        cu_seqlens_kv_padded=cu_seqlens_padded,
         max_seqlen_q=max_seqlen,
         max_seqlen_kv=max_seqlen,
     )
 
 
-class PackedMoEHead(torch.nn.Module):
-    """One MoE layer's graphed part on a rung: ``(hidden_states, rotary, cu_seqlens[, cu_seqlens_padded],
-    padding_mask) -> (hidden_states, probs, *dispatcher tensors, [shared experts' output,] residual)``, tensors
-    only, as :func:`bridge_cudagraph.host.moe_partial.mlp_head` returns them."""
+class PackedMoEAttention(torch.nn.Module):
+    """One MoE layer's graphed half on a rung: ``(hidden_states, rotary, cu_seqlens[, cu_seqlens_padded]) ->
+    hidden_states`` after the attention and its residual add (:func:`bridge_cudagraph.host.compat.layer_attention`)."""
 
     def __init__(self, layer: torch.nn.Module, max_seqlen: int) -> None:
         super().__init__()
         self.layer = layer
         self.max_seqlen = max_seqlen
 
-    def forward(self, hidden_states, rotary_pos_emb, cu_seqlens, *rest):
-        *padded, padding_mask = rest
+    def forward(self, hidden_states, rotary_pos_emb, cu_seqlens, *padded):
         params = packed_seq_params(cu_seqlens, padded[0] if padded else None, self.max_seqlen)
-        h = moe_partial.attention(self.layer, hidden_states, rotary_pos_emb, params)
-        return tuple(moe_partial.mlp_head(self.layer, h, padding_mask))
+        return compat.layer_attention(self.layer, hidden_states, rotary_pos_emb, params)
 
 
-class MaskBlind(torch.nn.Module):
-    """A dense layer's packed callable in a model with MoE layers: it takes the same static inputs as the MoE graphs
-    (the padding mask last) and hands the layer all but the mask."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, hidden_states, *statics):
-        return self.inner(hidden_states, *statics[:-1])
-
-
-def fill_padding_mask(mask: torch.Tensor, rows: int) -> None:
-    """``mask`` (``[1, B/tp]`` bool) False on the real rows ``[0, rows)`` and True on the tail: two fills on the
-    device, sized by a host number, so nothing waits for the GPU."""
-    mask[:, :rows].fill_(False)
-    mask[:, rows:].fill_(True)
+def run_on_real_rows(
+    step: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, rows: int
+) -> torch.Tensor:
+    """``step`` on the first ``rows`` rows of ``hidden_states`` (``[B, 1, H]``), the rows after them carried on as
+    they are: ``cat([step(h[:rows]), h[rows:]])``, so autograd sends each part's gradient back to its own rows."""
+    if rows >= hidden_states.size(0):
+        return step(hidden_states)
+    return torch.cat([step(hidden_states[:rows]), hidden_states[rows:]])
 
 
 class PackedMoE:
-    """The MoE layers of one decoder on the packed ladder: their callables, the rung's padding mask, the dispatcher's
-    shapes per rung, the eager remainder after each MoE layer's graph, and the tokens masked per rung.
+    """The MoE layers of one decoder on the packed ladder: their graphed callables, the eager MLP half after each
+    MoE layer's graph, and the tail tokens per rung kept out of them.
 
     Args:
         decoder: The decoder (``TransformerBlock``) whose layers are captured.
         segments: The layer ranges ``[start, end)`` of its graphs (the plan's); each MoE layer must be one of its own.
-        stats: The helper's stats, whose :attr:`~bridge_cudagraph.capture.stats.CaptureStats.masked_tokens` this
+        stats: The helper's stats, whose :attr:`~bridge_cudagraph.capture.stats.CaptureStats.moe_tail_tokens` this
             counts into.
 
     Raises:
-        CaptureError: An MoE layer that is not a graph of its own, or that the partial scope cannot capture
-            (:func:`bridge_cudagraph.host.moe_partial.check_partial_scope`).
+        CaptureError: An MoE layer that shares a graph with other layers, or whose MLP half cannot run after its
+            graph (expert-parallel overlap splits the layer into callables of its own).
     """
 
     def __init__(self, decoder: Any, segments: Sequence[tuple[int, int]], stats: CaptureStats) -> None:
         self.stats = stats
-        self.moe_layers = frozenset(i for i, layer in enumerate(decoder.layers) if moe_partial.is_moe_layer(layer))
+        self.moe_layers = frozenset(i for i, layer in enumerate(decoder.layers) if is_moe_layer(layer))
         alone = {start for start, end in segments if end - start == 1}
         for index in sorted(self.moe_layers):
             if index not in alone:
@@ -123,65 +116,47 @@ class PackedMoE:
                     f"language: MoE layer {index} shares a graph with other layers ({list(segments)}); packed MoE "
                     "layers need graph_unit 'layer' (the plan resolves it so)"
                 )
-            why = moe_partial.check_partial_scope(decoder.layers[index])
-            if why is not None:
-                raise CaptureError(f"language: packed MoE layer {index} cannot be captured: {why}")
-        #: ``{local rows of a rung: {layer index: dispatcher shapes}}``, recorded when the rung is captured.
-        self.shapes: dict[int, dict[int, dict[str, Any]]] = {}
+            if getattr(decoder.layers[index].config, "overlap_moe_expert_parallel_comm", False):
+                raise CaptureError(
+                    f"language: packed MoE layer {index} cannot be captured: model.overlap_moe_expert_parallel_comm="
+                    "true splits the layer into fine-grained callables of its own"
+                )
 
     @classmethod
     def of(cls, decoders: Sequence[Any], segments: Sequence, stats: CaptureStats) -> PackedMoE | None:
         """The MoE layers of the ladder's decoder (one model chunk per rank), or None for a dense model."""
-        if not decoders or not any(moe_partial.is_moe_layer(layer) for layer in decoders[0].layers):
+        if not decoders or not any(is_moe_layer(layer) for layer in decoders[0].layers):
             return None
         return cls(decoders[0], segments[0], stats)
 
     # ------------------------------------------------------------------ capture
-    def wrap(self, layer: torch.nn.Module, dense: Callable[[torch.nn.Module], torch.nn.Module], max_seqlen: int):
-        """The graphed callable of one layer: :class:`PackedMoEHead` for an MoE layer, ``dense(layer)`` behind
-        :class:`MaskBlind` for a dense one."""
-        if moe_partial.is_moe_layer(layer):
-            return PackedMoEHead(layer, max_seqlen)
-        return MaskBlind(dense(layer))
-
     @staticmethod
-    def mask_view(statics: StaticBuffers, budget: int, tp: int) -> torch.Tensor:
-        """The rung's static padding mask ``[1, budget / tp]`` (all False until a replay fills it), a view of the
-        copy's one buffer as every rung's static inputs are."""
-        return statics.view("padding_mask", (budget // tp,), torch.bool).unsqueeze(0)
-
-    def record_shapes(self, decoder: Any, rows: int) -> None:
-        """After a rung of ``rows`` local rows is captured: each MoE layer's dispatcher shapes, which its replays put
-        back (:func:`bridge_cudagraph.host.moe_partial.dispatcher_shapes`)."""
-        self.shapes[rows] = {i: moe_partial.dispatcher_shapes(decoder.layers[i]) for i in self.moe_layers}
+    def wrap(layer: torch.nn.Module, dense: Callable[[torch.nn.Module], torch.nn.Module], max_seqlen: int):
+        """The graphed callable of one layer: :class:`PackedMoEAttention` for an MoE layer, ``dense(layer)`` (the
+        whole layer) for a dense one."""
+        return PackedMoEAttention(layer, max_seqlen) if is_moe_layer(layer) else dense(layer)
 
     # ------------------------------------------------------------------ replay
     @staticmethod
     def misfit(params: PackedSeqParams) -> tuple[str, str] | None:
         """Why a packed micro-batch cannot replay the MoE graphs, or None: a ``tokens_per_sample`` asks megatron-core
-        to route each sample as its own row (``_maybe_unflatten_for_moe``), which a rung with a tail cannot divide."""
+        to route each sample as its own row (``_maybe_unflatten_for_moe``), which the eager half does not do."""
         if getattr(params, "tokens_per_sample", None) is not None:
             return ("moe-rows", "packed_seq_params.tokens_per_sample is set (per-sample MoE routing)")
         return None
 
-    def load_mask(self, mask: torch.Tensor, *, budget: int, tokens: int, tp: int) -> None:
-        """Fill the rung's mask for a micro-batch of ``tokens`` (``T'`` when tightly packed) at ``budget``; the tail
-        ``budget - tokens`` is counted as masked at that rung."""
-        fill_padding_mask(mask, tokens // tp)
-        masked = self.stats.masked_tokens
-        masked[budget] = masked.get(budget, 0) + budget - tokens
+    def count_tail(self, *, budget: int, tokens: int) -> None:
+        """A micro-batch of ``tokens`` replays at ``budget``: its tail ``budget - tokens`` is counted as kept out of
+        the MoE layers at that rung."""
+        tails = self.stats.moe_tail_tokens
+        tails[budget] = tails.get(budget, 0) + budget - tokens
 
-    def remainder(self, block: Any, end: int, outputs: Any) -> torch.Tensor:
-        """After the graph of the segment that ends before layer ``end``: the eager rest of an MoE layer on the
-        graph's outputs (:func:`bridge_cudagraph.host.moe_partial.resume`); a dense segment's output unchanged. An MoE
+    def remainder(self, block: Any, end: int, outputs: torch.Tensor, rows: int) -> torch.Tensor:
+        """After the graph of the segment that ends before layer ``end``: an MoE layer's eager MLP half on the
+        micro-batch's ``rows`` local real rows (:func:`run_on_real_rows`); a dense segment's output unchanged. An MoE
         layer is a segment of its own (checked at construction), so the segment is layer ``end - 1`` alone."""
         index = end - 1
         if index not in self.moe_layers:
             return outputs
-        residual = outputs[-1]
-        shapes = self.shapes.get(residual.size(0))
-        if shapes is None:
-            raise RuntimeError(
-                f"bridge_cudagraph: no dispatcher shapes recorded for a packed MoE rung of {residual.size(0)} rows"
-            )
-        return moe_partial.resume(block.layers[index], outputs, shapes[index])
+        layer = block.layers[index]
+        return run_on_real_rows(lambda h: compat.layer_mlp(layer, h), outputs, rows)

@@ -187,9 +187,8 @@ class PaddedLanguageGraphHelper(LanguageLadder):
             graphs.rotary.copy_(kwargs["rotary_pos_emb"])
         self._prepare_replay()
         h = make_viewless_tensor(inp=hidden_states, requires_grad=True, keep_graph=True)
-        h = self._replay_layers(
-            block, graphs.layers, h, graphs.statics, visual=kwargs.get("visual_pos_masks"), kwargs=kwargs
-        )
+        visual = kwargs.get("visual_pos_masks")
+        h = self._replay_layers(block, graphs.layers, h, graphs.statics, visual=visual, kwargs=kwargs, rows=h.size(0))
         self.copies.release_after_backward(copy, h)
         return self._finish(block, h)
 

@@ -45,6 +45,6 @@ class CaptureStats:
     param_grads_summed: int = 0
     """Parameter gradients a backward pass over one rung's graphs sums into ``main_grad`` in small graphs of its own
     (:mod:`bridge_cudagraph.capture.param_grads`), instead of autograd and DDP's hook one by one; 0: none."""
-    masked_tokens: dict[int, int] = field(default_factory=dict)
-    """Per rung, the tail tokens packed MoE replays masked out of the routing losses and their token counts
-    (:mod:`bridge_cudagraph.capture.packed_moe`); empty for a dense model."""
+    moe_tail_tokens: dict[int, int] = field(default_factory=dict)
+    """Per rung, the tail tokens of packed MoE replays, which the MoE layers' eager halves never saw (they run on the
+    micro-batch's real rows, :mod:`bridge_cudagraph.capture.packed_moe`); empty for a dense model."""

@@ -35,8 +35,6 @@ module                     what it changes
 ``encoder_swap``           ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups
 ``graph_grads``            TE's graphed callables' parameter-gradient clone flags, megatron-core's ready mark on
                            parameters: for gradients a ladder's graphs sum themselves
-``moe_partial``            an MoE layer's ``cudagraph_tensor_store`` and token dispatcher attributes, set from a
-                           packed graph's outputs for the layer's eager remainder (megatron-core's partial replay)
 ``finalize_chain``         nothing of its own: how ``finalize`` and ``replica_sync`` put a wrapper on and off
 ``data_workers``           the environment's ``TOKENIZERS_PARALLELISM`` while a data loader forks workers
 ``refusals``               nothing: reads the frame of a host configuration check that raised, to name its settings

@@ -50,8 +50,6 @@ Attributes and fields of host objects:
   undo ``detach_counts``
 - ``data_workers``: the environment's ``TOKENIZERS_PARALLELISM``; tokenizers 0.22 under Bridge 0.6.2; undo: leaving
   the block
-- ``moe_partial``: an MoE layer's ``cudagraph_tensor_store`` and its token dispatcher's attributes, from a packed
-  graph's outputs; megatron-core 0.19.2; undo ``cudagraph_tensor_store.clear()`` after each remainder
 
 Classes of host objects (a mixin in front of one object's class, the host's classes untouched):
 

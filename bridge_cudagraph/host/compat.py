@@ -317,15 +317,6 @@ def qwen3_vl_forward_is_mirrored() -> bool:
     return _proven("megatron-bridge")
 
 
-@functools.cache
-def moe_partial_capture_is_mirrored() -> bool:
-    """Whether the installed megatron-core is :data:`TESTED_STACK`'s release, whose partial MoE replay
-    (``TransformerLayer._te_cuda_graph_replay_impl``, its ``moe_router`` branch)
-    :mod:`bridge_cudagraph.host.moe_partial` mirrors for packed rows; another release may return other outputs from
-    the partial capture, so packed MoE layers are not captured there."""
-    return _proven("megatron-core")
-
-
 # ----------------------------------------------------------------------------------- named accessors of host internals
 # The host's private names this package reads, each behind one accessor: the only place outside the rest of host/ that
 # names them (tests/unit/test_package.py holds every other module to that), with the release it was written for.
@@ -343,6 +334,27 @@ def deepstack_process(block: Any, hidden_states: Any, visual_pos_masks: Any, emb
     """Bridge 0.6.2's ``Qwen3VLTransformerBlock._deepstack_process``: one deepstack feature added at the visual rows,
     as the block's own loop adds it between layers."""
     return block._deepstack_process(hidden_states, visual_pos_masks, embeds)
+
+
+def layer_attention(layer: Any, hidden_states: Any, rotary_pos_emb: Any, packed_seq_params: Any) -> Any:
+    """megatron-core 0.19's ``TransformerLayer._forward_attention`` on packed rows (no attention mask: the boundaries
+    are in ``packed_seq_params``): the hidden states after the attention's residual add, the first half of
+    ``TransformerLayer.forward``."""
+    hidden_states, _ = layer._forward_attention(
+        hidden_states=hidden_states,
+        attention_mask=None,
+        rotary_pos_emb=rotary_pos_emb,
+        packed_seq_params=packed_seq_params,
+    )
+    return hidden_states
+
+
+def layer_mlp(layer: Any, hidden_states: Any) -> Any:
+    """megatron-core 0.19's ``TransformerLayer._forward_mlp``, the second half of ``TransformerLayer.forward``: the
+    pre-MLP norm, the MLP (an MoE layer's router, dispatch, experts and combine) and the residual add. No padding
+    mask and no ``packed_seq_params``, as Bridge 0.6.2's packed step runs it (it sets neither a padding mask nor
+    ``tokens_per_sample``)."""
+    return layer._forward_mlp(hidden_states)
 
 
 def param_gather_hook_maker(chunk: Any) -> Any:

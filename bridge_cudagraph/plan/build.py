@@ -57,7 +57,7 @@ from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, Vi
 from bridge_cudagraph.plan.memory import TrainingFacts, estimate
 from bridge_cudagraph.plan.sizes import check_positive as _check_positive
 
-#: Why ``language.modules: null`` on packed rows of an MoE model is the partial scope, for the plan's text.
+#: Why ``language.modules: null`` on packed rows of an MoE model is the attention alone, for the plan's text.
 PACKED_MOE_SOURCE = "null on packed MoE layers"
 
 
@@ -444,12 +444,6 @@ def _packed_static_inputs(
                 StaticInput("rotary_pos_emb", (b, 1, 1, facts.rotary_dim), "fp32", ("T", "", "", ""), rotary_note),
                 StaticInput("cu_seqlens", cu, "int32"),
                 *((StaticInput("cu_seqlens_padded", cu, "int32"),) if separate_padded else ()),
-                # MoE layers: True on the rung's tail, out of the routing losses (capture/packed_moe.py).
-                *(
-                    (StaticInput("padding_mask", (1, b // tp), "bool", ("", "T/tp" if tp > 1 else "T")),)
-                    if facts.num_moe_experts
-                    else ()
-                ),
             ),
         )
         for b in budgets
@@ -780,7 +774,7 @@ def _plan_language(
             per_unit = padded.copies
     unit, unit_source = _language_unit(cfg, facts)
     if modules_source and unit_source:
-        unit_source = "an eager MoE remainder follows each MoE layer's graph"
+        unit_source = "each MoE layer's MLP half runs eagerly after its graph"
     merges = deepstack_merges(facts)
     segments = tuple(
         language_segments(len(local), merges, first_stage=stage == 0, unit=unit)

@@ -177,7 +177,7 @@ class LanguagePlan:
         warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
         unit_source: Why a derived ``graph_unit`` is ``layer`` (empty when set, or derived as ``run``).
         modules_source: Why :attr:`modules` differs from the block's ``modules: null`` (packed rows of an MoE model:
-            megatron-core's partial scope, :data:`~bridge_cudagraph.plan.checks.PACKED_MOE_SCOPE`); empty otherwise.
+            the attention alone, :data:`~bridge_cudagraph.plan.checks.PACKED_MOE_SCOPE`); empty otherwise.
     """
 
     enabled: bool

@@ -299,10 +299,9 @@ def check_before_bridge(config: Any) -> None:
 
     * ``model.seq_length`` past the positions the model was trained for (accepted by Bridge; nothing in the stack
       limits rotary positions, so such a run trains on positions no weight has seen);
-    * context parallelism, MoE layers outside their packed scope, MoE dispatch settings the packed graphs cannot
-      hold, and fine-grained activation offloading with packed language graphs (:func:`check_packed_context_parallel`,
-      :func:`check_packed_layers`, :func:`check_packed_moe_dispatch`: the host's own lines about them would come
-      first, and megatron-core's assertion about ``moe_preprocess`` names no setting);
+    * context parallelism, MoE layers outside their packed scope and fine-grained activation offloading with packed
+      language graphs (:func:`check_packed_context_parallel`, :func:`check_packed_layers`: the host's own lines about
+      them would come first);
     * under context parallelism on a fine-tuning dataset: ``model.seq_length`` a multiple of 2 x cp,
       ``model.calculate_per_token_loss=true`` and ``ddp.average_in_collective=false`` (Bridge asserts them with
       ``When finetuning with CP>1, ... must be ...``);
@@ -322,7 +321,6 @@ def check_before_bridge(config: Any) -> None:
                 packing=packing,
                 modules=cg.language.modules,
             )
-            check_packed_moe_dispatch(model)
     _check_finetuning_context_parallel(config)
     _check_sequence_lengths(config)
 
@@ -582,16 +580,17 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
     check_packed_budgets(cfg, facts, packing)
 
 
-#: What a packed language graph of an MoE layer holds (:mod:`bridge_cudagraph.capture.packed_moe`): the attention,
-#: the router and the dispatch preprocess, megatron-core's partial scope; the dispatch, the experts and the combine
-#: run eagerly after it. ``language.modules: null`` on packed rows of an MoE model means this scope.
-PACKED_MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
+#: What a packed language graph of an MoE layer holds (:mod:`bridge_cudagraph.capture.packed_moe`): the attention;
+#: the MLP half (router, dispatch, experts, combine) runs eagerly after it on the micro-batch's real rows, so that the
+#: rung's tail never reaches the router or the experts. ``language.modules: null`` on packed rows of an MoE model
+#: means this scope, which megatron-core's layers read from ``config.cuda_graph_modules``.
+PACKED_MOE_SCOPE: tuple[str, ...] = ("attn",)
 
 
 def packed_language_modules(modules: Any, num_moe_experts: int | None) -> tuple[str, ...] | None:
     """``model.cuda_graph.language.modules`` of packed graphs, resolved: null on an MoE model is
-    :data:`PACKED_MOE_SCOPE` (megatron-core's layers read it from ``config.cuda_graph_modules``: the MoE layer returns
-    early under it), else as given (None: whole layers)."""
+    :data:`PACKED_MOE_SCOPE` (megatron-core's layers read it from ``config.cuda_graph_modules``), else as given
+    (None: whole layers)."""
     if modules is None:
         return PACKED_MOE_SCOPE if num_moe_experts else None
     return tuple(modules)
@@ -604,10 +603,10 @@ def check_packed_layers(
     :func:`check_packed_language` and, before Bridge's finalization, :func:`check_before_bridge`):
 
     * MoE layers on GPT SFT offline packing: the packed MoE graphs follow Bridge's Qwen3-VL step only;
-    * MoE layers in another scope than :data:`PACKED_MOE_SCOPE` (which ``modules: null`` derives): whole MoE layers
-      (``moe``) are refused on packed rows even with a padding capacity factor, since a rung's capacity would follow
-      its budget rather than the micro-batch and its tail would compete for it; ``attn`` alone, or the router
-      without the preprocess, have no packed callable;
+    * MoE layers in another scope than :data:`PACKED_MOE_SCOPE` (which ``modules: null`` derives): a graph that holds
+      the router, the dispatch or the experts would run them over the rung's tail, whose rows change the router's
+      weight gradient and the experts' blocking (and, for whole MoE layers with a capacity factor, compete for
+      capacity), so the MLP half runs eagerly on the real rows;
     * fine-grained activation offloading: its offload hooks run inside the layers, and only megatron-core's own
       helper (padded micro-batches) turns them off around a capture.
     """
@@ -622,16 +621,11 @@ def check_packed_layers(
         )
     if num_moe_experts and modules is not None and set(modules) != set(PACKED_MOE_SCOPE):
         scope = "[" + ",".join(PACKED_MOE_SCOPE) + "]"
-        why = (
-            "captures whole MoE layers, whose expert capacity would follow the rung's token budget and not the "
-            "micro-batch"
-            if "moe" in modules
-            else "has no packed graph of its own"
-        )
         raise CudaGraphConfigError(
-            f"{where}.modules={list(modules)} with packed micro-batches on an MoE model ({num_moe_experts} experts) "
-            f"{why}; packed MoE layers capture {scope} (the experts, their dispatch and combine run eagerly "
-            f"between the graphs): set {where}.modules=null",
+            f"{where}.modules={list(modules)} with packed micro-batches on an MoE model ({num_moe_experts} experts): "
+            f"a graph on a packed rung would run the router and the experts over the rung's padding tail too, "
+            f"which changes their numbers; packed MoE layers capture {scope} and run the router, dispatch, experts "
+            f"and combine eagerly on the micro-batch's own tokens: set {where}.modules=null",
             fix=(f"{where}.modules=null",),
         )
     if offloading:
@@ -641,33 +635,6 @@ def check_packed_layers(
             "(padded micro-batches) switches off around a capture; set "
             f"model.fine_grained_activation_offloading=false, or {where}.enabled=false",
             fix=("model.fine_grained_activation_offloading=false",),
-        )
-
-
-def check_packed_moe_dispatch(model: Any) -> None:
-    """The MoE settings under which megatron-core lets the dispatch preprocess into a graph (``TransformerConfig``
-    refuses ``moe_preprocess`` otherwise, in a bare assertion): the alltoall dispatcher without a capacity factor
-    and without router padding, whose preprocess copies nothing to the host. For a provider on packed rows
-    (:func:`check_before_bridge`, and the provider's ``finalize()`` where Bridge marked in-batch packing)."""
-    if not getattr(model, "num_moe_experts", None):
-        return
-    where = "model.cuda_graph.language"
-    dispatcher = getattr(model, "moe_token_dispatcher_type", "allgather")
-    if dispatcher != "alltoall":
-        raise CudaGraphConfigError(
-            f"model.moe_token_dispatcher_type={dispatcher!r} with packed language graphs: the packed MoE graphs hold "
-            "the dispatch preprocess, which only the alltoall dispatcher runs without a host copy; set "
-            f"model.moe_token_dispatcher_type=alltoall, or {where}.enabled=false",
-            fix=("model.moe_token_dispatcher_type=alltoall",),
-        )
-    capacity = getattr(model, "moe_expert_capacity_factor", None)
-    if capacity is not None:
-        raise CudaGraphConfigError(
-            f"model.moe_expert_capacity_factor={capacity} with packed language graphs: a capacity factor makes the "
-            "dispatch preprocess copy token counts to the host (megatron-core refuses moe_preprocess graphs then); "
-            "set model.moe_expert_capacity_factor=null and model.moe_pad_expert_input_to_capacity=false (dropless), "
-            f"or {where}.enabled=false",
-            fix=("model.moe_expert_capacity_factor=null", "model.moe_pad_expert_input_to_capacity=false"),
         )
 
 

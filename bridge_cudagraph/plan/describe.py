@@ -94,8 +94,8 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
     lines = [*_joined(head, f"{modules}, {warmup}"), *runs]
     if packed is not None and facts.num_moe_experts:
         lines += [
-            "  MoE layers: each graph ends after the router and dispatch preprocess; dispatch, experts, combine",
-            "    run eagerly after it; the rung's tail is masked out of the routing losses (counted per rung)",
+            "  MoE layers: each graph holds the attention; router, dispatch, experts and combine run eagerly after",
+            "    it on the micro-batch's own tokens, the rung's tail kept out of them (counted per rung)",
         ]
     if padded is not None:
         lines.append(

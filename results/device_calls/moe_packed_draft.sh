@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Device call drafted for the packed MoE graphs (branch moe-packed, capture/packed_moe.py), not yet run: nothing of the
-# packed MoE path has run on a GPU. Two lanes, then the 30B-A3B shape alone:
+# Device call drafted for the packed MoE graphs (branch moe-packed, capture/packed_moe.py): each MoE layer's attention
+# graphed, its MLP half eager on the micro-batch's own tokens. This form has not run on a GPU (the form before it, with
+# the router and dispatch preprocess in the graph, failed (A) on an H200: docs/design/moe-packed.md). Two lanes, then the 30B-A3B shape alone:
 #  (A) under NVTE_ALLOW_NONDETERMINISTIC_ALGO=0: the packed MoE suite (tiny Qwen3-VL MoE on Bridge's packed step:
 #      per-token loss exact against Bridge's unmodified MoE model, every gradient within the eager-vs-eager floor, the
-#      router's aux and z losses recorded exact-or-ulps, graphs/replays/masked tokens counted), then the dense packed
+#      router's aux and z losses exact, the dispatchers saw T rows only, graphs/replays/tail tokens counted), then the dense packed
 #      suite's ladder cases (the replay hook must leave dense models as they were);
 #  (B) the MoE recipe through Bridge's loop (recipes/tiny_qwen3_vl_moe_photos.yaml now packs: test_bridge_loop -k moe)
 #      and the packed MoE suite without deterministic kernels (floors instead of bits).

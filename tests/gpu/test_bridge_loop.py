@@ -24,7 +24,7 @@ times out.
 
 Issue #35, the ``moe`` tests (``-k moe``, their own runs): the MoE tiny Qwen3-VL on the photo set through Bridge's
 data path (``recipes/tiny_qwen3_vl_moe_photos.yaml``: packed in Bridge's step since the packed MoE graphs, not yet run
-on a GPU that way; language graphs of ``[attn, moe_router, moe_preprocess]`` per MoE layer, vision graphs,
+on a GPU that way; language graphs of each MoE layer's attention, its MLP half eager, vision graphs,
 ``dist.use_decentralized_pg=true``), 30 iterations graphs on and twice graphs off,
 and graphs on resumed at 20: every run trains, logs its MoE metrics, evaluates and saves under pure M4; graphs
 captured and replayed, none failed; every loss and grad norm finite, graphs on equal to graphs off (within twice the
@@ -537,7 +537,7 @@ def _moe_deterministic() -> tuple[str, ...]:
 def moe_runs(tmp_path_factory):
     """``recipes/tiny_qwen3_vl_moe_photos.yaml`` (the MoE tiny Qwen3-VL on the photo set through Bridge's data path,
     packed rows, ``dist.use_decentralized_pg=true``) for ``MOE_ITERS`` iterations: graphs on (language
-    ``[attn, moe_router, moe_preprocess]`` and vision; saved at ``MOE_SAVE_AT`` and at the end), then at once graphs
+    ``[attn]`` per MoE layer and vision; saved at ``MOE_SAVE_AT`` and at the end), then at once graphs
     off (saved likewise), graphs off again (the eager-vs-eager floor) and graphs on resumed from the first run's
     checkpoint at ``MOE_SAVE_AT``."""
     import torch
@@ -665,7 +665,7 @@ _VISION_GAP_UNDER_DETERMINISM = pytest.mark.xfail(
 
 
 def test_moe_language_graphs_are_bit_exact_under_deterministic_mode(moe_runs, record):
-    """Bridge's deterministic mode, graphs on the language model alone ([attn, moe_router, moe_preprocess]): every
+    """Bridge's deterministic mode, graphs on the language model alone ([attn] per MoE layer): every
     iteration's loss and grad norm equal graphs off bit for bit, and eager equals itself (the mode holds)."""
     if moe_runs.language_only is None:
         pytest.skip("needs NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (the MoE runs then use Bridge's deterministic mode)")

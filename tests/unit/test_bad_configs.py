@@ -966,27 +966,17 @@ SECOND_ROUND = [
     (
         "moe-packed-whole-layers",
         [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn,moe]"],
-        ["packed micro-batches on an MoE model", "captures whole MoE layers", f"set {LANG_BLOCK}.modules=null"],
-    ),
-    (
-        "moe-packed-attention-only",
-        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn]"],
-        ["modules=['attn']", "has no packed graph of its own", f"set {LANG_BLOCK}.modules=null"],
+        ["packed micro-batches on an MoE model", "over the rung's padding tail", f"set {LANG_BLOCK}.modules=null"],
     ),
     (
         "moe-packed-router-without-preprocess",
         [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn,moe_router]"],
-        ["modules=['attn', 'moe_router']", "[attn,moe_router,moe_preprocess]", f"set {LANG_BLOCK}.modules=null"],
+        ["modules=['attn', 'moe_router']", "packed MoE layers capture [attn]", f"set {LANG_BLOCK}.modules=null"],
     ),
     (
-        "moe-packed-capacity-factor",
-        [MOE_PHOTOS, "model.moe_expert_capacity_factor=1.0"],
-        ["model.moe_expert_capacity_factor=1.0 with packed language graphs", "=null", "(dropless)"],
-    ),
-    (
-        "moe-packed-allgather-dispatcher",
-        [MOE_PHOTOS, "model.moe_token_dispatcher_type=allgather"],
-        ["model.moe_token_dispatcher_type='allgather'", "model.moe_token_dispatcher_type=alltoall"],
+        "moe-packed-partial-scope",
+        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
+        ["the router and the experts over the rung's padding tail", f"set {LANG_BLOCK}.modules=null"],
     ),
     (
         "moe-padded-whole-layers",
@@ -1087,15 +1077,18 @@ def test_every_refusal_gives_a_fix_that_leads_to_ok(name, argv, fragments, monke
     "argv",
     [
         [MOE_PHOTOS],
-        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
+        [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn]"],
+        [MOE_PHOTOS, "model.moe_expert_capacity_factor=1.0"],
+        [MOE_PHOTOS, "model.moe_token_dispatcher_type=allgather"],
         [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
         [VL_30B_MOE],
     ],
-    ids=["packed-null", "packed-scope-given", "padded-scope", "30b-packed"],
+    ids=["packed-null", "packed-scope-given", "packed-capacity", "packed-allgather", "padded-scope", "30b-packed"],
 )
 def test_the_moe_advice_ends_where_the_issue_began(argv, monkeypatch):
-    """The MoE configurations the advice leads to validate as they are: packed rows with ``modules: null`` or with the
-    partial scope given (the advice once sent a user from one to a refusal of the other), and padded rows with the
+    """The MoE configurations the advice leads to validate as they are: packed rows with ``modules: null`` or with its
+    scope ``[attn]`` given (the advice once sent a user from one to a refusal of the other), whatever the dispatcher
+    and the capacity factor (the MoE half runs eagerly, as Bridge's step), and padded rows with megatron-core's
     partial scope."""
     monkeypatch.chdir(ROOT)
     assert _follow_the_advice(argv) == []

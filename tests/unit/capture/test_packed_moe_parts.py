@@ -1,59 +1,95 @@
-"""The CPU parts of the packed MoE graphs (:mod:`bridge_cudagraph.capture.packed_moe`): the rung's padding mask (its
-view of the copy's static buffer, its fill from a token count, the masked tokens counted per rung), the callables'
-argument plumbing, and the micro-batches that fall back. The graphs themselves, megatron-core's router and dispatcher
-and the eager remainder need CUDA: ``tests/gpu/test_packed_moe.py``."""
+"""The CPU parts of the packed MoE graphs (:mod:`bridge_cudagraph.capture.packed_moe`): the MLP half on the
+micro-batch's real rows only (its outputs and gradients), the tail tokens counted per rung, the callables' argument
+plumbing, and the micro-batches that fall back. The graphs themselves and megatron-core's router and dispatcher need
+CUDA (the router moves its weight to the GPU when built): ``tests/gpu/test_packed_moe.py``."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.capture.packed_moe import MaskBlind, PackedMoE, fill_padding_mask, packed_seq_params
-from bridge_cudagraph.capture.static_inputs import StaticBuffers
+from bridge_cudagraph.capture.packed_moe import PackedMoE, packed_seq_params, run_on_real_rows
 from bridge_cudagraph.capture.stats import CaptureStats
 
 pytestmark = pytest.mark.fast
 
 
-@pytest.mark.parametrize(("budget", "tokens", "tp"), [(64, 40, 1), (64, 64, 1), (64, 0, 1), (128, 80, 2)])
-def test_the_mask_is_true_on_the_rungs_tail_only(budget, tokens, tp):
-    """``[1, B/tp]``, False on the rank's real rows ``[0, T/tp)`` (the packed replay pads each rank's rows at its end),
-    True after; a second fill for a smaller micro-batch leaves nothing of the first."""
-    statics = StaticBuffers("cpu")
-    mask = PackedMoE.mask_view(statics, budget, tp)
-    assert mask.shape == (1, budget // tp) and mask.dtype == torch.bool and not mask.any()
-    fill_padding_mask(mask, budget // tp)  # a full micro-batch first
-    fill_padding_mask(mask, tokens // tp)
-    want = torch.arange(budget // tp) >= tokens // tp
-    assert torch.equal(mask[0], want)
-    assert int(mask.sum()) == (budget - tokens) // tp
+class _RowsMixing(torch.nn.Module):
+    """An MLP half whose every row depends on every row it is given (as a router's weight gradient sums over its rows
+    and an expert's GEMM blocking follows its row count): its output and gradients show whether it saw a tail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4))
+
+    def _forward_mlp(self, hidden_states: torch.Tensor) -> torch.Tensor:  # the host method compat.layer_mlp calls
+        return hidden_states * self.weight + hidden_states.mean(dim=0, keepdim=True)
 
 
-def test_every_rung_of_a_copy_views_one_buffer():
-    """The rungs' masks are views of the copy's one buffer, allocated at the largest rung (captured first), as the
-    other static inputs are: filling a smaller rung's mask writes that buffer's first rows."""
-    statics = StaticBuffers("cpu")
-    large = PackedMoE.mask_view(statics, 256, 1)
-    small = PackedMoE.mask_view(statics, 64, 1)
-    assert small.data_ptr() == large.data_ptr() and statics.nbytes() == 256
-    fill_padding_mask(small, 16)
-    assert int(large[0, :64].sum()) == 48 and not large[0, 64:].any()
+def _moe_block(stats: CaptureStats) -> tuple[SimpleNamespace, PackedMoE]:
+    dense, moe = SimpleNamespace(is_moe_layer=False), _RowsMixing()
+    moe.is_moe_layer = True
+    moe.config = SimpleNamespace(overlap_moe_expert_parallel_comm=False)
+    block = SimpleNamespace(layers=[dense, moe, dense])
+    return block, PackedMoE(block, [(0, 1), (1, 2), (2, 3)], stats)
 
 
-def test_the_masked_tokens_are_counted_per_rung():
-    """:meth:`PackedMoE.load_mask` fills the mask and adds the rung's tail to ``stats.masked_tokens`` (a tightly packed
-    micro-batch counts its ``T'``, the tokens the graphs see)."""
+@pytest.mark.parametrize(("budget", "rows"), [(12, 7), (12, 12), (12, 0)])
+def test_the_mlp_half_sees_the_real_rows_only(budget, rows):
+    """After an MoE layer's graph, its MLP half runs on rows ``[0, T)`` exactly as on the eager step's ``T`` rows
+    (output and every gradient), and the tail rows pass around it unchanged with their own gradient."""
     stats = CaptureStats("language")
-    decoder = torch.nn.Module()
-    decoder.layers = torch.nn.ModuleList()  # the counting reads no layer; the layers' checks are the GPU test's
-    moe = PackedMoE(decoder, [], stats)
-    statics = StaticBuffers("cpu")
+    block, moe = _moe_block(stats)
+    torch.manual_seed(0)
+    rung = torch.randn(budget, 1, 4, requires_grad=True)
+    upstream = torch.randn(budget, 1, 4)
+    out = moe.remainder(block, 2, rung, rows)
+    (out * upstream).sum().backward()
+    ours = (out.detach(), rung.grad.clone(), block.layers[1].weight.grad.clone())
+
+    block.layers[1].weight.grad = None
+    real = rung.detach()[:rows].clone().requires_grad_(True)
+    eager = block.layers[1]._forward_mlp(real)
+    (eager * upstream[:rows]).sum().backward()
+    assert torch.equal(ours[0][:rows], eager.detach()) and torch.equal(ours[1][:rows], real.grad)
+    assert torch.equal(ours[2], block.layers[1].weight.grad)
+    assert torch.equal(ours[0][rows:], rung.detach()[rows:]) and torch.equal(ours[1][rows:], upstream[rows:])
+
+
+def test_a_dense_segment_passes_its_output_on():
+    block, moe = _moe_block(CaptureStats("language"))
+    h = torch.randn(6, 1, 4)
+    assert moe.remainder(block, 1, h, 3) is h and moe.remainder(block, 3, h, 3) is h
+
+
+def test_run_on_real_rows_is_the_step_itself_without_a_tail():
+    h = torch.randn(5, 1, 4)
+    assert torch.equal(run_on_real_rows(lambda x: x * 2, h, 5), h * 2)
+
+
+def test_the_tail_tokens_are_counted_per_rung():
+    """:meth:`PackedMoE.count_tail` adds the rung's tail to ``stats.moe_tail_tokens`` (the tokens the MoE layers did
+    not see)."""
+    stats = CaptureStats("language")
+    _, moe = _moe_block(stats)
     for budget, tokens in ((64, 40), (64, 60), (128, 100)):
-        mask = PackedMoE.mask_view(statics, budget, 1)
-        moe.load_mask(mask, budget=budget, tokens=tokens, tp=1)
-        assert int(mask.sum()) == budget - tokens
-    assert stats.masked_tokens == {64: 24 + 4, 128: 28}
+        moe.count_tail(budget=budget, tokens=tokens)
+    assert stats.moe_tail_tokens == {64: 24 + 4, 128: 28}
+
+
+def test_an_moe_layer_must_be_a_graph_of_its_own_and_without_expert_parallel_overlap():
+    from bridge_cudagraph.capture.checks import CaptureError
+
+    stats = CaptureStats("language")
+    block, _ = _moe_block(stats)
+    with pytest.raises(CaptureError, match="MoE layer 1 shares a graph"):
+        PackedMoE(block, [(0, 2), (2, 3)], stats)
+    block.layers[1].config.overlap_moe_expert_parallel_comm = True
+    with pytest.raises(CaptureError, match="overlap_moe_expert_parallel_comm"):
+        PackedMoE(block, [(0, 1), (1, 2), (2, 3)], stats)
 
 
 def test_a_micro_batch_with_tokens_per_sample_falls_back():
@@ -77,28 +113,11 @@ def test_the_graphs_packed_seq_params_name_the_static_boundaries():
     assert alone.cu_seqlens_q_padded is None and alone.cu_seqlens_kv_padded is None
 
 
-class _Arguments(torch.nn.Module):
-    """A layer callable that returns what it was handed."""
-
-    def forward(self, hidden_states, *statics):
-        return (hidden_states, *statics)
-
-
-def test_a_dense_layer_beside_moe_layers_does_not_see_the_mask():
-    """Every graph of an MoE model's set reads the same static inputs, the mask last; a dense layer's callable hands
-    its layer all but the mask."""
-    h, rotary, cu, mask = torch.zeros(4, 1, 2), torch.zeros(4, 1, 1, 2), torch.zeros(3), torch.zeros(1, 4).bool()
-    out = MaskBlind(_Arguments())(h, rotary, cu, mask)
-    assert len(out) == 3 and all(a is b for a, b in zip(out, (h, rotary, cu), strict=True))
-
-
 def test_an_moe_layers_remainder_follows_its_graph_before_the_deepstack_merge():
     """The ladder's replay composes what follows a segment into the one ``after_segment`` of ``replay_segments``: the
-    MoE layer's eager remainder (on its graph's several outputs) first, then the deepstack merge after that layer, and
-    the merged hidden states go on into the next segment; a segment that is not an MoE layer passes its output to the
-    merge unchanged. Plain callables stand in for the graphs and the remainder (both need CUDA: tests/gpu)."""
-    from types import SimpleNamespace
-
+    MoE layer's eager MLP half (handed the micro-batch's real rows) first, then the deepstack merge after that layer,
+    and the merged hidden states go on into the next segment; a segment that is not an MoE layer passes its output to
+    the merge unchanged. Plain callables stand in for the graphs and the remainder (both need CUDA: tests/gpu)."""
     from bridge_cudagraph.capture.language_ladder import LanguageLadder
 
     calls: list = []
@@ -118,22 +137,21 @@ def test_an_moe_layers_remainder_follows_its_graph_before_the_deepstack_merge():
     def graph(name: str, moe: bool):
         def run(h, *statics):
             calls.append(f"graph {name}")
-            return (h + 1, "probs", h) if moe else h + 1
+            return h + 1
 
         return run
 
-    def remainder(got_block, end, outputs):
-        assert got_block is block
+    def remainder(got_block, end, outputs, rows):
+        assert got_block is block and rows == 1
         if end != 2:  # layer 1 is the MoE layer, a segment of its own
             return outputs
         calls.append("remainder 2")
-        assert outputs[1] == "probs"
-        return outputs[0] * 10
+        return outputs * 10
 
     segments = [(0, 1), (1, 2), (2, 3)]
     ladder = SimpleNamespace(segments=[segments], decoders=[block], segment_remainder=remainder)
     graphs = [graph("0", False), graph("1", True), graph("2", False)]
     kwargs = {"deepstack_visual_embeds": [100, 200]}
-    out = LanguageLadder._replay_layers(ladder, block, graphs, torch.zeros(1), (), visual=None, kwargs=kwargs)
+    out = LanguageLadder._replay_layers(ladder, block, graphs, torch.zeros(1), (), visual=None, kwargs=kwargs, rows=1)
     assert calls == ["graph 0", "merge 100", "graph 1", "remainder 2", "merge 200", "graph 2"]
     assert out.item() == ((0 + 1 + 100) + 1) * 10 + 200 + 1

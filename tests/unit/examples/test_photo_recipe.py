@@ -29,11 +29,11 @@ def test_recipe_packs_as_bridges_qwen3_vl_recipes_and_plans(tmp_path, monkeypatc
     assert plan.vision.token_budgets == (1024, 2048, 4096, 8192)
 
 
-def test_the_moe_recipe_packs_and_plans_the_router_and_preprocess_graphs(tmp_path, monkeypatch):
+def test_the_moe_recipe_packs_and_plans_attention_graphs_with_the_mlp_half_eager(tmp_path, monkeypatch):
     """``recipes/tiny_qwen3_vl_moe_photos.yaml``: the MoE tiny Qwen3-VL, pure M4, on Bridge's packing deferred to the
-    step as the dense photo recipe; ``language.modules: null`` on packed MoE layers plans megatron-core's partial
-    scope on the ladder (one graph per layer, the rung's padding mask among the static inputs), and the finalized
-    provider carries that scope for megatron-core's layers."""
+    step as the dense photo recipe; ``language.modules: null`` on packed MoE layers plans the attention on the ladder
+    (one graph per layer, the dense packed layers' static inputs; the MLP half eager on the micro-batch's own tokens),
+    and the finalized provider carries that scope for megatron-core's layers."""
     from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
 
     monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
@@ -48,15 +48,15 @@ def test_the_moe_recipe_packs_and_plans_the_router_and_preprocess_graphs(tmp_pat
     packed = plan.language.packed
     assert packed is not None and packed.token_budgets[-1] == 2 * 2048 and packed.separate_padded
     assert not packed.tight  # the router's losses count each row's padding, as Bridge's step routes it
-    assert plan.language.modules == ("attn", "moe_router", "moe_preprocess") and plan.language.graph_unit == "layer"
+    assert plan.language.modules == ("attn",) and plan.language.graph_unit == "layer"
     assert plan.language.graphs_per_stage == (4 * len(packed.token_budgets),)
-    budget, inputs = packed.static_inputs[-1]
-    assert [i.name for i in inputs][-1] == "padding_mask" and inputs[-1].shape == (1, budget)
+    _, inputs = packed.static_inputs[-1]
+    assert [i.name for i in inputs][-1] == "cu_seqlens_padded"
     modules = [getattr(m, "name", m) for m in loaded.config.model.cuda_graph_modules]
-    assert modules == ["attn", "moe_router", "moe_preprocess"]  # what megatron-core's MoE layer reads
+    assert modules == ["attn"]  # what megatron-core's MoE layer reads: nothing of it returns early
     text = plan.describe()
-    assert "[attn, moe_router, moe_preprocess] (null on packed MoE layers)" in text
-    assert "dispatch, experts, combine" in text and "padding_mask (1, T=4096) bool" in text
+    assert "[attn] (null on packed MoE layers)" in text
+    assert "router, dispatch, experts and combine run eagerly" in text and "padding_mask" not in text
     assert plan.vision is not None and plan.vision.token_budgets == (1024, 2048, 4096, 8192)
 
 

@@ -721,39 +721,34 @@ def test_packed_plan_takes_given_budgets_and_refuses_what_it_cannot_replay():
 MOE_FACTS = {"num_moe_experts": 8, "moe_layer_pattern": (1, 0, 1, 1)}  # layer 1 dense (moe_layer_freq)
 
 
-def test_packed_moe_plan_derives_the_partial_scope_and_says_so():
-    """``modules: null`` on packed rows of an MoE model is megatron-core's partial scope: one graph per layer, per
-    budget, the rung's padding mask among the static inputs, and the plan's text names the scope and its source."""
+def test_packed_moe_plan_derives_the_attention_scope_and_says_so():
+    """``modules: null`` on packed rows of an MoE model is the attention alone (the MLP half runs eagerly on the
+    micro-batch's own tokens): one graph per layer, per budget, the dense packed layers' static inputs and nothing
+    else, and the plan's text names the scope and its source."""
     plan = _packed_plan(facts=MOE_FACTS)
     language, packed = plan.language, plan.language.packed
-    assert language.modules == ("attn", "moe_router", "moe_preprocess")
+    assert language.modules == ("attn",)
     assert language.modules_source == "null on packed MoE layers"
     assert language.graph_unit == "layer" and language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 4)),)
     assert language.graphs == 4 * len(packed.token_budgets)
-    for budget, inputs in packed.static_inputs:
+    for _, inputs in packed.static_inputs:
         assert [x.name for x in inputs] == [
             "hidden_states",
             "rotary_pos_emb",
             "cu_seqlens",
             "cu_seqlens_padded",
-            "padding_mask",
         ]
-        assert (inputs[-1].shape, inputs[-1].dtype) == ((1, budget), "bool")
     text = plan.describe()
-    assert "[attn, moe_router, moe_preprocess] (null on packed MoE layers)" in text
-    assert "one graph per layer (graph_unit null: an eager MoE remainder follows each MoE layer's graph)" in text
-    assert "  MoE layers: each graph ends after the router and dispatch preprocess" in text
-    assert "    padding_mask (1, T=4096) bool" in text
+    assert "[attn] (null on packed MoE layers)" in text
+    assert "one graph per layer (graph_unit null: each MoE layer's MLP half runs eagerly after its graph)" in text
+    assert "  MoE layers: each graph holds the attention; router, dispatch, experts and combine run eagerly" in text
+    assert "padding_mask" not in text
     assert all(len(line) <= 119 for line in text.splitlines())
     # Tight packing would drop each row's padding, which Bridge's step routes and the router's losses count.
     assert not packed.tight and "MoE routing losses count each row's padding" in packed.tight_source
     assert _packed_plan().language.packed.tight  # the same facts without experts pack tightly
-    # Under sequence parallelism the mask is the rank's rows, as the hidden states are.
-    split = _packed_plan(facts={**MOE_FACTS, "tp": 2, "sequence_parallel": True})
-    budget, inputs = split.language.packed.static_inputs[-1]
-    assert inputs[-1].describe() == f"padding_mask (1, T/tp={budget // 2}) bool"
     # The scope given explicitly is the same plan, without the source.
-    given = _packed_plan(modules=["attn", "moe_router", "moe_preprocess"], facts=MOE_FACTS)
+    given = _packed_plan(modules=["attn"], facts=MOE_FACTS)
     assert given.language.modules == language.modules and given.language.modules_source == ""
     assert given.language.packed == packed
 
@@ -761,9 +756,9 @@ def test_packed_moe_plan_derives_the_partial_scope_and_says_so():
 @pytest.mark.parametrize(
     ("modules", "fragment"),
     [
-        (["attn", "moe"], "captures whole MoE layers"),
-        (["attn"], "has no packed graph of its own"),
-        (["attn", "moe_router"], "has no packed graph of its own"),
+        (["attn", "moe"], "over the rung's padding tail"),
+        (["attn", "moe_router"], "over the rung's padding tail"),
+        (["attn", "moe_router", "moe_preprocess"], "over the rung's padding tail"),
     ],
 )
 def test_packed_moe_plan_refuses_other_scopes_with_modules_null(modules, fragment):

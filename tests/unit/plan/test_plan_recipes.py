@@ -208,8 +208,8 @@ def test_the_offline_packed_plan_holds_the_pinned_numbers():
 
 def test_the_30b_a3b_moe_recipe_plans_packed_moe_graphs_at_ep_8():
     """Qwen3-VL 30B-A3B as the recipe file sets it (Bridge's packing, EP 8, ``modules: null``): Bridge's Qwen3-VL step
-    pads every row to seq_length at ep > 1, so one rung of mbs x seq_length and no tail to mask; each of the 48 MoE
-    layers is a graph of its own over the partial scope, with the padding mask among its static inputs."""
+    pads every row to seq_length at ep > 1, so one rung of mbs x seq_length and no tail; each of the 48 MoE layers'
+    attention is a graph of its own, with the dense packed layers' static inputs."""
     from bridge_cudagraph.capture.from_plan import packed_helper_arguments
 
     loaded = load_recipe(RECIPES / "qwen3_vl_30b_a3b_sft_graphs.yaml")
@@ -217,8 +217,13 @@ def test_the_30b_a3b_moe_recipe_plans_packed_moe_graphs_at_ep_8():
     packed = plan.language.packed
     assert plan.facts.ep == 8 and plan.facts.num_moe_experts == 128
     assert packed is not None and packed.token_budgets == (2 * 4096,) and not packed.tight
-    assert plan.language.modules == ("attn", "moe_router", "moe_preprocess") and plan.language.graph_unit == "layer"
+    assert plan.language.modules == ("attn",) and plan.language.graph_unit == "layer"
     assert plan.language.graphs_per_stage == (48,)
     ((budget, inputs),) = packed.static_inputs
-    assert _shapes(inputs)[-1] == ("padding_mask", (1, budget), "bool")
+    assert [name for name, *_ in _shapes(inputs)] == [
+        "hidden_states",
+        "rotary_pos_emb",
+        "cu_seqlens",
+        "cu_seqlens_padded",
+    ]
     assert packed_helper_arguments(plan)["static_inputs"] == {budget: inputs}
