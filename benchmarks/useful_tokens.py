@@ -1037,9 +1037,9 @@ def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
     try:
         for name in names:
             seed_rng(run.world.language, runner.SEED)
-            runners[name], started = _start(run, name, objs[name], rec)
-            if "capture_s" in started:
-                rec.setdefault("capture_s", {})[name] = started["capture_s"]
+            runners[name], figures = _start(run, name, objs[name], rec)
+            if "capture_s" in figures:
+                rec.setdefault("capture_s", {})[name] = figures["capture_s"]
         times: dict[str, list[float]] = {name: [] for name in names}
         first = shared.warmup_steps
         steps = list(range(first, first + shared.measured_steps))
