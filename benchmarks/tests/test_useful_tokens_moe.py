@@ -19,7 +19,7 @@ MOE_MODELS = ("tiny-moe", "moe-30b-a3b-shape")
 PACKED_MOE_REFUSAL = "with packed micro-batches on an MoE model ({} experts): packed graphs of MoE layers are not"
 
 
-def _run(model: str, *extra: str) -> useful_tokens._Run:
+def _run(model: str, *extra: str) -> useful_tokens.BenchRun:
     """A run of ``model`` (:func:`benchmarks.tests.useful_tokens_runs.offline_run`)."""
     return offline_run(model, *extra)
 
@@ -136,7 +136,7 @@ def test_ours_packed_on_moe_is_refused_with_the_plans_reason_and_recorded(model,
     )
     for variant in ("eager_packed", "eager_padded", "ours_padded"):
         assert useful_tokens.refusal(run, variant) is None, variant
-    rec = useful_tokens._run_variant(run, "ours_packed")
+    rec = useful_tokens.run_variant(run, "ours_packed")
     assert rec == {"status": report.REFUSED, "form": "packed", "graphed": True, "reason": reason, "seconds": 0.0}
     data = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": rec}}
     assert useful_tokens.failed_variants(data) == []
