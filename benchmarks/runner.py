@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.progress import say
 from benchmarks.trace import (
     PHASE_PREFIX,
     STEP_MARK,
@@ -67,6 +66,11 @@ class StepData:
     @property
     def profiled(self) -> range:
         return range(self.measured.stop, self.measured.stop + self.profile_steps)
+
+
+def say(message: str) -> None:
+    """A progress line on stdout, flushed (the device machine returns only the log's tail)."""
+    print(f"[bench] {message}", flush=True)
 
 
 # ============================================================================================ GPU helpers

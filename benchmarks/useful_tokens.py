@@ -29,9 +29,8 @@ import torch
 
 from benchmarks import recipe_variants, report, runner
 from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
-from benchmarks.progress import say
 from benchmarks.report import CONTROL, FORM, LEVER_VARIANTS, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
-from benchmarks.runner import OK, json_safe, write_json
+from benchmarks.runner import OK, json_safe, say, write_json
 from benchmarks.trace import gpu_busy_summary
 
 if TYPE_CHECKING:
