@@ -64,11 +64,7 @@ def _is_own_frame(obj: object) -> bool:
 
 def _rank(obj: object) -> int:
     """Walk order: globals first, then owners (instances, closures), then plain containers."""
-    if isinstance(obj, types.ModuleType):
-        return 0
-    if isinstance(obj, dict | list | tuple | set):
-        return 2
-    return 1
+    return 0 if isinstance(obj, types.ModuleType) else 2 if isinstance(obj, dict | list | tuple | set) else 1
 
 
 def holder_chains(target: object, *, depth: int = 10, width: int = 3, ignore: Iterable[object] = ()) -> list[str]:

@@ -84,10 +84,9 @@ class RecipeVariant:
         register_pre_wrap_hook()(self.provider, hook)
 
 
-def recipe_path(model: str, root: str | Path | None = None) -> Path:
+def recipe_path(model: str) -> Path:
     """The recipe file of ``--model``."""
-    base = Path(root) if root is not None else Path(__file__).resolve().parent.parent
-    return base / RECIPES[model]
+    return Path(__file__).resolve().parent.parent / RECIPES[model]
 
 
 def recipe_shape(model: str) -> tuple[int, int, int]:

@@ -233,10 +233,14 @@ def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
     """A variant's step time over its kernel time per step on the same micro-batches (``step_ms_same_microbatches``,
     None where no measured step ran them; a record from before the field: the median step). 1.00x is the limit a
     graph can approach: the GPU never waits for the host. None when either is missing."""
-    same = "step_ms_same_microbatches" in variant
-    step = _num(variant.get("step_ms_same_microbatches" if same else "step_ms_median"))
+    step = _step_ms(variant)
     kernel = _num(variant.get("kernel_ms_per_step"))
     return step / kernel if step and kernel else None
+
+
+def _step_ms(rec: Mapping[str, Any]) -> float | None:
+    """The unprofiled step of the profiled steps' micro-batches; a record from before the field: the median step."""
+    return _num(rec.get("step_ms_same_microbatches" if "step_ms_same_microbatches" in rec else "step_ms_median"))
 
 
 def block_bootstrap_ci(
@@ -986,9 +990,7 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
     if ours.get("status") != "ok":
         return []
     out = ["## Where ours_packed's step time goes", ""]
-    same = _num(ours.get("step_ms_same_microbatches"))
-    # A record from before the field: the median of the measured steps.
-    step = same if "step_ms_same_microbatches" in ours else _num(ours.get("step_ms_median"))
+    same, step = _num(ours.get("step_ms_same_microbatches")), _step_ms(ours)
     kernel = _num(ours.get("kernel_ms_per_step"))
     facts = []
     if step is not None and kernel is not None:

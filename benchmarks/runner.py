@@ -20,14 +20,13 @@ import tempfile
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.progress import say
 from benchmarks.trace import (
     PHASE_PREFIX,
     STEP_MARK,
@@ -44,14 +43,13 @@ SEED = 1234
 #: A variant's outcome.
 OK = "ok"
 FAILED = "failed"
-#: A variant the capture plan refuses: never built or timed; its record says why.
-REFUSED = "refused"
 
 
 @dataclass
 class StepData:
     """One form's step data: the micro-batches on the GPU, the parity check's fixed micro-batch, the step plan (per
-    step, its micro-batches' indices) and the step counts (warm-up, measured, profiled, in that order)."""
+    step, its micro-batches' indices) and the step counts (warm-up, measured, profiled, in that order; the measured
+    and profiled steps' plan indices: :attr:`measured`, :attr:`profiled`)."""
 
     world: Any
     batches: list[dict]
@@ -61,12 +59,25 @@ class StepData:
     measured_steps: int
     profile_steps: int
 
+    @property
+    def measured(self) -> range:
+        return range(self.warmup_steps, self.warmup_steps + self.measured_steps)
+
+    @property
+    def profiled(self) -> range:
+        return range(self.measured.stop, self.measured.stop + self.profile_steps)
+
+
+def say(message: str) -> None:
+    """A progress line on stdout, flushed (the device machine returns only the log's tail)."""
+    print(f"[bench] {message}", flush=True)
+
 
 # ============================================================================================ GPU helpers
 def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
     """Does ``torch.profiler`` report the kernels inside CUDA graph replays on this machine? A graph of
     ``kernels_per_graph`` known kernels replayed ``replays`` times under it, the kernels counted."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     x = torch.randn(1 << 16, device="cuda")
     side = torch.cuda.Stream()
@@ -80,25 +91,30 @@ def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int 
         for _ in range(kernels_per_graph // 2):
             y = y.mul(1.0001).add_(1.0)
     torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            _preroll()
-            for j in range(replays):
-                with torch.profiler.record_function(f"{STEP_MARK}{j}"):
-                    graph.replay()
-                    torch.cuda.synchronize()
-        trace = _chrome_trace(prof, os.path.join(tmp, "probe.json"))
-    counts = kernel_time_per_step(trace, replays)["kernels"]
-    del graph
+
+    def replay() -> None:
+        for j in range(replays):
+            with torch.profiler.record_function(f"{STEP_MARK}{j}"):
+                graph.replay()
+                torch.cuda.synchronize()
+
+    counts = kernel_time_per_step(_trace_of(replay, [ProfilerActivity.CPU, ProfilerActivity.CUDA]), replays)["kernels"]
     expected = kernels_per_graph * replays
     return {"kernels_expected": expected, "kernels_seen": sum(counts), "sees_graph_kernels": sum(counts) >= expected}
 
 
-def _chrome_trace(prof, path: str) -> dict:
-    """``prof``'s chrome trace, exported to ``path`` (kept there for the caller) and read back."""
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        return json.load(f)
+def _trace_of(body: Callable[[], None], activities: list) -> dict:
+    """The chrome trace of ``body`` under ``torch.profiler`` recording ``activities``, after :func:`_preroll`."""
+    from torch.profiler import profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=activities) as prof:
+            _preroll()
+            body()
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f)
 
 
 def _preroll(n: int = 64) -> None:
@@ -443,22 +459,17 @@ def require_finite(losses: Sequence[float], grad_norms: Sequence[float] | None =
         )
 
 
+#: What :func:`capture_record` keeps of a helper's :class:`~bridge_cudagraph.capture.stats.CaptureStats`, in order.
+CAPTURE_FIELDS = (
+    "seconds graphs layers graph_memory_bytes per_budget per_budget_live budgets_captured budget_source late_captures "
+    "above_captured param_grads_cloned param_grads_summed"
+).split()
+
+
 def capture_record(stats) -> dict[str, Any]:
-    """What one helper's :class:`~bridge_cudagraph.capture.stats.CaptureStats` says about its capture and memory."""
-    return {
-        "seconds": stats.seconds,
-        "graphs": stats.graphs,
-        "layers": stats.layers,
-        "graph_memory_bytes": stats.graph_memory_bytes,
-        "per_budget": dict(stats.per_budget),
-        "per_budget_live": dict(stats.per_budget_live),
-        "budgets_captured": list(stats.budgets_captured),
-        "budget_source": stats.budget_source,
-        "late_captures": stats.late_captures,
-        "above_captured": stats.above_captured,
-        "param_grads_cloned": stats.param_grads_cloned,
-        "param_grads_summed": stats.param_grads_summed,
-    }
+    """What one helper's capture stats say about its capture and memory (mappings and the budgets copied)."""
+    copied = {"per_budget": dict, "per_budget_live": dict, "budgets_captured": list}
+    return {key: copied.get(key, lambda value: value)(getattr(stats, key)) for key in CAPTURE_FIELDS}
 
 
 def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Callable[[int], float]:
@@ -532,39 +543,34 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
 
 
 def profile(
-    shared: StepData, run_step: Callable[[int], None], first_step: int, *, model=None, optimizer=None
+    shared: StepData, run_step: Callable[[int], None], first_step: int, *, model: Any, optimizer: Any
 ) -> tuple[dict, dict]:
     """Profile ``shared.profile_steps`` steps from ``first_step`` with :class:`PhaseMarkers` on ``model`` and
     ``optimizer``: ``(kernel_time_per_step, host_time_breakdown or {"error": ...})`` of exactly these steps."""
     from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
 
     n = shared.profile_steps
-    markers = PhaseMarkers(model, optimizer) if model is not None else None
+    markers = PhaseMarkers(model, optimizer)
+
+    def steps() -> None:
+        for j in range(n):
+            with torch.profiler.record_function(f"{STEP_MARK}{j}"):
+                markers.start_step()
+                try:
+                    run_step(first_step + j)
+                    torch.cuda.synchronize()
+                finally:
+                    markers.end_step()
+
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                _preroll()
-                for j in range(n):
-                    with torch.profiler.record_function(f"{STEP_MARK}{j}"):
-                        if markers is not None:
-                            markers.start_step()
-                        try:
-                            run_step(first_step + j)
-                            torch.cuda.synchronize()
-                        finally:
-                            if markers is not None:
-                                markers.end_step()
-            trace = _chrome_trace(prof, os.path.join(tmp, "trace.json"))
+        trace = _trace_of(steps, [ProfilerActivity.CPU, ProfilerActivity.CUDA])
     finally:
-        if markers is not None:
-            markers.remove()
+        markers.remove()
     kernels = kernel_time_per_step(trace, n)
     kernels["top_kernels"] = top_kernels(trace, n)
-    try:
+    host: dict = {}  # {"error": ...} where the breakdown fails
+    with recorded(host, "error"):
         host = host_time_breakdown(trace)
-    except Exception as error:  # an analysis aid: never a reason to lose the kernel times
-        host = {"error": f"{type(error).__name__}: {error}"[:500]}
     return kernels, host
 
 
@@ -572,20 +578,37 @@ def profile_cuda_only(shared: StepData, run_step: Callable[[int], None], first_s
     """The profiled steps again under a profiler that records CUDA kernels only: recording every CPU op stretches a
     graphed step of many small host calls, which :func:`profile`'s busy fraction reads as GPU idle; this window
     (:func:`~benchmarks.trace.busy_between_marks`) is close to the unprofiled step."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    n = shared.profile_steps
-    with tempfile.TemporaryDirectory() as tmp:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _preroll()
-            torch.cuda._sleep(1)
-            for j in range(n):
-                run_step(first_step + j)
-                torch.cuda.synchronize()
-            torch.cuda._sleep(1)
+    def steps() -> None:
+        torch.cuda._sleep(1)
+        for j in range(shared.profile_steps):
+            run_step(first_step + j)
             torch.cuda.synchronize()
-        trace = _chrome_trace(prof, os.path.join(tmp, "trace.json"))
-    return busy_between_marks(trace, n)
+        torch.cuda._sleep(1)
+        torch.cuda.synchronize()
+
+    return busy_between_marks(_trace_of(steps, [ProfilerActivity.CUDA]), shared.profile_steps)
+
+
+@contextlib.contextmanager
+def recorded(rec: dict, key: str, *, limit: int = 500, what: str = "") -> Iterator[None]:
+    """The block of a measurement aid: an exception ends it, recorded as ``rec[key]`` (type and message, cut at
+    ``limit``) and said after ``what`` when given, never raised: an aid is never a reason to lose the numbers."""
+    try:
+        yield
+    except Exception as error:
+        rec[key] = f"{type(error).__name__}: {error}"[:limit]
+        if what:
+            say(f"{what}: {rec[key]}")
+
+
+def start_clean(rec: dict) -> float:
+    """Free memory, reset the peaks, record what is allocated; the start's ``perf_counter``."""
+    free_memory()
+    torch.cuda.reset_peak_memory_stats()
+    rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
+    return time.perf_counter()
 
 
 def record_failure(rec: dict, error: Exception, what: str) -> None:
@@ -619,11 +642,9 @@ def check_freed(rec: dict, survivors: dict) -> None:
     except Exception as error:  # a diagnosis aid, never a reason to lose the variant
         rec["leak"] = {"error": f"{type(error).__name__}: {error}"[:500]}
     if survivors:
-        try:
+        with recorded(rec["leak"], "release_error"):  # else the next variant starts with this memory taken
             released = leaks.release_training_memory(survivors.get("model"), survivors.get("optimizer"))
             rec["leak"]["released_bytes"] = released
-        except Exception as error:  # the next variant then starts with this memory taken, which its record shows
-            rec["leak"]["release_error"] = f"{type(error).__name__}: {error}"[:500]
         survivors.clear()
         free_memory()
         rec["left_allocated_bytes"] = torch.cuda.memory_allocated()
@@ -729,14 +750,9 @@ def teardown(objs: dict) -> dict:
     break_ddp_cycles(objs.get("model"))
     objs.clear()
     free_memory()
-    survivors: dict[str, Any] = {}
     chunks = [chunk for chunk in (ref() for ref in chunk_refs) if chunk is not None]
-    if chunks:
-        survivors["model"] = chunks
-    optimizer = optimizer_ref() if optimizer_ref is not None else None
-    if optimizer is not None:
-        survivors["optimizer"] = optimizer
-    return survivors
+    survivors = {"model": chunks or None, "optimizer": optimizer_ref() if optimizer_ref is not None else None}
+    return {key: value for key, value in survivors.items() if value is not None}
 
 
 def ours_helpers(objs: dict, plan: Any) -> list:

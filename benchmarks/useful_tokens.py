@@ -29,9 +29,8 @@ import torch
 
 from benchmarks import recipe_variants, report, runner
 from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
-from benchmarks.progress import say
 from benchmarks.report import CONTROL, FORM, LEVER_VARIANTS, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
-from benchmarks.runner import OK, json_safe, write_json
+from benchmarks.runner import OK, json_safe, say, write_json
 from benchmarks.trace import gpu_busy_summary
 
 if TYPE_CHECKING:
@@ -373,8 +372,7 @@ def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Seq
         got = round(float(batch["loss_mask"].sum()))
         if got != loss:
             raise RuntimeError(f"the {form} form holds {got} loss tokens, the collated batch {loss}")
-    visual = collated.get("visual_inputs")
-    grid = (visual.normalized_for_model() if visual is not None else {}).get("image_grid_thw")
+    grid = image_grid(collated)
     return report.MicroBatch(
         rows=int(rows),
         width=int(width),
@@ -384,11 +382,17 @@ def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Seq
         padded_tokens=int(padded["input_ids"].numel()),
         patches=0 if grid is None else int(grid.prod(-1).sum()),
         images=0 if grid is None else int(grid.size(0)),
-        tight_tokens=_tight_tokens(packed, visual_ids),
+        tight_tokens=tight_tokens(packed, visual_ids),
     )
 
 
-def _tight_tokens(packed: dict, visual_ids: Sequence[int]) -> int:
+def image_grid(collated: dict) -> torch.Tensor | None:
+    """The collated micro-batch's ``image_grid_thw`` (None without images)."""
+    visual = collated.get("visual_inputs")
+    return (visual.normalized_for_model() if visual is not None else {}).get("image_grid_thw")
+
+
+def tight_tokens(packed: dict, visual_ids: Sequence[int]) -> int:
     """``T'`` of the packed form as the replay packs it tightly (0 where its rows are not the step's rows)."""
     from bridge_cudagraph.capture.tight import tight_rows
     from bridge_cudagraph.micro_batch import row_extents
@@ -418,17 +422,13 @@ def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device=
 def image_sets(collated: Sequence[dict]) -> tuple:
     """The micro-batches' image grids as :class:`benchmarks.configs.BenchConfig`'s ``image_sets`` (vision budgets
     from the data)."""
-    out = []
-    for batch in collated:
-        visual = batch.get("visual_inputs")
-        grid = (visual.normalized_for_model() if visual is not None else {}).get("image_grid_thw")
-        out.append(tuple(((int(t), int(h), int(w)),) for t, h, w in ([] if grid is None else grid.tolist())))
-    return tuple(out)
+    grids = (image_grid(batch) for batch in collated)
+    return tuple(tuple(((int(t), int(h), int(w)),) for t, h, w in ([] if g is None else g.tolist())) for g in grids)
 
 
 # ============================================================================================ variants
 @dataclass
-class _Run:
+class BenchRun:
     """What every variant of one run shares: the world, both forms' step data, the initial weights, the references'
     kept numbers and the finished records."""
 
@@ -457,16 +457,17 @@ class _Run:
         """The variants are a recipe file's (:mod:`benchmarks.recipe_variants`), not the benchmark's own shape."""
         return self.args.model in recipe_variants.RECIPES
 
-    def recipe_variant(self, variant: str) -> recipe_variants.RecipeVariant:
-        """``variant`` loaded from the recipe file afresh (each build gets a provider of its own)."""
-        return recipe_variants.load_variant(
-            self.args.model,
-            variant,
-            seq_length=self.args.seq,
-            micro_batch_size=self.args.mbs,
-            num_microbatches=self.args.num_mb,
-            upstream_vision_seq_length=self.cfg.upstream_vision_seq_length(),
-        )
+
+def recipe_variant(args: argparse.Namespace, cfg: BenchConfig, variant: str) -> recipe_variants.RecipeVariant:
+    """``variant`` loaded from the recipe file of ``--model`` afresh (each build gets a provider of its own)."""
+    return recipe_variants.load_variant(
+        args.model,
+        variant,
+        seq_length=args.seq,
+        micro_batch_size=args.mbs,
+        num_microbatches=args.num_mb,
+        upstream_vision_seq_length=cfg.upstream_vision_seq_length(),
+    )
 
 
 def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) -> CudaGraphConfig:
@@ -484,7 +485,7 @@ def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) ->
     )
 
 
-def packed_graph_config(run: _Run) -> CudaGraphConfig:
+def packed_graph_config(run: BenchRun) -> CudaGraphConfig:
     """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`). On
     an MoE model the scope is the product's packed MoE scope, given explicitly: the benchmark's providers are built
     without Bridge's config, under whose in-batch packing ``modules: null`` would mean that scope."""
@@ -496,7 +497,7 @@ def packed_graph_config(run: _Run) -> CudaGraphConfig:
     return dataclasses.replace(block, language=language)
 
 
-def variant_provider(run: _Run, variant: str):
+def variant_provider(run: BenchRun, variant: str):
     """The provider of ``variant`` (not finalized) with the processor's token ids: the model's with graphs off,
     ours_padded's or ours_packed's block (a lever's part replaced), or upstream's host provider with megatron-core's
     graphs; the fused variants set ``gradient_accumulation_fusion=True``."""
@@ -529,7 +530,7 @@ def variant_provider(run: _Run, variant: str):
     return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids, **fields)
 
 
-def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
+def packed_plan(run: BenchRun, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
     """The plan of ``provider``'s block for Bridge's Qwen3-VL step, as ``bridge-cudagraph train`` plans it (memory
     estimate of ``training``, if given); raises :class:`~bridge_cudagraph.config.CudaGraphConfigError` on a refusal."""
     from bridge_cudagraph.plan.build import build_plan
@@ -546,7 +547,7 @@ def packed_plan(run: _Run, provider: Any, training: TrainingFacts | None = None)
     )
 
 
-def refusal(run: _Run, variant: str) -> str | None:
+def refusal(run: BenchRun, variant: str) -> str | None:
     """Why the plan refuses a packed graph variant on this model (its first line), or None: asked before the build so
     that it is recorded as refused, not failed (the padded and recipe variants' refusals fail them)."""
     from bridge_cudagraph.config import CudaGraphConfigError
@@ -560,7 +561,7 @@ def refusal(run: _Run, variant: str) -> str | None:
     return None
 
 
-def _build(run: _Run, variant: str, objs: dict) -> None:
+def _build(run: BenchRun, variant: str, objs: dict) -> None:
     """Build the model, load the initial weights (the first build snapshots them) and make the optimizer; a recipe
     variant brings its plan and its PEFT."""
     from bridge_cudagraph.examples import tiny
@@ -568,7 +569,7 @@ def _build(run: _Run, variant: str, objs: dict) -> None:
 
     upstream = variant == "upstream_padded"
     if run.from_recipe:
-        loaded = run.recipe_variant(variant)
+        loaded = recipe_variant(run.args, run.cfg, variant)
         provider = objs["provider"] = loaded.provider
         objs["plan"] = loaded.plan
         loaded.register_peft(run.world.language)
@@ -601,7 +602,7 @@ def record_fusion(variant: str, model: list, out: dict) -> int:
     return count
 
 
-def _helpers(run: _Run, variant: str, objs: dict) -> list:
+def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
     """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them; ours from the
     product's plan as ``bridge-cudagraph train`` builds them, then the one change of a lever that is no setting."""
     if variant == "upstream_padded":
@@ -644,7 +645,7 @@ def packs_tightly(variant: str, plan: CapturePlan) -> bool:
     return variant in report.TIGHT and not plan.facts.num_moe_experts
 
 
-def megatron_engine(run: _Run, ladder: Any, objs: dict) -> Any:
+def megatron_engine(run: BenchRun, ladder: Any, objs: dict) -> Any:
     """megatron-core's helper with the plan's numbers in place of the padded ladder (``ladder``, uninstalled)."""
     from bridge_cudagraph.capture.from_plan import language_helper_arguments
     from bridge_cudagraph.capture.language import LanguageGraphHelper
@@ -676,7 +677,7 @@ def check_param_grads(variant: str, capture: dict) -> None:
         raise RuntimeError(f"{variant}: parameter gradients summed in graphs per ladder: {summed}")
 
 
-def memory_estimates(run: _Run, objs: dict, capture: dict) -> dict[str, dict]:
+def memory_estimates(run: BenchRun, objs: dict, capture: dict) -> dict[str, dict]:
     """Each ladder's measured pool against :func:`bridge_cudagraph.plan.memory.pool_estimate` at its captured top."""
     from bridge_cudagraph.plan.memory import TrainingFacts, pool_estimate
 
@@ -730,7 +731,7 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
     return counts
 
 
-def _run_variant(run: _Run, variant: str) -> dict:
+def run_variant(run: BenchRun, variant: str) -> dict:
     """Build, warm up, capture, time, profile and check one variant, always freed; one the plan refuses is recorded
     ``refused`` with the reason, not built."""
     from bridge_cudagraph.testing.world import seed_rng
@@ -741,10 +742,7 @@ def _run_variant(run: _Run, variant: str) -> dict:
         say(f"{variant}: refused: {reason}")
         return {**rec, "status": report.REFUSED, "reason": reason, "seconds": 0.0}
     objs: dict[str, Any] = {}
-    started = time.perf_counter()
-    runner.free_memory()
-    torch.cuda.reset_peak_memory_stats()
-    rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
+    started = runner.start_clean(rec)
     seed_rng(run.world.language, runner.SEED)
     try:
         _run_variant_body(run, variant, rec, objs)
@@ -761,7 +759,7 @@ def _run_variant(run: _Run, variant: str) -> dict:
 
 
 def _start(
-    run: _Run, variant: str, objs: dict, grown: dict, *, losses: list | None = None, grad_norms: list | None = None
+    run: BenchRun, variant: str, objs: dict, grown: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> tuple[Callable[[int], float], dict[str, Any]]:
     """Build ``variant``, run its eager warm-up and capture its helpers: ``(run_step, record)``, the step runner of its
     measured steps (later rungs captured as needed, listed in ``grown``) and its build, warm-up and capture figures.
@@ -779,7 +777,7 @@ def _start(
     return run_step, record
 
 
-def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
+def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> None:
     shared = run.shared[FORM[variant]]
     losses: list[float] = []
     grad_norms: list[float] = []
@@ -791,12 +789,9 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         rec["graph_memory_gib"] = rec["graph_memory_bytes"] / report.GIB
         say(f"{variant}: captured in {rec['capture_s']:.1f} s, {rec['graph_memory_gib']:.2f} GiB")
         if variant in PACKED_GRAPHED and not run.from_recipe:
-            try:
+            with runner.recorded(rec, "memory_estimate_error", limit=300):
                 rec["memory_estimate"] = memory_estimates(run, objs, rec.get("capture") or {})
-            except Exception as error:  # an aid to read the figures, never a reason to lose them
-                rec["memory_estimate_error"] = f"{type(error).__name__}: {error}"[:300]
-    first = shared.warmup_steps
-    measured = list(range(first, first + shared.measured_steps))
+    measured = list(shared.measured)
     timer = objs["timer"] = runner.VisionTimer(model)  # CUDA events around each encoder call, measured steps only
     timer.active = True
     times, vision = [], []
@@ -830,27 +825,23 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     for i, ms in zip(measured, times, strict=True):
         by_key.setdefault(tuple(shared.plan[i]), []).append(ms)
     step_ms_by_key = {k: statistics.median(v) for k, v in by_key.items()}
-    p_first = first + shared.measured_steps
-    profiled = range(p_first, p_first + shared.profile_steps)
+    profiled = shared.profiled
+    p_first = profiled.start
     profile = None
     if shared.profile_steps and variant == CONTROL:
         for i in profiled:
             run_step(i)
     elif shared.profile_steps:
-        try:
+        with runner.recorded(rec, "profile_error", what=f"{variant}: profiling failed"):
             profile, rec["host_time"] = runner.profile(shared, run_step, p_first, model=model, optimizer=optimizer)
-        except Exception as error:  # a measurement aid, never a reason to lose the timings
-            rec["profile_error"] = f"{type(error).__name__}: {error}"[:500]
-            say(f"{variant}: profiling failed: {rec['profile_error']}")
-            for i in range(p_first + max(0, len(losses) - p_first), p_first + shared.profile_steps):
+        if "profile_error" in rec:  # the profiled steps it did not run, unprofiled
+            for i in range(p_first + max(0, len(losses) - p_first), profiled.stop):
                 run_step(i)
         if variant in report.GRAPHED or variant in report.REFERENCES:
             # The same micro-batches again, kernels only (the busy figure without the CPU ops' cost); losses not kept.
             kept = len(losses), len(grad_norms)
-            try:
+            with runner.recorded(rec, "cuda_only_profile_error"):
                 rec["cuda_only_profile"] = runner.profile_cuda_only(shared, run_step, p_first)
-            except Exception as error:
-                rec["cuda_only_profile_error"] = f"{type(error).__name__}: {error}"[:500]
             del losses[kept[0] :], grad_norms[kept[1] :]
     reference = report.reference_of(variant)
     if variant in report.REFERENCES:
@@ -871,12 +862,11 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
     if FORM[variant] == PADDED and run.flops:
         from benchmarks.flops import peak_tflops
 
-        per_step = [sum(run.flops[k] for k in shared.plan[i]) for i in range(len(shared.plan))]
         rec.update(
             runner.model_flops_utilisation(
-                [per_step[i] for i in measured],
+                report.per_step(shared.plan, measured, run.flops),
                 times,
-                [per_step[i] for i in profiled],
+                report.per_step(shared.plan, profiled, run.flops),
                 rec.get("kernel_ms_per_step"),
                 peak_tflops(torch.cuda.get_device_name()),
             )
@@ -924,11 +914,8 @@ def _run_variant_body(run: _Run, variant: str, rec: dict, objs: dict) -> None:
         from benchmarks.host_syncs import census
 
         census_step = runner.step_runner(shared, objs)
-        try:
+        with runner.recorded(rec, "host_syncs_error", limit=300, what=f"{variant}: host-sync census failed"):
             rec["host_syncs"] = census(lambda: census_step(min(p_first, len(shared.plan) - 1)))
-        except Exception as error:
-            rec["host_syncs_error"] = f"{type(error).__name__}: {error}"[:300]
-            say(f"{variant}: host-sync census failed: {rec['host_syncs_error']}")
     require_gradient_parity(variant, rec["parity"])
 
 
@@ -1038,7 +1025,7 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
 
 
 # ============================================================================================ paired phase
-def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
+def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
     """The two variants ``names`` built side by side, each started (:func:`_start`), then their measured steps
     interleaved, the first of each pair alternating. ``ratios``: the first's step ms over the second's per pair."""
     from bridge_cudagraph.testing.world import seed_rng
@@ -1046,20 +1033,16 @@ def _run_paired(run: _Run, names: tuple[str, str] = PAIRED) -> dict:
     shared = run.shared[FORM[names[0]]]  # the step plan and step counts, which both forms share
     rec: dict[str, Any] = {"status": "running", "variants": list(names)}
     objs: dict[str, dict] = {name: {} for name in names}
-    started = time.perf_counter()
-    runner.free_memory()
-    rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
+    started = runner.start_clean(rec)
     runners: dict[str, Callable[[int], float]] = {}
     try:
         for name in names:
             seed_rng(run.world.language, runner.SEED)
-            runners[name], started = _start(run, name, objs[name], rec)
-            if "capture_s" in started:
-                rec.setdefault("capture_s", {})[name] = started["capture_s"]
+            runners[name], figures = _start(run, name, objs[name], rec)
+            if "capture_s" in figures:
+                rec.setdefault("capture_s", {})[name] = figures["capture_s"]
         times: dict[str, list[float]] = {name: [] for name in names}
-        first = shared.warmup_steps
-        steps = list(range(first, first + shared.measured_steps))
+        steps = list(shared.measured)
         for k, i in enumerate(steps):
             for name in names if k % 2 == 0 else names[::-1]:
                 times[name].append(runners[name](i))
@@ -1132,7 +1115,7 @@ def derived_layout(seq_length: int, micro_batch_size: int) -> PackedLayout:
     return PackedLayout(tuple(budgets), max_sequences=micro_batch_size, max_seqlen=seq_length)
 
 
-def prepare(args: argparse.Namespace, world) -> _Run:
+def prepare(args: argparse.Namespace, world) -> BenchRun:
     """The photo micro-batches in both forms on the GPU, their numbers, the layouts and the step plan."""
 
     t0 = time.perf_counter()
@@ -1153,14 +1136,7 @@ def prepare(args: argparse.Namespace, world) -> _Run:
     )
     vision_budgets, vision_segments = cfg.vision_budgets(), cfg.vision_max_segments()
     if args.model in recipe_variants.RECIPES:  # the recipe's plan: its budgets, not ones derived here
-        plan = recipe_variants.load_variant(
-            args.model,
-            "ours_packed",
-            seq_length=args.seq,
-            micro_batch_size=args.mbs,
-            num_microbatches=args.num_mb,
-            upstream_vision_seq_length=0,  # unused: no upstream variant is made here
-        ).plan
+        plan = recipe_variant(args, cfg, "ours_packed").plan
         layout = plan.language.packed.layout
         vision_budgets, vision_segments = list(plan.vision.token_budgets), plan.vision.max_images_per_microbatch
     else:
@@ -1180,7 +1156,9 @@ def prepare(args: argparse.Namespace, world) -> _Run:
         )
         for form, batches in forms.items()
     }
-    run = _Run(args=args, world=world, cfg=cfg, layout=layout, ids=token_ids(processor), micro=micro, shared=shared)
+    run = BenchRun(
+        args=args, world=world, cfg=cfg, layout=layout, ids=token_ids(processor), micro=micro, shared=shared
+    )
     provider = None if MODELS[args.model].provider is None else MODELS[args.model].provider(None, seq_length=args.seq)
     if provider is not None and not getattr(provider, "num_moe_experts", None):  # the FLOPs of dense layers only
         from benchmarks.flops import step_flops
@@ -1258,7 +1236,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
                 variant_provider(run, name)
     for name in chosen:
         say(f"{name}: start")
-        run.results[name] = _run_variant(run, name)
+        run.results[name] = run_variant(run, name)
         write()
     if not args.no_paired:
         pair = paired_pair(args)
@@ -1272,7 +1250,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
         write()
     if not args.no_control:
         say(f"{CONTROL}: start")
-        run.results[CONTROL] = _run_variant(run, CONTROL)
+        run.results[CONTROL] = run_variant(run, CONTROL)
         write()
     try:
         report.render(json_path)

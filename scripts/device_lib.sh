@@ -24,7 +24,12 @@ R() {
   return 0
 }
 
-pack() { tar -czf "$OUT/all.tgz.part" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null && mv -f "$OUT/all.tgz.part" "$OUT/all.tgz"; }
+# Each packer writes its own part (lanes pack at the same time; one shared part name raced: "mv: cannot stat").
+pack() {
+  local part="$OUT/all.tgz.part.$BASHPID"
+  tar -czf "$part" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null && mv -f "$part" "$OUT/all.tgz"
+  rm -f "$part"
+}
 
 table() {
   printf '%-28s %5s %6s\n' step rc seconds

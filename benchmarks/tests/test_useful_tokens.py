@@ -55,14 +55,14 @@ def test_with_tight_packing_ours_packed_computes_the_budget_of_the_kept_tokens()
 def test_the_kept_tokens_of_a_packed_form_are_its_rows_extents_rounded_to_16():
     import torch
 
-    from benchmarks.useful_tokens import _tight_tokens
+    from benchmarks.useful_tokens import tight_tokens
 
     ids = torch.zeros(2, 64, dtype=torch.long)
     ids[0, 5] = 9  # an image token past the last loss token of row 0
     loss = torch.zeros(1, 128)
     loss[0, 2] = 1
     loss[0, 64 + 40] = 1
-    assert _tight_tokens({"input_ids": ids, "loss_mask": loss}, [9]) == 16 + 48
+    assert tight_tokens({"input_ids": ids, "loss_mask": loss}, [9]) == 16 + 48
 
 
 @pytest.mark.fast

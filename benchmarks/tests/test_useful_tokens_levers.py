@@ -100,7 +100,7 @@ def test_paired_and_the_lever_variants_on_the_command_line(capsys):
     )
 
 
-def _run(model: str = "tiny") -> useful_tokens._Run:
+def _run(model: str = "tiny") -> useful_tokens.BenchRun:
     return offline_run(model, "--variants", LEVERS)
 
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MOE_MODELS = ("tiny-moe", "moe-30b-a3b-shape")
 
 
-def _run(model: str, *extra: str) -> useful_tokens._Run:
+def _run(model: str, *extra: str) -> useful_tokens.BenchRun:
     """A run of ``model`` (:func:`benchmarks.tests.useful_tokens_runs.offline_run`)."""
     return offline_run(model, *extra)
 
@@ -145,6 +145,8 @@ def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
     data = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": refused}}
     assert useful_tokens.failed_variants(data) == []
     assert useful_tokens.failed_variants({"variants": {"eager_packed": {"status": "ok"}}}) == ["ours_packed"]
+    crashed = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": {"status": "failed"}}}
+    assert useful_tokens.failed_variants(crashed) == ["ours_packed"]
     why = useful_tokens.paired_skip_reason(data["variants"], lambda: 1 << 40)
     assert why == "ours_packed was refused by the capture plan"
 

@@ -10,7 +10,7 @@ from benchmarks.configs import BenchConfig
 IDS = {"image_token_id": 1000, "video_token_id": 1001, "vision_start_token_id": 1002, "vision_end_token_id": 1003}
 
 
-def offline_run(model: str, *extra: str) -> useful_tokens._Run:
+def offline_run(model: str, *extra: str) -> useful_tokens.BenchRun:
     """A run of ``model`` with the command-line arguments ``extra``: two micro-batches of two photos each stand for
     the photo set's image grids."""
     args = useful_tokens.parse_args(["--out", "x", "--model", model, *extra])
@@ -24,4 +24,4 @@ def offline_run(model: str, *extra: str) -> useful_tokens._Run:
         num_microbatches=args.num_mb,
     )
     layout = useful_tokens.derived_layout(args.seq, args.mbs)
-    return useful_tokens._Run(args=args, world=None, cfg=cfg, layout=layout, ids=dict(IDS), micro=[], shared={})
+    return useful_tokens.BenchRun(args=args, world=None, cfg=cfg, layout=layout, ids=dict(IDS), micro=[], shared={})

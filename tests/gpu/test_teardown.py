@@ -365,17 +365,32 @@ def outcomes(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("teardown")
     endings = selected_endings()
     jobs = [Job(e, i, tmp / f"{e}_{i}") for e in endings for i in range(RUNS_PER_ENDING)]
-    _run_all(jobs)
-    verdicts = {e: [(job, _verdict(job)) for job in jobs if job.ending == e] for e in endings}
+    # A SIGTERM (the device call's step limit) ends the runs through the finally, so the logs so far are kept.
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        _run_all(jobs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _keep_logs(jobs)
+    return {e: [(job, _verdict(job)) for job in jobs if job.ending == e] for e in endings}
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum} while the teardown runs ran")
+
+
+def _keep_logs(jobs) -> None:
+    """Every run's JSON and log so far into ``$BRIDGE_CUDAGRAPH_LOGS/teardown/``, for a look after the machine is gone
+    (checkpoints stay behind); nothing where that is unset."""
     keep = os.environ.get(LOGS_ENV)
-    if keep:  # every run's JSON and log, for a look after the machine is gone (checkpoints stay behind)
-        folder = Path(keep) / "teardown"
-        folder.mkdir(parents=True, exist_ok=True)
-        for job in jobs:
-            for src, suffix in ((job.out, "json"), (job.log, "log")):
-                if src.exists():
-                    shutil.copyfile(src, folder / f"{job.ending}_{job.index}.{suffix}")
-    return verdicts
+    if not keep:
+        return
+    folder = Path(keep) / "teardown"
+    folder.mkdir(parents=True, exist_ok=True)
+    for job in jobs:
+        for src, suffix in ((job.out, "json"), (job.log, "log")):
+            if src.exists():
+                shutil.copyfile(src, folder / f"{job.ending}_{job.index}.{suffix}")
 
 
 @pytest.mark.parametrize("ending", ENDINGS)
