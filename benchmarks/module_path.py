@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import runpy
 import sys
 import time
@@ -126,11 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / "module_path.json"
     command = ["train", args.recipe, *overrides]
+    from benchmarks.runner import environment  # torch and the versions, before the hook listens
+
     record: dict[str, Any] = {
         "meta": {
             "command": "python -m benchmarks.module_path " + " ".join([args.recipe, *overrides]),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "python": platform.python_version(),
+            **environment(),
         },
         "replayed": False,
     }

@@ -68,6 +68,24 @@ class StepData:
         return range(self.measured.stop, self.measured.stop + self.profile_steps)
 
 
+def environment() -> dict[str, Any]:
+    """What a result names besides its command and date: the GPU and the stack's versions (None for what is not
+    there), so that every JSON a benchmark writes says on what it ran."""
+    import platform
+
+    from bridge_cudagraph.host.compat import installed_version
+
+    return {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformer_engine": installed_version("transformer-engine"),
+        "megatron_core": installed_version("megatron-core"),
+        "megatron_bridge": installed_version("megatron-bridge"),
+        "python": platform.python_version(),
+    }
+
+
 def say(message: str) -> None:
     """A progress line on stdout, flushed (the device machine returns only the log's tail)."""
     print(f"[bench] {message}", flush=True)

@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import logging
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -1073,18 +1072,10 @@ def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
 
 # ============================================================================================ run
 def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
-    from bridge_cudagraph.host.compat import installed_version
-
     return {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "transformer_engine": installed_version("transformer-engine"),
-        "megatron_core": installed_version("megatron-core"),
-        "megatron_bridge": installed_version("megatron-bridge"),
-        "python": platform.python_version(),
+        **runner.environment(),
         "config": {
             "model": args.model,
             "description": MODELS[args.model].description,

@@ -44,3 +44,20 @@ def test_the_hook_records_calls_between_package_modules_until_the_first_replay()
     assert way.done and len(seen) == 1
     assert seen[0][0] == "config" and seen[0][-1] == "capture/block_replay"
     assert way.entries == seen[0]
+
+
+def test_a_record_names_its_machine_and_stack_even_when_train_stops_early(tmp_path, capsys, monkeypatch):
+    """A ``train`` refused before any step (a bad setting) still leaves a ``module_path.json`` that says what it ran on
+    (the GPU, None on this CPU, and the stack's versions) and how far it got, as every results/ record must."""
+    import json
+
+    from benchmarks import module_path
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main sets the train command's argv
+    code = module_path.main(["recipes/tiny_qwen3_vl_photos.yaml", "--out", str(tmp_path), "model.seq_length=0"])
+    assert code == 2 and "error: " in capsys.readouterr().err
+    record = json.loads((tmp_path / "module_path.json").read_text())
+    meta = record["meta"]
+    assert set(meta) >= {"command", "date", "gpu", "torch", "megatron_core", "megatron_bridge", "transformer_engine"}
+    assert meta["megatron_core"] and meta["megatron_bridge"] and record["replayed"] is False
+    assert record["module_count"] >= 1
