@@ -73,12 +73,16 @@ def _ffn(facts: ModelFacts) -> int:
     return facts.ffn_hidden_size or 4 * facts.hidden_size
 
 
-def language_layer_params(facts: ModelFacts) -> int:
-    """Parameters of one dense decoder layer on one tensor-parallel rank (attention, MLP, norms)."""
+def language_layer_params(facts: ModelFacts, *, attention_only: bool = False) -> int:
+    """Parameters of one dense decoder layer on one tensor-parallel rank (attention, MLP, norms); with
+    ``attention_only``, of its attention half (the input norm and the attention), what a packed MoE layer's graph
+    holds."""
     h, d, tp = facts.hidden_size, facts.kv_channels, facts.tp
     q, kv = facts.num_attention_heads * d, (facts.num_query_groups or facts.num_attention_heads) * d
     f = _ffn(facts)
     attention = h * (q + 2 * kv) + q * h
+    if attention_only:
+        return attention // tp + 2 * h
     mlp = h * f * (2 if facts.gated_linear_unit else 1) + f * h
     return (attention + mlp) // tp + 4 * h
 
@@ -104,14 +108,17 @@ def stage0_language_params(facts: ModelFacts, layers: int) -> int:
 
 
 # -------------------------------------------------------------------------------------------- activations
-def language_activation_bytes(facts: ModelFacts) -> int:
-    """Bytes one token saves for backward in one dense decoder layer (see the module docstring)."""
+def language_activation_bytes(facts: ModelFacts, *, attention_only: bool = False) -> int:
+    """Bytes one token saves for backward in one dense decoder layer (see the module docstring); with
+    ``attention_only``, in its attention half (the input norm's and the attention's saved tensors), what a packed
+    MoE layer's graph saves (its MLP half runs eagerly, its activations eager's own)."""
     h, d, tp = facts.hidden_size, facts.kv_channels, facts.tp
     sp = tp if facts.sequence_parallel else 1
     q, kv = facts.num_attention_heads * d, (facts.num_query_groups or facts.num_attention_heads) * d
     f = _ffn(facts)
     qk_norm = (q + kv) / tp if facts.qk_layernorm else 0
-    elements = 4 * h / sp + (q + 2 * kv + q) / tp + qk_norm + (f * (2 if facts.gated_linear_unit else 1) + f) / tp
+    mlp = 0 if attention_only else (f * (2 if facts.gated_linear_unit else 1) + f) / tp
+    elements = (2 if attention_only else 4) * h / sp + (q + 2 * kv + q) / tp + qk_norm + mlp
     return int(elements * DTYPE_BYTES.get(facts.dtype, 2) * ACTIVATION_SLACK)
 
 
@@ -153,8 +160,11 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
 
     language_graphs = language_top = 0
     lang = plan.language
-    if lang.enabled and lang.captured_per_stage and lang.modules is None:
-        per_token = language_activation_bytes(f)
+    # Whole layers, or on the packed ladder the attention half of MoE layers (PACKED_MOE_SCOPE); other scopes are
+    # megatron-core's partial graphs, not estimated.
+    attention_only = lang.ladder is not None and lang.modules == ("attn",)
+    if lang.enabled and lang.captured_per_stage and (lang.modules is None or attention_only):
+        per_token = language_activation_bytes(f, attention_only=attention_only)
         captured = lang.captured_per_stage[0]
         fused = f.gradient_accumulation_fusion or training.peft  # PEFT: the frozen base weights have no gradient
         unfused = 0 if fused else captured * language_layer_params(f) * dtype_bytes
@@ -165,7 +175,8 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
             # (GRADIENTS_HELD).
             spans = lang.segments_per_stage[0] if lang.segments_per_stage else ()
             widest = max((end - start for start, end in spans), default=1)
-            unfused = 0 if fused else int(GRADIENTS_HELD * widest * language_layer_params(f) * dtype_bytes)
+            held = language_layer_params(f, attention_only=attention_only)
+            unfused = 0 if fused else int(GRADIENTS_HELD * widest * held * dtype_bytes)
             budgets = ladder.token_budgets
             sp = f.tp if f.sequence_parallel else 1
             segments = len(spans) or captured

@@ -1034,3 +1034,18 @@ def test_tight_packing_is_its_own_setting():
     ):
         plan(qwen3_8b(), padded)
     plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True, "tight_packing": False}}))
+
+
+def test_packed_moe_graphs_count_their_attention_half_in_the_memory_estimate():
+    """A packed MoE layer's graph holds its attention only: the plan's pool counts that half (the input norm's and the
+    attention's saved tensors and parameters), less than a whole layer's and more than nothing (it was left out while
+    the scope was megatron-core's partial one)."""
+    from bridge_cudagraph.plan.memory import TrainingFacts, estimate, language_activation_bytes, language_layer_params
+
+    training = TrainingFacts(dp=1)
+    moe = estimate(_packed_plan(facts=MOE_FACTS), training)
+    dense = estimate(_packed_plan(), training)
+    assert 0 < moe.language_graphs < dense.language_graphs
+    facts = _packed_plan().facts
+    assert 0 < language_activation_bytes(facts, attention_only=True) < language_activation_bytes(facts)
+    assert 0 < language_layer_params(facts, attention_only=True) < language_layer_params(facts)
