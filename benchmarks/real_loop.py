@@ -135,13 +135,18 @@ def run_one(recipe: str, iters: int, variant: Variant, repeat: int, out: Path, p
         code, text = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         code = 124
-        text = f"{expired.stdout or ''}{expired.stderr or ''}\nerror: timed out after {timeout:.0f} s"
+        # TimeoutExpired carries the output so far as bytes, whatever text=True asked for.
+        text = f"{_decoded(expired.stdout)}{_decoded(expired.stderr)}\nerror: timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
-    log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    log.write_text(text)
     numbers = parse_log(log.read_text())
     return Run(
         variant.name, variant.graphs, variant.workers, repeat, code, seconds, **numbers, log=log.name, command=command
     )
+
+
+def _decoded(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def check_against_eager(runs: list[Run], out: Path) -> None:
