@@ -11,6 +11,7 @@ import gc
 import sys
 import types
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -101,7 +102,10 @@ def leak_report(count: int = 2, *, depth: int = 10) -> dict:
     them (:func:`holder_chains`). Call after the objects expected to be freed are gone and ``gc.collect()`` ran."""
     gc.collect()
     tensors = largest_cuda_tensors(count)
-    report = {"allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0, "largest": []}
+    report: dict[str, Any] = {
+        "allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0,
+        "largest": [],
+    }
     for tensor in tensors:
         report["largest"].append(
             {"mib": round(_nbytes(tensor) / 2**20, 1), "holders": holder_chains(tensor, depth=depth, ignore=[tensors])}
@@ -135,7 +139,7 @@ def release_training_memory(model, optimizer) -> int:
     bytes released. For a model and optimizer about to be dropped: if something outside our reach still refers to
     them, it keeps a few Python objects, not gigabytes."""
     released = 0
-    storages = {}
+    storages: dict[int, torch.UntypedStorage] = {}
     for tensor in training_tensors(model, optimizer):
         if tensor.is_cuda:
             storage = tensor.untyped_storage()

@@ -135,13 +135,18 @@ def run_one(recipe: str, iters: int, variant: Variant, repeat: int, out: Path, p
         code, text = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         code = 124
-        text = f"{expired.stdout or ''}{expired.stderr or ''}\nerror: timed out after {timeout:.0f} s"
+        # TimeoutExpired carries the output so far as bytes, whatever text=True asked for.
+        text = f"{_decoded(expired.stdout)}{_decoded(expired.stderr)}\nerror: timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
-    log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    log.write_text(text)
     numbers = parse_log(log.read_text())
     return Run(
         variant.name, variant.graphs, variant.workers, repeat, code, seconds, **numbers, log=log.name, command=command
     )
+
+
+def _decoded(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def check_against_eager(runs: list[Run], out: Path) -> None:
@@ -168,6 +173,7 @@ def render_table(runs: list[Run]) -> str:
     base: dict[int | None, list[float]] = {}
     for r in runs:
         if r.ok and not r.graphs:
+            assert r.useful_tokens_per_s is not None  # r.ok
             base.setdefault(r.workers, []).append(r.useful_tokens_per_s)
     rows = [
         "| variant | repeat | useful tok/s | x eager | step ms | data wait ms (share) | peak GiB alloc / reserved | "
@@ -179,9 +185,14 @@ def render_table(runs: list[Run]) -> str:
             why = "; ".join(r.problems) or r.error or "no end-of-training line"
             rows.append(f"| {r.variant} | {r.repeat} | failed: {why} | | | | | | {r.exit_code} |")
             continue
+        assert r.useful_tokens_per_s is not None  # r.ok
         ref = sorted(base.get(r.workers, []))
         ratio = f"{r.useful_tokens_per_s / ref[len(ref) // 2]:.2f}x" if ref else "n/a"
-        wait = "n/a" if r.data_wait_ms is None else f"{r.data_wait_ms:.1f} ({100 * r.data_wait_share:.0f}%)"
+        wait = (
+            "n/a"
+            if r.data_wait_ms is None or r.data_wait_share is None
+            else f"{r.data_wait_ms:.1f} ({100 * r.data_wait_share:.0f}%)"
+        )
         peak = "n/a" if r.peak_allocated_gib is None else f"{r.peak_allocated_gib:.1f} / {r.peak_reserved_gib:.1f}"
         loss = "" if r.loss_vs_eager is None else f"{r.loss_vs_eager['loss']['max_rel']:.2e}"
         rows.append(
@@ -204,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--port", type=int, default=29700)
     args = parser.parse_args(argv)
-    counts = [int(w) for w in args.workers.split(",") if w.strip()] or [None]
+    counts: list[int | None] = [int(w) for w in args.workers.split(",") if w.strip()] or [None]
     variants = [Variant(graphs, w) for w in counts for graphs in (True, False)]
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []

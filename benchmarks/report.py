@@ -103,7 +103,7 @@ REFUSED = "refused"
 PACKED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_packed"))
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
 #: The packed levers that are a setting of ours_packed's block (``model.cuda_graph``: per part, the fields replaced).
-PACKED_PARTS = {
+PACKED_PARTS: dict[str, dict[str, dict[str, Any]]] = {
     "ours_packed_rows": {"language": {"tight_packing": False}},
     "ours_packed_bridge_packing": {"forward": {"flat_rows": False}},
     "ours_packed_device_grid": {"forward": {"collated_grids": False}},
@@ -113,7 +113,7 @@ AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
 #: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
 VISION_HALVINGS = ("ours_packed_halvings",)
 #: ours_padded's parts: what each changes of ours_padded's block (per submodule, the fields replaced).
-PADDED_PARTS = {
+PADDED_PARTS: dict[str, dict[str, dict[str, Any]]] = {
     "ours_padded_layer_graphs": {"language": {"graph_unit": "layer"}},
     "ours_padded_megatron": {"language": {"graph_unit": "layer"}},
     "ours_padded_language": {"vision": {"enabled": False}},
@@ -141,7 +141,14 @@ gradient-accumulation fusion, graphed | ours_packed | ours_packed_fused
 padded rows on the ladder, not megatron-core's helper | ours_padded_megatron | ours_padded_layer_graphs
 gradient-accumulation fusion, eager | eager_packed | eager_packed_fused
 """
-LEVERS = tuple(tuple(row.split(" | ")) for row in _LEVER_ROWS.splitlines())
+
+
+def _lever(row: str) -> tuple[str, str, str]:
+    lever, without, with_ = row.split(" | ")
+    return lever, without, with_
+
+
+LEVERS = tuple(_lever(row) for row in _LEVER_ROWS.splitlines())
 #: The micro-batch form each variant trains on, which its name says (every padded variant's has ``_padded``).
 FORM = {v: PADDED if "_padded" in v else PACKED for v in LABELS}
 #: The target for ours_packed over eager_packed (useful tokens/s): on the 2B shape, and per ``meta.config.model``.
@@ -152,7 +159,7 @@ TARGETS = {"tiny": TARGET_SPEEDUP, "small": TARGET_SPEEDUP, "peft8b": 1.15}
 def target_of(data: Mapping[str, Any]) -> float:
     """The target of the run's model (``meta.config.model``); the 2B shape's where it is not recorded."""
     model = ((data.get("meta") or {}).get("config") or {}).get("model")
-    return TARGETS.get(model, TARGET_SPEEDUP)
+    return TARGETS.get(model, TARGET_SPEEDUP) if model is not None else TARGET_SPEEDUP
 
 
 GIB = 2**30
@@ -1219,7 +1226,7 @@ def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
     for i, (name, v) in enumerate(zip(names, values, strict=True)):
         rec = variants.get(name) or {}
         if v is None:
-            label = rec.get("status") if rec.get("status") == REFUSED else "failed" if rec else "not run"
+            label = REFUSED if rec.get("status") == REFUSED else "failed" if rec else "not run"
             ax.text(i, top * 0.05, label, ha="center", va="bottom", fontsize=8, rotation=90)
             continue
         ax.bar(i, v, color=COLORS.get(name, "#777777"), width=0.7)

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -378,7 +378,7 @@ class PhaseMarkers:
 def _named_tensors(chunk: torch.nn.Module, *, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
     """A chunk's parameters and buffers by name, the tensors themselves (Bridge's LoRA ``AdapterWrapper.state_dict``
     drops the ``to_wrap.`` its ``load_state_dict`` expects)."""
-    out = dict(chunk.named_parameters(remove_duplicate=remove_duplicate))
+    out: dict[str, torch.Tensor] = dict(chunk.named_parameters(remove_duplicate=remove_duplicate))
     out.update(chunk.named_buffers(remove_duplicate=remove_duplicate))
     return out
 
@@ -444,6 +444,10 @@ def train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_
     return loss, (time.perf_counter() - start) * 1e3
 
 
+@overload
+def fixed_batch_check(model, batch: dict, *, keep_grads: Literal[True]) -> tuple[torch.Tensor, float, dict]: ...
+@overload
+def fixed_batch_check(model, batch: dict, *, keep_grads: bool = False) -> tuple[torch.Tensor, float, dict | None]: ...
 def fixed_batch_check(model, batch: dict, *, keep_grads: bool = False) -> tuple[torch.Tensor, float, dict | None]:
     """Per-token loss (CPU, fp32), gradient norm and, with ``keep_grads``, every trainable parameter's gradient (fp32,
     host) of one forward/backward on ``batch``; gradient buffers zeroed after."""
@@ -561,7 +565,7 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
 
 
 def profile(
-    shared: StepData, run_step: Callable[[int], None], first_step: int, *, model: Any, optimizer: Any
+    shared: StepData, run_step: Callable[[int], object], first_step: int, *, model: Any, optimizer: Any
 ) -> tuple[dict, dict]:
     """Profile ``shared.profile_steps`` steps from ``first_step`` with :class:`PhaseMarkers` on ``model`` and
     ``optimizer``: ``(kernel_time_per_step, host_time_breakdown or {"error": ...})`` of exactly these steps."""
@@ -592,7 +596,7 @@ def profile(
     return kernels, host
 
 
-def profile_cuda_only(shared: StepData, run_step: Callable[[int], None], first_step: int) -> dict:
+def profile_cuda_only(shared: StepData, run_step: Callable[[int], object], first_step: int) -> dict:
     """The profiled steps again under a profiler that records CUDA kernels only: recording every CPU op stretches a
     graphed step of many small host calls, which :func:`profile`'s busy fraction reads as GPU idle; this window
     (:func:`~benchmarks.trace.busy_between_marks`) is close to the unprofiled step."""

@@ -87,7 +87,7 @@ def kernel_time_per_step(trace: dict, n_steps: int) -> dict:
     for start, end, stream in kernels:
         if any(lo <= start < hi for lo, hi in windows):
             by_stream[stream] = by_stream.get(stream, 0.0) + (end - start)
-    compute_stream = max(by_stream, key=by_stream.get) if by_stream else None
+    compute_stream = max(by_stream, key=by_stream.__getitem__) if by_stream else None
     union_ms, count, stream_ms, window_ms = [], [], [], []
     for lo, hi in windows:
         inside = [(max(s, lo), min(e, hi), st) for s, e, st in kernels if s < hi and e > lo]
@@ -114,7 +114,8 @@ def busy_between_marks(trace: dict, n_steps: int) -> dict:
     a CUDA-only profile without ``record_function`` step ranges: from the end of the first (launched after a
     synchronize, before the first step) to the start of the last (after the last step's synchronize), the steps' wall
     time on the GPU's clock. ``busy`` and per step ``kernel_ms`` and ``window_ms``."""
-    marks, kernels = [], []
+    marks: list[tuple[float, float]] = []
+    kernels: list[tuple[float, float]] = []
     for e in kernel_events(trace):
         (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append(_span(e))
     if len(marks) < 2:
@@ -153,9 +154,10 @@ def gpu_busy_summary(
     if not profile:
         return {"gpu_busy": None, "gpu_busy_source": None}
     denominators = [step_ms_by_key.get(k, fallback_step_ms) for k in profiled_keys]
-    if any(d is None for d in denominators) or not denominators:
+    present = [d for d in denominators if d is not None]
+    if len(present) < len(denominators) or not denominators:
         return {"gpu_busy": None, "gpu_busy_source": None, "gpu_busy_note": "no unprofiled step time to divide by"}
-    wall = sum(denominators)
+    wall = sum(present)
     kernel = sum(profile["kernel_ms"])
     out: dict[str, Any] = {
         "kernel_ms_per_step": kernel / len(denominators),

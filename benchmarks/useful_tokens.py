@@ -501,6 +501,9 @@ def variant_provider(run: BenchRun, variant: str):
     ours_padded's or ours_packed's block (a lever's part replaced), or upstream's host provider with megatron-core's
     graphs; the fused variants set ``gradient_accumulation_fusion=True``."""
     model = MODELS[run.args.model]
+    unknown = f"no provider of {variant!r} for --model {run.args.model}; known: {[*report.ORDER, CONTROL]}"
+    if model.provider is None:
+        raise ValueError(unknown)
     if variant == "upstream_padded":
         from bridge_cudagraph.examples import tiny
 
@@ -508,23 +511,26 @@ def variant_provider(run: BenchRun, variant: str):
         plain.vision_cuda_graph_impl = "transformer_engine"
         plain.max_vision_cuda_graph_seq_length = run.cfg.upstream_vision_seq_length()
         return plain
-    blocks = {
-        **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, "eager_packed_fused", CONTROL)),
+    graphed = {
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
         **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
     }
     for name, parts in (*report.PADDED_PARTS.items(), *report.PACKED_PARTS.items()):
-        block = blocks["ours_padded" if name in report.PADDED_PARTS else "ours_packed"]
-        blocks[name] = dataclasses.replace(
+        block = graphed["ours_padded" if name in report.PADDED_PARTS else "ours_packed"]
+        graphed[name] = dataclasses.replace(
             block, **{sub: dataclasses.replace(getattr(block, sub), **fields) for sub, fields in parts.items()}
         )
     for name in report.VISION_HALVINGS:
-        block = blocks[name]
-        blocks[name] = dataclasses.replace(
+        block = graphed[name]
+        graphed[name] = dataclasses.replace(
             block, vision=dataclasses.replace(block.vision, token_budgets=run.cfg.vision_halvings())
         )
-    if variant not in blocks or model.provider is None:
-        raise ValueError(f"no provider of {variant!r} for --model {run.args.model}; known: {[*report.ORDER, CONTROL]}")
+    blocks: dict[str, CudaGraphConfig | None] = {
+        **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, "eager_packed_fused", CONTROL)),
+        **graphed,
+    }
+    if variant not in blocks:
+        raise ValueError(unknown)
     fields = {"gradient_accumulation_fusion": True} if variant in report.FUSED else {}
     return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids, **fields)
 
@@ -878,6 +884,7 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
         rec["forward_counts"] = forward_counters(variant, model)
 
     # Parity: the fixed micro-batch with the initial weights copied back in (in place: the graphs stay valid).
+    assert run.initial_state is not None  # the variant's start snapshotted or loaded it
     runner.load_weights(model, run.initial_state, aliases_allowed=variant == "upstream_padded")
     before = {sub: c["replays"] for sub, c in _counters(helpers).items()}
     fixed_loss, grad_norm, grads = runner.fixed_batch_check(model, shared.fixed_batch, keep_grads=True)
@@ -1127,9 +1134,11 @@ def prepare(args: argparse.Namespace, world) -> BenchRun:
     )
     vision_budgets, vision_segments = cfg.vision_budgets(), cfg.vision_max_segments()
     if args.model in recipe_variants.RECIPES:  # the recipe's plan: its budgets, not ones derived here
-        plan = recipe_variant(args, cfg, "ours_packed").plan
-        layout = plan.language.packed.layout
-        vision_budgets, vision_segments = list(plan.vision.token_budgets), plan.vision.max_images_per_microbatch
+        recipe_plan = recipe_variant(args, cfg, "ours_packed").plan
+        assert recipe_plan is not None  # ours_packed captures graphs
+        layout = recipe_plan.language.packed.layout
+        vision_budgets = list(recipe_plan.vision.token_budgets)
+        vision_segments = recipe_plan.vision.max_images_per_microbatch
     else:
         layout = derived_layout(args.seq, args.mbs)
     fixed = max(range(len(micro)), key=lambda i: micro[i].packed_tokens)
@@ -1150,7 +1159,8 @@ def prepare(args: argparse.Namespace, world) -> BenchRun:
     run = BenchRun(
         args=args, world=world, cfg=cfg, layout=layout, ids=token_ids(processor), micro=micro, shared=shared
     )
-    provider = None if MODELS[args.model].provider is None else MODELS[args.model].provider(None, seq_length=args.seq)
+    make_provider = MODELS[args.model].provider
+    provider = None if make_provider is None else make_provider(None, seq_length=args.seq)
     if provider is not None and not getattr(provider, "num_moe_experts", None):  # the FLOPs of dense layers only
         from benchmarks.flops import step_flops
 

@@ -128,3 +128,16 @@ def test_the_runner_records_trains_refusal_on_this_machine(tmp_path):
     assert [r["variant"] for r in record["runs"]] == ["graphs", "eager"]
     assert all(r["exit_code"] == 2 and r["error"].startswith("error: train needs a CUDA GPU") for r in record["runs"])
     assert (tmp_path / "real_loop.md").read_text().count("failed: error: train needs a CUDA GPU") == 2
+
+
+def test_a_timed_out_runs_log_holds_its_output_as_text(tmp_path, monkeypatch):
+    """``subprocess.TimeoutExpired`` hands the output so far over as bytes even with ``text=True``: the log keeps it
+    as the lines it was, not as a ``b'...'`` literal, and ends with the timeout line."""
+
+    def timed_out(command, **kwargs):
+        raise real_loop.subprocess.TimeoutExpired(command, 5.0, output=b"step 1\nstep 2\n", stderr=b"warning\n")
+
+    monkeypatch.setattr(real_loop.subprocess, "run", timed_out)
+    run = real_loop.run_one(RECIPE, 2, Variant(True), 0, tmp_path, 29700, 5.0)
+    assert run.exit_code == 124 and run.error == "error: timed out after 5 s"
+    assert (tmp_path / run.log).read_text() == "step 1\nstep 2\nwarning\n\nerror: timed out after 5 s"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Draft of the next session's device calls (not yet run), what runs 87-89 left (results/gpu-suites/run87,
-# results/padded-gradients/run89). Two calls; copy this to .snap/ (results/ stays home: the call's 64 MiB), then
+# results/padded-gradients/run89). Three calls; copy this to .snap/ (results/ stays home: the call's 64 MiB), then
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh A     (alone on the GPU: speed is claimed)
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh B
+#   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh C     (branch moe-packed, from an archive
+#     made first: git archive --format=tar.gz -o .snap/moe-packed.tgz moe-packed -- . ':(exclude)results')
 set +e
 export LOGS=/tmp/dl_next_$1
 source scripts/device_lib.sh
@@ -27,5 +29,20 @@ B)  # The corrected 4096-patch claim (run 89 lost it to a port in use), teardown
     grep -H " passed\| failed\| error" "$LOGS"/*.log | grep -v "PASSED\|FAILED" | cut -c1-200
     grep -h "capture failed\|eager fallbacks" "$LOGS/d_train_det.log" | cut -c1-250 | tail -4
     cat "$LOGS/module_path/module_path.json" | head -12 ;;
+C)  # #47: the packed MoE branch in its second form (each MoE layer's attention graphed, the rest of the layer eager on
+    # the micro-batch's own rows), from its archive under /tmp/moe: its suite under deterministic kernels (is it
+    # Bridge's step bit for bit now?), then the MoE recipe through Bridge's loop (it packs now) beside the suite without
+    # deterministic kernels, then alone the issue's 30B-A3B shape under an 80 GiB cap (moe_packed_draft.sh's steps).
+    mkdir -p /tmp/moe && tar -xzf .snap/moe-packed.tgz -C /tmp/moe && cp -r .whl /tmp/moe/ 2>/dev/null
+    cd /tmp/moe && export PYTHONPATH=/tmp/moe
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c4 NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
+      R c_moe_packed_det 300 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed_det.json $PYT tests/gpu/test_packed_moe.py" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c5
+      R c_moe_loop 420 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_loop.json $PYT tests/gpu/test_bridge_loop.py -k moe"
+      R c_moe_packed 240 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed.json $PYT tests/gpu/test_packed_moe.py" ) &
+    wait
+    grep -H " passed\| failed\| error" "$LOGS"/*.log | grep -v "PASSED\|FAILED" | cut -c1-200
+    R c_30b_shape_80g 400 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_30b --model moe-30b-a3b-shape \
+      --variants eager_packed,ours_packed,ours_padded --no-paired --no-control --steps 4 --profile-steps 0 --gpu-memory 80" ;;
 esac
 table
