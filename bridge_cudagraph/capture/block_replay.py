@@ -89,14 +89,14 @@ def remove_ladder_replay(decoder: torch.nn.Module) -> None:
 
 
 def replay_segments(
-    block, layers, h, statics, segments, *, after_segment: Callable[[int, Any], torch.Tensor] | None = None
+    block, layers, h, statics, segments, *, after_segment: Callable[[int, torch.Tensor], torch.Tensor] | None = None
 ) -> torch.Tensor:
     """A block's layer loop on one rung's graphs (``layers``, one per segment of ``segments``), the one loop of every
     replay (the language decoder's, :meth:`~bridge_cudagraph.capture.vision.VisionGraphHelper.replay_encoder`'s), as
     the host's ``TransformerBlock.forward`` (megatron-core 0.19.2) runs it: each run of layers' manual hooks (parameter
-    gathers), its graph on ``(h, *statics)``, then ``after_segment(end, outputs)`` where given (what follows the
-    segment ending before layer ``end``: a deepstack merge, :func:`deepstack_merge`; before it, on a packed MoE
-    layer's several outputs, the layer's eager remainder,
+    gathers), its graph on ``(h, *statics)``, then ``after_segment(end, h)`` where given (what follows the segment
+    ending before layer ``end``: a deepstack merge, :func:`deepstack_merge`; before it, after a packed MoE layer's
+    graph, that layer's eager MLP half,
     :attr:`~bridge_cudagraph.capture.language_ladder.LanguageLadder.segment_remainder`), whose result goes on; under
     sequence parallelism inside the tensor-parallel RNG fork, as the host's block (and the capture)."""
     from megatron.core import tensor_parallel

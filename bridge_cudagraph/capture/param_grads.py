@@ -93,10 +93,7 @@ class SummedGraph:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.graphed(*args, **kwargs)
-        # A graph of several outputs (a packed MoE layer's: capture/packed_moe.py) hands them all from one backward
-        # node; the first output that has it names it. Without the hook the summing graph would never replay.
-        outputs = out if isinstance(out, tuple | list) else (out,)
-        node = next((o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None), None)
+        node = getattr(out, "grad_fn", None)
         if node is not None:
             node.register_hook(self._after_backward)
         return out
