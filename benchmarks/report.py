@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from benchmarks.host_syncs import census_lines
+from bridge_cudagraph.plan.budgets import PackedLayout
 from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report renders without torch
 
 #: The compared variants, in run order: what runs when ``--variants`` is left out.
@@ -246,14 +247,14 @@ def _step_ms(rec: Mapping[str, Any]) -> float | None:
 
 
 def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
-    """A variant's step time (:func:`_step_ms`) over its kernel time per step on the same micro-batches; 1.00x is the
-    limit a graph can approach (the GPU never waits for the host). None when either is missing."""
+    """A variant's step time (:func:`_step_ms`) over its kernel time per step, None where either is missing; 1.00x
+    is the limit a graph can approach (the GPU never waits for the host)."""
     return _over(_step_ms(variant), variant.get("kernel_ms_per_step"))
 
 
 def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
-    """Whether the profiler missed the variant's graph kernels (its GPU busy is then estimated from the eager
-    variant's kernel time, :func:`benchmarks.trace.gpu_busy_summary`): its profiled kernel time is too low."""
+    """Whether the profiler missed the variant's graph kernels (too low a kernel time; its GPU busy is then estimated
+    from the eager variant's kernel time, :func:`benchmarks.trace.gpu_busy_summary`)."""
     return rec.get("gpu_busy_source") not in (None, "profiler")
 
 
@@ -265,10 +266,9 @@ def block_bootstrap_ci(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap:
-    consecutive paired steps are not independent (the host, the allocator and the clocks drift), so runs of
-    ``block`` consecutive pairs (default ``max(2, round(n ** (1/3)))``) are resampled, keeping that correlation.
-    Seeded; None under 6 values."""
+    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap: runs of
+    ``block`` consecutive pairs (default ``max(2, round(n ** (1/3)))``) are resampled, keeping the correlation of
+    consecutive steps (the host, the allocator and the clocks drift). Seeded; None under 6 values."""
     n = len(values)
     if n < 6:
         return None
@@ -303,19 +303,13 @@ def sign_test_ci(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE)
 
 
 def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> dict[str, Any]:
-    """Judge per-pair step-time ratios (in measurement order; above 1: the second variant faster): ``median`` and a
-    ``confidence`` interval, the wider of the sign test's (:func:`sign_test_ci`, pairs taken as independent) and a
-    moving-block bootstrap's (:func:`block_bootstrap_ci`, serial correlation kept), both recorded. ``verdict``:
-    "faster" when the whole interval is above 1, "slower" below, else "within timing noise"; None with under 6
-    pairs."""
+    """Judge per-pair step-time ratios (in measurement order; above 1: the second variant faster): ``median``, a
+    ``confidence`` interval, the wider of :func:`sign_test_ci`'s and :func:`block_bootstrap_ci`'s (both recorded), and
+    ``verdict``: "faster" (whole interval above 1), "slower", "within timing noise", or None under 6 pairs."""
     values = [float(x) for x in ratios]
-    out: dict[str, Any] = {
-        "pairs": len(values),
-        "median": statistics.median(values) if values else None,
-        "ci": None,
-        "verdict": None,
-        "ours_faster_pairs": sum(x > 1 for x in values),
-    }
+    median = statistics.median(values) if values else None
+    out: dict[str, Any] = {"pairs": len(values), "median": median, "ci": None, "verdict": None}
+    out["ours_faster_pairs"] = sum(x > 1 for x in values)
     independent, blocks = sign_test_ci(values, confidence), block_bootstrap_ci(values, confidence)
     if independent is None or blocks is None:
         return out
@@ -381,7 +375,8 @@ def host_time_section(
         rows = [
             [
                 f"`{str(r.get('name')).replace('|', '/')}`",
-                *(f(r.get(k)) for k, f in (("idle_ms_per_step", fmt_ms), ("calls_per_step", fmt_count))),
+                fmt_ms(r.get("idle_ms_per_step")),
+                fmt_count(r.get("calls_per_step")),
                 fmt_ms(r.get("cpu_ms_per_step")),
                 fmt_ms(e.get("idle_ms_per_step")) if (e := eager_rows.get(r.get("name"))) else "-",
             ]
@@ -418,26 +413,17 @@ class MicroBatch:
         return asdict(self)
 
 
-def budget_for(tokens: int, rows: int, budgets: Sequence[int], max_sequences: int) -> int | None:
-    """The packed-graph budget a micro-batch of ``tokens`` in ``rows`` segments replays in, or None (eager
-    fallback); the same rule as :meth:`bridge_cudagraph.plan.budgets.PackedLayout.budget_for`."""
-    from bridge_cudagraph.plan.budgets import PackedLayout
-
-    return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, rows)
-
-
 def token_slots(
     variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0, *, tight: bool = False
 ) -> int:
     """Token slots the language model computes for ``mb`` in ``variant``: padded forms rows x seq_length; eager packed
-    ``T``; packed graphs the budget ``T`` replays in (``T`` where it falls back to eager), with ``tight`` (tight
-    packing on) the budget of the kept tokens ``T'``."""
+    ``T``; packed graphs the budget ``T`` replays in (:meth:`bridge_cudagraph.plan.budgets.PackedLayout.budget_for`;
+    ``T`` where it falls back to eager), with ``tight`` (tight packing on) the budget of the kept tokens ``T'``."""
     if FORM[variant] == PADDED:
         return mb.padded_tokens
     if variant in PACKED_GRAPHED:
-        tight = tight and variant in TIGHT
-        tokens = mb.tight_tokens if tight and mb.tight_tokens else mb.packed_tokens
-        return budget_for(tokens, mb.rows, budgets, max_sequences) or mb.packed_tokens
+        tokens = mb.tight_tokens if tight and variant in TIGHT and mb.tight_tokens else mb.packed_tokens
+        return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, mb.rows) or mb.packed_tokens
     return mb.packed_tokens
 
 
@@ -589,9 +575,8 @@ def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
     missing = len(grads.get("grad_missing") or [])
     exact = _fmt(grads.get("grad_exact_fraction"), ".0%")
     worst, floor = _fmt_rel(grads.get("grad_max_rel_l2")), _fmt_rel(fixed.get("floor_grad_max_rel_l2"))
-    text = f"gradients {exact} bit-exact, max rel {worst} (floor {floor})" + (
-        f", {missing} missing" if missing else ""
-    )
+    text = f"gradients {exact} bit-exact, max rel {worst} (floor {floor})"
+    text += f", {missing} missing" if missing else ""
     return text + (", within the floor" if fixed.get("within_floor") else ", BEYOND THE FLOOR")
 
 
@@ -609,15 +594,6 @@ def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _fmt_busy(rec: Mapping[str, Any]) -> tuple[str, str]:
-    """The GPU busy and step / kernel cells; where the profiler missed graph kernels, the busy cell is the estimate
-    from eager's kernel time and both carry †."""
-    if kernel_time_missed(rec):
-        busy = _fmt(rec.get("gpu_busy"), ".2f")
-        return (busy + "†" if busy != "n/a" else busy), fmt_ratio(step_over_kernel(rec), "x") + "†"
-    return _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f"), fmt_ratio(step_over_kernel(rec), "x")
-
-
 def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
     """One row of the table (a failed or missing variant says so)."""
     if not rec or rec.get("status") != "ok":
@@ -628,8 +604,13 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         else:
             why = f"failed: {_line(rec.get('error') or 'failed')}"
         return [name, why.replace("|", "/"), *["n/a"] * (len(COLUMNS) - 2)]
-    graphed = name in GRAPHED
-    busy, step_kernel = _fmt_busy(rec)
+    graphed, step_kernel = name in GRAPHED, fmt_ratio(step_over_kernel(rec), "x")
+    # Where the profiler missed graph kernels, GPU busy is the estimate from eager's kernel time: both cells carry †.
+    if kernel_time_missed(rec):
+        busy = _fmt(rec.get("gpu_busy"), ".2f")
+        busy, step_kernel = (busy + "†" if busy != "n/a" else busy), step_kernel + "†"
+    else:
+        busy = _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f")
     counters = sorted((rec.get("counters") or {}).items())
     return [
         name,
@@ -877,8 +858,7 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
 
 def _headline(data: Mapping[str, Any]) -> tuple[dict[str, Any], Mapping[str, Any] | None, str | None, str | None]:
     """The summary (recorded, else :func:`summarize`), the paired record, its clause where it paired :data:`PAIRED`
-    (else None), and ours_padded's speed-ups (``1.12x vs eager_packed, 1.40x vs eager_padded``, None where neither
-    ran)."""
+    (else None), ours_padded's speed-ups (``1.12x vs eager_packed, 1.40x vs eager_padded``; None where neither ran)."""
     summary, paired = data.get("summary") or summarize(data), data.get("paired")
     clause = _fmt_paired(paired) if paired_names(paired) == PAIRED else None
     padded = summary.get("ours_padded") or {}
@@ -992,54 +972,53 @@ def render_markdown(data: Mapping[str, Any]) -> str:
 HOW = (
     "- **useful tok/s**: tokens that carry loss (`loss_mask` summed over each step's micro-batches; the same for "
     "every variant) over the measured steps' total wall time. **x vs eager_packed**: its ratio to eager_packed's.",
-    "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed "
-    "rows x the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the "
-    "budget of each row's kept prefix, its extent rounded up to 16, summed over the rows; ours_packed_rows, tight "
-    "packing off, the budget of the rows' full width); padded variants rows x seq_length.",
+    "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed rows x "
+    "the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the budget of "
+    "each row's kept prefix, its extent rounded up to 16, summed over the rows; ours_packed_rows, tight packing off, "
+    "the budget of the rows' full width); padded variants rows x seq_length.",
     "- **kernel ms/step**: union of CUDA kernel intervals (over streams) in a few profiled steps after the measured "
-    "ones (`torch.profiler`, benchmarks/trace.py), per step. **GPU busy (in profiled steps)**: that kernel "
-    "time over the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same "
-    "steps; dividing by the unprofiled median instead mixes two runs of the steps and read lower). **step / "
-    "kernel**: the unprofiled median wall time of the profiled steps' own micro-batches over their kernel time per "
-    "step (`step_ms_same_microbatches`: the same micro-batches on both sides; 1.00x: the GPU never waits for the "
-    "host). † the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over "
-    "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time. The step-time section "
-    "also gives the GPU busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches "
-    "again, between two marker kernels: `cuda_only_profile`, benchmarks/trace.py `busy_between_marks`), which "
-    "recording every CPU op does not stretch; its two steps' losses are not kept.",
+    "ones (`torch.profiler`, benchmarks/trace.py), per step. **GPU busy (in profiled steps)**: that kernel time over "
+    "the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same steps; dividing by "
+    "the unprofiled median instead mixes two runs of the steps and read lower). **step / kernel**: the unprofiled "
+    "median wall time of the profiled steps' own micro-batches over their kernel time per step "
+    "(`step_ms_same_microbatches`: the same micro-batches on both sides; 1.00x: the GPU never waits for the host). † "
+    "the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over the unprofiled "
+    "median step, and step / kernel uses the (too low) profiled kernel time. The step-time section also gives the GPU "
+    "busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches again, between two "
+    "marker kernels: `cuda_only_profile`, benchmarks/trace.py `busy_between_marks`), which recording every CPU op "
+    "does not stretch; its two steps' losses are not kept.",
     "- **vision ms/mb**: CUDA events around each vision-encoder call of the measured steps (forward, backward). "
-    "**MFU**: model FLOPs (`benchmarks/flops.py`, every position of a padded row) over the measured steps' wall "
-    "time and the GPU's dense BF16 peak, padded rows of the dense models only; at kernel time: over the profiled "
-    "steps' kernel time.",
+    "**MFU**: model FLOPs (`benchmarks/flops.py`, every position of a padded row) over the measured steps' wall time "
+    "and the GPU's dense BF16 peak, padded rows of the dense models only; at kernel time: over the profiled steps' "
+    "kernel time.",
     "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
     "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
     "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
-    "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs "
-    "eager_padded; ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match); and "
-    "every parameter's gradient, computed for this run, against the reference's and against the reference's own "
-    "second pass (the floor): a graphed variant of ours beyond twice the floor, or without the comparison, is "
-    "failed. Every step's loss and grad norm must be finite, else the variant is failed. On an MoE model these "
-    "losses are the language model's cross-entropy only (the router's load-balancing loss reaches the gradients, "
-    "so the grad norm, not the losses).",
+    "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs eager_padded; "
+    "ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match); and every parameter's "
+    "gradient, computed for this run, against the reference's and against the reference's own second pass (the "
+    "floor): a graphed variant of ours beyond twice the floor, or without the comparison, is failed. Every step's "
+    "loss and grad norm must be finite, else the variant is failed. On an MoE model these losses are the language "
+    "model's cross-entropy only (the router's load-balancing loss reaches the gradients, so the grad norm, not the "
+    "losses).",
     "- **capture counters**: per submodule of a graphed variant, graphs captured, replays and a failed capture; a "
     "submodule without graphs, without replays or with a failed capture is named in the notes.",
     "- **paired phase**: two variants (`--paired A,B`, default eager_packed,ours_packed) alive at once, their "
     "measured steps interleaved (the first of each pair alternating); the per-pair ratio A ms / B ms is B's "
-    "useful-tokens/s ratio over A (same samples per pair); median and a 95% interval, the wider of the sign "
-    "test's and a moving-block bootstrap's (`report.paired_verdict`): the spread within this call, not between "
-    "calls; both models' peak memory beside it. The target is judged on it only where it paired eager_packed and "
-    "ours_packed.",
+    "useful-tokens/s ratio over A (same samples per pair); median and a 95% interval, the wider of the sign test's "
+    "and a moving-block bootstrap's (`report.paired_verdict`): the spread within this call, not between calls; both "
+    "models' peak memory beside it. The target is judged on it only where it paired eager_packed and ours_packed.",
     "- **levers** (opt-in with `--variants`): ours_packed_rows is ours_packed with tight packing off (each "
-    "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train "
-    "with `model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "
+    "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train with "
+    "`model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "
     "bridge_cudagraph/host/wgrad_fusion.py; a fused variant in which no TE module fuses is failed). "
     "ours_packed_fused's parity reference is eager_packed_fused (the same numbers); eager_packed_fused's is "
     "eager_packed, from which its step losses differ slightly (the fused sum rounds once per micro-batch in fp32). "
-    "The lever table compares each pair; its noise floor is eager_packed_repeat's median step against "
-    "eager_packed's (one pair of runs).",
+    "The lever table compares each pair; its noise floor is eager_packed_repeat's median step against eager_packed's "
+    "(one pair of runs).",
     "- **host waits**: one more training step after the profiled ones, on the first profiled step's micro-batches, "
-    "under torch's sync debug mode (benchmarks/host_syncs.py): each synchronizing call and the Python line that "
-    "asked for it (eager_packed and the packed graph variants).",
+    "under torch's sync debug mode (benchmarks/host_syncs.py): each synchronizing call and the Python line that asked "
+    "for it (eager_packed and the packed graph variants).",
 )
 
 
