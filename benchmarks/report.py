@@ -75,13 +75,6 @@ PACKED, PADDED = "packed", "padded"
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
 #: Parity references other than the form's (eager_packed_fused trains ours_packed_fused's numbers graphs off).
 REFERENCE_OF = {"ours_packed_fused": "eager_packed_fused"}
-
-
-def reference_of(variant: str) -> str:
-    """The variant ``variant``'s parity is taken against (itself for a reference of its form)."""
-    return REFERENCE_OF.get(variant, REFERENCE[FORM[variant]])
-
-
 #: Every variant some variant's parity is taken against (each keeps its fixed-batch loss and profile).
 REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
@@ -134,14 +127,6 @@ FORM = {v: PADDED if "_padded" in v else PACKED for v in LABELS}
 #: The target for ours_packed over eager_packed (useful tokens/s): on the 2B shape, and per ``meta.config.model``.
 TARGET_SPEEDUP = 1.3
 TARGETS = {"tiny": TARGET_SPEEDUP, "small": TARGET_SPEEDUP, "peft8b": 1.15}
-
-
-def target_of(data: Mapping[str, Any]) -> float:
-    """The target of the run's model (``meta.config.model``); the 2B shape's where it is not recorded."""
-    model = ((data.get("meta") or {}).get("config") or {}).get("model")
-    return TARGETS.get(model, TARGET_SPEEDUP) if model is not None else TARGET_SPEEDUP
-
-
 GIB = 2**30
 #: Confidence of the paired phase's interval for the median ratio, and the bootstrap's resamples.
 PAIRED_CONFIDENCE, BOOTSTRAP_RESAMPLES = 0.95, 4000
@@ -165,6 +150,24 @@ PHASE_LABELS = {
 #: the largest captured rung's alone.
 RESERVED_TARGET = 1.15
 LADDER_TARGET = 1.1
+#: The table's header, as it reads.
+COLUMNS = tuple(
+    "variant | useful tok/s | x vs eager_packed | step ms (median, IQR) | fill | GPU busy (in profiled steps) | "
+    "kernel ms/step | step / kernel | graph GiB | peak GiB (allocated / reserved) | capture s | replays / eager "
+    "fallbacks | parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager "
+    "floor)".split(" | ")
+)
+
+
+def reference_of(variant: str) -> str:
+    """The variant ``variant``'s parity is taken against (itself for a reference of its form)."""
+    return REFERENCE_OF.get(variant, REFERENCE[FORM[variant]])
+
+
+def target_of(data: Mapping[str, Any]) -> float:
+    """The target of the run's model (``meta.config.model``); the 2B shape's where it is not recorded."""
+    model = ((data.get("meta") or {}).get("config") or {}).get("model")
+    return TARGETS.get(model, TARGET_SPEEDUP) if model is not None else TARGET_SPEEDUP
 
 
 def _num(value: Any) -> float | None:
@@ -537,16 +540,6 @@ def finish(data: dict) -> dict:
             rec["speedup_vs_eager_packed"] = speedup(rec, variants.get(BASELINE))
     data["summary"] = summarize(data)
     return data
-
-
-# ============================================================================================ reading
-#: The table's header, as it reads.
-COLUMNS = tuple(
-    "variant | useful tok/s | x vs eager_packed | step ms (median, IQR) | fill | GPU busy (in profiled steps) | "
-    "kernel ms/step | step / kernel | graph GiB | peak GiB (allocated / reserved) | capture s | replays / eager "
-    "fallbacks | parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager "
-    "floor)".split(" | ")
-)
 
 
 def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
