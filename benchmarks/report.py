@@ -3,33 +3,21 @@
 No torch, no GPU: :mod:`benchmarks.useful_tokens` measures and calls these; the tests call them on hand-made
 records. Rendering again on any machine: ``python -m benchmarks.report DIR/useful_tokens.json``.
 
-Layout of ``useful_tokens.json``::
-
-    {"meta": {"command", "date", "gpu", "torch", "cuda", "transformer_engine", "megatron_core",
-              "megatron_bridge", "python", "config": {model, seq_length, micro_batch_size, num_microbatches,
-              measured_steps, warmup_steps, profile_steps, microbatches, ...}, "profiler_probe"},
-     "data": {"source", "microbatches": [MicroBatch.as_dict()], "language_budgets", "max_sequences",
-              "max_seqlen", "vision_budgets", "vision_max_segments", "upstream_vision_seq_length",
-              "fixed_microbatch", "plan"},
-     "variants": {name: record},          # ORDER's that ran, then CONTROL, each with "status" ok | failed
-                                          # (+ "error") | refused (+ "reason": the capture plan's)
-     "paired": {"status": ok | skipped | failed, "variants": [A, B] (``--paired``, default PAIRED),
-                "step_ms": {name: [...]}, "ratios": [A ms / B ms per pair], "verdict": paired_verdict(ratios),
-                "counters": {graphed name: {submodule: counters}}, ...},
-     "summary": summarize(data)}
-
-A variant's record: ``form`` (packed | padded), ``graphed``, ``useful_tokens_per_s``, ``speedup_vs_eager_packed``
-(its useful tokens/s over eager_packed's), ``step_ms`` (every measured step), ``step_ms_median``,
-``step_ms_q1``/``_q3``/``_iqr``, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
-``gpu_busy`` (+ ``gpu_busy_source``), ``gpu_busy_in_profiled_steps``, ``kernel_ms_per_step``
-(:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``, ``graph_memory_bytes``, ``graph_memory_gib``,
-``capture`` (per submodule), ``counters`` (per submodule: replays, eager_fallbacks, graphs, failed; tight_replays
-of a packed ladder; moe_tail_tokens, ``{rung: tail tokens kept out of the MoE layers' eager halves}``, of packed MoE
-layers),
-``parity`` (see :func:`benchmarks.useful_tokens`), ``losses``, ``grad_norms``, ``peak_memory_bytes``,
-``peak_reserved_bytes``, ``te_modules_fusing`` (TE modules that accumulate their weight gradient into ``main_grad``
-themselves), ``host_syncs`` (:func:`benchmarks.host_syncs.census` of one more step; :data:`HOST_SYNC_VARIANTS`),
-``seconds``.
+``useful_tokens.json`` holds ``meta`` (command, date, gpu, library versions, ``config``: model, seq_length,
+micro_batch_size, num_microbatches, measured/warm-up/profile steps, ...), ``data`` (source, ``microbatches``:
+:meth:`MicroBatch.as_dict` each, the language and vision budgets, max_sequences, max_seqlen, the plan),
+``variants`` (name: record, ORDER's that ran, then CONTROL; ``status`` ok | failed (+ ``error``) | refused (+
+``reason``: the capture plan's)), ``paired`` (``status``; ``variants`` [A, B]; ``step_ms``;
+``ratios``: A ms / B ms per pair; ``verdict``: :func:`paired_verdict`; ``counters``) and ``summary``
+(:func:`summarize`). A variant's record: ``form``, ``graphed``, ``useful_tokens_per_s``,
+``speedup_vs_eager_packed``, ``step_ms`` (every measured step) with its median, quartiles and IQR,
+``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``, ``gpu_busy`` (+ its source and
+``_in_profiled_steps``), ``kernel_ms_per_step`` (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``,
+``graph_memory_bytes``/``_gib``, ``capture`` and ``counters`` (per submodule: replays, eager_fallbacks, graphs,
+failed; tight_replays of a packed ladder; moe_tail_tokens, ``{rung: tail tokens kept out of the MoE layers' eager
+halves}``, of packed MoE layers), ``parity``, ``losses``, ``grad_norms``, ``peak_memory_bytes``,
+``peak_reserved_bytes``, ``te_modules_fusing``, ``host_syncs``
+(:func:`benchmarks.host_syncs.census`, :data:`HOST_SYNC_VARIANTS`), ``seconds``.
 """
 
 from __future__ import annotations
@@ -39,12 +27,13 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from benchmarks.host_syncs import census_lines
+from bridge_cudagraph.plan.budgets import PackedLayout
 from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report renders without torch
 
 #: The compared variants, in run order: what runs when ``--variants`` is left out.
@@ -88,13 +77,6 @@ PACKED, PADDED = "packed", "padded"
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
 #: Parity references other than the form's (eager_packed_fused trains ours_packed_fused's numbers graphs off).
 REFERENCE_OF = {"ours_packed_fused": "eager_packed_fused"}
-
-
-def reference_of(variant: str) -> str:
-    """The variant ``variant``'s parity is taken against (itself for a reference of its form)."""
-    return REFERENCE_OF.get(variant, REFERENCE[FORM[variant]])
-
-
 #: Every variant some variant's parity is taken against (each keeps its fixed-batch loss and profile).
 REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
@@ -141,31 +123,18 @@ gradient-accumulation fusion, graphed | ours_packed | ours_packed_fused
 padded rows on the ladder, not megatron-core's helper | ours_padded_megatron | ours_padded_layer_graphs
 gradient-accumulation fusion, eager | eager_packed | eager_packed_fused
 """
-
-
-def _lever(row: str) -> tuple[str, str, str]:
-    lever, without, with_ = row.split(" | ")
-    return lever, without, with_
-
-
-LEVERS = tuple(_lever(row) for row in _LEVER_ROWS.splitlines())
+LEVERS = tuple((a, without, with_) for a, without, with_ in (r.split(" | ") for r in _LEVER_ROWS.splitlines()))
 #: The micro-batch form each variant trains on, which its name says (every padded variant's has ``_padded``).
 FORM = {v: PADDED if "_padded" in v else PACKED for v in LABELS}
 #: The target for ours_packed over eager_packed (useful tokens/s): on the 2B shape, and per ``meta.config.model``.
 TARGET_SPEEDUP = 1.3
 TARGETS = {"tiny": TARGET_SPEEDUP, "small": TARGET_SPEEDUP, "peft8b": 1.15}
-
-
-def target_of(data: Mapping[str, Any]) -> float:
-    """The target of the run's model (``meta.config.model``); the 2B shape's where it is not recorded."""
-    model = ((data.get("meta") or {}).get("config") or {}).get("model")
-    return TARGETS.get(model, TARGET_SPEEDUP) if model is not None else TARGET_SPEEDUP
-
-
 GIB = 2**30
 #: Confidence of the paired phase's interval for the median ratio, and the bootstrap's resamples.
 PAIRED_CONFIDENCE, BOOTSTRAP_RESAMPLES = 0.95, 4000
-
+#: GPU busy under which the report says where the remaining host time goes.
+GPU_BUSY_TARGET = 0.95
+PHASE_KEYS = ("idle_ms_per_step", "wall_ms_per_step")
 #: How the host-time phases (``bcg_phase/<name>``, :class:`benchmarks.runner.PhaseMarkers`) read in the report.
 PHASE_LABELS = {
     "step_setup": "step set-up (train_steps' set-up, zero_grad, schedule) before the first forward",
@@ -179,9 +148,30 @@ PHASE_LABELS = {
     "step_end": "after the optimizer step: loss and grad norm to the host, the step's synchronize",
     "(unmarked)": "outside every phase marker",
 }
+#: The memory targets of the packed ladder: ours_packed's peak reserved over eager_packed's, the language pools over
+#: the largest captured rung's alone.
+RESERVED_TARGET = 1.15
+LADDER_TARGET = 1.1
+#: The table's header, as it reads.
+COLUMNS = tuple(
+    "variant | useful tok/s | x vs eager_packed | step ms (median, IQR) | fill | GPU busy (in profiled steps) | "
+    "kernel ms/step | step / kernel | graph GiB | peak GiB (allocated / reserved) | capture s | replays / eager "
+    "fallbacks | parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager "
+    "floor)".split(" | ")
+)
 
 
-# ---------------------------------------------------------------------------------------------- formatting
+def reference_of(variant: str) -> str:
+    """The variant ``variant``'s parity is taken against (itself for a reference of its form)."""
+    return REFERENCE_OF.get(variant, REFERENCE[FORM[variant]])
+
+
+def target_of(data: Mapping[str, Any]) -> float:
+    """The target of the run's model (``meta.config.model``); the 2B shape's where it is not recorded."""
+    model = ((data.get("meta") or {}).get("config") or {}).get("model")
+    return TARGETS.get(model, TARGET_SPEEDUP) if model is not None else TARGET_SPEEDUP
+
+
 def _num(value: Any) -> float | None:
     """``value`` as a finite float, or None (missing, a bool, not a number, NaN or infinite)."""
     if value is None or isinstance(value, bool):
@@ -226,6 +216,26 @@ def fmt_count(value: Any) -> str:
     return _fmt(value, ".0f" if abs(_num(value) or 0) >= 10 else ".1f")
 
 
+def _fmt_peak(rec: Mapping[str, Any]) -> str:
+    allocated, reserved = _num(rec.get("peak_memory_bytes")), _num(rec.get("peak_reserved_bytes"))
+    return "n/a" if allocated is None or reserved is None else f"{allocated / GIB:.1f} / {reserved / GIB:.1f}"
+
+
+def _over(a: Any, b: Any) -> float | None:
+    """``a / b`` where both are finite and non-zero, else None."""
+    a, b = _num(a), _num(b)
+    return a / b if a and b else None
+
+
+def _line(text: Any) -> str:
+    """The first line of ``text``, at most 120 characters."""
+    return str(text).splitlines()[0][:120]
+
+
+def _ok(rec: Any) -> TypeGuard[Mapping[str, Any]]:
+    return bool(rec) and rec.get("status") == "ok"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
@@ -236,18 +246,21 @@ def _sentences(facts: Sequence[str]) -> list[str]:
     return [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""] if facts else []
 
 
-def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
-    """A variant's step time over its kernel time per step on the same micro-batches (``step_ms_same_microbatches``,
-    None where no measured step ran them; a record from before the field: the median step). 1.00x is the limit a
-    graph can approach: the GPU never waits for the host. None when either is missing."""
-    step = _step_ms(variant)
-    kernel = _num(variant.get("kernel_ms_per_step"))
-    return step / kernel if step and kernel else None
-
-
 def _step_ms(rec: Mapping[str, Any]) -> float | None:
     """The unprofiled step of the profiled steps' micro-batches; a record from before the field: the median step."""
     return _num(rec.get("step_ms_same_microbatches" if "step_ms_same_microbatches" in rec else "step_ms_median"))
+
+
+def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
+    """A variant's step time (:func:`_step_ms`) over its kernel time per step, None where either is missing; 1.00x
+    is the limit a graph can approach (the GPU never waits for the host)."""
+    return _over(_step_ms(variant), variant.get("kernel_ms_per_step"))
+
+
+def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
+    """Whether the profiler missed the variant's graph kernels (too low a kernel time; its GPU busy is then estimated
+    from the eager variant's kernel time, :func:`benchmarks.trace.gpu_busy_summary`)."""
+    return rec.get("gpu_busy_source") not in (None, "profiler")
 
 
 def block_bootstrap_ci(
@@ -258,10 +271,9 @@ def block_bootstrap_ci(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap:
-    consecutive paired steps are not independent (the host, the allocator and the clocks drift), so runs of
-    ``block`` consecutive pairs (default ``max(2, round(n ** (1/3)))``) are resampled, keeping that correlation.
-    Seeded; None under 6 values."""
+    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap: runs of
+    ``block`` consecutive pairs (default ``max(2, round(n ** (1/3)))``) are resampled, keeping the correlation of
+    consecutive steps (the host, the allocator and the clocks drift). Seeded; None under 6 values."""
     n = len(values)
     if n < 6:
         return None
@@ -296,36 +308,20 @@ def sign_test_ci(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE)
 
 
 def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> dict[str, Any]:
-    """Judge per-pair step-time ratios (in measurement order; above 1: the second variant faster): ``median`` and a
-    ``confidence`` interval, the wider of the sign test's (:func:`sign_test_ci`, pairs taken as independent) and a
-    moving-block bootstrap's (:func:`block_bootstrap_ci`, serial correlation kept), both recorded. ``verdict``:
-    "faster" when the whole interval is above 1, "slower" below, else "within timing noise"; None with under 6
-    pairs."""
+    """Judge per-pair step-time ratios (in measurement order; above 1: the second variant faster): ``median``, a
+    ``confidence`` interval, the wider of :func:`sign_test_ci`'s and :func:`block_bootstrap_ci`'s (both recorded), and
+    ``verdict``: "faster" (whole interval above 1), "slower", "within timing noise", or None under 6 pairs."""
     values = [float(x) for x in ratios]
-    out: dict[str, Any] = {
-        "pairs": len(values),
-        "median": statistics.median(values) if values else None,
-        "ci": None,
-        "verdict": None,
-        "ours_faster_pairs": sum(x > 1 for x in values),
-    }
+    median = statistics.median(values) if values else None
+    out: dict[str, Any] = {"pairs": len(values), "median": median, "ci": None, "verdict": None}
+    out["ours_faster_pairs"] = sum(x > 1 for x in values)
     independent, blocks = sign_test_ci(values, confidence), block_bootstrap_ci(values, confidence)
     if independent is None or blocks is None:
         return out
     lo, hi = min(independent[0], blocks[0]), max(independent[1], blocks[1])
-    out.update(
-        ci=[lo, hi],
-        ci_sign_test=list(independent),
-        ci_block_bootstrap=list(blocks),
-        confidence=confidence,
-        verdict="faster" if lo > 1 else "slower" if hi < 1 else "within timing noise",
-    )
-    return out
-
-
-#: GPU busy under which the report says where the remaining host time goes.
-GPU_BUSY_TARGET = 0.95
-PHASE_KEYS = ("idle_ms_per_step", "wall_ms_per_step")
+    verdict = "faster" if lo > 1 else "slower" if hi < 1 else "within timing noise"
+    ci = {"ci_sign_test": list(independent), "ci_block_bootstrap": list(blocks), "confidence": confidence}
+    return {**out, "ci": [lo, hi], **ci, "verdict": verdict}
 
 
 def host_time_section(
@@ -353,25 +349,21 @@ def host_time_section(
         "calls running then (outermost per thread; ops of different threads may overlap, so those columns need not "
         "add up to the idle time)."
     )
-    if ours.get("gpu_busy_source") not in (None, "profiler"):
+    if kernel_time_missed(ours):
         out.append(
             "Caveat: ours' GPU-busy fraction was estimated from eager's kernel time because the profiler missed graph "
             "kernels, so the idle intervals below (from the kernels it saw) overstate the idle time."
         )
-    out.append("")
-    ours_phases, eager_phases = host.get("by_phase") or {}, eager.get("by_phase") or {}
+    phases = (host.get("by_phase") or {}, eager.get("by_phase") or {})
     rows = [
-        [
-            f"{phase}: {PHASE_LABELS[phase]}" if phase in PHASE_LABELS else phase,
-            *(fmt_ms((p.get(phase) or {}).get(k)) for p in (ours_phases, eager_phases) for k in PHASE_KEYS),
-        ]
-        for phase in [*ours_phases, *(k for k in eager_phases if k not in ours_phases)]
+        [f"{phase}: {PHASE_LABELS[phase]}" if phase in PHASE_LABELS else phase]
+        + [fmt_ms((p.get(phase) or {}).get(k)) for p in phases for k in PHASE_KEYS]
+        for phase in [*phases[0], *(k for k in phases[1] if k not in phases[0])]
     ]
-    out += _table(("phase", "ours GPU-idle ms/step", "ours wall ms/step", "eager GPU-idle ms", "eager wall ms"), rows)
-    out.append("")
+    header = ("phase", "ours GPU-idle ms/step", "ours wall ms/step", "eager GPU-idle ms", "eager wall ms")
+    out += ["", *_table(header, rows), ""]
     facts = []
-    outside = _num(host.get("idle_outside_ops_ms_per_step"))
-    if outside is not None:
+    if (outside := _num(host.get("idle_outside_ops_ms_per_step"))) is not None:
         facts.append(
             f"{fmt_ms(outside)} ms of ours' idle time per step overlaps no CPU op and no CUDA runtime call on any "
             "thread (Python and framework code between ops)"
@@ -405,20 +397,12 @@ def host_time_section(
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """One collated micro-batch as the variants see it: the numbers, not the tensors.
-
-    Attributes:
-        rows: Samples (the micro-batch size).
-        width: Collated width (the collate pads to a multiple of 128).
-        real_tokens: Tokens of the samples themselves (the processor's attention mask).
-        loss_tokens: Tokens that carry loss (``loss_mask`` sum): the useful tokens.
-        packed_tokens: ``T`` of the packed form: rows x the step's padded width (one THD segment per row).
-        padded_tokens: Token slots of the padded form: rows x seq_length.
-        patches: Vision patches (``image_grid_thw`` products summed).
-        images: Images (frames) in the micro-batch.
-        tight_tokens: ``T'`` of the packed form tightly packed (each row's extent rounded up to 16,
-            :mod:`bridge_cudagraph.capture.tight`); 0 where unknown.
-    """
+    """One collated micro-batch as the variants see it: the numbers, not the tensors. ``rows`` samples collated to
+    ``width`` (a multiple of 128); ``real_tokens`` the samples' own (the attention mask), ``loss_tokens`` those that
+    carry loss (the useful tokens); ``packed_tokens`` is ``T`` of the packed form (rows x the step's padded width, one
+    THD segment per row), ``padded_tokens`` the padded form's slots (rows x seq_length); ``patches`` (the
+    ``image_grid_thw`` products summed) and ``images`` (frames); ``tight_tokens`` ``T'`` of the packed form tightly
+    packed (each row's extent rounded up to 16, :mod:`bridge_cudagraph.capture.tight`), 0 where unknown."""
 
     rows: int
     width: int
@@ -434,26 +418,17 @@ class MicroBatch:
         return asdict(self)
 
 
-def budget_for(tokens: int, rows: int, budgets: Sequence[int], max_sequences: int) -> int | None:
-    """The packed-graph budget a micro-batch of ``tokens`` in ``rows`` segments replays in, or None (eager
-    fallback); the same rule as :meth:`bridge_cudagraph.plan.budgets.PackedLayout.budget_for`."""
-    from bridge_cudagraph.plan.budgets import PackedLayout
-
-    return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, rows)
-
-
 def token_slots(
     variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0, *, tight: bool = False
 ) -> int:
     """Token slots the language model computes for ``mb`` in ``variant``: padded forms rows x seq_length; eager packed
-    ``T``; packed graphs the budget ``T`` replays in (``T`` where it falls back to eager), with ``tight`` (tight
-    packing on) the budget of the kept tokens ``T'``."""
+    ``T``; packed graphs the budget ``T`` replays in (:meth:`bridge_cudagraph.plan.budgets.PackedLayout.budget_for`;
+    ``T`` where it falls back to eager), with ``tight`` (tight packing on) the budget of the kept tokens ``T'``."""
     if FORM[variant] == PADDED:
         return mb.padded_tokens
     if variant in PACKED_GRAPHED:
-        tight = tight and variant in TIGHT
-        tokens = mb.tight_tokens if tight and mb.tight_tokens else mb.packed_tokens
-        return budget_for(tokens, mb.rows, budgets, max_sequences) or mb.packed_tokens
+        tokens = mb.tight_tokens if tight and variant in TIGHT and mb.tight_tokens else mb.packed_tokens
+        return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, mb.rows) or mb.packed_tokens
     return mb.packed_tokens
 
 
@@ -470,9 +445,7 @@ def fill_fraction(real_tokens: float, token_slots: float) -> float | None:
 def tokens_per_second(tokens_per_step: Sequence[float], step_ms: Sequence[float]) -> float | None:
     """Throughput: all the steps' tokens over all their wall time (None when nothing was timed or a step is not
     a finite positive time)."""
-    if not step_ms or len(tokens_per_step) != len(step_ms):
-        return None
-    if any(not math.isfinite(t) or t <= 0 for t in step_ms):
+    if not step_ms or len(tokens_per_step) != len(step_ms) or any(not math.isfinite(t) or t <= 0 for t in step_ms):
         return None
     return sum(tokens_per_step) / (sum(step_ms) / 1e3)
 
@@ -514,7 +487,7 @@ def variant_metrics(
 
 def speedup(variant: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None) -> float | None:
     """``variant``'s useful tokens/s over ``baseline``'s (None unless both finished and measured)."""
-    if not variant or not baseline or variant.get("status") != "ok" or baseline.get("status") != "ok":
+    if not _ok(variant) or not _ok(baseline):
         return None
     a, b = _num(variant.get("useful_tokens_per_s")), _num(baseline.get("useful_tokens_per_s"))
     return a / b if a is not None and b else None
@@ -527,8 +500,8 @@ def paired_names(paired: Mapping[str, Any] | None) -> tuple[str, ...]:
 
 def step_noise_floor(variants: Mapping[str, Any]) -> float | None:
     """How far eager_packed_repeat's median step lies from eager_packed's, relative (None unless both finished)."""
-    base, control = variants.get(BASELINE) or {}, variants.get(CONTROL) or {}
-    if base.get("status") != "ok" or control.get("status") != "ok":
+    base, control = variants.get(BASELINE), variants.get(CONTROL)
+    if not _ok(base) or not _ok(control):
         return None
     a, b = _num(base.get("step_ms_median")), _num(control.get("step_ms_median"))
     return abs(b / a - 1.0) if a and b is not None else None
@@ -557,30 +530,18 @@ def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[s
     out["noise_floor"] = None if control is None else abs(control - 1.0)
     out["step_noise_floor"] = step_noise_floor(variants)
     # The padded graphs against both eager forms (on an MoE model, the form its padded recipes train).
-    ours_padded = variants.get("ours_padded")
-    out["ours_padded"] = {ref: speedup(ours_padded, variants.get(ref)) for ref in REFERENCE.values()}
+    out["ours_padded"] = {ref: speedup(variants.get("ours_padded"), variants.get(ref)) for ref in REFERENCE.values()}
     return out
 
 
 def finish(data: dict) -> dict:
     """Speed-ups vs eager_packed into every finished record, and the summary; returns ``data``."""
     variants = data.get("variants") or {}
-    base = variants.get(BASELINE)
     for rec in variants.values():
         if rec.get("status") == "ok":
-            rec["speedup_vs_eager_packed"] = speedup(rec, base)
+            rec["speedup_vs_eager_packed"] = speedup(rec, variants.get(BASELINE))
     data["summary"] = summarize(data)
     return data
-
-
-# ============================================================================================ reading
-#: The table's header, as it reads.
-COLUMNS = tuple(
-    "variant | useful tok/s | x vs eager_packed | step ms (median, IQR) | fill | GPU busy (in profiled steps) | "
-    "kernel ms/step | step / kernel | graph GiB | peak GiB (allocated / reserved) | capture s | replays / eager "
-    "fallbacks | parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager "
-    "floor)".split(" | ")
-)
 
 
 def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
@@ -610,8 +571,7 @@ def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
     exact = _fmt(grads.get("grad_exact_fraction"), ".0%")
     worst, floor = _fmt_rel(grads.get("grad_max_rel_l2")), _fmt_rel(fixed.get("floor_grad_max_rel_l2"))
     text = f"gradients {exact} bit-exact, max rel {worst} (floor {floor})"
-    if missing:
-        text += f", {missing} missing"
+    text += f", {missing} missing" if missing else ""
     return text + (", within the floor" if fixed.get("within_floor") else ", BEYOND THE FLOOR")
 
 
@@ -621,7 +581,7 @@ def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
     out = []
     for sub, c in sorted(counters.items()):
         if c.get("failed"):
-            out.append(f"{sub} capture failed ({str(c['failed']).splitlines()[0][:120]})")
+            out.append(f"{sub} capture failed ({_line(c['failed'])})")
         elif not c.get("graphs"):
             out.append(f"{sub} has no graphs")
         elif not c.get("replays"):
@@ -629,28 +589,24 @@ def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _fmt_counters(rec: Mapping[str, Any]) -> str:
-    counters = rec.get("counters") or {}
-    if not counters:
-        return "-"
-    return ", ".join(
-        f"{sub} {c.get('replays', 0)} / {c.get('eager_fallbacks', 0)}" for sub, c in sorted(counters.items())
-    )
-
-
 def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
     """One row of the table (a failed or missing variant says so)."""
     if not rec or rec.get("status") != "ok":
-        why = (
-            "not run"
-            if not rec
-            else f"refused: {rec.get('reason') or '?'}"
-            if rec.get("status") == REFUSED
-            else f"failed: {str(rec.get('error') or 'failed').splitlines()[0][:120]}"
-        )
+        if not rec:
+            why = "not run"
+        elif rec.get("status") == REFUSED:
+            why = f"refused: {rec.get('reason') or '?'}"
+        else:
+            why = f"failed: {_line(rec.get('error') or 'failed')}"
         return [name, why.replace("|", "/"), *["n/a"] * (len(COLUMNS) - 2)]
-    graphed = name in GRAPHED
-    busy, step_kernel = _fmt_busy(rec)
+    graphed, step_kernel = name in GRAPHED, fmt_ratio(step_over_kernel(rec), "x")
+    # Where the profiler missed graph kernels, GPU busy is the estimate from eager's kernel time: both cells carry †.
+    if kernel_time_missed(rec):
+        busy = _fmt(rec.get("gpu_busy"), ".2f")
+        busy, step_kernel = (busy + "†" if busy != "n/a" else busy), step_kernel + "†"
+    else:
+        busy = _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f")
+    counters = sorted((rec.get("counters") or {}).items())
     return [
         name,
         _fmt(rec.get("useful_tokens_per_s"), ",.0f"),
@@ -663,49 +619,28 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         _fmt(rec.get("graph_memory_gib"), ".1f") if graphed else "-",
         _fmt_peak(rec),
         fmt_ratio(rec.get("capture_s")) if graphed else "-",
-        _fmt_counters(rec),
+        ", ".join(f"{sub} {c.get('replays', 0)} / {c.get('eager_fallbacks', 0)}" for sub, c in counters) or "-",
         _fmt_parity(name, rec),
     ]
 
 
-def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
-    """Whether the profiler missed the variant's graph kernels (its GPU busy is then estimated from the eager
-    variant's kernel time, :func:`benchmarks.trace.gpu_busy_summary`): its profiled kernel time is too low."""
-    return rec.get("gpu_busy_source") not in (None, "profiler")
-
-
-def _fmt_busy(rec: Mapping[str, Any]) -> tuple[str, str]:
-    """The GPU busy and step / kernel cells; where the profiler missed graph kernels, the busy cell is the estimate
-    from eager's kernel time and both carry †."""
-    if kernel_time_missed(rec):
-        busy = _fmt(rec.get("gpu_busy"), ".2f")
-        return (busy + "†" if busy != "n/a" else busy), fmt_ratio(step_over_kernel(rec), "x") + "†"
-    return _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f"), fmt_ratio(step_over_kernel(rec), "x")
-
-
-def _over(a: Any, b: Any) -> float | None:
-    """``a / b`` where both are finite and non-zero, else None."""
-    a, b = _num(a), _num(b)
-    return a / b if a and b else None
+def shown(data: Mapping[str, Any]) -> list[str]:
+    """The table's rows in run order: every default variant (run or not), the lever variants that were run, then
+    the control where it was run."""
+    present = data.get("variants") or {}
+    return [*(v for v in ORDER if v in VARIANTS or v in present), *([CONTROL] if CONTROL in present else [])]
 
 
 def _finished(data: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     """``(name, record)`` of every finished variant, in :func:`shown`'s order."""
     variants = data.get("variants") or {}
-    return [(n, variants[n]) for n in shown(data) if (variants.get(n) or {}).get("status") == "ok"]
+    return [(n, variants[n]) for n in shown(data) if _ok(variants.get(n))]
 
 
-def _fmt_peak(rec: Mapping[str, Any]) -> str:
-    allocated, reserved = _num(rec.get("peak_memory_bytes")), _num(rec.get("peak_reserved_bytes"))
-    if allocated is None or reserved is None:
-        return "n/a"
-    return f"{allocated / GIB:.1f} / {reserved / GIB:.1f}"
-
-
-#: The memory targets of the packed ladder: ours_packed's peak reserved over eager_packed's, the language pools over
-#: the largest captured rung's alone.
-RESERVED_TARGET = 1.15
-LADDER_TARGET = 1.1
+def table(data: Mapping[str, Any]) -> list[str]:
+    """The markdown table of every variant."""
+    variants = data.get("variants") or {}
+    return _table(COLUMNS, [variant_row(name, variants.get(name)) for name in shown(data)])
 
 
 def memory_section(data: Mapping[str, Any]) -> list[str]:
@@ -727,14 +662,13 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
         header = ("variant", "peak allocated GiB", "peak reserved GiB", "reserved vs eager_packed", "graph GiB")
         out += [*_table(header, rows), ""]
     ours = variants.get("ours_packed") or {}
-    capture = ours.get("capture") or {}
     if (ratio := _over(ours.get("peak_reserved_bytes"), base_reserved)) is not None:
         met = "met" if ratio <= RESERVED_TARGET else "not met"
         out.append(
             f"- **ours_packed's peak reserved** is {ratio:.2f}x eager_packed's (target at most {RESERVED_TARGET}x: "
             f"**{met}**)."
         )
-    for submodule, rec in sorted(capture.items()):
+    for submodule, rec in sorted((ours.get("capture") or {}).items()):
         per_budget = {int(k): int(v) for k, v in (rec.get("per_budget") or {}).items()}
         live = {int(k): int(v) for k, v in (rec.get("per_budget_live") or {}).items()}
         captured = rec.get("budgets_captured") or sorted(per_budget)
@@ -775,20 +709,16 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     cap = ((data.get("meta") or {}).get("config") or {}).get("gpu_memory_cap_gib")
     if cap:
         out.append(f"- The process was capped at {cap:g} GiB (`--gpu-memory`, torch's per-process memory fraction).")
-    out.append("")
-    return out
+    return [*out, ""]
 
 
 def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
     """``## Vision encoder and MFU``: each variant's encoder time per micro-batch (CUDA events, measured steps) and for
     padded rows the MFU of the measured steps and at the profiled steps' kernel time."""
     rows = [
-        [
-            name,
-            *(fmt_ms(rec.get(k)) for k in ("vision_fwd_ms", "vision_bwd_ms", "vision_ms")),
-            fmt_ratio(rec.get("vision_microbatches_per_step")),
-            *(_fmt(rec.get(k), ".1%") if k in rec else "-" for k in ("mfu", "mfu_at_kernel_time")),
-        ]
+        [name, *(fmt_ms(rec.get(k)) for k in ("vision_fwd_ms", "vision_bwd_ms", "vision_ms"))]
+        + [fmt_ratio(rec.get("vision_microbatches_per_step"))]
+        + [_fmt(rec.get(k), ".1%") if k in rec else "-" for k in ("mfu", "mfu_at_kernel_time")]
         for name, rec in _finished(data)
         if rec.get("vision_calls") is not None
     ]
@@ -801,41 +731,31 @@ def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
     return ["## Vision encoder and MFU", "", *_table(header, rows), "", note, ""]
 
 
-def _pct_change(new: float | None, old: float | None) -> float | None:
+def _change(new: float | None, old: float | None) -> float | None:
     return new / old - 1.0 if new is not None and old else None
-
-
-def _arrow(a: str, b: str) -> str:
-    return f"{a} → {b}"
 
 
 def lever_row(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> list[str]:
     """One row of the lever table: the pair's numbers, the variant without the lever first."""
     a, b = variants.get(without) or {}, variants.get(with_) or {}
-    head = [lever, _arrow(without, with_)]
+    head = [lever, f"{without} → {with_}"]
     broken = [f"{n} {r.get('status') or 'not run'}" for n, r in ((without, a), (with_, b)) if r.get("status") != "ok"]
     if broken:
         return [*head, "not compared: " + ", ".join(broken), *(["n/a"] * 4)]
 
-    def step(r: Mapping[str, Any]) -> str:
-        return f"{fmt_ms(r.get('step_ms_median'))} ({fmt_ms(r.get('step_ms_iqr'))})"
+    def both(cell: Callable[[Mapping[str, Any]], str]) -> str:
+        return f"{cell(a)} → {cell(b)}"
 
     ratio = speedup(b, a)
     return [
         *head,
-        _arrow(fmt_ms(a.get("kernel_ms_per_step")), fmt_ms(b.get("kernel_ms_per_step"))),
-        _arrow(step(a), step(b)),
-        _arrow(_fmt(a.get("useful_tokens_per_s"), ",.0f"), _fmt(b.get("useful_tokens_per_s"), ",.0f"))
+        both(lambda r: fmt_ms(r.get("kernel_ms_per_step"))),
+        both(lambda r: f"{fmt_ms(r.get('step_ms_median'))} ({fmt_ms(r.get('step_ms_iqr'))})"),
+        both(lambda r: _fmt(r.get("useful_tokens_per_s"), ",.0f"))
         + f" ({'n/a' if ratio is None else f'{ratio:.3f}x'})",
-        _arrow(_fmt(a.get("fill_fraction"), ".0%"), _fmt(b.get("fill_fraction"), ".0%")),
-        _arrow(_fmt_peak(a), _fmt_peak(b)),
+        both(lambda r: _fmt(r.get("fill_fraction"), ".0%")),
+        both(_fmt_peak),
     ]
-
-
-def _spread(record: Mapping[str, Any]) -> float | None:
-    """A variant's step-time IQR over its median (None where either is missing)."""
-    iqr, median = _num(record.get("step_ms_iqr")), _num(record.get("step_ms_median"))
-    return iqr / median if iqr is not None and median else None
 
 
 def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> str | None:
@@ -845,9 +765,11 @@ def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, A
     if a.get("status") != "ok" or b.get("status") != "ok":
         return None
     sa, sb = _num(a.get("step_ms_median")), _num(b.get("step_ms_median"))
-    change = _pct_change(sb, sa)
+    change = _change(sb, sa)
     floor = step_noise_floor(variants)
-    spread = max((r for r in (_spread(a), _spread(b)) if r is not None), default=None)
+    spreads = [(_num(r.get("step_ms_iqr")), _num(r.get("step_ms_median"))) for r in (a, b)]
+    # The larger step IQR over its median (a host-bound step's host time varies from step to step).
+    spread = max((iqr / median for iqr, median in spreads if iqr is not None and median), default=None)
     if change is None:
         step = "median step not measured"
     else:
@@ -855,13 +777,11 @@ def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, A
         if floor is None:
             step += f", not judged: no noise floor ({CONTROL} did not run)"
         else:
-            # The control's median moves less than a graphed variant's steps spread (a host-bound step's host
-            # time varies from step to step): a change is shown only beyond both.
-            bound = max(floor, spread or 0.0)
+            # The control's median moves less than a graphed variant's steps spread: shown only beyond both.
             why = f"the noise floor of {floor:.1%} ({CONTROL} against {BASELINE})"
             if spread is not None:
                 why += f" and the larger step IQR of the two, {spread:.1%} of its median"
-            if abs(change) > bound:
+            if abs(change) > max(floor, spread or 0.0):
                 step += f", beyond {why}: {with_}'s step is {'shorter' if change < 0 else 'longer'}"
             else:
                 step += f", within {why}: no step-time difference shown"
@@ -872,7 +792,7 @@ def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, A
     elif missed:
         kernel = f"kernel time not compared (the profiler missed the graph kernels of {', '.join(missed)})"
     else:
-        kernel = f"kernel time per profiled step {fmt_ms(ka)} → {fmt_ms(kb)} ms ({_pct_change(kb, ka):+.1%})"
+        kernel = f"kernel time per profiled step {fmt_ms(ka)} → {fmt_ms(kb)} ms ({_change(kb, ka):+.1%})"
     return f"- **{lever}** ({without} → {with_}): {step}; {kernel}."
 
 
@@ -887,9 +807,7 @@ def lever_section(data: Mapping[str, Any]) -> list[str]:
         "fill | peak GiB allocated / reserved"
     ).split(" | ")
     out = ["## Levers", "", *_table(header, [lever_row(*lever, variants) for lever in pairs]), ""]
-    out += [line for line in (lever_verdict(*lever, variants) for lever in pairs) if line]
-    out.append("")
-    return out
+    return [*out, *(line for line in (lever_verdict(*lever, variants) for lever in pairs) if line), ""]
 
 
 def host_syncs_section(data: Mapping[str, Any]) -> list[str]:
@@ -907,32 +825,51 @@ def host_syncs_section(data: Mapping[str, Any]) -> list[str]:
     return ["## Host waits on the GPU (one training step)", "", *lines, *errors, ""]
 
 
-def shown(data: Mapping[str, Any]) -> list[str]:
-    """The table's rows in run order: every default variant (run or not), the lever variants that were run, then
-    the control where it was run."""
-    present = data.get("variants") or {}
-    return [*(v for v in ORDER if v in VARIANTS or v in present), *([CONTROL] if CONTROL in present else [])]
+def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
+    """The paired phase in one clause: its pair's median per-pair ratio (first's step ms over second's: the
+    second's useful-tokens/s ratio), its interval and verdict, or why it did not run."""
+    if not paired:
+        return "paired phase not run"
+    if paired.get("status") == "skipped":
+        return f"paired phase skipped: {paired.get('reason', '?')}"
+    if paired.get("status") != "ok":
+        return f"paired phase failed: {str(paired.get('error', '?'))[:200]}"
+    judged = paired_verdict(paired.get("ratios") or [])
+    if judged["ci"] is None:
+        return f"paired {fmt_ratio(judged['median'], 'x')} over {judged['pairs']} pairs (too few for an interval)"
+    lo, hi = judged["ci"]
+    first, second = paired_names(paired)
+    peak, reserved = _num(paired.get("peak_memory_bytes")), _num(paired.get("peak_reserved_bytes"))
+    memory = ""
+    if peak is not None:
+        both = f"{peak / GIB:.1f}" if reserved is None else f"{peak / GIB:.1f} / {reserved / GIB:.1f}"
+        memory = f"; both models' peak {both} GiB allocated{'' if reserved is None else ' / reserved'}"
+    return (
+        f"paired (both models alive, steps interleaved) median per-pair ratio {first} ms / {second} ms "
+        f"{judged['median']:.3f}x, within-call 95% interval [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
+        f"({judged['ours_faster_pairs']} with {second} faster): {judged['verdict']}{memory}"
+    )
 
 
-def table(data: Mapping[str, Any]) -> list[str]:
-    """The markdown table of every variant."""
-    variants = data.get("variants") or {}
-    return _table(COLUMNS, [variant_row(name, variants.get(name)) for name in shown(data)])
+def _headline(data: Mapping[str, Any]) -> tuple[dict[str, Any], Mapping[str, Any] | None, str | None, str | None]:
+    """The summary (recorded, else :func:`summarize`), the paired record, its clause where it paired :data:`PAIRED`
+    (else None), ours_padded's speed-ups (``1.12x vs eager_packed, 1.40x vs eager_padded``; None where neither ran)."""
+    summary, paired = data.get("summary") or summarize(data), data.get("paired")
+    clause = _fmt_paired(paired) if paired_names(paired) == PAIRED else None
+    padded = summary.get("ours_padded") or {}
+    if all(x is None for x in padded.values()):
+        return summary, paired, clause, None
+    return summary, paired, clause, ", ".join(f"{fmt_ratio(x, 'x')} vs {ref}" for ref, x in padded.items())
 
 
 def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
-    summary, paired = data.get("summary") or summarize(data), data.get("paired")
-    default_pair = paired_names(paired) == PAIRED
+    summary, paired, clause, padded = _headline(data)
     separate = fmt_ratio(summary.get("separate"), "x")
-    out = [
-        f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {separate}; "
-        + (_fmt_paired(paired) if default_pair else "not paired in this run")
-        + "."
-    ]
-    if not default_pair:
+    clause_text = clause or "not paired in this run"
+    out = [f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {separate}; {clause_text}."]
+    if clause is None:
         first, second = paired_names(paired)
         out.append(f"- **{second} vs {first} (useful tokens/s, `--paired`)**: {_fmt_paired(paired)}.")
-    padded = _fmt_ours_padded(summary)
     if padded:
         out.append(
             f"- **ours_padded (useful tokens/s)**: {padded} (padded graphs against Bridge's packed eager step and "
@@ -954,41 +891,6 @@ def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _fmt_ours_padded(summary: Mapping[str, Any]) -> str | None:
-    """``1.12x vs eager_packed, 1.40x vs eager_padded`` (summary's ``ours_padded``), or None where neither ran."""
-    padded = summary.get("ours_padded") or {}
-    if all(x is None for x in padded.values()):
-        return None
-    return ", ".join(f"{fmt_ratio(x, 'x')} vs {ref}" for ref, x in padded.items())
-
-
-def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
-    """The paired phase in one clause: its pair's median per-pair ratio (first's step ms over second's: the
-    second's useful-tokens/s ratio), its interval and verdict, or why it did not run."""
-    if not paired:
-        return "paired phase not run"
-    if paired.get("status") == "skipped":
-        return f"paired phase skipped: {paired.get('reason', '?')}"
-    if paired.get("status") != "ok":
-        return f"paired phase failed: {str(paired.get('error', '?'))[:200]}"
-    judged = paired_verdict(paired.get("ratios") or [])
-    if judged["ci"] is None:
-        return f"paired {fmt_ratio(judged['median'], 'x')} over {judged['pairs']} pairs (too few for an interval)"
-    lo, hi = judged["ci"]
-    first, second = paired_names(paired)
-    peak = _num(paired.get("peak_memory_bytes"))
-    reserved = _num(paired.get("peak_reserved_bytes"))
-    memory = ""
-    if peak is not None:
-        both = f"{peak / GIB:.1f}" if reserved is None else f"{peak / GIB:.1f} / {reserved / GIB:.1f}"
-        memory = f"; both models' peak {both} GiB allocated{'' if reserved is None else ' / reserved'}"
-    return (
-        f"paired (both models alive, steps interleaved) median per-pair ratio {first} ms / {second} ms "
-        f"{judged['median']:.3f}x, within-call 95% interval [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
-        f"({judged['ours_faster_pairs']} with {second} faster): {judged['verdict']}{memory}"
-    )
-
-
 def remaining_time(data: Mapping[str, Any]) -> list[str]:
     """Where ours_packed's step time goes: kernels against idle, padding in the computed slots, kernel time against
     eager_packed's, and :func:`host_time_section`."""
@@ -996,16 +898,15 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
     ours, eager = variants.get("ours_packed") or {}, variants.get(BASELINE) or {}
     if ours.get("status") != "ok":
         return []
-    out = ["## Where ours_packed's step time goes", ""]
     same, step = _num(ours.get("step_ms_same_microbatches")), _step_ms(ours)
     kernel = _num(ours.get("kernel_ms_per_step"))
     facts = []
     if step is not None and kernel is not None:
-        idle = max(0.0, step - kernel)
         where = "the profiled steps' micro-batches, unprofiled" if same else "median of the measured steps"
         facts.append(
             f"per step {fmt_ms(step)} ms wall ({where}), of which the GPU runs kernels {fmt_ms(kernel)} ms "
-            f"({_fmt(kernel / step, '.0%')}) and idles {fmt_ms(idle)} ms: host time the graphs did not remove"
+            f"({_fmt(kernel / step, '.0%')}) and idles {fmt_ms(max(0.0, step - kernel))} ms: host time the graphs "
+            "did not remove"
         )
         useful = ours.get("useful_tokens_per_step") or []
         if useful and kernel > 0:
@@ -1013,8 +914,7 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
             base = _num(eager.get("useful_tokens_per_s"))
             ratio = f" ({bound / base:.2f}x eager_packed)" if base else ""
             facts.append(f"with the GPU never idle it would deliver {bound:,.0f} useful tok/s{ratio}")
-    fill = _num(ours.get("fill_fraction"))
-    if fill is not None:
+    if (fill := _num(ours.get("fill_fraction"))) is not None:
         facts.append(
             f"{_fmt(1 - fill, '.0%')} of the token slots it computes are padding (each micro-batch, its rows' tails "
             "dropped where tight packing is on, is padded to the smallest language budget of "
@@ -1031,19 +931,15 @@ def remaining_time(data: Mapping[str, Any]) -> list[str]:
             + (f"; eager_packed {eager_busy:.2f}" if eager_busy is not None else "")
             + ")"
         )
-    ek = _num(eager.get("kernel_ms_per_step"))
-    if kernel is not None and ek:
+    if kernel is not None and (ek := _num(eager.get("kernel_ms_per_step"))):
         facts.append(f"its kernel time is {kernel / ek:.2f}x eager_packed's ({fmt_ms(ek)} ms) for the same samples")
-    out += _sentences(facts)
-    out += host_time_section(ours, eager)
-    return out
+    return ["## Where ours_packed's step time goes", "", *_sentences(facts), *host_time_section(ours, eager)]
 
 
 def render_markdown(data: Mapping[str, Any]) -> str:
     """The whole ``useful_tokens.md``."""
     meta = data.get("meta") or {}
     config = meta.get("config") or {}
-    info = data.get("data") or {}
     out = ["# Useful tokens per second: Bridge's packed eager step vs padded and packed graphs", ""]
     out.append(
         f"Measured on {meta.get('gpu', '?')}, {meta.get('date', '?')}; torch {meta.get('torch', '?')}, Transformer "
@@ -1058,12 +954,10 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         f"micro-batch {config.get('micro_batch_size')}, {config.get('num_microbatches')} micro-batches per step; "
         f"one GPU, the same initial weights and samples for every variant; {config.get('warmup_steps')} eager "
         f"warm-up steps, capture, {config.get('measured_steps')} measured steps (Megatron's schedule and the "
-        f"distributed optimizer; wall time between synchronizes). Data: {info.get('source', '?')}."
+        f"distributed optimizer; wall time between synchronizes). Data: {(data.get('data') or {}).get('source', '?')}."
     )
     out += ["", *table(data), "", "![useful tokens per second per variant](useful_tokens.png)", ""]
-    out += _verdict_lines(data)
-    out += _notes(data)
-    out.append("")
+    out += [*_verdict_lines(data), *_notes(data), ""]
     for section in (lever_section, memory_section, encoder_and_mfu_section, remaining_time, host_syncs_section):
         out += section(data)
     out += ["## How it is measured", "", *HOW, ""]
@@ -1073,54 +967,53 @@ def render_markdown(data: Mapping[str, Any]) -> str:
 HOW = (
     "- **useful tok/s**: tokens that carry loss (`loss_mask` summed over each step's micro-batches; the same for "
     "every variant) over the measured steps' total wall time. **x vs eager_packed**: its ratio to eager_packed's.",
-    "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed "
-    "rows x the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the "
-    "budget of each row's kept prefix, its extent rounded up to 16, summed over the rows; ours_packed_rows, tight "
-    "packing off, the budget of the rows' full width); padded variants rows x seq_length.",
+    "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed rows x "
+    "the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the budget of "
+    "each row's kept prefix, its extent rounded up to 16, summed over the rows; ours_packed_rows, tight packing off, "
+    "the budget of the rows' full width); padded variants rows x seq_length.",
     "- **kernel ms/step**: union of CUDA kernel intervals (over streams) in a few profiled steps after the measured "
-    "ones (`torch.profiler`, benchmarks/trace.py), per step. **GPU busy (in profiled steps)**: that kernel "
-    "time over the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same "
-    "steps; dividing by the unprofiled median instead mixes two runs of the steps and read lower). **step / "
-    "kernel**: the unprofiled median wall time of the profiled steps' own micro-batches over their kernel time per "
-    "step (`step_ms_same_microbatches`: the same micro-batches on both sides; 1.00x: the GPU never waits for the "
-    "host). † the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over "
-    "the unprofiled median step, and step / kernel uses the (too low) profiled kernel time. The step-time section "
-    "also gives the GPU busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches "
-    "again, between two marker kernels: `cuda_only_profile`, benchmarks/trace.py `busy_between_marks`), which "
-    "recording every CPU op does not stretch; its two steps' losses are not kept.",
+    "ones (`torch.profiler`, benchmarks/trace.py), per step. **GPU busy (in profiled steps)**: that kernel time over "
+    "the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same steps; dividing by "
+    "the unprofiled median instead mixes two runs of the steps and read lower). **step / kernel**: the unprofiled "
+    "median wall time of the profiled steps' own micro-batches over their kernel time per step "
+    "(`step_ms_same_microbatches`: the same micro-batches on both sides; 1.00x: the GPU never waits for the host). † "
+    "the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over the unprofiled "
+    "median step, and step / kernel uses the (too low) profiled kernel time. The step-time section also gives the GPU "
+    "busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches again, between two "
+    "marker kernels: `cuda_only_profile`, benchmarks/trace.py `busy_between_marks`), which recording every CPU op "
+    "does not stretch; its two steps' losses are not kept.",
     "- **vision ms/mb**: CUDA events around each vision-encoder call of the measured steps (forward, backward). "
-    "**MFU**: model FLOPs (`benchmarks/flops.py`, every position of a padded row) over the measured steps' wall "
-    "time and the GPU's dense BF16 peak, padded rows of the dense models only; at kernel time: over the profiled "
-    "steps' kernel time.",
+    "**MFU**: model FLOPs (`benchmarks/flops.py`, every position of a padded row) over the measured steps' wall time "
+    "and the GPU's dense BF16 peak, padded rows of the dense models only; at kernel time: over the profiled steps' "
+    "kernel time.",
     "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
     "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
     "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
-    "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs "
-    "eager_padded; ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match); and "
-    "every parameter's gradient, computed for this run, against the reference's and against the reference's own "
-    "second pass (the floor): a graphed variant of ours beyond twice the floor, or without the comparison, is "
-    "failed. Every step's loss and grad norm must be finite, else the variant is failed. On an MoE model these "
-    "losses are the language model's cross-entropy only (the router's load-balancing loss reaches the gradients, "
-    "so the grad norm, not the losses).",
+    "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs eager_padded; "
+    "ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match); and every parameter's "
+    "gradient, computed for this run, against the reference's and against the reference's own second pass (the "
+    "floor): a graphed variant of ours beyond twice the floor, or without the comparison, is failed. Every step's "
+    "loss and grad norm must be finite, else the variant is failed. On an MoE model these losses are the language "
+    "model's cross-entropy only (the router's load-balancing loss reaches the gradients, so the grad norm, not the "
+    "losses).",
     "- **capture counters**: per submodule of a graphed variant, graphs captured, replays and a failed capture; a "
     "submodule without graphs, without replays or with a failed capture is named in the notes.",
     "- **paired phase**: two variants (`--paired A,B`, default eager_packed,ours_packed) alive at once, their "
     "measured steps interleaved (the first of each pair alternating); the per-pair ratio A ms / B ms is B's "
-    "useful-tokens/s ratio over A (same samples per pair); median and a 95% interval, the wider of the sign "
-    "test's and a moving-block bootstrap's (`report.paired_verdict`): the spread within this call, not between "
-    "calls; both models' peak memory beside it. The target is judged on it only where it paired eager_packed and "
-    "ours_packed.",
+    "useful-tokens/s ratio over A (same samples per pair); median and a 95% interval, the wider of the sign test's "
+    "and a moving-block bootstrap's (`report.paired_verdict`): the spread within this call, not between calls; both "
+    "models' peak memory beside it. The target is judged on it only where it paired eager_packed and ours_packed.",
     "- **levers** (opt-in with `--variants`): ours_packed_rows is ours_packed with tight packing off (each "
-    "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train "
-    "with `model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "
+    "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train with "
+    "`model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "
     "bridge_cudagraph/host/wgrad_fusion.py; a fused variant in which no TE module fuses is failed). "
     "ours_packed_fused's parity reference is eager_packed_fused (the same numbers); eager_packed_fused's is "
     "eager_packed, from which its step losses differ slightly (the fused sum rounds once per micro-batch in fp32). "
-    "The lever table compares each pair; its noise floor is eager_packed_repeat's median step against "
-    "eager_packed's (one pair of runs).",
+    "The lever table compares each pair; its noise floor is eager_packed_repeat's median step against eager_packed's "
+    "(one pair of runs).",
     "- **host waits**: one more training step after the profiled ones, on the first profiled step's micro-batches, "
-    "under torch's sync debug mode (benchmarks/host_syncs.py): each synchronizing call and the Python line that "
-    "asked for it (eager_packed and the packed graph variants).",
+    "under torch's sync debug mode (benchmarks/host_syncs.py): each synchronizing call and the Python line that asked "
+    "for it (eager_packed and the packed graph variants).",
 )
 
 
@@ -1159,14 +1052,12 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
                 f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}, max rel diff "
                 f"{_fmt_rel(steps.get('max_rel'))}{expected}."
             )
-        cross = parity.get("vs_eager_packed_loss_tokens")
-        if ok and cross:
+        if ok and (cross := parity.get("vs_eager_packed_loss_tokens")):
             notes.append(
                 f"- {name}: fixed micro-batch, loss tokens against eager_packed's packed form: max abs "
                 f"{fmt_diff(cross.get('loss_max_abs'))} (padded BSHD vs packed THD kernels)."
             )
-        problems = counter_problems(rec.get("counters") or {}) if ok else []
-        if problems:
+        if ok and (problems := counter_problems(rec.get("counters") or {})):
             notes.append(f"- **{name}: its graphs were not what was timed**: {'; '.join(problems)}.")
         if ok and name in FUSED:
             notes.append(
@@ -1187,24 +1078,16 @@ def text_table(data: Mapping[str, Any]) -> str:
     picked = [COLUMNS.index(c) for c in (*COLUMNS[:6], "graph GiB", COLUMNS[-1])]
     rows = (variant_row(name, variants.get(name)) for name in shown(data))
     lines = [" | ".join(columns), *(" | ".join(row[i] for i in picked) for row in rows)]
-    summary = data.get("summary") or summarize(data)
-    paired = data.get("paired")
-    default_pair = paired_names(paired) == PAIRED
+    summary, paired, clause, padded = _headline(data)
+    met = {True: "met", False: "not met", None: "not measured"}[summary.get("met")]
     lines.append(
         f"ours_packed vs eager_packed: separate {fmt_ratio(summary.get('separate'), 'x')}; "
-        f"{_fmt_paired(paired) if default_pair else 'not paired'}; target {summary.get('target', TARGET_SPEEDUP):g}x: "
-        f"{ {True: 'met', False: 'not met', None: 'not measured'}[summary.get('met')] }"
+        f"{clause or 'not paired'}; target {summary.get('target', TARGET_SPEEDUP):g}x: {met}"
     )
-    if not default_pair:
+    if clause is None:
         first, second = paired_names(paired)
         lines.append(f"{second} vs {first}: {_fmt_paired(paired)}")
-    padded = _fmt_ours_padded(summary)
-    if padded:
-        lines.append(f"ours_padded: {padded}")
-    return "\n".join(lines)
-
-
-# ============================================================================================ plot
+    return "\n".join([*lines, *([f"ours_padded: {padded}"] if padded else [])])
 
 
 def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
@@ -1269,8 +1152,7 @@ def render(json_path: str | Path) -> dict[str, Path | None]:
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
     parser.add_argument("json", help="a useful_tokens.json")
-    args = parser.parse_args(argv)
-    paths = render(args.json)
+    paths = render(parser.parse_args(argv).json)
     print("\n".join(str(p) for p in paths.values() if p))
     return 0
 

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 
@@ -432,31 +432,15 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def train_step(model, optimizer, micro_batches: list[dict], pg_collection, grad_norms: list) -> tuple[float, float]:
-    """One training step through :func:`bridge_cudagraph.testing.parity.train_steps`; ``(loss, wall ms)`` between
-    two synchronizes."""
-    from bridge_cudagraph.testing.parity import train_steps
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    loss = train_steps(model, optimizer, [micro_batches], pg_collection=pg_collection, grad_norms=grad_norms)[0]
-    torch.cuda.synchronize()
-    return loss, (time.perf_counter() - start) * 1e3
-
-
-@overload
-def fixed_batch_check(model, batch: dict, *, keep_grads: Literal[True]) -> tuple[torch.Tensor, float, dict]: ...
-@overload
-def fixed_batch_check(model, batch: dict, *, keep_grads: bool = False) -> tuple[torch.Tensor, float, dict | None]: ...
-def fixed_batch_check(model, batch: dict, *, keep_grads: bool = False) -> tuple[torch.Tensor, float, dict | None]:
-    """Per-token loss (CPU, fp32), gradient norm and, with ``keep_grads``, every trainable parameter's gradient (fp32,
-    host) of one forward/backward on ``batch``; gradient buffers zeroed after."""
+def fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float, dict]:
+    """Per-token loss (CPU, fp32), gradient norm and every trainable parameter's gradient (fp32, host) of one
+    forward/backward on ``batch``; gradient buffers zeroed after."""
     from bridge_cudagraph.testing.parity import grad_norm, loss_and_grads
 
     loss, grads = loss_and_grads(model, batch, device="cpu")
     for chunk in model:
         chunk.zero_grad_buffer()
-    return loss.cpu(), grad_norm(grads), grads if keep_grads else None
+    return loss.cpu(), grad_norm(grads), grads
 
 
 def non_finite_steps(values: Sequence[float] | None) -> list[int]:
@@ -719,14 +703,21 @@ def cap_gpu_memory(gib: float | None) -> float | None:
 def step_runner(
     shared: StepData, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
-    """``run(i)``: training step ``i`` of the plan on ``objs``' model, returning its wall ms; the loss and grad norm
-    appended to ``losses`` and ``grad_norms`` when given."""
+    """``run(i)``: training step ``i`` of the plan on ``objs``' model through
+    :func:`bridge_cudagraph.testing.parity.train_steps`, returning its wall ms between two synchronizes; the loss and
+    grad norm appended to ``losses`` and ``grad_norms`` when given."""
+    from bridge_cudagraph.testing.parity import train_steps
+
     model, optimizer = objs["model"], objs["optimizer"]
 
     def run(i: int) -> float:
         micro_batches = [shared.batches[k] for k in shared.plan[i]]
         norms = [] if grad_norms is None else grad_norms
-        loss, ms = train_step(model, optimizer, micro_batches, shared.world.language, norms)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = train_steps(model, optimizer, [micro_batches], pg_collection=shared.world.language, grad_norms=norms)[0]
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) * 1e3
         if losses is not None:
             losses.append(loss)
         return ms

@@ -364,7 +364,6 @@ def token_ids(processor) -> dict[str, int]:
 def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> report.MicroBatch:
     """The numbers of one collated micro-batch and its two forms, which must keep every loss token (``visual_ids``:
     the image and video token ids, where a row's extent ends at the latest)."""
-
     rows, width = collated["input_ids"].shape
     loss = round(float(collated["loss_mask"].sum()))
     for form, batch in ((PACKED, packed), (PADDED, padded)):
@@ -580,11 +579,8 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
         loaded.register_peft(run.world.language)
     else:
         provider = objs["provider"] = variant_provider(run, variant)
-    if upstream:
-        model = tiny.build(provider, run.world.language)
-    else:
-        model = tiny.build(provider, run.world.language, vision_pg_collection=run.world.vision)
-    objs["model"] = model
+    vision_pg_collection = tiny.DERIVE if upstream else run.world.vision  # upstream's: tiny.build's default
+    model = objs["model"] = tiny.build(provider, run.world.language, vision_pg_collection=vision_pg_collection)
     record_fusion(variant, model, objs)
     if run.initial_state is None:
         run.initial_state = runner.snapshot(model)
@@ -876,8 +872,7 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
                 peak_tflops(torch.cuda.get_device_name()),
             )
         )
-    rec["losses"] = losses
-    rec["grad_norms"] = grad_norms
+    rec.update(losses=losses, grad_norms=grad_norms)
     if variant in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
         rec["eager_fallbacks"] = sum(c["eager_fallbacks"] for c in rec["counters"].values())
@@ -887,7 +882,7 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
     assert run.initial_state is not None  # the variant's start snapshotted or loaded it
     runner.load_weights(model, run.initial_state, aliases_allowed=variant == "upstream_padded")
     before = {sub: c["replays"] for sub, c in _counters(helpers).items()}
-    fixed_loss, grad_norm, grads = runner.fixed_batch_check(model, shared.fixed_batch, keep_grads=True)
+    fixed_loss, grad_norm, grads = runner.fixed_batch_check(model, shared.fixed_batch)
     after = _counters(helpers)
     mask = shared.fixed_batch["loss_mask"].detach().float().cpu()
     rec["parity"] = parity(
@@ -934,7 +929,7 @@ def grad_floor(model: list, batch: dict, loss: torch.Tensor, grads: dict, mask: 
     against its first (``loss``, ``grads``; ``mask``: the loss tokens)."""
     from bridge_cudagraph.testing.parity import diff
 
-    again_loss, _, again = runner.fixed_batch_check(model, batch, keep_grads=True)
+    again_loss, _, again = runner.fixed_batch_check(model, batch)
     return diff((again_loss, again), (loss, grads), worst=GRAD_WORST, loss_mask=mask)
 
 
@@ -1115,7 +1110,6 @@ def derived_layout(seq_length: int, micro_batch_size: int) -> PackedLayout:
 
 def prepare(args: argparse.Namespace, world) -> BenchRun:
     """The photo micro-batches in both forms on the GPU, their numbers, the layouts and the step plan."""
-
     t0 = time.perf_counter()
     processor, collated = photo_microbatches(args.microbatches, args.mbs, args.seq)
     say(f"data: {len(collated)} micro-batches collated by Bridge in {time.perf_counter() - t0:.1f} s")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Draft of the next session's device calls (not yet run), what runs 87-89 left (results/gpu-suites/run87,
-# results/padded-gradients/run89). Three calls; copy this to .snap/ (results/ stays home: the call's 64 MiB), then
+# results/padded-gradients/run89). Three calls (every suite at the final commit: all_suites_draft.sh); copy this to .snap/ (results/ stays home: the call's 64 MiB), then
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh A     (alone on the GPU: speed is claimed)
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh B
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh C     (branch moe-packed, from an archive
