@@ -20,9 +20,10 @@ from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLModelProvi
 
 from bridge_cudagraph.bridge.mixin import CudaGraphProviderMixin, provider_fields
 from bridge_cudagraph.host import compat
+from bridge_cudagraph.host.instance_class import HostMixin
 
 
-class _VisionProviderMixin:
+class _VisionProviderMixin(HostMixin):
     """Qwen3-VL specifics: a vision encoder exists (Bridge's ``Qwen3VLModel``, which Qwen3.5-VL builds too)."""
 
     def has_vision_encoder(self) -> bool:
@@ -45,7 +46,7 @@ class CudaGraphQwen3VLMoEModelProvider(_VisionProviderMixin, CudaGraphProviderMi
     """Qwen3-VL MoE provider with the ``cuda_graph`` block."""
 
 
-class _StageFromCollectionMixin:
+class _StageFromCollectionMixin(HostMixin):
     """Qwen3.5-VL specifics: its language block spec is built for this rank's pipeline stage, read off the collection
     Bridge passed, not off ``parallel_state``."""
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from bridge_cudagraph.host.forward_counts import counts_of
+from bridge_cudagraph.host.instance_class import HostMixin
 from bridge_cudagraph.micro_batch import MicroBatch, current_micro_batch, within_micro_batch
 
 __all__ = ["CpuRopeIndex", "PendingPositions", "fill_at_embedding", "fills_at_embedding", "rope_positions"]
@@ -145,7 +146,7 @@ class PendingPositions:
             self._micro_batch.row_extents = (self._packed, tuple(extents))
 
 
-class CpuRopeIndex:
+class CpuRopeIndex(HostMixin):
     """Mixin for Bridge's ``Qwen3VLModel``: the mRoPE positions from one CPU copy (see the module docstring)."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
