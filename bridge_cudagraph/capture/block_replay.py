@@ -79,7 +79,7 @@ def install_ladder_replay(decoder: torch.nn.Module, helper: BlockReplay | None) 
     from bridge_cudagraph.host.instance_class import extend_instance_class
 
     extend_instance_class(decoder, LadderReplayBlock)
-    decoder.ladder_helper = helper
+    decoder.ladder_helper = helper  # type: ignore[assignment]  # Module.__setattr__ is typed for tensors/modules
 
 
 def remove_ladder_replay(decoder: torch.nn.Module) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,6 +52,12 @@ class LanguageLadder(LadderHelper):
     tight = False
     form = ""
     """How this ladder's micro-batches reach the decoder, for the fallback log (``packed``, ``padded``)."""
+
+    if TYPE_CHECKING:  # a subclass provides it (above)
+
+        def forward_block(
+            self, block: Any, hidden_states: torch.Tensor, attention_mask: Any, kwargs: dict
+        ) -> torch.Tensor | None: ...
 
     def __init__(
         self,
@@ -108,7 +115,7 @@ class LanguageLadder(LadderHelper):
         """Before a rung's graphs replay: the parameters whose weight-gradient fusion the graphs do (see
         :meth:`~bridge_cudagraph.capture.vision.VisionGraphHelper.before_replay`)."""
         for param in self._fused_grad_params:
-            param.grad_added_to_main_grad = True
+            param.grad_added_to_main_grad = True  # type: ignore[attr-defined]  # Megatron's flag on a Parameter
 
     def _replay_layers(self, block, layers, h, statics, *, visual, kwargs: dict) -> torch.Tensor:
         """The decoder's layers on one rung's graphs (:func:`replay_segments`), with the micro-batch's deepstack
