@@ -55,6 +55,7 @@ def flat_step_rows(model: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         and kwargs.get("image_input_mask") is None
         and kwargs.get("video_input_mask") is None
         and kwargs.get("inference_params") is None
+        and isinstance(positions, torch.Tensor)  # as _is_mrope_position_ids checks (for the type checker)
         and _is_mrope_position_ids(positions)
         and tuple(positions.shape[1:]) == tuple(input_ids.shape)
     ):
