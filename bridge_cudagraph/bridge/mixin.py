@@ -94,7 +94,7 @@ class CudaGraphProviderMixin(HostMixin):
         if cfg.language.enabled:
             self._check_language_graphable()
         if owned and not cfg.language.enabled:  # switched off after an earlier finalize()
-            self.cuda_graph_impl = "none"
+            self.cuda_graph_impl: str | None = "none"  # the host field (megatron-core's TransformerConfig)
             self._bridge_cudagraph_owns_language = False
         if cfg.language.enabled:
             self.cuda_graph_impl = "transformer_engine"

@@ -129,7 +129,8 @@ def with_cuda_graphs(provider: Any, **cuda_graph: Any) -> Any:
     """A copy of ``provider`` as its graph-enabled class, every field kept; ``cuda_graph`` sets the block."""
     from bridge_cudagraph.config import cuda_graph_config_from_dict
 
-    cls = cuda_graph_class_for(type(provider))
+    host_cls: type = type(provider)  # annotated: mypy takes type[Any] for unhashable (functools.cache)
+    cls = cuda_graph_class_for(host_cls)
     fields = provider_fields(provider)
     if cuda_graph:
         fields["cuda_graph"] = cuda_graph_config_from_dict(cuda_graph, "model.cuda_graph")
