@@ -367,7 +367,7 @@ class CudaGraphConfig:
                 f"{where}.num_microbatches must be an integer >= 1 (or null to derive it), "
                 f"got {self.num_microbatches!r}"
             )
-        switches = [(f"forward.{p}", self.forward, p) for p in FORWARD_PARTS]
+        switches: list[tuple[str, object, str]] = [(f"forward.{p}", self.forward, p) for p in FORWARD_PARTS]
         switches += [(f"cached_walks.{w}", self.cached_walks, w) for w in CACHED_WALKS]
         for path, block, name in switches:
             if getattr(block, name) and not self.any_enabled:
@@ -457,7 +457,7 @@ def cuda_graph_config_from_dict(data: dict[str, Any] | None, where: str = "cuda_
     return cfg
 
 
-def _coerced(values: dict[str, Any], cls: type, where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+def _coerced(values: Mapping[str, Any], cls: type, where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Check scalar types of a block's values (YAML gives ``"3"`` or ``yes`` where an int or bool is meant)."""
     out = dict(values)
     types = {f.name: f.type for f in dataclasses.fields(cls)}

@@ -48,7 +48,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from megatron.bridge.training.callbacks import Callback
 
@@ -291,7 +291,7 @@ def capture_summary(slots: Sequence[GraphSlot], *, step: int, start_step: int) -
         )
         captured = tuple(getattr(stats, "budgets_captured", ()) or ())
         ladder = getattr(getattr(slot.helper, "ladder", None), "budgets", ())
-        if captured and ladder:
+        if stats is not None and captured and ladder:  # captured budgets come from stats
             lines.append(
                 f"    {slot.submodule} budgets {list(captured)} of {list(ladder)}: up to {stats.budget_source}; "
                 "a larger micro-batch runs eagerly, then gets its budget before the next step"
@@ -399,6 +399,7 @@ class CudaGraphCallback(Callback):
         lifecycle = self.lifecycle
         if lifecycle is None:
             return
+        hooks = cast("PreHooks", self._hooks)  # set with the lifecycle (on_train_start)
         step = context.state.train_state.step
         due = lifecycle.due(step)
         if due:
@@ -406,12 +407,12 @@ class CudaGraphCallback(Callback):
                 f"bridge_cudagraph: capturing {', '.join(s.submodule for s in due)} CUDA graphs before step {step} ..."
             )
             try:
-                lifecycle.capture(step, self._hooks)
+                lifecycle.capture(step, hooks)
             except BaseException:  # on_capture_error="raise": free what exists before Bridge aborts the groups
                 self.release_graphs(reason="capture raised")
                 raise
             _print_rank0(capture_summary(due, step=step, start_step=lifecycle.start_step))
-        for slot, rungs in lifecycle.grow(self._hooks):
+        for slot, rungs in lifecycle.grow(hooks):
             stats = slot.helper.stats
             _print_rank0(
                 f"bridge_cudagraph: before step {step} captured {slot.submodule} budgets {list(rungs)} for larger "
@@ -421,7 +422,7 @@ class CudaGraphCallback(Callback):
                 else f"bridge_cudagraph: {slot.submodule} budgets above {list(stats.budgets_captured)} were not "
                 "captured (see the warning); such micro-batches run eagerly"
             )
-        lifecycle.set_manual_hooks(self._hooks)
+        lifecycle.set_manual_hooks(hooks)
 
     def on_train_step_end(self, context) -> None:
         """Count graphed steps; report the counters every ``logger.log_interval`` iterations."""

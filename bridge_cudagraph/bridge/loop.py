@@ -122,7 +122,7 @@ def dispatching_class(real: type) -> type:
             raise AssertionError("bridge_cudagraph.bridge.loop.TECudaGraphHelper is never instantiated")
 
     # Bridge decides whether to pass pg_collection from this signature: it must be the real one.
-    TECudaGraphHelper.__init__.__signature__ = signature
+    TECudaGraphHelper.__init__.__signature__ = signature  # type: ignore[attr-defined]  # a function takes attributes
     TECudaGraphHelper.__module__ = __name__
     return TECudaGraphHelper
 

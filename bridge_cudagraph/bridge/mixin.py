@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from bridge_cudagraph.config import CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.host import compat
+from bridge_cudagraph.host.instance_class import HostMixin
 
 if TYPE_CHECKING:
     from bridge_cudagraph.plan.capture_plan import CapturePlan
@@ -33,7 +34,7 @@ _NOT_SET = object()
 
 
 @dataclass
-class CudaGraphProviderMixin:
+class CudaGraphProviderMixin(HostMixin):
     """Adds the ``cuda_graph`` block to a Megatron-Bridge model provider (put it first in the bases)."""
 
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
@@ -93,7 +94,7 @@ class CudaGraphProviderMixin:
         if cfg.language.enabled:
             self._check_language_graphable()
         if owned and not cfg.language.enabled:  # switched off after an earlier finalize()
-            self.cuda_graph_impl = "none"
+            self.cuda_graph_impl: str | None = "none"  # the host field (megatron-core's TransformerConfig)
             self._bridge_cudagraph_owns_language = False
         if cfg.language.enabled:
             self.cuda_graph_impl = "transformer_engine"

@@ -20,9 +20,10 @@ from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLModelProvi
 
 from bridge_cudagraph.bridge.mixin import CudaGraphProviderMixin, provider_fields
 from bridge_cudagraph.host import compat
+from bridge_cudagraph.host.instance_class import HostMixin
 
 
-class _VisionProviderMixin:
+class _VisionProviderMixin(HostMixin):
     """Qwen3-VL specifics: a vision encoder exists (Bridge's ``Qwen3VLModel``, which Qwen3.5-VL builds too)."""
 
     def has_vision_encoder(self) -> bool:
@@ -45,7 +46,7 @@ class CudaGraphQwen3VLMoEModelProvider(_VisionProviderMixin, CudaGraphProviderMi
     """Qwen3-VL MoE provider with the ``cuda_graph`` block."""
 
 
-class _StageFromCollectionMixin:
+class _StageFromCollectionMixin(HostMixin):
     """Qwen3.5-VL specifics: its language block spec is built for this rank's pipeline stage, read off the collection
     Bridge passed, not off ``parallel_state``."""
 
@@ -128,7 +129,8 @@ def with_cuda_graphs(provider: Any, **cuda_graph: Any) -> Any:
     """A copy of ``provider`` as its graph-enabled class, every field kept; ``cuda_graph`` sets the block."""
     from bridge_cudagraph.config import cuda_graph_config_from_dict
 
-    cls = cuda_graph_class_for(type(provider))
+    host_cls: type = type(provider)  # annotated: mypy takes type[Any] for unhashable (functools.cache)
+    cls = cuda_graph_class_for(host_cls)
     fields = provider_fields(provider)
     if cuda_graph:
         fields["cuda_graph"] = cuda_graph_config_from_dict(cuda_graph, "model.cuda_graph")

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import torch
 
+from bridge_cudagraph.host.instance_class import HostMixin
+
 __all__ = [
     "LadderReplayBlock",
     "deepstack_merge",
@@ -53,7 +55,7 @@ class BlockReplay(Protocol):
         """The decoder's output on the graphs, or None: the host's forward runs."""
 
 
-class LadderReplayBlock:
+class LadderReplayBlock(HostMixin):
     """Mixin put in front of a decoder's class (:func:`install_ladder_replay`): a plain training call goes to the
     helper first; every other call, and every call the helper declines, is the host's ``forward`` unchanged."""
 
@@ -77,7 +79,7 @@ def install_ladder_replay(decoder: torch.nn.Module, helper: BlockReplay | None) 
     from bridge_cudagraph.host.instance_class import extend_instance_class
 
     extend_instance_class(decoder, LadderReplayBlock)
-    decoder.ladder_helper = helper
+    decoder.ladder_helper = helper  # type: ignore[assignment]  # Module.__setattr__ is typed for tensors/modules
 
 
 def remove_ladder_replay(decoder: torch.nn.Module) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 __all__ = ["BudgetLadder"]
 
@@ -63,8 +63,8 @@ class BudgetLadder:
         """The rungs to capture before the next step: every rung above the top up to the largest wanted."""
         return tuple(b for b in self.budgets if self.top < b <= self.wanted)
 
-    def add(self, rungs: Sequence[int]) -> None:
-        """``rungs`` are captured now."""
+    def add(self, rungs: Iterable[int]) -> None:
+        """``rungs`` are captured now (a graphs mapping gives its budgets)."""
         self.captured = tuple(sorted(set(self.captured) | {int(b) for b in rungs}))
         if self.wanted <= self.top:
             self.wanted = 0

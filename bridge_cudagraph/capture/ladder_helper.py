@@ -6,12 +6,19 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from bridge_cudagraph.capture.device_memory import free_for_capture
 from bridge_cudagraph.capture.graph_copies import reset_graph_sets
 from bridge_cudagraph.capture.ladder_capture import capture_budget_ladder
+
+if TYPE_CHECKING:
+    from bridge_cudagraph.capture.budget_ladder import BudgetLadder
+    from bridge_cudagraph.capture.graph_copies import GraphCopies
+    from bridge_cudagraph.capture.static_inputs import StaticBuffers
+    from bridge_cudagraph.capture.stats import CaptureStats
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -45,6 +52,23 @@ class LadderHelper:
     """Whether the parameter gradients of the captured graphs are summed into ``main_grad`` by graphs of their own
     (:mod:`bridge_cudagraph.capture.param_grads`, where its gate holds); False leaves them to autograd and DDP's
     hooks (the benchmark's lever variant, set before the capture)."""
+
+    if TYPE_CHECKING:  # what a subclass sets and provides (the class docstring); declared for the type checker only
+        model: list[torch.nn.Module]
+        ladder: BudgetLadder
+        stats: CaptureStats
+        copies: GraphCopies
+        graphs: dict[int, list]
+        _pools: list
+        _fused_grad_params: list[torch.nn.Parameter]
+        _manual_hooks: bool
+        on_capture_error: str
+        _statics: list[StaticBuffers]
+
+        def _captured_layers(self) -> list: ...
+        def _hooked_layers(self) -> list: ...
+        def _capture_rung(self, budget: int, copy: int, pool: Any) -> Any: ...
+        def _set_manual_hooks(self) -> None: ...
 
     def graphs_created(self) -> bool:
         """Whether any graph of the ladder exists."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -57,6 +58,12 @@ class LanguageLadder(LadderHelper):
     deepstack merge (an MoE layer's MLP half, :meth:`~bridge_cudagraph.capture.packed_moe.PackedMoE.remainder`);
     None: the graph's output is the hidden states. :meth:`_replay_layers` composes it with the merge into the one
     ``after_segment`` of :func:`~bridge_cudagraph.capture.block_replay.replay_segments`."""
+
+    if TYPE_CHECKING:  # a subclass provides it (above)
+
+        def forward_block(
+            self, block: Any, hidden_states: torch.Tensor, attention_mask: Any, kwargs: dict
+        ) -> torch.Tensor | None: ...
 
     def __init__(
         self,
@@ -114,7 +121,7 @@ class LanguageLadder(LadderHelper):
         """Before a rung's graphs replay: the parameters whose weight-gradient fusion the graphs do (see
         :meth:`~bridge_cudagraph.capture.vision.VisionGraphHelper.before_replay`)."""
         for param in self._fused_grad_params:
-            param.grad_added_to_main_grad = True
+            param.grad_added_to_main_grad = True  # type: ignore[attr-defined]  # Megatron's flag on a Parameter
 
     def _replay_layers(self, block, layers, h, statics, *, visual, kwargs: dict, rows: int) -> torch.Tensor:
         """The decoder's layers on one rung's graphs (:func:`replay_segments`), with the micro-batch's deepstack

@@ -339,6 +339,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
         rows, tokens = (len(extents) if extents else 0), hidden_states.size(0)
         if not rows or params.cu_seqlens_q.numel() != rows + 1 or tokens % rows:
             return None
+        assert extents is not None  # rows > 0
         width = tokens // rows
         if params.max_seqlen_q != width or max(extents) > width:
             return None
@@ -427,6 +428,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
             tp=tp,
         )
         if fallback is not None and fallback[0] == "above":
+            assert budget is not None  # no budget is the "size" fallback
             self.ladder.want(budget)
             self.stats.above_captured += 1
         copy = None if fallback else self.copies.acquire()
@@ -435,6 +437,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
         if fallback is not None:
             self._fallback(*fallback)
             return None
+        assert budget is not None and copy is not None  # both, where nothing fell back (above)
         return budget, copy
 
     def replay(self, block, hidden_states, params: PackedSeqParams, kwargs: dict) -> torch.Tensor | None:
@@ -469,6 +472,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
         if tight is not None:
             gather, scatter = _device_indices(tight, hidden_states.device)
             hidden_states = gather_rows(hidden_states, gather, scatter)
+            assert rotary is not None  # tight rows index the rotary table (Qwen3-VL's mRoPE passes one)
             rotary = rotary.index_select(0, gather)
             if visual is not None:
                 visual = visual.index_select(-1, gather)

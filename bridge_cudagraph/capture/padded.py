@@ -182,6 +182,7 @@ class PaddedLanguageGraphHelper(LanguageLadder):
             return None
         from megatron.core.utils import make_viewless_tensor
 
+        assert copy is not None  # a micro-batch without a copy misfits (above)
         graphs = self.graphs[self.budget][copy]
         if graphs.rotary is not None:
             graphs.rotary.copy_(kwargs["rotary_pos_emb"])

@@ -143,6 +143,7 @@ def sum_param_grads(graph_sets: Sequence[Any], layers: Sequence[torch.nn.Module]
     fused_ids = {id(p) for p in fused}
     for graph_set, per_set in zip(graph_sets, states, strict=True):
         for i, state in enumerate(per_set):
+            assert state is not None  # every state was checked above
             graph_set.layers[i] = SummedGraph(graph_set.layers[i], state, fused_ids, event, pool)
     return sum(graph.summed for graph in graph_sets[0].layers)
 

@@ -285,7 +285,7 @@ class VisionGraphHelper(LadderHelper):
         every step unless the *language* config uses TE graphs, and a replay runs no TE Python to set it again.
         """
         for param in self._fused_grad_params:
-            param.grad_added_to_main_grad = True
+            param.grad_added_to_main_grad = True  # type: ignore[attr-defined]  # Megatron's flag on a Parameter
 
     # ------------------------------------------------------------------ replay
     def replay_encoder(
@@ -304,7 +304,7 @@ class VisionGraphHelper(LadderHelper):
         longest = int(seqlens.max()) if seqlens.numel() else 0
         budget = self.captured_budget_for(n, seqlens.numel(), longest)
         copy = None if budget is None else self.copies.acquire()
-        if copy is None:
+        if budget is None or copy is None:
             above = budget is None and self.budget_for(n, seqlens.numel(), longest) is not None
             self.count_fallback(n, seqlens.numel(), no_free_copy=budget is not None, above=above)
             return None

@@ -83,7 +83,9 @@ class ConversationSetSpec:
         import PIL
         import skimage
 
-        parts = [self.__dict__, skimage.__version__, PIL.__version__, _FORMAT, str(root.resolve())]
+        # skimage's __init__.pyi lists __version__ in __all__ but declares it not (the module sets it)
+        version = skimage.__version__  # type: ignore[attr-defined]
+        parts = [self.__dict__, version, PIL.__version__, _FORMAT, str(root.resolve())]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -4,6 +4,7 @@ sizes for Qwen3-VL (pixels, ``image_grid_thw`` and the image tokens the language
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ def gpt_batch(micro_batch_size: int, seq_length: int, *, seed: int, device: str 
     }
 
 
-def patches_of(grid: tuple[int, int, int]) -> int:
+def patches_of(grid: Sequence[int]) -> int:
     """Patches of one image with grid ``(t, h, w)`` (in patches): the unit the vision layers run on."""
     t, h, w = grid
     return t * h * w
@@ -65,7 +66,7 @@ def qwen3_vl_batch(
     tokens = torch.stack(rows)
     n_patches = sum(patches_of(gr) for gr in grids)
     pixel_values = torch.randn(n_patches, patch_dim, generator=g).to(torch.bfloat16)
-    batch = {
+    batch: dict[str, Any] = {
         "input_ids": tokens[:, :-1].contiguous().to(device),
         "labels": tokens[:, 1:].contiguous().to(device),
         "loss_mask": torch.stack(masks).to(device),

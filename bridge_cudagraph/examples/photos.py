@@ -126,7 +126,9 @@ class PhotoSetSpec:
         import PIL
         import skimage
 
-        text = json.dumps([self.__dict__, PROMPT, skimage.__version__, PIL.__version__, _FORMAT], sort_keys=True)
+        # skimage's __init__.pyi lists __version__ in __all__ but declares it not (the module sets it)
+        version = skimage.__version__  # type: ignore[attr-defined]
+        text = json.dumps([self.__dict__, PROMPT, version, PIL.__version__, _FORMAT], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

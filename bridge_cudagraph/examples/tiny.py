@@ -62,7 +62,7 @@ def tiny_vision_config(out_hidden_size: int, **overrides: Any):
     """A 4-layer Qwen3-VL vision encoder (HF config), deepstack taps after its layers 1 and 2."""
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
-    fields = dict(
+    fields: dict[str, Any] = dict(
         depth=4,
         hidden_size=256,
         intermediate_size=512,

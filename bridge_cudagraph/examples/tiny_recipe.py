@@ -28,7 +28,7 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
@@ -120,8 +120,12 @@ class TinyVLMDatasetConfig(DatasetProvider):
     def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
         """Train, validation and test splits of the sizes Bridge asks for (``None`` for an empty one)."""
         sizes = (context.train_samples, context.valid_samples, context.test_samples)
-        return tuple(
-            TinyVLMDataset(self, split, size) if size > 0 else None for split, size in zip(_SPLITS, sizes, strict=True)
+        return cast(
+            tuple[Any, Any, Any],
+            tuple(
+                TinyVLMDataset(self, split, size) if size > 0 else None
+                for split, size in zip(_SPLITS, sizes, strict=True)
+            ),
         )
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 from bridge_cudagraph.host.forward_counts import counts_of
+from bridge_cudagraph.host.instance_class import HostMixin
 from bridge_cudagraph.micro_batch import within_micro_batch
 from bridge_cudagraph.vision import cpu_grids
 
 __all__ = ["BoundGrids"]
 
 
-class BoundGrids:
+class BoundGrids(HostMixin):
     """Mixin for Bridge's ``Qwen3VLModel``: the micro-batch's CPU grids bound to this call's grid arguments while it
     runs (see the module docstring)."""
 

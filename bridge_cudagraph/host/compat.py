@@ -132,7 +132,8 @@ def te_graphed_backward_state(graphed: Any) -> tuple[tuple, Any, Any] | None:
     params = _cell(functionalized, names[2])
     if graphed_cls is None or params is None:
         return None
-    backward = inspect.unwrap(getattr(graphed_cls.cell_contents, "backward", None))
+    backward_fn: Any = getattr(graphed_cls.cell_contents, "backward", None)  # unwrap(None) is None
+    backward = inspect.unwrap(backward_fn)
     grads, slots = _cell(backward, names[3]), _cell(backward, names[4])
     if grads is None or slots is None:
         return None
@@ -208,7 +209,7 @@ def collection_declares_gtp_remat_groups() -> bool:
     return all(name in declared and target in declared for name, target in GTP_REMAT_ALIASES.items())
 
 
-def init_signature(cls: type) -> inspect.Signature:
+def init_signature(cls: type[Any]) -> inspect.Signature:
     """The signature of ``cls.__init__``, as Bridge's ``"pg_collection" in inspect.signature(...)`` probe sees it
     (megatron-core >= 0.17 adds ``pg_collection``, see :func:`helper_accepts_pg_collection`)."""
     return inspect.signature(cls.__init__)

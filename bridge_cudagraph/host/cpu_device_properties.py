@@ -42,7 +42,7 @@ def cpu_device_properties() -> Iterator[None]:
         return types.SimpleNamespace(name="no CUDA device", major=0, minor=0, total_memory=0, multi_processor_count=0)
 
     setattr(no_device, ORIGINAL, original)
-    torch.cuda.get_device_properties = no_device
+    torch.cuda.get_device_properties = no_device  # type: ignore[assignment]  # a namespace of the fields read
     try:
         yield
     finally:

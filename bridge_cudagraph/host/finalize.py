@@ -76,7 +76,7 @@ def listed_reset_modules(chunks: list[Any], modules: list[list[Any]]) -> Iterato
     the block is left.
     """
     # The package exports the function finalize_model_grads under its module's name: the module, by its path.
-    host = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    host: Any = importlib.import_module("megatron.core.distributed.finalize_model_grads")
     original = host.reset_model_temporary_tensors
     ids = [id(chunk) for chunk in chunks]
     listed = [_ListedModules(m) for m in modules]

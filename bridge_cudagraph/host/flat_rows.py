@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from bridge_cudagraph.host.forward_counts import counts_of
+from bridge_cudagraph.host.instance_class import HostMixin
 from bridge_cudagraph.micro_batch import current_micro_batch
 
 __all__ = ["FlatPackedRows", "flat_step_rows"]
@@ -54,6 +55,7 @@ def flat_step_rows(model: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         and kwargs.get("image_input_mask") is None
         and kwargs.get("video_input_mask") is None
         and kwargs.get("inference_params") is None
+        and isinstance(positions, torch.Tensor)  # as _is_mrope_position_ids checks (for the type checker)
         and _is_mrope_position_ids(positions)
         and tuple(positions.shape[1:]) == tuple(input_ids.shape)
     ):
@@ -69,7 +71,7 @@ def flat_step_rows(model: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     return {**kwargs, **flat}
 
 
-class FlatPackedRows:
+class FlatPackedRows(HostMixin):
     """Mixin for Bridge's ``Qwen3VLModel``: the step's packed rows handed to its forward flat
     (:func:`flat_step_rows`; see the module docstring)."""
 

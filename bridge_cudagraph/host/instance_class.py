@@ -15,9 +15,21 @@ Host change:
 
 from __future__ import annotations
 
-from typing import Any
+import abc
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["extend_instance_class", "extend_instance_class_of", "restore_instance_class"]
+__all__ = ["HostABCMixin", "HostMixin", "extend_instance_class", "extend_instance_class_of", "restore_instance_class"]
+
+if TYPE_CHECKING:
+    # A mixin goes in front of a host class it does not name: the type checker sees its base as Any (its ``super()``
+    # calls and the attributes it reads are the host's). At run time the base is the plain one.
+    HostMixin = Any
+    HostABCMixin = Any
+else:
+    HostMixin = object
+    """The base of a mixin put in front of a host class (:func:`extend_instance_class`): ``object`` at run time."""
+    HostABCMixin = abc.ABC
+    """As :data:`HostMixin`, for a host class whose instance layout is added on top of ``abc.ABC``."""
 
 
 _EXTENDED_CLASSES: dict[tuple[type, type], type] = {}

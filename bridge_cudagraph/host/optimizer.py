@@ -37,7 +37,6 @@ cache.
 
 from __future__ import annotations
 
-import abc
 import logging
 import math
 from dataclasses import dataclass, field
@@ -46,7 +45,12 @@ from typing import Any
 import torch
 
 from bridge_cudagraph.host import compat
-from bridge_cudagraph.host.instance_class import extend_instance_class, restore_instance_class
+from bridge_cudagraph.host.instance_class import (
+    HostABCMixin,
+    HostMixin,
+    extend_instance_class,
+    restore_instance_class,
+)
 
 __all__ = [
     "CachedAdamLists",
@@ -177,7 +181,7 @@ def _quantized(optimizer: Any, model_param: torch.Tensor) -> bool:
     return bool(optimizer._is_distopt_quantized_param(model_param) or is_nvfp4tensor(model_param))
 
 
-class CachedShardViews(abc.ABC):  # noqa: B024 (no abstract method: ABC only for the layout, below)
+class CachedShardViews(HostABCMixin):  # abc.ABC at run time, for the layout (below)
     """Mixin for one megatron-core 0.19.2 ``DistributedOptimizer``: its per-parameter walks, cached.
 
     Overrides ``_copy_model_grads_to_main_grads``, ``get_grads_for_grad_norm``, ``get_grad_norm``,
@@ -301,7 +305,7 @@ def _scale_by_total_norm(grads: list[torch.Tensor], max_norm: float, total_norm)
 
 
 # ------------------------------------------------------------------------------------ the chained optimizer
-class CachedChainedStep(abc.ABC):  # noqa: B024 (no abstract method: ABC only for the layout, as above)
+class CachedChainedStep(HostABCMixin):  # abc.ABC at run time, for the layout (as above)
     """Mixin for one megatron-core 0.19.2 ``ChainedOptimizer`` (what ``get_megatron_optimizer`` returns, also around
     a single distributed optimizer): its ``step`` without the per-parameter walks of the clip.
 
@@ -367,7 +371,7 @@ def _plain_member(member: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- TE's FusedAdam
-class CachedAdamLists:
+class CachedAdamLists(HostMixin):
     """Mixin for one Transformer Engine 2.20 ``FusedAdam``: the plain fp32 step without the per-parameter checks.
 
     The host's ``step`` (fused_adam.py) builds four tensor lists per parameter group through per-parameter state

@@ -94,7 +94,7 @@ def _checked_condition(filename: str, lineno: int) -> str | None:
         return None
     tree, source = parsed
 
-    def holds(node: ast.AST) -> bool:
+    def holds(node: ast.stmt) -> bool:
         return node.lineno <= lineno <= (node.end_lineno or node.lineno)
 
     statements = [n for n in ast.walk(tree) if isinstance(n, ast.Assert | ast.Raise) and holds(n)]

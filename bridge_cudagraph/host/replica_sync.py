@@ -31,7 +31,7 @@ LINK = ChainLink("_bridge_cudagraph_replica_sync")
 WRAPPED = LINK.wrapped
 
 
-def install_grad_sync(model_config: Any, model_chunks: list[Any], encoder_type: type) -> bool:
+def install_grad_sync(model_config: Any, model_chunks: list[Any], encoder_type: type[Any]) -> bool:
     """Wrap ``model_config.finalize_model_grads_func`` (set by Bridge's set-up, or by a harness) so the vision
     encoder's gradients are averaged over its replica group after Megatron's own finalisation, before the
     optimizer computes the grad norm. Idempotent; returns whether a wrapper is in place.

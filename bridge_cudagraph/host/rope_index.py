@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from bridge_cudagraph.host.forward_counts import counts_of
+from bridge_cudagraph.host.instance_class import HostMixin
 from bridge_cudagraph.micro_batch import MicroBatch, current_micro_batch, within_micro_batch
 
 __all__ = ["CpuRopeIndex", "PendingPositions", "fill_at_embedding", "fills_at_embedding", "rope_positions"]
@@ -95,7 +96,7 @@ class PendingPositions:
         mask = kwargs.get("attention_mask") if self._packed is not None else None
         self.attention_mask = _to_cpu(mask, micro_batch) if isinstance(mask, torch.Tensor) else None
         self._rows_must_be_unpadded = False
-        self._cpu = {
+        self._cpu: dict[str, Any] = {
             "input_ids": _to_cpu(input_ids, micro_batch),
             "image_grid_thw": _to_cpu(kwargs.get("image_grid_thw"), micro_batch),
             "video_grid_thw": _to_cpu(kwargs.get("video_grid_thw"), micro_batch),
@@ -124,7 +125,10 @@ class PendingPositions:
             self._check_unpadded()
 
     def _check_unpadded(self) -> None:
-        if self._rows_must_be_unpadded and not bool(self.attention_mask.all()):
+        if not self._rows_must_be_unpadded:
+            return
+        assert self.attention_mask is not None  # FlatPackedRows requires unpadded rows only where a mask was copied
+        if not bool(self.attention_mask.all()):
             raise RuntimeError(
                 "bridge_cudagraph: the step's packed Qwen3-VL rows came with an attention mask that drops tokens; "
                 "model.cuda_graph.forward.flat_rows hands such rows to Bridge's forward flat only where the mask "
@@ -145,7 +149,7 @@ class PendingPositions:
             self._micro_batch.row_extents = (self._packed, tuple(extents))
 
 
-class CpuRopeIndex:
+class CpuRopeIndex(HostMixin):
     """Mixin for Bridge's ``Qwen3VLModel``: the mRoPE positions from one CPU copy (see the module docstring)."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -213,7 +217,7 @@ def fill_at_embedding(model_ref: weakref.ref) -> Callable[..., None]:
         model = model_ref()
         micro_batch = current_micro_batch()
         pending = None if micro_batch is None else micro_batch.pending_positions
-        if model is None or pending is None or pending.model is not model:
+        if model is None or micro_batch is None or pending is None or pending.model is not model:
             return
         micro_batch.pending_positions = None
         if not pending.filled:

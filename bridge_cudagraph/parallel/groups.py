@@ -150,7 +150,7 @@ def _create_groups(
     for group in ("embd", "pos_embd"):
         # Not a grid dim: subsets of the pipeline groups, created like Bridge does. Every rank calls this, and gets
         # ``None`` when it is in no subgroup (middle pipeline stages for ``embd``).
-        pgs[group], _ = dist.new_subgroups_by_enumeration(
+        pgs[group], _ = dist.new_subgroups_by_enumeration(  # type: ignore[assignment]  # a group or None, not -100
             ranks[group], backend=backend, group_desc=f"{tag}_{group.upper()}", **extra
         )
     return grids, pgs

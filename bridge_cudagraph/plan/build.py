@@ -281,6 +281,7 @@ def _plan_vision(
         images = derive_max_segments(budgets, v.spatial_merge_size, smallest or None)
         images_derived = True
         if smallest > v.merge_unit * MIN_IMAGE_MERGED_TOKENS:
+            assert pixels is not None  # smallest is 0 without it
             images_source = (
                 f"{budgets[-1]} // {smallest} (images of >= {smallest} patches: min_pixels {pixels.min_pixels} // "
                 f"{v.patch_size}**2, {pixels.source})"
@@ -297,7 +298,11 @@ def _plan_vision(
     cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
-    copies = 1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb)
+    if facts.pp == 1:
+        copies = 1
+    else:
+        assert num_mb is not None  # build_plan has required the count (above)
+        copies = in_flight_microbatches(facts.pp, num_mb)
     unit = cfg.vision.graph_unit or "run"
     segments = layer_segments(v.depth, v.deepstack_visual_indexes, unit)
     return VisionPlan(

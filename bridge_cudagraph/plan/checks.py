@@ -345,7 +345,7 @@ def check_positions(model: Any) -> None:
         )
 
 
-def _bridge_datasets(*names: str) -> tuple[type, ...]:
+def _bridge_datasets(*names: str) -> tuple[type[Any], ...]:
     """Bridge's dataset config classes of these names, as ``training/config.py`` imports them."""
     from megatron.bridge.training import config as bridge_config
 

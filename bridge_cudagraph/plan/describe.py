@@ -176,14 +176,14 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
             f", derived: {vision.token_budgets[-1]} // ({v.merge_unit} x {MIN_IMAGE_MERGED_TOKENS}) "
             "(images of >= 4x4 merged tokens)"
         )
-    patches = f"  at most {vision.max_patches_per_image} patches per image (the static attention max_seqlen)"
+    patches_line = f"  at most {vision.max_patches_per_image} patches per image (the static attention max_seqlen)"
     if vision.patches_source:
         patches = [
-            f"{patches}:",
+            f"{patches_line}:",
             *textwrap.wrap(vision.patches_source, 119, initial_indent="    ", subsequent_indent="      "),
         ]
     else:
-        patches = [patches]
+        patches = [patches_line]
     if vision.deterministic_workspace:
         patches.append(
             f"  deterministic kernels: cuDNN's attention backward workspace about "

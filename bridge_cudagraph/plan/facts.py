@@ -411,7 +411,9 @@ def image_facts(config: Any) -> ImageFacts:
     if max_pixels is not None:
         return ImageFacts(max_pixels, f"passed to the processor by Bridge's collate, {collate}", min_pixels)
     own = settings.get("preprocessor_config.json", {})
-    size = own.get("size") if isinstance(own.get("size"), dict) else {}
+    size = own.get("size")
+    if not isinstance(size, dict):
+        size = {}
     longest = size.get("longest_edge", own.get("max_pixels"))
     if _is_count(longest):
         return ImageFacts(longest, f"size.longest_edge of {path}'s preprocessor_config.json")

@@ -115,7 +115,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
 
     source = check_recipe_file(path)
     try:
-        loaded = OmegaConf.to_container(OmegaConf.load(source), resolve=False)
+        loaded: Any = OmegaConf.to_container(OmegaConf.load(source), resolve=False)
     except Exception as error:  # yaml or OmegaConf syntax error: one line is enough
         raise RecipeError(f"{source}: not valid YAML: {error}".replace("\n", " ")) from error
     if not isinstance(loaded, dict):
@@ -324,7 +324,8 @@ def _materialize(obj: Any, key: str, path: str, given: Mapping[str, Any]) -> Any
     Bridge would merge a mapping into ``None`` and ``setattr`` a plain dict onto the config. The instance is
     built from the class defaults plus the required arguments found among the ``given`` settings.
     """
-    cls = _dataclass_option(_type_hints(type(obj)).get(key))
+    owner: type = type(obj)  # annotated: mypy takes type[Any] for unhashable (functools.cache)
+    cls = _dataclass_option(_type_hints(owner).get(key))
     if cls is None:
         raise RecipeError(f"{path} is null in the recipe and takes no block of settings; set it to a value")
     required = {
@@ -357,12 +358,13 @@ def _check_entry(obj: Any, key: Any, value: Any, where: str) -> None:
         refuse_renamed_key(obj, str(key), value, where)
         raise UnknownKeyError(unknown_key_message(str(key), allowed, where))
     current = getattr(obj, key)
+    owner: type = type(obj)  # annotated: mypy takes a dataclass type for unhashable (functools.cache)
     if path == ".".join(_CUDA_GRAPH_PATH) and value is not None:
         from bridge_cudagraph.config import cuda_graph_config_from_dict
 
         cuda_graph_config_from_dict(value, path)  # keys, types and contradictions, with setting paths
         return
-    classes, others, _ = _options(_type_hints(type(obj)).get(key))
+    classes, others, _ = _options(_type_hints(owner).get(key))
     if value is not None and not isinstance(value, Mapping) and classes and not others:
         raise RecipeError(
             f"{path} is a block of settings: give a mapping ({key}: {{name: value}} in the file, {path}.name=value "
@@ -372,7 +374,7 @@ def _check_entry(obj: Any, key: Any, value: Any, where: str) -> None:
         _check_mapping_onto(obj, key, current, value, path)
         return
     if not _is_cuda_graph_path(path):
-        _check_type(path, value, _type_hints(type(obj)).get(key))
+        _check_type(path, value, _type_hints(owner).get(key))
 
 
 def _check_mapping_onto(obj: Any, key: str, current: Any, value: Mapping[str, Any], path: str) -> None:
@@ -567,7 +569,7 @@ def _apply_through_bridge(cfg: Any, yaml_sections: dict[str, Any], overrides: li
             tree = parse_hydra_overrides(tree, overrides)
         except OverridesError as error:
             raise RecipeError(str(error).replace("\n", " ")) from error
-    final = OmegaConf.to_container(tree, resolve=True)
+    final: Any = OmegaConf.to_container(tree, resolve=True)
     # The merged block as a whole: a CLI value laid over a YAML one can only be judged together.
     block = cuda_graph_config_from_dict(final["model"]["cuda_graph"], "model.cuda_graph")
     apply_overrides(cfg, final, excluded)

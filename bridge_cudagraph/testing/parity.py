@@ -242,7 +242,7 @@ def loss_and_grads(
     ``device``: where the fp32 copies go (None: beside the gradient). ``"cpu"`` keeps a 2B model's reference out of
     GPU memory while other models are built (:func:`diff` compares across devices)."""
     for chunk in model:
-        chunk.zero_grad_buffer()
+        chunk.zero_grad_buffer()  # type: ignore[operator]  # DDP's method, read through Module.__getattr__
     loss = per_token_loss(model, batch)
     masked_mean(loss, batch).backward()
     grads: dict[str, torch.Tensor | None] = {}
@@ -274,7 +274,7 @@ def grads_differ(a: Mapping[str, torch.Tensor | None], b: Mapping[str, torch.Ten
     out = []
     for name, gb in b.items():
         ga = a.get(name)
-        if (ga is None) != (gb is None) or (ga is not None and not torch.equal(ga, gb)):
+        if (ga is None) != (gb is None) or (ga is not None and gb is not None and not torch.equal(ga, gb)):
             out.append(name)
     return out
 
@@ -493,7 +493,7 @@ def train_steps(
         if on_step is not None:
             on_step(i)
         for chunk in model:
-            chunk.zero_grad_buffer()
+            chunk.zero_grad_buffer()  # type: ignore[operator]  # DDP's method, read through Module.__getattr__
         optimizer.zero_grad()
         out = forward_backward(
             forward_step_func=_forward_step,

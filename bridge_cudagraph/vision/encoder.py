@@ -124,4 +124,4 @@ def mark_vision_replicas(vision_model: torch.nn.Module, *, language_tp_rank: int
         sharded = bool(getattr(param, "tensor_model_parallel", False)) and vision_tp > 1
         # Sharded weights: counted on the ranks holding one copy of every shard. Replicated ones (norms, TP-1
         # weights): left False, so the optimizer counts them on language TP rank 0 only.
-        param.tensor_model_parallel = sharded and holds_one_copy
+        param.tensor_model_parallel = sharded and holds_one_copy  # type: ignore[attr-defined]  # Megatron's flag

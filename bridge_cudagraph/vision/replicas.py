@@ -28,7 +28,7 @@ def replica_rank_sets(language_tp_groups: list[list[int]], vision_tp: int) -> li
     positions ``s, s + vision_tp, ...`` of it. A vision TP group as large as a language TP group or larger (spanning
     context-parallel ranks) has no replicas there: every rank is its own set. Pure; covers only the given ranks.
     """
-    sets = []
+    sets: list[list[int]] = []
     for group in language_tp_groups:
         if vision_tp % len(group) == 0:  # the vision TP group spans whole language TP groups: no replicas
             sets.extend([rank] for rank in group)

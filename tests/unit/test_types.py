@@ -1,7 +1,7 @@
-"""mypy over the files of pyproject's ``[tool.mypy]`` (benchmarks/), as ``python -m mypy`` from the repository root:
-the bugs a type checker finds on the CPU (a dataclass built with fields it does not have, a loop variable rebinding a
-float to a dict) fail here instead of on a GPU call. Skipped where mypy is not installed (requirements-cpu.txt pins
-it)."""
+"""mypy over the files of pyproject's ``[tool.mypy]`` (the ``bridge_cudagraph`` package and ``benchmarks/``), as
+``python -m mypy`` from the repository root: the bugs a type checker finds on the CPU (a dataclass built with fields
+it does not have, a loop variable rebinding a float to a dict, an optional value used unchecked) fail here instead of
+on a GPU call. Skipped where mypy is not installed (requirements-cpu.txt pins it)."""
 
 from __future__ import annotations
 
