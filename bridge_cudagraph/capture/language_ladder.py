@@ -7,7 +7,7 @@ fallback counts the same way; they differ in their static inputs and in how a mi
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,7 +52,7 @@ class LanguageLadder(LadderHelper):
     tight = False
     form = ""
     """How this ladder's micro-batches reach the decoder, for the fallback log (``packed``, ``padded``)."""
-    segment_remainder = None
+    segment_remainder: Callable[[Any, int, torch.Tensor, int], torch.Tensor] | None = None
     """``(block, end, outputs, rows) -> hidden_states``: what runs eagerly right after the graph of the segment that
     ends before layer ``end``, on its output and the micro-batch's ``rows`` local real rows, before that segment's
     deepstack merge (an MoE layer's MLP half, :meth:`~bridge_cudagraph.capture.packed_moe.PackedMoE.remainder`);
