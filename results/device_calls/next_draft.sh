@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Draft of the next session's device calls (not yet run), what runs 87-89 left (results/gpu-suites/run87,
-# results/padded-gradients/run89). Three calls (every suite at the final commit: all_suites_draft.sh); copy this to .snap/ (results/ stays home: the call's 64 MiB), then
-#   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh A     (alone on the GPU: speed is claimed)
-#   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh B
-#   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh C     (branch moe-packed, from an archive
-#     made first: git archive --format=tar.gz -o .snap/moe-packed.tgz moe-packed -- . ':(exclude)results')
+# results/padded-gradients/run89). In the order they decide things, each under the 600 s call limit:
+#   C  the packed MoE branch's suites (#47; about 6 min): if they pass, merge moe-packed into main here, no GPU needed
+#   all_suites_draft.sh at that final commit (every one-GPU suite, about 7 min; add test_packed_moe.py's lane)
+#   A  the 2B padded ladder and the step-loss floor (#46; about 9 min, alone)
+#   D  the 30B-A3B layer shape under an 80 GiB cap (#47; about 5 min, alone)
+#   B  teardown, the deterministic photo train, module_path (#50) where time is left
+# Copy this to .snap/ (results/ stays home: the call's 64 MiB), then
+#   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/next_draft.sh C    (C and D from the branch's archive, made
+#     first: git archive --format=tar.gz -o .snap/moe-packed.tgz moe-packed -- . ':(exclude)results')
 set +e
 export LOGS=/tmp/dl_next_$1
 source scripts/device_lib.sh
@@ -31,18 +35,22 @@ B)  # The corrected 4096-patch claim (run 89 lost it to a port in use), teardown
     cat "$LOGS/module_path/module_path.json" | head -12 ;;
 C)  # #47: the packed MoE branch in its second form (each MoE layer's attention graphed, the rest of the layer eager on
     # the micro-batch's own rows), from its archive under /tmp/moe: its suite under deterministic kernels (is it
-    # Bridge's step bit for bit now?), then the MoE recipe through Bridge's loop (it packs now) beside the suite without
-    # deterministic kernels, then alone the issue's 30B-A3B shape under an 80 GiB cap (moe_packed_draft.sh's steps).
+    # Bridge's step bit for bit now?) and then without, beside the MoE recipe through Bridge's loop (it packs now).
+    # Lane limits: run 87 took 110 s for the suite and 247 s for the loop under six lanes.
     mkdir -p /tmp/moe && tar -xzf .snap/moe-packed.tgz -C /tmp/moe && cp -r .whl /tmp/moe/ 2>/dev/null
     cd /tmp/moe && export PYTHONPATH=/tmp/moe
-    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c4 NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
-      R c_moe_packed_det 300 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed_det.json $PYT tests/gpu/test_packed_moe.py" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c4
+      R c_moe_packed_det 220 "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed_det.json $PYT tests/gpu/test_packed_moe.py"
+      R c_moe_packed 180 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed.json $PYT tests/gpu/test_packed_moe.py" ) &
     ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c5
-      R c_moe_loop 420 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_loop.json $PYT tests/gpu/test_bridge_loop.py -k moe"
-      R c_moe_packed 240 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed.json $PYT tests/gpu/test_packed_moe.py" ) &
+      R c_moe_loop 420 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_loop.json $PYT tests/gpu/test_bridge_loop.py -k moe" ) &
     wait
-    grep -H " passed\| failed\| error" "$LOGS"/*.log | grep -v "PASSED\|FAILED" | cut -c1-200
-    R c_30b_shape_80g 400 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_30b --model moe-30b-a3b-shape \
+    grep -H " passed\| failed\| error" "$LOGS"/*.log | grep -v "PASSED\|FAILED" | cut -c1-200 ;;
+D)  # #47: the issue's 30B-A3B layer shape under an 80 GiB cap, alone (memory and speed are claimed), from the branch's
+    # archive (or main, once merged).
+    mkdir -p /tmp/moe && tar -xzf .snap/moe-packed.tgz -C /tmp/moe && cp -r .whl /tmp/moe/ 2>/dev/null
+    cd /tmp/moe && export PYTHONPATH=/tmp/moe
+    R d_30b_shape_80g 540 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_30b --model moe-30b-a3b-shape \
       --variants eager_packed,ours_packed,ours_padded --no-paired --no-control --steps 4 --profile-steps 0 --gpu-memory 80" ;;
 esac
 table
