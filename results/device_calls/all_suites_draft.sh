@@ -18,7 +18,8 @@ PYT='python3 -m pytest -q -rA -p no:cacheprovider --durations=8'
 ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c2
   R l2_bridge_loop_moe 540 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop_moe.json $PYT tests/gpu/test_bridge_loop.py -k moe" ) &
 ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c3
-  R l3_run_sh 150 "MASTER_ADDR=127.0.0.1 MASTER_PORT=29641 bash scripts/run.sh" ) &
+  R l3_run_sh 150 "MASTER_ADDR=127.0.0.1 MASTER_PORT=29641 bash scripts/run.sh"
+  R l3_moe_packed_det 220 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed_det.json $PYT tests/gpu/test_packed_moe.py" ) &
 ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c4
   R l4_language 200 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_language.json $PYT tests/gpu/test_language_capture.py tests/gpu/test_plan_helpers.py"
   R l4_vision 180 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_vision.json $PYT tests/gpu/test_vision_capture.py"
