@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["jpeg_bytes", "publish_folder", "sample_rng", "write_parquet"]
+__all__ = ["image_package_versions", "jpeg_bytes", "publish_folder", "sample_rng", "write_parquet"]
 
 
 def publish_folder(target: Path, marker: str, write: Callable[[Path], None]) -> Path:
@@ -72,3 +72,13 @@ def jpeg_bytes(image: Any, quality: int) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=quality)
     return buffer.getvalue()
+
+
+def image_package_versions() -> tuple[str, str]:
+    """The versions of the packages that make an example set's bytes (scikit-image's photos, Pillow's JPEG): part
+    of every set's cache key, so a set made by other versions is rebuilt, never read."""
+    import PIL
+    import skimage
+
+    # skimage's __init__.pyi lists __version__ in __all__ but does not declare it (the module sets it)
+    return skimage.__version__, PIL.__version__  # type: ignore[attr-defined]

@@ -38,7 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from bridge_cudagraph.examples.cache import jpeg_bytes, publish_folder, sample_rng, write_parquet
+from bridge_cudagraph.examples.cache import (
+    image_package_versions,
+    jpeg_bytes,
+    publish_folder,
+    sample_rng,
+    write_parquet,
+)
 from bridge_cudagraph.examples.photos import PHOTOS, SPLITS, Photo, random_view
 
 __all__ = [
@@ -80,12 +86,7 @@ class ConversationSetSpec:
         """A short hash of the spec, of the packages that make the bytes (scikit-image's photos, Pillow's JPEG) and
         of the folder's location ``root`` (the rows name their images by absolute path: a moved cache is rebuilt,
         never read with paths into the old place)."""
-        import PIL
-        import skimage
-
-        # skimage's __init__.pyi lists __version__ in __all__ but declares it not (the module sets it)
-        version = skimage.__version__  # type: ignore[attr-defined]
-        parts = [self.__dict__, version, PIL.__version__, _FORMAT, str(root.resolve())]
+        parts = [self.__dict__, *image_package_versions(), _FORMAT, str(root.resolve())]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -28,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from bridge_cudagraph.examples.cache import jpeg_bytes, publish_folder, sample_rng, write_parquet
+from bridge_cudagraph.examples.cache import (
+    image_package_versions,
+    jpeg_bytes,
+    publish_folder,
+    sample_rng,
+    write_parquet,
+)
 
 __all__ = [
     "ASPECT_RATIOS",
@@ -123,12 +129,7 @@ class PhotoSetSpec:
 
     def key(self) -> str:
         """A short hash of the spec and of the packages that make the bytes (scikit-image's photos, Pillow's JPEG)."""
-        import PIL
-        import skimage
-
-        # skimage's __init__.pyi lists __version__ in __all__ but declares it not (the module sets it)
-        version = skimage.__version__  # type: ignore[attr-defined]
-        text = json.dumps([self.__dict__, PROMPT, version, PIL.__version__, _FORMAT], sort_keys=True)
+        text = json.dumps([self.__dict__, PROMPT, *image_package_versions(), _FORMAT], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

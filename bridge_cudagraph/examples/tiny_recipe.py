@@ -28,7 +28,7 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
@@ -120,13 +120,10 @@ class TinyVLMDatasetConfig(DatasetProvider):
     def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
         """Train, validation and test splits of the sizes Bridge asks for (``None`` for an empty one)."""
         sizes = (context.train_samples, context.valid_samples, context.test_samples)
-        return cast(
-            tuple[Any, Any, Any],
-            tuple(
-                TinyVLMDataset(self, split, size) if size > 0 else None
-                for split, size in zip(_SPLITS, sizes, strict=True)
-            ),
+        train, valid, test = (
+            TinyVLMDataset(self, split, size) if size > 0 else None for split, size in zip(_SPLITS, sizes, strict=True)
         )
+        return train, valid, test
 
 
 class TinyVLMDataset(torch.utils.data.Dataset):
