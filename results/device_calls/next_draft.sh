@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Draft of the next session's device calls (not yet run), what runs 87-89 left (results/gpu-suites/run87,
-# results/padded-gradients/run89). The session of 2026-12-05 (fifth) got no machine: eleven failed starts spent its
+# results/padded-gradients/run89). The session of 2026-12-05 (fifth) got no machine: 19 calls started none and spent its
 # 1,800 s (90-180 s each; a refusal inside the tool's wait window costs 15 s). So the first call decides the most:
 #   S  every one-GPU suite from branch moe-packed checked out (main is its ancestor: a pass makes it main's final
 #      commit by fast-forward), the packed MoE suite with and without deterministic kernels, the deterministic photo
@@ -23,7 +23,7 @@ source scripts/device_lib.sh
 prologue
 PYT='python3 -m pytest -q -rA -p no:cacheprovider --durations=8'
 case "$1" in
-S)  # Drafted for the 779 s left after seven failed starts (never started): seven lanes from the branch's tree.
+S)  # Drafted for the 779 s left after ten tries (never started): seven lanes from the branch's tree.
     DET=NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
     # Lane 7 only where the card has the H200's memory (an 80 GiB H100 holds the 2B variants but not beside six lanes).
     [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ] && ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c7
