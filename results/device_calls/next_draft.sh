@@ -7,12 +7,11 @@
 #      commit by fast-forward), the packed MoE suite with and without deterministic kernels, the deterministic photo
 #      train, and on an H200 #46's 2B gradients beside them (speeds not claimed); lanes balanced on run 87's times
 #      (about 9.5 min: alone in its call)
-#   M  (when less than about 5 min of device time is left) only the packed MoE suites and the MoE loop: the branch's
-#      open question, whose answer every later call depends on
+#   C  (when less than about 5 min of device time is left) only the packed MoE suites and the MoE loop, from the
+#      branch's archive: the branch's open question, whose answer every later call depends on
 #   A  the 2B benchmark alone (#46's speeds, ours_padded_megatron and ours_packed; about 9 min)
 #   D  the 30B-A3B layer shape under an 80 GiB cap (#47; about 5 min, alone)
 #   B  teardown, module_path (#50) where time is left
-# C is S's packed MoE part from the branch's archive, for a session that runs main's all_suites_draft.sh instead.
 # Copy this to .snap/ and keep results/ out of the call (the staged stack and the tree are over the call's 64 MiB with
 # it): `git rm -r --cached -q results; echo /results/ >> .git/info/exclude`, undone after the call with
 # `git reset -q -- results` and that line removed. Then
@@ -24,7 +23,8 @@ source scripts/device_lib.sh
 prologue
 PYT='python3 -m pytest -q -rA -p no:cacheprovider --durations=8'
 case "$1" in
-S)  # Drafted for the 779 s left after ten tries (never started): seven lanes from the branch's tree.
+S)  # Drafted for the 779 s left after ten tries (never started): seven lanes from the branch's tree, its
+    # all_suites_draft.sh's lanes rebalanced for the three added ones (a change to a suite's lane belongs in both).
     DET=NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
     # Lane 7 only where the card has the H200's memory (an 80 GiB H100 holds the 2B variants but not beside six lanes).
     [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ] && ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c7
@@ -53,16 +53,6 @@ S)  # Drafted for the 779 s left after ten tries (never started): seven lanes fr
     grep -h "^FAILED\|^ERROR\|^E  " "$LOGS"/l*.log | cut -c1-300 | head -30
     grep -h "capture failed\|eager fallbacks" "$LOGS/l6_train_photos_det.log" | cut -c1-250 | tail -4
     sed -n '/^| variant/,/^$/p' "$LOGS/ut/useful_tokens.md" | cut -c1-330 ;;
-M)  # Drafted for the 314 s left at the end (never started): the packed MoE suites and the MoE loop, three lanes, from
-    # the branch's tree.
-    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c1
-      R l1_moe_packed_det 200 "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed_det.json $PYT tests/gpu/test_packed_moe.py" ) &
-    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c2
-      R l2_moe_packed 200 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed.json $PYT tests/gpu/test_packed_moe.py" ) &
-    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c3
-      R l3_bridge_loop_moe 230 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop_moe.json $PYT tests/gpu/test_bridge_loop.py -k moe" ) &
-    wait
-    grep -H " passed\| failed\| error" "$LOGS"/l*.log | grep -v "PASSED\|FAILED" | cut -c1-200 ;;
 A)  # #46 to its end: the padded ladder beside megatron-core's helper (the measured reason for one engine or two), the
     # step-loss floor (eager_padded_repeat, which run 89 did not reach), ours_packed's gradients, 17 steps, alone
     # (S's lane 7 has the padded part's gradients and floors; this call adds the speeds and the other two).
@@ -83,16 +73,18 @@ B)  # The corrected 4096-patch claim (run 89 lost it to a port in use), teardown
     grep -h "capture failed\|eager fallbacks" "$LOGS/d_train_det.log" | cut -c1-250 | tail -4
     cat "$LOGS/module_path/module_path.json" | head -12 ;;
 C)  # #47: the packed MoE branch in its second form (each MoE layer's attention graphed, the rest of the layer eager on
-    # the micro-batch's own rows), from its archive under /tmp/moe: its suite under deterministic kernels (is it
-    # Bridge's step bit for bit now?) and then without, beside the MoE recipe through Bridge's loop (it packs now).
-    # Lane limits: run 87 took 110 s for the suite and 247 s for the loop under six lanes.
+    # the micro-batch's own rows), from its archive under /tmp/moe, whatever tree the call carries: its suite under
+    # deterministic kernels (is it Bridge's step bit for bit now?) and without, beside the MoE recipe through Bridge's
+    # loop (it packs now), three lanes side by side (about 4 min). Run 87 took 110 s for the suite and 247 s for the
+    # loop under six lanes.
     mkdir -p /tmp/moe && tar -xzf .snap/moe-packed.tgz -C /tmp/moe && cp -r .whl /tmp/moe/ 2>/dev/null
     cd /tmp/moe && export PYTHONPATH=/tmp/moe
-    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c4
-      R c_moe_packed_det 220 "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed_det.json $PYT tests/gpu/test_packed_moe.py"
-      R c_moe_packed 180 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed.json $PYT tests/gpu/test_packed_moe.py" ) &
-    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c5
-      R c_moe_loop 420 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_loop.json $PYT tests/gpu/test_bridge_loop.py -k moe" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c1
+      R c_moe_packed_det 200 "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed_det.json $PYT tests/gpu/test_packed_moe.py" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c2
+      R c_moe_packed 200 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_packed.json $PYT tests/gpu/test_packed_moe.py" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c3
+      R c_moe_loop 230 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_moe_loop.json $PYT tests/gpu/test_bridge_loop.py -k moe" ) &
     wait
     grep -H " passed\| failed\| error" "$LOGS"/*.log | grep -v "PASSED\|FAILED" | cut -c1-200 ;;
 D)  # #47: the issue's 30B-A3B layer shape under an 80 GiB cap, alone (memory and speed are claimed), from the branch's
