@@ -332,7 +332,6 @@ class CudaGraphCallback(Callback):
         hooks_factory: Callable[[Sequence[Any]], PreHooks] | None = None,
     ) -> None:
         bridge_loop.install_bridge_helper()
-        bridge_loop.register_callback(self)
         self.plan = plan
         self._helper_factory = helper_factory or _helpers_of
         self._hooks_factory = hooks_factory or ForwardPreHooks

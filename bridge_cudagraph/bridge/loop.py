@@ -49,10 +49,9 @@ from bridge_cudagraph.host import compat
 
 logger = logging.getLogger("bridge_cudagraph")
 
-# model config id -> (config, owner): who frees the graphs of a run when Bridge asks its helper to.
-_OWNERS: dict[int, tuple[Any, Any]] = {}
-# Every CudaGraphCallback alive: a run with graph providers and none of these would silently capture nothing.
-_CALLBACKS: weakref.WeakSet = weakref.WeakSet()
+#: The provider's attribute that holds (weakly) who frees its graphs when Bridge asks its helper to. The claim lives
+#: on the provider, the object Bridge hands the helper, as the chunks it built do (``_built_chunks``): no registry.
+_OWNER_ATTRIBUTE = "_bridge_cudagraph_owner"
 
 
 class CallbackOwnedGraphs:
@@ -64,15 +63,22 @@ class CallbackOwnedGraphs:
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        if not _CALLBACKS:
-            logger.warning(
-                "bridge_cudagraph: model.cuda_graph.language.enabled=true but no CudaGraphCallback exists, so no "
-                "graphs will be captured; pass callbacks=[CudaGraphCallback()] to pretrain()/finetune() "
-                "(bridge_cudagraph.bridge.train.run does)"
-            )
+        self._owner_checked = False
 
     def graphs_created(self) -> bool:
-        """Always true: "nothing for Bridge to capture", and the truth Bridge's warmup-0 assert needs."""
+        """Always true: "nothing for Bridge to capture", and the truth Bridge's warmup-0 assert needs.
+
+        Bridge builds this before its callbacks' ``on_train_start`` and first asks this at the first step, after
+        them: a provider that no callback claimed by then would silently capture nothing, which is said once.
+        """
+        if not self._owner_checked:
+            self._owner_checked = True
+            if owner_of(self.config) is None:
+                logger.warning(
+                    "bridge_cudagraph: model.cuda_graph.language.enabled=true but no CudaGraphCallback claimed the "
+                    "model at on_train_start, so no graphs will be captured; pass callbacks=[CudaGraphCallback()] "
+                    "to pretrain()/finetune() (bridge_cudagraph.bridge.train.run does)"
+                )
         return True
 
     def create_cudagraphs(self) -> None:
@@ -127,24 +133,18 @@ def dispatching_class(real: type) -> type:
     return TECudaGraphHelper
 
 
-def register_callback(callback: Any) -> None:
-    """Note that a graph owner exists in this process (called by ``CudaGraphCallback.__init__``)."""
-    _CALLBACKS.add(callback)
-
-
 def claim(config: Any, owner: Any) -> None:
     """Make ``owner`` (with a ``release_graphs()`` method) the one Bridge's teardown reaches for ``config``."""
-    _OWNERS[id(config)] = (config, owner)
+    object.__setattr__(config, _OWNER_ATTRIBUTE, weakref.ref(owner))
 
 
 def unclaim(config: Any, owner: Any) -> None:
     """Undo :func:`claim` (only ``owner``'s own claim)."""
-    entry = _OWNERS.get(id(config))
-    if entry is not None and entry[0] is config and entry[1] is owner:
-        del _OWNERS[id(config)]
+    if owner_of(config) is owner:
+        object.__delattr__(config, _OWNER_ATTRIBUTE)
 
 
 def owner_of(config: Any) -> Any | None:
-    """The owner claimed for ``config``, or ``None``."""
-    entry = _OWNERS.get(id(config))
-    return entry[1] if entry is not None and entry[0] is config else None
+    """The owner claimed for ``config`` and still alive, or ``None``."""
+    ref = getattr(config, _OWNER_ATTRIBUTE, None)
+    return ref() if ref is not None else None

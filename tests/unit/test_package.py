@@ -390,3 +390,72 @@ def test_the_package_cites_host_code_by_symbol_not_line():
         for match in cited.finditer(line)
     ]
     assert not found, found
+
+
+#: Module-level containers the package may change after import, and why each is not a run's state.
+PROCESS_WIDE = {
+    # One extended class per (host class, mixin) pair: the same class object for every instance, never a run's data.
+    ("bridge_cudagraph/host/instance_class.py", "_EXTENDED_CLASSES"),
+    # The micro-batch context itself: a ContextVar, whose value the forward step opens and closes.
+    ("bridge_cudagraph/micro_batch.py", "_CURRENT"),
+}
+
+
+def _changed_module_containers(tree) -> set[str]:
+    """Names bound at module level to a container (a literal, a collection or weak collection, a ContextVar) that
+    the module changes later (a method that mutates, an item assigned or deleted), or that a ``global`` rebinds."""
+    import ast
+
+    mutators = {"append", "add", "update", "pop", "setdefault", "clear", "extend", "remove", "discard", "set"}
+    kinds = ("dict", "list", "set", "WeakSet", "WeakKeyDictionary", "WeakValueDictionary", "defaultdict", "ContextVar")
+    containers = set()
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        is_container = isinstance(value, (ast.Dict, ast.List, ast.Set)) or (
+            isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in kinds
+        )
+        if is_container:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            containers |= {t.id for t in targets if isinstance(t, ast.Name)}
+    changed, rebound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            rebound |= set(node.names)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in mutators:
+            if isinstance(node.func.value, ast.Name):
+                changed.add(node.func.value.id)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for target in getattr(node, "targets", None) or [node.target]:
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                    changed.add(target.value.id)
+    return (changed & containers) | rebound
+
+
+def test_the_package_keeps_no_run_state_in_module_globals():
+    """A run's state (its graphs' owner, a micro-batch's grids or rows) travels in objects: the provider, the
+    callback, the micro-batch context. A module-level registry would outlive its run and mix runs of one process;
+    only the listed process-wide caches are changed after import."""
+    import ast
+    from pathlib import Path
+
+    package = Path(bridge_cudagraph.__file__).parent
+    found = {
+        (str(p.relative_to(package.parent)), name)
+        for p in package.rglob("*.py")
+        for name in _changed_module_containers(ast.parse(p.read_text()))
+    }
+    assert found == PROCESS_WIDE, sorted(found ^ PROCESS_WIDE)
+
+
+def test_the_module_globals_check_sees_a_registry():
+    """The check above can fail: a registry filled by a function, an item assigned, a ``global`` rebinding."""
+    import ast
+
+    tree = ast.parse(
+        "import weakref\n"
+        "_OWNERS = {}\n_CALLBACKS = weakref.WeakSet()\n_LAST = None\n_NAMES = ('a',)\n"
+        "def claim(c, o):\n    _OWNERS[id(c)] = o\n"
+        "def register(cb):\n    _CALLBACKS.add(cb)\n"
+        "def remember(x):\n    global _LAST\n    _LAST = x\n"
+    )
+    assert _changed_module_containers(tree) == {"_OWNERS", "_CALLBACKS", "_LAST"}

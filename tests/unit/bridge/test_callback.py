@@ -8,9 +8,10 @@ Bridge's own side of the contract is real: the ``TECudaGraphHelper`` name Bridge
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import inspect
 import logging
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -350,15 +351,52 @@ def test_other_configs_get_the_real_helper_with_the_same_arguments():
     assert isinstance(owned, bridge_loop.CallbackOwnedGraphs) and len(made) == 2
 
 
-def test_owned_helper_warns_without_a_callback(monkeypatch, caplog):
-    monkeypatch.setattr(bridge_loop, "_CALLBACKS", weakref.WeakSet())
+class _Owner:
+    """A graph owner as :mod:`bridge_cudagraph.bridge.loop` sees one: ``release_graphs()``, held weakly."""
+
+    released = 0
+
+    def release_graphs(self) -> None:
+        self.released += 1
+
+
+def test_owned_helper_warns_once_when_no_callback_claimed_the_provider(caplog):
+    provider = _provider()
     with caplog.at_level(logging.WARNING, logger="bridge_cudagraph"):
-        owned = bridge_loop.CallbackOwnedGraphs(_provider())
-    assert "no CudaGraphCallback" in caplog.text
-    assert owned.graphs_created()
+        owned = bridge_loop.CallbackOwnedGraphs(provider)  # Bridge builds it before on_train_start: no word yet
+        assert "no CudaGraphCallback" not in caplog.text
+        assert owned.graphs_created() and owned.graphs_created()  # first asked at the first step
+    assert caplog.text.count("no CudaGraphCallback claimed") == 1
     owned.create_cudagraphs()
     owned.cuda_graph_set_manual_hooks()
     owned.delete_cuda_graphs()  # no owner: nothing to do
+    caplog.clear()
+    claimed = _provider()
+    owner = _Owner()
+    bridge_loop.claim(claimed, owner)
+    with caplog.at_level(logging.WARNING, logger="bridge_cudagraph"):
+        owned = bridge_loop.CallbackOwnedGraphs(claimed)
+        assert owned.graphs_created()
+    assert "no CudaGraphCallback" not in caplog.text
+    owned.delete_cuda_graphs()
+    assert owner.released == 1
+
+
+def test_a_claim_lives_on_its_provider_weakly_and_only_its_owner_undoes_it():
+    provider, other = _provider(), _provider()
+    owner, stranger = _Owner(), _Owner()
+    bridge_loop.claim(provider, owner)
+    assert bridge_loop.owner_of(provider) is owner and bridge_loop.owner_of(other) is None
+    assert all(f.name != bridge_loop._OWNER_ATTRIBUTE for f in dataclasses.fields(provider))  # not in its config
+    bridge_loop.unclaim(provider, stranger)
+    assert bridge_loop.owner_of(provider) is owner
+    bridge_loop.unclaim(provider, owner)
+    assert bridge_loop.owner_of(provider) is None
+    bridge_loop.unclaim(provider, owner)  # a second undo changes nothing
+    bridge_loop.claim(provider, owner)
+    del owner
+    gc.collect()
+    assert bridge_loop.owner_of(provider) is None  # the run holds its owner; the provider does not keep it alive
 
 
 # ---------------------------------------------------------------------------------------------- the loop
