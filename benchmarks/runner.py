@@ -279,8 +279,6 @@ class PhaseMarkers:
     ``optimizer_step``, ``step_end``; nested: ``vision_forward``, ``language_forward``, ``vision_backward`` (autograd
     thread). Ranges are entered and exited by hand, since hooks need not nest."""
 
-    SEQUENTIAL = ("step_setup", "forward", "backward", "optimizer_step", "step_end")
-
     def __init__(self, model: Sequence[torch.nn.Module], optimizer: Any = None, *, prefix: str = PHASE_PREFIX) -> None:
         self.prefix = prefix
         self._open: dict[str, Any] = {}

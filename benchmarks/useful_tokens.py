@@ -95,8 +95,6 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: An
         num_attention_heads=16,
         num_query_groups=8,
         kv_channels=128,
-        seq_length=seq_length,
-        language_max_sequence_length=seq_length,
         mrope_section=[24, 20, 20],
         layernorm_epsilon=1e-6,
         vision_config=vision,
@@ -107,7 +105,7 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: An
         **QWEN3_VL_TOKENS,
     )
     fields.update(overrides)
-    return tiny.tiny_qwen3_vl_provider(cuda_graph, **fields)
+    return _tiny_provider(cuda_graph, seq_length=seq_length, **fields)
 
 
 def qwen3_vl_30b_a3b_shape_provider(
