@@ -182,7 +182,11 @@ def packed_misfit(
     The causes, each counted and logged once by the helper: ``size`` (no budget holds it), ``above`` (its budget is
     above the captured top; it asks for its rung), ``form`` (its ``cu_seqlens_q_padded`` form is not the captured
     one), ``seqlen`` (a segment longer than ``max_seqlen``, or a batch dimension other than 1), ``rotary`` (its
-    rotary table does not fit the static one).
+    rotary table does not fit the static one), ``split`` (under sequence parallelism, ``tp`` > 1, a micro-batch
+    narrower than its budget: each rank would pad its own slice of the rows at its end, so the sequence the
+    attention gathers interleaves padding between the ranks' tokens, where the static ``cu_seqlens`` and rotary rows
+    hold the real tokens first and the tail after them; the plan refuses such runs, this keeps a bypassed plan
+    exact).
     """
     if budget is None:
         return (
@@ -209,6 +213,12 @@ def packed_misfit(
         return (
             "rotary",
             f"its rotary table {rotary_shape} does not fit the static ({budget}, 1, 1, d) one",
+        )
+    if tp > 1 and tokens != budget:
+        return (
+            "split",
+            f"{tokens} tokens under sequence parallelism over tp {tp} are narrower than budget {budget}: each rank "
+            "would pad its own slice, which the static cu_seqlens do not describe",
         )
     return None
 

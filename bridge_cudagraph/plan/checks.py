@@ -556,8 +556,9 @@ def check_linear_attention(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
 def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts, mbs: int) -> None:
     """What packed language graphs cannot replay, refused with the setting and the fix: a packing path they do not
     know, context parallelism, offline rows more than one per micro-batch, partial layers of a dense model, MoE
-    layers other than in their packed scope (:func:`check_packed_layers`), and token budgets the data path cannot
-    produce or the tensor-parallel split cannot cut."""
+    layers other than in their packed scope (:func:`check_packed_layers`), token budgets the data path cannot
+    produce or the tensor-parallel split cannot cut, and micro-batches narrower than their budget under sequence
+    parallelism."""
     where = "model.cuda_graph.language"
     if packing.mode not in ("qwen3_vl_step", "offline"):
         raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
@@ -578,6 +579,35 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
             fix=(f"{where}.modules=null",),
         )
     check_packed_budgets(cfg, facts, packing)
+    check_packed_sequence_parallel(cfg, facts, packing)
+
+
+def check_packed_sequence_parallel(cfg: CudaGraphConfig, facts: ModelFacts, packing: PackingFacts) -> None:
+    """Sequence parallelism cuts a packed micro-batch into tp contiguous slices, and a replay pads each rank's slice to
+    the budget at its own end: the sequence the attention gathers then interleaves padding between the ranks' tokens,
+    while the graphs' static ``cu_seqlens`` and rotary rows hold the real tokens first and the tail after them. So
+    under tp > 1 a packed micro-batch replays exactly only at its budget's width: offline-packed rows, and the
+    Qwen3-VL step's fixed width (pp > 1 or ep > 1) on the derived budget. Anything narrower would run eagerly
+    (:func:`bridge_cudagraph.capture.packed.packed_misfit`, ``split``), so the plan refuses it."""
+    if not (facts.sequence_parallel and facts.tp > 1) or packing.mode == "offline":
+        return
+    where = "model.cuda_graph.language"
+    if packing.fixed_width and cfg.language.token_budgets is not None:
+        raise CudaGraphConfigError(
+            f"{where}.token_budgets={list(cfg.language.token_budgets)} with model.sequence_parallel=true at tp "
+            f"{facts.tp}: every micro-batch is one fixed width here, and one narrower than its budget cannot replay "
+            f"under sequence parallelism (each rank would pad its own slice); set {where}.token_budgets=null (one "
+            "budget at that width)",
+            fix=(f"{where}.token_budgets=null",),
+        )
+    if not packing.fixed_width:
+        raise CudaGraphConfigError(
+            f"model.sequence_parallel=true at tp {facts.tp} with {where}.enabled=true on the Qwen3-VL step's packed "
+            "micro-batches: their widths vary, and a replay would pad each rank's slice of the rows at its own end, "
+            "interleaving padding between the ranks' tokens where the graphs' static cu_seqlens expect it after "
+            f"them; set model.sequence_parallel=false, or {where}.enabled=false (the vision graphs stay)",
+            fix=("model.sequence_parallel=false",),
+        )
 
 
 #: What a packed language graph of an MoE layer holds (:mod:`bridge_cudagraph.capture.packed_moe`): the attention;

@@ -632,6 +632,11 @@ CLI_CASES = [
         [PHOTOS, "model.context_parallel_size=2", "--world-size", "2"],
         ["packed micro-batches and model.context_parallel_size=2", "set context_parallel_size=1"],
     ),
+    (
+        "sequence-parallel-on-packed-graphs",
+        [PHOTOS, "model.tensor_model_parallel_size=2", "model.sequence_parallel=true", "--world-size", "2"],
+        ["model.sequence_parallel=true at tp 2", "Qwen3-VL step's packed", "set model.sequence_parallel=false"],
+    ),
     # Issue #35: the command line itself (also fast and without the stack: tests/unit/test_cli.py).
     (
         "override-key-not-ascii",
@@ -1005,6 +1010,11 @@ def _follow_the_advice(argv: list[str], *, limit: int = 6) -> list[str]:
     from bridge_cudagraph.recipe.load import load_recipe
 
     recipe, overrides = argv[0], list(argv[1:])
+    world = None
+    if "--world-size" in overrides:  # the CLI's flag, as `plan --world-size N` takes it
+        at = overrides.index("--world-size")
+        world = int(overrides[at + 1])
+        del overrides[at : at + 2]
     met, seen = [], set()
     for _ in range(limit):
         state = tuple(overrides)
@@ -1012,7 +1022,7 @@ def _follow_the_advice(argv: list[str], *, limit: int = 6) -> list[str]:
         seen.add(state)
         try:
             loaded = load_recipe(recipe, overrides)
-            plan_config(loaded.config, world_size=loaded.world(None), base_checkpoint_needed=False)
+            plan_config(loaded.config, world_size=loaded.world(world), base_checkpoint_needed=False)
             return met
         except CudaGraphConfigError as error:
             message = str(error)
@@ -1055,6 +1065,7 @@ ADVICE_CASES += [
         "cp-without-per-token-loss",
         "cp-with-average-in-collective",
         "cp-seq-length-not-a-multiple-of-2cp",
+        "sequence-parallel-on-packed-graphs",
         "pure-m4-mtp",
         "pure-m4-timeout-after-init",
         "pure-m4-weight-shards",

@@ -93,7 +93,10 @@ def _misfit(**changes):
     given = dict(tokens=900, sequences=2, form_matches=True, max_seqlen=700, width=1, rotary_shape=(900, 1, 1, 64))
     given.update(changes)
     budget = layout.budget_for(given["tokens"], given["sequences"])
-    return packed_misfit(layout, budget, captured_top=2048, holds=budget is not None and budget <= 2048, tp=2, **given)
+    tp = given.pop("tp", 1)
+    return packed_misfit(
+        layout, budget, captured_top=2048, holds=budget is not None and budget <= 2048, tp=tp, **given
+    )
 
 
 def test_a_micro_batch_that_fits_a_captured_graph_replays():
@@ -113,8 +116,20 @@ def test_a_micro_batch_that_fits_a_captured_graph_replays():
         ({"rotary_shape": None}, "rotary", "its rotary table None does not fit"),
         ({"rotary_shape": (1025, 1, 1, 64)}, "rotary", "(1025, 1, 1, 64) does not fit the static (1024, 1, 1, d)"),
         ({"rotary_shape": (900, 2, 1, 64)}, "rotary", "does not fit"),
+        ({"tp": 2}, "split", "900 tokens under sequence parallelism over tp 2 are narrower than budget 1024"),
     ],
-    ids=["tokens", "sequences", "above", "form", "seqlen", "width", "no-rotary", "rotary-rows", "rotary-batch"],
+    ids=[
+        "tokens",
+        "sequences",
+        "above",
+        "form",
+        "seqlen",
+        "width",
+        "no-rotary",
+        "rotary-rows",
+        "rotary-batch",
+        "split",
+    ],
 )
 def test_each_cause_of_an_eager_micro_batch_is_named(changes, cause, says):
     """Every way a packed micro-batch misses the graphs has its own cause (counted and logged once each by the
@@ -125,6 +140,20 @@ def test_each_cause_of_an_eager_micro_batch_is_named(changes, cause, says):
 
 def test_a_budget_the_tensor_parallel_split_cannot_cut_misses():
     layout = PackedLayout(budgets=(1000,), max_sequences=2, max_seqlen=1000)
-    fit = dict(tokens=900, sequences=1, form_matches=True, max_seqlen=900, width=1, rotary_shape=(900, 1, 1, 8))
+    fit = dict(tokens=1000, sequences=1, form_matches=True, max_seqlen=900, width=1, rotary_shape=(1000, 1, 1, 8))
     assert packed_misfit(layout, 1000, captured_top=1000, holds=True, tp=16, **fit)[0] == "rotary"
     assert packed_misfit(layout, 1000, captured_top=1000, holds=True, tp=4, **fit) is None
+
+
+def test_under_sequence_parallelism_only_a_micro_batch_of_its_budgets_width_replays():
+    """Each rank pads its own slice of the rows at its end, so the gathered sequence would interleave padding between
+    the ranks' tokens; the static cu_seqlens put the tail after all of them. Without sequence parallelism (tp 1 here)
+    the same micro-batch replays."""
+    layout = PackedLayout(budgets=(512, 1024), max_sequences=2, max_seqlen=1024)
+    fit = dict(sequences=2, form_matches=True, max_seqlen=512, width=1)
+    for tokens, tp, replays in ((1024, 2, True), (512, 4, True), (1000, 2, False), (1000, 1, True)):
+        got = packed_misfit(
+            layout, layout.budget_for(tokens, 2), captured_top=1024, holds=True, tp=tp,
+            tokens=tokens, rotary_shape=(tokens, 1, 1, 8), **fit,
+        )  # fmt: skip
+        assert (got is None) == replays and (replays or got[0] == "split"), (tokens, tp, got)

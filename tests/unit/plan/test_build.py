@@ -676,7 +676,7 @@ def _packed_plan(**language):
     positions = language.pop("forward_positions", None)
     cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True, **language))
     cfg.forward.positions = positions
-    world = facts.tp * facts.cp
+    world = facts.tp * facts.cp * facts.pp
     return build_plan(
         facts, cfg, world_size=world, micro_batch_size=2, global_batch_size=2, packing=PackingFacts("qwen3_vl_step")
     )
@@ -775,6 +775,37 @@ def test_packed_moe_on_offline_rows_is_refused():
     with pytest.raises(CudaGraphConfigError, match="follow Bridge's Qwen3-VL step") as info:
         _offline_plan(num_moe_experts=4, moe_layer_pattern=(1,) * 4)
     assert info.value.fix == ("model.cuda_graph.language.enabled=false",)
+
+
+def test_packed_rows_of_varying_width_are_refused_under_sequence_parallelism():
+    """A replay pads each rank's slice of the rows at its own end (``packed_misfit``'s ``split``): only a micro-batch
+    as wide as its budget replays, so the Qwen3-VL step's varying widths are refused at tp > 1 with sequence
+    parallelism, and its fixed width (pp > 1 or ep > 1) plans on its one derived budget; tp > 1 without sequence
+    parallelism and offline rows (always seq_length wide) plan as before."""
+    from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
+    from bridge_cudagraph.plan.build import build_plan
+    from bridge_cudagraph.plan.facts import PackingFacts
+
+    sp = {"tp": 2, "sequence_parallel": True}
+    with pytest.raises(
+        CudaGraphConfigError, match=r"sequence_parallel=true at tp 2 .* Qwen3-VL step's packed"
+    ) as info:
+        _packed_plan(facts=sp)
+    assert info.value.fix == ("model.sequence_parallel=false",)
+    assert _packed_plan(facts={"tp": 2}).language.packed is not None
+    facts = _packed_plan(facts={"tp": 2}).facts
+    facts = dataclasses.replace(facts, sequence_parallel=True)
+    fixed = PackingFacts("qwen3_vl_step", fixed_width=True)
+    one = build_plan(facts, CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), world_size=2,
+                     micro_batch_size=2, global_batch_size=2, packing=fixed)  # fmt: skip
+    assert len(one.language.packed.token_budgets) == 1
+    with pytest.raises(
+        CudaGraphConfigError, match=r"token_budgets=\[1024, 4096\] with model.sequence_parallel"
+    ) as info:
+        build_plan(facts, CudaGraphConfig(language=LanguageGraphConfig(enabled=True, token_budgets=[1024, 4096])),
+                   world_size=2, micro_batch_size=2, global_batch_size=2, packing=fixed)  # fmt: skip
+    assert info.value.fix == ("model.cuda_graph.language.token_budgets=null",)
+    assert _offline_plan(tp=2, sequence_parallel=True, num_attention_heads=8).language.packed is not None
 
 
 def _offline_plan(micro_batch_size: int = 1, *, separate_padded: bool = False, **fields):
@@ -992,9 +1023,9 @@ def test_tight_packing_is_derived_on_the_qwen3_vl_rows_at_pp_1_and_off_elsewhere
     assert on.language.packed.tight and on.language.packed.tight_source.startswith("on:")
     assert packed_helper_arguments(on)["tight"] is True
     assert "tight packing on:" in on.describe()
-    sp = _packed_plan(facts={"tp": 2, "sequence_parallel": True})
-    assert not sp.language.packed.tight and "sequence parallelism" in sp.language.packed.tight_source
-    assert packed_helper_arguments(sp)["tight"] is False
+    pp = _packed_plan(facts={"pp": 2})
+    assert not pp.language.packed.tight and "pipeline or sequence parallelism" in pp.language.packed.tight_source
+    assert packed_helper_arguments(pp)["tight"] is False
     facts = on.facts
     cfg = CudaGraphConfig(language=LanguageGraphConfig(enabled=True), forward=ForwardConfig(positions=False))
     no_waits = build_plan(facts, cfg, world_size=1, micro_batch_size=2, global_batch_size=2,
@@ -1024,7 +1055,7 @@ def test_tight_packing_is_its_own_setting():
     with pytest.raises(
         CudaGraphConfigError, match=r"tight_packing=true cannot work here: pipeline or sequence"
     ) as info:
-        _packed_plan(tight_packing=True, facts={"tp": 2, "sequence_parallel": True})
+        _packed_plan(tight_packing=True, facts={"pp": 2})
     assert info.value.fix == ("model.cuda_graph.language.tight_packing=null",)
     with pytest.raises(CudaGraphConfigError, match=r"tight_packing=true cannot work here: .*forward\.positions"):
         _packed_plan(tight_packing=True, facts={}, forward_positions=False)
