@@ -297,6 +297,13 @@ class PackedLanguageGraphHelper(LanguageLadder):
         #: The MoE layers' graphs and eager MLP halves (:mod:`bridge_cudagraph.capture.packed_moe`); None when dense.
         try:
             self.moe = PackedMoE.of(self.decoders, self.segments, self.stats)
+            if self.moe is not None and self.tight:
+                # Tightly packed rows are not Bridge's rows: the MoE layers' eager MLP halves would route other rows
+                # than Bridge's router sees. The plan never asks for it (tight packing is off on MoE models).
+                raise CaptureError(
+                    "tight packing on a model with MoE layers: set model.cuda_graph.language."
+                    "tight_packing=false (the MoE layers' eager halves must run on Bridge's rows)"
+                )
         except CaptureError:
             self.uninstall()  # the decoders get their own class back
             raise

@@ -11,8 +11,8 @@ rows routed to each expert, so a tail that reaches the router or the experts cha
 loss and the router's weight gradient then part from Bridge's MoE model where two eager runs agree bit for bit). On
 the first ``T`` rows the MoE half sees exactly the rows of Bridge's packed eager step, in the same order, so its
 routing, its auxiliary and z losses, its token counts and its expert GEMMs are Bridge's. Under sequence parallelism
-each rank's local rows are its slice of the micro-batch followed by its share of the tail, so ``T/tp`` local rows are
-again the eager step's.
+at tp > 1 only a micro-batch of its rung's width replays (``packed_misfit``'s ``split``): no tail, and each rank's
+``T/tp`` local rows are the eager step's slice.
 
 * **The graph** (:class:`PackedMoEAttention`): the layer's attention on the rung's static ``cu_seqlens`` (the
   ``PackedSeqParams`` rebuilt inside, as for a dense packed layer); its output is the hidden states after the
