@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Draft of the next session's device calls (not yet run), what runs 87-89 left (results/gpu-suites/run87,
 # results/padded-gradients/run89). The session of 2026-12-05 (fifth) got no machine: 19 calls started none and spent its
-# 1,800 s down to 209 s (a try that starts nothing costs 90-180 s, a refusal inside the wait window 15 s). So the
-# first call decides the most:
+# 1,800 s down to 209 s (a try that starts nothing costs 90-180 s, a refusal inside the wait window 15 s); its
+# continuation, the sixth, was refused a start with the 210 s left. So the first call decides the most:
 #   S  every one-GPU suite from branch moe-packed checked out (main is its ancestor: a pass makes it main's final
 #      commit by fast-forward), the packed MoE suite with and without deterministic kernels, the deterministic photo
 #      train, and on an H200 #46's 2B gradients beside them (speeds not claimed); lanes balanced on run 87's times
