@@ -409,6 +409,8 @@ def _packed_widths(facts: ModelFacts, packing: PackingFacts, mbs: int) -> tuple[
     micro-batch and the step between packed widths, as the data path pads them."""
     if packing.mode == "offline":  # packed to seq_length before training (check_offline_packing): one width
         return facts.seq_length, facts.seq_length, facts.seq_length
+    if packing.fixed_width:  # the Qwen3-VL step pads every row to exactly seq_length (pp > 1 or ep > 1)
+        return facts.seq_length, mbs * facts.seq_length, mbs * facts.seq_length
     # Bridge's qwen3_vl_step (_pad_and_pack_qwen3_vl_step, use_fp8_padding=True): rows are padded to a multiple of
     # lcm(tp, 16) at cp 1, so every packed width is micro batch x such a row.
     row = math.lcm(facts.tp, 16)

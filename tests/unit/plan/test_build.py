@@ -799,6 +799,11 @@ def test_packed_rows_of_varying_width_are_refused_under_sequence_parallelism():
     one = build_plan(facts, CudaGraphConfig(language=LanguageGraphConfig(enabled=True)), world_size=2,
                      micro_batch_size=2, global_batch_size=2, packing=fixed)  # fmt: skip
     assert len(one.language.packed.token_budgets) == 1
+    # Bridge's step pads each row to exactly seq_length there (force_to_pad_to_seq_len), not to a multiple of
+    # lcm(tp, 16): the one budget is that width, so every micro-batch fills it and replays.
+    odd = build_plan(dataclasses.replace(facts, seq_length=1000), CudaGraphConfig(language=LanguageGraphConfig(
+                     enabled=True)), world_size=2, micro_batch_size=2, global_batch_size=2, packing=fixed)  # fmt: skip
+    assert odd.language.packed.token_budgets == (2000,) and odd.language.packed.max_seqlen == 1000
     with pytest.raises(
         CudaGraphConfigError, match=r"token_budgets=\[1024, 4096\] with model.sequence_parallel"
     ) as info:
