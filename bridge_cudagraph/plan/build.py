@@ -122,8 +122,8 @@ def _graphable(layer: int, facts: ModelFacts, modules: tuple[str, ...] | None) -
 def _language_static_inputs(facts: ModelFacts, mbs: int, modules: tuple[str, ...] | None) -> tuple[StaticInput, ...]:
     """The inputs megatron-core's helper allocates per layer (``module.py`` / ``transformer_layer.py``
     ``get_layer_static_inputs``, ``cuda_graphs.py`` for the rotary table), with the mRoPE table capture adds."""
-    s, cp, tp = facts.seq_length, facts.cp, facts.tp
-    if facts.sequence_parallel and tp > 1:
+    s, cp, tp = facts.seq_length, facts.cp, facts.sequence_split
+    if tp > 1:
         rows, label = s // cp // tp, "S/cp/tp"
     else:
         rows, label = s // cp, "S/cp"
@@ -436,7 +436,7 @@ def _packed_static_inputs(
     facts: ModelFacts, budgets: tuple[int, ...], *, cu_length: int, separate_padded: bool
 ) -> tuple[tuple[int, tuple[StaticInput, ...]], ...]:
     """Per budget, the static inputs of a packed layer graph."""
-    tp = facts.tp if facts.sequence_parallel and facts.tp > 1 else 1
+    tp = facts.sequence_split
     cu = (cu_length,)
     # mRoPE has one rotary row per token; RoPE one per position inside a sequence (the fused THD kernel indexes it
     # by position), which the static table holds for every position up to the budget.

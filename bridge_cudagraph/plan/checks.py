@@ -589,7 +589,7 @@ def check_packed_sequence_parallel(cfg: CudaGraphConfig, facts: ModelFacts, pack
     under tp > 1 a packed micro-batch replays exactly only at its budget's width: offline-packed rows, and the
     Qwen3-VL step's fixed width (pp > 1 or ep > 1) on the derived budget. Anything narrower would run eagerly
     (:func:`bridge_cudagraph.capture.packed.packed_misfit`, ``split``), so the plan refuses it."""
-    if not (facts.sequence_parallel and facts.tp > 1) or packing.mode == "offline":
+    if facts.sequence_split == 1 or packing.mode == "offline":
         return
     where = "model.cuda_graph.language"
     if packing.fixed_width and cfg.language.token_budgets is not None:
@@ -672,7 +672,7 @@ def check_packed_budgets(cfg: CudaGraphConfig, facts: ModelFacts, packing: Packi
     """The block's packed token budgets: offline rows are all ``seq_length`` wide (one budget), and sequence
     parallelism cuts every packed width into tp equal slices."""
     where = "model.cuda_graph.language"
-    tp = facts.tp if facts.sequence_parallel and facts.tp > 1 else 1
+    tp = facts.sequence_split
     if packing.mode == "offline":
         if cfg.language.token_budgets is not None and tuple(cfg.language.token_budgets) != (facts.seq_length,):
             raise CudaGraphConfigError(
@@ -699,8 +699,8 @@ def check_sequence_split(facts: ModelFacts) -> None:
     """The static hidden states of a language graph need equal slices of ``seq_length`` over the context-parallel
     ranks, and over the tensor-parallel ranks too under sequence parallelism."""
     split = facts.seq_length // facts.cp
-    if facts.seq_length % facts.cp or (facts.sequence_parallel and facts.tp > 1 and split % facts.tp):
-        by = facts.cp * (facts.tp if facts.sequence_parallel and facts.tp > 1 else 1)
+    if facts.seq_length % facts.cp or split % facts.sequence_split:
+        by = facts.cp * facts.sequence_split
         raise CudaGraphConfigError(
             f"model.seq_length {facts.seq_length} is not divisible by cp {facts.cp}"
             + (f" x tp {facts.tp} (sequence parallel)" if by != facts.cp else "")

@@ -140,6 +140,12 @@ class ModelFacts:
     linear_attention_pattern: tuple[int, ...] = ()
 
     @property
+    def sequence_split(self) -> int:
+        """The tensor-parallel ranks each language layer's sequence is cut over: ``tp`` under sequence parallelism
+        (each rank holds ``1/tp`` of the rows), else 1."""
+        return self.tp if self.sequence_parallel else 1
+
+    @property
     def rotary_dim(self) -> int:
         """Width of the rotary table each attention layer reads (``kv_channels x rotary_percent``)."""
         return int(self.kv_channels * self.rotary_percent)

@@ -113,7 +113,7 @@ def language_activation_bytes(facts: ModelFacts, *, attention_only: bool = False
     ``attention_only``, in its attention half (the input norm's and the attention's saved tensors), what a packed
     MoE layer's graph saves (its MLP half runs eagerly, its activations eager's own)."""
     h, d, tp = facts.hidden_size, facts.kv_channels, facts.tp
-    sp = tp if facts.sequence_parallel else 1
+    sp = facts.sequence_split
     q, kv = facts.num_attention_heads * d, (facts.num_query_groups or facts.num_attention_heads) * d
     f = _ffn(facts)
     qk_norm = (q + kv) / tp if facts.qk_layernorm else 0
@@ -178,7 +178,7 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
             held = language_layer_params(f, attention_only=attention_only)
             unfused = 0 if fused else int(GRADIENTS_HELD * widest * held * dtype_bytes)
             budgets = ladder.token_budgets
-            sp = f.tp if f.sequence_parallel else 1
+            sp = f.sequence_split
             segments = len(spans) or captured
             per_copy = ladder_pool_bytes(
                 per_token, captured, tuple(b // sp for b in budgets), width, segments, dtype_bytes=dtype_bytes
@@ -187,7 +187,7 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
             language_graphs = (per_copy + unfused + workspace) * ladder.copies
             language_top = budgets[-1]
         else:
-            sp = f.tp if f.sequence_parallel else 1
+            sp = f.sequence_split
             language_top = tokens
             rows = tokens // sp
             # megatron-core's helper captures every micro-batch's graphs into one pool in the schedule's order, and a
