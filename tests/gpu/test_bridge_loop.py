@@ -23,9 +23,9 @@ About three minutes on an H200 (mostly process start-up and Bridge's set-up); at
 times out.
 
 Issue #35, the ``moe`` tests (``-k moe``, their own runs): the MoE tiny Qwen3-VL on the photo set through Bridge's
-data path (``recipes/tiny_qwen3_vl_moe_photos.yaml``: packed in Bridge's step since the packed MoE graphs, not yet run
-on a GPU that way; language graphs of each MoE layer's attention, its MLP half eager, vision graphs,
-``dist.use_decentralized_pg=true``), 30 iterations graphs on and twice graphs off,
+data path (``recipes/tiny_qwen3_vl_moe_photos.yaml``: packed in Bridge's step since the packed MoE graphs;
+language graphs of each MoE layer's attention, its MLP half eager, vision graphs, ``dist.use_decentralized_pg=true``),
+30 iterations graphs on and twice graphs off,
 and graphs on resumed at 20: every run trains, logs its MoE metrics, evaluates and saves under pure M4; graphs
 captured and replayed, none failed; every loss and grad norm finite, graphs on equal to graphs off (within twice the
 eager-vs-eager floor where the two eager runs differ), the resumed run likewise against the uninterrupted one. At

@@ -254,7 +254,7 @@ def test_packed_graphs_match_eager_and_bridge(world, record, max_seqlen, fused, 
 # Rows as the main job's photo micro-batches make them at sequence 2048 (every width a multiple of 128): packed widths
 # from 2 x 640 to 2 x 2048, replaying several rungs of the plan's own ladder. Written after run 16, where Bridge's
 # loop on the photo data parted from eager from its second graphed step under deterministic kernels while the
-# single-budget cases above stay exact; not yet run on a GPU.
+# single-budget cases above stay exact.
 LADDER_SEQ = 2048
 LADDER_CASES = {
     "T_1280": [(640, [(1, 16, 16)]), (500, [(1, 12, 12)])],
