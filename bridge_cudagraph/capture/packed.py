@@ -66,7 +66,7 @@ from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.language_ladder import LanguageLadder
 from bridge_cudagraph.capture.packed_moe import PackedMoE
 from bridge_cudagraph.capture.segments import segment_callables
-from bridge_cudagraph.capture.static_inputs import StaticBuffers, activation_dtype
+from bridge_cudagraph.capture.static_inputs import StaticBuffers, activation_dtype, rotary_dim, sequence_split
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
 from bridge_cudagraph.micro_batch import current_micro_batch
 from bridge_cudagraph.plan.budgets import PackedLayout
@@ -329,7 +329,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
             self.ladder.observe(tight.tokens)
             return
         config = block.config
-        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        tp = sequence_split(config)
         self.ladder.observe(hidden_states.size(0) * tp)
 
     def tight_rows(self, block, hidden_states, params: PackedSeqParams | None) -> TightRows | None:
@@ -365,12 +365,9 @@ class PackedLanguageGraphHelper(LanguageLadder):
     def _sample_inputs(self, decoder, budget: int, graphs: int, statics: StaticBuffers):
         config = decoder.config
         dtype = activation_dtype(config)
-        tp = decoder.config.tensor_model_parallel_size if config.sequence_parallel else 1
+        tp = sequence_split(config)
         rows = budget // tp
-        rotary_dim = int(
-            (config.kv_channels or config.hidden_size // config.num_attention_heads) * config.rotary_percent
-        )
-        rotary = statics.view("rotary", (budget, 1, 1, rotary_dim), torch.float32)
+        rotary = statics.view("rotary", (budget, 1, 1, rotary_dim(config)), torch.float32)
         hidden = [
             statics.view(f"hidden_states.{i}", (rows, 1, config.hidden_size), dtype, requires_grad=True)
             for i in range(graphs)
@@ -467,7 +464,7 @@ class PackedLanguageGraphHelper(LanguageLadder):
         if not block.pre_process:
             hidden_states = block.input_tensor  # as the host's forward does (set_input_tensor)
         config = block.config
-        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        tp = sequence_split(config)
         tokens = hidden_states.size(0) * tp
         rotary = kwargs.get("rotary_pos_emb")
         visual = kwargs.get("visual_pos_masks")

@@ -28,7 +28,7 @@ from bridge_cudagraph.capture.checks import check_static_inputs
 from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.language_ladder import LanguageLadder
 from bridge_cudagraph.capture.segments import segment_callables
-from bridge_cudagraph.capture.static_inputs import activation_dtype
+from bridge_cudagraph.capture.static_inputs import activation_dtype, rotary_dim, sequence_split
 
 logger = logging.getLogger("bridge_cudagraph")
 
@@ -126,8 +126,7 @@ class PaddedLanguageGraphHelper(LanguageLadder):
         if kind not in ("rope", "mrope"):
             return None
         config = decoder.config
-        dim = int((config.kv_channels or config.hidden_size // config.num_attention_heads) * config.rotary_percent)
-        return (self.width, self.rows if kind == "mrope" else 1, 1, dim)
+        return (self.width, self.rows if kind == "mrope" else 1, 1, rotary_dim(config))
 
     def _capture_rung(self, budget: int, copy: int, pool) -> PaddedGraphSet:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -138,7 +137,7 @@ class PaddedLanguageGraphHelper(LanguageLadder):
         segments = self.segments[0]
         callables = segment_callables(list(decoder.layers), segments, _PaddedLanguageLayer)
         statics = self._statics[copy]
-        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        tp = sequence_split(config)
         dtype = activation_dtype(config)
         rotary_shape = self._rotary_shape(decoder)
         rotary = None if rotary_shape is None else statics.view("rotary", rotary_shape, torch.float32)
@@ -197,7 +196,7 @@ class PaddedLanguageGraphHelper(LanguageLadder):
         """Why a padded micro-batch cannot replay, as ``(cause, detail)``, or None: the captured hidden-state shape,
         a rotary table of the captured shape, and no attention mask the layers would read."""
         config = block.config
-        tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+        tp = sequence_split(config)
         expected = (self.width // tp, self.rows, config.hidden_size)
         if tuple(hidden_states.shape) != expected:
             return (

@@ -1,5 +1,6 @@
-"""The static input buffers a capture writes before each replay: the dtype activations have inside the layers, and the
-buffers the rungs of one graph copy share."""
+"""The static input buffers a capture writes before each replay: the dtype activations have inside the layers, the
+shapes a built model's config gives them (rows per rank, rotary width), and the buffers the rungs of one graph copy
+share."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["StaticBuffers", "activation_dtype"]
+__all__ = ["StaticBuffers", "activation_dtype", "rotary_dim", "sequence_split"]
 
 
 def activation_dtype(config) -> torch.dtype:
@@ -21,6 +22,19 @@ def activation_dtype(config) -> torch.dtype:
     if getattr(config, "bf16", False):
         return torch.bfloat16
     return torch.float32
+
+
+def sequence_split(config) -> int:
+    """The ranks a built language layer's sequence is cut over: ``tp`` under sequence parallelism (each rank holds
+    ``1/tp`` of the rows), else 1; the plan's :attr:`~bridge_cudagraph.plan.facts.ModelFacts.sequence_split`, read
+    from the model's own config."""
+    return config.tensor_model_parallel_size if config.sequence_parallel else 1
+
+
+def rotary_dim(config) -> int:
+    """Width of the rotary table each attention layer reads (``kv_channels x rotary_percent``, ``kv_channels``
+    defaulting to the head width); the plan's :attr:`~bridge_cudagraph.plan.facts.ModelFacts.rotary_dim`."""
+    return int((config.kv_channels or config.hidden_size // config.num_attention_heads) * config.rotary_percent)
 
 
 class StaticBuffers:

@@ -21,3 +21,34 @@ def test_static_buffers_give_each_rung_a_view_of_one_buffer():
     assert larger.data_ptr() != top.data_ptr() and top.shape == (8, 1, 4)
     statics.clear()
     assert statics.nbytes() == 0
+
+
+def test_shapes_read_from_a_built_models_config_are_the_plans():
+    """The rows per rank and the rotary width a capture reads off the model's own config equal what the plan derived
+    from the provider (:class:`~bridge_cudagraph.plan.facts.ModelFacts`), with and without sequence parallelism and
+    with ``kv_channels`` left to default to the head width."""
+    from types import SimpleNamespace
+
+    from bridge_cudagraph.capture.static_inputs import rotary_dim, sequence_split
+    from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.plan.facts import model_facts
+
+    for fields in (
+        {},
+        {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+        {"tensor_model_parallel_size": 2, "sequence_parallel": False},
+        {"kv_channels": None, "rotary_percent": 0.5},
+    ):
+        provider = tiny.tiny_qwen3_vl_provider(None, **fields)
+        facts = model_facts(provider)
+        config = SimpleNamespace(
+            tensor_model_parallel_size=provider.tensor_model_parallel_size,
+            sequence_parallel=provider.sequence_parallel,
+            kv_channels=provider.kv_channels,
+            hidden_size=provider.hidden_size,
+            num_attention_heads=provider.num_attention_heads,
+            rotary_percent=provider.rotary_percent,
+        )
+        assert sequence_split(config) == facts.sequence_split, fields
+        assert rotary_dim(config) == facts.rotary_dim, fields
+    assert sequence_split(SimpleNamespace(tensor_model_parallel_size=4, sequence_parallel=True)) == 4
