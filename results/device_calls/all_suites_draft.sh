@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every one-GPU suite in one call, five lanes sharing the GPU as run 62's did, the deterministic suites under
-# NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, last the README's main job. Ran once as run 87 (run87.sh: this script plus a
-# lane for the packed MoE branch; results/gpu-suites/run87/); what the issues ask for is a run at the final commit.
-# Teardown is not among the lanes: it timed out at 400 s beside them in run 87 and runs with fewer lanes in
-# next_draft.sh B. Benchmarks follow in calls of their own (next_draft.sh A and C), alone on the GPU.
+# NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, last the README's main job. Ran as run 87 (results/gpu-suites/run87/) and,
+# rebalanced into seven lanes with the 2B benchmark as the seventh, as run 90 (run90.sh S): that lane's 67 GiB starved
+# three suites of memory, so benchmarks stay out of this call (next_draft.sh A and D, alone on the GPU). Teardown is
+# not among the lanes: it timed out at 400 s beside them in run 87 and runs with fewer lanes in next_draft.sh B.
 #   cp results/device_calls/all_suites_draft.sh .snap/   (results/ stays home: the call's 64 MiB), then
 #   bash .devwheels/install.sh >/dev/null 2>&1; bash .snap/all_suites_draft.sh
 set +e
