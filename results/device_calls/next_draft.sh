@@ -5,8 +5,8 @@
 #   A  (H200 only: pass needs_h200; the 2B padded set runs out of memory on an 80 GB H100 even alone, run 92) #46's 2B
 #      benchmark alone: padded and packed gradients and floors, the step-loss floor, the padded ladder beside
 #      megatron-core's helper (about 9 min)
-#   D  #47: the 30B-A3B layer shape under an 80 GiB cap, packed MoE graphs against Bridge's packed step (about 5 min,
-#      alone; an H100 is the card the cap stands for)
+#   D  #47: packed MoE graphs against Bridge's packed step: the tiny MoE paired, then the 30B-A3B layer shape under an
+#      80 GiB cap (about 7 min; an H100 is the card the cap stands for)
 #   E  the eager-shape question of runs 91-93 (eager_shapes_draft.py in three fresh processes, about 3 min) beside
 #      teardown and #50's module path (B's lanes)
 # Copy this and eager_shapes_draft.py to .snap/ and keep results/ out of the call (the staged stack and the tree are
@@ -39,8 +39,12 @@ B|E)  # Teardown with fewer lanes beside it (it timed out at 400 s under six in 
     grep -H " passed\| failed\| error" "$LOGS"/*.log | grep -v "PASSED\|FAILED" | cut -c1-200
     tail -n 1 "$LOGS"/e_shapes_*.log
     cat "$LOGS/module_path/module_path.json" | head -12 ;;
-D)  # #47: the issue's 30B-A3B layer shape under an 80 GiB cap, alone (memory and speed are claimed).
-    R d_30b_shape_80g 540 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_30b --model moe-30b-a3b-shape \
-      --variants eager_packed,ours_packed,ours_padded --no-paired --no-control --steps 4 --profile-steps 0 --gpu-memory 80" ;;
+D)  # #47: packed MoE graphs against Bridge's packed eager step, each benchmark alone: the tiny MoE with the paired
+    # phase (#47 asks for paired ratios), then the issue's 30B-A3B layer shape under an 80 GiB cap, separately with its
+    # control (two of its models side by side do not fit 80 GiB: eager alone peaks at 66.7 / 69.1, run 66); kernel
+    # time from one profiled step each. Run 66's commands, sizes and times (170 s and 360 s) kept.
+    R d_ut_moe_tiny 200 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_moe_tiny --model tiny-moe --warmup 2 --steps 8 --profile-steps 1 --variants eager_packed,ours_packed --paired eager_packed,ours_packed"
+    R d_ut_moe_30b_80g 380 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_moe_30b --model moe-30b-a3b-shape --microbatches 4 --warmup 2 --steps 6 --profile-steps 1 --variants eager_packed,ours_packed --no-paired --gpu-memory 80"
+    for m in ut_moe_tiny ut_moe_30b; do sed -n '/^| variant/,/^$/p' "$LOGS/$m/useful_tokens.md" 2>/dev/null | cut -c1-330 | head -8; done ;;
 esac
 table
