@@ -221,6 +221,16 @@ def _fmt_peak(rec: Mapping[str, Any]) -> str:
     return "n/a" if allocated is None or reserved is None else f"{allocated / GIB:.1f} / {reserved / GIB:.1f}"
 
 
+#: What earlier variants may leave allocated before the memory section says a variant's peaks include it.
+LEFTOVER_NOTED_BYTES = 512 * 2**20
+
+
+def _gib(value: Any) -> float | None:
+    """Bytes as GiB, None where not a number."""
+    x = _num(value)
+    return None if x is None else x / GIB
+
+
 def _over(a: Any, b: Any) -> float | None:
     """``a / b`` where both are finite and non-zero, else None."""
     a, b = _num(a), _num(b)
@@ -655,12 +665,35 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
             *_fmt_peak(rec).split(" / "),
             fmt_ratio(_over(rec.get("peak_reserved_bytes"), base_reserved), "x"),
             _fmt(rec.get("graph_memory_gib"), ".1f") if name in GRAPHED else "-",
+            _fmt(_gib(rec.get("outside_allocator_bytes")), ".1f"),
         ]
         for name, rec in _finished(data)
     ]
     if rows:
-        header = ("variant", "peak allocated GiB", "peak reserved GiB", "reserved vs eager_packed", "graph GiB")
+        header = (
+            "variant",
+            "peak allocated GiB",
+            "peak reserved GiB",
+            "reserved vs eager_packed",
+            "graph GiB",
+            "outside the allocator GiB",
+        )
         out += [*_table(header, rows), ""]
+        out.append(
+            "- *Outside the allocator*: the process's GPU memory beyond PyTorch's reserved pool after the measured "
+            "steps (CUDA context, library handles and buffers). The peaks and `--gpu-memory` leave it out; on a card "
+            "of the peak's size it comes on top."
+        )
+        for name, rec in _finished(data):
+            if (start := _num(rec.get("allocated_at_start_bytes")) or 0) > LEFTOVER_NOTED_BYTES:
+                own = (_num(rec.get("peak_memory_bytes")) or 0) - start
+                own_reserved = (_num(rec.get("peak_reserved_bytes")) or 0) - (
+                    _num(rec.get("reserved_at_start_bytes")) or start
+                )
+                out.append(
+                    f"- {name} started with {start / GIB:.1f} GiB that earlier variants left allocated (in its peaks "
+                    f"above); its own: {own / GIB:.1f} / {own_reserved / GIB:.1f} GiB allocated / reserved."
+                )
     ours = variants.get("ours_packed") or {}
     if (ratio := _over(ours.get("peak_reserved_bytes"), base_reserved)) is not None:
         met = "met" if ratio <= RESERVED_TARGET else "not met"

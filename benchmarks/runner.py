@@ -612,7 +612,19 @@ def start_clean(rec: dict) -> float:
     free_memory()
     torch.cuda.reset_peak_memory_stats()
     rec["allocated_at_start_bytes"] = torch.cuda.memory_allocated()
+    rec["reserved_at_start_bytes"] = torch.cuda.memory_reserved()
+    rec["outside_allocator_at_start_bytes"] = outside_allocator_bytes()
     return time.perf_counter()
+
+
+def outside_allocator_bytes() -> int:
+    """GPU memory in use beyond what PyTorch's caching allocator has reserved: the CUDA context, the libraries' own
+    allocations (cuBLAS, cuDNN and NCCL handles and buffers, kernels loaded), any other allocator's. The peaks the
+    tables show and the ``--gpu-memory`` cap cover only the allocator, so on a card of the cap's size this comes on
+    top of them. Read from the device's free memory, it counts other processes on the GPU too (the benchmarks run
+    alone)."""
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
 
 
 def record_failure(rec: dict, error: Exception, what: str) -> None:
@@ -621,6 +633,8 @@ def record_failure(rec: dict, error: Exception, what: str) -> None:
     rec["error"] = f"{type(error).__name__}: {error}"
     rec.update(error_origin(error))
     rec["traceback"] = traceback.format_exc()[-4000:]
+    with recorded(rec, "outside_allocator_error"):  # an out-of-memory error's own share of the card
+        rec["outside_allocator_bytes"] = outside_allocator_bytes()
     say(f"{what}: FAILED {rec['error'][:300]}")
 
 

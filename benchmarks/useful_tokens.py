@@ -801,6 +801,7 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
     rec.update(runner.VisionTimer.summary(vision, len(measured)))
     rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    rec["outside_allocator_bytes"] = runner.outside_allocator_bytes()
     rec["step_ms"] = times
     rec.update(
         report.variant_metrics(
@@ -1054,6 +1055,7 @@ def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
         rec["counters"] = {name: _counters(objs[name]["helpers"]) for name in names if objs[name]["helpers"]}
         rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
         rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        rec["outside_allocator_bytes"] = runner.outside_allocator_bytes()
         rec["status"] = OK
     except Exception as error:  # recorded; the variants' own results stand
         runner.record_failure(rec, error, "paired")
@@ -1207,6 +1209,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
     out.mkdir(parents=True, exist_ok=True)
     run = prepare(args, world)
     data: dict[str, Any] = {"meta": _meta(args, run.cfg, command or command_line()), "data": run.data}
+    data["meta"]["outside_allocator_after_setup_bytes"] = runner.outside_allocator_bytes()
     data["variants"] = run.results
     json_path = out / JSON_NAME
 

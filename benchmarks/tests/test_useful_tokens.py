@@ -343,7 +343,9 @@ def test_memory_section_judges_the_ladder_and_the_peaks():
     """The memory section: ours_packed's peak reserved against eager_packed's (target 1.15x), each ladder's pools
     against its largest rung alone (target 1.1x), rung by rung, and the estimate against the measured pool."""
     data = _full()
-    data["variants"]["eager_packed"].update(peak_memory_bytes=45 * 2**30, peak_reserved_bytes=48 * 2**30)
+    data["variants"]["eager_packed"].update(
+        peak_memory_bytes=45 * 2**30, peak_reserved_bytes=48 * 2**30, outside_allocator_bytes=int(14.6 * 2**30)
+    )
     gib = 2**30
     data["variants"]["ours_packed"]["capture"] = {
         "language": {
@@ -374,6 +376,16 @@ def test_memory_section_judges_the_ladder_and_the_peaks():
     ]
     assert "2 rungs captured later for larger micro-batches" in "\n".join(report.memory_section(data))
     assert "| 2112 | 10,240 | 128 |" in md
+    # Memory outside the allocator, which the peaks leave out, beside them (n/a where not recorded).
+    assert "| eager_packed | 45.0 | 48.0 | 1.00x | - | 14.6 |" in md
+    assert md.count(" | n/a |") >= 1
+    # A variant that started on earlier variants' leftovers: its own peaks beside them.
+    data["variants"]["ours_packed"].update(
+        allocated_at_start_bytes=10 * gib, reserved_at_start_bytes=12 * gib, peak_reserved_bytes=54 * gib
+    )
+    md = "\n".join(report.memory_section(data))
+    assert "ours_packed started with 10.0 GiB that earlier variants left allocated" in md
+    assert "its own: 40.0 / 42.0 GiB allocated / reserved" in md
     assert "measured 11.00 GiB (1.10x of the estimate; within 20%: **yes**)" in md
     data["variants"]["ours_packed"]["peak_reserved_bytes"] = 60 * gib
     assert "1.25x eager_packed's (target at most 1.15x: **not met**)" in "\n".join(report.memory_section(data))
