@@ -46,5 +46,14 @@ D)  # #47: packed MoE graphs against Bridge's packed eager step, each benchmark 
     R d_ut_moe_tiny 200 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_moe_tiny --model tiny-moe --warmup 2 --steps 8 --profile-steps 1 --variants eager_packed,ours_packed --paired eager_packed,ours_packed"
     R d_ut_moe_30b_80g 380 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_moe_30b --model moe-30b-a3b-shape --microbatches 4 --warmup 2 --steps 6 --profile-steps 1 --variants eager_packed,ours_packed --no-paired --gpu-memory 80"
     for m in ut_moe_tiny ut_moe_30b; do sed -n '/^| variant/,/^$/p' "$LOGS/$m/useful_tokens.md" 2>/dev/null | cut -c1-330 | head -8; done ;;
+C)  # After A on the same H200: where the ~14.6 GiB outside PyTorch's allocator of runs 92 and 94 comes from (stage by
+    # stage, alone on the card), then #47's 30B-A3B shape, eager_packed and ours_packed in one process, 30 measured
+    # steps, uncapped: --gpu-memory caps only the allocator and the first variant's leftovers count in the second's
+    # peak, so the report's own peaks and the memory outside the allocator decide whether it fits 80 GB.
+    R c_outside 150 "python3 .snap/outside_memory_draft.py \$LOGS/outside"
+    R c_ut_moe_30b 420 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_moe_30b --model moe-30b-a3b-shape --microbatches 4 --warmup 2 --steps 30 --profile-steps 1 --variants eager_packed,ours_packed --no-paired --no-control"
+    grep -h "^\[outside\]" "$LOGS/c_outside.log"
+    sed -n '/^| variant/,/^$/p' "$LOGS/ut_moe_30b/useful_tokens.md" | cut -c1-330 | head -8
+    sed -n '/^## Memory/,/^## [A-LN-Z]/p' "$LOGS/ut_moe_30b/useful_tokens.md" | head -20 ;;
 esac
 table
