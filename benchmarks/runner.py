@@ -746,6 +746,25 @@ def break_ddp_cycles(model: Any) -> None:
             grad_accs.clear()
 
 
+def drop_kept_graphs(model: Any) -> None:
+    """Set to None every tensor with a ``grad_fn`` that a module of ``model``, or a plain object on one, keeps from
+    its last forward (megatron-core's MoE token dispatcher keeps the router's ``probs``). Such a tensor keeps that
+    step's autograd graph, whose AccumulateGrad nodes hold DDP's hooks, which hold the model: without this every
+    MoE model outlived the benchmark's teardown."""
+
+    def drop(holder: Any) -> None:
+        for name, value in list(vars(holder).items()):
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                setattr(holder, name, None)
+
+    for chunk in model or []:
+        for module in chunk.modules():
+            drop(module)
+            for value in vars(module).values():
+                if hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.Tensor, type)):
+                    drop(value)
+
+
 def teardown(objs: dict) -> dict:
     """Undo the helpers, graphs, hooks, micro-batch calculator and step-host changes, delete model and optimizer and
     give the memory back; returns what of them is still alive (for :func:`check_freed`)."""
@@ -772,6 +791,7 @@ def teardown(objs: dict) -> dict:
         destroy_num_microbatches_calculator()
     if objs.get("exits") is not None:
         objs["exits"].close()  # the step host's changes undone
+    drop_kept_graphs(objs.get("model"))
     break_ddp_cycles(objs.get("model"))
     objs.clear()
     free_memory()

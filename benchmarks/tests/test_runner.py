@@ -163,6 +163,54 @@ def test_break_ddp_cycles_drops_grad_accs_of_every_chunk():
     runner.break_ddp_cycles(None)
 
 
+class _Dispatcher:
+    """Like megatron-core's MoE token dispatcher: a plain object on the layer that keeps the router's probabilities
+    of the last forward."""
+
+    probs: torch.Tensor | None = None
+
+
+class _MoELike(torch.nn.Module):
+    """A DDP-like chunk: a hook on each parameter's AccumulateGrad node closes over the chunk (Megatron's DDP), and
+    the layer's dispatcher keeps a tensor of the last forward, so that forward's graph (and with it those nodes)
+    outlives the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4))
+        self.token_dispatcher = _Dispatcher()
+        self.grad_accs = []
+        acc = self.weight.expand_as(self.weight).grad_fn.next_functions[0][0]
+        chunk = self
+
+        def hook(*_grads: object) -> None:  # its closure holds the chunk, as DDP's hook holds DDP
+            assert chunk is not None
+
+        acc.register_hook(hook)
+        self.grad_accs.append(acc)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.token_dispatcher.probs = (self.weight * x).softmax(-1)
+        return (self.token_dispatcher.probs * x).sum()
+
+
+def test_teardown_frees_a_model_whose_layers_keep_the_last_forwards_graph():
+    """MoE models outlived every variant (34 GiB of the 30B-A3B shape, run 94): the dispatcher's ``probs`` kept the
+    step's graph, whose AccumulateGrad nodes held DDP's hooks. Teardown drops such tensors, so the chunk is freed."""
+    import weakref
+
+    chunk = _MoELike()
+    chunk(torch.ones(4)).backward()
+    ref = weakref.ref(chunk)
+    objs = {"model": [chunk]}
+    del chunk
+    assert runner.teardown(objs) == {} and ref() is None
+    kept = _MoELike()
+    kept(torch.ones(4)).backward()
+    runner.drop_kept_graphs([kept])
+    assert kept.token_dispatcher.probs is None and isinstance(kept.weight, torch.nn.Parameter)
+
+
 def test_teardown_returns_only_what_outlives_it():
     kept = torch.nn.Linear(1, 1)  # something outside the benchmark still holds this chunk
     objs = {"model": [torch.nn.Linear(1, 1), kept], "optimizer": torch.optim.SGD(kept.parameters(), lr=0.1)}
