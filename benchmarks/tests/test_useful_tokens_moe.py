@@ -147,6 +147,10 @@ def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
     assert useful_tokens.failed_variants({"variants": {"eager_packed": {"status": "ok"}}}) == ["ours_packed"]
     crashed = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": {"status": "failed"}}}
     assert useful_tokens.failed_variants(crashed) == ["ours_packed"]
+    # --variants without ours_packed (run 96's padded set): not asked, so not failed; what was asked still counts.
+    padded = {"variants": {"eager_packed": {"status": "ok"}, "eager_padded": {"status": "ok"}}}
+    assert useful_tokens.failed_variants(padded, ("eager_packed", "eager_padded")) == []
+    assert useful_tokens.failed_variants(padded, ("eager_packed", "eager_padded", "ours_padded")) == ["ours_padded"]
     why = useful_tokens.paired_skip_reason(data["variants"], lambda: 1 << 40)
     assert why == "ours_packed was refused by the capture plan"
 

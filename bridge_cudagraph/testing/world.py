@@ -38,7 +38,12 @@ class World:
 def init_world(
     language: ParallelLayout | None = None, vision: VisionLayout | None = None, *, seed: int = 1234
 ) -> World:
-    """Initialise NCCL (from torchrun's environment, or a one-GPU world), build the collections, seed RNG."""
+    """Initialise NCCL (from torchrun's environment, or a one-GPU world), build the collections, seed RNG.
+
+    The default group is not bound to a device, as Bridge's ``initialize`` leaves it: NCCL then creates a group's
+    communicator at its first collective. Bound, torch creates every group's communicator up front, and each holds
+    hundreds of MiB outside PyTorch's allocator even with one rank (NCCL issue 2363), for the ~35 groups of the
+    language and vision collections, most of which a one-GPU run never uses."""
     if not dist.is_initialized():
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
@@ -46,7 +51,7 @@ def init_world(
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        dist.init_process_group("nccl")
     collections = build_collections(language or ParallelLayout(), vision)
     lang = collections["language"]
     vis = collections.module_pgs.get("vision")
