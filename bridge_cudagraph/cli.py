@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
             type=float,
             default=None,
             metavar="GIB",
-            help="GPU memory per rank to fit in (train: also caps the process at it)",
+            help="GPU memory per rank to fit in (train: also caps PyTorch's allocator at it; the CUDA context and "
+            "NCCL's buffers come on top)",
         )
     return parser
 

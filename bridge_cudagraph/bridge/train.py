@@ -193,7 +193,12 @@ def cap_device_memory(plan: CapturePlan, gpu_memory: float | None) -> None:
     """Before the first step: with ``--gpu-memory GIB``, cap this process's CUDA allocations at GIB
     (``torch.cuda.set_per_process_memory_fraction``: an allocation past it fails as on a GPU of that size, so an 80 GB
     H100 is emulated on a larger one); then refuse, with one line, a plan whose estimate does not fit the device as
-    capped. The device is the rank's own (``LOCAL_RANK``, set by torchrun), which Bridge selects the same way."""
+    capped. The device is the rank's own (``LOCAL_RANK``, set by torchrun), which Bridge selects the same way.
+
+    The fraction caps PyTorch's caching allocator only: the CUDA context, NCCL's communicators and the libraries'
+    workspaces sit outside it (a few GiB on one GPU with the groups' communicators created at first use, as Bridge
+    creates them, each of them about half a GiB even with one rank), so a run that fits the cap on a larger GPU can
+    still fail on a GPU of the cap's size by that much (``results/fits-80gib/``)."""
     import os
 
     import torch
