@@ -755,7 +755,8 @@ def drop_kept_graphs(model: Any) -> None:
     def drop(holder: Any) -> None:
         for name, value in list(vars(holder).items()):
             if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-                setattr(holder, name, None)
+                with contextlib.suppress(AttributeError, TypeError):  # a read-only slot: teardown goes on
+                    setattr(holder, name, None)
 
     for chunk in model or []:
         for module in chunk.modules():

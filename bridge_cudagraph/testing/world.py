@@ -42,7 +42,7 @@ def init_world(
 
     The default group is not bound to a device, as Bridge's ``initialize`` leaves it: NCCL then creates a group's
     communicator at its first collective. Bound, torch creates every group's communicator up front, and each holds
-    hundreds of MiB outside PyTorch's allocator even with one rank (NCCL issue 2363), for the ~35 groups of the
+    about half a GiB outside PyTorch's allocator even with one rank (NCCL issue 2363), for every group of the
     language and vision collections, most of which a one-GPU run never uses."""
     if not dist.is_initialized():
         os.environ.setdefault("RANK", "0")
