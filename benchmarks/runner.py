@@ -617,6 +617,14 @@ def start_clean(rec: dict) -> float:
     return time.perf_counter()
 
 
+def record_peaks(rec: dict) -> None:
+    """The peaks since :func:`start_clean` (allocated, reserved) and the memory outside the allocator now, into
+    ``rec``: the memory figures every table shows beside a speed."""
+    rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    rec["outside_allocator_bytes"] = outside_allocator_bytes()
+
+
 def outside_allocator_bytes() -> int:
     """GPU memory in use beyond what PyTorch's caching allocator has reserved: the CUDA context, the libraries' own
     allocations (cuBLAS, cuDNN and NCCL handles and buffers, kernels loaded), any other allocator's. The peaks the
@@ -633,8 +641,9 @@ def record_failure(rec: dict, error: Exception, what: str) -> None:
     rec["error"] = f"{type(error).__name__}: {error}"
     rec.update(error_origin(error))
     rec["traceback"] = traceback.format_exc()[-4000:]
-    with recorded(rec, "outside_allocator_error"):  # an out-of-memory error's own share of the card
-        rec["outside_allocator_bytes"] = outside_allocator_bytes()
+    if torch.cuda.is_available():  # an out-of-memory error's own share of the card
+        with recorded(rec, "outside_allocator_error"):
+            rec["outside_allocator_bytes"] = outside_allocator_bytes()
     say(f"{what}: FAILED {rec['error'][:300]}")
 
 

@@ -799,9 +799,7 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
         vision += timer.collect()
     timer.active = False
     rec.update(runner.VisionTimer.summary(vision, len(measured)))
-    rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
-    rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
-    rec["outside_allocator_bytes"] = runner.outside_allocator_bytes()
+    runner.record_peaks(rec)
     rec["step_ms"] = times
     rec.update(
         report.variant_metrics(
@@ -1053,9 +1051,7 @@ def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
         rec["ratios"] = [a / b for a, b in zip(*(times[name] for name in names), strict=True)]
         rec["verdict"] = report.paired_verdict(rec["ratios"])
         rec["counters"] = {name: _counters(objs[name]["helpers"]) for name in names if objs[name]["helpers"]}
-        rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
-        rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
-        rec["outside_allocator_bytes"] = runner.outside_allocator_bytes()
+        runner.record_peaks(rec)
         rec["status"] = OK
     except Exception as error:  # recorded; the variants' own results stand
         runner.record_failure(rec, error, "paired")
