@@ -259,6 +259,60 @@ def linear_attention_kernels_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
+#: flash-linear-attention 0.5.2 raises in the backward of a gated chunk (``fla.ops.common.chunk_o.chunk_bwd_dqkwg``)
+#: on Hopper with a Triton from this range, whose kernels give wrong gradients there (FLA's issue 640), unless its
+#: TileLang backend takes that kernel (installed ``tilelang``, not switched off by ``FLA_TILELANG=0``).
+FLA_BROKEN_TRITON_ON_HOPPER = ("3.4.0", "3.7.1")
+
+
+def linear_attention_backward_refusal(
+    capability: tuple[int, int] | None,
+    triton_version: str | None,
+    tilelang_installed: bool,
+    environ: Mapping[str, str],
+) -> str | None:
+    """Why flash-linear-attention will refuse the gated-delta-net backward on this machine (FLA raises a
+    ``RuntimeError`` at the first backward, deep in the step), or None. ``capability``: the GPU's compute capability
+    (None without one); Hopper is major 9, as FLA's ``IS_NVIDIA_HOPPER`` reads it."""
+    if capability is None or capability[0] != 9 or triton_version is None:
+        return None
+    low, high = FLA_BROKEN_TRITON_ON_HOPPER
+    if not _release_tuple(low) <= _release_tuple(triton_version) < _release_tuple(high):
+        return None
+    if tilelang_installed and environ.get("FLA_TILELANG", "1") != "0":
+        return None
+    return (
+        f"Triton {triton_version} on a Hopper GPU: flash-linear-attention refuses its gated-delta backward with "
+        f"Triton >= {low} and < {high} there (wrong gradients, its issue 640)"
+    )
+
+
+def _release_tuple(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string (``3.6.0+git1a2b`` -> ``(3, 6, 0)``)."""
+    import re
+
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def machine_linear_attention_backward_refusal() -> str | None:
+    """:func:`linear_attention_backward_refusal` of this process's GPU, Triton and packages."""
+    import importlib.util
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import triton
+    except ImportError:
+        return None
+    capability = torch.cuda.get_device_capability()
+    tilelang = importlib.util.find_spec("tilelang") is not None
+    return linear_attention_backward_refusal(capability, triton.__version__, tilelang, os.environ)
+
+
 def _release(version: str) -> str:
     """``major.minor.`` of a version string (``0.19.2`` -> ``0.19.``)."""
     return ".".join(version.split(".")[:2]) + "."

@@ -77,16 +77,32 @@ def check_stack(config: Any) -> None:
 def check_linear_attention_kernels(model: Any) -> None:
     """A model with linear-attention layers (``model.experimental_attention_variant="gated_delta_net"``, Qwen3.5)
     on a stack without flash-linear-attention: megatron-core's ``GatedDeltaNet`` raises ``ImportError`` at
-    construction (:func:`bridge_cudagraph.host.compat.linear_attention_kernels_available`), graphs or not; part of
-    :func:`check_stack`, since ``validate`` and ``plan`` may run for another machine."""
-    from bridge_cudagraph.host.compat import linear_attention_kernels_available
+    construction (:func:`bridge_cudagraph.host.compat.linear_attention_kernels_available`), graphs or not; or on a
+    machine whose FLA refuses the layers' backward at the first step
+    (:func:`bridge_cudagraph.host.compat.machine_linear_attention_backward_refusal`). Part of :func:`check_stack`,
+    since ``validate`` and ``plan`` may run for another machine."""
+    from bridge_cudagraph.host.compat import (
+        linear_attention_kernels_available,
+        machine_linear_attention_backward_refusal,
+    )
 
     variant = getattr(model, "experimental_attention_variant", None)
-    if variant == "gated_delta_net" and not linear_attention_kernels_available():
+    if variant != "gated_delta_net":
+        return
+    if not linear_attention_kernels_available():
         raise CudaGraphConfigError(
             f"model.experimental_attention_variant='{variant}' builds megatron-core's GatedDeltaNet layers, whose "
             "kernels come from flash-linear-attention (import name fla), which this machine lacks (megatron-core "
             "raises ImportError at construction); install flash-linear-attention"
+        )
+    # Deterministic mode runs megatron-core's torch gated delta rule, not FLA's chunked kernels.
+    refusal = None if getattr(model, "deterministic_mode", False) else machine_linear_attention_backward_refusal()
+    if refusal:
+        raise CudaGraphConfigError(
+            f"model.experimental_attention_variant='{variant}' trains megatron-core's GatedDeltaNet layers on "
+            f"flash-linear-attention's kernels, and {refusal}; install tilelang (FLA's TileLang backend takes that "
+            "kernel) or Triton >= 3.7.1, or set model.deterministic_mode=true (megatron-core's torch gated delta "
+            "rule: padded micro-batches only)"
         )
 
 

@@ -227,3 +227,32 @@ def test_a_hybrid_model_needs_the_linear_attention_kernels_to_be_built():
         with pytest.raises(CudaGraphConfigError, match=r"install flash-linear-attention$"):
             check_stack(cfg)
     check_linear_attention_kernels(tiny_qwen3_vl_config().model)  # no linear attention, nothing to refuse
+
+
+@pytest.mark.parametrize(
+    ("capability", "triton", "tilelang", "environ", "refused"),
+    [
+        ((9, 0), "3.6.0", False, {}, True),  # an H100/H200 with torch 2.11's Triton
+        ((9, 0), "3.6.0+git4e3a1b2", False, {}, True),
+        ((9, 0), "3.4.0", False, {}, True),
+        ((9, 0), "3.7.1", False, {}, False),  # FLA's fixed Triton
+        ((9, 0), "3.3.1", False, {}, False),  # before the regression
+        ((8, 0), "3.6.0", False, {}, False),  # not Hopper
+        ((10, 0), "3.6.0", False, {}, False),
+        ((9, 0), "3.6.0", True, {}, False),  # FLA's TileLang backend takes the kernel
+        ((9, 0), "3.6.0", True, {"FLA_TILELANG": "0"}, True),  # ... unless switched off
+        (None, "3.6.0", False, {}, False),  # no GPU: nothing to say
+    ],
+)
+def test_fla_refuses_the_gated_delta_backward_on_hopper_with_the_broken_triton(
+    capability, triton, tilelang, environ, refused
+):
+    """FLA 0.5.2's ``chunk_bwd_dqkwg`` raises on Hopper with Triton >= 3.4.0 and < 3.7.1 without TileLang (the
+    first backward of a gated-delta-net layer, deep in the step); the plan's probe says so before the first step,
+    with the versions that pass."""
+    from bridge_cudagraph.host.compat import linear_attention_backward_refusal
+
+    why = linear_attention_backward_refusal(capability, triton, tilelang, environ)
+    assert (why is not None) == refused, why
+    if refused:
+        assert why.startswith(f"Triton {triton} on a Hopper GPU") and "3.7.1" in why, why
