@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     counts: list[int | None] = [int(w) for w in args.workers.split(",") if w.strip()] or [None]
     variants = [Variant(graphs, w) for w in counts for graphs in (True, False)]
     args.out.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     runs = []
     for i, (variant, repeat) in enumerate(plan_runs(variants, args.repeats)):
         run = run_one(args.recipe, args.iters, variant, repeat, args.out, args.port + i, args.timeout)
@@ -228,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs.append(run)
     check_against_eager(runs, args.out)
-    record = {"recipe": args.recipe, "iters": args.iters, "runs": [asdict(r) for r in runs]}
+    from benchmarks.runner import environment  # after the runs: CUDA initialised here only once they are done
+
+    command = "python -m benchmarks.real_loop " + " ".join(sys.argv[1:] if argv is None else argv)
+    meta = {"command": command, "date": started, **environment()}
+    record = {"meta": meta, "recipe": args.recipe, "iters": args.iters, "runs": [asdict(r) for r in runs]}
     (args.out / "real_loop.json").write_text(json.dumps(record, indent=1))
     table = render_table(runs)
     (args.out / "real_loop.md").write_text(table)
