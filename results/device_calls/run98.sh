@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs 98 (case S) and 101 (case T), ninth session of 2026-12-05, H100. S: every one-GPU suite at the product code
+# Runs 98 (case S) and 101 (case T: run101.sh), ninth session of 2026-12-05, H100. S: every one-GPU suite at the product code
 # of 03d73db (run 90's case S without its 2B benchmark lane, which starved the others), beside the first
 # Qwen3.5-VL GPU test (FLA 0.5.2 from .snap/fla) and #50's module path. T: teardown alone.
 set +e

@@ -33,7 +33,7 @@ FLA's Triton kernels (``FLA_FLASH_QLA=0``: the Triton path, not the ``flash_qla`
 megatron-core says FLA is not deterministic, so the gradients are held to the eager floor, Bridge's model against
 itself on the same micro-batch (``testing.parity.within_floor``: bit for bit where the floor is, the loss too).
 
-The shape is the unit test's (``tests/unit/plan/test_qwen35_vl.py``, :func:`tiny_qwen35`): 8 decoder layers, three
+The shape is the unit tests' (``tests/unit/_qwen35.py``, :func:`tiny_qwen35`): 8 decoder layers, three
 gated-delta-net layers to one gated standard attention layer, a 2-layer encoder of Qwen3.5's HF class. MoE: Bridge's
 default ``global_aux_loss`` sums token counts over the forwards until ``finalize_model_grads`` resets them at the end
 of a step; each forward and backward here starts from that reset (megatron-core's ``reset_model_temporary_tensors``),
@@ -91,52 +91,17 @@ def _kernel_settings(monkeypatch):
 
 
 def tiny_qwen35(moe: bool = False, **overrides):
-    """The unit test's shape (``tests/unit/plan/test_qwen35_vl.py``'s ``tiny_qwen35``, copied: that folder is no
-    package, and a test module imported by another would be loaded twice) on Bridge's own provider class, with what a
-    GPU build needs on top: SwiGLU (Qwen3.5's SiLU; megatron-core's ``GatedDeltaNet`` asserts it on FLA's path), no
-    APEX weight-gradient fusion (megatron-core's output layer needs APEX for it) and TE's graph-safe RNG tracker (the
-    world seeds it). The tiny Qwen3-VL's token ids and vocabulary (:mod:`bridge_cudagraph.examples.tiny`), which
-    :func:`~bridge_cudagraph.examples.data.qwen3_vl_batch` writes."""
+    """The unit tests' shape (``tests/unit/_qwen35.py``: the tiny Qwen3-VL recipe's sequence, vocabulary and token
+    ids, which :func:`~bridge_cudagraph.examples.data.qwen3_vl_batch` writes) with what a GPU build needs on top:
+    SwiGLU (Qwen3.5's SiLU; megatron-core's ``GatedDeltaNet`` asserts it on FLA's path), no APEX weight-gradient
+    fusion (megatron-core's output layer needs APEX for it) and TE's graph-safe RNG tracker (the world seeds it)."""
     import torch
-    from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLModelProvider, Qwen35VLMoEModelProvider
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
-    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeVisionConfig
+    from _qwen35 import tiny_qwen35 as unit_shape
 
-    from bridge_cudagraph.examples import tiny
-
-    vision_class = Qwen3_5MoeVisionConfig if moe else Qwen3_5VisionConfig
-    fields = dict(
-        num_layers=8,
-        hidden_size=512,
-        ffn_hidden_size=1536,
-        num_attention_heads=8,
-        num_query_groups=2,
-        kv_channels=64,
-        linear_num_key_heads=4,
-        linear_num_value_heads=8,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
-        seq_length=SEQ,
-        language_max_sequence_length=SEQ,
-        vocab_size=tiny.TINY_VOCAB,
-        make_vocab_size_divisible_by=128,
-        vision_config=vision_class(depth=2, hidden_size=256, intermediate_size=512, num_heads=4, out_hidden_size=512),
-        image_token_id=tiny.IMAGE_TOKEN_ID,
-        video_token_id=tiny.VIDEO_TOKEN_ID,
-        vision_start_token_id=tiny.VISION_START_TOKEN_ID,
-        vision_end_token_id=tiny.VISION_END_TOKEN_ID,
-        bos_token_id=1,
-        eos_token_id=2,
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        activation_func=torch.nn.functional.silu,
-        gradient_accumulation_fusion=False,
-        use_te_rng_tracker=True,
-    )
-    if moe:
-        fields.update(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=512, moe_grouped_gemm=False)
-    fields.update(overrides)
-    return (Qwen35VLMoEModelProvider if moe else Qwen35VLModelProvider)(**fields)
+    gpu = dict(activation_func=torch.nn.functional.silu, gradient_accumulation_fusion=False, use_te_rng_tracker=True)
+    provider = unit_shape(moe, **{**gpu, **overrides})
+    assert provider.seq_length == SEQ, provider.seq_length
+    return provider
 
 
 def _vision_block(enabled: bool) -> dict:
