@@ -568,12 +568,14 @@ def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
     text = f"{fmt_diff(fixed.get('loss_max_abs'))} vs {reference}"
     if masked is not None and _num(masked) != _num(fixed.get("loss_max_abs")):
         text += f" (loss tokens: {fmt_diff(masked)})"
-    return text + "; " + fmt_grad_parity(fixed)
+    return text + "; " + fmt_grad_parity(fixed, control=name in (CONTROL, PADDED_CONTROL))
 
 
-def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
+def fmt_grad_parity(fixed: Mapping[str, Any], *, control: bool = False) -> str:
     """A fixed-batch record's per-parameter gradient comparison as computed (never a default): the share bit-exact, the
-    largest relative difference against the floor's, the verdict; "gradients not compared" without one."""
+    largest relative difference against the floor's, the verdict; "gradients not compared" without one. A
+    ``control`` (a second eager model) is itself an eager-vs-eager distance: beyond the floor that the first model
+    measured against itself, it says the floor is tighter than two eager models' spread, not that anything failed."""
     grads = fixed.get("grads")
     if not grads:
         return "gradients not compared"
@@ -582,7 +584,9 @@ def fmt_grad_parity(fixed: Mapping[str, Any]) -> str:
     worst, floor = _fmt_rel(grads.get("grad_max_rel_l2")), _fmt_rel(fixed.get("floor_grad_max_rel_l2"))
     text = f"gradients {exact} bit-exact, max rel {worst} (floor {floor})"
     text += f", {missing} missing" if missing else ""
-    return text + (", within the floor" if fixed.get("within_floor") else ", BEYOND THE FLOOR")
+    if fixed.get("within_floor"):
+        return text + ", within the floor"
+    return text + (", two eager models' own spread: the floor is tighter" if control else ", BEYOND THE FLOOR")
 
 
 def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -152,3 +152,18 @@ def test_encoder_and_mfu_section_lists_what_each_variant_measured():
     assert "| eager_padded | 4.00 | 6.50 | 10.5 | 2.00 | 12.3% | 20.0% |" in text
     assert "ours_packed" not in text
     assert report.encoder_and_mfu_section({"variants": {}}) == []
+
+
+def test_a_control_beyond_the_floor_reads_as_eager_spread_not_as_a_failure():
+    """A second eager model farther from the first than the first from itself (a tiny MoE once: 9.0e-4 against a
+    floor of 4.5e-7) says the floor is tight; a graphed variant there is BEYOND THE FLOOR."""
+    fixed = {
+        "grads": {"grad_max_rel_l2": 9.0e-4, "grad_exact_fraction": 0.76, "grad_missing": []},
+        "floor_grad_max_rel_l2": 4.5e-7,
+        "within_floor": False,
+    }
+    assert report.fmt_grad_parity(fixed, control=True).endswith("two eager models' own spread: the floor is tighter")
+    assert report.fmt_grad_parity(fixed).endswith("BEYOND THE FLOOR")
+    rec = {"parity": {"reference": "eager_packed", "fixed_batch": {"loss_max_abs": 0.0, **fixed}}}
+    assert "own spread" in report._fmt_parity(report.CONTROL, rec)
+    assert "BEYOND THE FLOOR" in report._fmt_parity("ours_packed", rec)
