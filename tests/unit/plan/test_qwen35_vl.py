@@ -218,3 +218,22 @@ def test_fla_refuses_the_gated_delta_backward_on_hopper_with_the_broken_triton(
     assert (why is not None) == refused, why
     if refused:
         assert why.startswith(f"Triton {triton} on a Hopper GPU") and "3.7.1" in why, why
+
+
+def test_train_refuses_a_hybrid_model_whose_fla_would_refuse_the_backward(monkeypatch):
+    """The wiring of that probe into ``check_stack``: where FLA is installed and would refuse the backward, one
+    ``error:`` line names the setting and the three ways out; deterministic mode (megatron-core's torch rule) passes.
+    This machine has neither FLA nor a Hopper GPU, so both answers are given to the check."""
+    from bridge_cudagraph.host import compat
+
+    why = compat.linear_attention_backward_refusal((9, 0), "3.6.0", False, {})
+    monkeypatch.setattr(compat, "linear_attention_kernels_available", lambda: True)
+    monkeypatch.setattr(compat, "machine_linear_attention_backward_refusal", lambda: why)
+    with pytest.raises(CudaGraphConfigError) as refused:
+        check_stack(qwen35_config(language=False))
+    line = str(refused.value)
+    assert line.startswith("model.experimental_attention_variant='gated_delta_net' trains"), line
+    assert "Triton 3.6.0 on a Hopper GPU" in line and "install tilelang" in line, line
+    assert "model.deterministic_mode=true" in line and "\n" not in line, line
+    check_stack(qwen35_config(language=False, deterministic_mode=True))
+    check_stack(tiny_qwen3_vl_config())  # no linear attention: nothing to refuse
