@@ -13,6 +13,14 @@ from bridge_cudagraph.examples.tiny import IMAGE_TOKEN_ID, TINY_VOCAB, VISION_EN
 #: Text tokens are drawn below this id, so they never collide with the special ids of the tiny vocabulary.
 _TEXT_VOCAB = 900
 
+#: The images of one two-sample micro-batch that the tiny parity checks feed :func:`qwen3_vl_batch`, grids
+#: ``(t, h, w)`` in patches per sample: none, one, several of different sizes (the largest 12 x 12 patches).
+IMAGE_MIXES: dict[str, list[list[tuple[int, int, int]]]] = {
+    "no_image": [[], []],
+    "one_image": [[(1, 8, 8)], []],
+    "several_sizes": [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]],
+}
+
 
 def gpt_batch(micro_batch_size: int, seq_length: int, *, seed: int, device: str = "cuda") -> dict:
     """Random text; labels are the next token."""

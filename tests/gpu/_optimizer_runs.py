@@ -4,10 +4,12 @@ three budgets; micro-batches cycling through no images, one, and five over two s
 
 from __future__ import annotations
 
+from bridge_cudagraph.examples.data import IMAGE_MIXES
+
 SEQ = 256
 MBS = 2
 STEPS = 30
-IMAGE_SETS = [[[], []], [[(1, 8, 8)], []], [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]]]
+IMAGE_SETS = list(IMAGE_MIXES.values())  # cycled, in this order
 
 
 def provider(kind: str, graphs: bool = True):

@@ -39,18 +39,14 @@ import contextlib
 
 import pytest
 
+from bridge_cudagraph.examples.data import IMAGE_MIXES
+
 pytestmark = pytest.mark.gpu
 
 SEQ, MBS = 256, 2
 BUDGETS = [256, 512, 1024]
 MAX_SEGMENTS = 8
 MAX_PATCHES_PER_IMAGE = 12 * 12
-# Images per sample of one micro-batch, grids (t, h, w) in patches: none, one, several of different sizes.
-IMAGE_SETS = {
-    "no_image": [[], []],
-    "one_image": [[(1, 8, 8)], []],
-    "several_sizes": [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]],
-}
 
 
 @pytest.fixture(autouse=True)
@@ -126,7 +122,7 @@ def _batches(kind: str):
 
     if kind == "gpt":
         return {f"text_{s}": gpt_batch(MBS, SEQ, seed=s) for s in range(3)}
-    return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_SETS.items()}
+    return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_MIXES.items()}
 
 
 def _require_bit_identical(plugin, bridge, batches, what: str, record, *, census_first: bool = False) -> dict | None:

@@ -12,19 +12,13 @@ import contextlib
 
 import pytest
 
+from bridge_cudagraph.examples.data import IMAGE_MIXES
 from bridge_cudagraph.testing.plans import plan_for
 
 pytestmark = pytest.mark.gpu
 
 SEQ = 256
 MBS = 2
-
-# Images per sample of one micro-batch, grids (t, h, w) in patches: none, one, several of different sizes.
-IMAGE_SETS = {
-    "no_image": [[], []],
-    "one_image": [[(1, 8, 8)], []],
-    "several_sizes": [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]],
-}
 
 
 def _graph_config(modules=None, unit=None):
@@ -54,7 +48,7 @@ def _batches(kind: str):
 
     if kind == "gpt":
         return {f"text_{s}": gpt_batch(MBS, SEQ, seed=s) for s in range(3)}
-    return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_SETS.items()}
+    return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_MIXES.items()}
 
 
 # (kind, modules, graph unit, graphs): runs of layers (the default, ``deepstack``) are one graph for the tiny GPT's 4
@@ -130,7 +124,7 @@ def test_thirty_optimizer_steps_match(world, record, kind):
     from bridge_cudagraph.testing.parity import assert_captured, compare_series, megatron_optimizer, train_steps
 
     reference, graphed, provider = _pair(kind, world)
-    sets = list(IMAGE_SETS.values())
+    sets = list(IMAGE_MIXES.values())
 
     def step_batches(step):
         if kind == "gpt":

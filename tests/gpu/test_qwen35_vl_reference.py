@@ -56,6 +56,7 @@ import contextlib
 
 import pytest
 
+from bridge_cudagraph.examples.data import IMAGE_MIXES
 from bridge_cudagraph.host.compat import linear_attention_kernels_available
 
 pytestmark = [
@@ -70,12 +71,6 @@ SEQ, MBS = 256, 2
 BUDGETS = [256, 512, 1024]
 MAX_SEGMENTS = 8
 MAX_PATCHES_PER_IMAGE = 12 * 12
-#: Images per sample of one micro-batch, grids (t, h, w) in patches (test_bridge_reference's mixes).
-IMAGE_SETS = {
-    "no_image": [[], []],
-    "one_image": [[(1, 8, 8)], []],
-    "several_sizes": [[(1, 8, 8), (1, 8, 12)], [(1, 16, 8), (1, 4, 4), (1, 12, 12)]],
-}
 #: 8 decoder layers at ``linear_attention_freq=4``: gated-delta-net layers 0-2 and 4-6, attention at 3 and 7.
 GATED_DELTA_NET_LAYERS = 6
 MOE = pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
@@ -184,7 +179,7 @@ def _require_kernels(model, kernels: str) -> None:
 def _batches(*, images_only: bool = False) -> dict:
     from bridge_cudagraph.examples.data import qwen3_vl_batch
 
-    sets = {k: v for k, v in IMAGE_SETS.items() if not (images_only and k == "no_image")}
+    sets = {k: v for k, v in IMAGE_MIXES.items() if not (images_only and k == "no_image")}
     return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in sets.items()}
 
 
