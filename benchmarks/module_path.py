@@ -19,7 +19,6 @@ import json
 import os
 import runpy
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -125,14 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / "module_path.json"
     command = ["train", args.recipe, *overrides]
-    from benchmarks.runner import environment  # torch and the versions, before the hook listens
+    from benchmarks.runner import command_line, run_meta  # torch and the versions, before the hook listens
 
     record: dict[str, Any] = {
-        "meta": {
-            "command": "python -m benchmarks.module_path " + " ".join([args.recipe, *overrides]),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            **environment(),
-        },
+        "meta": run_meta(command_line("benchmarks.module_path", [args.recipe, *overrides])),
         "replayed": False,
     }
 

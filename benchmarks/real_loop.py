@@ -229,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs.append(run)
     check_against_eager(runs, args.out)
-    from benchmarks.runner import environment  # after the runs: CUDA initialised here only once they are done
+    from benchmarks.runner import (  # after the runs: CUDA initialised here only once they are done
+        command_line,
+        run_meta,
+    )
 
-    command = "python -m benchmarks.real_loop " + " ".join(sys.argv[1:] if argv is None else argv)
-    meta = {"command": command, "date": started, **environment()}
+    meta = run_meta(command_line("benchmarks.real_loop", argv), date=started)
     record = {"meta": meta, "recipe": args.recipe, "iters": args.iters, "runs": [asdict(r) for r in runs]}
     (args.out / "real_loop.json").write_text(json.dumps(record, indent=1))
     table = render_table(runs)

@@ -86,6 +86,20 @@ def environment() -> dict[str, Any]:
     }
 
 
+def command_line(module: str, argv: Sequence[str] | None = None) -> str:
+    """``python -m MODULE ARGS`` as a user types it (``argv``, default this process's arguments), shell-quoted."""
+    import shlex
+    import sys
+
+    return " ".join([f"python -m {module}", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+
+
+def run_meta(command: str, date: str | None = None) -> dict[str, Any]:
+    """The ``meta`` block every benchmark JSON opens with: its command, its date (default now) and
+    :func:`environment`; ``tests/unit/test_results_records.py`` reads every committed one."""
+    return {"command": command, "date": date or time.strftime("%Y-%m-%d %H:%M:%S %Z"), **environment()}
+
+
 def say(message: str) -> None:
     """A progress line on stdout, flushed (the device machine returns only the log's tail)."""
     print(f"[bench] {message}", flush=True)

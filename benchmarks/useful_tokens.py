@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import logging
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -326,7 +325,7 @@ def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
 
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command as a user types it (``meta["command"]``)."""
-    return " ".join(["python -m benchmarks.useful_tokens", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    return runner.command_line("benchmarks.useful_tokens", argv)
 
 
 # ============================================================================================ data
@@ -1071,9 +1070,7 @@ def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
 # ============================================================================================ run
 def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
     return {
-        "command": command,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        **runner.environment(),
+        **runner.run_meta(command),
         "config": {
             "model": args.model,
             "description": MODELS[args.model].description,
