@@ -195,7 +195,7 @@ class _MoELike(torch.nn.Module):
 
 
 def test_teardown_frees_a_model_whose_layers_keep_the_last_forwards_graph():
-    """MoE models outlived every variant (34 GiB of the 30B-A3B shape, run 94): the dispatcher's ``probs`` kept the
+    """MoE models outlived every variant (34 GiB of the 30B-A3B shape): the dispatcher's ``probs`` kept the
     step's graph, whose AccumulateGrad nodes held DDP's hooks. Teardown drops such tensors, so the chunk is freed."""
     import weakref
 

@@ -147,7 +147,7 @@ def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
     assert useful_tokens.failed_variants({"variants": {"eager_packed": {"status": "ok"}}}) == ["ours_packed"]
     crashed = {"variants": {"eager_packed": {"status": "ok"}, "ours_packed": {"status": "failed"}}}
     assert useful_tokens.failed_variants(crashed) == ["ours_packed"]
-    # --variants without ours_packed (run 96's padded set): not asked, so not failed; what was asked still counts.
+    # --variants without ours_packed (a padded set): not asked, so not failed; what was asked still counts.
     padded = {"variants": {"eager_packed": {"status": "ok"}, "eager_padded": {"status": "ok"}}}
     assert useful_tokens.failed_variants(padded, ("eager_packed", "eager_padded")) == []
     assert useful_tokens.failed_variants(padded, ("eager_packed", "eager_padded", "ours_padded")) == ["ours_padded"]
