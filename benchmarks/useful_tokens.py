@@ -50,9 +50,10 @@ JSON_NAME = "useful_tokens.json"
 
 
 # ============================================================================================ models
-#: The padded language graph scope of an MoE model (megatron-core's helper): token counts per expert change every
-#: micro-batch, so the experts run eagerly; the attention, router and dispatch preprocess (no host sync inside) are
-#: captured. On packed rows the product's own scope holds (:data:`bridge_cudagraph.plan.checks.PACKED_MOE_SCOPE`).
+#: The padded language graph scope the benchmark gives an MoE model (megatron-core's helper): token counts per expert
+#: change every micro-batch, so the experts run eagerly; the attention, router and dispatch preprocess (no host sync
+#: inside) are captured. ``modules: null`` is the product's attention scope on the ladder instead
+#: (:data:`bridge_cudagraph.plan.checks.MOE_ATTENTION_SCOPE`), which ours_packed measures.
 MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
 #: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); ours_packed graphs
 #: each MoE layer's attention on the packed ladder (a refusal by the plan is recorded as ``refused``).
@@ -484,10 +485,10 @@ def packed_graph_config(run: BenchRun) -> CudaGraphConfig:
     """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`). On
     an MoE model the scope is the product's packed MoE scope, given explicitly: the benchmark's providers are built
     without Bridge's config, under whose in-batch packing ``modules: null`` would mean that scope."""
-    from bridge_cudagraph.plan.checks import PACKED_MOE_SCOPE
+    from bridge_cudagraph.plan.checks import MOE_ATTENTION_SCOPE
 
     moe = MODELS[run.args.model].language_modules is not None
-    block = ours_graph_config(run.cfg, PACKED_MOE_SCOPE if moe else None)
+    block = ours_graph_config(run.cfg, MOE_ATTENTION_SCOPE if moe else None)
     language = dataclasses.replace(block.language, token_budgets=list(run.layout.budgets))
     return dataclasses.replace(block, language=language)
 

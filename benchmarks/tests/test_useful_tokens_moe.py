@@ -126,16 +126,16 @@ def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
     """The plan accepts packed language graphs on MoE layers in the product's packed MoE scope: ours_packed is not
     refused, its plan is the run's packed ladder with one graph per layer over the attention and the dense packed
     layers' static inputs; a refusal (were there one) is still recorded, not failed."""
-    from bridge_cudagraph.plan.checks import PACKED_MOE_SCOPE
+    from bridge_cudagraph.plan.checks import MOE_ATTENTION_SCOPE
 
     run = _run(model)
     assert useful_tokens.refusal(run, "ours_packed") is None
     provider = useful_tokens.variant_provider(run, "ours_packed")
     assert provider.num_moe_experts == experts
-    assert provider.cuda_graph.language.modules == list(PACKED_MOE_SCOPE) == ["attn"]
+    assert provider.cuda_graph.language.modules == list(MOE_ATTENTION_SCOPE) == ["attn"]
     plan = useful_tokens.packed_plan(run, provider)
     assert plan.language.packed is not None and plan.language.graph_unit == "layer"
-    assert plan.language.modules == PACKED_MOE_SCOPE
+    assert plan.language.modules == MOE_ATTENTION_SCOPE
     assert plan.language.packed.token_budgets == tuple(run.layout.budgets)
     budget, inputs = plan.language.packed.static_inputs[-1]
     assert "padding_mask" not in [i.name for i in inputs] and inputs[0].shape[0] == budget

@@ -152,33 +152,30 @@ class CudaGraphProviderMixin(HostMixin):
                 fix=("model.cpu_offloading=false",),
             )
         modules = self.cuda_graph.language.modules
-        # On packed rows (Bridge marked in-batch packing) modules null is the packed MoE scope, and another scope is
-        # refused by plan/checks.py's one copy; padded MoE layers follow megatron-core's helper.
+        # On an MoE model modules null is the attention scope (the ladder's MoE graphs, packed or padded), and another
+        # scope on packed rows is refused by plan/checks.py's one copy; a padded scope with the MoE layer's MLP is
+        # megatron-core's helper's, which needs fixed expert capacities.
         packed = compat.in_batch_packing_marked(self)
-        if getattr(self, "num_moe_experts", None) and not packed and (modules is None or "moe" in modules):
+        if getattr(self, "num_moe_experts", None) and not packed and modules is not None and "moe" in modules:
             if getattr(self, "moe_expert_capacity_factor", None) is None or not getattr(
                 self, "moe_pad_expert_input_to_capacity", False
             ):
                 raise CudaGraphConfigError(
                     f"{where}.modules captures whole MoE layers, whose token counts per expert vary per batch; "
-                    f"capture {where}.modules=[attn,moe_router,moe_preprocess] instead (the experts run eagerly "
-                    "between the graphs), or give the experts a fixed capacity (model.moe_expert_capacity_factor and "
+                    f"set {where}.modules=null (each MoE layer's attention is a graph, its router and experts run "
+                    "eagerly after it), or give the experts a fixed capacity (model.moe_expert_capacity_factor and "
                     "model.moe_pad_expert_input_to_capacity=true: this changes the model, tokens over capacity are "
                     "dropped)",
-                    fix=(f"{where}.modules=[attn,moe_router,moe_preprocess]",),
+                    fix=(f"{where}.modules=null",),
                 )
 
     def _language_modules(self) -> tuple[str, ...] | None:
-        """The language scope megatron-core's layers read (``config.cuda_graph_modules``): the block's, or on packed
-        rows of an MoE model with ``modules: null`` the packed MoE scope
-        (:func:`~bridge_cudagraph.plan.checks.packed_language_modules`): the attention, the MoE layer's MLP half
-        eager after it."""
-        modules = self.cuda_graph.language.modules
-        if not compat.in_batch_packing_marked(self):
-            return None if modules is None else tuple(modules)
-        from bridge_cudagraph.plan.checks import packed_language_modules
+        """The language scope megatron-core's layers read (``config.cuda_graph_modules``): the block's, or on an MoE
+        model with ``modules: null`` the MoE attention scope (:func:`~bridge_cudagraph.plan.checks.language_modules`):
+        the attention, the MoE layer's MLP half eager after it."""
+        from bridge_cudagraph.plan.checks import language_modules
 
-        return packed_language_modules(modules, getattr(self, "num_moe_experts", None))
+        return language_modules(self.cuda_graph.language.modules, getattr(self, "num_moe_experts", None))
 
     # ------------------------------------------------------------------ build time
     def provide(self, pre_process=None, post_process=None, vp_stage=None):

@@ -23,6 +23,7 @@ from bridge_cudagraph.capture.budget_ladder import BudgetLadder
 from bridge_cudagraph.capture.checks import CaptureError
 from bridge_cudagraph.capture.graph_copies import GraphCopies
 from bridge_cudagraph.capture.ladder_helper import LadderHelper
+from bridge_cudagraph.capture.moe_layers import MoELayers
 from bridge_cudagraph.capture.static_inputs import StaticBuffers
 from bridge_cudagraph.capture.stats import CaptureStats
 from bridge_cudagraph.host.compat import param_gather_hook_maker
@@ -55,7 +56,7 @@ class LanguageLadder(LadderHelper):
     segment_remainder: Callable[[Any, int, torch.Tensor, int], torch.Tensor] | None = None
     """``(block, end, outputs, rows) -> hidden_states``: what runs eagerly right after the graph of the segment that
     ends before layer ``end``, on its output and the micro-batch's ``rows`` local real rows, before that segment's
-    deepstack merge (an MoE layer's MLP half, :meth:`~bridge_cudagraph.capture.packed_moe.PackedMoE.remainder`);
+    deepstack merge (an MoE layer's MLP half, :meth:`~bridge_cudagraph.capture.moe_layers.MoELayers.remainder`);
     None: the graph's output is the hidden states. :meth:`_replay_layers` composes it with the merge into the one
     ``after_segment`` of :func:`~bridge_cudagraph.capture.block_replay.replay_segments`."""
 
@@ -104,6 +105,13 @@ class LanguageLadder(LadderHelper):
         self._warned: set[str] = set()
         for decoder in self.decoders:
             install_ladder_replay(decoder, self)
+        #: The MoE layers' graphs and eager MLP halves (:mod:`bridge_cudagraph.capture.moe_layers`); None when dense.
+        try:
+            self.moe = MoELayers.of(self.decoders, self.segments, self.stats)
+        except CaptureError:
+            self.uninstall()  # the decoders get their own class back
+            raise
+        self.segment_remainder = None if self.moe is None else self.moe.remainder
 
     def _captured_layers(self) -> list:
         return list(self.decoders[0].layers) if self.decoders else []

@@ -64,7 +64,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from bridge_cudagraph.capture.checks import CaptureError, check_static_inputs
 from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.language_ladder import LanguageLadder
-from bridge_cudagraph.capture.packed_moe import PackedMoE
+from bridge_cudagraph.capture.moe_layers import MoELayers, PackedMoEAttention
 from bridge_cudagraph.capture.segments import segment_callables
 from bridge_cudagraph.capture.static_inputs import StaticBuffers, activation_dtype, rotary_dim, sequence_split
 from bridge_cudagraph.capture.tight import TightRows, gather_rows, scatter_rows, tight_rows
@@ -294,20 +294,14 @@ class PackedLanguageGraphHelper(LanguageLadder):
             graph_unit=graph_unit,
             deepstack_merges=deepstack_merges,
         )
-        #: The MoE layers' graphs and eager MLP halves (:mod:`bridge_cudagraph.capture.packed_moe`); None when dense.
-        try:
-            self.moe = PackedMoE.of(self.decoders, self.segments, self.stats)
-            if self.moe is not None and self.tight:
-                # Tightly packed rows are not Bridge's rows: the MoE layers' eager MLP halves would route other rows
-                # than Bridge's router sees. The plan never asks for it (tight packing is off on MoE models).
-                raise CaptureError(
-                    "tight packing on a model with MoE layers: set model.cuda_graph.language."
-                    "tight_packing=false (the MoE layers' eager halves must run on Bridge's rows)"
-                )
-        except CaptureError:
+        if self.moe is not None and self.tight:
+            # Tightly packed rows are not Bridge's rows: the MoE layers' eager MLP halves would route other rows than
+            # Bridge's router sees. The plan never asks for it (tight packing is off on MoE models).
             self.uninstall()  # the decoders get their own class back
-            raise
-        self.segment_remainder = None if self.moe is None else self.moe.remainder
+            raise CaptureError(
+                "tight packing on a model with MoE layers: set model.cuda_graph.language."
+                "tight_packing=false (the MoE layers' eager halves must run on Bridge's rows)"
+            )
 
     # ------------------------------------------------------------------ capture
     def forward_block(self, block, hidden_states, attention_mask, kwargs: dict) -> torch.Tensor | None:
@@ -394,9 +388,11 @@ class PackedLanguageGraphHelper(LanguageLadder):
             return _PackedLanguageLayer(layer, max_seqlen)
 
         moe = self.moe
-        callables = segment_callables(
-            list(decoder.layers), segments, wrap if moe is None else lambda layer: moe.wrap(layer, wrap, max_seqlen)
-        )
+
+        def wrap_moe(layer):
+            return MoELayers.wrap(layer, wrap, lambda m: PackedMoEAttention(m, max_seqlen))
+
+        callables = segment_callables(list(decoder.layers), segments, wrap if moe is None else wrap_moe)
         hidden, rotary, cu, cu_padded = self._sample_inputs(decoder, budget, len(callables), self._statics[copy])
         tensors = {"hidden_states": hidden[0], "rotary_pos_emb": rotary, "cu_seqlens": cu}
         if cu_padded is not None:

@@ -10,6 +10,10 @@ deepstack merges are one graph, as in the packed form. A copy per micro-batch a 
 without a pipeline), the rung's pool, the parameter gradients' summing graphs, the manual hooks and the decoder's
 replay (:mod:`bridge_cudagraph.capture.block_replay`) are the ladder's (:mod:`bridge_cudagraph.capture.ladder_helper`).
 
+An MoE layer is a graph of its own holding its attention (:class:`~bridge_cudagraph.capture.moe_layers.
+PaddedMoEAttention`); its MLP half (router, dispatch, experts) runs eagerly after the graph on every row, as Bridge's
+padded step routes them (:class:`~bridge_cudagraph.capture.moe_layers.MoELayers`), the form the packed MoE graphs have.
+
 The attention mask is not a graph input: the layers are causal, and TE reads a mask only for padding or arbitrary
 mask types (``DotProductAttention.forward``); a micro-batch whose layers would read one runs eagerly, counted, as does
 one of another shape or with a rotary table of another shape.
@@ -27,6 +31,7 @@ import torch
 from bridge_cudagraph.capture.checks import check_static_inputs
 from bridge_cudagraph.capture.ladder_capture import ladder_order_kwargs
 from bridge_cudagraph.capture.language_ladder import LanguageLadder
+from bridge_cudagraph.capture.moe_layers import MoELayers, PaddedMoEAttention
 from bridge_cudagraph.capture.segments import segment_callables
 from bridge_cudagraph.capture.static_inputs import activation_dtype, rotary_dim, sequence_split
 
@@ -135,7 +140,14 @@ class PaddedLanguageGraphHelper(LanguageLadder):
         decoder = self.decoders[0]
         config = decoder.config
         segments = self.segments[0]
-        callables = segment_callables(list(decoder.layers), segments, _PaddedLanguageLayer)
+        moe = self.moe
+        callables = segment_callables(
+            list(decoder.layers),
+            segments,
+            _PaddedLanguageLayer
+            if moe is None
+            else lambda layer: MoELayers.wrap(layer, _PaddedLanguageLayer, PaddedMoEAttention),
+        )
         statics = self._statics[copy]
         tp = sequence_split(config)
         dtype = activation_dtype(config)

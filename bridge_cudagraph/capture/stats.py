@@ -47,4 +47,4 @@ class CaptureStats:
     (:mod:`bridge_cudagraph.capture.param_grads`), instead of autograd and DDP's hook one by one; 0: none."""
     moe_tail_tokens: dict[int, int] = field(default_factory=dict)
     """Per rung, the tail tokens of packed MoE replays, which the MoE layers' eager halves never saw (they run on the
-    micro-batch's real rows, :mod:`bridge_cudagraph.capture.packed_moe`); empty for a dense model."""
+    micro-batch's real rows, :mod:`bridge_cudagraph.capture.moe_layers`); empty for a dense model."""

@@ -157,9 +157,8 @@ def tiny_qwen3_vl_moe_photos_config(
     """:func:`tiny_qwen3_vl_photos_config` with the MoE tiny Qwen3-VL (4 experts, top 2, the alltoall dispatcher,
     aux-loss balancing) on Bridge's Qwen3-VL packing (``recipes/tiny_qwen3_vl_moe_photos.yaml``), whose packed
     language graphs hold each MoE layer's attention, the rest of the layer eager on the micro-batch's own tokens;
-    ``packed=False`` pads every row
-    to ``seq_length`` instead (the padded MoE graphs of megatron-core's helper). Pure M4 like every example, so Bridge
-    logs its MoE metrics on its decentralized collection."""
+    ``packed=False`` pads every row to ``seq_length`` instead (the same attention graphs on the padded ladder, the MoE
+    half on every row). Pure M4 like every example, so Bridge logs its MoE metrics on its decentralized collection."""
     return _photos_config(
         moe=True, train_iters=train_iters, seq_length=seq_length, seed=seed, cache=cache, packed=packed
     )

@@ -392,9 +392,9 @@ def deepstack_process(block: Any, hidden_states: Any, visual_pos_masks: Any, emb
 
 
 def layer_attention(layer: Any, hidden_states: Any, rotary_pos_emb: Any, packed_seq_params: Any) -> Any:
-    """megatron-core 0.19's ``TransformerLayer._forward_attention`` on packed rows (no attention mask: the boundaries
-    are in ``packed_seq_params``): the hidden states after the attention's residual add, the first half of
-    ``TransformerLayer.forward``."""
+    """megatron-core 0.19's ``TransformerLayer._forward_attention`` with no attention mask, on packed rows (the
+    boundaries are in ``packed_seq_params``) or padded ones (``packed_seq_params`` None: causal rows): the hidden
+    states after the attention's residual add, the first half of ``TransformerLayer.forward``."""
     hidden_states, _ = layer._forward_attention(
         hidden_states=hidden_states,
         attention_mask=None,

@@ -40,11 +40,12 @@ from bridge_cudagraph.plan.capture_plan import (
     VisionPlan,
 )
 from bridge_cudagraph.plan.checks import (
+    MOE_ATTENTION_SCOPE,
     check_model,
     check_packed_language,
     check_padded,
     check_sequence_split,
-    packed_language_modules,
+    language_modules,
 )
 from bridge_cudagraph.plan.determinism import (
     DERIVED_WORKSPACE_LIMIT,
@@ -57,8 +58,8 @@ from bridge_cudagraph.plan.facts import ImageFacts, ModelFacts, PackingFacts, Vi
 from bridge_cudagraph.plan.memory import TrainingFacts, estimate
 from bridge_cudagraph.plan.sizes import check_positive as _check_positive
 
-#: Why ``language.modules: null`` on packed rows of an MoE model is the attention alone, for the plan's text.
-PACKED_MOE_SOURCE = "null on packed MoE layers"
+#: Why ``language.modules: null`` on an MoE model is the attention alone, for the plan's text.
+MOE_SCOPE_SOURCE = "null on MoE layers"
 
 
 # ------------------------------------------------------------------------------------------ derivation
@@ -568,12 +569,11 @@ def _deterministic_seqlen(
 def _megatron_engine_reason(facts: ModelFacts, modules: tuple[str, ...] | None) -> str:
     """Why padded micro-batches replay on megatron-core's ``TECudaGraphHelper``
     (:mod:`bridge_cudagraph.capture.language`) rather than on the ladder engine
-    (:mod:`bridge_cudagraph.capture.padded`), or empty: the ladder captures whole dense layers of one model chunk, as
-    the packed graphs, and the rest has not moved onto it yet."""
-    if modules is not None:
+    (:mod:`bridge_cudagraph.capture.padded`), or empty: the ladder captures whole layers of one model chunk, and an
+    MoE layer's attention (:data:`~bridge_cudagraph.plan.checks.MOE_ATTENTION_SCOPE`, its MLP half eager after it), as
+    the packed graphs; the rest has not moved onto it yet."""
+    if modules is not None and not (facts.num_moe_experts and tuple(modules) == MOE_ATTENTION_SCOPE):
         return "language.modules captures parts of layers"
-    if facts.num_moe_experts:
-        return f"{facts.provider} has MoE layers"
     if (facts.virtual_pipeline_size or 1) > 1:
         return "model.virtual_pipeline_model_parallel_size > 1"
     if facts.per_layer_contexts:
@@ -749,8 +749,8 @@ def _plan_language(
     lang = cfg.language
     modules = tuple(lang.modules) if lang.modules is not None else None
     modules_source = ""
-    if lang.enabled and packing is not None and modules is None and facts.num_moe_experts:
-        modules, modules_source = packed_language_modules(None, facts.num_moe_experts), PACKED_MOE_SOURCE
+    if lang.enabled and modules is None and facts.num_moe_experts:
+        modules, modules_source = language_modules(None, facts.num_moe_experts), MOE_SCOPE_SOURCE
     steps, source = warmup
     if not lang.enabled:
         return LanguagePlan(False, modules, (), (), 0, (), (), steps)

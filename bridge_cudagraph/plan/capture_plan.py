@@ -176,8 +176,8 @@ class LanguagePlan:
             indices (:func:`~bridge_cudagraph.plan.budgets.layer_segments`); the helpers build them the same way.
         warmup_source: The setting a derived ``warmup_steps`` comes from (empty when the block sets it).
         unit_source: Why a derived ``graph_unit`` is ``layer`` (empty when set, or derived as ``run``).
-        modules_source: Why :attr:`modules` differs from the block's ``modules: null`` (packed rows of an MoE model:
-            the attention alone, :data:`~bridge_cudagraph.plan.checks.PACKED_MOE_SCOPE`); empty otherwise.
+        modules_source: Why :attr:`modules` differs from the block's ``modules: null`` (an MoE model: the attention
+            alone, :data:`~bridge_cudagraph.plan.checks.MOE_ATTENTION_SCOPE`); empty otherwise.
     """
 
     enabled: bool

@@ -626,19 +626,19 @@ def check_packed_sequence_parallel(cfg: CudaGraphConfig, facts: ModelFacts, pack
         )
 
 
-#: What a packed language graph of an MoE layer holds (:mod:`bridge_cudagraph.capture.packed_moe`): the attention;
-#: the MLP half (router, dispatch, experts, combine) runs eagerly after it on the micro-batch's real rows, so that the
-#: rung's tail never reaches the router or the experts. ``language.modules: null`` on packed rows of an MoE model
-#: means this scope, which megatron-core's layers read from ``config.cuda_graph_modules``.
-PACKED_MOE_SCOPE: tuple[str, ...] = ("attn",)
+#: What a ladder's language graph of an MoE layer holds (:mod:`bridge_cudagraph.capture.moe_layers`), packed or
+#: padded: the attention; the MLP half (router, dispatch, experts, combine) runs eagerly after it on the micro-batch's
+#: real rows, so that a packed rung's tail never reaches the router or the experts. ``language.modules: null`` on an
+#: MoE model means this scope, which megatron-core's layers read from ``config.cuda_graph_modules``.
+MOE_ATTENTION_SCOPE: tuple[str, ...] = ("attn",)
 
 
-def packed_language_modules(modules: Any, num_moe_experts: int | None) -> tuple[str, ...] | None:
-    """``model.cuda_graph.language.modules`` of packed graphs, resolved: null on an MoE model is
-    :data:`PACKED_MOE_SCOPE` (megatron-core's layers read it from ``config.cuda_graph_modules``), else as given
+def language_modules(modules: Any, num_moe_experts: int | None) -> tuple[str, ...] | None:
+    """``model.cuda_graph.language.modules`` resolved: null on an MoE model is
+    :data:`MOE_ATTENTION_SCOPE` (megatron-core's layers read it from ``config.cuda_graph_modules``), else as given
     (None: whole layers)."""
     if modules is None:
-        return PACKED_MOE_SCOPE if num_moe_experts else None
+        return MOE_ATTENTION_SCOPE if num_moe_experts else None
     return tuple(modules)
 
 
@@ -649,8 +649,8 @@ def check_packed_layers(
     :func:`check_packed_language` and, before Bridge's finalization, :func:`check_before_bridge`):
 
     * MoE layers on GPT SFT offline packing: the packed MoE graphs follow Bridge's Qwen3-VL step only;
-    * MoE layers in another scope than :data:`PACKED_MOE_SCOPE` (which ``modules: null`` derives): a graph that holds
-      the router, the dispatch or the experts would run them over the rung's tail, whose rows change the router's
+    * MoE layers in another scope than :data:`MOE_ATTENTION_SCOPE` (which ``modules: null`` derives): a graph that
+      holds the router, the dispatch or the experts would run them over the rung's tail, whose rows change the router's
       weight gradient and the experts' blocking (and, for whole MoE layers with a capacity factor, compete for
       capacity), so the MLP half runs eagerly on the real rows;
     * fine-grained activation offloading: its offload hooks run inside the layers, and only megatron-core's own
@@ -665,8 +665,8 @@ def check_packed_layers(
             "pad_to_max_length=true)",
             fix=(f"{where}.enabled=false",),
         )
-    if num_moe_experts and modules is not None and set(modules) != set(PACKED_MOE_SCOPE):
-        scope = "[" + ",".join(PACKED_MOE_SCOPE) + "]"
+    if num_moe_experts and modules is not None and set(modules) != set(MOE_ATTENTION_SCOPE):
+        scope = "[" + ",".join(MOE_ATTENTION_SCOPE) + "]"
         raise CudaGraphConfigError(
             f"{where}.modules={list(modules)} with packed micro-batches on an MoE model ({num_moe_experts} experts): "
             f"a graph on a packed rung would run the router and the experts over the rung's padding tail too, "

@@ -160,8 +160,8 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
 
     language_graphs = language_top = 0
     lang = plan.language
-    # Whole layers, or on the packed ladder the attention half of MoE layers (PACKED_MOE_SCOPE); other scopes are
-    # megatron-core's partial graphs, not estimated.
+    # Whole layers, or on the ladder (packed or padded) the attention half of MoE layers (MOE_ATTENTION_SCOPE); other
+    # scopes are megatron-core's partial graphs, not estimated.
     attention_only = lang.ladder is not None and lang.modules == ("attn",)
     if lang.enabled and lang.captured_per_stage and (lang.modules is None or attention_only):
         per_token = language_activation_bytes(f, attention_only=attention_only)

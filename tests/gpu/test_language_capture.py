@@ -51,21 +51,30 @@ def _batches(kind: str):
     return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_MIXES.items()}
 
 
-# (kind, modules, graph unit, graphs): runs of layers (the default, ``deepstack``) are one graph for the tiny GPT's 4
-# layers and 3 for the tiny Qwen3-VL's (a deepstack merge follows layers 0 and 1); ``layer`` is one per layer.
+# (kind, modules, graph unit, graphs, engine): runs of layers (the default, ``deepstack``) are one graph for the tiny
+# GPT's 4 layers and 3 for the tiny Qwen3-VL's (a deepstack merge follows layers 0 and 1); ``layer`` is one per layer.
+# Padded rows replay on the ladder engine (``PaddedLanguageGraphHelper``): whole layers, and on the MoE model each
+# layer's attention (``modules`` null or ``[attn]``), its MLP half eager after the graph; a scope with the router is
+# megatron-core's helper's (``LanguageGraphHelper``).
+LADDER, MEGATRON = "PaddedLanguageGraphHelper", "LanguageGraphHelper"
+MOE_ROUTER_SCOPE = ["attn", "moe_router", "moe_preprocess"]
 CASES = [
-    ("gpt", None, None, 1),
-    ("gpt", None, "layer", 4),
-    ("qwen3_vl", None, None, 3),
-    ("qwen3_vl", None, "layer", 4),
-    ("qwen3_vl_moe", ["attn"], None, 4),
+    ("gpt", None, None, 1, LADDER),
+    ("gpt", None, "layer", 4, LADDER),
+    ("qwen3_vl", None, None, 3, LADDER),
+    ("qwen3_vl", None, "layer", 4, LADDER),
+    ("qwen3_vl_moe", None, None, 4, LADDER),
+    ("qwen3_vl_moe", ["attn"], None, 4, LADDER),
+    ("qwen3_vl_moe", MOE_ROUTER_SCOPE, None, 4, MEGATRON),
 ]
 
 
 @pytest.mark.parametrize(
-    ("kind", "modules", "unit", "graphs"), CASES, ids=[f"{c[0]}-{c[2] or 'default'}" for c in CASES]
+    ("kind", "modules", "unit", "graphs", "engine"),
+    CASES,
+    ids=[f"{c[0]}-{'+'.join(c[1]) if c[1] else 'null'}-{c[2] or 'default'}" for c in CASES],
 )
-def test_language_graphs_match_reference(world, record, kind, modules, unit, graphs):
+def test_language_graphs_match_reference(world, record, kind, modules, unit, graphs, engine):
     from megatron.core import num_microbatches_calculator
 
     from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads
@@ -87,15 +96,14 @@ def test_language_graphs_match_reference(world, record, kind, modules, unit, gra
     )
     helper.create_cudagraphs()
     assert helper.graphs_created(), helper.stats.failed
-    # Whole dense layers of padded rows replay on the ladder engine (one rung, one copy); parts of MoE layers on
-    # megatron-core's helper.
-    assert type(helper).__name__ == ("LanguageGraphHelper" if modules else "PaddedLanguageGraphHelper")
-    if modules:
+    assert type(helper).__name__ == engine
+    if engine == MEGATRON:
         layers = helper.flattened_callables
         assert layers and all(len(layer.cuda_graphs) == 1 for layer in layers)
-    else:
+    else:  # one rung, one copy
         assert list(helper.graphs) == [MBS * SEQ] and len(helper.graphs[MBS * SEQ]) == 1
         assert len(helper.graphs[MBS * SEQ][0].layers) == graphs
+        assert (helper.moe is not None) == (kind == "qwen3_vl_moe")
     assert helper.stats.graphs == graphs and helper.stats.layers == 4
     record(
         kind=kind,
@@ -114,7 +122,7 @@ def test_language_graphs_match_reference(world, record, kind, modules, unit, gra
     assert parallel_state_untouched()
     helper.delete_cuda_graphs()
     assert not helper.graphs_created()
-    if modules:
+    if engine == MEGATRON:
         assert all(not layer.cuda_graphs for layer in layers)
 
 

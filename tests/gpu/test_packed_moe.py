@@ -1,4 +1,4 @@
-"""Packed (THD) language graphs of an MoE model (:mod:`bridge_cudagraph.capture.packed_moe`) against eager and against
+"""Packed (THD) language graphs of an MoE model (:mod:`bridge_cudagraph.capture.moe_layers`) against eager and against
 Bridge's unmodified MoE model, on micro-batches packed the way Bridge's Qwen3-VL step packs them.
 
 Its GPU records are in ``results/moe/``; the form before this one (router and dispatch preprocess in the graph,

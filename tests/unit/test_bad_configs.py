@@ -55,8 +55,10 @@ FINALIZE_CASES = [
     ),
     (
         "moe-whole-layers",
-        lambda: tiny.tiny_qwen3_vl_provider(cuda_graph_config_from_dict(LANG), moe=True),
-        ["whole MoE layers", "moe_router"],
+        lambda: tiny.tiny_qwen3_vl_provider(
+            cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn", "moe"]}}), moe=True
+        ),
+        ["whole MoE layers", "modules=null"],
     ),
     (
         "fp16-vision",
@@ -985,8 +987,8 @@ SECOND_ROUND = [
     ),
     (
         "moe-padded-whole-layers",
-        [MOE_PHOTOS, *PADDED_ROWS],
-        ["whole MoE layers", f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]", "changes the model"],
+        [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn,moe]"],
+        ["whole MoE layers", f"set {LANG_BLOCK}.modules=null", "changes the model"],
     ),
     # 3. ordinary mistakes
     ("delete-the-block", [PHOTOS, "~model.cuda_graph"], ["'~model.cuda_graph'", "language.enabled=false"]),
@@ -1091,16 +1093,25 @@ def test_every_refusal_gives_a_fix_that_leads_to_ok(name, argv, fragments, monke
         [MOE_PHOTOS, f"{LANG_BLOCK}.modules=[attn]"],
         [MOE_PHOTOS, "model.moe_expert_capacity_factor=1.0"],
         [MOE_PHOTOS, "model.moe_token_dispatcher_type=allgather"],
+        [MOE_PHOTOS, *PADDED_ROWS],
         [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
         [VL_30B_MOE],
     ],
-    ids=["packed-null", "packed-scope-given", "packed-capacity", "packed-allgather", "padded-scope", "30b-packed"],
+    ids=[
+        "packed-null",
+        "packed-scope-given",
+        "packed-capacity",
+        "packed-allgather",
+        "padded-null",
+        "padded-scope",
+        "30b-packed",
+    ],
 )
 def test_the_moe_advice_ends_where_the_issue_began(argv, monkeypatch):
     """The MoE configurations the advice leads to validate as they are: packed rows with ``modules: null`` or with its
     scope ``[attn]`` given (the advice once sent a user from one to a refusal of the other), whatever the dispatcher
-    and the capacity factor (the MoE half runs eagerly, as Bridge's step), and padded rows with megatron-core's
-    partial scope."""
+    and the capacity factor (the MoE half runs eagerly, as Bridge's step), and padded rows with ``modules: null``
+    (the same attention graphs on the padded ladder) or with megatron-core's partial scope."""
     monkeypatch.chdir(ROOT)
     assert _follow_the_advice(argv) == []
 

@@ -55,20 +55,37 @@ def test_the_moe_recipe_packs_and_plans_attention_graphs_with_the_mlp_half_eager
     modules = [getattr(m, "name", m) for m in loaded.config.model.cuda_graph_modules]
     assert modules == ["attn"]  # what megatron-core's MoE layer reads: nothing of it returns early
     text = plan.describe()
-    assert "[attn] (null on packed MoE layers)" in text
+    assert "[attn] (null on MoE layers)" in text
     assert "router, dispatch, experts and combine run eagerly" in text and "padding_mask" not in text
     assert plan.vision is not None and plan.vision.token_budgets == (1024, 2048, 4096, 8192)
 
 
-def test_the_moe_recipe_still_pads_with_the_partial_scope(tmp_path, monkeypatch):
-    """Padded MoE stays supported: the recipe with packing off and the scope given plans megatron-core's helper."""
+PADDED_ROWS = [
+    "dataset.enable_in_batch_packing=false",
+    "dataset.defer_in_batch_packing_to_step=false",
+    "dataset.pad_to_max_length=true",
+]
+
+
+def test_the_moe_recipe_pads_on_the_ladder_with_modules_null(tmp_path, monkeypatch):
+    """Padded MoE rows with ``modules: null``: the attention scope on the padded ladder, one rung of the micro-batch's
+    shape, each MoE layer a graph of its own; megatron-core's layers read the same scope."""
     monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
-    overrides = [
-        "dataset.enable_in_batch_packing=false",
-        "dataset.defer_in_batch_packing_to_step=false",
-        "dataset.pad_to_max_length=true",
-        "model.cuda_graph.language.modules=[attn,moe_router,moe_preprocess]",
-    ]
+    loaded = load_recipe(YAML.with_name("tiny_qwen3_vl_moe_photos.yaml"), PADDED_ROWS)
+    plan = plan_config(loaded.config, world_size=loaded.world(), base_checkpoint_needed=False)
+    padded = plan.language.padded
+    assert plan.language.packed is None and padded is not None and padded.token_budgets == (2 * 2048,)
+    assert plan.language.modules == ("attn",) and plan.language.graph_unit == "layer"
+    assert plan.language.graphs_per_stage == (4,)
+    assert [getattr(m, "name", m) for m in loaded.config.model.cuda_graph_modules] == ["attn"]
+    text = plan.describe()
+    assert "[attn] (null on MoE layers)" in text and "TECudaGraphHelper" not in text
+
+
+def test_the_moe_recipe_still_pads_with_the_partial_scope(tmp_path, monkeypatch):
+    """Padded MoE with megatron-core's partial scope (the router in the graph) plans megatron-core's helper."""
+    monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
+    overrides = [*PADDED_ROWS, "model.cuda_graph.language.modules=[attn,moe_router,moe_preprocess]"]
     loaded = load_recipe(YAML.with_name("tiny_qwen3_vl_moe_photos.yaml"), overrides)
     plan = plan_config(loaded.config, world_size=loaded.world(), base_checkpoint_needed=False)
     assert plan.language.packed is None and plan.language.padded is None

@@ -655,7 +655,7 @@ def test_planning_imports_no_torch():
 
 
 # ------------------------------------------------------------------------------------------ packed language graphs
-def _packed_plan(**language):
+def _packed_plan(packing: str | None = "qwen3_vl_step", **language):
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.facts import ModelFacts, PackingFacts, VisionFacts
@@ -678,7 +678,12 @@ def _packed_plan(**language):
     cfg.forward.positions = positions
     world = facts.tp * facts.cp * facts.pp
     return build_plan(
-        facts, cfg, world_size=world, micro_batch_size=2, global_batch_size=2, packing=PackingFacts("qwen3_vl_step")
+        facts,
+        cfg,
+        world_size=world,
+        micro_batch_size=2,
+        global_batch_size=2,
+        packing=None if packing is None else PackingFacts(packing),
     )
 
 
@@ -728,7 +733,7 @@ def test_packed_moe_plan_derives_the_attention_scope_and_says_so():
     plan = _packed_plan(facts=MOE_FACTS)
     language, packed = plan.language, plan.language.packed
     assert language.modules == ("attn",)
-    assert language.modules_source == "null on packed MoE layers"
+    assert language.modules_source == "null on MoE layers"
     assert language.graph_unit == "layer" and language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 4)),)
     assert language.graphs == 4 * len(packed.token_budgets)
     for _, inputs in packed.static_inputs:
@@ -739,7 +744,7 @@ def test_packed_moe_plan_derives_the_attention_scope_and_says_so():
             "cu_seqlens_padded",
         ]
     text = plan.describe()
-    assert "[attn] (null on packed MoE layers)" in text
+    assert "[attn] (null on MoE layers)" in text
     assert "one graph per layer (graph_unit null: each MoE layer's MLP half runs eagerly after its graph)" in text
     assert "  MoE layers: each graph holds the attention; router, dispatch, experts and combine run eagerly" in text
     assert "padding_mask" not in text
@@ -751,6 +756,32 @@ def test_packed_moe_plan_derives_the_attention_scope_and_says_so():
     given = _packed_plan(modules=["attn"], facts=MOE_FACTS)
     assert given.language.modules == language.modules and given.language.modules_source == ""
     assert given.language.packed == packed
+
+
+def test_padded_moe_plan_puts_the_attention_scope_on_the_ladder():
+    """Padded rows of an MoE model with ``modules: null`` replay on the ladder as the packed ones do: one graph per
+    layer holding each MoE layer's attention (its MLP half eager after it), one rung of the micro-batch's shape, no
+    megatron-core helper. A scope with the MoE layer's router stays on megatron-core's helper, and says why."""
+    plan = _packed_plan(packing=None, facts=MOE_FACTS)
+    language = plan.language
+    assert language.modules == ("attn",) and language.modules_source == "null on MoE layers"
+    assert language.packed is None and language.padded is not None and language.engine_source == ""
+    assert language.padded.token_budgets == (2 * 2048,) and language.padded.copies == 1
+    assert language.graph_unit == "layer" and language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 4)),)
+    assert language.graphs == 4
+    assert [x.name for x in language.static_inputs] == ["hidden_states", "rotary_pos_emb"]
+    text = plan.describe()
+    assert "[attn] (null on MoE layers)" in text and "TECudaGraphHelper" not in text
+    given = _packed_plan(packing=None, modules=["attn"], facts=MOE_FACTS)
+    assert given.language.padded == language.padded and given.language.modules_source == ""
+    router = _packed_plan(packing=None, modules=["attn", "moe_router", "moe_preprocess"], facts=MOE_FACTS)
+    assert router.language.padded is None
+    assert router.language.engine_source == "language.modules captures parts of layers"
+    assert "padded rows on megatron-core's TECudaGraphHelper: language.modules captures parts of layers" in (
+        router.describe()
+    )
+    # On a dense model the attention alone is a part of a layer: megatron-core's helper, as before.
+    assert _packed_plan(packing=None, modules=["attn"]).language.padded is None
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,12 @@
-"""MoE layers on the packed ladder (:mod:`bridge_cudagraph.capture.packed`): per rung and copy, one graph per MoE
-layer that holds the layer's attention; the layer's MLP half (pre-MLP norm, router, dispatch, experts, combine,
-residual add) runs eagerly after it on the micro-batch's **real rows only**, the rung's tail passed around it.
-``docs/design/moe-packed.md`` has the reasoning and what was measured.
+"""MoE layers on the ladder, packed (:mod:`bridge_cudagraph.capture.packed`) and padded
+(:mod:`bridge_cudagraph.capture.padded`): per rung and copy, one graph per MoE layer that holds the layer's attention;
+the layer's MLP half (pre-MLP norm, router, dispatch, experts, combine, residual add) runs eagerly after it on the
+micro-batch's **real rows only**, a packed rung's tail passed around it. ``docs/design/moe-packed.md`` has the
+reasoning and what was measured.
+
+A padded micro-batch has no tail: its rows are the rung's, padding included, as Bridge's padded step routes them, so
+the MLP half runs on every row and only the graph's callable differs (:class:`PaddedMoEAttention`, the attention on
+the ``(S, mbs, H)`` rows with the causal mask TE applies itself).
 
 Why the MLP half runs on the real rows: a static rung is ``B`` rows wide and the micro-batch fills ``T <= B`` of them.
 Every kernel of the attention half treats rows independently or by the static ``cu_seqlens`` (the tail is segments
@@ -17,7 +22,7 @@ at tp > 1 only a micro-batch of its rung's width replays (``packed_misfit``'s ``
 * **The graph** (:class:`PackedMoEAttention`): the layer's attention on the rung's static ``cu_seqlens`` (the
   ``PackedSeqParams`` rebuilt inside, as for a dense packed layer); its output is the hidden states after the
   attention's residual add.
-* **The eager half** (:meth:`PackedMoE.remainder`, the ladder's
+* **The eager half** (:meth:`MoELayers.remainder`, the ladder's
   :attr:`~bridge_cudagraph.capture.language_ladder.LanguageLadder.segment_remainder`, which
   :func:`~bridge_cudagraph.capture.block_replay.replay_segments`' ``after_segment`` runs after the MoE layer's graph,
   before any deepstack merge of that layer): ``TransformerLayer._forward_mlp`` on rows ``[0, T)``
@@ -42,7 +47,14 @@ from bridge_cudagraph.capture.checks import CaptureError
 from bridge_cudagraph.capture.stats import CaptureStats
 from bridge_cudagraph.host import compat
 
-__all__ = ["PackedMoE", "PackedMoEAttention", "is_moe_layer", "packed_seq_params", "run_on_real_rows"]
+__all__ = [
+    "MoELayers",
+    "PackedMoEAttention",
+    "PaddedMoEAttention",
+    "is_moe_layer",
+    "packed_seq_params",
+    "run_on_real_rows",
+]
 
 
 def is_moe_layer(layer: Any) -> bool:
@@ -81,6 +93,19 @@ class PackedMoEAttention(torch.nn.Module):
         return compat.layer_attention(self.layer, hidden_states, rotary_pos_emb, params)
 
 
+class PaddedMoEAttention(torch.nn.Module):
+    """One MoE layer's graphed half on the padded rung: ``(hidden_states, rotary) -> hidden_states`` after the
+    attention and its residual add, with no attention mask (the layers are causal; a micro-batch whose layers would
+    read a mask runs eagerly, :meth:`~bridge_cudagraph.capture.padded.PaddedLanguageGraphHelper.misfit`)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden_states, rotary_pos_emb=None):
+        return compat.layer_attention(self.layer, hidden_states, rotary_pos_emb, None)
+
+
 def run_on_real_rows(
     step: Callable[[torch.Tensor], torch.Tensor], hidden_states: torch.Tensor, rows: int
 ) -> torch.Tensor:
@@ -91,9 +116,9 @@ def run_on_real_rows(
     return torch.cat([step(hidden_states[:rows]), hidden_states[rows:]])
 
 
-class PackedMoE:
-    """The MoE layers of one decoder on the packed ladder: their graphed callables, the eager MLP half after each
-    MoE layer's graph, and the tail tokens per rung kept out of them.
+class MoELayers:
+    """The MoE layers of one decoder on the ladder: their graphed callables, the eager MLP half after each MoE
+    layer's graph, and (packed) the tail tokens per rung kept out of them.
 
     Args:
         decoder: The decoder (``TransformerBlock``) whose layers are captured.
@@ -113,17 +138,17 @@ class PackedMoE:
         for index in sorted(self.moe_layers):
             if index not in alone:
                 raise CaptureError(
-                    f"language: MoE layer {index} shares a graph with other layers ({list(segments)}); packed MoE "
-                    "layers need graph_unit 'layer' (the plan resolves it so)"
+                    f"language: MoE layer {index} shares a graph with other layers ({list(segments)}); MoE layers "
+                    "need graph_unit 'layer' (the plan resolves it so)"
                 )
             if getattr(decoder.layers[index].config, "overlap_moe_expert_parallel_comm", False):
                 raise CaptureError(
-                    f"language: packed MoE layer {index} cannot be captured: model.overlap_moe_expert_parallel_comm="
+                    f"language: MoE layer {index} cannot be captured: model.overlap_moe_expert_parallel_comm="
                     "true splits the layer into fine-grained callables of its own"
                 )
 
     @classmethod
-    def of(cls, decoders: Sequence[Any], segments: Sequence, stats: CaptureStats) -> PackedMoE | None:
+    def of(cls, decoders: Sequence[Any], segments: Sequence, stats: CaptureStats) -> MoELayers | None:
         """The MoE layers of the ladder's decoder (one model chunk per rank), or None for a dense model."""
         if not decoders or not any(is_moe_layer(layer) for layer in decoders[0].layers):
             return None
@@ -131,10 +156,14 @@ class PackedMoE:
 
     # ------------------------------------------------------------------ capture
     @staticmethod
-    def wrap(layer: torch.nn.Module, dense: Callable[[torch.nn.Module], torch.nn.Module], max_seqlen: int):
-        """The graphed callable of one layer: :class:`PackedMoEAttention` for an MoE layer, ``dense(layer)`` (the
-        whole layer) for a dense one."""
-        return PackedMoEAttention(layer, max_seqlen) if is_moe_layer(layer) else dense(layer)
+    def wrap(
+        layer: torch.nn.Module,
+        dense: Callable[[torch.nn.Module], torch.nn.Module],
+        attention: Callable[[torch.nn.Module], torch.nn.Module],
+    ) -> torch.nn.Module:
+        """The graphed callable of one layer: ``attention(layer)`` (:class:`PackedMoEAttention` or
+        :class:`PaddedMoEAttention`) for an MoE layer, ``dense(layer)`` (the whole layer) for a dense one."""
+        return attention(layer) if is_moe_layer(layer) else dense(layer)
 
     # ------------------------------------------------------------------ replay
     @staticmethod
@@ -153,8 +182,9 @@ class PackedMoE:
 
     def remainder(self, block: Any, end: int, outputs: torch.Tensor, rows: int) -> torch.Tensor:
         """After the graph of the segment that ends before layer ``end``: an MoE layer's eager MLP half on the
-        micro-batch's ``rows`` local real rows (:func:`run_on_real_rows`); a dense segment's output unchanged. An MoE
-        layer is a segment of its own (checked at construction), so the segment is layer ``end - 1`` alone."""
+        micro-batch's ``rows`` local real rows (every row of a padded micro-batch; :func:`run_on_real_rows`); a dense
+        segment's output unchanged. An MoE layer is a segment of its own (checked at construction), so the segment is
+        layer ``end - 1`` alone."""
         index = end - 1
         if index not in self.moe_layers:
             return outputs

@@ -1,7 +1,8 @@
-"""The CPU parts of the packed MoE graphs (:mod:`bridge_cudagraph.capture.packed_moe`): the MLP half on the
-micro-batch's real rows only (its outputs and gradients), the tail tokens counted per rung, the callables' argument
-plumbing, and the micro-batches that fall back. The graphs themselves and megatron-core's router and dispatcher need
-CUDA (the router moves its weight to the GPU when built): ``tests/gpu/test_packed_moe.py``."""
+"""The CPU parts of the ladder's MoE graphs (:mod:`bridge_cudagraph.capture.moe_layers`): the MLP half on the
+micro-batch's real rows only (its outputs and gradients), every row of a padded micro-batch, the tail tokens counted
+per rung, the callables' argument plumbing, and the micro-batches that fall back. The graphs themselves and
+megatron-core's router and dispatcher need CUDA (the router moves its weight to the GPU when built):
+``tests/gpu/test_packed_moe.py`` (packed) and ``tests/gpu/test_language_capture.py`` (padded)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import pytest
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from bridge_cudagraph.capture.packed_moe import PackedMoE, packed_seq_params, run_on_real_rows
+from bridge_cudagraph.capture.moe_layers import (
+    MoELayers,
+    PackedMoEAttention,
+    PaddedMoEAttention,
+    packed_seq_params,
+    run_on_real_rows,
+)
 from bridge_cudagraph.capture.stats import CaptureStats
 
 pytestmark = pytest.mark.fast
@@ -29,12 +36,12 @@ class _RowsMixing(torch.nn.Module):
         return hidden_states * self.weight + hidden_states.mean(dim=0, keepdim=True)
 
 
-def _moe_block(stats: CaptureStats) -> tuple[SimpleNamespace, PackedMoE]:
+def _moe_block(stats: CaptureStats) -> tuple[SimpleNamespace, MoELayers]:
     dense, moe = SimpleNamespace(is_moe_layer=False), _RowsMixing()
     moe.is_moe_layer = True
     moe.config = SimpleNamespace(overlap_moe_expert_parallel_comm=False)
     block = SimpleNamespace(layers=[dense, moe, dense])
-    return block, PackedMoE(block, [(0, 1), (1, 2), (2, 3)], stats)
+    return block, MoELayers(block, [(0, 1), (1, 2), (2, 3)], stats)
 
 
 @pytest.mark.parametrize(("budget", "rows"), [(12, 7), (12, 12), (12, 0)])
@@ -65,13 +72,54 @@ def test_a_dense_segment_passes_its_output_on():
     assert moe.remainder(block, 1, h, 3) is h and moe.remainder(block, 3, h, 3) is h
 
 
+def test_a_padded_micro_batchs_mlp_half_runs_on_every_row():
+    """Padded rows ``(S, mbs, H)`` have no tail: the replay passes ``rows = S`` and the MLP half sees the whole
+    micro-batch, padding included, as Bridge's padded step routes it."""
+    block, moe = _moe_block(CaptureStats("language"))
+    h = torch.randn(6, 2, 4)
+    assert torch.equal(moe.remainder(block, 2, h, h.size(0)), block.layers[1]._forward_mlp(h))
+
+
+class _AttentionHalf(torch.nn.Module):
+    """A layer whose ``_forward_attention`` records what it was called with (the host method compat.layer_attention
+    calls)."""
+
+    is_moe_layer = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[dict] = []
+
+    def _forward_attention(self, **kwargs):
+        self.calls.append(kwargs)
+        return kwargs["hidden_states"] + 1, None
+
+
+def test_each_form_wraps_an_moe_layer_as_its_attention_and_a_dense_one_whole():
+    """``wrap`` gives an MoE layer the form's attention callable (padded: no ``packed_seq_params``, no mask; packed:
+    the rung's ``cu_seqlens`` and ``max_seqlen``) and a dense layer the dense callable."""
+    layer, dense = _AttentionHalf(), torch.nn.Identity()
+    padded = MoELayers.wrap(layer, lambda m: dense, PaddedMoEAttention)
+    assert isinstance(padded, PaddedMoEAttention)
+    h, rotary = torch.zeros(3, 2, 4), torch.ones(3, 2, 1, 8)
+    assert torch.equal(padded(h, rotary), h + 1)
+    call = layer.calls[-1]
+    assert call["packed_seq_params"] is None and call["attention_mask"] is None and call["rotary_pos_emb"] is rotary
+    packed = MoELayers.wrap(layer, lambda m: dense, lambda m: PackedMoEAttention(m, 5))
+    packed(torch.zeros(6, 1, 4), rotary, torch.tensor([0, 2, 6], dtype=torch.int32))
+    params = layer.calls[-1]["packed_seq_params"]
+    assert params.qkv_format == "thd" and params.max_seqlen_q == 5 and params.cu_seqlens_q.tolist() == [0, 2, 6]
+    plain = SimpleNamespace(is_moe_layer=False)
+    assert MoELayers.wrap(plain, lambda m: dense, PaddedMoEAttention) is dense
+
+
 def test_run_on_real_rows_is_the_step_itself_without_a_tail():
     h = torch.randn(5, 1, 4)
     assert torch.equal(run_on_real_rows(lambda x: x * 2, h, 5), h * 2)
 
 
 def test_the_tail_tokens_are_counted_per_rung():
-    """:meth:`PackedMoE.count_tail` adds the rung's tail to ``stats.moe_tail_tokens`` (the tokens the MoE layers did
+    """:meth:`MoELayers.count_tail` adds the rung's tail to ``stats.moe_tail_tokens`` (the tokens the MoE layers did
     not see)."""
     stats = CaptureStats("language")
     _, moe = _moe_block(stats)
@@ -86,10 +134,10 @@ def test_an_moe_layer_must_be_a_graph_of_its_own_and_without_expert_parallel_ove
     stats = CaptureStats("language")
     block, _ = _moe_block(stats)
     with pytest.raises(CaptureError, match="MoE layer 1 shares a graph"):
-        PackedMoE(block, [(0, 2), (2, 3)], stats)
+        MoELayers(block, [(0, 2), (2, 3)], stats)
     block.layers[1].config.overlap_moe_expert_parallel_comm = True
     with pytest.raises(CaptureError, match="overlap_moe_expert_parallel_comm"):
-        PackedMoE(block, [(0, 1), (1, 2), (2, 3)], stats)
+        MoELayers(block, [(0, 1), (1, 2), (2, 3)], stats)
 
 
 def test_a_micro_batch_with_tokens_per_sample_falls_back():
@@ -97,9 +145,9 @@ def test_a_micro_batch_with_tokens_per_sample_falls_back():
     (``_maybe_unflatten_for_moe``), which a rung with a tail cannot divide: that micro-batch runs eagerly."""
     cu = torch.tensor([0, 8, 16], dtype=torch.int32)
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=8, max_seqlen_kv=8)
-    assert PackedMoE.misfit(params) is None
+    assert MoELayers.misfit(params) is None
     params.tokens_per_sample = 8
-    cause, detail = PackedMoE.misfit(params)
+    cause, detail = MoELayers.misfit(params)
     assert cause == "moe-rows" and "tokens_per_sample" in detail
 
 
