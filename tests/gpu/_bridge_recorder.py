@@ -92,6 +92,7 @@ class Recorder(Callback):
                 "manual_hooks": s.manual_hooks,
                 "graphed_steps": s.graphed_steps,
                 "failure": s.failure,
+                "helper": type(s.helper).__name__,  # which engine: the ladder's helpers or megatron-core's
                 **{k: getattr(s.helper.stats, k, None) for k in _STATS},
                 # tight packing of the packed language graphs (capture/tight.py): None where the helper has none
                 **{k: getattr(s.helper, k, None) for k in ("tight_replays", "tight_dropped_tokens")},

@@ -569,6 +569,68 @@ def moe_runs(tmp_path_factory):
     )
 
 
+#: The MoE recipe's rows padded to ``seq_length`` instead of packed.
+MOE_PADDED_ROWS = (
+    "dataset.enable_in_batch_packing=false",
+    "dataset.defer_in_batch_packing_to_step=false",
+    "dataset.pad_to_max_length=true",
+)
+MOE_PADDED_ITERS = 12
+
+
+@pytest.fixture(scope="module")
+def padded_moe_runs(tmp_path_factory):
+    """The MoE recipe on padded rows for ``MOE_PADDED_ITERS`` iterations, three at once: language graphs on (vision
+    off, so the language graphs alone are compared; ``modules: null``, each MoE layer's attention a graph on the padded
+    ladder and its MLP half eager), graphs off, and graphs off again (the eager-vs-eager floor)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    tmp = tmp_path_factory.mktemp("bridge_loop_padded_moe")
+    rows = [arg for o in MOE_PADDED_ROWS for arg in ("--override", o)]
+    common = ("--recipe", str(MOE_RECIPE), *_moe_deterministic(), *rows)
+    later = {"timeout": MOE_FIRST_TIMEOUT_S, "iters": MOE_PADDED_ITERS, "save": False}
+    language_only = ("--override", "model.cuda_graph.vision.enabled=false")
+    return _finish_all(
+        [
+            _start(tmp, "padded_moe_on", *common, "--graphs", "on", *language_only, **later),
+            _start(tmp, "padded_moe_off", *common, "--graphs", "off", **later),
+            _start(tmp, "padded_moe_off_again", *common, "--graphs", "off", **later),
+        ]
+    )
+
+
+def test_padded_moe_language_graphs_replay_on_the_ladder_and_match_graphs_off(padded_moe_runs, record):
+    """Bridge's loop on the MoE recipe's padded rows, language graphs from ``modules: null``: captured on the ladder
+    (``PaddedLanguageGraphHelper``, one graph per MoE layer's attention), replayed at every graphed step without a
+    fallback, and every iteration's loss and grad norm equal graphs off bit for bit where eager equals itself
+    (deterministic mode), else within ``parity.FLOOR_FACTOR`` times eager's own difference."""
+    from bridge_cudagraph.testing.parity import assert_captured
+
+    on, off, off_again = (padded_moe_runs[n] for n in ("padded_moe_on", "padded_moe_off", "padded_moe_off_again"))
+    for run in (on, off, off_again):
+        run.require_ok()
+        assert sorted(run.steps) == list(range(1, MOE_PADDED_ITERS + 1)), run.name
+    captured = on.capture("language")
+    assert captured is not None and captured["failure"] is None, on.data["graphs"]
+    assert captured["helper"] == "PaddedLanguageGraphHelper", captured
+    ended = {g["submodule"]: g for g in on.data["graphs"]}
+    assert set(ended) == {"language"}, sorted(ended)
+    assert_captured({**ended["language"], "graphs": captured["graphs"]}, where="padded_moe_on")
+    assert ended["language"]["eager_fallbacks"] == 0, ended
+    assert ended["language"]["graphed_steps"] == MOE_PADDED_ITERS - captured["captured_at"], ended
+    out = {}
+    for key in ("loss", "grad_norm"):
+        floor = _compare(_series(off_again, key), _series(off, key), f"padded moe {key}, eager vs eager")
+        assert floor.finite, floor.describe()
+        if _moe_deterministic():
+            floor.require_identical()
+        d = _match_within_floor(on, off, floor, key, f"padded moe {key}, language graphs vs off")
+        out[key] = {**d.as_dict(), "floor": floor.as_dict()}
+    record(graphs=captured["graphs"], replays=ended["language"]["replays"], **out)
+
+
 def _series(run: Run, key: str) -> dict[int, float | None]:
     return {i: s[key] for i, s in run.steps.items()}
 
