@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs 103-106, first session of 2026-12-06, at the product code that padded MoE layers moved onto the ladder with.
-#   S  every one-GPU suite (run 98's lanes), with test_language_capture's new MoE cases (modules null and [attn] on the
+# Runs 103 (case SP) and 104 (case C: run104.sh), 2026-12-06, one H100, at the product code of e99042b (padded MoE
+# layers on the ladder). P2 and D did not run: the session's device time ran out (seven refused starts cost 14 min).
+#   S  (SP: then one 2B headline process, as P below) every one-GPU suite (run 98's lanes), with test_language_capture's new MoE cases (modules null and [attn] on the
 #      padded ladder, the router scope on megatron-core's helper) and test_bridge_loop's padded MoE runs in a lane of
 #      their own (l8), beside #50's module path and the Qwen3.5-VL test (FLA 0.5.2 from .snap/fla)
 #   P  #51's headline: the 2B packed benchmark as run 81 ran it (eager_packed, ours_packed, paired, control), N
@@ -20,8 +21,7 @@ headline() {
     R "p_ut_2b_$1" 280 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_$1 --model small --seq 4096 --mbs 2 --num-mb 2 --steps 8 --warmup 3 --profile-steps 2 --variants eager_packed,ours_packed"
     grep -h "^| eager\|^| ours\|paired" "$LOGS/ut_$1/useful_tokens.md" 2>/dev/null | cut -c1-300 | head -8
 }
-case "$1" in
-S)
+suites() {
     ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c1
       R l1_bridge_loop 450 "BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_bridge_loop.json $PYT tests/gpu/test_bridge_loop.py -k 'not moe'"
       R l1_faults 100 "$PYT tests/gpu/test_faults.py" ) &
@@ -51,7 +51,14 @@ S)
     grep -H " passed\| failed\| error" "$LOGS"/l*.log | grep -v "PASSED\|FAILED" | cut -c1-200
     grep -h "^FAILED\|^ERROR\|^E  " "$LOGS"/l*.log | cut -c1-300 | head -30
     grep -h "capture failed\|eager fallbacks" "$LOGS/l6_train_photos_det.log" | cut -c1-250 | tail -4
-    head -c 400 "$LOGS/module_path/module_path.json" ;;
+    head -c 400 "$LOGS/module_path/module_path.json"
+}
+case "$1" in
+S) suites ;;
+SP)
+    suites
+    export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
+    headline a ;;
 P2)
     export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
     headline a
