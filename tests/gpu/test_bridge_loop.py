@@ -569,12 +569,6 @@ def moe_runs(tmp_path_factory):
     )
 
 
-#: The MoE recipe's rows padded to ``seq_length`` instead of packed.
-MOE_PADDED_ROWS = (
-    "dataset.enable_in_batch_packing=false",
-    "dataset.defer_in_batch_packing_to_step=false",
-    "dataset.pad_to_max_length=true",
-)
 MOE_PADDED_ITERS = 12
 
 
@@ -587,16 +581,18 @@ def padded_moe_runs(tmp_path_factory):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    from tests.unit.test_bad_configs import PADDED_ROWS  # the MoE recipe's rows padded to seq_length, not packed
+
     tmp = tmp_path_factory.mktemp("bridge_loop_padded_moe")
-    rows = [arg for o in MOE_PADDED_ROWS for arg in ("--override", o)]
+    rows = [arg for o in PADDED_ROWS for arg in ("--override", o)]
     common = ("--recipe", str(MOE_RECIPE), *_moe_deterministic(), *rows)
-    later = {"timeout": MOE_FIRST_TIMEOUT_S, "iters": MOE_PADDED_ITERS, "save": False}
+    each = {"timeout": MOE_FIRST_TIMEOUT_S, "iters": MOE_PADDED_ITERS, "save": False}
     language_only = ("--override", "model.cuda_graph.vision.enabled=false")
     return _finish_all(
         [
-            _start(tmp, "padded_moe_on", *common, "--graphs", "on", *language_only, **later),
-            _start(tmp, "padded_moe_off", *common, "--graphs", "off", **later),
-            _start(tmp, "padded_moe_off_again", *common, "--graphs", "off", **later),
+            _start(tmp, "padded_moe_on", *common, "--graphs", "on", *language_only, **each),
+            _start(tmp, "padded_moe_off", *common, "--graphs", "off", **each),
+            _start(tmp, "padded_moe_off_again", *common, "--graphs", "off", **each),
         ]
     )
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bridge_cudagraph.plan.from_config import plan_config
 from bridge_cudagraph.recipe.load import load_recipe
+from tests.unit.test_bad_configs import PADDED_ROWS
 
 YAML = Path(__file__).resolve().parents[3] / "recipes" / "tiny_qwen3_vl_photos.yaml"
 
@@ -58,13 +59,6 @@ def test_the_moe_recipe_packs_and_plans_attention_graphs_with_the_mlp_half_eager
     assert "[attn] (null on MoE layers)" in text
     assert "router, dispatch, experts and combine run eagerly" in text and "padding_mask" not in text
     assert plan.vision is not None and plan.vision.token_budgets == (1024, 2048, 4096, 8192)
-
-
-PADDED_ROWS = [
-    "dataset.enable_in_batch_packing=false",
-    "dataset.defer_in_batch_packing_to_step=false",
-    "dataset.pad_to_max_length=true",
-]
 
 
 def test_the_moe_recipe_pads_on_the_ladder_with_modules_null(tmp_path, monkeypatch):
