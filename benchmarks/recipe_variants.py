@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.real_loop import GRAPHS_OFF as _GRAPHS_OFF
+
 #: ``--model`` names that come from a recipe file, and the file (relative to the repository root).
 RECIPES = {"peft8b": "recipes/qwen3_vl_8b_peft_photos_graphs.yaml"}
 
-_GRAPHS_OFF = ("model.cuda_graph.language.enabled=false", "model.cuda_graph.vision.enabled=false")
 #: Every row padded to seq_length: Bridge's data path without in-batch packing. The language graphs then plan one
 #: static BSHD shape (micro batch x seq_length), so the packed budget ladder of the file is dropped.
 _PADDED = (
@@ -84,6 +85,17 @@ class RecipeVariant:
         register_pre_wrap_hook()(self.provider, hook)
 
 
+def upstream_graphs_provider(provider: Any, vision_seq_length: int) -> Any:
+    """``provider`` as Bridge's host provider with megatron-core's TE graphs on, the vision graphs at one length of
+    ``vision_seq_length`` patches (upstream_padded)."""
+    from bridge_cudagraph.examples import tiny
+
+    plain = tiny.upstream_provider(provider)
+    plain.vision_cuda_graph_impl = "transformer_engine"
+    plain.max_vision_cuda_graph_seq_length = vision_seq_length
+    return plain
+
+
 def recipe_path(model: str) -> Path:
     """The recipe file of ``--model``."""
     return Path(__file__).resolve().parent.parent / RECIPES[model]
@@ -124,12 +136,7 @@ def load_variant(
     graphs = cfg.model.cuda_graph.any_enabled
     plan = plan_config(cfg, world_size=1, finalized=True) if graphs else None
     if variant == "upstream_padded":
-        from bridge_cudagraph.examples import tiny
-
-        plain = tiny.upstream_provider(cfg.model)
-        plain.vision_cuda_graph_impl = "transformer_engine"
-        plain.max_vision_cuda_graph_seq_length = upstream_vision_seq_length
-        cfg.model = plain
+        cfg.model = upstream_graphs_provider(cfg.model, upstream_vision_seq_length)
     got = (int(cfg.model.seq_length), int(cfg.train.micro_batch_size))
     if got != (seq_length, micro_batch_size):
         raise RuntimeError(

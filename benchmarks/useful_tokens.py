@@ -324,11 +324,6 @@ def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
     return first, second
 
 
-def command_line(argv: Sequence[str] | None = None) -> str:
-    """The command as a user types it (``meta["command"]``)."""
-    return runner.command_line("benchmarks.useful_tokens", argv)
-
-
 # ============================================================================================ data
 def photo_microbatches(
     count: int, micro_batch_size: int, seq_length: int, *, cache=None, spec=None
@@ -351,12 +346,8 @@ def photo_microbatches(
 
 def token_ids(processor) -> dict[str, int]:
     """The processor's special ids, as provider fields (the 2B provider's defaults are Qwen3-VL's real ids)."""
-    return {
-        "image_token_id": processor.image_token_id,
-        "video_token_id": processor.video_token_id,
-        "vision_start_token_id": processor.vision_start_token_id,
-        "vision_end_token_id": processor.vision_end_token_id,
-    }
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return {name: getattr(processor, name) for name in names}
 
 
 def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> report.MicroBatch:
@@ -402,17 +393,10 @@ def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device=
     """Both forms of every collated micro-batch by Bridge's step functions: packed, and padded to ``seq_length``."""
     from bridge_cudagraph.testing.step_batch import qwen3_vl_step_inputs
 
-    return {
-        PACKED: [
-            qwen3_vl_step_inputs(c, pg_collection, packed=True, seq_length=seq_length, device=device) for c in collated
-        ],
-        PADDED: [
-            qwen3_vl_step_inputs(
-                c, pg_collection, packed=False, pad_to_seq_length=True, seq_length=seq_length, device=device
-            )
-            for c in collated
-        ],
-    }
+    def form(**kind: bool) -> list[dict]:
+        return [qwen3_vl_step_inputs(c, pg_collection, seq_length=seq_length, device=device, **kind) for c in collated]
+
+    return {PACKED: form(packed=True), PADDED: form(packed=False, pad_to_seq_length=True)}
 
 
 def image_sets(collated: Sequence[dict]) -> tuple:
@@ -502,12 +486,8 @@ def variant_provider(run: BenchRun, variant: str):
     if model.provider is None:
         raise ValueError(unknown)
     if variant == "upstream_padded":
-        from bridge_cudagraph.examples import tiny
-
-        plain = tiny.upstream_provider(model.provider(None, seq_length=run.cfg.seq_length, **run.ids))
-        plain.vision_cuda_graph_impl = "transformer_engine"
-        plain.max_vision_cuda_graph_seq_length = run.cfg.upstream_vision_seq_length()
-        return plain
+        plain = model.provider(None, seq_length=run.cfg.seq_length, **run.ids)
+        return recipe_variants.upstream_graphs_provider(plain, run.cfg.upstream_vision_seq_length())
     graphed = {
         "ours_padded": ours_graph_config(run.cfg, model.language_modules),
         **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
@@ -1207,7 +1187,8 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = prepare(args, world)
-    data: dict[str, Any] = {"meta": _meta(args, run.cfg, command or command_line()), "data": run.data}
+    command = command or runner.command_line("benchmarks.useful_tokens")
+    data: dict[str, Any] = {"meta": _meta(args, run.cfg, command), "data": run.data}
     data["meta"]["outside_allocator_after_setup_bytes"] = runner.outside_allocator_bytes()
     data["variants"] = run.results
     json_path = out / JSON_NAME
@@ -1271,7 +1252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = init_world(vision=VisionLayout(), seed=runner.SEED)
     runner.cap_gpu_memory(args.gpu_memory)
     try:
-        data = run_all(args, world=world, command=command_line(argv))
+        data = run_all(args, world=world, command=runner.command_line("benchmarks.useful_tokens", argv))
     finally:
         close_world(world)
     failed = failed_variants(data, chosen_variants(args))
