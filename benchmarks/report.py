@@ -246,7 +246,9 @@ def _ok(rec: Any) -> TypeGuard[Mapping[str, Any]]:
     return bool(rec) and rec.get("status") == "ok"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def _table(header: str | Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table; ``header``: its cells, or one string of them joined by `` | ``."""
+    header = header.split(" | ") if isinstance(header, str) else header
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
@@ -370,7 +372,7 @@ def host_time_section(
         + [fmt_ms((p.get(phase) or {}).get(k)) for p in phases for k in PHASE_KEYS]
         for phase in [*phases[0], *(k for k in phases[1] if k not in phases[0])]
     ]
-    header = ("phase", "ours GPU-idle ms/step", "ours wall ms/step", "eager GPU-idle ms", "eager wall ms")
+    header = "phase | ours GPU-idle ms/step | ours wall ms/step | eager GPU-idle ms | eager wall ms"
     out += ["", *_table(header, rows), ""]
     facts = []
     if (outside := _num(host.get("idle_outside_ops_ms_per_step"))) is not None:
@@ -398,7 +400,7 @@ def host_time_section(
             for r in host.get(key) or []
         ]
         if rows:
-            header = (title, "ours GPU-idle overlap ms/step", "calls/step", "CPU ms/step", "eager GPU-idle overlap ms")
+            header = f"{title} | ours GPU-idle overlap ms/step | calls/step | CPU ms/step | eager GPU-idle overlap ms"
             out += [*_table(header, rows), ""]
     if host.get("top_cpu_ops") or host.get("top_runtime"):
         out += ["(-: not among eager's top entries.)", ""]
@@ -675,12 +677,8 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     ]
     if rows:
         header = (
-            "variant",
-            "peak allocated GiB",
-            "peak reserved GiB",
-            "reserved vs eager_packed",
-            "graph GiB",
-            "outside the allocator GiB",
+            "variant | peak allocated GiB | peak reserved GiB | reserved vs eager_packed | graph GiB | "
+            "outside the allocator GiB"
         )
         out += [*_table(header, rows), ""]
         out.append(
@@ -763,7 +761,7 @@ def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
         return []
     header = (
         "variant | vision fwd ms/mb | vision bwd ms/mb | vision ms/mb | encoder calls/step | MFU | MFU at kernel time"
-    ).split(" | ")
+    )
     note = "(MFU: padded rows only, every position counted, dense BF16 peak of `benchmarks/flops.py`; -: not taken.)"
     return ["## Vision encoder and MFU", "", *_table(header, rows), "", note, ""]
 
@@ -842,7 +840,7 @@ def lever_section(data: Mapping[str, Any]) -> list[str]:
     header = (
         "lever | without → with | kernel ms/step (profiled) | step ms median (IQR) | useful tok/s (with / without) | "
         "fill | peak GiB allocated / reserved"
-    ).split(" | ")
+    )
     out = ["## Levers", "", *_table(header, [lever_row(*lever, variants) for lever in pairs]), ""]
     return [*out, *(line for line in (lever_verdict(*lever, variants) for lever in pairs) if line), ""]
 

@@ -19,10 +19,11 @@ STEP_MARK = "bench_step_"
 
 
 # ================================================================================================ GPU busy
-def kernel_events(trace: dict) -> Iterator[dict]:
-    """Every CUDA kernel's complete event in a ``torch.profiler`` chrome trace."""
+def complete_events(trace: dict, *cats: str) -> Iterator[dict]:
+    """The complete events of the categories ``cats`` (lower case: ``kernel``, ``cpu_op``, ...) in a
+    ``torch.profiler`` chrome trace."""
     for e in trace.get("traceEvents", []):
-        if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel":
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in cats:
             yield e
 
 
@@ -34,7 +35,7 @@ def _span(event: dict) -> tuple[float, float]:
 
 def trace_kernels(trace: dict) -> list[tuple[float, float, Any]]:
     """``(start_us, end_us, stream)`` of every CUDA kernel in a chrome trace exported by ``torch.profiler``."""
-    return [(*_span(e), (e.get("args") or {}).get("stream", e.get("tid"))) for e in kernel_events(trace)]
+    return [(*_span(e), (e.get("args") or {}).get("stream", e.get("tid"))) for e in complete_events(trace, "kernel")]
 
 
 def top_kernels(trace: dict, n_steps: int, top: int = 12) -> list[list[Any]]:
@@ -42,7 +43,7 @@ def top_kernels(trace: dict, n_steps: int, top: int = 12) -> list[list[Any]]:
     launches per step]`` (which kernels a lever moved)."""
     windows = trace_windows(trace)
     totals: dict[str, list[float]] = {}
-    for e in kernel_events(trace):
+    for e in complete_events(trace, "kernel"):
         ts = float(e.get("ts", 0.0))
         if not any(lo <= ts < hi for lo, hi in windows):
             continue
@@ -57,13 +58,12 @@ def top_kernels(trace: dict, n_steps: int, top: int = 12) -> list[list[Any]]:
 def trace_windows(trace: dict, prefix: str = STEP_MARK) -> list[tuple[float, float]]:
     """The CPU ranges ``record_function(f"{prefix}{j}")`` marked, ordered by ``j``."""
     found = {}
-    for e in trace.get("traceEvents", []):
+    for e in complete_events(trace, "user_annotation"):
         name = str(e.get("name", ""))
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "user_annotation" or not name.startswith(prefix):
-            continue
         with contextlib.suppress(ValueError):
-            ts = float(e.get("ts", 0.0))
-            found[int(name[len(prefix) :])] = (ts, ts + float(e.get("dur", 0.0)))
+            if name.startswith(prefix):
+                ts = float(e.get("ts", 0.0))
+                found[int(name[len(prefix) :])] = (ts, ts + float(e.get("dur", 0.0)))
     return [found[j] for j in sorted(found)]
 
 
@@ -116,7 +116,7 @@ def busy_between_marks(trace: dict, n_steps: int) -> dict:
     time on the GPU's clock. ``busy`` and per step ``kernel_ms`` and ``window_ms``."""
     marks: list[tuple[float, float]] = []
     kernels: list[tuple[float, float]] = []
-    for e in kernel_events(trace):
+    for e in complete_events(trace, "kernel"):
         (marks if MARK_KERNEL in str(e.get("name", "")) else kernels).append(_span(e))
     if len(marks) < 2:
         raise RuntimeError(f"CUDA-only profile has {len(marks)} '{MARK_KERNEL}' markers, needs 2")
@@ -318,11 +318,10 @@ def gap_histogram(gaps: Sequence[tuple[float, float]], edges: Sequence[float] = 
 def trace_host_ranges(trace: dict, cats: Sequence[str], pid: Any = None) -> list[tuple[float, float, str, Any]]:
     """``(start_us, end_us, name, thread)`` of the complete events of categories ``cats`` (of process ``pid`` when
     given)."""
-    wanted = {c.lower() for c in cats}
     return [
         (*_span(e), str(e.get("name", "?")), e.get("tid"))
-        for e in trace.get("traceEvents", [])
-        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in wanted and (pid is None or e.get("pid") == pid)
+        for e in complete_events(trace, *(c.lower() for c in cats))
+        if pid is None or e.get("pid") == pid
     ]
 
 
