@@ -836,7 +836,7 @@ def ours_helpers(objs: dict, plan: Any) -> list:
         prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
     installed = step_host.install_planned(plan, model, optimizer)
     objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
-    return provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
+    return provider.make_graph_helpers(model, plan=plan)
 
 
 def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_size: int, num_microbatches: int) -> list:

@@ -50,11 +50,6 @@ JSON_NAME = "useful_tokens.json"
 
 
 # ============================================================================================ models
-#: The padded language graph scope the benchmark gives an MoE model (megatron-core's helper): token counts per expert
-#: change every micro-batch, so the experts run eagerly; the attention, router and dispatch preprocess (no host sync
-#: inside) are captured. ``modules: null`` is the product's attention scope on the ladder instead
-#: (:data:`bridge_cudagraph.plan.checks.MOE_ATTENTION_SCOPE`), which ours_packed measures.
-MOE_SCOPE: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
 #: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); ours_packed graphs
 #: each MoE layer's attention on the packed ladder (a refusal by the plan is recorded as ``refused``).
 MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
@@ -153,8 +148,6 @@ class ModelDef:
     provider: Callable[..., Any] | None = None
     """``provider(cuda_graph, *, seq_length, **fields)``, not finalized; None for a recipe model (its variants are
     the recipe file's, :mod:`benchmarks.recipe_variants`)."""
-    language_modules: tuple[str, ...] | None = None
-    """``model.cuda_graph.language.modules`` of ours_padded: None captures whole layers."""
     variants: tuple[str, ...] = report.VARIANTS
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
     optional: tuple[str, ...] = ()
@@ -170,20 +163,17 @@ MODELS: dict[str, ModelDef] = {
         optional=(*LEVER_VARIANTS, PADDED_CONTROL),
     ),
     "tiny-moe": ModelDef(
-        "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), padded language graphs of "
-        + ", ".join(MOE_SCOPE)
-        + "; packed: attn",
+        "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), language graphs of each layer's "
+        "attention (modules null), padded and packed",
         functools.partial(_tiny_provider, moe=True),
-        MOE_SCOPE,
         variants=MOE_VARIANTS,
         optional=(PADDED_CONTROL,),
     ),
     "moe-30b-a3b-shape": ModelDef(
         f"Qwen3-VL-30B-A3B shape at {MOE_30B_LAYERS} language layers (2048 hidden, 32 heads / 4 KV groups x 128, "
         "128 experts of 768, top 8, grouped GEMM, alltoall, aux loss; vision 27 x 1152), random weights, EP 1, "
-        "padded language graphs of " + ", ".join(MOE_SCOPE) + "; packed: attn",
+        "language graphs of each layer's attention (modules null), padded and packed",
         qwen3_vl_30b_a3b_shape_provider,
-        MOE_SCOPE,
         variants=MOE_VARIANTS,
         optional=(PADDED_CONTROL,),
     ),
@@ -450,13 +440,13 @@ def recipe_variant(args: argparse.Namespace, cfg: BenchConfig, variant: str) -> 
     )
 
 
-def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) -> CudaGraphConfig:
-    """ours_padded's block: language graphs over ``modules`` (None: whole layers) and vision graphs with the data's
-    budgets; failures raised, never timed as eager."""
+def ours_graph_config(cfg: BenchConfig) -> CudaGraphConfig:
+    """ours_padded's block: language graphs of whole layers (of an MoE layer, its attention: ``modules`` null) and
+    vision graphs with the data's budgets; failures raised, never timed as eager."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
     return CudaGraphConfig(
-        language=LanguageGraphConfig(enabled=True, modules=None if modules is None else list(modules)),
+        language=LanguageGraphConfig(enabled=True),
         vision=VisionGraphConfig(
             enabled=True, token_budgets=cfg.vision_budgets(), max_images_per_microbatch=cfg.vision_max_segments()
         ),
@@ -466,13 +456,8 @@ def ours_graph_config(cfg: BenchConfig, modules: Sequence[str] | None = None) ->
 
 
 def packed_graph_config(run: BenchRun) -> CudaGraphConfig:
-    """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`). On
-    an MoE model the scope is the product's packed MoE scope, given explicitly: the benchmark's providers are built
-    without Bridge's config, under whose in-batch packing ``modules: null`` would mean that scope."""
-    from bridge_cudagraph.plan.checks import MOE_ATTENTION_SCOPE
-
-    moe = MODELS[run.args.model].language_modules is not None
-    block = ours_graph_config(run.cfg, MOE_ATTENTION_SCOPE if moe else None)
+    """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`)."""
+    block = ours_graph_config(run.cfg)
     language = dataclasses.replace(block.language, token_budgets=list(run.layout.budgets))
     return dataclasses.replace(block, language=language)
 
@@ -489,7 +474,7 @@ def variant_provider(run: BenchRun, variant: str):
         plain = model.provider(None, seq_length=run.cfg.seq_length, **run.ids)
         return recipe_variants.upstream_graphs_provider(plain, run.cfg.upstream_vision_seq_length())
     graphed = {
-        "ours_padded": ours_graph_config(run.cfg, model.language_modules),
+        "ours_padded": ours_graph_config(run.cfg),
         **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
     }
     for name, parts in (*report.PADDED_PARTS.items(), *report.PACKED_PARTS.items()):
@@ -591,7 +576,7 @@ def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
     if variant not in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         return []
     if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
-        return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"], optimizers=[objs["optimizer"]])
+        return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"])
     plan = packed_plan(run, objs["provider"]) if variant in PACKED_GRAPHED else None
     if plan is None:  # the provider's own plan for padded micro-batches
         from bridge_cudagraph.testing.plans import plan_for
@@ -612,8 +597,6 @@ def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
             for ladder in helpers:
                 if isinstance(ladder, LadderHelper):
                     ladder.sum_param_grads = False
-    if variant in report.MEGATRON_ENGINE:
-        helpers[0] = megatron_engine(run, helpers[0], objs)
     return helpers
 
 
@@ -622,27 +605,6 @@ def packs_tightly(variant: str, plan: CapturePlan) -> bool:
     variant but ours_packed_rows (:data:`~benchmarks.report.TIGHT`), except on an MoE model, whose plan keeps tight
     packing off for every variant (its router's losses count each row's padding, as Bridge's step routes it)."""
     return variant in report.TIGHT and not plan.facts.num_moe_experts
-
-
-def megatron_engine(run: BenchRun, ladder: Any, objs: dict) -> Any:
-    """megatron-core's helper with the plan's numbers in place of the padded ladder (``ladder``, uninstalled)."""
-    from bridge_cudagraph.capture.from_plan import language_helper_arguments
-    from bridge_cudagraph.capture.language import LanguageGraphHelper
-    from bridge_cudagraph.capture.padded import PaddedLanguageGraphHelper
-    from bridge_cudagraph.testing.plans import plan_for
-
-    if not isinstance(ladder, PaddedLanguageGraphHelper):
-        raise RuntimeError(f"megatron engine variant: the plan built {type(ladder).__name__}, not the padded ladder")
-    ladder.uninstall()
-    provider = objs["provider"]
-    plan = plan_for(provider, world_size=1, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb)
-    return LanguageGraphHelper(
-        objs["model"],
-        provider,
-        pg_collection=run.world.language,
-        optimizers=[objs["optimizer"]],
-        **language_helper_arguments(plan),
-    )
 
 
 def check_param_grads(variant: str, capture: dict) -> None:

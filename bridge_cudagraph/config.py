@@ -51,8 +51,8 @@ class SubmoduleGraphConfig:
     """Capture this submodule's transformer layers as per-layer CUDA graphs (Transformer Engine)."""
 
     modules: list[str] | None = None
-    """Which part of each layer to capture: ``None`` whole layers (of an MoE layer: the attention alone);
-    else a subset of Megatron-Core's ``attn``, ``mlp``, ``moe``, ``moe_router``, ``moe_preprocess``."""
+    """Which part of each layer to capture: ``None`` whole layers (of an MoE layer: the attention alone, its router
+    and experts eager after the graph). ``[attn]`` names that MoE scope; any other part of a layer is refused."""
 
     warmup_steps: int | None = None
     """Eager training steps before capture. ``None`` uses the model's ``cuda_graph_warmup_steps`` (3 in

@@ -25,7 +25,7 @@ def test_the_lever_variants_forms_references_and_run_order():
         form = report.PADDED if name in report.PADDED_PARTS else report.PACKED
         assert report.FORM[name] == form and name in report.LABELS and name in report.COLORS, name
         assert name not in report.VARIANTS  # opt-in: the default list is unchanged
-    for name in report.PADDED_PARTS:  # ours_padded's parts: graphed, compared with eager_padded
+    for name in report.PADDED_PARTS:  # ours_padded's parts (one of recorded runs only): graphed, vs eager_padded
         assert name in report.GRAPHED and report.reference_of(name) == "eager_padded"
         assert report.ORDER.index("ours_padded") < report.ORDER.index(name) < report.ORDER.index("ours_packed")
     assert report.reference_of("ours_packed_rows") == "eager_packed"
@@ -40,7 +40,8 @@ def test_the_lever_variants_forms_references_and_run_order():
     order = report.ORDER
     assert order.index("eager_packed_fused") < order.index("ours_packed") < order.index("ours_packed_fused")
     assert [v for v in order if v in report.VARIANTS] == list(report.VARIANTS)
-    assert set(order) == {*report.VARIANTS, *report.LEVER_VARIANTS, report.PADDED_CONTROL}
+    assert set(order) == {*report.VARIANTS, *report.LEVER_VARIANTS, *report.MEGATRON_ENGINE, report.PADDED_CONTROL}
+    assert not set(report.MEGATRON_ENGINE) & set(report.LEVER_VARIANTS)  # rendered from recorded runs, never run
     args = useful_tokens.parse_args(["--out", "x", "--variants", "ours_packed_fused,eager_packed_fused,eager_packed"])
     assert useful_tokens.check_args(args) is None
     assert useful_tokens.chosen_variants(args) == ("eager_packed", "eager_packed_fused", "ours_packed_fused")

@@ -29,12 +29,10 @@ def test_moe_models_on_the_command_line():
         assert useful_tokens.check_args(args) is None
         assert (args.seq, args.mbs, args.num_mb) == (4096, 2, 2)  # the benchmark's shape, not a recipe's
         assert useful_tokens.MODELS[model].variants == ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
-        assert useful_tokens.MODELS[model].language_modules == ("attn", "moe_router", "moe_preprocess")
         ok = useful_tokens.parse_args(["--out", "x", "--model", model, "--variants", "eager_packed,ours_padded"])
         assert useful_tokens.check_args(ok) is None
     # the dense models keep every variant
     assert useful_tokens.MODELS["tiny"].variants == report.VARIANTS
-    assert useful_tokens.MODELS["small"].language_modules is None
 
 
 @pytest.mark.fast
@@ -58,9 +56,9 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
     model, experts, topk, layers, hidden, vision_depth
 ):
     """Every variant's provider is the MoE class with the model's experts, top-k and depth, the photo processor's ids
-    and the run's sequence; eager: no graphs; ours_padded: language graphs over attn + router + preprocess and
-    vision graphs on the data's budgets, which the plan accepts (one graph set per layer); ours_packed: language on the
-    run's packed ladder over the attention (the MLP half eager), and vision."""
+    and the run's sequence; eager: no graphs; ours_padded: language graphs of each MoE layer's attention on the
+    padded ladder (``modules`` null, the MLP half eager) and vision graphs on the data's budgets, which the plan
+    accepts (one graph per layer); ours_packed: the same scope on the run's packed ladder, and vision."""
     from bridge_cudagraph.bridge.providers import CudaGraphQwen3VLMoEModelProvider
     from bridge_cudagraph.testing.plans import plan_for
 
@@ -78,16 +76,16 @@ def test_moe_providers_carry_the_experts_and_each_variants_graph_scope(
         block = providers[variant].cuda_graph
         assert not block.language.enabled and not block.vision.enabled, variant
     padded = providers["ours_padded"].cuda_graph
-    assert padded.language.enabled and padded.language.modules == ["attn", "moe_router", "moe_preprocess"]
+    assert padded.language.enabled and padded.language.modules is None
     assert padded.vision.enabled and padded.vision.token_budgets == run.cfg.vision_budgets()
     assert padded.on_capture_error == "raise"
     plan = plan_for(providers["ours_padded"], world_size=1, micro_batch_size=2, num_microbatches=2)
     assert plan.language.enabled and plan.language.packed is None and plan.language.graph_unit == "layer"
-    assert plan.language.modules == ("attn", "moe_router", "moe_preprocess")
+    assert plan.language.modules == ("attn",) and plan.language.padded is not None
     assert plan.language.captured_per_stage == (layers,) and plan.vision is not None
     packed = providers["ours_packed"].cuda_graph  # planned by the product: test_ours_packed_on_moe_plans_...
     assert packed.language.enabled and packed.language.token_budgets and packed.vision.enabled
-    assert packed.language.modules == ["attn"]
+    assert packed.language.modules is None
 
 
 def test_the_30b_a3b_shape_is_bridges_own_provider_at_reduced_depth():
@@ -132,7 +130,7 @@ def test_ours_packed_on_moe_plans_the_packed_moe_scope(model, experts):
     assert useful_tokens.refusal(run, "ours_packed") is None
     provider = useful_tokens.variant_provider(run, "ours_packed")
     assert provider.num_moe_experts == experts
-    assert provider.cuda_graph.language.modules == list(MOE_ATTENTION_SCOPE) == ["attn"]
+    assert provider.cuda_graph.language.modules is None  # null: the attention scope on an MoE model
     plan = useful_tokens.packed_plan(run, provider)
     assert plan.language.packed is not None and plan.language.graph_unit == "layer"
     assert plan.language.modules == MOE_ATTENTION_SCOPE

@@ -305,8 +305,8 @@ def _print_rank0(message: str) -> None:
     print_rank_0(message)
 
 
-def _helpers_of(provider, model, *, plan, optimizers):
-    return provider.make_graph_helpers(model, plan=plan, optimizers=optimizers)
+def _helpers_of(provider, model, *, plan):
+    return provider.make_graph_helpers(model, plan=plan)
 
 
 class CudaGraphCallback(Callback):
@@ -319,7 +319,7 @@ class CudaGraphCallback(Callback):
             (:func:`bridge_cudagraph.bridge.train.run` passes it). Without one it is built at ``on_train_start`` from
             the config Bridge finalized, by the same function (:func:`bridge_cudagraph.plan.from_config.plan_config`,
             ``finalized=True``).
-        helper_factory: ``(provider, model, *, plan, optimizers) -> helpers``; default
+        helper_factory: ``(provider, model, *, plan) -> helpers``; default
             ``provider.make_graph_helpers``. A seam for tests and for callers that build helpers themselves.
         hooks_factory: ``model -> PreHooks``; default :class:`ForwardPreHooks` (Bridge's toggles).
     """
@@ -369,7 +369,7 @@ class CudaGraphCallback(Callback):
             from bridge_cudagraph.plan.from_config import plan_config
 
             plan = self.plan = plan_config(cfg, world_size=_world_size(), finalized=True)
-        helpers = self._helper_factory(provider, context.model, plan=plan, optimizers=[context.optimizer])
+        helpers = self._helper_factory(provider, context.model, plan=plan)
         from bridge_cudagraph.host import step as step_host
 
         self._step_host = step_host.install_planned(plan, context.model, context.optimizer)

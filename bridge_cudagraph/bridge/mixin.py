@@ -8,7 +8,7 @@ Composed in front of any ``GPTModelProvider`` (Qwen3, Llama, ...) or the Qwen3-V
   the TE RNG tracker graphs need), refusing upstream's own switches so that exactly one owner captures;
 * builds the model with the collection Bridge hands ``provide_distributed_model`` (completed with the GTP_remat
   fields megatron-core reads, :func:`~bridge_cudagraph.host.gtp_remat_aliases.complete_bridge_collection`) and keeps
-  the checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.capture.language.drop_language_aliases`);
+  the checkpoint keys of a graphs-off model (:func:`~bridge_cudagraph.host.language_aliases.drop_language_aliases`);
 * keeps the vision replicas of the model it built identical, graphs or not (:meth:`provide_distributed_model`);
 * makes the graph helpers (:meth:`make_graph_helpers`) from a
   :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan`, which holds every number they need (budgets, segments,
@@ -144,30 +144,9 @@ class CudaGraphProviderMixin(HostMixin):
                 f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
                 "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
             )
-        if getattr(self, "cpu_offloading", False):
-            raise CudaGraphConfigError(
-                f"model.cpu_offloading=true with {where}.enabled=true: megatron-core's CPU activation offloading "
-                "moves activations out inside the layers, which a graph cannot replay (megatron-core refuses it with "
-                f"per-layer graphs); set model.cpu_offloading=false, or {where}.enabled=false",
-                fix=("model.cpu_offloading=false",),
-            )
-        modules = self.cuda_graph.language.modules
-        # On an MoE model modules null is the attention scope (the ladder's MoE graphs, packed or padded), and another
-        # scope on packed rows is refused by plan/checks.py's one copy; a padded scope with the MoE layer's MLP is
-        # megatron-core's helper's, which needs fixed expert capacities.
-        packed = compat.in_batch_packing_marked(self)
-        if getattr(self, "num_moe_experts", None) and not packed and modules is not None and "moe" in modules:
-            if getattr(self, "moe_expert_capacity_factor", None) is None or not getattr(
-                self, "moe_pad_expert_input_to_capacity", False
-            ):
-                raise CudaGraphConfigError(
-                    f"{where}.modules captures whole MoE layers, whose token counts per expert vary per batch; "
-                    f"set {where}.modules=null (each MoE layer's attention is a graph, its router and experts run "
-                    "eagerly after it), or give the experts a fixed capacity (model.moe_expert_capacity_factor and "
-                    "model.moe_pad_expert_input_to_capacity=true: this changes the model, tokens over capacity are "
-                    "dropped)",
-                    fix=(f"{where}.modules=null",),
-                )
+        from bridge_cudagraph.plan.checks import check_activation_offloading
+
+        check_activation_offloading(self)
 
     def _language_modules(self) -> tuple[str, ...] | None:
         """The language scope megatron-core's layers read (``config.cuda_graph_modules``): the block's, or on an MoE
@@ -184,7 +163,7 @@ class CudaGraphProviderMixin(HostMixin):
         ``gradient_accumulation_fusion=true`` on a stack without APEX: the host builds unfused and TE's own layers
         fuse afterwards (:mod:`bridge_cudagraph.host.wgrad_fusion`), graphs or not.
         """
-        from bridge_cudagraph.capture.language import drop_language_aliases
+        from bridge_cudagraph.host.language_aliases import drop_language_aliases
         from bridge_cudagraph.host.wgrad_fusion import fuse_te_modules, unfused_build
 
         with unfused_build(self) as te_only:
@@ -268,22 +247,22 @@ class CudaGraphProviderMixin(HostMixin):
         # Idempotent: the wrapper it assigns comes back through __setattr__ and is recognised.
         install_grad_sync(self, chunks, GraphedQwen3VLVisionModel)
 
-    def make_language_graph_helper(self, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
+    def make_language_graph_helper(self, model: list[Any], *, plan: CapturePlan):
         """The language graph helper for ``model`` (the DDP-wrapped chunks this provider built), as ``plan`` says
-        (:func:`bridge_cudagraph.capture.from_plan.language_graph_helper`); the collection defaults to the one Bridge
-        passed to ``provide_distributed_model``."""
-        from bridge_cudagraph.capture.from_plan import language_graph_helper
+        (:func:`bridge_cudagraph.capture.from_plan.language_graph_helper`)."""
+        from bridge_cudagraph.capture.from_plan import check_plan_matches, language_graph_helper
 
-        return language_graph_helper(self, model, plan=plan, optimizers=optimizers, pg_collection=pg_collection)
+        check_plan_matches(self, plan)
+        return language_graph_helper(model, plan=plan)
 
-    def make_graph_helpers(self, model: list[Any], *, plan: CapturePlan, optimizers=()) -> list[Any]:
+    def make_graph_helpers(self, model: list[Any], *, plan: CapturePlan) -> list[Any]:
         """Every helper ``plan`` asks for, language first, for a lifecycle owner (the Bridge callback, a test, the
         benchmark) to drive through the ``TECudaGraphHelper`` protocol: ``create_cudagraphs()``,
         ``graphs_created()``, ``cuda_graph_set_manual_hooks()``, ``delete_cuda_graphs()`` and ``stats``
         (:func:`bridge_cudagraph.capture.from_plan.graph_helpers`)."""
         from bridge_cudagraph.capture.from_plan import graph_helpers
 
-        return graph_helpers(self, model, plan=plan, optimizers=optimizers)
+        return graph_helpers(self, model, plan=plan)
 
 
 def provider_fields(provider: Any) -> dict[str, Any]:

@@ -2,9 +2,8 @@
 
 A provider of this package hands its model and its :class:`~bridge_cudagraph.plan.capture_plan.CapturePlan` here
 (:meth:`~bridge_cudagraph.bridge.mixin.CudaGraphProviderMixin.make_graph_helpers`); the plan must be the provider's
-own (:func:`check_plan_matches`), and each helper's arguments are the plan's (:func:`language_helper_arguments`,
-:func:`packed_helper_arguments`, :func:`padded_helper_arguments`,
-:func:`vision_helper_arguments`), which the unit tests pin per recipe.
+own (:func:`check_plan_matches`), and each helper's arguments are the plan's (:func:`packed_helper_arguments`,
+:func:`padded_helper_arguments`, :func:`vision_helper_arguments`), which the unit tests pin per recipe.
 """
 
 from __future__ import annotations
@@ -21,24 +20,19 @@ __all__ = [
     "check_plan_matches",
     "graph_helpers",
     "language_graph_helper",
-    "language_helper_arguments",
     "packed_helper_arguments",
     "padded_helper_arguments",
     "vision_helper_arguments",
 ]
 
 
-def graph_helpers(
-    provider: Any, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None
-) -> list[Any]:
+def graph_helpers(provider: Any, model: list[Any], *, plan: CapturePlan) -> list[Any]:
     """Every helper ``plan`` asks for, language first; a later pipeline stage has no vision encoder, so no vision
     helper."""
     check_plan_matches(provider, plan)
     helpers = []
     if plan.language.enabled:
-        helpers.append(
-            language_graph_helper(provider, model, plan=plan, optimizers=optimizers, pg_collection=pg_collection)
-        )
+        helpers.append(language_graph_helper(model, plan=plan))
     if plan.vision is not None and plan.vision.enabled:
         from bridge_cudagraph.capture.vision import VisionGraphHelper
         from bridge_cudagraph.vision.encoder import GraphedQwen3VLVisionModel
@@ -49,27 +43,15 @@ def graph_helpers(
     return helpers
 
 
-def language_graph_helper(provider: Any, model: list[Any], *, plan: CapturePlan, optimizers=(), pg_collection=None):
-    """The language graph helper for ``model``: the ladder's, packed or padded, where the plan puts the graphs there;
-    else megatron-core's helper under ``pg_collection`` (default: the one Bridge passed the provider's
-    ``provide_distributed_model``)."""
+def language_graph_helper(model: list[Any], *, plan: CapturePlan):
+    """The ladder's language graph helper for ``model``: packed rows where the data path packs, else padded rows."""
     if plan.language.packed is not None:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         return PackedLanguageGraphHelper(model, **packed_helper_arguments(plan))
-    if plan.language.padded is not None:
-        from bridge_cudagraph.capture.padded import PaddedLanguageGraphHelper
+    from bridge_cudagraph.capture.padded import PaddedLanguageGraphHelper
 
-        return PaddedLanguageGraphHelper(model, **padded_helper_arguments(plan))
-    from bridge_cudagraph.capture.language import LanguageGraphHelper
-
-    if pg_collection is None:
-        from bridge_cudagraph.host.compat import provider_pg_collection
-
-        pg_collection = provider_pg_collection(provider)
-    return LanguageGraphHelper(
-        model, provider, pg_collection=pg_collection, optimizers=optimizers, **language_helper_arguments(plan)
-    )
+    return PaddedLanguageGraphHelper(model, **padded_helper_arguments(plan))
 
 
 def check_plan_matches(provider: Any, plan: CapturePlan) -> None:
@@ -92,21 +74,6 @@ def check_plan_matches(provider: Any, plan: CapturePlan) -> None:
             f"{', '.join(changed) or 'cuda_graph enabled switches'}); build the plan from the finalized config "
             "(bridge_cudagraph.plan.from_config.plan_config) and change nothing after"
         )
-
-
-def language_helper_arguments(plan: CapturePlan) -> dict[str, Any]:
-    """The :class:`~bridge_cudagraph.capture.language.LanguageGraphHelper` arguments ``plan`` decides."""
-    if plan.num_microbatches is None:  # build_plan refuses language graphs without a count; a plan off is a bug
-        raise CudaGraphConfigError("a plan without micro-batches per step cannot build language graphs")
-    return {
-        "seq_length": plan.facts.seq_length,
-        "micro_batch_size": plan.micro_batch_size,
-        "num_microbatches": plan.num_microbatches,
-        "static_inputs": plan.language.static_inputs,
-        "on_capture_error": plan.on_capture_error,
-        "graph_unit": plan.language.graph_unit,
-        "deepstack_merges": plan.language.deepstack_merges,
-    }
 
 
 def packed_helper_arguments(plan: CapturePlan) -> dict[str, Any]:

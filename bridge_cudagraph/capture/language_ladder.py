@@ -31,7 +31,16 @@ from bridge_cudagraph.plan.budgets import language_segments
 
 logger = logging.getLogger("bridge_cudagraph")
 
-__all__ = ["LanguageLadder"]
+__all__ = ["LanguageLadder", "language_model_of"]
+
+
+def language_model_of(chunk):
+    """The module that owns the decoder, rotary embedding and position type: the chunk itself for GPT,
+    ``chunk.language_model`` for Qwen3-VL (unwrapping DDP / Float16Module first)."""
+    module = chunk
+    while not hasattr(module, "decoder") and hasattr(module, "module"):
+        module = module.module
+    return getattr(module, "language_model", None) or module
 
 
 class LanguageLadder(LadderHelper):
@@ -77,8 +86,6 @@ class LanguageLadder(LadderHelper):
         graph_unit: str = "layer",
         deepstack_merges: int = 0,
     ) -> None:
-        from bridge_cudagraph.capture.language import language_model_of
-
         self.model = list(model)
         self.num_warmup_iters = num_warmup_iters
         self.on_capture_error = on_capture_error

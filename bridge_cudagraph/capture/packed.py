@@ -2,11 +2,10 @@
 packing feed them.
 
 megatron-core 0.19.2's TE replay asserts ``packed_seq_params is None`` (``transformer_layer.py``
-``_te_cuda_graph_replay``), so upstream's graphs, and our BSHD ones (:mod:`bridge_cudagraph.capture.language`),
-demand every micro-batch padded to ``seq_length``. Bridge's Qwen3-VL recipes pack instead
-(``enable_in_batch_packing`` with the packing done in ``qwen3_vl_step``): a micro-batch of ``b`` rows reaches the
-decoder as one THD sequence of ``b x L`` tokens (``L`` the batch's longest row, rounded up to 16), one attention
-segment per row, ``cu_seqlens_q`` and a separate ``cu_seqlens_q_padded`` of equal values. ``L`` varies per
+``_te_cuda_graph_replay``), so upstream's graphs demand every micro-batch padded to ``seq_length``. Bridge's Qwen3-VL
+recipes pack instead (``enable_in_batch_packing`` with the packing done in ``qwen3_vl_step``): a micro-batch of ``b``
+rows reaches the decoder as one THD sequence of ``b x L`` tokens (``L`` the batch's longest row, rounded up to 16), one
+attention segment per row, ``cu_seqlens_q`` and a separate ``cu_seqlens_q_padded`` of equal values. ``L`` varies per
 micro-batch, so the static shapes come from a **token budget ladder**, the scheme the vision graphs use:
 
 * the decoder's input (``T`` tokens) is padded to the smallest captured budget ``B >= T``;

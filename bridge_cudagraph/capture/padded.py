@@ -124,7 +124,7 @@ class PaddedLanguageGraphHelper(LanguageLadder):
     def _rotary_shape(self, decoder) -> tuple[int, ...] | None:
         """The rotary table the layers read: mRoPE's ``(S/cp, mbs, 1, d)`` (one row per token of each row), RoPE's
         ``(S/cp, 1, 1, d)`` (the same positions for every row), or None (no rotary embedding)."""
-        from bridge_cudagraph.capture.language import language_model_of
+        from bridge_cudagraph.capture.language_ladder import language_model_of
 
         chunk = next(c for c in self.model if any(m is decoder for m in c.modules()))
         kind = getattr(language_model_of(chunk), "position_embedding_type", None)

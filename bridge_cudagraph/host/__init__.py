@@ -17,7 +17,6 @@ module                     what it changes
 ``from_hf_pretrained``     ``AutoBridge.from_hf_pretrained``: a hook ahead of each call
 ``bridge_recipes``         ``sys.modules["megatron.bridge.recipes"]``: its modules without its ``__init__``
 ``cpu_device_properties``  ``torch.cuda.get_device_properties`` on a machine without CUDA
-``num_microbatches``       megatron-core's ``get_num_microbatches`` name in its graph helper: the plan's count
 ``gtp_remat_aliases``      the GTP_remat fields of Bridge's decentralized process-group collection
 ``instance_class``         the class of one host object: a mixin in front, taken off again
 ``optimizer``              the optimizer objects' classes: their per-parameter walks done once
@@ -31,6 +30,7 @@ module                     what it changes
 ``forward_counts``         ``Qwen3VLModel``'s instance dict: a reference to its install's counts (for ``forward``)
 ``step``                   ``optimizer``, ``finalize`` and ``forward``, put on and taken off together
 ``wgrad_fusion``           TE modules' ``fuse_wgrad_accumulation``, without APEX
+``language_aliases``       ``Qwen3VLModel``'s second registration of its decoder: checkpoint keys as graphs off
 ``replica_sync``           ``finalize_model_grads_func``: the vision replicas' gradient average
 ``encoder_swap``           ``Qwen3VLModel.vision_model``, rebuilt under the encoder's own groups
 ``graph_grads``            TE's graphed callables' parameter-gradient clone flags, megatron-core's ready mark on
@@ -42,8 +42,6 @@ module                     what it changes
 
 Outside this folder the package subclasses host classes at their documented seams and reads what those seams hand a
 subclass; that is not a change of a host object, but it is host code an upgrade must re-read, so it is listed here:
-:class:`~bridge_cudagraph.capture.language.LanguageGraphHelper` (megatron-core's ``TECudaGraphHelper``: its
-``_get_sample_arguments``, ``_graphs_created``, ``_capture_finished``),
 :func:`~bridge_cudagraph.capture.capture_flag.megatron_capturing` and
 :func:`~bridge_cudagraph.capture.failure.abandon_capture` (megatron-core's capture flag, ``_set_capture_start`` /
 ``_set_capture_end``, as its own helper raises it), :class:`~bridge_cudagraph.vision.encoder.GraphedQwen3VLVisionModel`

@@ -26,8 +26,6 @@ Module-level names, rebound:
 - ``bridge_recipes``: ``sys.modules["megatron.bridge.recipes"]``, while the package is not imported; Bridge 0.6.2;
   undo: leaving the block
 - ``cpu_device_properties``: ``torch.cuda.get_device_properties``, without CUDA; torch (any); undo: leaving the block
-- ``num_microbatches``: ``megatron.core.transformer.cuda_graphs.get_num_microbatches``; megatron-core 0.19.2; undo:
-  leaving the block
 - ``finalize``: ``megatron.core.distributed.finalize_model_grads.reset_model_temporary_tensors``; megatron-core
   0.19.2; undo: leaving the block
 
@@ -40,6 +38,8 @@ Attributes and fields of host objects:
   megatron-core 0.19.2; undo ``restore_bridge_collection``
 - ``encoder_swap``: ``Qwen3VLModel.vision_model``, rebuilt inside the provider's ``provide()``; Bridge 0.6.2,
   megatron-core 0.19.2; undo: none needed
+- ``language_aliases``: the ``decoder`` and ``rotary_pos_emb`` registrations on the ``Qwen3VLModel`` root, dropped
+  inside the provider's ``provide()``; Bridge 0.6.2; undo: none needed
 - ``wgrad_fusion``: ``fuse_wgrad_accumulation`` of the provider's TE modules; megatron-core 0.19.2, Bridge 0.6.2;
   undo: ``provide()`` returning
 - ``graph_grads``: TE's parameter-gradient clone flags of one graphed callable; Transformer Engine 2.20; undo: the

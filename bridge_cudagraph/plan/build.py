@@ -40,7 +40,6 @@ from bridge_cudagraph.plan.capture_plan import (
     VisionPlan,
 )
 from bridge_cudagraph.plan.checks import (
-    MOE_ATTENTION_SCOPE,
     check_model,
     check_packed_language,
     check_padded,
@@ -110,39 +109,26 @@ def _stage_layers(facts: ModelFacts, where: str) -> list[list[int]]:
     return [list(range(offsets[s], offsets[s] + counts[s])) for s in range(pp)]
 
 
-def _graphable(layer: int, facts: ModelFacts, modules: tuple[str, ...] | None) -> bool:
-    """Mirror of Megatron-Core's ``_layer_is_graphable`` (``cuda_graphs.py``) for transformer layers."""
-    if modules is None or "attn" in modules:
-        return True
-    is_moe = bool(facts.moe_layer_pattern) and facts.moe_layer_pattern[layer] == 1
-    if is_moe:
-        return any(m in modules for m in ("moe", "moe_router", "moe_preprocess"))
-    return "mlp" in modules
-
-
-def _language_static_inputs(facts: ModelFacts, mbs: int, modules: tuple[str, ...] | None) -> tuple[StaticInput, ...]:
-    """The inputs megatron-core's helper allocates per layer (``module.py`` / ``transformer_layer.py``
-    ``get_layer_static_inputs``, ``cuda_graphs.py`` for the rotary table), with the mRoPE table capture adds."""
+def _padded_static_inputs(facts: ModelFacts, mbs: int) -> tuple[StaticInput, ...]:
+    """The inputs every layer graph of a padded micro-batch reads: the hidden states and the rotary table (with
+    Qwen3-VL's mRoPE table, whose values depend on the batch); no attention mask, since the layers are causal and TE
+    reads a mask only for padding or arbitrary mask types."""
     s, cp, tp = facts.seq_length, facts.cp, facts.sequence_split
     if tp > 1:
         rows, label = s // cp // tp, "S/cp/tp"
     else:
         rows, label = s // cp, "S/cp"
     inputs = [StaticInput("hidden_states", (rows, mbs, facts.hidden_size), facts.dtype, (label, "mbs", "H"))]
-    if modules is None or "attn" in modules:
-        inputs.append(StaticInput("attention_mask", (mbs, 1, s // cp, s), "bool", ("mbs", "", "S/cp", "S")))
-        if facts.position_embedding_type == "mrope":
-            # Qwen3VLMultimodalRotaryEmbedding: (S, b, 1, 2 * dim/2) in fp32, sliced along cp (rope.py).
-            inputs.append(
-                StaticInput(
-                    "rotary_pos_emb", (s // cp, mbs, 1, facts.rotary_dim), "fp32", ("S/cp", "mbs", "", ""), "(mRoPE)"
-                )
+    if facts.position_embedding_type == "mrope":
+        # Qwen3VLMultimodalRotaryEmbedding: (S, b, 1, 2 * dim/2) in fp32, sliced along cp (rope.py).
+        inputs.append(
+            StaticInput(
+                "rotary_pos_emb", (s // cp, mbs, 1, facts.rotary_dim), "fp32", ("S/cp", "mbs", "", ""), "(mRoPE)"
             )
-        elif facts.position_embedding_type == "rope":
-            # RotaryEmbedding(seq): (S, 1, 1, dim) in fp32, the same for every sample; sliced along cp.
-            inputs.append(
-                StaticInput("rotary_pos_emb", (s // cp, 1, 1, facts.rotary_dim), "fp32", ("S/cp", "", "", ""))
-            )
+        )
+    elif facts.position_embedding_type == "rope":
+        # RotaryEmbedding(seq): (S, 1, 1, dim) in fp32, the same for every sample; sliced along cp.
+        inputs.append(StaticInput("rotary_pos_emb", (s // cp, 1, 1, facts.rotary_dim), "fp32", ("S/cp", "", "", "")))
     return tuple(inputs)
 
 
@@ -221,24 +207,15 @@ def _language_unit(cfg: CudaGraphConfig, facts: ModelFacts) -> tuple[str, str]:
     asked = cfg.language.graph_unit
     if asked == "layer":
         return "layer", ""
-    if cfg.language.modules is not None:  # config.validate refused deepstack with modules
-        return "layer", "language.modules captures parts of layers"
-    reasons = [
-        f"model.{name} is set (the decoder wraps or follows each layer on its own)"
-        for name in facts.per_layer_contexts
-    ]
-    if facts.num_moe_experts:
-        reasons.append(f"{facts.provider} has MoE layers (runs of MoE layers are not verified yet)")
-    if (facts.virtual_pipeline_size or 1) > 1:
-        reasons.append("model.virtual_pipeline_model_parallel_size > 1 (runs inside virtual chunks are not built yet)")
-    if not reasons:
+    if not facts.num_moe_experts:
         return "run", ""
+    reason = f"{facts.provider} has MoE layers (runs of MoE layers are not verified yet)"
     if asked == "run":
         raise CudaGraphConfigError(
-            f"{where}='run' cannot capture runs of layers here: {reasons[0]}; set it to 'layer' (or null)",
+            f"{where}='run' cannot capture runs of layers here: {reason}; set it to 'layer' (or null)",
             fix=("model.cuda_graph.language.graph_unit=layer",),
         )
-    return "layer", reasons[0]
+    return "layer", reason
 
 
 def _plan_vision(
@@ -566,31 +543,13 @@ def _deterministic_seqlen(
     return fits, source, workspace_bytes(segments_at(fits), heads, fits)
 
 
-def _megatron_engine_reason(facts: ModelFacts, modules: tuple[str, ...] | None) -> str:
-    """Why padded micro-batches replay on megatron-core's ``TECudaGraphHelper``
-    (:mod:`bridge_cudagraph.capture.language`) rather than on the ladder engine
-    (:mod:`bridge_cudagraph.capture.padded`), or empty: the ladder captures whole layers of one model chunk, and an
-    MoE layer's attention (:data:`~bridge_cudagraph.plan.checks.MOE_ATTENTION_SCOPE`, its MLP half eager after it), as
-    the packed graphs; the rest has not moved onto it yet."""
-    if modules is not None and not (facts.num_moe_experts and tuple(modules) == MOE_ATTENTION_SCOPE):
-        return "language.modules captures parts of layers"
-    if (facts.virtual_pipeline_size or 1) > 1:
-        return "model.virtual_pipeline_model_parallel_size > 1"
-    if facts.per_layer_contexts:
-        return f"model.{facts.per_layer_contexts[0]} is set (the decoder wraps each layer on its own)"
-    return ""
-
-
 def _plan_padded(facts: ModelFacts, *, mbs: int, num_mb: int) -> PaddedLanguagePlan:
-    """Padded micro-batches on the ladder: one rung of every micro-batch's shape, a copy per micro-batch in flight.
-    The static inputs are the ones megatron-core's helper allocates, without its attention mask: the layers are
-    causal, and TE reads a mask only for padding or arbitrary mask types."""
-    inputs = tuple(i for i in _language_static_inputs(facts, mbs, None) if i.name != "attention_mask")
+    """Padded micro-batches on the ladder: one rung of every micro-batch's shape, a copy per micro-batch in flight."""
     return PaddedLanguagePlan(
         rows=mbs,
         width=facts.seq_length // facts.cp,
         copies=1 if facts.pp == 1 else in_flight_microbatches(facts.pp, num_mb),
-        static_inputs=inputs,
+        static_inputs=_padded_static_inputs(facts, mbs),
     )
 
 
@@ -756,31 +715,21 @@ def _plan_language(
         return LanguagePlan(False, modules, (), (), 0, (), (), steps)
     check_sequence_split(facts)
     stages = _stage_layers(facts, "model.cuda_graph.language")
-    graphable = [[i for i, layer in enumerate(layers) if _graphable(layer, facts, modules)] for layers in stages]
+    # Every layer is captured: whole, or of an MoE layer its attention (check_language_ladder refused other scopes).
+    graphable = [list(range(len(layers))) for layers in stages]
     captured = tuple(len(local) for local in graphable)
-    if not any(captured):
-        raise CudaGraphConfigError(
-            f"model.cuda_graph.language.modules={list(modules or [])} captures no layer of {facts.provider} "
-            f"({'all MoE' if facts.moe_layer_pattern and all(facts.moe_layer_pattern) else 'dense'} layers); "
-            "add 'attn' or set modules to null",
-            fix=("model.cuda_graph.language.modules=null",),
-        )
     assert num_mb is not None  # language graphs need it (_microbatches)
     packed = None
     if packing is not None:
         packed = _plan_packed(cfg, facts, packing, mbs=mbs, num_mb=num_mb, deterministic=deterministic)
         per_unit = len(packed.token_budgets) * packed.copies
-    padded, engine_source = None, ""
+    padded = None
     if packing is None:
         check_padded(cfg, facts)
-        engine_source = _megatron_engine_reason(facts, modules)
-        if engine_source:
-            per_unit = 1 if facts.pp == 1 else num_mb
-        else:
-            padded = _plan_padded(facts, mbs=mbs, num_mb=num_mb)
-            per_unit = padded.copies
+        padded = _plan_padded(facts, mbs=mbs, num_mb=num_mb)
+        per_unit = padded.copies
     unit, unit_source = _language_unit(cfg, facts)
-    if modules_source and unit_source:
+    if facts.num_moe_experts and unit_source:
         unit_source = "each MoE layer's MLP half runs eagerly after its graph"
     merges = deepstack_merges(facts)
     segments = tuple(
@@ -796,13 +745,10 @@ def _plan_language(
         captured_per_stage=captured,
         graphs_per_unit=per_unit,
         graphs_per_stage=tuple(len(units) * per_unit for units in segments),
-        static_inputs=(
-            () if packed else padded.static_inputs if padded else _language_static_inputs(facts, mbs, modules)
-        ),
+        static_inputs=padded.static_inputs if padded else (),
         warmup_steps=steps,
         packed=packed,
         padded=padded,
-        engine_source=engine_source,
         graph_unit=unit,
         deepstack_merges=merges,
         segments_per_stage=segments,

@@ -161,13 +161,10 @@ class LanguagePlan:
             micro-batch of the step (with a pipeline several micro-batches are in flight, and each needs its own
             static buffers); packed: one per budget and in-flight copy.
         graphs_per_stage: Graphs each rank of a stage captures: ``units x graphs_per_unit``.
-        static_inputs: Captured inputs of every graph (shapes as megatron-core's helper allocates them).
+        static_inputs: Captured inputs of every padded graph (packed graphs keep theirs per budget, :attr:`packed`).
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         packed: The packed (THD) graphs when the data path packs, else None (one static BSHD shape).
-        padded: The padded (BSHD) graphs when they run on the ladder engine, else None: with packing, or where the
-            plan keeps megatron-core's helper (:attr:`engine_source` says why).
-        engine_source: Why padded micro-batches replay on megatron-core's ``TECudaGraphHelper`` rather than on the
-            ladder (empty otherwise).
+        padded: The padded (BSHD) graphs when the data path pads, else None.
         graph_unit: What one graph spans, resolved: ``run`` (a run of layers between deepstack merges) or
             ``layer``.
         deepstack_merges: Layers of the first pipeline stage after which Qwen3-VL's decoder adds a deepstack feature
@@ -195,7 +192,6 @@ class LanguagePlan:
     segments_per_stage: tuple[tuple[tuple[int, int], ...], ...] = ()
     warmup_source: str = ""
     unit_source: str = ""
-    engine_source: str = ""
     modules_source: str = ""
 
     @property

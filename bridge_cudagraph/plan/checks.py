@@ -315,9 +315,10 @@ def check_before_bridge(config: Any) -> None:
 
     * ``model.seq_length`` past the positions the model was trained for (accepted by Bridge; nothing in the stack
       limits rotary positions, so such a run trains on positions no weight has seen);
-    * context parallelism, MoE layers outside their packed scope and fine-grained activation offloading with packed
-      language graphs (:func:`check_packed_context_parallel`, :func:`check_packed_layers`: the host's own lines about
-      them would come first);
+    * context parallelism and MoE layers outside their packed scope with packed language graphs
+      (:func:`check_packed_context_parallel`, :func:`check_packed_layers`), and fine-grained activation offloading
+      with any language graphs (:func:`check_activation_offloading`): the host's own lines about them would come
+      first;
     * under context parallelism on a fine-tuning dataset: ``model.seq_length`` a multiple of 2 x cp,
       ``model.calculate_per_token_loss=true`` and ``ddp.average_in_collective=false`` (Bridge asserts them with
       ``When finetuning with CP>1, ... must be ...``);
@@ -332,11 +333,9 @@ def check_before_bridge(config: Any) -> None:
             model = config.model
             check_packed_context_parallel(int(getattr(model, "context_parallel_size", 1) or 1), packing)
             check_packed_layers(
-                num_moe_experts=getattr(model, "num_moe_experts", None),
-                offloading=bool(getattr(model, "fine_grained_activation_offloading", False)),
-                packing=packing,
-                modules=cg.language.modules,
+                num_moe_experts=getattr(model, "num_moe_experts", None), packing=packing, modules=cg.language.modules
             )
+        check_activation_offloading(config.model)
     _check_finetuning_context_parallel(config)
     _check_sequence_lengths(config)
 
@@ -507,7 +506,8 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
 
     Raises:
         CudaGraphConfigError: Vision graphs or the vision fusion on a model without an encoder, a virtual
-            pipeline with Qwen3-VL, or language graphs over linear-attention layers (:func:`check_linear_attention`).
+            pipeline with Qwen3-VL, language graphs over linear-attention layers (:func:`check_linear_attention`)
+            or over what the language ladder does not capture (:func:`check_language_ladder`).
         LayoutError: The vision tensor-parallel size does not divide the encoder's heads
             (:func:`~bridge_cudagraph.parallel.layout.check_vision_heads`, also reached by the group derivation).
     """
@@ -532,10 +532,59 @@ def check_model(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
             fix=(f"{where}=null",),
         )
     check_linear_attention(facts, cfg)
+    check_language_ladder(facts, cfg)
     if v is not None:
         check_vision_heads(cfg.vision.tensor_parallel_size, v.num_heads)
     if v is not None and cfg.vision.enabled and cfg.vision.token_budgets is not None:
         check_token_budgets(list(cfg.vision.token_budgets), v.spatial_merge_size, "model.cuda_graph.vision")
+
+
+def check_language_ladder(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
+    """What the language ladder, the one language capture engine of packed and padded micro-batches
+    (:mod:`bridge_cudagraph.capture.language_ladder`), does not capture, refused with the setting and the fix:
+
+    * a ``language.modules`` scope other than whole layers: the ladder's graph of a layer is the whole layer, or on an
+      MoE model the layer's attention (:data:`MOE_ATTENTION_SCOPE`, what ``modules: null`` means there), its MLP half
+      eager after it;
+    * a virtual pipeline: the ladder captures the decoder of one model chunk per rank;
+    * a per-layer quantization context (``model.fp8``, ``model.fp4``): the decoder enters it around each layer, and
+      the ladder's capture passes TE no quantization recipe, so a replay would not compute what the eager layer does.
+
+    CPU and fine-grained activation offloading are refused before Bridge's own checks
+    (:func:`check_before_bridge`, the provider's ``finalize()``)."""
+    where = "model.cuda_graph.language"
+    if not cfg.language.enabled:
+        return
+    modules = cfg.language.modules
+    if modules is not None and not (facts.num_moe_experts and set(modules) == set(MOE_ATTENTION_SCOPE)):
+        scope = (
+            "whole dense layers and of each MoE layer its attention alone (the router and the experts run eagerly "
+            "after the graph)"
+            if facts.num_moe_experts
+            else "whole layers"
+        )
+        raise CudaGraphConfigError(
+            f"{where}.modules={list(modules)} captures parts of {facts.provider}'s layers; the language graphs "
+            f"capture {scope}: set {where}.modules=null",
+            fix=(f"{where}.modules=null",),
+        )
+    vp = facts.virtual_pipeline_size or 1
+    if vp > 1:
+        raise CudaGraphConfigError(
+            f"model.virtual_pipeline_model_parallel_size={vp} with {where}.enabled=true: the language graphs capture "
+            f"the decoder of one model chunk per rank; set model.virtual_pipeline_model_parallel_size=null, or "
+            f"{where}.enabled=false",
+            fix=("model.virtual_pipeline_model_parallel_size=null",),
+        )
+    quantized = [name for name in ("fp8", "fp4") if name in facts.per_layer_contexts]
+    if quantized:
+        name = quantized[0]
+        raise CudaGraphConfigError(
+            f"model.{name} is set (by a mixed_precision recipe with {name}, or by hand) with {where}.enabled=true: "
+            f"the decoder enters a {name} context around each layer, which the language graphs' capture does not "
+            f"reproduce; train in bf16 (mixed_precision=bf16_mixed, model.{name}=null), or set {where}.enabled=false",
+            fix=("mixed_precision=bf16_mixed", f"model.{name}=null"),
+        )
 
 
 def check_linear_attention(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
@@ -575,7 +624,6 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
     layers other than in their packed scope (:func:`check_packed_layers`), token budgets the data path cannot
     produce or the tensor-parallel split cannot cut, and micro-batches narrower than their budget under sequence
     parallelism."""
-    where = "model.cuda_graph.language"
     if packing.mode not in ("qwen3_vl_step", "offline"):
         raise CudaGraphConfigError(f"packed language graphs cannot replay the {packing.mode!r} packing path yet")
     offline = packing.mode == "offline"
@@ -586,14 +634,7 @@ def check_packed_language(cfg: CudaGraphConfig, facts: ModelFacts, packing: Pack
             "rows one per micro-batch; set train.micro_batch_size=1",
             fix=("train.micro_batch_size=1",),
         )
-    modules = cfg.language.modules
-    check_packed_layers(num_moe_experts=facts.num_moe_experts, offloading=False, packing=packing, modules=modules)
-    if modules is not None and not facts.num_moe_experts:
-        raise CudaGraphConfigError(
-            f"{where}.modules={cfg.language.modules} with packed micro-batches: packed graphs capture whole layers "
-            "(the attention must see the static cu_seqlens); set modules to null",
-            fix=(f"{where}.modules=null",),
-        )
+    check_packed_layers(num_moe_experts=facts.num_moe_experts, packing=packing, modules=cfg.language.modules)
     check_packed_budgets(cfg, facts, packing)
     check_packed_sequence_parallel(cfg, facts, packing)
 
@@ -642,9 +683,22 @@ def language_modules(modules: Any, num_moe_experts: int | None) -> tuple[str, ..
     return tuple(modules)
 
 
-def check_packed_layers(
-    *, num_moe_experts: int | None, offloading: bool, packing: PackingFacts, modules: Any = None
-) -> None:
+def check_activation_offloading(model: Any) -> None:
+    """CPU or fine-grained activation offloading under language graphs, packed or padded: their hooks move activations
+    out inside the layers the graphs capture, which a replay would not run. The one copy, for the provider's
+    ``finalize()`` and, before Bridge's finalization (whose own lines about them name no fix), for
+    :func:`check_before_bridge`."""
+    where = "model.cuda_graph.language"
+    for name in ("cpu_offloading", "fine_grained_activation_offloading"):
+        if getattr(model, name, False):
+            raise CudaGraphConfigError(
+                f"model.{name}=true with {where}.enabled=true: its offload hooks run inside the layers the language "
+                f"graphs capture, and a replay would not run them; set model.{name}=false, or {where}.enabled=false",
+                fix=(f"model.{name}=false",),
+            )
+
+
+def check_packed_layers(*, num_moe_experts: int | None, packing: PackingFacts, modules: Any = None) -> None:
     """Layers packed language graphs cannot capture, refused with a fix that validates (the one copy, for
     :func:`check_packed_language` and, before Bridge's finalization, :func:`check_before_bridge`):
 
@@ -652,9 +706,7 @@ def check_packed_layers(
     * MoE layers in another scope than :data:`MOE_ATTENTION_SCOPE` (which ``modules: null`` derives): a graph that
       holds the router, the dispatch or the experts would run them over the rung's tail, whose rows change the router's
       weight gradient and the experts' blocking (and, for whole MoE layers with a capacity factor, compete for
-      capacity), so the MLP half runs eagerly on the real rows;
-    * fine-grained activation offloading: its offload hooks run inside the layers, and only megatron-core's own
-      helper (padded micro-batches) turns them off around a capture.
+      capacity), so the MLP half runs eagerly on the real rows.
     """
     where = "model.cuda_graph.language"
     if num_moe_experts and packing.mode == "offline":
@@ -673,14 +725,6 @@ def check_packed_layers(
             f"which changes their numbers; packed MoE layers capture {scope} and run the router, dispatch, experts "
             f"and combine eagerly on the micro-batch's own tokens: set {where}.modules=null",
             fix=(f"{where}.modules=null",),
-        )
-    if offloading:
-        raise CudaGraphConfigError(
-            f"model.fine_grained_activation_offloading=true with {where}.enabled=true and packed micro-batches: its "
-            "offload hooks run inside the layers the packed graphs capture, which only megatron-core's own helper "
-            "(padded micro-batches) switches off around a capture; set "
-            f"model.fine_grained_activation_offloading=false, or {where}.enabled=false",
-            fix=("model.fine_grained_activation_offloading=false",),
         )
 
 

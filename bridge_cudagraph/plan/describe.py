@@ -102,8 +102,6 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
             f"  padded rows on the ladder engine (as the packed and vision graphs): one rung of mbs {padded.rows} x "
             f"S {padded.width}"
         )
-    elif packed is None:
-        lines.append(f"  padded rows on megatron-core's TECudaGraphHelper: {language.engine_source}")
     if packed is None:
         lines.append("  static inputs: " + inputs[0])
         lines += ["                 " + s for s in inputs[1:]]

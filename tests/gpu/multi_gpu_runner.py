@@ -143,7 +143,7 @@ def run_case(name: str, spec: dict) -> dict:
         micro_batch_size=MBS,
         num_microbatches=spec["mb"],
     )
-    helpers = graphed_provider.make_graph_helpers(graphed, plan=plan, optimizers=[optimizer])
+    helpers = graphed_provider.make_graph_helpers(graphed, plan=plan)
     norms: list = []
     expected: list = []
     replicas_ok: list = []

@@ -54,7 +54,6 @@ def test_capture_fault_falls_back_to_eager(world, record, caplog, monkeypatch, s
     helpers = provider.make_graph_helpers(
         graphed,
         plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1),
-        optimizers=[optimizer],
     )
 
     def capture(i):

@@ -51,30 +51,26 @@ def _batches(kind: str):
     return {name: qwen3_vl_batch(images, SEQ, seed=7) for name, images in IMAGE_MIXES.items()}
 
 
-# (kind, modules, graph unit, graphs, engine): runs of layers (the default, ``deepstack``) are one graph for the tiny
+# (kind, modules, graph unit, graphs): runs of layers (the default, ``deepstack``) are one graph for the tiny
 # GPT's 4 layers and 3 for the tiny Qwen3-VL's (a deepstack merge follows layers 0 and 1); ``layer`` is one per layer.
-# Padded rows replay on the ladder engine (``PaddedLanguageGraphHelper``): whole layers, and on the MoE model each
-# layer's attention (``modules`` null or ``[attn]``), its MLP half eager after the graph; a scope with the router is
-# megatron-core's helper's (``LanguageGraphHelper``).
-LADDER, MEGATRON = "PaddedLanguageGraphHelper", "LanguageGraphHelper"
-MOE_ROUTER_SCOPE = ["attn", "moe_router", "moe_preprocess"]
+# Padded rows replay on the ladder, the one language engine (``PaddedLanguageGraphHelper``): whole layers, and on the
+# MoE model each layer's attention (``modules`` null or ``[attn]``), its MLP half eager after the graph.
 CASES = [
-    ("gpt", None, None, 1, LADDER),
-    ("gpt", None, "layer", 4, LADDER),
-    ("qwen3_vl", None, None, 3, LADDER),
-    ("qwen3_vl", None, "layer", 4, LADDER),
-    ("qwen3_vl_moe", None, None, 4, LADDER),
-    ("qwen3_vl_moe", ["attn"], None, 4, LADDER),
-    ("qwen3_vl_moe", MOE_ROUTER_SCOPE, None, 4, MEGATRON),
+    ("gpt", None, None, 1),
+    ("gpt", None, "layer", 4),
+    ("qwen3_vl", None, None, 3),
+    ("qwen3_vl", None, "layer", 4),
+    ("qwen3_vl_moe", None, None, 4),
+    ("qwen3_vl_moe", ["attn"], None, 4),
 ]
 
 
 @pytest.mark.parametrize(
-    ("kind", "modules", "unit", "graphs", "engine"),
+    ("kind", "modules", "unit", "graphs"),
     CASES,
     ids=[f"{c[0]}-{'+'.join(c[1]) if c[1] else 'null'}-{c[2] or 'default'}" for c in CASES],
 )
-def test_language_graphs_match_reference(world, record, kind, modules, unit, graphs, engine):
+def test_language_graphs_match_reference(world, record, kind, modules, unit, graphs):
     from megatron.core import num_microbatches_calculator
 
     from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads
@@ -96,14 +92,11 @@ def test_language_graphs_match_reference(world, record, kind, modules, unit, gra
     )
     helper.create_cudagraphs()
     assert helper.graphs_created(), helper.stats.failed
-    assert type(helper).__name__ == engine
-    if engine == MEGATRON:
-        layers = helper.flattened_callables
-        assert layers and all(len(layer.cuda_graphs) == 1 for layer in layers)
-    else:  # one rung, one copy
-        assert list(helper.graphs) == [MBS * SEQ] and len(helper.graphs[MBS * SEQ]) == 1
-        assert len(helper.graphs[MBS * SEQ][0].layers) == graphs
-        assert (helper.moe is not None) == (kind == "qwen3_vl_moe")
+    assert type(helper).__name__ == "PaddedLanguageGraphHelper"
+    # one rung, one copy
+    assert list(helper.graphs) == [MBS * SEQ] and len(helper.graphs[MBS * SEQ]) == 1
+    assert len(helper.graphs[MBS * SEQ][0].layers) == graphs
+    assert (helper.moe is not None) == (kind == "qwen3_vl_moe")
     assert helper.stats.graphs == graphs and helper.stats.layers == 4
     record(
         kind=kind,
@@ -122,8 +115,6 @@ def test_language_graphs_match_reference(world, record, kind, modules, unit, gra
     assert parallel_state_untouched()
     helper.delete_cuda_graphs()
     assert not helper.graphs_created()
-    if engine == MEGATRON:
-        assert all(not layer.cuda_graphs for layer in layers)
 
 
 @pytest.mark.parametrize("kind", ["gpt", "qwen3_vl"])
@@ -159,7 +150,6 @@ def test_thirty_optimizer_steps_match(world, record, kind):
         grad_norms=ref_norms,
     )
     optimizer = megatron_optimizer(graphed, world.language)
-    helper.optimizers = [optimizer]
     cg_losses = train_steps(
         graphed, optimizer, steps, pg_collection=world.language, on_step=capture_at_warmup, grad_norms=norms
     )
@@ -246,7 +236,6 @@ def test_two_microbatches_per_step_match(world, record):
         grad_norms=ref_norms,
     )
     optimizer = megatron_optimizer(graphed, world.language)
-    helper.optimizers = [optimizer]
     losses = train_steps(
         graphed, optimizer, steps, pg_collection=world.language, on_step=capture_at_warmup, grad_norms=norms
     )

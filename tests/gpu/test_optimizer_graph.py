@@ -46,7 +46,7 @@ def _run(world, kind: str, *, graphs: bool, capturable: bool, optimizer_graph: b
     helpers = []
     if graphs:
         plan = plan_for(provider, world_size=1, micro_batch_size=opt_runs.MBS, num_microbatches=1)
-        helpers = provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
+        helpers = provider.make_graph_helpers(model, plan=plan)
 
     def capture(i):
         if i == warmup:

@@ -101,7 +101,7 @@ def test_cached_step_is_the_host_step_bit_for_bit(world, record, kind):
     optimizer = megatron_optimizer(model, world.language, weight_decay=0.1)
     plan = plan_for(provider, world_size=1, micro_batch_size=opt_runs.MBS, num_microbatches=1)
     assert plan.cached_walks.optimizer, "the plan's default must turn the cache on where graphs are"
-    helpers = provider.make_graph_helpers(model, plan=plan, optimizers=[optimizer])
+    helpers = provider.make_graph_helpers(model, plan=plan)
     targets = optimizer_host.install(optimizer)
     kinds = sorted(mixin.__name__ for _, mixin in targets)
     # get_megatron_optimizer returns a ChainedOptimizer, also around one distributed optimizer

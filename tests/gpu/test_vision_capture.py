@@ -196,7 +196,6 @@ def test_thirty_steps_language_and_vision_graphs(world, record):
     helpers = provider.make_graph_helpers(
         graphed,
         plan=plan_for(provider, world_size=1, micro_batch_size=MBS, num_microbatches=1),
-        optimizers=[optimizer],
     )
 
     def capture(i):

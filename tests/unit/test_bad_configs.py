@@ -58,7 +58,7 @@ FINALIZE_CASES = [
         lambda: tiny.tiny_qwen3_vl_provider(
             cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn", "moe"]}}), moe=True
         ),
-        ["whole MoE layers", "modules=null"],
+        ["captures parts of", "of each MoE layer its attention alone", "modules=null"],
     ),
     (
         "fp16-vision",
@@ -963,7 +963,7 @@ SECOND_ROUND = [
     (
         "fine-grained-offloading-packed",
         [PHOTOS, "model.fine_grained_activation_offloading=true"],
-        ["model.fine_grained_activation_offloading=true", "packed", "=false"],
+        ["model.fine_grained_activation_offloading=true", "offload hooks run inside", "=false"],
     ),
     (
         "fine-grained-offloading-without-modules",
@@ -988,7 +988,17 @@ SECOND_ROUND = [
     (
         "moe-padded-whole-layers",
         [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn,moe]"],
-        ["whole MoE layers", f"set {LANG_BLOCK}.modules=null", "changes the model"],
+        ["captures parts of", "of each MoE layer its attention alone", f"set {LANG_BLOCK}.modules=null"],
+    ),
+    (
+        "moe-padded-router-scope",
+        [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
+        ["captures parts of", "of each MoE layer its attention alone", f"set {LANG_BLOCK}.modules=null"],
+    ),
+    (
+        "fp8-language",
+        [PHOTOS, "mixed_precision=bf16_with_fp8_delayed_scaling_mixed"],
+        ["model.fp8 is set", "mixed_precision=bf16_mixed", f"{LANG_BLOCK}.enabled=false"],
     ),
     # 3. ordinary mistakes
     ("delete-the-block", [PHOTOS, "~model.cuda_graph"], ["'~model.cuda_graph'", "language.enabled=false"]),
@@ -1094,7 +1104,7 @@ def test_every_refusal_gives_a_fix_that_leads_to_ok(name, argv, fragments, monke
         [MOE_PHOTOS, "model.moe_expert_capacity_factor=1.0"],
         [MOE_PHOTOS, "model.moe_token_dispatcher_type=allgather"],
         [MOE_PHOTOS, *PADDED_ROWS],
-        [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn,moe_router,moe_preprocess]"],
+        [MOE_PHOTOS, *PADDED_ROWS, f"{LANG_BLOCK}.modules=[attn]"],
         [VL_30B_MOE],
     ],
     ids=[
@@ -1103,7 +1113,7 @@ def test_every_refusal_gives_a_fix_that_leads_to_ok(name, argv, fragments, monke
         "packed-capacity",
         "packed-allgather",
         "padded-null",
-        "padded-scope",
+        "padded-scope-given",
         "30b-packed",
     ],
 )
@@ -1111,7 +1121,7 @@ def test_the_moe_advice_ends_where_the_issue_began(argv, monkeypatch):
     """The MoE configurations the advice leads to validate as they are: packed rows with ``modules: null`` or with its
     scope ``[attn]`` given (the advice once sent a user from one to a refusal of the other), whatever the dispatcher
     and the capacity factor (the MoE half runs eagerly, as Bridge's step), and padded rows with ``modules: null``
-    (the same attention graphs on the padded ladder) or with megatron-core's partial scope."""
+    (the same attention graphs on the padded ladder) or with its scope given."""
     monkeypatch.chdir(ROOT)
     assert _follow_the_advice(argv) == []
 

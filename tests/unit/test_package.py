@@ -250,13 +250,6 @@ def test_class_swaps_and_rebindings_happen_in_the_host_folder_only():
     assert not found, found
 
 
-#: Modules outside host/ allowed to name the host's private state, each with why: megatron-core's own graph helper,
-#: subclassed (its private state is the subclass's contract), until the ladder captures what it still does.
-HOST_SUBCLASSES = {
-    "capture/language.py": "LanguageGraphHelper subclasses megatron-core's TECudaGraphHelper",
-}
-
-
 #: The top-level packages of the host, for imports.
 HOST_PACKAGES = ("megatron", "transformer_engine")
 
@@ -336,7 +329,7 @@ def _own_private_names(trees) -> set[str]:
 def test_host_internals_are_read_in_the_host_folder_only():
     """No module of the package (and of the benchmarks) outside ``host/`` reads a private name of megatron-core,
     Bridge or TE: each goes through a named accessor in ``host/compat.py`` (release noted there), so a host release
-    that renames one breaks one place. The modules of :data:`HOST_SUBCLASSES` are the listed exceptions."""
+    that renames one breaks one place, with no exception."""
     import ast
     from pathlib import Path
 
@@ -344,17 +337,14 @@ def test_host_internals_are_read_in_the_host_folder_only():
     repo = package.parent
     paths = [p for p in package.rglob("*.py") if p.parent.name != "host"] + sorted((repo / "benchmarks").glob("*.py"))
     trees = {str(p.relative_to(repo)): ast.parse(p.read_text()) for p in paths}
-    allowed = {f"bridge_cudagraph/{name}" for name in HOST_SUBCLASSES}
-    ours = _own_private_names(tree for name, tree in trees.items() if name not in allowed)
+    ours = _own_private_names(trees.values())
     host = _host_private_names()
     found = [
         f"{name}:{line}: {private}"
         for name, tree in trees.items()
-        if name not in allowed
         for line, private in _private_reads(tree, host, ours)
     ]
     assert not found, found
-    assert allowed <= set(trees), f"an exception names a module that is gone: {sorted(allowed - set(trees))}"
 
 
 def test_the_host_internals_check_sees_a_private_read():

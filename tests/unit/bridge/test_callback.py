@@ -164,7 +164,7 @@ def _world(provider, *, helpers_spec=None, overlap=True, gbs=8, mbs=2, log_inter
         h.hooks = hooks
     world = World(None, None, hooks, helpers, events, provider)
 
-    def factory(prov, model, *, plan, optimizers):
+    def factory(prov, model, *, plan):
         world.factory_calls.append(
             dict(micro_batch_size=plan.micro_batch_size, num_microbatches=plan.num_microbatches)
         )

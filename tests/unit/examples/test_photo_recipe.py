@@ -74,14 +74,3 @@ def test_the_moe_recipe_pads_on_the_ladder_with_modules_null(tmp_path, monkeypat
     assert [getattr(m, "name", m) for m in loaded.config.model.cuda_graph_modules] == ["attn"]
     text = plan.describe()
     assert "[attn] (null on MoE layers)" in text and "TECudaGraphHelper" not in text
-
-
-def test_the_moe_recipe_still_pads_with_the_partial_scope(tmp_path, monkeypatch):
-    """Padded MoE with megatron-core's partial scope (the router in the graph) plans megatron-core's helper."""
-    monkeypatch.setenv("BRIDGE_CUDAGRAPH_CACHE", str(tmp_path))
-    overrides = [*PADDED_ROWS, "model.cuda_graph.language.modules=[attn,moe_router,moe_preprocess]"]
-    loaded = load_recipe(YAML.with_name("tiny_qwen3_vl_moe_photos.yaml"), overrides)
-    plan = plan_config(loaded.config, world_size=loaded.world(), base_checkpoint_needed=False)
-    assert plan.language.packed is None and plan.language.padded is None
-    assert plan.language.modules == ("attn", "moe_router", "moe_preprocess") and not plan.language.modules_source
-    assert "padded rows on megatron-core's TECudaGraphHelper" in plan.describe()

@@ -18,7 +18,6 @@ REBINDINGS = {
     "HF_HUB_CACHE": "host/offline_hub.py",
     "from_hf_pretrained": "host/from_hf_pretrained.py",
     "get_device_properties": "host/cpu_device_properties.py",
-    "get_num_microbatches": "host/num_microbatches.py",
     "reset_model_temporary_tensors": "host/finalize.py",
     "sys.modules": "host/bridge_recipes.py",
 }

@@ -4,6 +4,7 @@ static shapes for Qwen3-VL 8B at 8 and 64 GPUs, and every refusal of ``build_pla
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -114,7 +115,6 @@ class TestQwen3VL8B:
         ]
         # Whole dense layers of padded rows: the ladder engine, one rung; no attention mask (causal layers).
         assert p.language.padded is not None and p.language.padded.token_budgets == (2 * 4096,)
-        assert p.language.engine_source == ""
         assert texts(p.language.static_inputs) == (
             "hidden_states (S/cp=4096, mbs=2, H=4096) bf16",
             "rotary_pos_emb (S/cp=4096, mbs=2, 1, 128) fp32 (mRoPE)",
@@ -167,23 +167,53 @@ class TestQwen3VL8B:
         assert not any("runs of layers" in line or "graph_unit null" in line for line in lines)
 
     @pytest.mark.fast
-    def test_language_runs_fall_back_to_layers_where_the_decoder_works_between_layers(self):
-        """Per-layer quantization or offloading contexts, MoE layers, a virtual pipeline, a partial capture: null
-        means one graph per layer; an explicit ``run`` there is refused with the reason and the fix."""
+    def test_language_runs_fall_back_to_layers_on_moe_layers(self):
+        """MoE layers: null means one graph per layer; an explicit ``run`` there is refused with the reason and the
+        fix."""
         runs = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "run"}})
+        facts = qwen3_vl_8b(num_moe_experts=8, moe_layer_pattern=(1,) * 36)
+        assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.graph_unit == "layer"
+        with pytest.raises(CudaGraphConfigError, match="MoE layers") as info:
+            plan(facts, runs, mbs=1, gbs=32)
+        assert "graph_unit='run'" in str(info.value) and "set it to 'layer'" in str(info.value)
+
+    @pytest.mark.fast
+    def test_what_the_ladder_does_not_capture_is_refused_with_its_fix(self):
+        """One language engine, the ladder: parts of dense layers, a virtual pipeline and a per-layer quantization
+        context are refused, each naming the setting and a fix that plans."""
+        partial = {"language": {"enabled": True, "modules": ["attn"]}}
+        router = {"language": {"enabled": True, "modules": ["attn", "moe_router", "moe_preprocess"]}}
+        moe = qwen3_vl_8b(num_moe_experts=8, moe_layer_pattern=(1,) * 36)
         cases = [
-            (qwen3_8b(per_layer_contexts=("fp8",)), "model.fp8 is set"),
-            (qwen3_8b(per_layer_contexts=("cpu_offloading",)), "model.cpu_offloading is set"),
-            (qwen3_vl_8b(num_moe_experts=8, moe_layer_pattern=(1,) * 36), "MoE layers"),
-            (qwen3_8b(tp=2, pp=2, virtual_pipeline_size=2), "virtual_pipeline_model_parallel_size"),
+            (qwen3_8b(), partial, "modules=['attn'] captures parts of", "model.cuda_graph.language.modules=null"),
+            (moe, router, "of each MoE layer its attention alone", "model.cuda_graph.language.modules=null"),
+            (
+                qwen3_8b(tp=2, pp=2, virtual_pipeline_size=2),
+                {"language": {"enabled": True}},
+                "one model chunk per rank",
+                "model.virtual_pipeline_model_parallel_size=null",
+            ),
+            (
+                qwen3_8b(per_layer_contexts=("fp8",)),
+                {"language": {"enabled": True}},
+                "model.fp8 is set",
+                "model.fp8=null",
+            ),
+            (
+                qwen3_8b(per_layer_contexts=("fp4",)),
+                {"language": {"enabled": True}},
+                "model.fp4 is set",
+                "model.fp4=null",
+            ),
         ]
-        for facts, reason in cases:
-            assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.graph_unit == "layer"
-            with pytest.raises(CudaGraphConfigError, match=reason) as info:
-                plan(facts, runs, mbs=1, gbs=32)
-            assert "graph_unit='run'" in str(info.value) and "set it to 'layer'" in str(info.value)
-        partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
-        assert plan(qwen3_8b(), partial, mbs=1, gbs=32).language.graph_unit == "layer"
+        for facts, block, reason, fix in cases:
+            with pytest.raises(CudaGraphConfigError, match=re.escape(reason)) as info:
+                plan(facts, cuda_graph_config_from_dict(block), mbs=1, gbs=32)
+            assert fix in info.value.fix
+        # The MoE attention scope given explicitly is null's scope, and the vision graphs alone are not refused.
+        assert plan(moe, cuda_graph_config_from_dict(partial), mbs=1, gbs=32).language.modules == ("attn",)
+        vision_only = cuda_graph_config_from_dict({"vision": {"enabled": True}})
+        assert plan(qwen3_vl_8b(per_layer_contexts=("fp8",)), vision_only, mbs=1, gbs=32).vision.enabled
 
     def test_given_budgets_are_kept(self):
         """Budgets from the recipe are used as given, with the images bound derived from the largest."""
@@ -256,26 +286,15 @@ class TestLanguage:
         assert p.num_microbatches == 32 // (1 * 2)
 
     def test_context_parallel_slices_the_sequence(self):
-        """cp 2 halves the rows of every static input; on megatron-core's helper the mask keeps the full key
-        length."""
+        """cp 2 halves the rows of every static input."""
         p = plan(qwen3_8b(cp=2, tp=2), LANGUAGE_ON, mbs=1, gbs=32)
         assert p.language.static_inputs[0].describe() == "hidden_states (S/cp=1024, mbs=1, H=4096) bf16"
         assert p.language.static_inputs[1].describe() == "rotary_pos_emb (S/cp=1024, 1, 1, 128) fp32"
         assert p.language.padded.width == 1024
-        partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
-        p = plan(qwen3_8b(cp=2, tp=2), partial, mbs=1, gbs=32)
-        assert p.language.padded is None and p.language.engine_source == "language.modules captures parts of layers"
-        assert p.language.static_inputs[1].describe() == "attention_mask (mbs=1, 1, S/cp=1024, S=2048) bool"
-        assert p.language.static_inputs[1].shape == (1, 1, 1024, 2048)
-
-    def test_mlp_only_capture_has_no_attention_inputs(self):
-        """Without attention in the graph, no mask and no rotary table are captured."""
-        p = plan(qwen3_8b(), cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}}))
-        assert len(p.language.static_inputs) == 1
 
     def test_pipeline_graphs_one_per_microbatch_in_flight(self):
         """With pp > 1 every layer needs one graph per micro-batch a stage keeps in flight (1F1B: pp at most) on the
-        ladder; megatron-core's helper captures one per micro-batch of the step."""
+        ladder."""
         p = plan(qwen3_8b(tp=2, pp=4), LANGUAGE_ON, world=8, mbs=1, gbs=32)
         assert p.language_layout.dp == 1 and p.num_microbatches == 32
         assert p.language.layers_per_stage == (9, 9, 9, 9)
@@ -285,9 +304,6 @@ class TestLanguage:
         per_layer = cuda_graph_config_from_dict({"language": {"enabled": True, "graph_unit": "layer"}})
         p = plan(qwen3_8b(tp=2, pp=4), per_layer, world=8, mbs=1, gbs=32)
         assert p.language.graphs_per_unit == 4 and p.language.graphs_per_stage == (36,) * 4
-        partial = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn", "mlp"]}})
-        p = plan(qwen3_8b(tp=2, pp=4), partial, world=8, mbs=1, gbs=32)
-        assert p.language.graphs_per_unit == 32 and p.language.graphs_per_stage == (288,) * 4
 
     def test_explicit_microbatch_count(self):
         """``num_microbatches`` is used when the global batch is unknown."""
@@ -310,17 +326,6 @@ class TestLanguage:
             account_for_loss_in_pipeline_split=True,
         )
         assert plan(facts, LANGUAGE_ON, mbs=1, gbs=32).language.layers_per_stage == (9, 10, 10, 9)
-
-    def test_moe_modules_pick_layers(self):
-        """Per-module capture counts only the layers that have the module (``_layer_is_graphable``)."""
-        facts = qwen3_8b(num_layers=8, tp=2, pp=2, virtual_pipeline_size=2, num_moe_experts=4)
-        facts = dataclasses.replace(facts, moe_layer_pattern=(1, 0) * 4)  # MoE on even layers
-        mlp = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}})
-        router = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["moe_router"]}})
-        # interleaved: stage 0 holds layers 0, 1, 4, 5 and stage 1 holds 2, 3, 6, 7
-        assert plan(facts, mlp, world=4, mbs=1, gbs=8).language.captured_per_stage == (2, 2)
-        assert plan(facts, router, world=4, mbs=1, gbs=8).language.captured_per_stage == (2, 2)
-        assert plan(facts, LANGUAGE_ON, world=4, mbs=1, gbs=8).language.captured_per_stage == (4, 4)
 
 
 class TestModelFacts:
@@ -488,7 +493,7 @@ ERRORS = [
         cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["mlp"]}}),
         {},
         CudaGraphConfigError,
-        ["modules=['mlp'] captures no layer", "all MoE"],
+        ["modules=['mlp'] captures parts of", "of each MoE layer its attention alone"],
     ),
     (qwen3_8b(), LANGUAGE_ON, {"world_size": 0}, CudaGraphConfigError, ["world size must be a positive integer"]),
     (qwen3_8b(), LANGUAGE_ON, {"micro_batch_size": 0}, CudaGraphConfigError, ["train.micro_batch_size"]),
@@ -761,11 +766,11 @@ def test_packed_moe_plan_derives_the_attention_scope_and_says_so():
 def test_padded_moe_plan_puts_the_attention_scope_on_the_ladder():
     """Padded rows of an MoE model with ``modules: null`` replay on the ladder as the packed ones do: one graph per
     layer holding each MoE layer's attention (its MLP half eager after it), one rung of the micro-batch's shape, no
-    megatron-core helper. A scope with the MoE layer's router stays on megatron-core's helper, and says why."""
+    megatron-core helper."""
     plan = _packed_plan(packing=None, facts=MOE_FACTS)
     language = plan.language
     assert language.modules == ("attn",) and language.modules_source == "null on MoE layers"
-    assert language.packed is None and language.padded is not None and language.engine_source == ""
+    assert language.packed is None and language.padded is not None
     assert language.padded.token_budgets == (2 * 2048,) and language.padded.copies == 1
     assert language.graph_unit == "layer" and language.segments_per_stage == (((0, 1), (1, 2), (2, 3), (3, 4)),)
     assert language.graphs == 4
@@ -774,22 +779,14 @@ def test_padded_moe_plan_puts_the_attention_scope_on_the_ladder():
     assert "[attn] (null on MoE layers)" in text and "TECudaGraphHelper" not in text
     given = _packed_plan(packing=None, modules=["attn"], facts=MOE_FACTS)
     assert given.language.padded == language.padded and given.language.modules_source == ""
-    router = _packed_plan(packing=None, modules=["attn", "moe_router", "moe_preprocess"], facts=MOE_FACTS)
-    assert router.language.padded is None
-    assert router.language.engine_source == "language.modules captures parts of layers"
-    assert "padded rows on megatron-core's TECudaGraphHelper: language.modules captures parts of layers" in (
-        router.describe()
-    )
-    # On a dense model the attention alone is a part of a layer: megatron-core's helper, as before.
-    assert _packed_plan(packing=None, modules=["attn"]).language.padded is None
 
 
 @pytest.mark.parametrize(
     ("modules", "fragment"),
     [
-        (["attn", "moe"], "over the rung's padding tail"),
-        (["attn", "moe_router"], "over the rung's padding tail"),
-        (["attn", "moe_router", "moe_preprocess"], "over the rung's padding tail"),
+        (["attn", "moe"], "of each MoE layer its attention alone"),
+        (["attn", "moe_router"], "of each MoE layer its attention alone"),
+        (["attn", "moe_router", "moe_preprocess"], "of each MoE layer its attention alone"),
     ],
 )
 def test_packed_moe_plan_refuses_other_scopes_with_modules_null(modules, fragment):
@@ -1013,7 +1010,9 @@ def test_a_layer_unit_chosen_for_the_model_says_why():
     cfg = cuda_graph_config_from_dict({"language": {"enabled": True, "modules": ["attn"]}})
     p = plan(moe, cfg)
     assert p.language.graph_unit == "layer"
-    assert "  one graph per layer (graph_unit null: language.modules captures parts of layers)" in p.describe()
+    assert "  one graph per layer (graph_unit null: each MoE layer's MLP half runs eagerly after its graph)" in (
+        p.describe()
+    )
 
 
 def test_counts_of_one_are_singular():
