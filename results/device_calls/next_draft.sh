@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# Draft of the next session's device calls (not yet run). Runs 103-104 (2026-12-06, one H100) ran every one-GPU suite
-# at the final code of that day (e99042b, padded MoE on the ladder), #48's 2x (met) and the 2B headline in two calls
-# (3.58x, 3.28x separately; the paired phase needs 89 GiB, over an 80 GB card). What is left, in the order that
-# decides the most:
-#   P  #51: the 2B packed headline, paired, in three calls at one commit: needs an H200 (nvidia-h200; on an H100 the
-#      paired phase is skipped for memory). One process per call, about 190 s.
-#   D  #46: the 2B padded set under deterministic kernels (eager_padded, ours_padded_language, ours_padded,
-#      eager_padded_repeat): the fixed-batch gradient norm against the 1e-4 target where eager equals itself. Run 85
-#      (H200, older code) ran out of memory in ours_padded's vision graphs; the plan now lowers the deterministic
-#      vision shapes (plan/determinism.py), untested at this shape.
+# Draft of the next session's device calls (not yet run). Runs 105-109 (2026-12-06, one H100) ran every one-GPU suite
+# and the 2B headline in three calls at the final code of that day (8e51b55, one language engine); what needs more
+# than an 80 GB card is left, in the order that decides the most:
+#   P  #51: the 2B packed headline with its paired phase (89 GiB for both models): needs an H200 (needs_h200).
+#      One process per call, about 190 s; three calls at one commit.
+#   D  #46: the 2B padded set under deterministic kernels (eager_packed is required by the benchmark as the packed
+#      reference): on an 80 GB H100 ours_padded ran out of memory (run 106, a 32 GiB request); on an H200 run 85
+#      (older code) ran out in its vision graphs. Needs the H200 and, if it still does not fit, a lower vision top rung
+#      under deterministic kernels in plan/determinism.py.
 #   T  teardown at the final code (passed alone at 03d73db, run 101).
-# Not drafted: padded MoE speed on the ladder against the router scope on megatron-core's helper. The benchmark's
-# ours_padded gives an MoE model the router scope (useful_tokens.MOE_SCOPE); a variant with modules null comes first.
 # Keep results/ out of the call (the staged stack and the tree are over the call's 64 MiB with it):
 # `git rm -r --cached -q results; echo /results/ >> .git/info/exclude`, undone after the call with
 # `git reset -q -- results` and that line removed. Then
@@ -29,7 +26,7 @@ P)
     grep -h "^| eager\|^| ours\|paired" "$LOGS/ut/useful_tokens.md" | cut -c1-300 ;;
 D)
     export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
-    R d_ut_2b_padded_det 450 "$DET python3 -m benchmarks.useful_tokens --out \$LOGS/ut_det --model small --seq 4096 --mbs 2 --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --no-control --variants eager_padded,ours_padded_language,ours_padded,eager_padded_repeat"
+    R d_ut_2b_padded_det 450 "$DET python3 -m benchmarks.useful_tokens --out \$LOGS/ut_det --model small --seq 4096 --mbs 2 --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --no-control --variants eager_packed,eager_padded,ours_padded_language,ours_padded,eager_padded_repeat"
     sed -n '/^| variant/,/^$/p' "$LOGS/ut_det/useful_tokens.md" | cut -c1-330 ;;
 T)
     export BRIDGE_CUDAGRAPH_CACHE=/tmp/c1
