@@ -100,11 +100,7 @@ def _stage_layers(facts: ModelFacts, where: str) -> list[list[int]]:
         counts = [(n + extra) // pp] * pp
         counts[0] -= int(facts.account_for_embedding_in_pipeline_split)
         counts[-1] -= int(facts.account_for_loss_in_pipeline_split)
-    vp = facts.virtual_pipeline_size or 1
-    if vp > 1 and len(set(counts)) == 1:
-        # Interleaved: chunk c of stage s holds layers [(c * pp + s) * per_chunk, ... + per_chunk).
-        per_chunk = counts[0] // vp
-        return [[(c * pp + s) * per_chunk + i for c in range(vp) for i in range(per_chunk)] for s in range(pp)]
+    # No virtual pipeline here: check_language_ladder refused it before.
     offsets = [sum(counts[:s]) for s in range(pp)]
     return [list(range(offsets[s], offsets[s] + counts[s])) for s in range(pp)]
 

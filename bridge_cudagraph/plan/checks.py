@@ -550,8 +550,8 @@ def check_language_ladder(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
     * a per-layer quantization context (``model.fp8``, ``model.fp4``): the decoder enters it around each layer, and
       the ladder's capture passes TE no quantization recipe, so a replay would not compute what the eager layer does.
 
-    CPU and fine-grained activation offloading are refused before Bridge's own checks
-    (:func:`check_before_bridge`, the provider's ``finalize()``)."""
+    CPU and fine-grained activation offloading are refused by :func:`check_activation_offloading`, before Bridge's
+    own checks."""
     where = "model.cuda_graph.language"
     if not cfg.language.enabled:
         return

@@ -391,29 +391,6 @@ def test_layout_that_does_not_divide_the_world_is_refused(record):
     assert _untouched()
 
 
-def _mismatched_groups(rank: int, world: int) -> str:
-    from bridge_cudagraph.capture.checks import CaptureError, check_group_sizes
-    from bridge_cudagraph.parallel.groups import build_collections
-    from bridge_cudagraph.parallel.layout import ParallelLayout
-
-    pgc = build_collections(ParallelLayout(), None, backend="gloo")["language"]
-    config = _gpt(LANG, tensor_model_parallel_size=2)
-    try:
-        check_group_sizes(config, pgc, "language")
-    except CaptureError as error:
-        return str(error)
-    return "accepted"
-
-
-@pytest.mark.slow
-def test_collection_that_disagrees_with_the_config_is_refused_before_capture(record):
-    from _dist import run_world
-
-    (message,) = run_world(1, _mismatched_groups)
-    record(error="CudaGraphConfigError", message=message)
-    assert "config.tensor_model_parallel_size = 2 but its process-group collection has a group of size 1" in message
-
-
 # --------------------------------------------------------------------------------------------- the CLI
 ROOT = Path(__file__).resolve().parents[2]
 VL_8B = "recipes/qwen3_vl_8b_sft_graphs.yaml"  # tp 2, micro batch 2, global batch 128, world size 8
