@@ -36,8 +36,8 @@ TORCH_DTYPE_NAMES: dict[str, str] = {
 class StaticInput:
     """One captured input of a graph: a static buffer that every replay refreshes, so its shape is fixed here.
 
-    Data, not text: the capture code allocates (vision) or checks (language, whose buffers megatron-core's helper
-    allocates) its buffers against it, and :meth:`describe` renders it for ``bridge-cudagraph plan``.
+    Data, not text: the capture code allocates its buffers from it or checks them against it, and :meth:`describe`
+    renders it for ``bridge-cudagraph plan``.
 
     Attributes:
         name: The argument of the graphed layer it feeds (``hidden_states``, ``cu_seqlens``...).
@@ -201,7 +201,7 @@ class LanguagePlan:
 
     @property
     def ladder(self) -> PackedLanguagePlan | PaddedLanguagePlan | None:
-        """The graphs on the ladder engine (packed or padded), or None: off, or on megatron-core's helper."""
+        """The graphs on the ladder engine (packed or padded), or None when the language graphs are off."""
         return self.packed if self.packed is not None else self.padded
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bridge_cudagraph.plan.budgets import in_flight_microbatches
 from bridge_cudagraph.plan.capture_plan import GIB, MemoryEstimate
 
 if TYPE_CHECKING:
@@ -160,43 +159,32 @@ def estimate(plan: CapturePlan, training: TrainingFacts | None = None) -> Memory
 
     language_graphs = language_top = 0
     lang = plan.language
-    # Whole layers, or on the ladder (packed or padded) the attention half of MoE layers (MOE_ATTENTION_SCOPE); other
-    # scopes are megatron-core's partial graphs, not estimated.
-    attention_only = lang.ladder is not None and lang.modules == ("attn",)
-    if lang.enabled and lang.captured_per_stage and (lang.modules is None or attention_only):
+    # Whole layers on the ladder (packed or padded), or of MoE layers the attention half (MOE_ATTENTION_SCOPE).
+    ladder = lang.ladder
+    if lang.enabled and lang.captured_per_stage and ladder is not None:
+        attention_only = lang.modules == ("attn",)
         per_token = language_activation_bytes(f, attention_only=attention_only)
         captured = lang.captured_per_stage[0]
         fused = f.gradient_accumulation_fusion or training.peft  # PEFT: the frozen base weights have no gradient
-        unfused = 0 if fused else captured * language_layer_params(f) * dtype_bytes
-        width = f.hidden_size
-        ladder = lang.ladder
-        if ladder is not None:
-            # A ladder gives its unfused parameter gradients back to the pool; part of the largest graph's stay in it
-            # (GRADIENTS_HELD).
-            spans = lang.segments_per_stage[0] if lang.segments_per_stage else ()
-            widest = max((end - start for start, end in spans), default=1)
-            held = language_layer_params(f, attention_only=attention_only)
-            unfused = 0 if fused else int(GRADIENTS_HELD * widest * held * dtype_bytes)
-            budgets = ladder.token_budgets
-            sp = f.sequence_split
-            segments = len(spans) or captured
-            per_copy = ladder_pool_bytes(
-                per_token, captured, tuple(b // sp for b in budgets), width, segments, dtype_bytes=dtype_bytes
-            )
-            workspace = lang.packed.deterministic_workspace if lang.packed is not None else 0
-            language_graphs = (per_copy + unfused + workspace) * ladder.copies
-            language_top = budgets[-1]
-        else:
-            sp = f.sequence_split
-            language_top = tokens
-            rows = tokens // sp
-            # megatron-core's helper captures every micro-batch's graphs into one pool in the schedule's order, and a
-            # graph's saved activations go back to the pool once its backward is captured: the pool holds the
-            # activations of the micro-batches a stage keeps in flight (1F1B: at most pp), not of all of them; each
-            # graph keeps its static inputs and outputs.
-            in_flight = in_flight_microbatches(f.pp, plan.num_microbatches or 1)
-            statics = 4 * rows * width * dtype_bytes * lang.graphs_per_stage[0]
-            language_graphs = per_token * captured * tokens * in_flight + statics + unfused
+        # A ladder gives its unfused parameter gradients back to the pool; part of the largest graph's stay in it
+        # (GRADIENTS_HELD).
+        spans = lang.segments_per_stage[0] if lang.segments_per_stage else ()
+        widest = max((end - start for start, end in spans), default=1)
+        held = language_layer_params(f, attention_only=attention_only)
+        unfused = 0 if fused else int(GRADIENTS_HELD * widest * held * dtype_bytes)
+        budgets = ladder.token_budgets
+        segments = len(spans) or captured
+        per_copy = ladder_pool_bytes(
+            per_token,
+            captured,
+            tuple(b // f.sequence_split for b in budgets),
+            f.hidden_size,
+            segments,
+            dtype_bytes=dtype_bytes,
+        )
+        workspace = lang.packed.deterministic_workspace if lang.packed is not None else 0
+        language_graphs = (per_copy + unfused + workspace) * ladder.copies
+        language_top = budgets[-1]
     vision_graphs = vision_top = 0
     vplan = plan.vision
     if vplan is not None and vplan.enabled and f.vision is not None:
