@@ -144,9 +144,6 @@ class CudaGraphProviderMixin(HostMixin):
                 f"{where}.enabled=true with model.variable_seq_lengths=true: graphs have static shapes; "
                 "pad every micro-batch to model.seq_length (dataset pad_to_max_length=true, no in-batch packing)"
             )
-        from bridge_cudagraph.plan.checks import check_activation_offloading
-
-        check_activation_offloading(self)
 
     def _language_modules(self) -> tuple[str, ...] | None:
         """The language scope megatron-core's layers read (``config.cuda_graph_modules``): the block's, or on an MoE

@@ -548,10 +548,9 @@ def check_language_ladder(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
       eager after it;
     * a virtual pipeline: the ladder captures the decoder of one model chunk per rank;
     * a per-layer quantization context (``model.fp8``, ``model.fp4``): the decoder enters it around each layer, and
-      the ladder's capture passes TE no quantization recipe, so a replay would not compute what the eager layer does.
-
-    CPU and fine-grained activation offloading are refused by :func:`check_activation_offloading`, before Bridge's
-    own checks."""
+      the ladder's capture passes TE no quantization recipe, so a replay would not compute what the eager layer does;
+    * CPU or fine-grained activation offloading (:func:`check_activation_offloading`'s line, which the CLI gives
+      before Bridge's own checks)."""
     where = "model.cuda_graph.language"
     if not cfg.language.enabled:
         return
@@ -585,6 +584,9 @@ def check_language_ladder(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
             f"reproduce; train in bf16 (mixed_precision=bf16_mixed, model.{name}=null), or set {where}.enabled=false",
             fix=("mixed_precision=bf16_mixed", f"model.{name}=null"),
         )
+    offloaded = [name for name in ACTIVATION_OFFLOADING if name in facts.per_layer_contexts]
+    if offloaded:
+        raise _offloading_refusal(offloaded[0])
 
 
 def check_linear_attention(facts: ModelFacts, cfg: CudaGraphConfig) -> None:
@@ -683,19 +685,26 @@ def language_modules(modules: Any, num_moe_experts: int | None) -> tuple[str, ..
     return tuple(modules)
 
 
+#: The provider's activation-offloading switches: their hooks move activations out inside the layers.
+ACTIVATION_OFFLOADING: tuple[str, ...] = ("cpu_offloading", "fine_grained_activation_offloading")
+
+
 def check_activation_offloading(model: Any) -> None:
-    """CPU or fine-grained activation offloading under language graphs, packed or padded: their hooks move activations
-    out inside the layers the graphs capture, which a replay would not run. The one copy, for the provider's
-    ``finalize()`` and, before Bridge's finalization (whose own lines about them name no fix), for
-    :func:`check_before_bridge`."""
-    where = "model.cuda_graph.language"
-    for name in ("cpu_offloading", "fine_grained_activation_offloading"):
+    """CPU or fine-grained activation offloading under language graphs, packed or padded, read off the config as the
+    user wrote it, for :func:`check_before_bridge` (Bridge's own lines about them name no fix); the plan and the
+    provider's ``finalize()`` refuse the same with the same line (:func:`check_language_ladder`)."""
+    for name in ACTIVATION_OFFLOADING:
         if getattr(model, name, False):
-            raise CudaGraphConfigError(
-                f"model.{name}=true with {where}.enabled=true: its offload hooks run inside the layers the language "
-                f"graphs capture, and a replay would not run them; set model.{name}=false, or {where}.enabled=false",
-                fix=(f"model.{name}=false",),
-            )
+            raise _offloading_refusal(name)
+
+
+def _offloading_refusal(name: str) -> CudaGraphConfigError:
+    where = "model.cuda_graph.language"
+    return CudaGraphConfigError(
+        f"model.{name}=true with {where}.enabled=true: its offload hooks run inside the layers the language graphs "
+        f"capture, and a replay would not run them; set model.{name}=false, or {where}.enabled=false",
+        fix=(f"model.{name}=false",),
+    )
 
 
 def check_packed_layers(*, num_moe_experts: int | None, packing: PackingFacts, modules: Any = None) -> None:

@@ -210,6 +210,17 @@ class TestQwen3VL8B:
             with pytest.raises(CudaGraphConfigError, match=re.escape(reason)) as info:
                 plan(facts, cuda_graph_config_from_dict(block), mbs=1, gbs=32)
             assert fix in info.value.fix
+        # Activation offloading: the plan gives the line the CLI gives before Bridge's checks, word for word.
+        from types import SimpleNamespace
+
+        from bridge_cudagraph.plan.checks import ACTIVATION_OFFLOADING, check_activation_offloading
+
+        for name in ACTIVATION_OFFLOADING:
+            with pytest.raises(CudaGraphConfigError) as planned:
+                plan(qwen3_8b(per_layer_contexts=(name,)), LANGUAGE_ON, mbs=1, gbs=32)
+            with pytest.raises(CudaGraphConfigError) as before_bridge:
+                check_activation_offloading(SimpleNamespace(**{name: True}))
+            assert str(planned.value) == str(before_bridge.value) and planned.value.fix == (f"model.{name}=false",)
         # The MoE attention scope given explicitly is null's scope, and the vision graphs alone are not refused.
         assert plan(moe, cuda_graph_config_from_dict(partial), mbs=1, gbs=32).language.modules == ("attn",)
         vision_only = cuda_graph_config_from_dict({"vision": {"enabled": True}})
