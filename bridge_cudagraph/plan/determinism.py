@@ -7,7 +7,10 @@ count (every image slot and tail piece, zero-length ones too) and ``max_seqlen``
 (``dot_product_attention/utils.py`` ``get_attention_backend``, the "Filter: Determinism" block):
 
 * cuDNN's deterministic F16/BF16 THD backward asks for about ``128 x batch x heads x max_seqlen**2`` bytes of
-  workspace on sm90 (TE's own note there), tens of GiB at the shapes a vision ladder derives;
+  workspace on sm90 (TE's own note there, measured at two segments and power-of-two lengths), with ``batch`` and
+  ``max_seqlen`` rounded up to powers of two: 59 static segments x 16 heads at ``max_seqlen`` 376 asked for exactly
+  32 GiB, ``128 x 64 x 16 x 512**2``, twice what the unrounded product gives (:func:`workspace_bytes`); tens of GiB at
+  the shapes a vision ladder derives;
 * from ``batch x heads x max_seqlen**2 >= 2**30`` on, TE drops the fused backend for the unfused one, which
   materialises the ``max_seqlen**2`` scores (what ran out of memory at the 2B shape: ``results/padded-gradients/``).
 
@@ -32,6 +35,7 @@ __all__ = [
     "WORKSPACE_BYTES_PER_ELEMENT",
     "deterministic_kernels",
     "deterministic_max_seqlen",
+    "power_of_two_at_least",
     "why_lowered",
     "workspace_bytes",
 ]
@@ -53,9 +57,25 @@ def deterministic_kernels(environ: Mapping[str, str] | None = None) -> bool:
     return value == "0"
 
 
+def power_of_two_at_least(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``): how cuDNN sizes the workspace's batch and length."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def workspace_bytes(segments: int, heads: int, max_seqlen: int) -> int:
-    """cuDNN's deterministic THD backward workspace for a static attention shape (TE 2.20's estimate, sm90)."""
-    return WORKSPACE_BYTES_PER_ELEMENT * segments * heads * max_seqlen**2
+    """cuDNN's deterministic THD backward workspace for a static attention shape (sm90): TE 2.20's estimate with the
+    segment count and ``max_seqlen`` rounded up to powers of two, as cuDNN asked for it."""
+    return (
+        WORKSPACE_BYTES_PER_ELEMENT * power_of_two_at_least(segments) * heads * power_of_two_at_least(max_seqlen) ** 2
+    )
+
+
+def _largest_length_within(workspace: int, segments: int, heads: int) -> int:
+    """The largest ``max_seqlen`` whose workspace at ``segments x heads`` is at most ``workspace`` bytes: the largest
+    power of two ``p`` with ``workspace_bytes(segments, heads, p) <= workspace`` (0 where not even 1 fits)."""
+    elements = workspace // (WORKSPACE_BYTES_PER_ELEMENT * power_of_two_at_least(segments) * heads)
+    root = math.isqrt(elements)
+    return 1 << (root.bit_length() - 1) if root else 0
 
 
 def deterministic_max_seqlen(
@@ -66,16 +86,17 @@ def deterministic_max_seqlen(
     whose workspace (:func:`workspace_bytes`) is at most that; with the segment count it implies
     (``segments_at(max_seqlen)``: tail pieces grow as ``max_seqlen`` shrinks). ``longest`` itself where it holds;
     0 where not even ``multiple`` does."""
-    elements = UNFUSED_FROM - 1
-    if workspace is not None:
-        elements = min(elements, workspace // WORKSPACE_BYTES_PER_ELEMENT)
     seqlen = longest
     while seqlen >= multiple:
         segments = segments_at(seqlen)
-        if segments * heads * seqlen**2 <= elements:
+        below = seqlen - multiple
+        if segments * heads * seqlen**2 >= UNFUSED_FROM:
+            below = min(below, math.isqrt((UNFUSED_FROM - 1) // (segments * heads)))
+        elif workspace is not None and workspace_bytes(segments, heads, seqlen) > workspace:
+            below = min(below, _largest_length_within(workspace, segments, heads))
+        else:
             return seqlen
-        allowed = math.isqrt(elements // (segments * heads))
-        seqlen = min(seqlen - multiple, allowed // multiple * multiple)
+        seqlen = below // multiple * multiple
     return 0
 
 

@@ -62,6 +62,22 @@ def test_the_largest_seqlen_below_the_threshold_and_the_workspace():
     assert deterministic_max_seqlen(8192, 10**9, segments, multiple=4) == 0  # nothing fits
 
 
+def test_the_workspace_rounds_segments_and_length_up_to_powers_of_two():
+    """cuDNN's own ask on the 2B vision shape: 59 static segments x 16 heads at max_seqlen 376 asked for exactly
+    32 GiB, ``128 x 64 x 16 x 512**2`` (the unrounded product is 15.9 GiB)."""
+    assert workspace_bytes(59, 16, 376) == 32 * 2**30
+    assert workspace_bytes(33, 16, 257) == workspace_bytes(64, 16, 512)
+    assert workspace_bytes(2, 16, 256) == 128 * 2 * 16 * 256**2  # TE's note: powers of two as they are
+    assert workspace_bytes(1, 1, 1) == 128
+
+
+def test_a_lowered_length_keeps_the_rounded_workspace_within_the_limit():
+    """59 segments x 16 heads within 16 GiB: 376 rounds to 512 (32 GiB), so the largest length is 256."""
+    fits = deterministic_max_seqlen(3200, 16, lambda seqlen: 59, multiple=4, workspace=DERIVED_WORKSPACE_LIMIT)
+    assert fits == 256 and workspace_bytes(59, 16, fits) <= DERIVED_WORKSPACE_LIMIT
+    assert workspace_bytes(59, 16, fits + 4) > DERIVED_WORKSPACE_LIMIT
+
+
 def test_without_deterministic_kernels_the_plan_is_unchanged():
     plan = _plan(False)
     assert plan.vision.max_patches_per_image == 3920 and plan.vision.deterministic_workspace == 0
