@@ -8,9 +8,10 @@ count (every image slot and tail piece, zero-length ones too) and ``max_seqlen``
 
 * cuDNN's deterministic F16/BF16 THD backward asks for about ``128 x batch x heads x max_seqlen**2`` bytes of
   workspace on sm90 (TE's own note there, measured at two segments and power-of-two lengths), with ``batch`` and
-  ``max_seqlen`` rounded up to powers of two: 59 static segments x 16 heads at ``max_seqlen`` 376 asked for exactly
-  32 GiB, ``128 x 64 x 16 x 512**2``, twice what the unrounded product gives (:func:`workspace_bytes`); tens of GiB at
-  the shapes a vision ladder derives;
+  ``max_seqlen`` rounded up to powers of two and never less than 1 GiB: 59 static segments x 16 heads at
+  ``max_seqlen`` 376 asked for exactly 32 GiB, ``128 x 64 x 16 x 512**2``, twice the unrounded product, and 2 x 16
+  heads at 256 for 1 GiB, not 256 MiB (:func:`workspace_bytes`; ``tests/gpu/test_deterministic_workspace.py``
+  measures it); tens of GiB at the shapes a vision ladder derives;
 * from ``batch x heads x max_seqlen**2 >= 2**30`` on, TE drops the fused backend for the unfused one, which
   materialises the ``max_seqlen**2`` scores (what ran out of memory at the 2B shape: ``results/padded-gradients/``).
 
@@ -33,6 +34,7 @@ __all__ = [
     "DETERMINISTIC_ENV",
     "UNFUSED_FROM",
     "WORKSPACE_BYTES_PER_ELEMENT",
+    "WORKSPACE_FLOOR",
     "deterministic_kernels",
     "deterministic_max_seqlen",
     "power_of_two_at_least",
@@ -44,6 +46,8 @@ __all__ = [
 DETERMINISTIC_ENV = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
 #: Bytes of cuDNN's deterministic THD backward workspace per ``batch x heads x max_seqlen**2`` (TE 2.20, sm90).
 WORKSPACE_BYTES_PER_ELEMENT = 128
+#: The least workspace cuDNN's deterministic THD backward asks for, however small the shape (sm90, 16 heads).
+WORKSPACE_FLOOR = 2**30
 #: ``batch x heads x max_seqlen**2`` from which TE 2.20 drops fused attention for the unfused backend (sm90).
 UNFUSED_FROM = 2**30
 #: The workspace a *derived* static shape may ask for under deterministic kernels (a set one is only held below
@@ -64,15 +68,17 @@ def power_of_two_at_least(n: int) -> int:
 
 def workspace_bytes(segments: int, heads: int, max_seqlen: int) -> int:
     """cuDNN's deterministic THD backward workspace for a static attention shape (sm90): TE 2.20's estimate with the
-    segment count and ``max_seqlen`` rounded up to powers of two, as cuDNN asked for it."""
-    return (
-        WORKSPACE_BYTES_PER_ELEMENT * power_of_two_at_least(segments) * heads * power_of_two_at_least(max_seqlen) ** 2
-    )
+    segment count and ``max_seqlen`` rounded up to powers of two, at least :data:`WORKSPACE_FLOOR`, as cuDNN asked
+    for it."""
+    rounded = power_of_two_at_least(segments) * heads * power_of_two_at_least(max_seqlen) ** 2
+    return max(WORKSPACE_FLOOR, WORKSPACE_BYTES_PER_ELEMENT * rounded)
 
 
 def _largest_length_within(workspace: int, segments: int, heads: int) -> int:
     """The largest ``max_seqlen`` whose workspace at ``segments x heads`` is at most ``workspace`` bytes: the largest
     power of two ``p`` with ``workspace_bytes(segments, heads, p) <= workspace`` (0 where not even 1 fits)."""
+    if workspace < WORKSPACE_FLOOR:
+        return 0
     elements = workspace // (WORKSPACE_BYTES_PER_ELEMENT * power_of_two_at_least(segments) * heads)
     root = math.isqrt(elements)
     return 1 << (root.bit_length() - 1) if root else 0

@@ -3,10 +3,11 @@
 The plan keeps a derived static vision or packed-language attention shape within a workspace limit under TE's
 deterministic kernels and counts that workspace into the graphs' memory
 (:func:`bridge_cudagraph.plan.determinism.workspace_bytes`). A graph's shape has every static segment, zero-length
-ones too, so the estimate must hold where most segments are empty and where counts and lengths are not powers of
-two. This test runs TE's own ``DotProductAttention`` (THD, no mask, bf16, the vision encoder's 16 heads of 64) forward
-and backward at such shapes and measures what the backward allocates beyond its three input gradients: within a
-tenth below the estimate and never above it (plus a small allowance for the kernel's own buffers).
+ones too, so the estimate must hold where most segments are empty, where counts and lengths are not powers of
+two, and at small shapes, where cuDNN asks for its floor. This test runs TE's own ``DotProductAttention`` (THD, no
+mask, bf16, the vision encoder's 16 heads of 64) forward and backward at such shapes and measures what the backward
+allocates beyond its three input gradients: within a tenth below the estimate and never above it (plus a small
+allowance for the kernel's own buffers).
 
     NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 python -m pytest tests/gpu/test_deterministic_workspace.py -q -rA
 """
@@ -34,7 +35,7 @@ ALLOWANCE = 64 * 2**20
 
 #: (static segments, segments holding ``length`` tokens, length): the rest of the segments are empty, as a graph's
 #: unused image slots are. Counts and lengths off powers of two, where the two estimates part.
-SHAPES = [(2, 2, 256), (3, 2, 256), (5, 2, 200), (2, 2, 376), (59, 2, 96), (59, 50, 96)]
+SHAPES = [(2, 2, 256), (3, 2, 256), (5, 2, 200), (2, 2, 376), (59, 2, 96)]
 
 
 def _backward_bytes(segments: int, filled: int, length: int) -> int:

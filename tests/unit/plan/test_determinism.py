@@ -67,8 +67,8 @@ def test_the_workspace_rounds_segments_and_length_up_to_powers_of_two():
     32 GiB, ``128 x 64 x 16 x 512**2`` (the unrounded product is 15.9 GiB)."""
     assert workspace_bytes(59, 16, 376) == 32 * 2**30
     assert workspace_bytes(33, 16, 257) == workspace_bytes(64, 16, 512)
-    assert workspace_bytes(2, 16, 256) == 128 * 2 * 16 * 256**2  # TE's note: powers of two as they are
-    assert workspace_bytes(1, 1, 1) == 128
+    assert workspace_bytes(2, 16, 512) == 128 * 2 * 16 * 512**2  # TE's note: powers of two as they are
+    assert workspace_bytes(2, 16, 256) == workspace_bytes(1, 1, 1) == 2**30  # never less than 1 GiB
 
 
 def test_a_lowered_length_keeps_the_rounded_workspace_within_the_limit():
