@@ -1,23 +1,18 @@
 """What ``useful_tokens.json`` holds, the arithmetic of its numbers, and how it reads (``.md``, ``.png``, stdout).
 
-No torch, no GPU: :mod:`benchmarks.useful_tokens` measures and calls these; the tests call them on hand-made
-records. Rendering again on any machine: ``python -m benchmarks.report DIR/useful_tokens.json``.
+No torch, no GPU: render again on any machine with ``python -m benchmarks.report DIR/useful_tokens.json``.
 
-``useful_tokens.json`` holds ``meta`` (command, date, gpu, library versions, ``config``: model, seq_length,
-micro_batch_size, num_microbatches, measured/warm-up/profile steps, ...), ``data`` (source, ``microbatches``:
-:meth:`MicroBatch.as_dict` each, the language and vision budgets, max_sequences, max_seqlen, the plan),
-``variants`` (name: record, ORDER's that ran, then CONTROL; ``status`` ok | failed (+ ``error``) | refused (+
-``reason``: the capture plan's)), ``paired`` (``status``; ``variants`` [A, B]; ``step_ms``;
-``ratios``: A ms / B ms per pair; ``verdict``: :func:`paired_verdict`; ``counters``) and ``summary``
-(:func:`summarize`). A variant's record: ``form``, ``graphed``, ``useful_tokens_per_s``,
-``speedup_vs_eager_packed``, ``step_ms`` (every measured step) with its median, quartiles and IQR,
-``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``, ``gpu_busy`` (+ its source and
-``_in_profiled_steps``), ``kernel_ms_per_step`` (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``,
-``graph_memory_bytes``/``_gib``, ``capture`` and ``counters`` (per submodule: replays, eager_fallbacks, graphs,
-failed; tight_replays of a packed ladder; moe_tail_tokens, ``{rung: tail tokens kept out of the MoE layers' eager
-halves}``, of packed MoE layers), ``parity``, ``losses``, ``grad_norms``, ``peak_memory_bytes``,
-``peak_reserved_bytes``, ``te_modules_fusing``, ``host_syncs``
-(:func:`benchmarks.host_syncs.census`, :data:`HOST_SYNC_VARIANTS`), ``seconds``.
+``useful_tokens.json`` holds ``meta`` (command, date, gpu, versions, ``config``: the run's shape and step counts),
+``data`` (source, ``microbatches``: :meth:`MicroBatch.as_dict` each, the language and vision budgets, the plan),
+``variants`` (name: record, :data:`ORDER`'s that ran, then :data:`CONTROL`; ``status`` ok | failed (+ ``error``) |
+refused (+ ``reason``: the capture plan's)), ``paired`` (``status``, ``variants`` [A, B], ``step_ms``, ``ratios``:
+A ms / B ms per pair, ``verdict``: :func:`paired_verdict`, ``counters``) and ``summary`` (:func:`summarize`). A
+variant's record: ``form``, ``graphed``, ``useful_tokens_per_s``, ``speedup_vs_eager_packed``, ``step_ms`` with its
+median, quartiles and IQR, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
+``gpu_busy`` and ``kernel_ms_per_step`` (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``,
+``graph_memory_bytes``/``_gib``, ``capture`` and ``counters`` (per submodule), ``parity``, ``losses``, ``grad_norms``,
+``peak_memory_bytes``, ``peak_reserved_bytes``, ``te_modules_fusing``, ``host_syncs``
+(:func:`benchmarks.host_syncs.census`), ``seconds``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from typing import Any
 STEP_MARK = "bench_step_"
 
 
-# ================================================================================================ GPU busy
 def complete_events(trace: dict, *cats: str) -> Iterator[dict]:
     """The complete events of the categories ``cats`` (lower case: ``kernel``, ``cpu_op``, ...) in a
     ``torch.profiler`` chrome trace."""
@@ -197,7 +196,6 @@ def gpu_busy_summary(
     return out
 
 
-# =============================================================================================== host time
 #: Prefix of the ``record_function`` ranges :class:`PhaseMarkers` opens around a step's phases.
 PHASE_PREFIX = "bcg_phase/"
 #: Idle time under no phase marker.

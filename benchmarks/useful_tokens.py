@@ -1,10 +1,8 @@
 """Useful tokens per second on Bridge's own Qwen3-VL fine-tuning data path: packed eager vs padded and packed graphs.
 
-Every variant (:data:`benchmarks.report.LABELS`) trains in this process, one at a time, from the same initial weights
-on the same photo SFT micro-batches, through :mod:`benchmarks.runner`; then the paired phase and the eager control.
-E.g. ``python -m benchmarks.useful_tokens --out /tmp/ut --model small``. Writes ``useful_tokens.json`` (after every
-variant; layout in :mod:`benchmarks.report`), ``.md``, ``.png`` and a table on stdout; the method:
-``benchmarks/README.md``.
+Every variant trains in this process, one at a time, from the same initial weights on the same photo SFT
+micro-batches (:mod:`benchmarks.runner`); then the paired phase and the eager control. Writes ``useful_tokens.json``
+after every variant (layout: :mod:`benchmarks.report`), then ``.md`` and ``.png``; method: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -40,21 +38,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger("benchmarks.useful_tokens")
 
 #: Defaults sized so that the 2B run at sequence 4096, micro-batch 2 fits one 10-minute device call (~7 min).
-DEFAULT_STEPS = 15
-DEFAULT_WARMUP = 3
-DEFAULT_MICROBATCHES = 8
-DEFAULT_PROFILE_STEPS = 2
+DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MICROBATCHES, DEFAULT_PROFILE_STEPS = 15, 3, 8, 2
 #: Training samples in the photo set's train split (:class:`bridge_cudagraph.examples.photos.PhotoSetSpec`).
 PHOTO_TRAIN_SAMPLES = 256
 JSON_NAME = "useful_tokens.json"
-
-
-# ============================================================================================ models
-#: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); ours_packed graphs
-#: each MoE layer's attention on the packed ladder (a refusal by the plan is recorded as ``refused``).
+#: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own).
 MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
 #: Language layers of the 30B-A3B shape: its own 48 at 128 experts need EP; 4 hold the layer's shape on one GPU.
 MOE_30B_LAYERS = 4
+
+
+def _qwen3_vl_layer() -> dict[str, Any]:
+    """The language layer fields both Qwen3-VL shapes share (the 2B's and the 30B-A3B's), with the real vocabulary."""
+    return dict(
+        hidden_size=2048,
+        ffn_hidden_size=6144,
+        kv_channels=128,
+        vocab_size=QWEN3_VL_VOCAB,
+        mrope_section=[24, 20, 20],
+        layernorm_epsilon=1e-6,
+        **QWEN3_VL_TOKENS,
+    )
 
 
 def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any) -> Any:
@@ -82,25 +86,18 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: An
         deepstack_visual_indexes=list(deepstack),
     )
     fields = dict(
-        vocab_size=QWEN3_VL_VOCAB,
+        _qwen3_vl_layer(),
         share_embeddings_and_output_weights=True,
         num_layers=28,
-        hidden_size=2048,
-        ffn_hidden_size=6144,
         num_attention_heads=16,
         num_query_groups=8,
-        kv_channels=128,
-        mrope_section=[24, 20, 20],
-        layernorm_epsilon=1e-6,
         vision_config=vision,
         spatial_merge_size=MERGE,
         num_position_embeddings=2304,
         out_hidden_size=2048,
         deepstack_visual_indexes=list(deepstack),
-        **QWEN3_VL_TOKENS,
     )
-    fields.update(overrides)
-    return _tiny_provider(cuda_graph, seq_length=seq_length, **fields)
+    return _tiny_provider(cuda_graph, seq_length=seq_length, **{**fields, **overrides})
 
 
 def qwen3_vl_30b_a3b_shape_provider(
@@ -108,35 +105,28 @@ def qwen3_vl_30b_a3b_shape_provider(
 ) -> Any:
     """Qwen3-VL-30B-A3B's language layer and vision encoder at :data:`MOE_30B_LAYERS` language layers, random
     weights: Bridge's own provider's shapes (the unit test compares them field by field) with the tiny provider's
-    settings, on one GPU at EP 1, TP 1. Depth is the one change (48 layers of 128 experts do not fit one GPU): the
-    layer's shape is kept, while the embedding, output layer and vision encoder weigh more in the step."""
+    settings, on one GPU at EP 1, TP 1. Depth is the one change: the layer's shape is kept, while the embedding,
+    output layer and vision encoder weigh more in the step."""
     from bridge_cudagraph.examples import tiny
 
     deepstack = [8, 16, 24]
     fields: dict[str, Any] = dict(
+        _qwen3_vl_layer(),
         moe=True,
         num_layers=MOE_30B_LAYERS,
-        hidden_size=2048,
-        ffn_hidden_size=6144,
         moe_ffn_hidden_size=768,
         num_moe_experts=128,
         moe_router_topk=8,
         moe_grouped_gemm=True,
         num_attention_heads=32,
         num_query_groups=4,
-        kv_channels=128,
-        vocab_size=QWEN3_VL_VOCAB,
         share_embeddings_and_output_weights=False,
-        mrope_section=[24, 20, 20],
-        layernorm_epsilon=1e-6,
         deepstack_visual_indexes=list(deepstack),
         vision_config=tiny.tiny_vision_config(
             2048, depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, deepstack_visual_indexes=deepstack
         ),
-        **QWEN3_VL_TOKENS,
     )
-    fields.update(overrides)
-    return _tiny_provider(cuda_graph, seq_length=seq_length, **fields)
+    return _tiny_provider(cuda_graph, seq_length=seq_length, **{**fields, **overrides})
 
 
 @dataclass(frozen=True)
@@ -144,14 +134,13 @@ class ModelDef:
     """One ``--model``: what it is, how its provider is made, and what its graphs capture."""
 
     description: str
-    """``meta.config.description``."""
     provider: Callable[..., Any] | None = None
     """``provider(cuda_graph, *, seq_length, **fields)``, not finalized; None for a recipe model (its variants are
     the recipe file's, :mod:`benchmarks.recipe_variants`)."""
     variants: tuple[str, ...] = report.VARIANTS
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
     optional: tuple[str, ...] = ()
-    """What ``--variants`` may add to :attr:`variants` (the lever variants of a dense model)."""
+    """What ``--variants`` may add to :attr:`variants`."""
 
 
 #: Every ``--model``; the MoE ones answer what MoE users get from graphs against Bridge's packed eager step.
@@ -184,7 +173,6 @@ MODELS: dict[str, ModelDef] = {
 }
 
 
-# ============================================================================================ command line
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (checked by :func:`check_args`)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
@@ -314,7 +302,6 @@ def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
     return first, second
 
 
-# ============================================================================================ data
 def photo_microbatches(
     count: int, micro_batch_size: int, seq_length: int, *, cache=None, spec=None
 ) -> tuple[Any, list[dict]]:
@@ -390,13 +377,11 @@ def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device=
 
 
 def image_sets(collated: Sequence[dict]) -> tuple:
-    """The micro-batches' image grids as :class:`benchmarks.configs.BenchConfig`'s ``image_sets`` (vision budgets
-    from the data)."""
+    """The micro-batches' image grids as :class:`benchmarks.configs.BenchConfig`'s ``image_sets``."""
     grids = (image_grid(batch) for batch in collated)
     return tuple(tuple(((int(t), int(h), int(w)),) for t, h, w in ([] if g is None else g.tolist())) for g in grids)
 
 
-# ============================================================================================ variants
 @dataclass
 class BenchRun:
     """What every variant of one run shares: the world, both forms' step data, the initial weights, the references'
@@ -409,18 +394,16 @@ class BenchRun:
     ids: dict[str, int]
     micro: list[report.MicroBatch]
     shared: dict[str, Any]
-    """Per form, a :class:`benchmarks.runner.StepData` (its batches, fixed batch and step plan)."""
+    """Per form, a :class:`benchmarks.runner.StepData`."""
     initial_state: list[dict] | None = None
     references: dict[str, dict] = field(default_factory=dict)
-    """Per reference variant (:data:`~benchmarks.report.REFERENCES`): its profile, fixed-batch loss,
-    loss mask, grad norm and step losses."""
+    """Per reference variant: its profile, fixed-batch loss, loss mask, grad norm and step losses."""
     results: dict[str, dict] = field(default_factory=dict)
     profiler_sees_graph_kernels: bool | None = None
     flops: list[float] = field(default_factory=list)
-    """Model FLOPs of each padded micro-batch (:func:`benchmarks.flops.step_flops`: every position of a padded row
-    counts, which is what a padded step computes); empty for a recipe model. The padded variants' MFU."""
+    """Model FLOPs of each padded micro-batch (every position of a padded row), for the MFU; empty for a recipe."""
     data: dict[str, Any] = field(default_factory=dict)
-    """``useful_tokens.json``'s ``data``: the micro-batches' numbers and the static shapes."""
+    """``useful_tokens.json``'s ``data``."""
 
     @property
     def from_recipe(self) -> bool:
@@ -964,7 +947,6 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
     return diff_losses(padded_loss[:, :width][keep], packed[keep])
 
 
-# ============================================================================================ paired phase
 def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
     """The two variants ``names`` built side by side, each started (:func:`_start`), then their measured steps
     interleaved, the first of each pair alternating. ``ratios``: the first's step ms over the second's per pair."""
@@ -1010,7 +992,6 @@ def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
     return rec
 
 
-# ============================================================================================ run
 def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
     return {
         **runner.run_meta(command),
