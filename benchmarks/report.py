@@ -68,49 +68,28 @@ BASELINE = "eager_packed"
 #: The pair measured side by side, steps interleaved (ratios: first's step ms over the second's), unless ``--paired``.
 PAIRED = ("eager_packed", "ours_packed")
 PACKED, PADDED = "packed", "padded"
-#: The graphs-off variant of the same form, the parity reference (unless :data:`REFERENCE_OF` names another).
+#: The graphs-off variant of the same form: the parity reference (of ours_packed_fused, recorded: eager_packed_fused).
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
-#: Parity references other than the form's (eager_packed_fused trains ours_packed_fused's numbers graphs off).
-REFERENCE_OF = {"ours_packed_fused": "eager_packed_fused"}
 #: Every variant some variant's parity is taken against (each keeps its fixed-batch loss and profile).
-REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
+REFERENCES = tuple(REFERENCE.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
 REFUSED = "refused"
-#: The packed language graph variants; of them, those with tight packing on (ours_packed_rows replays the rows).
+#: Our packed and padded graph variants; of the packed, those with tight packing on (ours_packed_rows: the rows).
 PACKED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_packed"))
+PADDED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_padded"))
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
-#: The packed levers that are a setting of ours_packed's block (``model.cuda_graph``: per part, the fields replaced).
-PACKED_PARTS: dict[str, dict[str, dict[str, Any]]] = {
-    "ours_packed_rows": {"language": {"tight_packing": False}},
-    "ours_packed_bridge_packing": {"forward": {"flat_rows": False}},
-    "ours_packed_device_grid": {"forward": {"collated_grids": False}},
-}
-#: The packed graph variants whose ladders leave parameter gradients to autograd (``LadderHelper.sum_param_grads``).
-AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
-#: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
-VISION_HALVINGS = ("ours_packed_halvings",)
-#: ours_padded's parts: what each changes of ours_padded's block (per submodule, the fields replaced).
-PADDED_PARTS: dict[str, dict[str, dict[str, Any]]] = {
-    "ours_padded_layer_graphs": {"language": {"graph_unit": "layer"}},
-    "ours_padded_megatron": {"language": {"graph_unit": "layer"}},
-    "ours_padded_language": {"vision": {"enabled": False}},
-    "ours_padded_vision": {"language": {"enabled": False}},
-}
-PADDED_GRAPHED = ("ours_padded", *PADDED_PARTS)
-#: The padded variant whose language graphs were megatron-core's ``TECudaGraphHelper``: rendered from recorded runs,
-#: no longer run (the ladder is the product's one language engine).
+#: The part of ours_padded that ``--variants`` may add: the fields it replaces of ours_padded's block, per submodule.
+PADDED_PARTS: dict[str, dict[str, dict[str, Any]]] = {"ours_padded_language": {"vision": {"enabled": False}}}
+#: The padded variant whose language graphs were megatron-core's ``TECudaGraphHelper``.
 MEGATRON_ENGINE = ("ours_padded_megatron",)
 GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
-#: The variants trained with ``model.gradient_accumulation_fusion=true`` (failed where no TE module fuses).
+#: The variants trained with ``model.gradient_accumulation_fusion=true``.
 FUSED = ("eager_packed_fused", "ours_packed_fused")
 #: The variants whose one extra step runs under :func:`benchmarks.host_syncs.census` (eager_packed for comparison).
 HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
-#: One lever each, run only when ``--variants`` names them (dense models); :data:`LEVERS` pairs them.
-LEVER_VARIANTS = (
-    *(v for v in PADDED_PARTS if v not in MEGATRON_ENGINE),
-    *(v for v in PACKED_GRAPHED if v not in ("ours_packed", *FUSED)),
-    *FUSED,
-)
+#: One lever each (:data:`LEVERS` pairs them). Only :data:`PADDED_PARTS` still run; the others' questions are answered
+#: (``results/packed-2b-levers/``, ``results/padded-gradients/``) and their recorded runs render.
+LEVER_VARIANTS = (*(v for v in ORDER if v not in (*VARIANTS, *MEGATRON_ENGINE, PADDED_CONTROL, *FUSED)), *FUSED)
 #: The levers of the packed step: (lever, the variant without it, the variant with it).
 _LEVER_ROWS = """\
 tight packing | ours_packed_rows | ours_packed
@@ -163,7 +142,7 @@ COLUMNS = tuple(
 
 def reference_of(variant: str) -> str:
     """The variant ``variant``'s parity is taken against (itself for a reference of its form)."""
-    return REFERENCE_OF.get(variant, REFERENCE[FORM[variant]])
+    return REFERENCE[FORM[variant]]
 
 
 def target_of(data: Mapping[str, Any]) -> float:

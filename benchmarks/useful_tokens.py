@@ -25,7 +25,7 @@ import torch
 
 from benchmarks import recipe_variants, report, runner
 from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
-from benchmarks.report import CONTROL, FORM, LEVER_VARIANTS, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
+from benchmarks.report import CONTROL, FORM, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
 from benchmarks.runner import OK, json_safe, say, write_json
 from benchmarks.trace import gpu_busy_summary
 
@@ -145,11 +145,11 @@ class ModelDef:
 
 #: Every ``--model``; the MoE ones answer what MoE users get from graphs against Bridge's packed eager step.
 MODELS: dict[str, ModelDef] = {
-    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=(*LEVER_VARIANTS, PADDED_CONTROL)),
+    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=(*report.PADDED_PARTS, PADDED_CONTROL)),
     "small": ModelDef(
         "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights",
         small_qwen3_vl_provider,
-        optional=(*LEVER_VARIANTS, PADDED_CONTROL),
+        optional=(*report.PADDED_PARTS, PADDED_CONTROL),
     ),
     "tiny-moe": ModelDef(
         "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), language graphs of each layer's "
@@ -205,7 +205,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="A,B",
         help=f"run only these variants, in the usual order (default: the model's, all of {','.join(report.VARIANTS)} "
         f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one); a dense model of the benchmark's shape also "
-        f"runs the lever variants {','.join(LEVER_VARIANTS)} when named here",
+        f"runs {','.join(report.PADDED_PARTS)} when named here",
     )
     add(
         "--gpu-memory",
@@ -267,9 +267,6 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
         if (reference := report.REFERENCE[PACKED]) not in chosen:
             return f"--variants {args.variants}: include {reference}, the reference of every packed variant"
-        for variant, reference in report.REFERENCE_OF.items():
-            if variant in chosen and reference not in chosen:
-                return f"--variants {args.variants}: include {reference}, the parity reference of {variant}"
     if not args.no_paired and args.paired is not None:
         pair = [v for v in args.paired.split(",") if v]
         run = chosen_variants(args)
@@ -447,8 +444,7 @@ def packed_graph_config(run: BenchRun) -> CudaGraphConfig:
 
 def variant_provider(run: BenchRun, variant: str):
     """The provider of ``variant`` (not finalized) with the processor's token ids: the model's with graphs off,
-    ours_padded's or ours_packed's block (a lever's part replaced), or upstream's host provider with megatron-core's
-    graphs; the fused variants set ``gradient_accumulation_fusion=True``."""
+    ours_padded's (a part replaced) or ours_packed's block, or upstream's host provider with megatron-core's graphs."""
     model = MODELS[run.args.model]
     unknown = f"no provider of {variant!r} for --model {run.args.model}; known: {[*report.ORDER, CONTROL]}"
     if model.provider is None:
@@ -456,28 +452,18 @@ def variant_provider(run: BenchRun, variant: str):
     if variant == "upstream_padded":
         plain = model.provider(None, seq_length=run.cfg.seq_length, **run.ids)
         return recipe_variants.upstream_graphs_provider(plain, run.cfg.upstream_vision_seq_length())
-    graphed = {
-        "ours_padded": ours_graph_config(run.cfg),
-        **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
-    }
-    for name, parts in (*report.PADDED_PARTS.items(), *report.PACKED_PARTS.items()):
-        block = graphed["ours_padded" if name in report.PADDED_PARTS else "ours_packed"]
-        graphed[name] = dataclasses.replace(
-            block, **{sub: dataclasses.replace(getattr(block, sub), **fields) for sub, fields in parts.items()}
-        )
-    for name in report.VISION_HALVINGS:
-        block = graphed[name]
-        graphed[name] = dataclasses.replace(
-            block, vision=dataclasses.replace(block.vision, token_budgets=run.cfg.vision_halvings())
-        )
+    padded = ours_graph_config(run.cfg)
     blocks: dict[str, CudaGraphConfig | None] = {
-        **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, "eager_packed_fused", CONTROL)),
-        **graphed,
+        **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, CONTROL)),
+        "ours_padded": padded,
+        "ours_packed": packed_graph_config(run),
     }
+    for name, parts in report.PADDED_PARTS.items():
+        replaced = {sub: dataclasses.replace(getattr(padded, sub), **fields) for sub, fields in parts.items()}
+        blocks[name] = dataclasses.replace(padded, **replaced)
     if variant not in blocks:
         raise ValueError(unknown)
-    fields = {"gradient_accumulation_fusion": True} if variant in report.FUSED else {}
-    return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids, **fields)
+    return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids)
 
 
 def packed_plan(run: BenchRun, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
@@ -515,6 +501,7 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
     """Build the model, load the initial weights (the first build snapshots them) and make the optimizer; a recipe
     variant brings its plan and its PEFT."""
     from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
     from bridge_cudagraph.testing.parity import megatron_optimizer
 
     upstream = variant == "upstream_padded"
@@ -527,7 +514,7 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
         provider = objs["provider"] = variant_provider(run, variant)
     vision_pg_collection = tiny.DERIVE if upstream else run.world.vision  # upstream's: tiny.build's default
     model = objs["model"] = tiny.build(provider, run.world.language, vision_pg_collection=vision_pg_collection)
-    record_fusion(variant, model, objs)
+    objs["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
     if run.initial_state is None:
         run.initial_state = runner.snapshot(model)
     else:
@@ -535,23 +522,9 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
     objs["optimizer"] = megatron_optimizer(model, run.world.language)
 
 
-def record_fusion(variant: str, model: list, out: dict) -> int:
-    """The count of TE modules of ``model`` that fuse their weight-gradient accumulation, into
-    ``out["te_modules_fusing"]``; raises where a fused variant has none (it would time the unfused step)."""
-    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
-
-    count = out["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
-    if variant in report.FUSED and not count:
-        raise RuntimeError(
-            f"{variant}: model.gradient_accumulation_fusion=true, but no Transformer Engine module of the model "
-            "fuses its weight-gradient accumulation; it would time the unfused step"
-        )
-    return count
-
-
 def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
     """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them; ours from the
-    product's plan as ``bridge-cudagraph train`` builds them, then the one change of a lever that is no setting."""
+    product's plan as ``bridge-cudagraph train`` builds them."""
     if variant == "upstream_padded":
         return runner.upstream_helpers(
             objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
@@ -570,34 +543,25 @@ def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
         )
     helpers = runner.ours_helpers(objs, plan)
     if variant in PACKED_GRAPHED:
-        from bridge_cudagraph.capture.ladder_helper import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         # The product's helpers from the product's plan, tight as the variant's name says.
         if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != packs_tightly(variant, plan):
             raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
-        if variant in report.AUTOGRAD_GRADS:
-            for ladder in helpers:
-                if isinstance(ladder, LadderHelper):
-                    ladder.sum_param_grads = False
     return helpers
 
 
 def packs_tightly(variant: str, plan: CapturePlan) -> bool:
-    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: every packed graph
-    variant but ours_packed_rows (:data:`~benchmarks.report.TIGHT`), except on an MoE model, whose plan keeps tight
-    packing off for every variant (its router's losses count each row's padding, as Bridge's step routes it)."""
+    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: a packed graph variant of
+    :data:`~benchmarks.report.TIGHT`, except on an MoE model, whose plan keeps tight packing off (its router's losses
+    count each row's padding, as Bridge's step routes it)."""
     return variant in report.TIGHT and not plan.facts.num_moe_experts
 
 
 def check_param_grads(variant: str, capture: dict) -> None:
-    """Raise where a packed graph variant's ladders did not sum their parameter gradients in graphs, or
-    ours_packed_autograd_grads' did (it would time the other lever under the variant's name)."""
-    if variant not in PACKED_GRAPHED:
-        return
+    """Raise where a packed graph variant's ladders did not sum their parameter gradients in graphs."""
     summed = {sub: rec.get("param_grads_summed", 0) for sub, rec in capture.items()}
-    expected = variant not in report.AUTOGRAD_GRADS
-    if any(bool(n) != expected for n in summed.values()):
+    if variant in PACKED_GRAPHED and not all(summed.values()):
         raise RuntimeError(f"{variant}: parameter gradients summed in graphs per ladder: {summed}")
 
 
@@ -642,15 +606,14 @@ def _counters(helpers: list) -> dict[str, dict]:
 
 def forward_counters(variant: str, model: list) -> dict[str, int]:
     """How many micro-batches took each part of ``model.cuda_graph.forward``; raises where a packed graph variant's
-    flat rows or collated grids are not what its setting says (it would time the other lever under its name)."""
+    micro-batches were not handed to the forward flat or its forwards did not read the collate's CPU grids."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
     if variant in PACKED_GRAPHED and counts["cpu_positions_calls"]:
-        forward = report.PACKED_PARTS.get(variant, {}).get("forward", {})
-        if bool(counts["flat_batches"]) != (forward.get("flat_rows") is not False):
+        if not counts["flat_batches"]:
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
-        if bool(counts["grid_binds"]) != (forward.get("collated_grids") is not False):
+        if not counts["grid_binds"]:
             raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's CPU grids")
     return counts
 
@@ -674,7 +637,7 @@ def run_variant(run: BenchRun, variant: str) -> dict:
     except Exception as error:  # recorded; the other variants still run
         runner.record_failure(rec, error, variant)
     finally:
-        if "te_modules_fusing" in objs:  # also where it failed the variant (record_fusion)
+        if "te_modules_fusing" in objs:  # also where a later part failed the variant
             rec["te_modules_fusing"] = objs["te_modules_fusing"]
         survivors = runner.teardown(objs)
     runner.check_freed(rec, survivors)
@@ -1112,7 +1075,7 @@ def failed_variants(data: dict, chosen: Sequence[str] | None = None) -> list[str
     failure). Asked: ``chosen`` (``--variants``); without it eager_packed, ours_packed and the padded graph and lever
     variants that ran, so a run that ended before ours_packed still fails."""
     variants = data.get("variants") or {}
-    optional = (*report.PADDED_GRAPHED, *LEVER_VARIANTS)
+    optional = (*report.PADDED_GRAPHED, *report.LEVER_VARIANTS)
     asked = (
         tuple(chosen)
         if chosen is not None
