@@ -67,8 +67,7 @@ def frames_of(grids: Iterable[Sequence[int]]) -> list[int]:
 
 
 def step_flops(provider: Any, micro_batches: Sequence[Mapping[str, Any]]) -> float:
-    """Model FLOPs of one training step over ``micro_batches`` (each with ``input_ids`` and, with images,
-    ``image_grid_thw``)."""
+    """Model FLOPs of one training step over ``micro_batches`` (``input_ids``, ``image_grid_thw``)."""
     total = 0.0
     for batch in micro_batches:
         rows, seq = batch["input_ids"].shape

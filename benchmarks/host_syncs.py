@@ -53,8 +53,7 @@ def _short(path: str) -> str:
 
 
 def census(fn: Callable[[], Any]) -> dict[str, Any]:
-    """Run ``fn`` once under ``torch.cuda.set_sync_debug_mode("warn")``; ``{"total": n, "sites": [[site, count],
-    ...]}``, most frequent first."""
+    """``fn`` once under sync debug mode: ``{"total": n, "sites": [[site, count], ...]}``, most first."""
     import torch
 
     counts: collections.Counter[str] = collections.Counter()

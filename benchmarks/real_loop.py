@@ -86,8 +86,7 @@ class Run:
 
 
 def train_command(recipe: str, iters: int, variant: Variant, extra: tuple[str, ...] = ()) -> list[str]:
-    """The user's command: ``python -m bridge_cudagraph train RECIPE train.train_iters=N`` and the variant's
-    overrides."""
+    """The user's command: ``python -m bridge_cudagraph train RECIPE`` with the variant's overrides."""
     head = [sys.executable, "-m", "bridge_cudagraph", "train", recipe]
     return [*head, f"train.train_iters={iters}", *variant.overrides(), *extra]
 

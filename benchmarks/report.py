@@ -434,8 +434,7 @@ def fill_fraction(real_tokens: float, token_slots: float) -> float | None:
 
 
 def tokens_per_second(tokens_per_step: Sequence[float], step_ms: Sequence[float]) -> float | None:
-    """Throughput: all the steps' tokens over all their wall time (None when nothing was timed or a step is not
-    a finite positive time)."""
+    """All the steps' tokens over all their wall time (None unless every step is a finite positive time)."""
     if not step_ms or len(tokens_per_step) != len(step_ms) or any(not math.isfinite(t) or t <= 0 for t in step_ms):
         return None
     return sum(tokens_per_step) / (sum(step_ms) / 1e3)
@@ -461,8 +460,7 @@ def variant_metrics(
     max_sequences: int = 0,
     tight: bool = False,
 ) -> dict[str, Any]:
-    """The useful-token numbers of one variant's measured steps (``steps``: their plan indices, ``step_ms``:
-    their wall times)."""
+    """The useful-token numbers of one variant's measured ``steps`` (plan indices) of ``step_ms`` each."""
     useful = per_step(plan, steps, [m.loss_tokens for m in micro])
     real = per_step(plan, steps, [m.real_tokens for m in micro])
     slots = per_step(plan, steps, [token_slots(variant, m, budgets, max_sequences, tight=tight) for m in micro])
@@ -620,8 +618,7 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
 
 
 def shown(data: Mapping[str, Any]) -> list[str]:
-    """The table's rows in run order: every default variant (run or not), the lever variants that were run, then
-    the control where it was run."""
+    """The table's rows in run order: every default variant, the others that ran, then the control."""
     present = data.get("variants") or {}
     return [*(v for v in ORDER if v in VARIANTS or v in present), *([CONTROL] if CONTROL in present else [])]
 

@@ -612,8 +612,7 @@ def start_clean(rec: dict) -> float:
 
 
 def record_peaks(rec: dict) -> None:
-    """The peaks since :func:`start_clean` (allocated, reserved) and the memory outside the allocator now, into
-    ``rec``."""
+    """Into ``rec``: the peaks since :func:`start_clean` and the memory outside the allocator now."""
     rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     rec["outside_allocator_bytes"] = outside_allocator_bytes()

@@ -19,8 +19,7 @@ STEP_MARK = "bench_step_"
 
 
 def complete_events(trace: dict, *cats: str) -> Iterator[dict]:
-    """The complete events of the categories ``cats`` (lower case: ``kernel``, ``cpu_op``, ...) in a
-    ``torch.profiler`` chrome trace."""
+    """The complete events of the categories ``cats`` (``kernel``, ``cpu_op``, ...) of a chrome trace."""
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and str(e.get("cat", "")).lower() in cats:
             yield e
@@ -311,8 +310,7 @@ def gap_histogram(gaps: Sequence[tuple[float, float]], edges: Sequence[float] = 
 
 
 def trace_host_ranges(trace: dict, cats: Sequence[str], pid: Any = None) -> list[tuple[float, float, str, Any]]:
-    """``(start_us, end_us, name, thread)`` of the complete events of categories ``cats`` (of process ``pid`` when
-    given)."""
+    """``(start_us, end_us, name, thread)`` of the complete events of ``cats`` (of process ``pid``)."""
     return [
         (*_span(e), str(e.get("name", "?")), e.get("tid"))
         for e in complete_events(trace, *(c.lower() for c in cats))

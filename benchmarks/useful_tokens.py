@@ -244,8 +244,7 @@ def fill_shape(args: argparse.Namespace) -> str | None:
 
 
 def check_args(args: argparse.Namespace) -> str | None:
-    """What is wrong with the command line (one sentence naming the setting and the fix), or None; fills the shape
-    first (:func:`fill_shape`)."""
+    """What is wrong with the command line (one sentence: the setting and the fix), or None; fills the shape first."""
     if problem := fill_shape(args):
         return problem
     if args.mbs < 2:
@@ -899,8 +898,7 @@ def parity(
 
 
 def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
-    """The padded form's per-token loss ``[rows, seq]`` against the packed form's ``[1, rows x width]`` on the same
-    samples' loss tokens."""
+    """The padded form's per-token loss against the packed form's on the same samples' loss tokens."""
     from bridge_cudagraph.testing.parity import diff_losses
 
     rows = padded_loss.size(0)
@@ -980,8 +978,7 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
 
 
 def derived_layout(seq_length: int, micro_batch_size: int) -> PackedLayout:
-    """ours_packed's language layout where no recipe gives one: the product's ladder up to a micro-batch of full
-    rows, one sequence per sample."""
+    """ours_packed's layout without a recipe: the product's ladder up to a micro-batch of full rows."""
     from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
 
     budgets = derive_language_budgets(micro_batch_size * seq_length, multiple=micro_batch_size * 16)
@@ -1059,8 +1056,7 @@ def prepare(args: argparse.Namespace, world) -> BenchRun:
 def paired_skip_reason(
     results: dict[str, dict], gpu_memory_bytes: Callable[[], int], names: Sequence[str] = PAIRED
 ) -> str | None:
-    """Why the paired phase of ``names`` cannot run, or None: one was not run or was refused, else
-    :func:`benchmarks.runner.paired_memory_check`."""
+    """Why the paired phase of ``names`` cannot run (not run, refused, memory), or None."""
     missing = [name for name in names if name not in results]
     if missing:
         return f"{missing[0]} was not run (--variants)"
@@ -1143,8 +1139,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: exit 2 with one ``error:`` line on bad input (before anything runs), 1 when a variant of
-    :func:`failed_variants` failed."""
+    """Exit 2 with one ``error:`` line on bad input, 1 where a variant of :func:`failed_variants` failed."""
     args = parse_args(argv)
     problem = check_args(args)
     if problem is None and not torch.cuda.is_available():
