@@ -49,15 +49,6 @@ class BenchConfig:
         top = max([*self.patches_per_microbatch(), MERGE * MERGE])
         return geometric_ladder(top, vision_ladder_multiple(MERGE), LANGUAGE_LADDER_FLOOR)
 
-    def vision_halvings(self) -> list[int]:
-        """The former vision ladder: the data's largest micro-batch rounded up to 1024 patches and three halvings, each
-        a multiple of ``merge**2``; kept to measure that lever (``ours_packed_halvings``)."""
-        from bridge_cudagraph.plan.budgets import round_up
-
-        unit = MERGE * MERGE
-        top = round_up(max([*self.patches_per_microbatch(), unit]), 1024)
-        return sorted({round_up(max(unit, top >> step), unit) for step in range(4)})
-
     def vision_max_segments(self) -> int:
         """Ours: the static ``cu_seqlens`` length (the plugin's default, or more if the data has more frames)."""
         from bridge_cudagraph.plan.budgets import derive_max_segments

@@ -1,10 +1,8 @@
 """Model FLOPs of a Qwen3-VL training step, for the benchmark's MFU column.
 
-Counted as MFU usually is (Megatron's ``num_floating_point_operations``): the model's matrix multiplications, forward x
-3 for forward + backward, no recomputation, nothing element-wise. Attention counts what the mask keeps (causal pairs in
-the language model, full squares per image frame in the vision encoder); the vision encoder counts its real patches,
-the language model every position of the padded micro-batch. ``MFU = FLOPs per step / (step time x peak)``, ``peak``
-the GPU's dense BF16 rate (:data:`PEAK_BF16_TFLOPS`).
+Counted as Megatron's ``num_floating_point_operations`` does: the matrix multiplications, forward x 3 for forward +
+backward, no recomputation. Attention counts what the mask keeps (causal pairs in the language model, full squares per
+image frame in the vision encoder); the language model counts every position of the padded micro-batch.
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ def frames_of(grids: Iterable[Sequence[int]]) -> list[int]:
 
 
 def step_flops(provider: Any, micro_batches: Sequence[Mapping[str, Any]]) -> float:
-    """Model FLOPs of one training step over ``micro_batches`` (each with ``input_ids`` and, with images,
-    ``image_grid_thw``)."""
+    """Model FLOPs of one training step over ``micro_batches`` (``input_ids``, ``image_grid_thw``)."""
     total = 0.0
     for batch in micro_batches:
         rows, seq = batch["input_ids"].shape

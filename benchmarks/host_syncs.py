@@ -1,10 +1,8 @@
 """Where a training step makes the host wait for the GPU, and who asked.
 
 A graphed step is fast only while the host runs ahead of the GPU; each wait drains the queue. The profiler counts the
-waits but not who asked for them; torch's sync debug mode warns at every synchronizing call from the frame that made
-it, and :func:`census` records each warning's site: the innermost frame outside torch (the line of Megatron, Bridge, TE
-or this plugin that asked) with two callers. The benchmark's own ``torch.cuda.synchronize`` calls are not reported.
-:func:`census_lines` renders the records for :mod:`benchmarks.report`.
+waits but not who asked for them: under torch's sync debug mode, :func:`census` records each warning's site, the
+innermost frame outside torch with two callers (the benchmark's own synchronizes are not reported).
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ def _short(path: str) -> str:
 
 
 def census(fn: Callable[[], Any]) -> dict[str, Any]:
-    """Run ``fn`` once under ``torch.cuda.set_sync_debug_mode("warn")``; ``{"total": n, "sites": [[site, count],
-    ...]}``, most frequent first."""
+    """``fn`` once under sync debug mode: ``{"total": n, "sites": [[site, count], ...]}``, most first."""
     import torch
 
     counts: collections.Counter[str] = collections.Counter()

@@ -1,8 +1,7 @@
 """Who still holds a deleted model: referrer chains of an object (or of the largest live CUDA tensors).
 
-A model that outlives its variant's teardown counts in every later variant's peak memory; this answers "what holds it"
-from inside the process, into the benchmark's JSON, and :func:`release_training_memory` frees a deleted model's large
-storages whatever still holds the Python objects, so one leak cannot run a later variant out of memory.
+A model that outlives its variant's teardown counts in every later variant's peak memory; this names its holders in
+the JSON, and :func:`release_training_memory` frees its large storages whatever holds the Python objects.
 """
 
 from __future__ import annotations

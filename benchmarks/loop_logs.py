@@ -1,15 +1,10 @@
 """Compare Bridge ``pretrain()`` runs by their logs: per-iteration loss and grad norm, NaN-safe.
 
-Reads Bridge's iteration lines and the plugin's capture summaries from raw logs and compares each run with a reference
-(:func:`bridge_cudagraph.testing.parity.compare_series`); the logs print 7 and 5 significant digits, so "identical"
-means at the printed precision, never bit-exact.
-
-python -m benchmarks.loop_logs --out X.json --reference eager.log --floor eager_again.log graphs.log python -m
-benchmarks.loop_logs --out X.json --reference uninterrupted.log --from-iteration 16 resumed.log
-
-``--floor LOG``: a second eager run of the reference's configuration, the noise floor; every run given is then a
-graphed run that must stay finite, within ``parity.FLOOR_FACTOR`` times the floor, and show graphs and replays in every
-submodule (one that fell back to eager would match trivially); else the exit status is 1.
+``python -m benchmarks.loop_logs --out X.json --reference eager.log [--floor eager_again.log] [--from-iteration N]
+LOG ...`` compares each run with the reference (:func:`bridge_cudagraph.testing.parity.compare_series`); the logs
+print 7 and 5 significant digits, so "identical" means at the printed precision. With ``--floor`` (a second eager run,
+the noise floor) every run is a graphed run that must stay finite, within ``parity.FLOOR_FACTOR`` times the floor,
+and show graphs and replays in every submodule (one that fell back to eager would match trivially); else exit 1.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Which product modules a ``bridge-cudagraph train`` call runs before its first graph replay, in the order it first
 enters each, and which folders its way returns to after leaving them.
 
-    python -m benchmarks.module_path recipes/tiny_qwen3_vl_photos.yaml --out OUT [key=value ...]
-
-Runs ``python -m bridge_cudagraph train RECIPE [key=value ...]`` (the recipe's own iterations) in this process under a
-hook (:class:`ModuleWay`, through :mod:`sys.monitoring`) that records every call of a function from one product
-module into another (a module's import is not a call). At the first call of
-:func:`bridge_cudagraph.capture.block_replay.replay_segments` (the one layer loop of every language and vision replay)
-it writes ``OUT/module_path.json`` (:func:`summarize`) and stops recording; the run then trains to its end. A run
-that never replays writes ``"replayed": false`` and the way as far as it went. Needs a GPU (``train`` does); calls
-in forked DataLoader workers are not seen (other processes).
+``python -m benchmarks.module_path RECIPE --out OUT [key=value ...]`` runs ``train`` in this process under a hook
+(:class:`ModuleWay`) that records every call from one product module into another (an import is not a call). At the
+first call of :func:`bridge_cudagraph.capture.block_replay.replay_segments` (every replay's layer loop) it writes
+``OUT/module_path.json`` (:func:`summarize`) and stops recording; a run that never replays writes ``"replayed":
+false`` and the way as far as it went. Needs a GPU; forked DataLoader workers are not seen.
 """
 
 from __future__ import annotations
@@ -34,12 +30,8 @@ HOST = "host"
 
 class ModuleWay:
     """The hook: records, for every call whose callee lies in ``root`` (the package's folder), the callee's module
-    when its caller's module differs, until :data:`FIRST_REPLAY` is called.
-
-    It listens through :mod:`sys.monitoring` (:data:`EVENTS`, every thread) rather than :func:`sys.setprofile`: a
-    function outside the package is disabled at its first call (``DISABLE``), so torch's, megatron-core's and Bridge's
-    Python costs one callback per function instead of one per call, and ``train`` keeps its pace up to the replay. At
-    the first replay every event is switched off."""
+    when its caller's module differs, until :data:`FIRST_REPLAY` is called. Through :mod:`sys.monitoring`, not
+    :func:`sys.setprofile`: a function outside the package is disabled at its first call, so ``train`` keeps pace."""
 
     TOOL = sys.monitoring.PROFILER_ID
     #: A function's start and a generator's resumption: what :func:`sys.setprofile` reports as ``call``.

@@ -1,13 +1,9 @@
 """The product's real loop, graphs on and off, one run after another: ``bridge-cudagraph train`` on a recipe.
 
-Unlike the useful-tokens benchmark, this runs the product's own path (Bridge's ``pretrain()``, data loader and workers)
-once per variant and reads the end-of-training lines ``train`` prints: useful tokens/s, data wait, peak memory. Runs go
-one after another (two would share the cores the data wait measures), ``--repeats`` alternating.
-
-python -m benchmarks.real_loop recipes/tiny_qwen3_vl_conversations.yaml --iters 30 --workers 2,4 --out OUT
-
-Writes ``OUT/real_loop.json``, ``OUT/real_loop.md`` and each run's log; a failed run is a row with its exit code and
-last ``error:`` line, never a number.
+Runs the product's own path (Bridge's ``pretrain()``, data loader and workers) once per variant and reads the
+end-of-training lines ``train`` prints: useful tokens/s, data wait, peak memory. Runs go one after another (two would
+share the cores the data wait measures), ``--repeats`` alternating. Writes ``OUT/real_loop.json``, ``.md`` and each
+run's log; a failed run is a row with its exit code and last ``error:`` line, never a number.
 """
 
 from __future__ import annotations
@@ -90,8 +86,7 @@ class Run:
 
 
 def train_command(recipe: str, iters: int, variant: Variant, extra: tuple[str, ...] = ()) -> list[str]:
-    """The user's command: ``python -m bridge_cudagraph train RECIPE train.train_iters=N`` and the variant's
-    overrides."""
+    """The user's command: ``python -m bridge_cudagraph train RECIPE`` with the variant's overrides."""
     head = [sys.executable, "-m", "bridge_cudagraph", "train", recipe]
     return [*head, f"train.train_iters={iters}", *variant.overrides(), *extra]
 

@@ -1,10 +1,8 @@
-"""The useful-tokens benchmark's variants of a recipe file: each variant is the recipe loaded with a few overrides.
+"""The useful-tokens benchmark's variants of a recipe file (``--model peft8b``: Bridge's Qwen3-VL 8B LoRA recipe).
 
-``--model peft8b`` measures Bridge's Qwen3-VL 8B LoRA recipe (``recipes/qwen3_vl_8b_peft_photos_graphs.yaml``). So that
-every variant is the recipe a user runs, each is the file loaded with :data:`VARIANT_OVERRIDES`, finalized and planned
-as ``bridge-cudagraph train`` does, its helpers made by the provider with that plan and its LoRA applied by Bridge's
-PEFT transformation (without the base checkpoint: the weights are random and shared). The schedule, optimizer, DDP
-settings and micro-batches stay the benchmark's, the same for every variant.
+So that every variant is the recipe a user runs, each is the file loaded with :data:`VARIANT_OVERRIDES`, finalized
+and planned as ``bridge-cudagraph train`` does, its LoRA applied by Bridge's PEFT transformation (random, shared
+weights). The schedule, optimizer, DDP settings and micro-batches stay the benchmark's.
 """
 
 from __future__ import annotations
@@ -118,15 +116,10 @@ def load_variant(
     num_microbatches: int,
     upstream_vision_seq_length: int,
 ) -> RecipeVariant:
-    """The recipe of ``--model`` as ``variant`` at ``num_microbatches`` micro-batches per step on one GPU.
+    """The recipe of ``--model`` as ``variant`` at ``num_microbatches`` micro-batches per step on one GPU;
+    ``seq_length`` and ``micro_batch_size`` (:func:`recipe_shape`'s) must be the finalized variant's. Raises KeyError
+    for an unknown variant, CudaGraphConfigError or RecipeError where the plugin or the loader refuses it."""
 
-    ``seq_length`` and ``micro_batch_size`` are the recipe's own (:func:`recipe_shape`, which the caller read once):
-    the global batch override is built from them, and the finalized variant must have them.
-
-    Raises:
-        KeyError: An unknown variant.
-        CudaGraphConfigError, RecipeError: The plugin or the loader refuses the variant's configuration.
-    """
     from bridge_cudagraph.plan.from_config import finalize_config, plan_config
     from bridge_cudagraph.recipe.load import load_recipe
 

@@ -1,23 +1,18 @@
 """What ``useful_tokens.json`` holds, the arithmetic of its numbers, and how it reads (``.md``, ``.png``, stdout).
 
-No torch, no GPU: :mod:`benchmarks.useful_tokens` measures and calls these; the tests call them on hand-made
-records. Rendering again on any machine: ``python -m benchmarks.report DIR/useful_tokens.json``.
+No torch, no GPU: render again on any machine with ``python -m benchmarks.report DIR/useful_tokens.json``.
 
-``useful_tokens.json`` holds ``meta`` (command, date, gpu, library versions, ``config``: model, seq_length,
-micro_batch_size, num_microbatches, measured/warm-up/profile steps, ...), ``data`` (source, ``microbatches``:
-:meth:`MicroBatch.as_dict` each, the language and vision budgets, max_sequences, max_seqlen, the plan),
-``variants`` (name: record, ORDER's that ran, then CONTROL; ``status`` ok | failed (+ ``error``) | refused (+
-``reason``: the capture plan's)), ``paired`` (``status``; ``variants`` [A, B]; ``step_ms``;
-``ratios``: A ms / B ms per pair; ``verdict``: :func:`paired_verdict`; ``counters``) and ``summary``
-(:func:`summarize`). A variant's record: ``form``, ``graphed``, ``useful_tokens_per_s``,
-``speedup_vs_eager_packed``, ``step_ms`` (every measured step) with its median, quartiles and IQR,
-``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``, ``gpu_busy`` (+ its source and
-``_in_profiled_steps``), ``kernel_ms_per_step`` (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``,
-``graph_memory_bytes``/``_gib``, ``capture`` and ``counters`` (per submodule: replays, eager_fallbacks, graphs,
-failed; tight_replays of a packed ladder; moe_tail_tokens, ``{rung: tail tokens kept out of the MoE layers' eager
-halves}``, of packed MoE layers), ``parity``, ``losses``, ``grad_norms``, ``peak_memory_bytes``,
-``peak_reserved_bytes``, ``te_modules_fusing``, ``host_syncs``
-(:func:`benchmarks.host_syncs.census`, :data:`HOST_SYNC_VARIANTS`), ``seconds``.
+``useful_tokens.json`` holds ``meta`` (command, date, gpu, versions, ``config``: the run's shape and step counts),
+``data`` (source, ``microbatches``: :meth:`MicroBatch.as_dict` each, the language and vision budgets, the plan),
+``variants`` (name: record, :data:`ORDER`'s that ran, then :data:`CONTROL`; ``status`` ok | failed (+ ``error``) |
+refused (+ ``reason``: the capture plan's)), ``paired`` (``status``, ``variants`` [A, B], ``step_ms``, ``ratios``:
+A ms / B ms per pair, ``verdict``: :func:`paired_verdict`, ``counters``) and ``summary`` (:func:`summarize`). A
+variant's record: ``form``, ``graphed``, ``useful_tokens_per_s``, ``speedup_vs_eager_packed``, ``step_ms`` with its
+median, quartiles and IQR, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
+``gpu_busy`` and ``kernel_ms_per_step`` (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``,
+``graph_memory_bytes``/``_gib``, ``capture`` and ``counters`` (per submodule), ``parity``, ``losses``, ``grad_norms``,
+``peak_memory_bytes``, ``peak_reserved_bytes``, ``te_modules_fusing``, ``host_syncs``
+(:func:`benchmarks.host_syncs.census`), ``seconds``.
 """
 
 from __future__ import annotations
@@ -73,49 +68,28 @@ BASELINE = "eager_packed"
 #: The pair measured side by side, steps interleaved (ratios: first's step ms over the second's), unless ``--paired``.
 PAIRED = ("eager_packed", "ours_packed")
 PACKED, PADDED = "packed", "padded"
-#: The graphs-off variant of the same form, the parity reference (unless :data:`REFERENCE_OF` names another).
+#: The graphs-off variant of the same form: the parity reference (of ours_packed_fused, recorded: eager_packed_fused).
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
-#: Parity references other than the form's (eager_packed_fused trains ours_packed_fused's numbers graphs off).
-REFERENCE_OF = {"ours_packed_fused": "eager_packed_fused"}
 #: Every variant some variant's parity is taken against (each keeps its fixed-batch loss and profile).
-REFERENCES = (*REFERENCE.values(), *REFERENCE_OF.values())
+REFERENCES = tuple(REFERENCE.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
 REFUSED = "refused"
-#: The packed language graph variants; of them, those with tight packing on (ours_packed_rows replays the rows).
+#: Our packed and padded graph variants; of the packed, those with tight packing on (ours_packed_rows: the rows).
 PACKED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_packed"))
+PADDED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_padded"))
 TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
-#: The packed levers that are a setting of ours_packed's block (``model.cuda_graph``: per part, the fields replaced).
-PACKED_PARTS: dict[str, dict[str, dict[str, Any]]] = {
-    "ours_packed_rows": {"language": {"tight_packing": False}},
-    "ours_packed_bridge_packing": {"forward": {"flat_rows": False}},
-    "ours_packed_device_grid": {"forward": {"collated_grids": False}},
-}
-#: The packed graph variants whose ladders leave parameter gradients to autograd (``LadderHelper.sum_param_grads``).
-AUTOGRAD_GRADS = ("ours_packed_autograd_grads",)
-#: The variants whose vision graphs use the former ladder (:meth:`benchmarks.configs.BenchConfig.vision_halvings`).
-VISION_HALVINGS = ("ours_packed_halvings",)
-#: ours_padded's parts: what each changes of ours_padded's block (per submodule, the fields replaced).
-PADDED_PARTS: dict[str, dict[str, dict[str, Any]]] = {
-    "ours_padded_layer_graphs": {"language": {"graph_unit": "layer"}},
-    "ours_padded_megatron": {"language": {"graph_unit": "layer"}},
-    "ours_padded_language": {"vision": {"enabled": False}},
-    "ours_padded_vision": {"language": {"enabled": False}},
-}
-PADDED_GRAPHED = ("ours_padded", *PADDED_PARTS)
-#: The padded variant whose language graphs were megatron-core's ``TECudaGraphHelper``: rendered from recorded runs,
-#: no longer run (the ladder is the product's one language engine).
+#: The part of ours_padded that ``--variants`` may add: the fields it replaces of ours_padded's block, per submodule.
+PADDED_PARTS: dict[str, dict[str, dict[str, Any]]] = {"ours_padded_language": {"vision": {"enabled": False}}}
+#: The padded variant whose language graphs were megatron-core's ``TECudaGraphHelper``.
 MEGATRON_ENGINE = ("ours_padded_megatron",)
 GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
-#: The variants trained with ``model.gradient_accumulation_fusion=true`` (failed where no TE module fuses).
+#: The variants trained with ``model.gradient_accumulation_fusion=true``.
 FUSED = ("eager_packed_fused", "ours_packed_fused")
 #: The variants whose one extra step runs under :func:`benchmarks.host_syncs.census` (eager_packed for comparison).
 HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
-#: One lever each, run only when ``--variants`` names them (dense models); :data:`LEVERS` pairs them.
-LEVER_VARIANTS = (
-    *(v for v in PADDED_PARTS if v not in MEGATRON_ENGINE),
-    *(v for v in PACKED_GRAPHED if v not in ("ours_packed", *FUSED)),
-    *FUSED,
-)
+#: One lever each (:data:`LEVERS` pairs them). Only :data:`PADDED_PARTS` still run; the others' questions are answered
+#: (``results/packed-2b-levers/``, ``results/padded-gradients/``) and their recorded runs render.
+LEVER_VARIANTS = (*(v for v in ORDER if v not in (*VARIANTS, *MEGATRON_ENGINE, PADDED_CONTROL, *FUSED)), *FUSED)
 #: The levers of the packed step: (lever, the variant without it, the variant with it).
 _LEVER_ROWS = """\
 tight packing | ours_packed_rows | ours_packed
@@ -168,7 +142,7 @@ COLUMNS = tuple(
 
 def reference_of(variant: str) -> str:
     """The variant ``variant``'s parity is taken against (itself for a reference of its form)."""
-    return REFERENCE_OF.get(variant, REFERENCE[FORM[variant]])
+    return REFERENCE[FORM[variant]]
 
 
 def target_of(data: Mapping[str, Any]) -> float:
@@ -460,8 +434,7 @@ def fill_fraction(real_tokens: float, token_slots: float) -> float | None:
 
 
 def tokens_per_second(tokens_per_step: Sequence[float], step_ms: Sequence[float]) -> float | None:
-    """Throughput: all the steps' tokens over all their wall time (None when nothing was timed or a step is not
-    a finite positive time)."""
+    """All the steps' tokens over all their wall time (None unless every step is a finite positive time)."""
     if not step_ms or len(tokens_per_step) != len(step_ms) or any(not math.isfinite(t) or t <= 0 for t in step_ms):
         return None
     return sum(tokens_per_step) / (sum(step_ms) / 1e3)
@@ -487,8 +460,7 @@ def variant_metrics(
     max_sequences: int = 0,
     tight: bool = False,
 ) -> dict[str, Any]:
-    """The useful-token numbers of one variant's measured steps (``steps``: their plan indices, ``step_ms``:
-    their wall times)."""
+    """The useful-token numbers of one variant's measured ``steps`` (plan indices) of ``step_ms`` each."""
     useful = per_step(plan, steps, [m.loss_tokens for m in micro])
     real = per_step(plan, steps, [m.real_tokens for m in micro])
     slots = per_step(plan, steps, [token_slots(variant, m, budgets, max_sequences, tight=tight) for m in micro])
@@ -646,8 +618,7 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
 
 
 def shown(data: Mapping[str, Any]) -> list[str]:
-    """The table's rows in run order: every default variant (run or not), the lever variants that were run, then
-    the control where it was run."""
+    """The table's rows in run order: every default variant, the others that ran, then the control."""
     present = data.get("variants") or {}
     return [*(v for v in ORDER if v in VARIANTS or v in present), *([CONTROL] if CONTROL in present else [])]
 

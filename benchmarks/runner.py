@@ -1,10 +1,5 @@
-"""The benchmarks' variant runner: what every variant of a run goes through, as public functions.
-
-A variant is built (:func:`snapshot`, :func:`load_weights`), its helpers made (:func:`ours_helpers`,
-:func:`upstream_helpers`), warmed up, captured (:func:`capture`, :func:`growing`), timed (:func:`step_runner`),
-profiled (:func:`profile`, :func:`profile_cuda_only`), checked (:func:`fixed_batch_check`, :func:`require_finite`) and
-freed (:func:`teardown`, :func:`check_freed`). :mod:`benchmarks.useful_tokens` drives it.
-"""
+"""The benchmarks' variant runner: what every variant of a run goes through (build, helpers, warm-up, capture,
+timed steps, profile, checks, teardown), as public functions that :mod:`benchmarks.useful_tokens` drives."""
 
 from __future__ import annotations
 
@@ -48,8 +43,7 @@ FAILED = "failed"
 @dataclass
 class StepData:
     """One form's step data: the micro-batches on the GPU, the parity check's fixed micro-batch, the step plan (per
-    step, its micro-batches' indices) and the step counts (warm-up, measured, profiled, in that order; the measured
-    and profiled steps' plan indices: :attr:`measured`, :attr:`profiled`)."""
+    step, its micro-batches' indices) and the step counts (warm-up, measured, profiled, in that order)."""
 
     world: Any
     batches: list[dict]
@@ -69,8 +63,7 @@ class StepData:
 
 
 def environment() -> dict[str, Any]:
-    """What a result names besides its command and date: the GPU and the stack's versions (None for what is not
-    there), so that every JSON a benchmark writes says on what it ran."""
+    """The GPU and the stack's versions (None for what is not there): what every result says it ran on."""
     import platform
 
     from bridge_cudagraph.host.compat import installed_version
@@ -95,8 +88,7 @@ def command_line(module: str, argv: Sequence[str] | None = None) -> str:
 
 
 def run_meta(command: str, date: str | None = None) -> dict[str, Any]:
-    """The ``meta`` block every benchmark JSON opens with: its command, its date (default now) and
-    :func:`environment`; ``tests/unit/test_results_records.py`` reads every committed one."""
+    """The ``meta`` block every benchmark JSON opens with: command, date (default now), :func:`environment`."""
     return {"command": command, "date": date or time.strftime("%Y-%m-%d %H:%M:%S %Z"), **environment()}
 
 
@@ -105,9 +97,8 @@ def say(message: str) -> None:
     print(f"[bench] {message}", flush=True)
 
 
-# ============================================================================================ GPU helpers
 def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
-    """Does ``torch.profiler`` report the kernels inside CUDA graph replays on this machine? A graph of
+    """Whether ``torch.profiler`` reports the kernels inside CUDA graph replays here: a graph of
     ``kernels_per_graph`` known kernels replayed ``replays`` times under it, the kernels counted."""
     from torch.profiler import ProfilerActivity
 
@@ -190,28 +181,25 @@ class VisionTimer:
         if self._recording():
             self._current = {"fwd0": self._event()}
 
-    def _embedded(self, module, args, output) -> None:
-        record = self._current
-        if record is None or not torch.is_tensor(output) or not output.requires_grad:
+    def _stamp_on_grad(self, tensor: Any, record: dict | None, key: str) -> None:
+        """Record ``record[key]`` when the gradient reaches ``tensor`` (where one will)."""
+        if record is None or not torch.is_tensor(tensor) or not tensor.requires_grad:
             return
 
-        def on_grad(_grad, record=record):
-            record["bwd1"] = self._event()
+        def stamp(_grad: torch.Tensor) -> None:
+            record[key] = self._event()
 
-        output.register_hook(on_grad)
+        tensor.register_hook(stamp)
+
+    def _embedded(self, module, args, output) -> None:
+        self._stamp_on_grad(output, self._current, "bwd1")
 
     def _post(self, module, args, output) -> None:
         record, self._current = self._current, None
         if record is None:
             return
         record["fwd1"] = self._event()
-        main = output[0] if isinstance(output, tuple | list) else output
-        if torch.is_tensor(main) and main.requires_grad:
-
-            def on_grad(_grad, record=record):
-                record["bwd0"] = self._event()
-
-            main.register_hook(on_grad)
+        self._stamp_on_grad(output[0] if isinstance(output, tuple | list) else output, record, "bwd0")
         self.records.append(record)
 
     def collect(self) -> list[tuple[float, float | None]]:
@@ -233,8 +221,7 @@ class VisionTimer:
 
     @staticmethod
     def summary(calls: Sequence[tuple[float, float | None]], steps: int) -> dict[str, Any]:
-        """Median forward, backward and both ms per encoder call of ``calls`` (:meth:`collect`'s) and the calls per
-        step."""
+        """Median forward, backward and both ms per encoder call of ``calls`` (:meth:`collect`'s), calls per step."""
         fwd = [f for f, _ in calls]
         bwd = [b for _, b in calls if b is not None]
         both = [f + b for f, b in calls if b is not None]
@@ -286,8 +273,7 @@ def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[t
 
 class PhaseMarkers:
     """``record_function`` ranges ``bcg_phase/<phase>`` around a training step's phases, for
-    :func:`host_time_breakdown`; installed for the profiled steps only (hooks and a per-instance ``optimizer.step``
-    wrapper, no class changes) and removed by :meth:`remove`.
+    :func:`host_time_breakdown`; hooks and a per-instance ``optimizer.step`` wrapper, removed by :meth:`remove`.
 
     Main-thread phases follow one another and cover the step: ``step_setup``, ``forward``, ``backward``,
     ``optimizer_step``, ``step_end``; nested: ``vision_forward``, ``language_forward``, ``vision_backward`` (autograd
@@ -316,7 +302,6 @@ class PhaseMarkers:
         if optimizer is not None:
             self._wrap_step(optimizer)
 
-    # ------------------------------------------------------------------------------ ranges
     def open(self, phase: str) -> None:
         """Enter ``bcg_phase/<phase>`` (an open one of the same name is closed first)."""
         self.close(phase)
@@ -361,7 +346,6 @@ class PhaseMarkers:
                     del self._optimizer.step
             self._optimizer = None
 
-    # ------------------------------------------------------------------------------ hooks
     def _wrap_step(self, optimizer: Any) -> None:
         self._had_step_attr = "step" in vars(optimizer)
         self._old_step = vars(optimizer).get("step")
@@ -396,16 +380,13 @@ def _named_tensors(chunk: torch.nn.Module, *, remove_duplicate: bool = True) -> 
 
 
 def snapshot(model) -> list[dict]:
-    """Every parameter and buffer of the model chunks, on the CPU."""
-    out = []
-    for chunk in model:
-        state = {}
-        for key, value in _named_tensors(chunk).items():
-            # Pinned: the copies back into each variant (twice per variant) are several GB for the small model.
-            host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda)
-            state[key] = host.copy_(value.detach())
-        out.append(state)
-    return out
+    """Every parameter and buffer of the model chunks, on the CPU (pinned: each variant copies them back twice)."""
+
+    def pinned(value: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda)
+        return host.copy_(value.detach())
+
+    return [{key: pinned(value) for key, value in _named_tensors(chunk).items()} for chunk in model]
 
 
 #: Names only a graphs-on upstream Qwen3-VL has (the language model's decoder and rotary embedding registered on the
@@ -445,8 +426,8 @@ def free_memory() -> None:
 
 
 def fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float, dict]:
-    """Per-token loss (CPU, fp32), gradient norm and every trainable parameter's gradient (fp32, host) of one
-    forward/backward on ``batch``; gradient buffers zeroed after."""
+    """Per-token loss, gradient norm and every trainable parameter's gradient (fp32, host) of one forward/backward on
+    ``batch``; gradient buffers zeroed after."""
     from bridge_cudagraph.testing.parity import grad_norm, loss_and_grads
 
     loss, grads = loss_and_grads(model, batch, device="cpu")
@@ -493,7 +474,7 @@ def capture_record(stats) -> dict[str, Any]:
 def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Callable[[int], float]:
     """``run_step`` with the budgets a micro-batch above a ladder's captured top asked for captured before each step,
     untimed (as :meth:`GraphLifecycle.grow` does in Bridge's loop); each growth in ``record["late_captures"]`` with the
-    reserved and pool bytes before and after (a growth should cost the new pool less the one it replaces)."""
+    reserved and pool bytes before and after."""
     from bridge_cudagraph.capture.device_memory import held_reserved as reserved
 
     ladders = [h for h in helpers if hasattr(h, "capture_pending")]
@@ -593,9 +574,8 @@ def profile(
 
 
 def profile_cuda_only(shared: StepData, run_step: Callable[[int], object], first_step: int) -> dict:
-    """The profiled steps again under a profiler that records CUDA kernels only: recording every CPU op stretches a
-    graphed step of many small host calls, which :func:`profile`'s busy fraction reads as GPU idle; this window
-    (:func:`~benchmarks.trace.busy_between_marks`) is close to the unprofiled step."""
+    """The profiled steps again, CUDA kernels only (:func:`~benchmarks.trace.busy_between_marks`): recording every
+    CPU op stretches a graphed step of many small host calls, which :func:`profile`'s busy fraction reads as idle."""
     from torch.profiler import ProfilerActivity
 
     def steps() -> None:
@@ -632,19 +612,15 @@ def start_clean(rec: dict) -> float:
 
 
 def record_peaks(rec: dict) -> None:
-    """The peaks since :func:`start_clean` (allocated, reserved) and the memory outside the allocator now, into
-    ``rec``: the memory figures every table shows beside a speed."""
+    """Into ``rec``: the peaks since :func:`start_clean` and the memory outside the allocator now."""
     rec["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     rec["outside_allocator_bytes"] = outside_allocator_bytes()
 
 
 def outside_allocator_bytes() -> int:
-    """GPU memory in use beyond what PyTorch's caching allocator has reserved: the CUDA context, the libraries' own
-    allocations (cuBLAS, cuDNN and NCCL handles and buffers, kernels loaded), any other allocator's. The peaks the
-    tables show and the ``--gpu-memory`` cap cover only the allocator, so on a card of the cap's size this comes on
-    top of them. Read from the device's free memory, it counts other processes on the GPU too (the benchmarks run
-    alone)."""
+    """GPU memory in use beyond what PyTorch's caching allocator has reserved (the CUDA context, library handles and
+    buffers, other allocators): on a card of the peaks' size it comes on top of them. Counts other processes too."""
     free, total = torch.cuda.mem_get_info()
     return total - free - torch.cuda.memory_reserved()
 
@@ -668,7 +644,7 @@ LEAK_TOLERANCE_BYTES = 512 * 2**20
 def check_freed(rec: dict, survivors: dict) -> None:
     """Record what the deleted variant left allocated: where its model or optimizer outlived :func:`teardown`
     (``survivors``), who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without survivors, who
-    holds the largest tensors. A leaked model counts in every later variant's peak."""
+    holds the largest tensors (a leak counts in every later variant's peak)."""
     from benchmarks import leaks
 
     rec["left_allocated_bytes"] = left = torch.cuda.memory_allocated()
@@ -698,8 +674,7 @@ PAIRED_MEMORY_FRACTION = 0.9
 
 
 def paired_memory_check(results: dict[str, dict], total_bytes: int, names: Sequence[str]) -> str | None:
-    """Why the paired phase cannot hold both models ``names`` at once, or None (from their first runs' peaks: a
-    conservative sum)."""
+    """Why the paired phase cannot hold both models ``names`` at once (the sum of their first runs' peaks), or None."""
     recs = [results.get(name) or {} for name in names]
     if any(r.get("status") != "ok" or not r.get("peak_memory_bytes") for r in recs):
         return f"a first run of {' or '.join(names)} did not finish"
@@ -724,8 +699,7 @@ GPU_MEMORY_CAP: list[int] = []
 
 
 def cap_gpu_memory(gib: float | None) -> float | None:
-    """``--gpu-memory GIB``: cap this process's CUDA allocations (torch's per-process memory fraction, as
-    ``bridge-cudagraph train --gpu-memory`` does); returns the fraction set."""
+    """``--gpu-memory GIB``: cap this process's CUDA allocations as ``train --gpu-memory`` does; the fraction set."""
     if gib is None:
         return None
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
@@ -738,9 +712,8 @@ def cap_gpu_memory(gib: float | None) -> float | None:
 def step_runner(
     shared: StepData, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
-    """``run(i)``: training step ``i`` of the plan on ``objs``' model through
-    :func:`bridge_cudagraph.testing.parity.train_steps`, returning its wall ms between two synchronizes; the loss and
-    grad norm appended to ``losses`` and ``grad_norms`` when given."""
+    """``run(i)``: training step ``i`` of the plan on ``objs``' model, its wall ms between two synchronizes; the loss
+    and grad norm appended to ``losses`` and ``grad_norms`` when given."""
     from bridge_cudagraph.testing.parity import train_steps
 
     model, optimizer = objs["model"], objs["optimizer"]
@@ -771,9 +744,7 @@ def break_ddp_cycles(model: Any) -> None:
 
 def drop_kept_graphs(model: Any) -> None:
     """Set to None every tensor with a ``grad_fn`` that a module of ``model``, or a plain object on one, keeps from
-    its last forward (megatron-core's MoE token dispatcher keeps the router's ``probs``). Such a tensor keeps that
-    step's autograd graph, whose AccumulateGrad nodes hold DDP's hooks, which hold the model: without this every
-    MoE model outlived the benchmark's teardown."""
+    its last forward (the MoE dispatcher's ``probs``): its autograd graph holds DDP's hooks, which hold the model."""
 
     def drop(holder: Any) -> None:
         for name, value in list(vars(holder).items()):

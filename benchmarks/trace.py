@@ -1,8 +1,8 @@
 """What a ``torch.profiler`` chrome trace of the benchmark's profiled steps says: pure functions, no GPU needed.
 
-How busy was the GPU (the union of kernel intervals in each step window over its wall time: :func:`gpu_busy_summary`),
-and where did the rest go (each GPU-idle interval attributed to the innermost phase marker open on the host, and to the
-CPU ops and CUDA runtime calls overlapping it: :func:`host_time_breakdown`).
+How busy was the GPU (:func:`gpu_busy_summary`), and where did the rest go (each GPU-idle interval attributed to the
+innermost phase marker open on the host, and to the CPU ops and CUDA runtime calls overlapping it:
+:func:`host_time_breakdown`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from typing import Any
 STEP_MARK = "bench_step_"
 
 
-# ================================================================================================ GPU busy
 def complete_events(trace: dict, *cats: str) -> Iterator[dict]:
-    """The complete events of the categories ``cats`` (lower case: ``kernel``, ``cpu_op``, ...) in a
-    ``torch.profiler`` chrome trace."""
+    """The complete events of the categories ``cats`` (``kernel``, ``cpu_op``, ...) of a chrome trace."""
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and str(e.get("cat", "")).lower() in cats:
             yield e
@@ -144,13 +142,10 @@ def gpu_busy_summary(
     profiler_sees_graph_kernels: bool | None = None,
     fallback_step_ms: float | None = None,
 ) -> dict:
-    """The GPU-busy numbers of one variant.
-
-    ``gpu_busy`` = the profiled steps' kernel time (union over streams) over the unprofiled median wall time of the
-    same micro-batches (``step_ms_same_microbatches``). For a graphed variant whose graph kernels the profiler does not
+    """The GPU-busy numbers of one variant: ``gpu_busy``, the profiled steps' kernel time (union over streams) over
+    the unprofiled wall time of the same micro-batches; for a graphed variant whose graph kernels the profiler does not
     see (probe), or whose kernel time is under 70% of eager's (CUPTI's graph timing is unreliable on some CUDA
-    versions), eager's kernel time is used instead (``gpu_busy_source="eager_kernel_time"``); more than eager's is
-    legitimate."""
+    versions), eager's kernel time instead (``gpu_busy_source="eager_kernel_time"``)."""
     if not profile:
         return {"gpu_busy": None, "gpu_busy_source": None}
     denominators = [step_ms_by_key.get(k, fallback_step_ms) for k in profiled_keys]
@@ -197,7 +192,6 @@ def gpu_busy_summary(
     return out
 
 
-# =============================================================================================== host time
 #: Prefix of the ``record_function`` ranges :class:`PhaseMarkers` opens around a step's phases.
 PHASE_PREFIX = "bcg_phase/"
 #: Idle time under no phase marker.
@@ -316,8 +310,7 @@ def gap_histogram(gaps: Sequence[tuple[float, float]], edges: Sequence[float] = 
 
 
 def trace_host_ranges(trace: dict, cats: Sequence[str], pid: Any = None) -> list[tuple[float, float, str, Any]]:
-    """``(start_us, end_us, name, thread)`` of the complete events of categories ``cats`` (of process ``pid`` when
-    given)."""
+    """``(start_us, end_us, name, thread)`` of the complete events of ``cats`` (of process ``pid``)."""
     return [
         (*_span(e), str(e.get("name", "?")), e.get("tid"))
         for e in complete_events(trace, *(c.lower() for c in cats))
@@ -346,12 +339,10 @@ def _top(stats: dict[str, dict[str, float]], n_steps: int, top: int) -> list[dic
 
 
 def host_time_breakdown(trace: dict, *, prefix: str = PHASE_PREFIX, top: int = 10) -> dict:
-    """Where the host time goes while the GPU idles, from a profiled run's chrome trace.
+    """Where the host time goes while the GPU idles, per step (ms) unless named: the GPU-idle intervals (each step
+    window less the union of kernels) attributed to the innermost ``prefix`` phase marker (and each phase's wall time),
+    the outermost CPU ops and CUDA runtime calls overlapping them most, the idle time no op overlaps, the idle gaps."""
 
-    Per step window: the GPU-idle intervals (the window less the union of kernels on every stream), attributed to
-    the innermost ``prefix`` phase marker (also each phase's wall time); the outermost CPU ops and CUDA runtime
-    calls overlapping them most; the idle time no op or call overlaps; the idle gaps by length. Per step (ms) unless
-    named."""
     windows = trace_windows(trace)
     if not windows:
         raise RuntimeError(f"no '{STEP_MARK}*' ranges in the trace: no step to attribute host time to")

@@ -1,10 +1,8 @@
 """Useful tokens per second on Bridge's own Qwen3-VL fine-tuning data path: packed eager vs padded and packed graphs.
 
-Every variant (:data:`benchmarks.report.LABELS`) trains in this process, one at a time, from the same initial weights
-on the same photo SFT micro-batches, through :mod:`benchmarks.runner`; then the paired phase and the eager control.
-E.g. ``python -m benchmarks.useful_tokens --out /tmp/ut --model small``. Writes ``useful_tokens.json`` (after every
-variant; layout in :mod:`benchmarks.report`), ``.md``, ``.png`` and a table on stdout; the method:
-``benchmarks/README.md``.
+Every variant trains in this process, one at a time, from the same initial weights on the same photo SFT
+micro-batches (:mod:`benchmarks.runner`); then the paired phase and the eager control. Writes ``useful_tokens.json``
+after every variant (layout: :mod:`benchmarks.report`), then ``.md`` and ``.png``; method: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import torch
 
 from benchmarks import recipe_variants, report, runner
 from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
-from benchmarks.report import CONTROL, FORM, LEVER_VARIANTS, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
+from benchmarks.report import CONTROL, FORM, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
 from benchmarks.runner import OK, json_safe, say, write_json
 from benchmarks.trace import gpu_busy_summary
 
@@ -40,21 +38,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger("benchmarks.useful_tokens")
 
 #: Defaults sized so that the 2B run at sequence 4096, micro-batch 2 fits one 10-minute device call (~7 min).
-DEFAULT_STEPS = 15
-DEFAULT_WARMUP = 3
-DEFAULT_MICROBATCHES = 8
-DEFAULT_PROFILE_STEPS = 2
+DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MICROBATCHES, DEFAULT_PROFILE_STEPS = 15, 3, 8, 2
 #: Training samples in the photo set's train split (:class:`bridge_cudagraph.examples.photos.PhotoSetSpec`).
 PHOTO_TRAIN_SAMPLES = 256
 JSON_NAME = "useful_tokens.json"
-
-
-# ============================================================================================ models
-#: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own); ours_packed graphs
-#: each MoE layer's attention on the packed ladder (a refusal by the plan is recorded as ``refused``).
+#: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own).
 MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
 #: Language layers of the 30B-A3B shape: its own 48 at 128 experts need EP; 4 hold the layer's shape on one GPU.
 MOE_30B_LAYERS = 4
+
+
+def _qwen3_vl_layer() -> dict[str, Any]:
+    """The language layer fields both Qwen3-VL shapes share (the 2B's and the 30B-A3B's), with the real vocabulary."""
+    return dict(
+        hidden_size=2048,
+        ffn_hidden_size=6144,
+        kv_channels=128,
+        vocab_size=QWEN3_VL_VOCAB,
+        mrope_section=[24, 20, 20],
+        layernorm_epsilon=1e-6,
+        **QWEN3_VL_TOKENS,
+    )
 
 
 def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any) -> Any:
@@ -82,25 +86,18 @@ def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: An
         deepstack_visual_indexes=list(deepstack),
     )
     fields = dict(
-        vocab_size=QWEN3_VL_VOCAB,
+        _qwen3_vl_layer(),
         share_embeddings_and_output_weights=True,
         num_layers=28,
-        hidden_size=2048,
-        ffn_hidden_size=6144,
         num_attention_heads=16,
         num_query_groups=8,
-        kv_channels=128,
-        mrope_section=[24, 20, 20],
-        layernorm_epsilon=1e-6,
         vision_config=vision,
         spatial_merge_size=MERGE,
         num_position_embeddings=2304,
         out_hidden_size=2048,
         deepstack_visual_indexes=list(deepstack),
-        **QWEN3_VL_TOKENS,
     )
-    fields.update(overrides)
-    return _tiny_provider(cuda_graph, seq_length=seq_length, **fields)
+    return _tiny_provider(cuda_graph, seq_length=seq_length, **{**fields, **overrides})
 
 
 def qwen3_vl_30b_a3b_shape_provider(
@@ -108,35 +105,28 @@ def qwen3_vl_30b_a3b_shape_provider(
 ) -> Any:
     """Qwen3-VL-30B-A3B's language layer and vision encoder at :data:`MOE_30B_LAYERS` language layers, random
     weights: Bridge's own provider's shapes (the unit test compares them field by field) with the tiny provider's
-    settings, on one GPU at EP 1, TP 1. Depth is the one change (48 layers of 128 experts do not fit one GPU): the
-    layer's shape is kept, while the embedding, output layer and vision encoder weigh more in the step."""
+    settings, on one GPU at EP 1, TP 1. Depth is the one change: the layer's shape is kept, while the embedding,
+    output layer and vision encoder weigh more in the step."""
     from bridge_cudagraph.examples import tiny
 
     deepstack = [8, 16, 24]
     fields: dict[str, Any] = dict(
+        _qwen3_vl_layer(),
         moe=True,
         num_layers=MOE_30B_LAYERS,
-        hidden_size=2048,
-        ffn_hidden_size=6144,
         moe_ffn_hidden_size=768,
         num_moe_experts=128,
         moe_router_topk=8,
         moe_grouped_gemm=True,
         num_attention_heads=32,
         num_query_groups=4,
-        kv_channels=128,
-        vocab_size=QWEN3_VL_VOCAB,
         share_embeddings_and_output_weights=False,
-        mrope_section=[24, 20, 20],
-        layernorm_epsilon=1e-6,
         deepstack_visual_indexes=list(deepstack),
         vision_config=tiny.tiny_vision_config(
             2048, depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, deepstack_visual_indexes=deepstack
         ),
-        **QWEN3_VL_TOKENS,
     )
-    fields.update(overrides)
-    return _tiny_provider(cuda_graph, seq_length=seq_length, **fields)
+    return _tiny_provider(cuda_graph, seq_length=seq_length, **{**fields, **overrides})
 
 
 @dataclass(frozen=True)
@@ -144,23 +134,22 @@ class ModelDef:
     """One ``--model``: what it is, how its provider is made, and what its graphs capture."""
 
     description: str
-    """``meta.config.description``."""
     provider: Callable[..., Any] | None = None
     """``provider(cuda_graph, *, seq_length, **fields)``, not finalized; None for a recipe model (its variants are
     the recipe file's, :mod:`benchmarks.recipe_variants`)."""
     variants: tuple[str, ...] = report.VARIANTS
     """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
     optional: tuple[str, ...] = ()
-    """What ``--variants`` may add to :attr:`variants` (the lever variants of a dense model)."""
+    """What ``--variants`` may add to :attr:`variants`."""
 
 
 #: Every ``--model``; the MoE ones answer what MoE users get from graphs against Bridge's packed eager step.
 MODELS: dict[str, ModelDef] = {
-    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=(*LEVER_VARIANTS, PADDED_CONTROL)),
+    "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=(*report.PADDED_PARTS, PADDED_CONTROL)),
     "small": ModelDef(
         "Qwen3-VL-2B shape (language 28 x 2048, vision 24 x 1024), random weights",
         small_qwen3_vl_provider,
-        optional=(*LEVER_VARIANTS, PADDED_CONTROL),
+        optional=(*report.PADDED_PARTS, PADDED_CONTROL),
     ),
     "tiny-moe": ModelDef(
         "tiny Qwen3-VL MoE (4 + 4 layers, 4 experts, top 2, alltoall, aux loss), language graphs of each layer's "
@@ -184,7 +173,6 @@ MODELS: dict[str, ModelDef] = {
 }
 
 
-# ============================================================================================ command line
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (checked by :func:`check_args`)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
@@ -217,7 +205,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="A,B",
         help=f"run only these variants, in the usual order (default: the model's, all of {','.join(report.VARIANTS)} "
         f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one); a dense model of the benchmark's shape also "
-        f"runs the lever variants {','.join(LEVER_VARIANTS)} when named here",
+        f"runs {','.join(report.PADDED_PARTS)} when named here",
     )
     add(
         "--gpu-memory",
@@ -256,8 +244,7 @@ def fill_shape(args: argparse.Namespace) -> str | None:
 
 
 def check_args(args: argparse.Namespace) -> str | None:
-    """What is wrong with the command line (one sentence naming the setting and the fix), or None; fills the shape
-    first (:func:`fill_shape`)."""
+    """What is wrong with the command line (one sentence: the setting and the fix), or None; fills the shape first."""
     if problem := fill_shape(args):
         return problem
     if args.mbs < 2:
@@ -279,9 +266,6 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
         if (reference := report.REFERENCE[PACKED]) not in chosen:
             return f"--variants {args.variants}: include {reference}, the reference of every packed variant"
-        for variant, reference in report.REFERENCE_OF.items():
-            if variant in chosen and reference not in chosen:
-                return f"--variants {args.variants}: include {reference}, the parity reference of {variant}"
     if not args.no_paired and args.paired is not None:
         pair = [v for v in args.paired.split(",") if v]
         run = chosen_variants(args)
@@ -314,7 +298,6 @@ def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
     return first, second
 
 
-# ============================================================================================ data
 def photo_microbatches(
     count: int, micro_batch_size: int, seq_length: int, *, cache=None, spec=None
 ) -> tuple[Any, list[dict]]:
@@ -390,13 +373,11 @@ def step_forms(collated: Sequence[dict], pg_collection, seq_length: int, device=
 
 
 def image_sets(collated: Sequence[dict]) -> tuple:
-    """The micro-batches' image grids as :class:`benchmarks.configs.BenchConfig`'s ``image_sets`` (vision budgets
-    from the data)."""
+    """The micro-batches' image grids as :class:`benchmarks.configs.BenchConfig`'s ``image_sets``."""
     grids = (image_grid(batch) for batch in collated)
     return tuple(tuple(((int(t), int(h), int(w)),) for t, h, w in ([] if g is None else g.tolist())) for g in grids)
 
 
-# ============================================================================================ variants
 @dataclass
 class BenchRun:
     """What every variant of one run shares: the world, both forms' step data, the initial weights, the references'
@@ -409,18 +390,16 @@ class BenchRun:
     ids: dict[str, int]
     micro: list[report.MicroBatch]
     shared: dict[str, Any]
-    """Per form, a :class:`benchmarks.runner.StepData` (its batches, fixed batch and step plan)."""
+    """Per form, a :class:`benchmarks.runner.StepData`."""
     initial_state: list[dict] | None = None
     references: dict[str, dict] = field(default_factory=dict)
-    """Per reference variant (:data:`~benchmarks.report.REFERENCES`): its profile, fixed-batch loss,
-    loss mask, grad norm and step losses."""
+    """Per reference variant: its profile, fixed-batch loss, loss mask, grad norm and step losses."""
     results: dict[str, dict] = field(default_factory=dict)
     profiler_sees_graph_kernels: bool | None = None
     flops: list[float] = field(default_factory=list)
-    """Model FLOPs of each padded micro-batch (:func:`benchmarks.flops.step_flops`: every position of a padded row
-    counts, which is what a padded step computes); empty for a recipe model. The padded variants' MFU."""
+    """Model FLOPs of each padded micro-batch (every position of a padded row), for the MFU; empty for a recipe."""
     data: dict[str, Any] = field(default_factory=dict)
-    """``useful_tokens.json``'s ``data``: the micro-batches' numbers and the static shapes."""
+    """``useful_tokens.json``'s ``data``."""
 
     @property
     def from_recipe(self) -> bool:
@@ -464,8 +443,7 @@ def packed_graph_config(run: BenchRun) -> CudaGraphConfig:
 
 def variant_provider(run: BenchRun, variant: str):
     """The provider of ``variant`` (not finalized) with the processor's token ids: the model's with graphs off,
-    ours_padded's or ours_packed's block (a lever's part replaced), or upstream's host provider with megatron-core's
-    graphs; the fused variants set ``gradient_accumulation_fusion=True``."""
+    ours_padded's (a part replaced) or ours_packed's block, or upstream's host provider with megatron-core's graphs."""
     model = MODELS[run.args.model]
     unknown = f"no provider of {variant!r} for --model {run.args.model}; known: {[*report.ORDER, CONTROL]}"
     if model.provider is None:
@@ -473,28 +451,18 @@ def variant_provider(run: BenchRun, variant: str):
     if variant == "upstream_padded":
         plain = model.provider(None, seq_length=run.cfg.seq_length, **run.ids)
         return recipe_variants.upstream_graphs_provider(plain, run.cfg.upstream_vision_seq_length())
-    graphed = {
-        "ours_padded": ours_graph_config(run.cfg),
-        **{name: packed_graph_config(run) for name in PACKED_GRAPHED},
-    }
-    for name, parts in (*report.PADDED_PARTS.items(), *report.PACKED_PARTS.items()):
-        block = graphed["ours_padded" if name in report.PADDED_PARTS else "ours_packed"]
-        graphed[name] = dataclasses.replace(
-            block, **{sub: dataclasses.replace(getattr(block, sub), **fields) for sub, fields in parts.items()}
-        )
-    for name in report.VISION_HALVINGS:
-        block = graphed[name]
-        graphed[name] = dataclasses.replace(
-            block, vision=dataclasses.replace(block.vision, token_budgets=run.cfg.vision_halvings())
-        )
+    padded = ours_graph_config(run.cfg)
     blocks: dict[str, CudaGraphConfig | None] = {
-        **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, "eager_packed_fused", CONTROL)),
-        **graphed,
+        **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, CONTROL)),
+        "ours_padded": padded,
+        "ours_packed": packed_graph_config(run),
     }
+    for name, parts in report.PADDED_PARTS.items():
+        replaced = {sub: dataclasses.replace(getattr(padded, sub), **fields) for sub, fields in parts.items()}
+        blocks[name] = dataclasses.replace(padded, **replaced)
     if variant not in blocks:
         raise ValueError(unknown)
-    fields = {"gradient_accumulation_fusion": True} if variant in report.FUSED else {}
-    return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids, **fields)
+    return model.provider(blocks[variant], seq_length=run.cfg.seq_length, **run.ids)
 
 
 def packed_plan(run: BenchRun, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
@@ -532,6 +500,7 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
     """Build the model, load the initial weights (the first build snapshots them) and make the optimizer; a recipe
     variant brings its plan and its PEFT."""
     from bridge_cudagraph.examples import tiny
+    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
     from bridge_cudagraph.testing.parity import megatron_optimizer
 
     upstream = variant == "upstream_padded"
@@ -544,7 +513,7 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
         provider = objs["provider"] = variant_provider(run, variant)
     vision_pg_collection = tiny.DERIVE if upstream else run.world.vision  # upstream's: tiny.build's default
     model = objs["model"] = tiny.build(provider, run.world.language, vision_pg_collection=vision_pg_collection)
-    record_fusion(variant, model, objs)
+    objs["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
     if run.initial_state is None:
         run.initial_state = runner.snapshot(model)
     else:
@@ -552,23 +521,9 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
     objs["optimizer"] = megatron_optimizer(model, run.world.language)
 
 
-def record_fusion(variant: str, model: list, out: dict) -> int:
-    """The count of TE modules of ``model`` that fuse their weight-gradient accumulation, into
-    ``out["te_modules_fusing"]``; raises where a fused variant has none (it would time the unfused step)."""
-    from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
-
-    count = out["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
-    if variant in report.FUSED and not count:
-        raise RuntimeError(
-            f"{variant}: model.gradient_accumulation_fusion=true, but no Transformer Engine module of the model "
-            "fuses its weight-gradient accumulation; it would time the unfused step"
-        )
-    return count
-
-
 def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
     """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them; ours from the
-    product's plan as ``bridge-cudagraph train`` builds them, then the one change of a lever that is no setting."""
+    product's plan as ``bridge-cudagraph train`` builds them."""
     if variant == "upstream_padded":
         return runner.upstream_helpers(
             objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
@@ -587,34 +542,25 @@ def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
         )
     helpers = runner.ours_helpers(objs, plan)
     if variant in PACKED_GRAPHED:
-        from bridge_cudagraph.capture.ladder_helper import LadderHelper
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
         # The product's helpers from the product's plan, tight as the variant's name says.
         if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != packs_tightly(variant, plan):
             raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
-        if variant in report.AUTOGRAD_GRADS:
-            for ladder in helpers:
-                if isinstance(ladder, LadderHelper):
-                    ladder.sum_param_grads = False
     return helpers
 
 
 def packs_tightly(variant: str, plan: CapturePlan) -> bool:
-    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: every packed graph
-    variant but ours_packed_rows (:data:`~benchmarks.report.TIGHT`), except on an MoE model, whose plan keeps tight
-    packing off for every variant (its router's losses count each row's padding, as Bridge's step routes it)."""
+    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: a packed graph variant of
+    :data:`~benchmarks.report.TIGHT`, except on an MoE model, whose plan keeps tight packing off (its router's losses
+    count each row's padding, as Bridge's step routes it)."""
     return variant in report.TIGHT and not plan.facts.num_moe_experts
 
 
 def check_param_grads(variant: str, capture: dict) -> None:
-    """Raise where a packed graph variant's ladders did not sum their parameter gradients in graphs, or
-    ours_packed_autograd_grads' did (it would time the other lever under the variant's name)."""
-    if variant not in PACKED_GRAPHED:
-        return
+    """Raise where a packed graph variant's ladders did not sum their parameter gradients in graphs."""
     summed = {sub: rec.get("param_grads_summed", 0) for sub, rec in capture.items()}
-    expected = variant not in report.AUTOGRAD_GRADS
-    if any(bool(n) != expected for n in summed.values()):
+    if variant in PACKED_GRAPHED and not all(summed.values()):
         raise RuntimeError(f"{variant}: parameter gradients summed in graphs per ladder: {summed}")
 
 
@@ -659,15 +605,14 @@ def _counters(helpers: list) -> dict[str, dict]:
 
 def forward_counters(variant: str, model: list) -> dict[str, int]:
     """How many micro-batches took each part of ``model.cuda_graph.forward``; raises where a packed graph variant's
-    flat rows or collated grids are not what its setting says (it would time the other lever under its name)."""
+    micro-batches were not handed to the forward flat or its forwards did not read the collate's CPU grids."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
     if variant in PACKED_GRAPHED and counts["cpu_positions_calls"]:
-        forward = report.PACKED_PARTS.get(variant, {}).get("forward", {})
-        if bool(counts["flat_batches"]) != (forward.get("flat_rows") is not False):
+        if not counts["flat_batches"]:
             raise RuntimeError(f"{variant}: {counts['flat_batches']} micro-batches handed to the forward flat")
-        if bool(counts["grid_binds"]) != (forward.get("collated_grids") is not False):
+        if not counts["grid_binds"]:
             raise RuntimeError(f"{variant}: {counts['grid_binds']} forwards read the collate's CPU grids")
     return counts
 
@@ -691,7 +636,7 @@ def run_variant(run: BenchRun, variant: str) -> dict:
     except Exception as error:  # recorded; the other variants still run
         runner.record_failure(rec, error, variant)
     finally:
-        if "te_modules_fusing" in objs:  # also where it failed the variant (record_fusion)
+        if "te_modules_fusing" in objs:  # also where a later part failed the variant
             rec["te_modules_fusing"] = objs["te_modules_fusing"]
         survivors = runner.teardown(objs)
     runner.check_freed(rec, survivors)
@@ -953,8 +898,7 @@ def parity(
 
 
 def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
-    """The padded form's per-token loss ``[rows, seq]`` against the packed form's ``[1, rows x width]`` on the same
-    samples' loss tokens."""
+    """The padded form's per-token loss against the packed form's on the same samples' loss tokens."""
     from bridge_cudagraph.testing.parity import diff_losses
 
     rows = padded_loss.size(0)
@@ -964,7 +908,6 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
     return diff_losses(padded_loss[:, :width][keep], packed[keep])
 
 
-# ============================================================================================ paired phase
 def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
     """The two variants ``names`` built side by side, each started (:func:`_start`), then their measured steps
     interleaved, the first of each pair alternating. ``ratios``: the first's step ms over the second's per pair."""
@@ -1010,7 +953,6 @@ def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
     return rec
 
 
-# ============================================================================================ run
 def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
     return {
         **runner.run_meta(command),
@@ -1036,8 +978,7 @@ def _meta(args: argparse.Namespace, cfg: BenchConfig, command: str) -> dict:
 
 
 def derived_layout(seq_length: int, micro_batch_size: int) -> PackedLayout:
-    """ours_packed's language layout where no recipe gives one: the product's ladder up to a micro-batch of full
-    rows, one sequence per sample."""
+    """ours_packed's layout without a recipe: the product's ladder up to a micro-batch of full rows."""
     from bridge_cudagraph.plan.budgets import PackedLayout, derive_language_budgets
 
     budgets = derive_language_budgets(micro_batch_size * seq_length, multiple=micro_batch_size * 16)
@@ -1115,8 +1056,7 @@ def prepare(args: argparse.Namespace, world) -> BenchRun:
 def paired_skip_reason(
     results: dict[str, dict], gpu_memory_bytes: Callable[[], int], names: Sequence[str] = PAIRED
 ) -> str | None:
-    """Why the paired phase of ``names`` cannot run, or None: one was not run or was refused, else
-    :func:`benchmarks.runner.paired_memory_check`."""
+    """Why the paired phase of ``names`` cannot run (not run, refused, memory), or None."""
     missing = [name for name in names if name not in results]
     if missing:
         return f"{missing[0]} was not run (--variants)"
@@ -1131,7 +1071,7 @@ def failed_variants(data: dict, chosen: Sequence[str] | None = None) -> list[str
     failure). Asked: ``chosen`` (``--variants``); without it eager_packed, ours_packed and the padded graph and lever
     variants that ran, so a run that ended before ours_packed still fails."""
     variants = data.get("variants") or {}
-    optional = (*report.PADDED_GRAPHED, *LEVER_VARIANTS)
+    optional = (*report.PADDED_GRAPHED, *report.LEVER_VARIANTS)
     asked = (
         tuple(chosen)
         if chosen is not None
@@ -1199,8 +1139,7 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: exit 2 with one ``error:`` line on bad input (before anything runs), 1 when a variant of
-    :func:`failed_variants` failed."""
+    """Exit 2 with one ``error:`` line on bad input, 1 where a variant of :func:`failed_variants` failed."""
     args = parse_args(argv)
     problem = check_args(args)
     if problem is None and not torch.cuda.is_available():

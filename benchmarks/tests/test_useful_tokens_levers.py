@@ -1,7 +1,7 @@
-"""The useful-tokens benchmark's lever variants, CPU parts: ours_packed_rows (tight packing off), eager_packed_fused
-and ours_packed_fused (``gradient_accumulation_fusion``): their forms, references, run order, token slots and
-providers; a fused variant in which no TE module fuses is failed; ``--paired``; and how the report reads them (the
-lever section against the control's noise floor, the paired phase of another pair, the host-wait census)."""
+"""The useful-tokens benchmark's lever variants, CPU parts: their forms, references, run order and token slots; the
+retired levers (rendered from recorded runs, no longer run) and the one part of ours_padded that still runs;
+``--paired``; and how the report reads them (the lever section against the control's noise floor, the paired phase
+of another pair, the host-wait census)."""
 
 from __future__ import annotations
 
@@ -16,35 +16,39 @@ from benchmarks.tests.useful_tokens_runs import offline_run
 
 GIB = 2**30
 BUDGETS = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)
-LEVERS = "eager_packed,eager_packed_fused,ours_packed,ours_packed_rows,ours_packed_fused"
+LEVERS = "eager_packed,eager_padded,ours_padded,ours_padded_language,ours_packed"
 
 
 @pytest.mark.fast
 def test_the_lever_variants_forms_references_and_run_order():
     for name in report.LEVER_VARIANTS:
-        form = report.PADDED if name in report.PADDED_PARTS else report.PACKED
+        form = report.PADDED if name in report.PADDED_GRAPHED else report.PACKED
         assert report.FORM[name] == form and name in report.LABELS and name in report.COLORS, name
         assert name not in report.VARIANTS  # opt-in: the default list is unchanged
-    for name in report.PADDED_PARTS:  # ours_padded's parts (one of recorded runs only): graphed, vs eager_padded
+    for name in report.PADDED_GRAPHED[1:]:  # ours_padded's parts (of recorded runs but one): graphed, vs eager_padded
         assert name in report.GRAPHED and report.reference_of(name) == "eager_padded"
         assert report.ORDER.index("ours_padded") < report.ORDER.index(name) < report.ORDER.index("ours_packed")
     assert report.reference_of("ours_packed_rows") == "eager_packed"
-    assert report.reference_of("eager_packed_fused") == "eager_packed"  # expected to differ slightly: reported
-    assert report.reference_of("ours_packed_fused") == "eager_packed_fused"  # the same (fused) numbers
+    assert report.reference_of("eager_packed_fused") == "eager_packed"
     assert report.reference_of("ours_packed") == report.reference_of("eager_packed") == "eager_packed"
     assert report.reference_of("ours_padded") == "eager_padded"
-    assert set(report.REFERENCES) == {"eager_packed", "eager_padded", "eager_packed_fused"}
+    assert set(report.REFERENCES) == {"eager_packed", "eager_padded"}
     assert {"ours_packed_rows", "ours_packed_fused"} <= set(report.GRAPHED)
     assert "eager_packed_fused" not in report.GRAPHED
+    assert report.TIGHT == tuple(v for v in report.PACKED_GRAPHED if v != "ours_packed_rows")
     # the eager ones first (each reference before the variants compared with it), the graphs after
     order = report.ORDER
     assert order.index("eager_packed_fused") < order.index("ours_packed") < order.index("ours_packed_fused")
     assert [v for v in order if v in report.VARIANTS] == list(report.VARIANTS)
     assert set(order) == {*report.VARIANTS, *report.LEVER_VARIANTS, *report.MEGATRON_ENGINE, report.PADDED_CONTROL}
     assert not set(report.MEGATRON_ENGINE) & set(report.LEVER_VARIANTS)  # rendered from recorded runs, never run
-    args = useful_tokens.parse_args(["--out", "x", "--variants", "ours_packed_fused,eager_packed_fused,eager_packed"])
+    args = useful_tokens.parse_args(["--out", "x", "--variants", "ours_padded_language,eager_padded,eager_packed"])
     assert useful_tokens.check_args(args) is None
-    assert useful_tokens.chosen_variants(args) == ("eager_packed", "eager_packed_fused", "ours_packed_fused")
+    assert useful_tokens.chosen_variants(args) == ("eager_packed", "eager_padded", "ours_padded_language")
+    # the retired levers are no longer run: asking for one is refused before anything runs
+    for retired in (v for v in report.LEVER_VARIANTS if v not in report.PADDED_PARTS):
+        args = useful_tokens.parse_args(["--out", "x", "--variants", f"eager_packed,{retired}"])
+        assert "the small model measures" in useful_tokens.check_args(args), retired
     # the defaults stay: dense models their five, MoE models theirs
     for model in ("tiny", "small"):
         plain = useful_tokens.parse_args(["--out", "x", "--model", model])
@@ -80,16 +84,17 @@ def test_paired_and_the_lever_variants_on_the_command_line(capsys):
         # the lever variants: dense models of the benchmark's own shape only
         ("--model", "tiny-moe", "--variants", "eager_packed,ours_packed_rows"): "--variants "
         "eager_packed,ours_packed_rows: the tiny-moe model measures",
-        ("--variants", "eager_packed,ours_packed_fused"): "include eager_packed_fused, the parity reference of "
-        "ours_packed_fused",
+        ("--variants", "eager_packed,ours_packed_fused"): "--variants eager_packed,ours_packed_fused: the small "
+        "model measures",
+        ("--variants", "ours_padded_language"): "include eager_packed, the reference of every packed variant",
     }
     for extra, expected in cases.items():
         assert useful_tokens.main(["--out", "x", *extra]) == 2, extra
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], (extra, err)
-    ok = useful_tokens.parse_args(["--out", "x", "--variants", LEVERS, "--paired", "ours_packed,ours_packed_fused"])
+    ok = useful_tokens.parse_args(["--out", "x", "--variants", LEVERS, "--paired", "ours_padded,ours_padded_language"])
     assert useful_tokens.check_args(ok) is None
-    assert useful_tokens.paired_pair(ok) == ("ours_packed", "ours_packed_fused")
+    assert useful_tokens.paired_pair(ok) == ("ours_padded", "ours_padded_language")
     default = useful_tokens.parse_args(["--out", "x"])
     assert useful_tokens.check_args(default) is None and useful_tokens.paired_pair(default) == report.PAIRED
     # --no-paired: --paired is not checked (nothing will be paired)
@@ -105,61 +110,40 @@ def _run(model: str = "tiny") -> useful_tokens.BenchRun:
     return offline_run(model, "--variants", LEVERS)
 
 
-def test_the_lever_variants_providers_change_one_setting_each():
-    """eager_packed_fused and ours_packed_fused are eager_packed's and ours_packed's providers with the fusion on;
-    ours_packed_rows is ours_packed's provider with ``language.tight_packing: false``."""
+def test_the_retired_levers_have_no_provider_and_no_variant_fuses():
+    """The levers whose questions are answered (results/packed-2b-levers/, results/padded-gradients/) are rendered
+    from recorded runs, never built: no provider; every variant that runs trains without the fusion."""
     from bridge_cudagraph.bridge.mixin import provider_fields
 
     run = _run()
-    got = {v: useful_tokens.variant_provider(run, v) for v in report.ORDER if v != "upstream_padded"}
-    fields = {v: provider_fields(p) for v, p in got.items()}
-    for v, f in fields.items():
-        assert f["gradient_accumulation_fusion"] is (v in report.FUSED), v
-    for fused, plain in (("eager_packed_fused", "eager_packed"), ("ours_packed_fused", "ours_packed")):
-        assert type(got[fused]) is type(got[plain])
-        assert {**fields[fused], "gradient_accumulation_fusion": False} == fields[plain], fused
-    rows = {**fields["ours_packed_rows"], "cuda_graph": fields["ours_packed"]["cuda_graph"]}
-    assert rows == fields["ours_packed"] and fields["ours_packed_rows"]["cuda_graph"].language.tight_packing is False
-    assert not got["eager_packed_fused"].cuda_graph.any_enabled
-    # packed graphs: the plan's refusal on MoE layers holds for every packed graph variant, not only ours_packed
-    assert all(useful_tokens.refusal(run, v) is None for v in report.PACKED_GRAPHED)
+    runs = (*report.VARIANTS, *report.PADDED_PARTS, report.PADDED_CONTROL, report.CONTROL)
+    got = {v: useful_tokens.variant_provider(run, v) for v in runs if v != "upstream_padded"}
+    assert all(provider_fields(p)["gradient_accumulation_fusion"] is False for p in got.values())
+    for retired in (*(v for v in report.LEVER_VARIANTS if v not in report.PADDED_PARTS), *report.MEGATRON_ENGINE):
+        with pytest.raises(ValueError, match=f"no provider of '{retired}'"):
+            useful_tokens.variant_provider(run, retired)
+    assert useful_tokens.refusal(run, "ours_packed") is None
 
 
-def test_ours_padded_and_packed_parts_change_only_their_fields():
-    """Each part of ours_padded (:data:`~benchmarks.report.PADDED_PARTS`) and each packed lever that is a setting
-    (:data:`~benchmarks.report.PACKED_PARTS`) is ours_padded's or ours_packed's block with the named fields replaced,
-    nothing else: what tells which graphs a gradient difference comes from, and which setting a lever measures."""
+def test_ours_padded_parts_change_only_their_fields():
+    """Each part of ours_padded (:data:`~benchmarks.report.PADDED_PARTS`) is ours_padded's block with the named fields
+    replaced, nothing else: what tells which graphs a gradient difference comes from."""
     import dataclasses
 
     run = _run()
-    for base_name, parts_of in (("ours_padded", report.PADDED_PARTS), ("ours_packed", report.PACKED_PARTS)):
-        base = useful_tokens.variant_provider(run, base_name).cuda_graph
-        for name, parts in parts_of.items():
-            block = useful_tokens.variant_provider(run, name).cuda_graph
-            for sub in ("language", "vision", "forward", "cached_walks"):
-                want = dataclasses.replace(getattr(base, sub), **parts.get(sub, {}))
-                assert getattr(block, sub) == want, (name, sub)
-            kept = {sub: getattr(base, sub) for sub in ("language", "vision", "forward", "cached_walks")}
-            assert dataclasses.replace(block, **kept) == base, name
-    assert not useful_tokens.variant_provider(run, "ours_padded_vision").cuda_graph.language.enabled
-    assert useful_tokens.variant_provider(run, "ours_padded_layer_graphs").cuda_graph.language.graph_unit == "layer"
+    base = useful_tokens.variant_provider(run, "ours_padded").cuda_graph
+    for name, parts in report.PADDED_PARTS.items():
+        block = useful_tokens.variant_provider(run, name).cuda_graph
+        for sub in ("language", "vision", "forward", "cached_walks"):
+            want = dataclasses.replace(getattr(base, sub), **parts.get(sub, {}))
+            assert getattr(block, sub) == want, (name, sub)
+        kept = {sub: getattr(base, sub) for sub in ("language", "vision", "forward", "cached_walks")}
+        assert dataclasses.replace(block, **kept) == base, name
+    assert not useful_tokens.variant_provider(run, "ours_padded_language").cuda_graph.vision.enabled
 
 
 @pytest.mark.fast
-def test_a_fused_variant_without_a_fusing_te_module_is_failed(monkeypatch):
-    import torch
-
-    from bridge_cudagraph.host import wgrad_fusion
-
-    model = [torch.nn.Sequential(torch.nn.Linear(4, 4))]  # no TE module: nothing can fuse
-    out: dict = {}
-    with pytest.raises(RuntimeError, match="no Transformer Engine module of the model fuses"):
-        useful_tokens.record_fusion("eager_packed_fused", model, out)
-    assert out == {"te_modules_fusing": 0}  # recorded before the variant fails
-    assert useful_tokens.record_fusion("eager_packed", model, out) == 0  # not asked for: nothing to check
-    monkeypatch.setattr(wgrad_fusion, "te_modules_fusing", lambda chunk: 56)
-    assert useful_tokens.record_fusion("ours_packed_fused", model * 2, out) == 112
-    assert out == {"te_modules_fusing": 112}
+def test_a_lever_variant_that_ran_and_failed_fails_the_run():
     # a lever variant that was run and failed fails the run; one not run does not
     ok = {"status": "ok"}
     data = {"variants": {"eager_packed": ok, "ours_packed": ok, "eager_packed_fused": {"status": "failed"}}}
@@ -324,20 +308,13 @@ def test_the_host_waits_section_lists_each_census():
     )
 
 
-def test_the_halvings_variant_differs_from_ours_packed_in_its_vision_ladder_only():
-    """ours_packed_halvings: ours_packed's provider with the former vision ladder (the data's top rounded up to 1024
-    and three halvings), tight packing on; ours_packed's ladder has rungs at most 1.25x apart."""
+def test_ours_packed_vision_rungs_are_at_most_1_25x_apart():
+    """ours_packed's vision ladder (not the former halvings, a retired lever): rungs at most 1.25x apart."""
     from bridge_cudagraph.bridge.mixin import provider_fields
 
-    run = _run()
-    ours = provider_fields(useful_tokens.variant_provider(run, "ours_packed"))["cuda_graph"]
-    halved = provider_fields(useful_tokens.variant_provider(run, "ours_packed_halvings"))["cuda_graph"]
-    assert halved.vision.token_budgets == run.cfg.vision_halvings() != ours.vision.token_budgets
-    top = halved.vision.token_budgets[-1]
-    assert top % 1024 == 0 and halved.vision.token_budgets == sorted({top >> s for s in range(4)})
+    ours = provider_fields(useful_tokens.variant_provider(_run(), "ours_packed"))["cuda_graph"]
     rungs = ours.vision.token_budgets
     assert all(b / a <= 1.25 + 1e-9 for a, b in itertools.pairwise(rungs)), rungs
-    assert halved.language == ours.language and "ours_packed_halvings" in report.TIGHT
 
 
 @pytest.mark.fast
@@ -355,48 +332,18 @@ def test_a_step_change_within_the_variants_own_spread_is_not_claimed():
 
 
 @pytest.mark.fast
-def test_the_packed_setting_levers_plan_one_difference_from_ours_packed():
-    """ours_packed_rows, ours_packed_bridge_packing and ours_packed_device_grid are planned by the product from
-    their setting: tight packing off, ``forward.flat_rows`` off (no
-    :class:`~bridge_cudagraph.host.forward.FlatPackedRows`), ``forward.collated_grids`` off (no
-    :class:`~bridge_cudagraph.host.forward.BoundGrids`), everything else of ours_packed's plan kept."""
-    import dataclasses
-
-    run = _run()
-    ours = useful_tokens.packed_plan(run, useful_tokens.variant_provider(run, "ours_packed"))
-    assert ours.language.packed.tight and ours.forward.flat_rows and ours.forward.collated_grids
-    plans = {v: useful_tokens.packed_plan(run, useful_tokens.variant_provider(run, v)) for v in report.PACKED_PARTS}
-    assert not plans["ours_packed_rows"].language.packed.tight and plans["ours_packed_rows"].forward == ours.forward
-    assert report.TIGHT == tuple(v for v in report.PACKED_GRAPHED if v != "ours_packed_rows")
-    for variant, part in (("ours_packed_bridge_packing", "flat_rows"), ("ours_packed_device_grid", "collated_grids")):
-        plan = plans[variant]
-        assert variant in report.PACKED_GRAPHED and variant in report.TIGHT and variant in report.LEVER_VARIANTS
-        assert any(lever[1:] == (variant, "ours_packed") for lever in report.LEVERS)
-        assert part not in plan.forward.parts and set(plan.forward.parts) == {*ours.forward.parts} - {part}
-        assert plan.language == ours.language and plan.cached_walks == ours.cached_walks, variant
-        assert dataclasses.replace(plan.forward, **{part: True}, off_reasons=()) == ours.forward, variant
-
-
-@pytest.mark.fast
-def test_the_autograd_grads_variant_is_checked_to_leave_its_gradients_to_autograd():
-    """ours_packed_autograd_grads: ours_packed with the ladders' parameter-gradient summing off
-    (``LadderHelper.sum_param_grads``); each packed graph variant is failed where its ladders did the other thing
-    (useful_tokens.check_param_grads), so neither lever is timed under the other's name."""
+def test_a_packed_variant_whose_ladders_did_not_sum_their_gradients_is_failed():
+    """Each packed graph variant's ladders must sum its parameter gradients in graphs
+    (useful_tokens.check_param_grads), else another step than ours_packed's would be timed under its name."""
     from benchmarks.useful_tokens import check_param_grads
 
-    variant = "ours_packed_autograd_grads"
-    assert variant in report.PACKED_GRAPHED and variant in report.TIGHT and variant in report.LEVER_VARIANTS
-    assert variant in report.AUTOGRAD_GRADS and report.FORM[variant] == report.PACKED
-    assert any(lever[1:] == (variant, "ours_packed") for lever in report.LEVERS)
+    for variant in ("ours_packed_autograd_grads", "ours_packed"):  # the retired lever, still rendered
+        assert any(variant in lever[1:] for lever in report.LEVERS) and report.FORM[variant] == report.PACKED
     summed = {"language": {"param_grads_summed": 227}, "vision": {"param_grads_summed": 314}}
-    hooked = {"language": {"param_grads_summed": 0}, "vision": {"param_grads_summed": 0}}
     check_param_grads("ours_packed", summed)
-    check_param_grads(variant, hooked)
     check_param_grads("eager_packed", {})
     with pytest.raises(RuntimeError, match="ours_packed: parameter gradients summed"):
         check_param_grads("ours_packed", {**summed, "vision": {"param_grads_summed": 0}})
-    with pytest.raises(RuntimeError, match=variant):
-        check_param_grads(variant, summed)
 
 
 def test_packed_variants_are_planned_and_built_by_the_product():
@@ -409,4 +356,6 @@ def test_packed_variants_are_planned_and_built_by_the_product():
     packed = plan.language.packed
     assert provider.cuda_graph.language.enabled and packed is not None
     assert packed.token_budgets == tuple(run.layout.budgets) and packed.tight
+    assert plan.forward.flat_rows and plan.forward.collated_grids
+
     assert plan.language.graph_unit == "run" and plan.vision is not None and plan.vision.enabled
