@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs 110- (2026-12-06): the final code of the day (the deterministic workspace estimate rounded as cuDNN asks)
-#   W  #46: cuDNN's deterministic attention backward against the plan's workspace estimate (tests/gpu);
-#   D  #46: the 2B padded set under deterministic kernels; D h100: without ours_padded (its vision graphs' workspace
-#      and eager's own 16 GiB do not fit 80 GB together) and with expandable segments (run 106's ours_padded_language
-#      ran out with 16.6 GiB reserved but fragmented);
-#   S  every one-GPU suite in eight lanes, the workspace test in the deterministic lane, Qwen3.5-VL, the module path;
-#   P  one 2B packed headline process with its paired phase (needs more than 80 GB: an H200), once per call.
-# Each call: bash .devwheels/install.sh >/dev/null 2>&1; timeout 575 bash .snap/next.sh CASE [LABEL];
-#   cp -r /tmp/dl_next_CASE $OUT/   (results/ kept out of the call, .devwheels .whl .snap carried)
+# Draft of the next session's device calls (not yet run), on results/device_calls/run110.sh's cases. Runs 110-112
+# (2026-12-06, one H100) ran every one-GPU suite at the rounded deterministic workspace; the H200 was refused twice:
+#   D  #46: the 2B padded set under deterministic kernels with ours_padded (needs the H200: needs_h200, kind
+#      nvidia-h200): the fixed-batch gradient norm against eager_padded's and its repeat, bit for bit expected;
+#   P  the 2B packed headline with its paired phase (89 GiB for both models: the H200), once per call;
+#   W  the deterministic workspace test on the H200 (sm90 too: the same estimate should hold).
+# Keep results/ out of the call (`git rm -r --cached -q results; echo /results/ >> .git/info/exclude`, undone with
+# `git reset -q -- results` and that line removed; commit nothing in between), copy this file to .snap/next.sh, then
+#   bash .devwheels/install.sh >/dev/null 2>&1; timeout 575 bash .snap/next.sh D; cd /tmp/dl_next_D && tar czf $OUT/d.tgz .
 set +e
 export LOGS=/tmp/dl_next_$1
 source scripts/device_lib.sh

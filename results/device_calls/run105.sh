@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs 105-109 (2026-12-06, one H200): the final code of the day (one language engine: megatron-core's helper gone)
+# Runs 105-109 (2026-12-06; written for an H200, they ran on one H100): the final code of the day (one language engine: megatron-core's helper gone)
 #   S  every one-GPU suite in eight lanes (as run 103), the Qwen3.5-VL test and the module path;
 #   D  #46: the 2B padded set under deterministic kernels (eager_padded, ours_padded_language, ours_padded,
 #      eager_padded_repeat): every parameter's gradient and the fixed-batch norm against eager's own repeat;
