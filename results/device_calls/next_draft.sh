@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Draft of the next session's device calls (not yet run), on results/device_calls/run110.sh's cases. Runs 110-112
+# Draft of the next session's device calls (not yet run), on results/device_calls/run113.sh's cases. Runs 110-112
 # (2026-12-06, one H100) ran every one-GPU suite at the rounded deterministic workspace; the H200 was refused twice:
 #   D  #46: the 2B padded set under deterministic kernels with ours_padded (needs the H200: needs_h200, kind
 #      nvidia-h200): the fixed-batch gradient norm against eager_padded's and its repeat, bit for bit expected;
+#   D seq2048 (run113.sh's case D): without the H200, the 2B model at sequence 2048 on an 80 GB H100 (half the
+#      activations; eager_packed, eager_padded, ours_padded_language, eager_padded_repeat): about 330 s, a call of its
+#      own (run 113 gave it 225 s and was cut after the eager references);
 #   P  the 2B packed headline with its paired phase (89 GiB for both models: the H200), once per call;
 #   W  the deterministic workspace test on the H200 (sm90 too: the same estimate should hold).
 # Keep results/ out of the call (`git rm -r --cached -q results; echo /results/ >> .git/info/exclude`, undone with
@@ -62,8 +65,11 @@ W)
 D)
     export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
     variants=eager_packed,eager_padded,ours_padded_language,ours_padded,eager_padded_repeat alloc=
+    mbs=2
     if [ "$2" = h100 ]; then variants=eager_packed,eager_padded,ours_padded_language,eager_padded_repeat; alloc=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fi
-    R d_ut_2b_padded_det 480 "$alloc $DET python3 -m benchmarks.useful_tokens --out \$LOGS/ut_det --model small --seq 4096 --mbs 2 --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --no-control --variants $variants"
+    seq=4096
+    if [ "$2" = seq2048 ]; then seq=2048; variants=eager_packed,eager_padded,ours_padded_language,eager_padded_repeat; fi  # the 2B model at sequence 2048: half the activations
+    R d_ut_2b_padded_det 480 "$alloc $DET python3 -m benchmarks.useful_tokens --out \$LOGS/ut_det --model small --seq $seq --mbs $mbs --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --no-control --variants $variants"
     sed -n '/^| variant/,/^$/p' "$LOGS/ut_det/useful_tokens.md" | cut -c1-330
     grep -h "gradient\|grad norm\|floor" "$LOGS/ut_det/useful_tokens.md" | cut -c1-300 | head -20 ;;
 esac
