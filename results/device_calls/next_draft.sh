@@ -6,6 +6,8 @@
 #   D seq2048 (run113.sh's case D): without the H200, the 2B model at sequence 2048 on an 80 GB H100 (half the
 #      activations; eager_packed, eager_padded, ours_padded_language, eager_padded_repeat): about 330 s, a call of its
 #      own (run 113 gave it 225 s and was cut after the eager references);
+#   D h100: the full 2B shape on the H100 with expandable segments against run 106's fragmentation, now with
+#      NCCL_GRAPH_REGISTER=0, which `train`'s check asks for beside them (run 110 left it out and was refused);
 #   P  the 2B packed headline with its paired phase (89 GiB for both models: the H200), once per call;
 #   W  the deterministic workspace test on the H200 (sm90 too: the same estimate should hold).
 # Keep results/ out of the call (`git rm -r --cached -q results; echo /results/ >> .git/info/exclude`, undone with
@@ -66,7 +68,7 @@ D)
     export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
     variants=eager_packed,eager_padded,ours_padded_language,ours_padded,eager_padded_repeat alloc=
     mbs=2
-    if [ "$2" = h100 ]; then variants=eager_packed,eager_padded,ours_padded_language,eager_padded_repeat; alloc=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fi
+    if [ "$2" = h100 ]; then variants=eager_packed,eager_padded,ours_padded_language,eager_padded_repeat; alloc="NCCL_GRAPH_REGISTER=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"; fi
     seq=4096
     if [ "$2" = seq2048 ]; then seq=2048; variants=eager_packed,eager_padded,ours_padded_language,eager_padded_repeat; fi  # the 2B model at sequence 2048: half the activations
     R d_ut_2b_padded_det 480 "$alloc $DET python3 -m benchmarks.useful_tokens --out \$LOGS/ut_det --model small --seq $seq --mbs $mbs --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --no-control --variants $variants"
