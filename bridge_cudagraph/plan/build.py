@@ -708,7 +708,7 @@ def _plan_language(
         modules, modules_source = language_modules(None, facts.num_moe_experts), MOE_SCOPE_SOURCE
     steps, source = warmup
     if not lang.enabled:
-        return LanguagePlan(False, modules, (), (), 0, (), (), steps)
+        return LanguagePlan(False, modules, (), (), 0, (), steps)
     check_sequence_split(facts)
     stages = _stage_layers(facts, "model.cuda_graph.language")
     # Every layer is captured: whole, or of an MoE layer its attention (check_language_ladder refused other scopes).
@@ -741,7 +741,6 @@ def _plan_language(
         captured_per_stage=captured,
         graphs_per_unit=per_unit,
         graphs_per_stage=tuple(len(units) * per_unit for units in segments),
-        static_inputs=padded.static_inputs if padded else (),
         warmup_steps=steps,
         packed=packed,
         padded=padded,

@@ -161,7 +161,6 @@ class LanguagePlan:
             micro-batch of the step (with a pipeline several micro-batches are in flight, and each needs its own
             static buffers); packed: one per budget and in-flight copy.
         graphs_per_stage: Graphs each rank of a stage captures: ``units x graphs_per_unit``.
-        static_inputs: Captured inputs of every padded graph (packed graphs keep theirs per budget, :attr:`packed`).
         warmup_steps: Eager steps before capture, resolved (see :func:`_warmups`).
         packed: The packed (THD) graphs when the data path packs, else None (one static BSHD shape).
         padded: The padded (BSHD) graphs when the data path pads, else None.
@@ -183,7 +182,6 @@ class LanguagePlan:
     captured_per_stage: tuple[int, ...]
     graphs_per_unit: int
     graphs_per_stage: tuple[int, ...]
-    static_inputs: tuple[StaticInput, ...]
     warmup_steps: int
     packed: PackedLanguagePlan | None = None
     padded: PaddedLanguagePlan | None = None
@@ -198,6 +196,12 @@ class LanguagePlan:
     def graphs(self) -> int:
         """Graphs on the busiest rank."""
         return max(self.graphs_per_stage, default=0)
+
+    @property
+    def static_inputs(self) -> tuple[StaticInput, ...]:
+        """Captured inputs of every padded graph (:attr:`padded`'s); packed graphs keep theirs per budget
+        (:attr:`packed`)."""
+        return self.padded.static_inputs if self.padded is not None else ()
 
     @property
     def ladder(self) -> PackedLanguagePlan | PaddedLanguagePlan | None:
