@@ -22,7 +22,7 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -40,22 +40,12 @@ PADDED_CONTROL = "eager_padded_repeat"
 #: Every variant in run order (the control last), its colour in the plot and what it is.
 _VARIANT_ROWS = """\
 eager_packed #4e79a7 Bridge's default: graphs off, in-batch packing
-eager_packed_fused #76b7b2 eager_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)
 eager_padded #9e9e9e graphs off, every row padded to seq_length
 upstream_padded #f28e2b upstream's TE graphs (megatron-core/Bridge helpers), padded
 ours_padded #8cd17d bridge_cudagraph: BSHD language + vision graphs, padded
-ours_padded_layer_graphs #b6e3a8 ours_padded with one language graph per layer (language.graph_unit=layer)
-ours_padded_megatron #8cd17d ours_padded_layer_graphs on megatron-core's TECudaGraphHelper instead of the ladder
 ours_padded_language #59a14f ours_padded with the language graphs only (vision graphs off)
-ours_padded_vision #d4f0cc ours_padded with the vision graphs only (language graphs off)
 eager_padded_repeat #c9c9c9 eager_padded again (the padded loss curve's noise floor)
 ours_packed #59a14f bridge_cudagraph: packed (THD) language + vision graphs
-ours_packed_rows #b6992d ours_packed with tight packing off (each micro-batch replays its rows' full width)
-ours_packed_halvings #d4a6c8 ours_packed with the former vision ladder (the data's top and three halvings)
-ours_packed_bridge_packing #e15759 ours_packed with Bridge's forward packing the step's rows itself
-ours_packed_autograd_grads #9c755f ours_packed with its graphs' parameter gradients left to autograd and DDP's hooks
-ours_packed_device_grid #bab0ac ours_packed with the vision grid read back from the GPU (waits for the queue)
-ours_packed_fused #2e7d32 ours_packed with model.gradient_accumulation_fusion=true (TE's layers fuse)
 eager_packed_repeat #a0cbe8 eager_packed again (run-to-run noise floor)
 """
 _VARIANT_TABLE = [row.split(maxsplit=2) for row in _VARIANT_ROWS.splitlines()]
@@ -68,41 +58,20 @@ BASELINE = "eager_packed"
 #: The pair measured side by side, steps interleaved (ratios: first's step ms over the second's), unless ``--paired``.
 PAIRED = ("eager_packed", "ours_packed")
 PACKED, PADDED = "packed", "padded"
-#: The graphs-off variant of the same form: the parity reference (of ours_packed_fused, recorded: eager_packed_fused).
+#: The graphs-off variant of the same form: the parity reference.
 REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
 #: Every variant some variant's parity is taken against (each keeps its fixed-batch loss and profile).
 REFERENCES = tuple(REFERENCE.values())
 #: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
 REFUSED = "refused"
-#: Our packed and padded graph variants; of the packed, those with tight packing on (ours_packed_rows: the rows).
+#: Our packed and padded graph variants.
 PACKED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_packed"))
 PADDED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_padded"))
-TIGHT = tuple(v for v in PACKED_GRAPHED if v != "ours_packed_rows")
 #: The part of ours_padded that ``--variants`` may add: the fields it replaces of ours_padded's block, per submodule.
 PADDED_PARTS: dict[str, dict[str, dict[str, Any]]] = {"ours_padded_language": {"vision": {"enabled": False}}}
-#: The padded variant whose language graphs were megatron-core's ``TECudaGraphHelper``.
-MEGATRON_ENGINE = ("ours_padded_megatron",)
 GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
-#: The variants trained with ``model.gradient_accumulation_fusion=true``.
-FUSED = ("eager_packed_fused", "ours_packed_fused")
 #: The variants whose one extra step runs under :func:`benchmarks.host_syncs.census` (eager_packed for comparison).
 HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
-#: One lever each (:data:`LEVERS` pairs them). Only :data:`PADDED_PARTS` still run; the others' questions are answered
-#: (``results/packed-2b-levers/``, ``results/padded-gradients/``) and their recorded runs render.
-LEVER_VARIANTS = (*(v for v in ORDER if v not in (*VARIANTS, *MEGATRON_ENGINE, PADDED_CONTROL, *FUSED)), *FUSED)
-#: The levers of the packed step: (lever, the variant without it, the variant with it).
-_LEVER_ROWS = """\
-tight packing | ours_packed_rows | ours_packed
-vision rungs 1.25x apart, not halvings | ours_packed_halvings | ours_packed
-the step's rows handed flat, not packed by Bridge's forward | ours_packed_bridge_packing | ours_packed
-parameter gradients summed by a graph per backward, not by autograd and DDP's hook one by one \
-| ours_packed_autograd_grads | ours_packed
-the vision grid from the collate's host copy, not read back from the GPU | ours_packed_device_grid | ours_packed
-gradient-accumulation fusion, graphed | ours_packed | ours_packed_fused
-padded rows on the ladder, not megatron-core's helper | ours_padded_megatron | ours_padded_layer_graphs
-gradient-accumulation fusion, eager | eager_packed | eager_packed_fused
-"""
-LEVERS = tuple((a, without, with_) for a, without, with_ in (r.split(" | ") for r in _LEVER_ROWS.splitlines()))
 #: The micro-batch form each variant trains on, which its name says (every padded variant's has ``_padded``).
 FORM = {v: PADDED if "_padded" in v else PACKED for v in LABELS}
 #: The target for ours_packed over eager_packed (useful tokens/s): on the 2B shape, and per ``meta.config.model``.
@@ -418,7 +387,7 @@ def token_slots(
     if FORM[variant] == PADDED:
         return mb.padded_tokens
     if variant in PACKED_GRAPHED:
-        tokens = mb.tight_tokens if tight and variant in TIGHT and mb.tight_tokens else mb.packed_tokens
+        tokens = mb.tight_tokens if tight and mb.tight_tokens else mb.packed_tokens
         return PackedLayout(tuple(budgets), max_sequences, 1).budget_for(tokens, mb.rows) or mb.packed_tokens
     return mb.packed_tokens
 
@@ -742,85 +711,6 @@ def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
     return ["## Vision encoder and MFU", "", *_table(header, rows), "", note, ""]
 
 
-def _change(new: float | None, old: float | None) -> float | None:
-    return new / old - 1.0 if new is not None and old else None
-
-
-def lever_row(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> list[str]:
-    """One row of the lever table: the pair's numbers, the variant without the lever first."""
-    a, b = variants.get(without) or {}, variants.get(with_) or {}
-    head = [lever, f"{without} → {with_}"]
-    broken = [f"{n} {r.get('status') or 'not run'}" for n, r in ((without, a), (with_, b)) if r.get("status") != "ok"]
-    if broken:
-        return [*head, "not compared: " + ", ".join(broken), *(["n/a"] * 4)]
-
-    def both(cell: Callable[[Mapping[str, Any]], str]) -> str:
-        return f"{cell(a)} → {cell(b)}"
-
-    ratio = speedup(b, a)
-    return [
-        *head,
-        both(lambda r: fmt_ms(r.get("kernel_ms_per_step"))),
-        both(lambda r: f"{fmt_ms(r.get('step_ms_median'))} ({fmt_ms(r.get('step_ms_iqr'))})"),
-        both(lambda r: _fmt(r.get("useful_tokens_per_s"), ",.0f"))
-        + f" ({'n/a' if ratio is None else f'{ratio:.3f}x'})",
-        both(lambda r: _fmt(r.get("fill_fraction"), ".0%")),
-        both(_fmt_peak),
-    ]
-
-
-def lever_verdict(lever: str, without: str, with_: str, variants: Mapping[str, Any]) -> str | None:
-    """One sentence on what the lever did: the median step's change against the noise floor and the pair's own step
-    spread, and the profiled kernel time's change (the less noisy signal); None unless both finished."""
-    a, b = variants.get(without) or {}, variants.get(with_) or {}
-    if a.get("status") != "ok" or b.get("status") != "ok":
-        return None
-    sa, sb = _num(a.get("step_ms_median")), _num(b.get("step_ms_median"))
-    change = _change(sb, sa)
-    floor = step_noise_floor(variants)
-    spreads = [(_num(r.get("step_ms_iqr")), _num(r.get("step_ms_median"))) for r in (a, b)]
-    # The larger step IQR over its median (a host-bound step's host time varies from step to step).
-    spread = max((iqr / median for iqr, median in spreads if iqr is not None and median), default=None)
-    if change is None:
-        step = "median step not measured"
-    else:
-        step = f"median step {fmt_ms(sa)} → {fmt_ms(sb)} ms ({change:+.1%})"
-        if floor is None:
-            step += f", not judged: no noise floor ({CONTROL} did not run)"
-        else:
-            # The control's median moves less than a graphed variant's steps spread: shown only beyond both.
-            why = f"the noise floor of {floor:.1%} ({CONTROL} against {BASELINE})"
-            if spread is not None:
-                why += f" and the larger step IQR of the two, {spread:.1%} of its median"
-            if abs(change) > max(floor, spread or 0.0):
-                step += f", beyond {why}: {with_}'s step is {'shorter' if change < 0 else 'longer'}"
-            else:
-                step += f", within {why}: no step-time difference shown"
-    ka, kb = _num(a.get("kernel_ms_per_step")), _num(b.get("kernel_ms_per_step"))
-    missed = [n for n, r in ((without, a), (with_, b)) if kernel_time_missed(r)]
-    if ka is None or kb is None:
-        kernel = "kernel time not profiled"
-    elif missed:
-        kernel = f"kernel time not compared (the profiler missed the graph kernels of {', '.join(missed)})"
-    else:
-        kernel = f"kernel time per profiled step {fmt_ms(ka)} → {fmt_ms(kb)} ms ({_change(kb, ka):+.1%})"
-    return f"- **{lever}** ({without} → {with_}): {step}; {kernel}."
-
-
-def lever_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Levers``: each pair of :data:`LEVERS` the run holds, side by side, and its :func:`lever_verdict`."""
-    variants = data.get("variants") or {}
-    pairs = [lever for lever in LEVERS if lever[1] in variants and lever[2] in variants]
-    if not pairs:
-        return []
-    header = (
-        "lever | without → with | kernel ms/step (profiled) | step ms median (IQR) | useful tok/s (with / without) | "
-        "fill | peak GiB allocated / reserved"
-    )
-    out = ["## Levers", "", *_table(header, [lever_row(*lever, variants) for lever in pairs]), ""]
-    return [*out, *(line for line in (lever_verdict(*lever, variants) for lever in pairs) if line), ""]
-
-
 def host_syncs_section(data: Mapping[str, Any]) -> list[str]:
     """``## Host waits on the GPU``: per variant of :data:`HOST_SYNC_VARIANTS` that recorded a census, its waits in
     one training step and the sites that ask for most of them (:func:`benchmarks.host_syncs.census_lines`)."""
@@ -969,7 +859,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     )
     out += ["", *table(data), "", "![useful tokens per second per variant](useful_tokens.png)", ""]
     out += [*_verdict_lines(data), *_notes(data), ""]
-    for section in (lever_section, memory_section, encoder_and_mfu_section, remaining_time, host_syncs_section):
+    for section in (memory_section, encoder_and_mfu_section, remaining_time, host_syncs_section):
         out += section(data)
     out += ["## How it is measured", "", *HOW, ""]
     return "\n".join(out)
@@ -1052,16 +942,10 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
         parity, ok = rec.get("parity") or {}, rec.get("status") == "ok"
         steps = parity.get("steps") or {}
         if ok and steps and parity.get("reference") != name:
-            expected = (
-                " (expected to differ: the fused weight-gradient sum rounds differently; only a non-finite loss fails "
-                "it)"
-                if name in FUSED and parity.get("reference") not in FUSED
-                else ""
-            )
             notes.append(
                 f"- {name}: step losses vs {parity.get('reference')}: {steps.get('exact_steps')} of "
                 f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}, max rel diff "
-                f"{_fmt_rel(steps.get('max_rel'))}{expected}."
+                f"{_fmt_rel(steps.get('max_rel'))}."
             )
         if ok and (cross := parity.get("vs_eager_packed_loss_tokens")):
             notes.append(
@@ -1070,11 +954,6 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
             )
         if ok and (problems := counter_problems(rec.get("counters") or {})):
             notes.append(f"- **{name}: its graphs were not what was timed**: {'; '.join(problems)}.")
-        if ok and name in FUSED:
-            notes.append(
-                f"- {name}: {rec.get('te_modules_fusing', 'n/a')} Transformer Engine modules accumulate their weight "
-                "gradient into main_grad themselves (gradient_accumulation_fusion)."
-            )
         if rec.get("gpu_busy_note"):
             notes.append(f"- {name}: {rec['gpu_busy_note']}")
         if rec.get("profile_error"):

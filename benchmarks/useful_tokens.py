@@ -551,10 +551,10 @@ def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
 
 
 def packs_tightly(variant: str, plan: CapturePlan) -> bool:
-    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: a packed graph variant of
-    :data:`~benchmarks.report.TIGHT`, except on an MoE model, whose plan keeps tight packing off (its router's losses
-    count each row's padding, as Bridge's step routes it)."""
-    return variant in report.TIGHT and not plan.facts.num_moe_experts
+    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: a packed graph variant,
+    except on an MoE model, whose plan keeps tight packing off (its router's losses count each row's padding, as
+    Bridge's step routes it)."""
+    return variant in PACKED_GRAPHED and not plan.facts.num_moe_experts
 
 
 def check_param_grads(variant: str, capture: dict) -> None:
@@ -1068,15 +1068,11 @@ def paired_skip_reason(
 
 def failed_variants(data: dict, chosen: Sequence[str] | None = None) -> list[str]:
     """Of the variants asked for, those that did not finish (a refusal by the plan answers what was asked: not a
-    failure). Asked: ``chosen`` (``--variants``); without it eager_packed, ours_packed and the padded graph and lever
-    variants that ran, so a run that ended before ours_packed still fails."""
+    failure). Asked: ``chosen`` (``--variants``); without it eager_packed, ours_packed and the padded graph variants
+    that ran, so a run that ended before ours_packed still fails."""
     variants = data.get("variants") or {}
-    optional = (*report.PADDED_GRAPHED, *report.LEVER_VARIANTS)
-    asked = (
-        tuple(chosen)
-        if chosen is not None
-        else (report.BASELINE, "ours_packed", *(n for n in optional if n in variants))
-    )
+    optional = (n for n in report.PADDED_GRAPHED if n in variants)
+    asked = tuple(chosen) if chosen is not None else (report.BASELINE, "ours_packed", *optional)
     return [n for n in asked if (variants.get(n) or {}).get("status") not in (OK, report.REFUSED)]
 
 

@@ -1,7 +1,7 @@
-"""The useful-tokens benchmark's lever variants, CPU parts: their forms, references, run order and token slots; the
-retired levers (rendered from recorded runs, no longer run) and the one part of ours_padded that still runs;
-``--paired``; and how the report reads them (the lever section against the control's noise floor, the paired phase
-of another pair, the host-wait census)."""
+"""The useful-tokens benchmark's optional variants, CPU parts: their forms, references, run order and token slots;
+the retired levers (answered in results/packed-2b-levers/ and results/padded-gradients/, no longer run) and the one
+part of ours_padded that still runs; ``--paired``; and how the report reads them (the paired phase of another pair,
+the host-wait census)."""
 
 from __future__ import annotations
 
@@ -17,36 +17,42 @@ from benchmarks.tests.useful_tokens_runs import offline_run
 GIB = 2**30
 BUDGETS = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)
 LEVERS = "eager_packed,eager_padded,ours_padded,ours_padded_language,ours_packed"
+#: The levers whose questions are answered: no longer run, refused on the command line, no provider.
+RETIRED = (
+    "eager_packed_fused",
+    "ours_padded_layer_graphs",
+    "ours_padded_megatron",
+    "ours_padded_vision",
+    "ours_packed_rows",
+    "ours_packed_halvings",
+    "ours_packed_bridge_packing",
+    "ours_packed_autograd_grads",
+    "ours_packed_device_grid",
+    "ours_packed_fused",
+)
 
 
 @pytest.mark.fast
-def test_the_lever_variants_forms_references_and_run_order():
-    for name in report.LEVER_VARIANTS:
-        form = report.PADDED if name in report.PADDED_GRAPHED else report.PACKED
-        assert report.FORM[name] == form and name in report.LABELS and name in report.COLORS, name
+def test_the_optional_variants_forms_references_and_run_order():
+    for name in (*report.PADDED_PARTS, report.PADDED_CONTROL):
+        assert report.FORM[name] == report.PADDED and name in report.LABELS and name in report.COLORS, name
         assert name not in report.VARIANTS  # opt-in: the default list is unchanged
-    for name in report.PADDED_GRAPHED[1:]:  # ours_padded's parts (of recorded runs but one): graphed, vs eager_padded
+    for name in report.PADDED_GRAPHED[1:]:  # ours_padded's parts: graphed, vs eager_padded
         assert name in report.GRAPHED and report.reference_of(name) == "eager_padded"
         assert report.ORDER.index("ours_padded") < report.ORDER.index(name) < report.ORDER.index("ours_packed")
-    assert report.reference_of("ours_packed_rows") == "eager_packed"
-    assert report.reference_of("eager_packed_fused") == "eager_packed"
     assert report.reference_of("ours_packed") == report.reference_of("eager_packed") == "eager_packed"
     assert report.reference_of("ours_padded") == "eager_padded"
     assert set(report.REFERENCES) == {"eager_packed", "eager_padded"}
-    assert {"ours_packed_rows", "ours_packed_fused"} <= set(report.GRAPHED)
-    assert "eager_packed_fused" not in report.GRAPHED
-    assert report.TIGHT == tuple(v for v in report.PACKED_GRAPHED if v != "ours_packed_rows")
+    assert report.PACKED_GRAPHED == ("ours_packed",) and "eager_padded_repeat" not in report.GRAPHED
     # the eager ones first (each reference before the variants compared with it), the graphs after
     order = report.ORDER
-    assert order.index("eager_packed_fused") < order.index("ours_packed") < order.index("ours_packed_fused")
     assert [v for v in order if v in report.VARIANTS] == list(report.VARIANTS)
-    assert set(order) == {*report.VARIANTS, *report.LEVER_VARIANTS, *report.MEGATRON_ENGINE, report.PADDED_CONTROL}
-    assert not set(report.MEGATRON_ENGINE) & set(report.LEVER_VARIANTS)  # rendered from recorded runs, never run
+    assert set(order) == {*report.VARIANTS, *report.PADDED_PARTS, report.PADDED_CONTROL}
     args = useful_tokens.parse_args(["--out", "x", "--variants", "ours_padded_language,eager_padded,eager_packed"])
     assert useful_tokens.check_args(args) is None
     assert useful_tokens.chosen_variants(args) == ("eager_packed", "eager_padded", "ours_padded_language")
     # the retired levers are no longer run: asking for one is refused before anything runs
-    for retired in (v for v in report.LEVER_VARIANTS if v not in report.PADDED_PARTS):
+    for retired in RETIRED:
         args = useful_tokens.parse_args(["--out", "x", "--variants", f"eager_packed,{retired}"])
         assert "the small model measures" in useful_tokens.check_args(args), retired
     # the defaults stay: dense models their five, MoE models theirs
@@ -58,17 +64,15 @@ def test_the_lever_variants_forms_references_and_run_order():
 
 
 @pytest.mark.fast
-def test_ours_packed_rows_fills_the_budget_of_its_rows_not_of_the_tight_tokens():
+def test_ours_packed_fills_the_budget_of_its_tight_tokens_or_of_its_rows():
     a = MicroBatch(rows=2, width=640, real_tokens=891, loss_tokens=254, packed_tokens=1280, padded_tokens=8192,
                    patches=1600, images=2, tight_tokens=912)  # fmt: skip
     assert report.token_slots("ours_packed", a, BUDGETS, 2, tight=True) == 1024  # T' = 912's rung
-    assert report.token_slots("ours_packed_fused", a, BUDGETS, 2, tight=True) == 1024
-    # tight packing off: T = 1280's rung, whatever the caller says
-    assert report.token_slots("ours_packed_rows", a, BUDGETS, 2, tight=True) == 2048
-    assert report.token_slots("ours_packed_rows", a, BUDGETS, 2) == 2048
-    assert report.token_slots("eager_packed_fused", a, BUDGETS, 2, tight=True) == 1280  # eager: T itself
-    m = report.variant_metrics("ours_packed_rows", [a], [[0]], [0], [100.0], budgets=BUDGETS, max_sequences=2,
-                               tight=True)  # fmt: skip
+    # tight packing off (an MoE plan): T = 1280's rung
+    assert report.token_slots("ours_packed", a, BUDGETS, 2) == 2048
+    assert report.token_slots("eager_packed", a, BUDGETS, 2, tight=True) == 1280  # eager: T itself
+    assert report.token_slots("ours_padded", a, BUDGETS, 2, tight=True) == 8192  # padded: rows x seq_length
+    m = report.variant_metrics("ours_packed", [a], [[0]], [0], [100.0], budgets=BUDGETS, max_sequences=2)
     assert m["token_slots"] == 2048 and m["fill_fraction"] == pytest.approx(891 / 2048)
 
 
@@ -119,7 +123,7 @@ def test_the_retired_levers_have_no_provider_and_no_variant_fuses():
     runs = (*report.VARIANTS, *report.PADDED_PARTS, report.PADDED_CONTROL, report.CONTROL)
     got = {v: useful_tokens.variant_provider(run, v) for v in runs if v != "upstream_padded"}
     assert all(provider_fields(p)["gradient_accumulation_fusion"] is False for p in got.values())
-    for retired in (*(v for v in report.LEVER_VARIANTS if v not in report.PADDED_PARTS), *report.MEGATRON_ENGINE):
+    for retired in RETIRED:
         with pytest.raises(ValueError, match=f"no provider of '{retired}'"):
             useful_tokens.variant_provider(run, retired)
     assert useful_tokens.refusal(run, "ours_packed") is None
@@ -143,11 +147,11 @@ def test_ours_padded_parts_change_only_their_fields():
 
 
 @pytest.mark.fast
-def test_a_lever_variant_that_ran_and_failed_fails_the_run():
-    # a lever variant that was run and failed fails the run; one not run does not
+def test_a_part_of_ours_padded_that_ran_and_failed_fails_the_run():
+    # a part of ours_padded that was run and failed fails the run; one not run does not
     ok = {"status": "ok"}
-    data = {"variants": {"eager_packed": ok, "ours_packed": ok, "eager_packed_fused": {"status": "failed"}}}
-    assert useful_tokens.failed_variants(data) == ["eager_packed_fused"]
+    data = {"variants": {"eager_packed": ok, "ours_packed": ok, "ours_padded_language": {"status": "failed"}}}
+    assert useful_tokens.failed_variants(data) == ["ours_padded_language"]
     assert useful_tokens.failed_variants({"variants": {"eager_packed": ok, "ours_packed": ok}}) == []
 
 
@@ -169,12 +173,13 @@ def _v(step_ms: float, kernel_ms: float | None, fill: float, peaks: tuple[float,
 
 
 def _levers(**changes) -> dict:
+    padded = {"form": "padded"}
     variants = {
         "eager_packed": _v(1000.0, 600.0, 0.7, (40, 44), parity={"reference": "eager_packed"}),
-        "eager_packed_fused": _v(990.0, 590.0, 0.7, (40, 44), te_modules_fusing=112),
+        "eager_padded": _v(1100.0, 700.0, 0.3, (50, 54), **padded),
+        "ours_padded": _v(900.0, 690.0, 0.3, (52, 56), **padded),
+        "ours_padded_language": _v(950.0, 690.0, 0.3, (51, 55), **padded),
         "ours_packed": _v(1e6 / 1500, 400.0, 0.6, (31, 34)),
-        "ours_packed_rows": _v(800.0, 500.0, 0.5, (30, 32)),
-        "ours_packed_fused": _v(650.0, 390.0, 0.6, (31, 34), te_modules_fusing=112),
         report.CONTROL: _v(1020.0, None, 0.7, (40, 44)),  # its step 2.0% from eager_packed's: the noise floor
     }
     for name, rec in changes.items():
@@ -186,78 +191,21 @@ def _levers(**changes) -> dict:
 
 
 @pytest.mark.fast
-def test_the_lever_section_compares_each_pair_against_the_noise_floor():
-    data = _levers()
-    assert data["summary"]["step_noise_floor"] == pytest.approx(0.02)
-    lines = report.lever_section(data)
-    assert lines[0] == "## Levers"
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[4:] if line.startswith("| ")}
-    assert list(rows) == [
-        "tight packing",
-        "gradient-accumulation fusion, graphed",
-        "gradient-accumulation fusion, eager",
-    ]
-    assert rows["tight packing"] == (
-        "| tight packing | ours_packed_rows → ours_packed | 500.0 → 400.0 | 800.0 (3.00) → 666.7 (3.00) | "
-        "1,250 → 1,500 (1.200x) | 50% → 60% | 30.0 / 32.0 → 31.0 / 34.0 |"
-    )
-    assert "| 666.7 (3.00) → 650.0 (3.00) | 1,500 → 1,538 (1.026x) |" in rows["gradient-accumulation fusion, graphed"]
-    md = "\n".join(lines)
-    # 800 -> 666.7 ms is 16.7% shorter, beyond the 2.0% floor and the IQRs (3 ms: 0.45% of 666.7); the kernel time
-    # separately
-    assert (
-        "- **tight packing** (ours_packed_rows → ours_packed): median step 800.0 → 666.7 ms (-16.7%), beyond the "
-        "noise floor of 2.0% (eager_packed_repeat against eager_packed) and the larger step IQR of the two, 0.5% of "
-        "its median: ours_packed's step is shorter; kernel time per profiled step 500.0 → 400.0 ms (-20.0%)."
-    ) in md
-    # 666.7 -> 650 ms: 2.5% shorter, just beyond 2.0%
-    assert "(ours_packed → ours_packed_fused): median step 666.7 → 650.0 ms (-2.5%), beyond the noise" in md
-    # 1000 -> 990 ms: 1.0%, within the floor: no step-time claim, the kernel time still stated
-    assert (
-        "(eager_packed → eager_packed_fused): median step 1000.0 → 990.0 ms (-1.0%), within the noise floor of 2.0% "
-        "(eager_packed_repeat against eager_packed) and the larger step IQR of the two, 0.3% of its median: no "
-        "step-time difference shown; kernel time per profiled step 600.0 → 590.0 ms (-1.7%)."
-    ) in md
-    full = report.render_markdown(data)
-    assert "## Levers" in full and "- eager_packed_fused: 112 Transformer Engine modules accumulate" in full
-
-
-@pytest.mark.fast
-def test_the_lever_section_without_a_control_a_failure_or_a_missed_kernel_time():
-    no_control = "\n".join(report.lever_section(_levers(eager_packed_repeat=None)))
-    assert "(-16.7%), not judged: no noise floor (eager_packed_repeat did not run); kernel time" in no_control
-    failed = _levers(ours_packed_fused={"status": "failed", "error": "RuntimeError: no fusing module"})
-    md = "\n".join(report.lever_section(failed))
-    assert "| gradient-accumulation fusion, graphed | ours_packed → ours_packed_fused | not compared: " in md
-    assert "ours_packed_fused failed |" in md and "(ours_packed → ours_packed_fused): median" not in md
-    # only the pairs the run holds: no eager_packed_fused, no eager fusion row (and nothing at all without levers)
-    md = "\n".join(report.lever_section(_levers(eager_packed_fused=None, ours_packed_fused=None)))
-    assert "tight packing" in md and "fusion" not in md
-    assert report.lever_section(_levers(eager_packed_fused=None, ours_packed_fused=None, ours_packed_rows=None)) == []
-    missed = _levers()
-    missed["variants"]["ours_packed_fused"]["gpu_busy_source"] = "eager_kernel_time"
-    md = "\n".join(report.lever_section(missed))
-    assert "kernel time not compared (the profiler missed the graph kernels of ours_packed_fused)" in md
-
-
-@pytest.mark.fast
-def test_the_table_shows_the_lever_variants_that_ran_in_run_order(tmp_path):
+def test_the_table_shows_the_optional_variants_that_ran_in_run_order(tmp_path):
     data = _levers()
     assert report.shown(data) == [
         "eager_packed",
-        "eager_packed_fused",
         "eager_padded",
         "upstream_padded",
         "ours_padded",
+        "ours_padded_language",
         "ours_packed",
-        "ours_packed_rows",
-        "ours_packed_fused",
         report.CONTROL,
     ]
     path = tmp_path / "useful_tokens.json"
     path.write_text(json.dumps(data))
     out = report.render(path)
-    assert out["png"] is not None and "| ours_packed_fused | 1,538 |" in out["md"].read_text()
+    assert out["png"] is not None and "| ours_padded_language | 1,053 |" in out["md"].read_text()
 
 
 @pytest.mark.fast
@@ -265,7 +213,7 @@ def test_a_paired_phase_of_another_pair_is_reported_as_that_pair_and_judges_no_t
     data = _levers()
     data["paired"] = {
         "status": "ok",
-        "variants": ["ours_packed", "ours_packed_fused"],
+        "variants": ["ours_padded", "ours_padded_language"],
         "ratios": [1.02] * 10,
         "peak_memory_bytes": 60 * 2**30,
         "peak_reserved_bytes": 64 * 2**30,
@@ -276,15 +224,15 @@ def test_a_paired_phase_of_another_pair_is_reported_as_that_pair_and_judges_no_t
     md = report.render_markdown(data)
     assert "**ours_packed vs eager_packed (useful tokens/s)**: separate runs 1.50x; not paired in this run." in md
     assert (
-        "- **ours_packed_fused vs ours_packed (useful tokens/s, `--paired`)**: paired (both models alive, steps "
-        "interleaved) median per-pair ratio ours_packed ms / ours_packed_fused ms 1.020x"
+        "- **ours_padded_language vs ours_padded (useful tokens/s, `--paired`)**: paired (both models alive, steps "
+        "interleaved) median per-pair ratio ours_padded ms / ours_padded_language ms 1.020x"
     ) in md
-    assert "(10 with ours_packed_fused faster)" in md
+    assert "(10 with ours_padded_language faster)" in md
     assert "within-call 95% interval [" in md  # the spread it states is the one within this call
     assert "both models' peak 60.0 / 64.0 GiB allocated / reserved" in md  # memory next to the speed figure
     text = report.text_table(data)
     assert "ours_packed vs eager_packed: separate 1.50x; not paired; target" in text
-    assert "ours_packed_fused vs ours_packed: paired" in text
+    assert "ours_padded_language vs ours_padded: paired" in text
 
 
 @pytest.mark.fast
@@ -292,20 +240,17 @@ def test_the_host_waits_section_lists_each_census():
     data = _levers()
     data["variants"]["eager_packed"]["host_syncs"] = {"total": 9, "sites": [["bridge/x.py:10 f", 6]]}
     data["variants"]["ours_packed"]["host_syncs"] = {"total": 2, "sites": [["megatron/y.py:5 g", 2]]}
-    data["variants"]["ours_packed_fused"]["host_syncs_error"] = "RuntimeError: boom"
+    data["variants"][report.CONTROL]["host_syncs_error"] = "RuntimeError: boom"
     lines = report.host_syncs_section(data)
     assert lines[:2] == ["## Host waits on the GPU (one training step)", ""]
     assert lines[2:5] == [
         "- eager_packed: 9 host waits on the GPU in one step; most from: 6 x `bridge/x.py:10 f`.",
         "- ours_packed: 2 host waits on the GPU in one step; most from: 2 x `megatron/y.py:5 g`.",
-        "- ours_packed_fused: census failed: RuntimeError: boom",
+        "- eager_packed_repeat: census failed: RuntimeError: boom",
     ]
     assert "## Host waits on the GPU" in report.render_markdown(data)
     assert report.host_syncs_section(_levers()) == []
     assert set(report.HOST_SYNC_VARIANTS) == {"eager_packed", *report.PACKED_GRAPHED}
-    assert {"ours_packed", "ours_packed_rows", "ours_packed_halvings", "ours_packed_fused"} <= set(
-        report.PACKED_GRAPHED
-    )
 
 
 def test_ours_packed_vision_rungs_are_at_most_1_25x_apart():
@@ -318,27 +263,11 @@ def test_ours_packed_vision_rungs_are_at_most_1_25x_apart():
 
 
 @pytest.mark.fast
-def test_a_step_change_within_the_variants_own_spread_is_not_claimed():
-    """The control's median moves by 2%, but ours_packed_fused's steps spread by 10% (IQR 65 ms of 650): a 2.5%
-    shorter median is not shown as a step-time difference, whatever the floor."""
-    fused = _v(650.0, 390.0, 0.6, (31, 34), te_modules_fusing=112)
-    fused["step_ms_iqr"] = 65.0
-    md = "\n".join(report.lever_section(_levers(ours_packed_fused=fused)))
-    assert (
-        "(ours_packed → ours_packed_fused): median step 666.7 → 650.0 ms (-2.5%), within the noise floor of 2.0% "
-        "(eager_packed_repeat against eager_packed) and the larger step IQR of the two, 10.0% of its median: no "
-        "step-time difference shown; kernel time per profiled step 400.0 → 390.0 ms (-2.5%)."
-    ) in md
-
-
-@pytest.mark.fast
 def test_a_packed_variant_whose_ladders_did_not_sum_their_gradients_is_failed():
     """Each packed graph variant's ladders must sum its parameter gradients in graphs
     (useful_tokens.check_param_grads), else another step than ours_packed's would be timed under its name."""
     from benchmarks.useful_tokens import check_param_grads
 
-    for variant in ("ours_packed_autograd_grads", "ours_packed"):  # the retired lever, still rendered
-        assert any(variant in lever[1:] for lever in report.LEVERS) and report.FORM[variant] == report.PACKED
     summed = {"language": {"param_grads_summed": 227}, "vision": {"param_grads_summed": 314}}
     check_param_grads("ours_packed", summed)
     check_param_grads("eager_packed", {})
