@@ -264,24 +264,6 @@ LARGE_BUDGETS = [1024, 2048, 4096]
 LARGE_SEQ = 2048
 
 
-def _padded_eager(plugin, helper, budget: int, batch):
-    """Loss and gradients of ``plugin`` on ``batch`` with the ``budget`` rung's graphs swapped for the same layers run
-    eagerly on the very static inputs the replay reads (same budget, same padding): what a graph can promise."""
-    from bridge_cudagraph.capture.vision import GraphSet, _PackedVisionLayer
-    from bridge_cudagraph.testing.parity import loss_and_grads
-
-    vision = plugin[0].module.module.vision_model
-    replayed = helper.graphs[budget][0]
-    max_seqlen = min(budget, helper.layout.max_seqlen)  # as the capture gives the rung
-    layers = [_PackedVisionLayer(layer, max_seqlen) for layer in vision.decoder.layers]
-    per_layer = tuple((i, i + 1) for i in range(len(layers)))
-    helper.graphs[budget][0] = GraphSet(layers, replayed.rotary, replayed.cu_seqlens, per_layer)
-    try:
-        return loss_and_grads(plugin, batch)
-    finally:
-        helper.graphs[budget][0] = replayed
-
-
 def test_vision_graphs_at_4096_patches_match_bridge(world, record):
     """Every rung of a ladder up to 4096 patches captured under deterministic kernels at the derived image size
     (none falls back to eager for its workspace or backend), a micro-batch replayed on each rung. The graphs replay
@@ -298,6 +280,7 @@ def test_vision_graphs_at_4096_patches_match_bridge(world, record):
     from bridge_cudagraph.examples.data import qwen3_vl_batch
     from bridge_cudagraph.testing.parity import diff, grads_differ, loss_and_grads
     from bridge_cudagraph.testing.plans import plan_for
+    from tests.gpu._padded_eager import padded_eager_loss_and_grads
 
     cfg = CudaGraphConfig(
         language=LanguageGraphConfig(enabled=False),
@@ -326,7 +309,7 @@ def test_vision_graphs_at_4096_patches_match_bridge(world, record):
     with _replaying_vision_graphs(provider, plugin, plan, record, case, batches, replays_per_batch=2, out=out) as got:
         for name, batch in got.items():
             graphs = loss_and_grads(plugin, batch)
-            padded = _padded_eager(plugin, out["helper"], rungs[name], batch)
+            padded = padded_eager_loss_and_grads(plugin, out["helper"], rungs[name], batch)
             unpadded = loss_and_grads(bridge, batch)
             what = f"qwen3_vl vision graphs at 4096 patches/{name}"
             assert torch.equal(graphs[0], padded[0]), f"{what}: graphs vs padded eager: per-token loss differs"

@@ -94,10 +94,10 @@ def _differing(a, b) -> list[str]:
 def test_vision_graphs_replay_the_padded_eager_computation(world, record):
     import torch
 
-    from bridge_cudagraph.capture.vision import GraphSet, _PackedVisionLayer
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.examples.data import qwen3_vl_batch
     from bridge_cudagraph.testing.parity import assert_captured, diff, loss_and_grads, nonfinite_grads
+    from tests.gpu._padded_eager import padded_eager_loss_and_grads
 
     provider, graphed = _build(world, True)
     _, reference = _build(world, False)
@@ -111,7 +111,6 @@ def test_vision_graphs_replay_the_padded_eager_computation(world, record):
     )
     helper.create_cudagraphs()
     assert helper.stats.failed is None, helper.stats.failed
-    vision = graphed[0].module.module.vision_model
 
     padding_changes = 0
     for i, (name, images) in enumerate(SETS.items()):
@@ -125,14 +124,7 @@ def test_vision_graphs_replay_the_padded_eager_computation(world, record):
         assert helper.stats.replays == before + 1, f"{name} did not replay"
 
         # The same layers, eagerly, on the very static inputs the replay reads (same budget, same padding).
-        replayed = helper.graphs[budget][0]
-        eager_layers = [_PackedVisionLayer(layer, min(budget, MAX_PATCHES)) for layer in vision.decoder.layers]
-        per_layer = tuple((i, i + 1) for i in range(len(eager_layers)))
-        helper.graphs[budget][0] = GraphSet(eager_layers, replayed.rotary, replayed.cu_seqlens, per_layer)
-        try:
-            padded = loss_and_grads(graphed, batch)
-        finally:
-            helper.graphs[budget][0] = replayed
+        padded = padded_eager_loss_and_grads(graphed, helper, budget, batch)
         unpadded = loss_and_grads(reference, batch)
 
         for what, res in (("graphs", got), ("padded eager", padded), ("eager", unpadded)):
