@@ -11,8 +11,8 @@ micro-batch, so the static shapes come from a **token budget ladder**, the schem
 * the decoder's input (``T`` tokens) is padded to the smallest captured budget ``B >= T``;
 * the static ``cu_seqlens`` lists the micro-batch's own boundaries (a device-to-device copy, no wait), then
   the unused tail ``[T, B)`` as segments of its own, each at most ``max_seqlen`` long (the static ``max_seqlen``
-  is the longest real segment allowed, not the budget: attention workspaces grow with it, and under
-  ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` a budget-sized one asked for tens of GiB), then zero-length segments up
+  is the longest real segment allowed, not the budget: under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` TE picks
+  its backend by it, :mod:`bridge_cudagraph.plan.determinism`), then zero-length segments up
   to the captured length. No real token attends to the tail, and the tail rows are dropped before the final
   norm, so they add nothing to the loss;
 * the mRoPE embedding ``(T, 1, 1, rotary_dim)`` is a static input (zeros on the tail); the deepstack features

@@ -77,8 +77,8 @@ def padded_cu_seqlens(seqlens: torch.Tensor, budget: int, layout: PackedLayout) 
 class _PackedVisionLayer(torch.nn.Module):
     """One vision layer as a graphable callable with tensor-only inputs: the packed-attention metadata is
     rebuilt inside from the static ``cu_seqlens`` and the static ``max_seqlen``: the longest frame that replays,
-    not the budget, since attention workspaces grow with its square (under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``,
-    :func:`bridge_cudagraph.plan.determinism.workspace_bytes`)."""
+    not the budget, which keeps TE's fused backend under ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``
+    (:func:`bridge_cudagraph.plan.determinism.deterministic_max_seqlen`)."""
 
     def __init__(self, layer: torch.nn.Module, max_seqlen: int) -> None:
         super().__init__()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 
 from bridge_cudagraph.config import CACHED_WALKS, FORWARD_PARTS, CudaGraphConfig, CudaGraphConfigError
 from bridge_cudagraph.parallel.layout import (
@@ -48,8 +49,10 @@ from bridge_cudagraph.plan.checks import (
 )
 from bridge_cudagraph.plan.determinism import (
     DERIVED_WORKSPACE_LIMIT,
+    deterministic_budgets,
     deterministic_kernels,
     deterministic_max_seqlen,
+    why_dropped,
     why_lowered,
     workspace_bytes,
 )
@@ -249,26 +252,24 @@ def _plan_vision(
     else:
         budgets = list(cfg.vision.token_budgets)  # checked by check_model
         derived = False
-    images_source = ""
     smallest = pixels.smallest_patches(v.patch_size) if pixels is not None else 0
-    if cfg.vision.max_images_per_microbatch is None:
-        images = derive_max_segments(budgets, v.spatial_merge_size, smallest or None)
-        images_derived = True
-        if smallest > v.merge_unit * MIN_IMAGE_MERGED_TOKENS:
-            assert pixels is not None  # smallest is 0 without it
-            images_source = (
-                f"{budgets[-1]} // {smallest} (images of >= {smallest} patches: min_pixels {pixels.min_pixels} // "
-                f"{v.patch_size}**2, {pixels.source})"
-            )
-    else:
-        images = cfg.vision.max_images_per_microbatch
-        images_derived = False
+    images, images_derived, images_source = _vision_images(cfg, v, budgets, pixels, smallest)
     longest, patches_source = _max_patches_per_image(cfg, v, budgets, pixels)
-    workspace = 0
+    workspace, budgets_source = 0, ""
     if deterministic:
-        longest, patches_source, workspace = _deterministic_patches(
-            cfg, v, budgets, images, longest, patches_source, smallest
-        )
+        longest, patches_source = _deterministic_patches(cfg, v, budgets, images, longest, patches_source, smallest)
+        if derived:
+            budgets, budgets_source = _deterministic_vision_budgets(
+                cfg, v, budgets, lambda top: _vision_images(cfg, v, [top], pixels, smallest)[0], longest, smallest
+            )
+            images, images_derived, images_source = _vision_images(cfg, v, budgets, pixels, smallest)
+            # Fewer image slots and tail pieces at the kept top: max_seqlen again, from the value before lowering.
+            longest, patches_source = _max_patches_per_image(cfg, v, budgets, pixels, clamp=True)
+            longest, patches_source = _deterministic_patches(
+                cfg, v, budgets, images, longest, patches_source, smallest
+            )
+        heads = v.num_heads // cfg.vision.tensor_parallel_size
+        workspace = workspace_bytes(_vision_segments(budgets, images, longest), heads, budgets[-1])
     cu_length = PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=longest).cu_seqlens_length
     inputs = tuple((b, _vision_static_inputs(v, b, cu_length, facts.dtype)) for b in budgets)
     # Without a pipeline one copy, whatever the count; with one, build_plan has required the count.
@@ -299,18 +300,22 @@ def _plan_vision(
         patches_source=patches_source,
         warmup_source=warmup[1],
         deterministic_workspace=workspace,
+        budgets_source=budgets_source,
     )
 
 
 def _max_patches_per_image(
-    cfg: CudaGraphConfig, v: VisionFacts, budgets: list[int], images: ImageFacts | None
+    cfg: CudaGraphConfig, v: VisionFacts, budgets: list[int], images: ImageFacts | None, *, clamp: bool = False
 ) -> tuple[int, str]:
     """``vision.max_patches_per_image`` resolved, with where a derived one comes from (empty when set): what the data
     path's ``max_pixels`` allows one image (``max_pixels // patch_size**2``), at most the largest budget; else the
-    largest budget. A set value above the largest budget is refused: such an image runs eagerly anyway."""
+    largest budget. A set value above the largest budget is refused (such an image runs eagerly anyway), unless
+    ``clamp``: the ladder lost its top rungs to deterministic kernels, and the value is held to the top kept."""
     top = budgets[-1]
     given = cfg.vision.max_patches_per_image
     if given is not None:
+        if given > top and clamp:
+            return top, f"the top budget kept for deterministic kernels, below the block's {given}"
         if given > top:
             raise CudaGraphConfigError(
                 f"model.cuda_graph.vision.max_patches_per_image={given} is above the largest vision budget {top} "
@@ -328,6 +333,29 @@ def _max_patches_per_image(
     return cap, f"from {derived}"
 
 
+def _vision_images(
+    cfg: CudaGraphConfig, v: VisionFacts, budgets: list[int], pixels: ImageFacts | None, smallest: int
+) -> tuple[int, bool, str]:
+    """``vision.max_images_per_microbatch`` resolved: ``(images, derived, source)``, the source empty where given or
+    derived from images of 4x4 merged tokens (the data path names no floor)."""
+    if cfg.vision.max_images_per_microbatch is not None:
+        return cfg.vision.max_images_per_microbatch, False, ""
+    images = derive_max_segments(budgets, v.spatial_merge_size, smallest or None)
+    if smallest <= v.merge_unit * MIN_IMAGE_MERGED_TOKENS:
+        return images, True, ""
+    assert pixels is not None  # smallest is 0 without it
+    source = (
+        f"{budgets[-1]} // {smallest} (images of >= {smallest} patches: min_pixels {pixels.min_pixels} // "
+        f"{v.patch_size}**2, {pixels.source})"
+    )
+    return images, True, source
+
+
+def _vision_segments(budgets: Sequence[int], images: int, max_seqlen: int) -> int:
+    """The static vision attention's segment count: every image slot and the top budget's tail pieces."""
+    return PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=max_seqlen).cu_seqlens_length - 1
+
+
 def _deterministic_patches(
     cfg: CudaGraphConfig,
     v: VisionFacts,
@@ -336,39 +364,70 @@ def _deterministic_patches(
     longest: int,
     source: str,
     smallest_image: int = 0,
-) -> tuple[int, str, int]:
+) -> tuple[int, str]:
     """``vision.max_patches_per_image`` under TE's deterministic kernels (:mod:`bridge_cudagraph.plan.determinism`),
-    with where it comes from and the workspace cuDNN's deterministic backward asks for at it: a derived one lowered
-    below TE's unfused threshold and the derived workspace limit (a larger image runs eagerly, counted); a set one
-    above the threshold, or a shape where nothing fits, or where what fits is below the data path's smallest image
-    (``smallest_image`` patches: no image would replay), refused with the fix."""
+    with where it comes from: a derived one lowered below TE's unfused threshold (a larger image runs eagerly,
+    counted); a set one above it, or a shape where nothing fits, or where what fits is below the data path's smallest
+    image (``smallest_image`` patches: no image would replay), refused with the fix."""
     where = "model.cuda_graph.vision"
     heads = v.num_heads // cfg.vision.tensor_parallel_size
 
     def segments_at(seqlen: int) -> int:
-        return PackedLayout(tuple(budgets), max_sequences=images, max_seqlen=seqlen).cu_seqlens_length - 1
+        return _vision_segments(budgets, images, seqlen)
 
-    merge = v.spatial_merge_size**2
-    limit = DERIVED_WORKSPACE_LIMIT if source else None  # derived: its workspace within the limit too
-    fits = deterministic_max_seqlen(longest, heads, segments_at, multiple=merge, workspace=limit)
-    if fits != longest:
-        why = why_lowered(segments_at(longest), heads, longest)
-        if fits < max(smallest_image, 1):
-            floor = f" at or above the smallest image ({smallest_image} patches)" if smallest_image else ""
-            raise CudaGraphConfigError(
-                f"{where}: {why}, and no max_patches_per_image{floor} avoids it with {images} images per micro-batch "
-                f"and budgets up to {budgets[-1]} patches; set {where}.max_images_per_microbatch or the top of "
-                f"{where}.token_budgets lower, or {where}.enabled=false for deterministic runs",
-                fix=(f"{where}.enabled=false",),
-            )
-        if not source:  # the block set it
-            raise CudaGraphConfigError(
-                f"{where}.max_patches_per_image={longest}: {why}; set it to {fits} or less (or null: the plan "
-                "lowers it)",
-                fix=(f"{where}.max_patches_per_image={fits}",),
-            )
-        source = f"{source}; lowered from {longest} for deterministic kernels: {why}; a larger image runs eagerly"
-    return fits, source, workspace_bytes(segments_at(fits), heads, fits)
+    fits = deterministic_max_seqlen(longest, heads, segments_at, multiple=v.spatial_merge_size**2)
+    if fits == longest:
+        return longest, source
+    why = why_lowered(segments_at(longest), heads, longest)
+    if fits < max(smallest_image, 1):
+        floor = f" at or above the smallest image ({smallest_image} patches)" if smallest_image else ""
+        raise CudaGraphConfigError(
+            f"{where}: {why}, and no max_patches_per_image{floor} avoids it with {images} images per micro-batch "
+            f"and budgets up to {budgets[-1]} patches; set {where}.max_images_per_microbatch or the top of "
+            f"{where}.token_budgets lower, or {where}.enabled=false for deterministic runs",
+            fix=(f"{where}.enabled=false",),
+        )
+    if not source:  # the block set it
+        raise CudaGraphConfigError(
+            f"{where}.max_patches_per_image={longest}: {why}; set it to {fits} or less (or null: the plan lowers it)",
+            fix=(f"{where}.max_patches_per_image={fits}",),
+        )
+    return fits, f"{source}; lowered from {longest} for deterministic kernels: {why}; a larger image runs eagerly"
+
+
+def _deterministic_vision_budgets(
+    cfg: CudaGraphConfig,
+    v: VisionFacts,
+    budgets: list[int],
+    images_at: Callable[[int], int],
+    max_seqlen: int,
+    smallest_image: int,
+) -> tuple[list[int], str]:
+    """A derived vision ladder under TE's deterministic kernels: its rungs up to the largest whose cuDNN workspace
+    is within :data:`DERIVED_WORKSPACE_LIMIT` (a larger micro-batch runs eagerly, counted), with why (empty where
+    none is dropped), the image slots at each top ``images_at(top)``; refused, with the fix, where not even a rung
+    that holds the data path's smallest image fits."""
+    where = "model.cuda_graph.vision"
+    heads = v.num_heads // cfg.vision.tensor_parallel_size
+
+    def segments_at(top: int) -> int:
+        return _vision_segments([top], images_at(top), min(max_seqlen, top))
+
+    kept = deterministic_budgets(budgets, heads, segments_at, workspace=DERIVED_WORKSPACE_LIMIT)
+    if len(kept) == len(budgets):
+        return budgets, ""
+    why = why_dropped(segments_at(budgets[-1]), heads, budgets[-1])
+    if not kept or kept[-1] < max(smallest_image, 1):
+        floor = f" holding the smallest image ({smallest_image} patches)" if smallest_image else ""
+        raise CudaGraphConfigError(
+            f"{where}: {why}, and no budget{floor} fits with {images_at(budgets[0])} or more images per "
+            f"micro-batch; set {where}.max_images_per_microbatch lower, or {where}.enabled=false for "
+            "deterministic runs",
+            fix=(f"{where}.enabled=false",),
+        )
+    return list(
+        kept
+    ), f"budgets above {kept[-1]} dropped for deterministic kernels: {why}; a larger micro-batch runs eagerly"
 
 
 def offline_max_sequences(seq_length: int) -> int:
@@ -481,9 +540,11 @@ def _plan_packed(
     if sequences is None:
         sequences = offline_max_sequences(facts.seq_length) if offline else mbs
         sequences_source = f"model.seq_length {facts.seq_length} // 32" if offline else "the micro-batch size"
-    max_seqlen, seqlen_source, workspace = row_width, "", 0
+    max_seqlen, seqlen_source, budgets_source, workspace = row_width, "", "", 0
     if deterministic:
-        max_seqlen, seqlen_source, workspace = _deterministic_seqlen(facts, budgets, sequences, row_width)
+        budgets, max_seqlen, seqlen_source, budgets_source, workspace = _deterministic_packed(
+            facts, budgets, derived, sequences, row_width
+        )
     layout = PackedLayout(budgets, max_sequences=sequences, max_seqlen=max_seqlen)
     tight, tight_source = _tight(cfg, facts, packing)
     return PackedLanguagePlan(
@@ -505,38 +566,67 @@ def _plan_packed(
         row_width=row_width,
         max_seqlen_source=seqlen_source,
         deterministic_workspace=workspace,
+        budgets_source=budgets_source,
     )
 
 
-def _deterministic_seqlen(
-    facts: ModelFacts, budgets: tuple[int, ...], sequences: int, row_width: int
-) -> tuple[int, str, int]:
-    """The packed language graphs' static ``max_seqlen`` under TE's deterministic kernels
-    (:mod:`bridge_cudagraph.plan.determinism`), why it is lower than ``row_width`` (empty where it is not) and the
-    workspace cuDNN's deterministic backward asks for at it. The rows' width is the data path's, never a setting, so
-    it is lowered as a derived vision shape is: below TE's unfused threshold and within the derived workspace limit,
-    in steps of Bridge's row rounding; a micro-batch with a longer row runs eagerly (counted), on the backend eager
-    picks for it. Refused, with the fix, where not even one rounding step fits."""
+def _deterministic_packed(
+    facts: ModelFacts, budgets: tuple[int, ...], derived: bool, sequences: int, row_width: int
+) -> tuple[tuple[int, ...], int, str, str, int]:
+    """The packed language graphs' static shape under TE's deterministic kernels
+    (:mod:`bridge_cudagraph.plan.determinism`): ``(budgets, max_seqlen, why max_seqlen is below row_width, why
+    budgets were dropped, workspace)``, the reasons empty where nothing changed. A derived ladder keeps its rungs
+    whose workspace is within the derived limit (a larger micro-batch runs eagerly); a set ladder's workspace is
+    counted, not limited. The rows' width is the data path's, never a setting, so ``max_seqlen`` is then lowered
+    below TE's unfused threshold at the kept top, in steps of Bridge's row rounding (a micro-batch with a longer row
+    runs eagerly, on the backend eager picks for it). Refused, with the fix, where not even one rung or one rounding
+    step fits."""
     heads = facts.num_attention_heads // facts.tp
     step = math.lcm(facts.tp, 16)
-
-    def segments_at(seqlen: int) -> int:
-        return PackedLayout(budgets, max_sequences=sequences, max_seqlen=seqlen).cu_seqlens_length - 1
-
-    fits = deterministic_max_seqlen(row_width, heads, segments_at, multiple=step, workspace=DERIVED_WORKSPACE_LIMIT)
-    if fits == row_width:
-        return row_width, "", workspace_bytes(segments_at(row_width), heads, row_width)
-    why = why_lowered(segments_at(row_width), heads, row_width)
     where = "model.cuda_graph.language"
-    if fits < step:
-        raise CudaGraphConfigError(
-            f"{where}: {why}, and no static max_seqlen of {step} tokens or more avoids it with {sequences} sequences "
-            f"per micro-batch and budgets up to {budgets[-1]} tokens; set {where}.token_budgets or "
-            f"{where}.max_sequences lower, or {where}.enabled=false for deterministic runs",
-            fix=(f"{where}.enabled=false",),
+
+    def segments_at(seqlen: int, top: int) -> int:
+        return PackedLayout((top,), max_sequences=sequences, max_seqlen=seqlen).cu_seqlens_length - 1
+
+    def fused_seqlen(top: int) -> tuple[int, str]:
+        fits = deterministic_max_seqlen(row_width, heads, lambda seqlen: segments_at(seqlen, top), multiple=step)
+        if fits == row_width:
+            return fits, ""
+        why = why_lowered(segments_at(row_width, top), heads, row_width)
+        if fits < step:
+            raise CudaGraphConfigError(
+                f"{where}: {why}, and no static max_seqlen of {step} tokens or more avoids it with {sequences} "
+                f"sequences per micro-batch and budgets up to {top} tokens; set {where}.token_budgets or "
+                f"{where}.max_sequences lower, or {where}.enabled=false for deterministic runs",
+                fix=(f"{where}.enabled=false",),
+            )
+        return (
+            fits,
+            f"lowered from {row_width} for deterministic kernels: {why}; a micro-batch with a longer row runs eagerly",
         )
-    source = f"lowered from {row_width} for deterministic kernels: {why}; a micro-batch with a longer row runs eagerly"
-    return fits, source, workspace_bytes(segments_at(fits), heads, fits)
+
+    fits, seqlen_source = fused_seqlen(budgets[-1])
+    budgets_source = ""
+    if derived:
+        kept = deterministic_budgets(
+            budgets, heads, lambda top: segments_at(min(fits, top), top), workspace=DERIVED_WORKSPACE_LIMIT
+        )
+        if len(kept) < len(budgets):
+            why = why_dropped(segments_at(fits, budgets[-1]), heads, budgets[-1])
+            if not kept:
+                raise CudaGraphConfigError(
+                    f"{where}: {why}, and no budget fits with {sequences} sequences per micro-batch; set "
+                    f"{where}.token_budgets or {where}.max_sequences lower, or {where}.enabled=false for "
+                    "deterministic runs",
+                    fix=(f"{where}.enabled=false",),
+                )
+            budgets_source = (
+                f"budgets above {kept[-1]} dropped for deterministic kernels: {why}; a larger micro-batch runs eagerly"
+            )
+            budgets = kept
+            fits, seqlen_source = fused_seqlen(budgets[-1])  # fewer tail pieces at the kept top
+    workspace = workspace_bytes(segments_at(fits, budgets[-1]), heads, budgets[-1])
+    return budgets, fits, seqlen_source, budgets_source, workspace
 
 
 def _plan_padded(facts: ModelFacts, *, mbs: int, num_mb: int) -> PaddedLanguagePlan:

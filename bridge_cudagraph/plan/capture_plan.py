@@ -100,6 +100,7 @@ class PackedLanguagePlan:
         max_seqlen_source: Why :attr:`max_seqlen` is below :attr:`row_width` (empty where it is not).
         deterministic_workspace: Under TE's deterministic kernels, the workspace cuDNN's deterministic attention
             backward asks for at the static shape of the top budget (counted into the pool estimate); 0 otherwise.
+        budgets_source: Why a derived ladder lost its top rungs under TE's deterministic kernels (empty where not).
     """
 
     token_budgets: tuple[int, ...]
@@ -118,6 +119,7 @@ class PackedLanguagePlan:
     row_width: int = 0
     max_seqlen_source: str = ""
     deterministic_workspace: int = 0
+    budgets_source: str = ""
 
     @property
     def layout(self) -> PackedLayout:
@@ -239,6 +241,7 @@ class VisionPlan:
         deterministic_workspace: Under TE's deterministic kernels, the workspace cuDNN's deterministic attention
             backward asks for at the static shape (bytes, per copy; :mod:`bridge_cudagraph.plan.determinism`); 0
             otherwise.
+        budgets_source: Why a derived ladder lost its top rungs under TE's deterministic kernels (empty where not).
     """
 
     enabled: bool
@@ -259,6 +262,7 @@ class VisionPlan:
     warmup_source: str = ""
     deterministic_workspace: int = 0
     images_source: str = ""
+    budgets_source: str = ""
 
     segments: tuple[tuple[int, int], ...] = ()
     """The layer ranges ``[start, end)`` of one budget's graphs

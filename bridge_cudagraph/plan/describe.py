@@ -118,6 +118,8 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
             if len(packed.token_budgets) > 1
             else f"    derived: every row padded to S {packed.row_width} (pp > 1 or ep > 1)"
         )
+    if packed.budgets_source:
+        budget_lines += textwrap.wrap(packed.budgets_source, 119, initial_indent="    ", subsequent_indent="      ")
     seqlen = "model.seq_length" if packed.row_width == facts.seq_length else f"S {facts.seq_length} in padded rows"
     if packed.max_seqlen_source:
         seqlen = packed.max_seqlen_source
@@ -162,6 +164,8 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
             f"    derived: S {facts.seq_length} x {v.spatial_merge_size}**2 x mbs {mbs} = {most} max, "
             f"{len(vision.token_budgets)} rungs <= {LADDER_RATIO}x apart"
         )
+    if vision.budgets_source:
+        budget_lines += textwrap.wrap(vision.budgets_source, 119, initial_indent="    ", subsequent_indent="      ")
     images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
     images_lines = [images_line]
     if vision.images_derived and vision.images_source:
@@ -185,7 +189,7 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
     if vision.deterministic_workspace:
         patches.append(
             f"  deterministic kernels: cuDNN's attention backward workspace about "
-            f"{vision.deterministic_workspace / 2**30:.1f} GiB at this shape (in the pool estimate)"
+            f"{vision.deterministic_workspace / 2**30:.1f} GiB at the top budget (in the pool estimate)"
         )
     copies = f" x {vision.copies} in-flight copies (pipeline stage 0, 1F1B)" if vision.copies > 1 else ""
     if vision.graph_unit == "layer":
