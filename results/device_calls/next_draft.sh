@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
-# Draft of the next session's device calls (not yet run), on results/device_calls/run113.sh's cases. Runs 110-112
-# (2026-12-06, one H100) ran every one-GPU suite at the rounded deterministic workspace; the H200 was refused twice:
-#   D  #46: the 2B padded set under deterministic kernels with ours_padded (needs the H200: needs_h200, kind
-#      nvidia-h200): the fixed-batch gradient norm against eager_padded's and its repeat, bit for bit expected;
-#   D seq2048 (run113.sh's case D): without the H200, the 2B model at sequence 2048 on an 80 GB H100 (half the
-#      activations; eager_packed, eager_padded, ours_padded_language, eager_padded_repeat): about 330 s, a call of its
-#      own (run 113 gave it 225 s and was cut after the eager references);
-#   D h100: the full 2B shape on the H100 with expandable segments against run 106's fragmentation, now with
-#      NCCL_GRAPH_REGISTER=0, which `train`'s check asks for beside them (run 110 left it out and was refused);
-#   P  the 2B packed headline with its paired phase (89 GiB for both models: the H200), once per call;
-#   W  the deterministic workspace test on the H200 (sm90 too: the same estimate should hold).
+# Draft of the next device calls (not yet run), on run114.sh's cases. Runs 114-115 (2026-12-06, one H100) measured
+# cuDNN's deterministic workspace law and the deterministic 2B padded language graphs bit-exact:
+#   B  #46: the 2B set without deterministic kernels at the final code (eager_packed, eager_padded, ours_padded,
+#      ours_packed, eager_padded_repeat and the packed control): every graphed variant's per-parameter comparison
+#      against its reference and the floor, on the card that comes (80 GB holds it: run 96);
+#   S  every one-GPU suite in eight lanes, the workspace test (the new law) in the deterministic lane;
+#   D  the 2B padded set under deterministic kernels with ours_padded: needs the H200 (needs_h200, kind nvidia-h200);
+#   P  the 2B packed headline with its paired phase (89 GiB for both models: the H200), once per call.
 # Keep results/ out of the call (`git rm -r --cached -q results; echo /results/ >> .git/info/exclude`, undone with
 # `git reset -q -- results` and that line removed; commit nothing in between), copy this file to .snap/next.sh, then
-#   bash .devwheels/install.sh >/dev/null 2>&1; timeout 575 bash .snap/next.sh D; cd /tmp/dl_next_D && tar czf $OUT/d.tgz .
+#   bash .devwheels/install.sh >/dev/null 2>&1; timeout 575 bash .snap/next.sh CASE   (files come back in $OUT/all.tgz)
 set +e
 export LOGS=/tmp/dl_next_$1
 source scripts/device_lib.sh
@@ -58,6 +55,10 @@ suites() {
 }
 case "$1" in
 S) suites ;;
+B)
+    export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
+    R b_ut_2b 540 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_2b --model small --seq 4096 --mbs 2 --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --variants eager_packed,eager_padded,ours_padded,ours_packed,eager_padded_repeat"
+    sed -n '/^| variant/,/^$/p' "$LOGS/ut_2b/useful_tokens.md" | cut -c1-420 | head -12 ;;
 P)
     export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
     headline "${2:-a}" ;;
@@ -69,9 +70,10 @@ D)
     variants=eager_packed,eager_padded,ours_padded_language,ours_padded,eager_padded_repeat alloc=
     mbs=2
     if [ "$2" = h100 ]; then variants=eager_packed,eager_padded,ours_padded_language,eager_padded_repeat; alloc="NCCL_GRAPH_REGISTER=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"; fi
+    if [ "$2" = h100all ]; then alloc="NCCL_GRAPH_REGISTER=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"; fi  # all five on 80 GB: does ours_padded fit unfragmented?
     seq=4096
     if [ "$2" = seq2048 ]; then seq=2048; variants=eager_packed,eager_padded,ours_padded_language,eager_padded_repeat; fi  # the 2B model at sequence 2048: half the activations
-    R d_ut_2b_padded_det 480 "$alloc $DET python3 -m benchmarks.useful_tokens --out \$LOGS/ut_det --model small --seq $seq --mbs $mbs --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --no-control --variants $variants"
+    R d_ut_2b_padded_det 540 "$alloc $DET python3 -m benchmarks.useful_tokens --out \$LOGS/ut_det --model small --seq $seq --mbs $mbs --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --no-control --variants $variants"
     sed -n '/^| variant/,/^$/p' "$LOGS/ut_det/useful_tokens.md" | cut -c1-330
     grep -h "gradient\|grad norm\|floor" "$LOGS/ut_det/useful_tokens.md" | cut -c1-300 | head -20 ;;
 esac
