@@ -425,9 +425,8 @@ def _deterministic_vision_budgets(
             "deterministic runs",
             fix=(f"{where}.enabled=false",),
         )
-    return list(
-        kept
-    ), f"budgets above {kept[-1]} dropped for deterministic kernels: {why}; a larger micro-batch runs eagerly"
+    reason = f"budgets above {kept[-1]} dropped for deterministic kernels: {why}; a larger micro-batch runs eagerly"
+    return list(kept), reason
 
 
 def offline_max_sequences(seq_length: int) -> int:
