@@ -37,6 +37,11 @@ def _budget_lines(budgets: tuple[int, ...], unit: str) -> list[str]:
     return textwrap.wrap(text, 119, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
 
 
+def _source_lines(source: str) -> list[str]:
+    """Where a derived value comes from, wrapped under its line at 119 columns."""
+    return textwrap.wrap(source, 119, initial_indent="    ", subsequent_indent="      ")
+
+
 def _sourced(text: str, source: str) -> str:
     """``text (source)``, or ``text`` alone for a value the block sets."""
     return f"{text} ({source})" if source else text
@@ -119,7 +124,7 @@ def _describe_language(language: Any, facts: ModelFacts) -> list[str]:
             else f"    derived: every row padded to S {packed.row_width} (pp > 1 or ep > 1)"
         )
     if packed.budgets_source:
-        budget_lines += textwrap.wrap(packed.budgets_source, 119, initial_indent="    ", subsequent_indent="      ")
+        budget_lines += _source_lines(packed.budgets_source)
     seqlen = "model.seq_length" if packed.row_width == facts.seq_length else f"S {facts.seq_length} in padded rows"
     if packed.max_seqlen_source:
         seqlen = packed.max_seqlen_source
@@ -165,13 +170,13 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
             f"{len(vision.token_budgets)} rungs <= {LADDER_RATIO}x apart"
         )
     if vision.budgets_source:
-        budget_lines += textwrap.wrap(vision.budgets_source, 119, initial_indent="    ", subsequent_indent="      ")
+        budget_lines += _source_lines(vision.budgets_source)
     images_line = f"  max images per micro-batch {vision.max_images_per_microbatch}"
     images_lines = [images_line]
     if vision.images_derived and vision.images_source:
         images_lines = [
             f"{images_line}, derived:",
-            *textwrap.wrap(vision.images_source, 119, initial_indent="    ", subsequent_indent="      "),
+            *_source_lines(vision.images_source),
         ]
     elif vision.images_derived:
         images_lines[0] += (
@@ -182,7 +187,7 @@ def _describe_vision(vision: Any, facts: ModelFacts, layout: ResolvedLayout | No
     if vision.patches_source:
         patches = [
             f"{patches_line}:",
-            *textwrap.wrap(vision.patches_source, 119, initial_indent="    ", subsequent_indent="      "),
+            *_source_lines(vision.patches_source),
         ]
     else:
         patches = [patches_line]

@@ -54,8 +54,8 @@ WORKSPACE_MIN_SEGMENTS = 32
 WORKSPACE_MIN_TOKENS = 1024
 #: ``batch x heads x max_seqlen**2`` from which TE 2.20 drops fused attention for the unfused backend (sm90).
 UNFUSED_FROM = 2**30
-#: The workspace a *derived* static shape may ask for under deterministic kernels (a set one is only held below
-#: :data:`UNFUSED_FROM`, its workspace counted into the memory estimate).
+#: The workspace a *derived* ladder's top may ask for under deterministic kernels (a set ladder's is counted into the
+#: memory estimate, not limited).
 DERIVED_WORKSPACE_LIMIT = 16 * 2**30
 
 
