@@ -48,11 +48,10 @@ from bridge_cudagraph.plan.checks import (
     language_modules,
 )
 from bridge_cudagraph.plan.determinism import (
-    DERIVED_WORKSPACE_LIMIT,
-    deterministic_budgets,
+    cut_derived_ladder,
     deterministic_kernels,
     deterministic_max_seqlen,
-    why_dropped,
+    dropped_source,
     why_lowered,
     workspace_bytes,
 )
@@ -404,19 +403,18 @@ def _deterministic_vision_budgets(
     smallest_image: int,
 ) -> tuple[list[int], str]:
     """A derived vision ladder under TE's deterministic kernels: its rungs up to the largest whose cuDNN workspace
-    is within :data:`DERIVED_WORKSPACE_LIMIT` (a larger micro-batch runs eagerly, counted), with why (empty where
-    none is dropped), the image slots at each top ``images_at(top)``; refused, with the fix, where not even a rung
-    that holds the data path's smallest image fits."""
+    is within the derived limit (:func:`~bridge_cudagraph.plan.determinism.cut_derived_ladder`; a larger micro-batch
+    runs eagerly, counted), with why (empty where none is dropped), the image slots at each top ``images_at(top)``;
+    refused, with the fix, where not even a rung that holds the data path's smallest image fits."""
     where = "model.cuda_graph.vision"
     heads = v.num_heads // cfg.vision.tensor_parallel_size
 
     def segments_at(top: int) -> int:
         return _vision_segments([top], images_at(top), min(max_seqlen, top))
 
-    kept = deterministic_budgets(budgets, heads, segments_at, workspace=DERIVED_WORKSPACE_LIMIT)
-    if len(kept) == len(budgets):
+    kept, why = cut_derived_ladder(budgets, heads, segments_at)
+    if not why:
         return budgets, ""
-    why = why_dropped(segments_at(budgets[-1]), heads, budgets[-1])
     if not kept or kept[-1] < max(smallest_image, 1):
         floor = f" holding the smallest image ({smallest_image} patches)" if smallest_image else ""
         raise CudaGraphConfigError(
@@ -425,8 +423,7 @@ def _deterministic_vision_budgets(
             "deterministic runs",
             fix=(f"{where}.enabled=false",),
         )
-    reason = f"budgets above {kept[-1]} dropped for deterministic kernels: {why}; a larger micro-batch runs eagerly"
-    return list(kept), reason
+    return list(kept), dropped_source(kept, why)
 
 
 def offline_max_sequences(seq_length: int) -> int:
@@ -607,11 +604,8 @@ def _deterministic_packed(
     fits, seqlen_source = fused_seqlen(budgets[-1])
     budgets_source = ""
     if derived:
-        kept = deterministic_budgets(
-            budgets, heads, lambda top: segments_at(min(fits, top), top), workspace=DERIVED_WORKSPACE_LIMIT
-        )
-        if len(kept) < len(budgets):
-            why = why_dropped(segments_at(fits, budgets[-1]), heads, budgets[-1])
+        kept, why = cut_derived_ladder(budgets, heads, lambda top: segments_at(min(fits, top), top))
+        if why:
             if not kept:
                 raise CudaGraphConfigError(
                     f"{where}: {why}, and no budget fits with {sequences} sequences per micro-batch; set "
@@ -619,9 +613,7 @@ def _deterministic_packed(
                     "deterministic runs",
                     fix=(f"{where}.enabled=false",),
                 )
-            budgets_source = (
-                f"budgets above {kept[-1]} dropped for deterministic kernels: {why}; a larger micro-batch runs eagerly"
-            )
+            budgets_source = dropped_source(kept, why)
             budgets = kept
             fits, seqlen_source = fused_seqlen(budgets[-1])  # fewer tail pieces at the kept top
     workspace = workspace_bytes(segments_at(fits, budgets[-1]), heads, budgets[-1])

@@ -36,9 +36,11 @@ __all__ = [
     "WORKSPACE_BYTES_PER_SCORE",
     "WORKSPACE_MIN_SEGMENTS",
     "WORKSPACE_MIN_TOKENS",
+    "cut_derived_ladder",
     "deterministic_budgets",
     "deterministic_kernels",
     "deterministic_max_seqlen",
+    "dropped_source",
     "power_of_two_at_least",
     "why_dropped",
     "why_lowered",
@@ -104,6 +106,24 @@ def deterministic_budgets(
     while kept and workspace_bytes(segments_at(kept[-1]), heads, kept[-1]) > workspace:
         kept.pop()
     return tuple(kept)
+
+
+def cut_derived_ladder(
+    budgets: Sequence[int], heads: int, segments_at: Callable[[int], int]
+) -> tuple[tuple[int, ...], str]:
+    """A derived ladder under deterministic kernels: ``(kept, why)``, its rungs within
+    :data:`DERIVED_WORKSPACE_LIMIT` (:func:`deterministic_budgets`) and, where any was dropped, the reason the plan
+    gives (:func:`dropped_source`); every rung and ``""`` where all fit. ``kept`` may hold no rung the caller can use:
+    the caller refuses then, naming its own settings."""
+    kept = deterministic_budgets(budgets, heads, segments_at, workspace=DERIVED_WORKSPACE_LIMIT)
+    if len(kept) == len(budgets):
+        return tuple(budgets), ""
+    return kept, why_dropped(segments_at(budgets[-1]), heads, budgets[-1])
+
+
+def dropped_source(kept: Sequence[int], why: str) -> str:
+    """Where a cut ladder's budgets come from (a plan's ``budgets_source``)."""
+    return f"budgets above {kept[-1]} dropped for deterministic kernels: {why}; a larger micro-batch runs eagerly"
 
 
 def why_lowered(segments: int, heads: int, max_seqlen: int) -> str:

@@ -12,9 +12,11 @@ from bridge_cudagraph.plan.build import build_plan
 from bridge_cudagraph.plan.determinism import (
     DERIVED_WORKSPACE_LIMIT,
     UNFUSED_FROM,
+    cut_derived_ladder,
     deterministic_budgets,
     deterministic_kernels,
     deterministic_max_seqlen,
+    dropped_source,
     workspace_bytes,
 )
 from bridge_cudagraph.plan.facts import ImageFacts
@@ -88,6 +90,16 @@ def test_a_derived_ladder_keeps_the_rungs_whose_workspace_fits():
     assert deterministic_budgets(ladder, 16, lambda top: 63, workspace=DERIVED_WORKSPACE_LIMIT) == ladder[:4]
     assert deterministic_budgets(ladder, 16, lambda top: 31, workspace=DERIVED_WORKSPACE_LIMIT) == ladder
     assert deterministic_budgets(ladder, 16, lambda top: 2000, workspace=DERIVED_WORKSPACE_LIMIT) == ()
+
+
+def test_a_cut_ladder_says_why_at_its_full_top_and_an_uncut_one_says_nothing():
+    ladder = (256, 512, 1088, 2048, 2560, 3200)
+    assert cut_derived_ladder(ladder, 16, lambda top: 31) == (ladder, "")
+    kept, why = cut_derived_ladder(ladder, 16, lambda top: 63)
+    assert kept == ladder[:4]
+    assert "3200 tokens in 63 static segments x 16 heads asks 32 GiB" in why  # the full top's, not the kept top's
+    assert dropped_source(kept, why).startswith("budgets above 2048 dropped for deterministic kernels: under ")
+    assert cut_derived_ladder(ladder, 16, lambda top: 2000)[0] == ()
 
 
 def test_without_deterministic_kernels_the_plan_is_unchanged():
