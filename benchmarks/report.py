@@ -1,18 +1,6 @@
-"""What ``useful_tokens.json`` holds, the arithmetic of its numbers, and how it reads (``.md``, ``.png``, stdout).
-
-No torch, no GPU: render again on any machine with ``python -m benchmarks.report DIR/useful_tokens.json``.
-
-``useful_tokens.json`` holds ``meta`` (command, date, gpu, versions, ``config``: the run's shape and step counts),
-``data`` (source, ``microbatches``: :meth:`MicroBatch.as_dict` each, the language and vision budgets, the plan),
-``variants`` (name: record, :data:`ORDER`'s that ran, then :data:`CONTROL`; ``status`` ok | failed (+ ``error``) |
-refused (+ ``reason``: the capture plan's)), ``paired`` (``status``, ``variants`` [A, B], ``step_ms``, ``ratios``:
-A ms / B ms per pair, ``verdict``: :func:`paired_verdict`, ``counters``) and ``summary`` (:func:`summarize`). A
-variant's record: ``form``, ``graphed``, ``useful_tokens_per_s``, ``speedup_vs_eager_packed``, ``step_ms`` with its
-median, quartiles and IQR, ``useful_tokens_per_step``, ``real_tokens``, ``token_slots``, ``fill_fraction``,
-``gpu_busy`` and ``kernel_ms_per_step`` (:func:`benchmarks.trace.gpu_busy_summary`), ``capture_s``,
-``graph_memory_bytes``/``_gib``, ``capture`` and ``counters`` (per submodule), ``parity``, ``losses``, ``grad_norms``,
-``peak_memory_bytes``, ``peak_reserved_bytes``, ``te_modules_fusing``, ``host_syncs``
-(:func:`benchmarks.host_syncs.census`), ``seconds``.
+"""What ``useful_tokens.json`` holds (``meta``, ``data``, ``variants``: name: record with ``status`` ok | failed |
+refused, ``paired``, ``summary``), the arithmetic of its numbers, and how it reads (``.md``, stdout). No torch, no GPU:
+``python -m benchmarks.report DIR/useful_tokens.json`` renders it again on any machine.
 """
 
 from __future__ import annotations
@@ -33,38 +21,27 @@ from bridge_cudagraph.testing.bounds import LOSS_BOUND  # torch-free: the report
 
 #: The compared variants, in run order: what runs when ``--variants`` is left out.
 VARIANTS = ("eager_packed", "eager_padded", "upstream_padded", "ours_padded", "ours_packed")
-#: eager_packed again, last: its difference from eager_packed is the run-to-run noise floor.
-CONTROL = "eager_packed_repeat"
-#: eager_padded again, where ``--variants`` names it: the padded loss curve's noise floor.
-PADDED_CONTROL = "eager_padded_repeat"
-#: Every variant in run order (the control last), its colour in the plot and what it is.
-_VARIANT_ROWS = """\
-eager_packed #4e79a7 Bridge's default: graphs off, in-batch packing
-eager_padded #9e9e9e graphs off, every row padded to seq_length
-upstream_padded #f28e2b upstream's TE graphs (megatron-core/Bridge helpers), padded
-ours_padded #8cd17d bridge_cudagraph: BSHD language + vision graphs, padded
-ours_padded_language #59a14f ours_padded with the language graphs only (vision graphs off)
-eager_padded_repeat #c9c9c9 eager_padded again (the padded loss curve's noise floor)
-ours_packed #59a14f bridge_cudagraph: packed (THD) language + vision graphs
-eager_packed_repeat #a0cbe8 eager_packed again (run-to-run noise floor)
-"""
-_VARIANT_TABLE = [row.split(maxsplit=2) for row in _VARIANT_ROWS.splitlines()]
-LABELS = {name: label for name, _, label in _VARIANT_TABLE}
-COLORS = {name: color for name, color, _ in _VARIANT_TABLE}
+#: eager_packed again, last (the run-to-run noise floor); eager_padded again where ``--variants`` names it.
+CONTROL, PADDED_CONTROL = "eager_packed_repeat", "eager_padded_repeat"
+#: Every variant in run order (the control last) and what it is.
+LABELS = {
+    "eager_packed": "Bridge's default: graphs off, in-batch packing",
+    "eager_padded": "graphs off, every row padded to seq_length",
+    "upstream_padded": "upstream's TE graphs (megatron-core/Bridge helpers), padded",
+    "ours_padded": "bridge_cudagraph: BSHD language + vision graphs, padded",
+    "ours_padded_language": "ours_padded with the language graphs only (vision graphs off)",
+    PADDED_CONTROL: "eager_padded again (the padded loss curve's noise floor)",
+    "ours_packed": "bridge_cudagraph: packed (THD) language + vision graphs",
+    CONTROL: "eager_packed again (run-to-run noise floor)",
+}
 #: Every variant in run order: a variant's parity reference runs before it; the control after all (and the paired).
 ORDER = tuple(v for v in LABELS if v != CONTROL)
-#: The reference every speed-up is against: Bridge's default (graphs off, in-batch packing).
-BASELINE = "eager_packed"
-#: The pair measured side by side, steps interleaved (ratios: first's step ms over the second's), unless ``--paired``.
-PAIRED = ("eager_packed", "ours_packed")
+#: The reference every speed-up is against, and the pair measured side by side unless ``--paired``.
+BASELINE, PAIRED = "eager_packed", ("eager_packed", "ours_packed")
 PACKED, PADDED = "packed", "padded"
-#: The graphs-off variant of the same form: the parity reference.
-REFERENCE = {PACKED: "eager_packed", PADDED: "eager_padded"}
-#: Every variant some variant's parity is taken against (each keeps its fixed-batch loss and profile).
+#: The graphs-off variant of each form: the parity reference; a variant's status where the plan refuses its graphs.
+REFERENCE, REFUSED = {PACKED: "eager_packed", PADDED: "eager_padded"}, "refused"
 REFERENCES = tuple(REFERENCE.values())
-#: A variant's status where the capture plan refuses its graphs on this model (not built, not a failure).
-REFUSED = "refused"
-#: Our packed and padded graph variants.
 PACKED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_packed"))
 PADDED_GRAPHED = tuple(v for v in ORDER if v.startswith("ours_padded"))
 #: The part of ours_padded that ``--variants`` may add: the fields it replaces of ours_padded's block, per submodule.
@@ -72,7 +49,7 @@ PADDED_PARTS: dict[str, dict[str, dict[str, Any]]] = {"ours_padded_language": {"
 GRAPHED = ("upstream_padded", *PADDED_GRAPHED, *PACKED_GRAPHED)
 #: The variants whose one extra step runs under :func:`benchmarks.host_syncs.census` (eager_packed for comparison).
 HOST_SYNC_VARIANTS = ("eager_packed", *PACKED_GRAPHED)
-#: The micro-batch form each variant trains on, which its name says (every padded variant's has ``_padded``).
+#: The micro-batch form each variant trains on (every padded variant's name has ``_padded``).
 FORM = {v: PADDED if "_padded" in v else PACKED for v in LABELS}
 #: The target for ours_packed over eager_packed (useful tokens/s): on the 2B shape, and per ``meta.config.model``.
 TARGET_SPEEDUP = 1.3
@@ -82,30 +59,15 @@ GIB = 2**30
 PAIRED_CONFIDENCE, BOOTSTRAP_RESAMPLES = 0.95, 4000
 #: GPU busy under which the report says where the remaining host time goes.
 GPU_BUSY_TARGET = 0.95
-PHASE_KEYS = ("idle_ms_per_step", "wall_ms_per_step")
-#: How the host-time phases (``bcg_phase/<name>``, :class:`benchmarks.runner.PhaseMarkers`) read in the report.
-PHASE_LABELS = {
-    "step_setup": "step set-up (train_steps' set-up, zero_grad, schedule) before the first forward",
-    "forward": "forward outside the encoder and the language model's call (input embedding, image-token merge, "
-    "mRoPE positions)",
-    "vision_forward": "vision encoder forward",
-    "language_forward": "language model forward (decoder, output layer, loss)",
-    "backward": "loss reduction, backward outside the vision encoder, gradient finalisation",
-    "vision_backward": "vision encoder backward (autograd thread)",
-    "optimizer_step": "optimizer step (distributed Adam, grad norm, clipping)",
-    "step_end": "after the optimizer step: loss and grad norm to the host, the step's synchronize",
-    "(unmarked)": "outside every phase marker",
-}
-#: The memory targets of the packed ladder: ours_packed's peak reserved over eager_packed's, the language pools over
-#: the largest captured rung's alone.
-RESERVED_TARGET = 1.15
-LADDER_TARGET = 1.1
-#: The table's header, as it reads.
+#: The packed ladder's memory targets: ours_packed's peak reserved over eager_packed's; the pools over the top rung's.
+RESERVED_TARGET, LADDER_TARGET = 1.15, 1.1
+#: What earlier variants may leave allocated before the memory section says a variant's peaks include it.
+LEFTOVER_NOTED_BYTES = 512 * 2**20
+#: The table's header.
 COLUMNS = tuple(
     "variant | useful tok/s | x vs eager_packed | step ms (median, IQR) | fill | GPU busy (in profiled steps) | "
     "kernel ms/step | step / kernel | graph GiB | peak GiB (allocated / reserved) | capture s | replays / eager "
-    "fallbacks | parity: fixed micro-batch (max abs per-token loss diff; every parameter's gradient vs the eager "
-    "floor)".split(" | ")
+    "fallbacks | parity: fixed micro-batch (max abs per-token loss diff; gradients vs the eager floor)".split(" | ")
 )
 
 
@@ -164,19 +126,9 @@ def fmt_count(value: Any) -> str:
     return _fmt(value, ".0f" if abs(_num(value) or 0) >= 10 else ".1f")
 
 
-def _fmt_peak(rec: Mapping[str, Any]) -> str:
-    allocated, reserved = _num(rec.get("peak_memory_bytes")), _num(rec.get("peak_reserved_bytes"))
-    return "n/a" if allocated is None or reserved is None else f"{allocated / GIB:.1f} / {reserved / GIB:.1f}"
-
-
-#: What earlier variants may leave allocated before the memory section says a variant's peaks include it.
-LEFTOVER_NOTED_BYTES = 512 * 2**20
-
-
-def _gib(value: Any) -> float | None:
-    """Bytes as GiB, None where not a number."""
+def _gib(value: Any, spec: str = ".1f") -> str:
     x = _num(value)
-    return None if x is None else x / GIB
+    return _fmt(None if x is None else x / GIB, spec)
 
 
 def _over(a: Any, b: Any) -> float | None:
@@ -195,15 +147,10 @@ def _ok(rec: Any) -> TypeGuard[Mapping[str, Any]]:
 
 
 def _table(header: str | Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A markdown table; ``header``: its cells, or one string of them joined by `` | ``."""
+    """A markdown table and a blank line; ``header``: its cells, or one string of them joined by `` | ``."""
     header = header.split(" | ") if isinstance(header, str) else header
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def _sentences(facts: Sequence[str]) -> list[str]:
-    """``facts`` as one paragraph of sentences (each capitalised) and a blank line; nothing without facts."""
-    return [". ".join(f[0].upper() + f[1:] for f in facts) + ".", ""] if facts else []
+    return [*lines, *("| " + " | ".join(row) + " |" for row in rows), ""]
 
 
 def _step_ms(rec: Mapping[str, Any]) -> float | None:
@@ -212,14 +159,12 @@ def _step_ms(rec: Mapping[str, Any]) -> float | None:
 
 
 def step_over_kernel(variant: Mapping[str, Any]) -> float | None:
-    """A variant's step time (:func:`_step_ms`) over its kernel time per step, None where either is missing; 1.00x
-    is the limit a graph can approach (the GPU never waits for the host)."""
+    """:func:`_step_ms` over the kernel time per step (None where either is missing); 1.00x: the GPU never waits."""
     return _over(_step_ms(variant), variant.get("kernel_ms_per_step"))
 
 
 def kernel_time_missed(rec: Mapping[str, Any]) -> bool:
-    """Whether the profiler missed the variant's graph kernels (too low a kernel time; its GPU busy is then estimated
-    from the eager variant's kernel time, :func:`benchmarks.trace.gpu_busy_summary`)."""
+    """Whether the profiler missed the graph kernels (GPU busy then from eager's kernel time: benchmarks/trace.py)."""
     return rec.get("gpu_busy_source") not in (None, "profiler")
 
 
@@ -231,9 +176,7 @@ def block_bootstrap_ci(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> tuple[float, float] | None:
-    """Percentile interval of the median of ``values`` (in measurement order) by a moving-block bootstrap: runs of
-    ``block`` consecutive pairs (default ``max(2, round(n ** (1/3)))``) are resampled, keeping the correlation of
-    consecutive steps (the host, the allocator and the clocks drift). Seeded; None under 6 values."""
+    """Percentile interval of the median of ``values`` (in order) by a seeded moving-block bootstrap; None under 6."""
     n = len(values)
     if n < 6:
         return None
@@ -253,9 +196,7 @@ def block_bootstrap_ci(
 
 
 def sign_test_ci(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> tuple[float, float] | None:
-    """The sign test's distribution-free interval for the median, valid for independent values:
-    ``[r_(j), r_(n-j+1)]`` of the sorted values, ``j`` the largest with ``P(Binomial(n, 1/2) < j) <= (1 -
-    confidence) / 2``. None with too few values for one (under 6 at 95%)."""
+    """The sign test's distribution-free interval for the median of independent values (None: too few)."""
     r = sorted(float(x) for x in values)
     n = len(r)
     tail, j, cumulative = (1 - confidence) / 2, 0, 0.0
@@ -268,9 +209,8 @@ def sign_test_ci(values: Sequence[float], confidence: float = PAIRED_CONFIDENCE)
 
 
 def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENCE) -> dict[str, Any]:
-    """Judge per-pair step-time ratios (in measurement order; above 1: the second variant faster): ``median``, a
-    ``confidence`` interval, the wider of :func:`sign_test_ci`'s and :func:`block_bootstrap_ci`'s (both recorded), and
-    ``verdict``: "faster" (whole interval above 1), "slower", "within timing noise", or None under 6 pairs."""
+    """Per-pair step-time ratios (in order; above 1: the second faster) judged: ``median``, the wider ``confidence``
+    interval of :func:`sign_test_ci` and :func:`block_bootstrap_ci`, ``verdict`` (faster, slower, within noise)."""
     values = [float(x) for x in ratios]
     median = statistics.median(values) if values else None
     out: dict[str, Any] = {"pairs": len(values), "median": median, "ci": None, "verdict": None}
@@ -287,9 +227,7 @@ def paired_verdict(ratios: Sequence[float], confidence: float = PAIRED_CONFIDENC
 def host_time_section(
     ours: Mapping[str, Any], eager: Mapping[str, Any], *, target: float = GPU_BUSY_TARGET
 ) -> list[str]:
-    """The section on where the remaining host time goes, unless ours' GPU busy reaches ``target`` (or ours did not
-    run): ours' GPU-idle time per profiled step by phase, and the CPU ops and CUDA runtime calls overlapping it most,
-    beside eager's."""
+    """Ours' GPU-idle time per profiled step by phase, CPU op and runtime call, beside eager's (under ``target``)."""
     busy = _num(ours.get("gpu_busy"))
     if ours.get("status") != "ok" or busy is None or busy >= target:
         return []
@@ -303,53 +241,36 @@ def host_time_section(
         f"Ours' GPU busy is {busy:.2f}, under the {target:g} target. In its {host.get('steps', '?')} profiled steps "
         f"({fmt_ms(host.get('window_ms_per_step'))} ms each under the profiler, {fmt_ms(ours.get('step_ms_median'))} "
         f"ms unprofiled) the GPU ran no kernel for {fmt_ms(host.get('idle_ms_per_step'))} ms per step "
-        f"({_fmt(host.get('idle_fraction'), '.0%')} of the step; eager: {fmt_ms(eager.get('idle_ms_per_step'))} ms). "
-        "Idle time is the step window minus the union of kernel intervals on every stream; each idle microsecond is "
-        "attributed to the innermost `bcg_phase/` marker open at that moment, and to the CPU ops and CUDA runtime "
-        "calls running then (outermost per thread; ops of different threads may overlap, so those columns need not "
-        "add up to the idle time)."
+        f"({_fmt(host.get('idle_fraction'), '.0%')} of the step; eager: {fmt_ms(eager.get('idle_ms_per_step'))} ms), "
+        "each idle instant counted for the innermost `bcg_phase/` marker and the CPU ops and runtime calls then open."
     )
     if kernel_time_missed(ours):
-        out.append(
-            "Caveat: ours' GPU-busy fraction was estimated from eager's kernel time because the profiler missed graph "
-            "kernels, so the idle intervals below (from the kernels it saw) overstate the idle time."
-        )
-    phases = (host.get("by_phase") or {}, eager.get("by_phase") or {})
+        out.append("Caveat: the profiler missed graph kernels (GPU busy from eager's): the idle below is overstated.")
+    phases, keys = (host.get("by_phase") or {}, eager.get("by_phase") or {}), ("idle_ms_per_step", "wall_ms_per_step")
     rows = [
-        [f"{phase}: {PHASE_LABELS[phase]}" if phase in PHASE_LABELS else phase]
-        + [fmt_ms((p.get(phase) or {}).get(k)) for p in phases for k in PHASE_KEYS]
+        [phase, *(fmt_ms((p.get(phase) or {}).get(k)) for p in phases for k in keys)]
         for phase in [*phases[0], *(k for k in phases[1] if k not in phases[0])]
     ]
-    header = "phase | ours GPU-idle ms/step | ours wall ms/step | eager GPU-idle ms | eager wall ms"
-    out += ["", *_table(header, rows), ""]
-    facts = []
+    header = (
+        "`bcg_phase/` (benchmarks/runner.py) | ours GPU-idle ms/step | ours wall ms/step | eager GPU-idle | eager wall"
+    )
+    out += ["", *_table(header, rows)]
     if (outside := _num(host.get("idle_outside_ops_ms_per_step"))) is not None:
-        facts.append(
-            f"{fmt_ms(outside)} ms of ours' idle time per step overlaps no CPU op and no CUDA runtime call on any "
-            "thread (Python and framework code between ops)"
-        )
-    gaps = "; ".join(
+        out.append(f"- {fmt_ms(outside)} ms of ours' idle time per step overlaps no CPU op and no CUDA runtime call.")
+    gaps = [
         f"{g.get('range', '?')}: {fmt_count(g.get('gaps_per_step'))} gaps, {fmt_ms(g.get('ms_per_step'))} ms"
         for g in host.get("idle_by_gap_length") or []
-    )
-    if gaps:
-        facts.append(f"ours' idle gaps by length, per step: {gaps}")
-    out += _sentences(facts)
+    ]
+    out += [f"- Ours' idle gaps by length, per step: {'; '.join(gaps)}.", ""] if gaps else [""]
     for key, title in (("top_cpu_ops", "CPU op"), ("top_runtime", "CUDA runtime call")):
-        eager_rows = {r.get("name"): r for r in eager.get(key) or []}
-        rows = [
-            [
-                f"`{str(r.get('name')).replace('|', '/')}`",
-                fmt_ms(r.get("idle_ms_per_step")),
-                fmt_count(r.get("calls_per_step")),
-                fmt_ms(r.get("cpu_ms_per_step")),
-                fmt_ms(e.get("idle_ms_per_step")) if (e := eager_rows.get(r.get("name"))) else "-",
-            ]
-            for r in host.get(key) or []
-        ]
+        theirs = {r.get("name"): r for r in eager.get(key) or []}
+        rows = []
+        for r in host.get(key) or []:
+            eager_ms = fmt_ms(e.get("idle_ms_per_step")) if (e := theirs.get(r.get("name"))) else "-"
+            rows.append([f"`{str(r.get('name')).replace('|', '/')}`", fmt_ms(r.get("idle_ms_per_step"))])
+            rows[-1] += [fmt_count(r.get("calls_per_step")), fmt_ms(r.get("cpu_ms_per_step")), eager_ms]
         if rows:
-            header = f"{title} | ours GPU-idle overlap ms/step | calls/step | CPU ms/step | eager GPU-idle overlap ms"
-            out += [*_table(header, rows), ""]
+            out += _table(f"{title} | ours GPU-idle overlap ms/step | calls/step | CPU ms/step | eager's", rows)
     if host.get("top_cpu_ops") or host.get("top_runtime"):
         out += ["(-: not among eager's top entries.)", ""]
     return out
@@ -357,12 +278,7 @@ def host_time_section(
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """One collated micro-batch as the variants see it: the numbers, not the tensors. ``rows`` samples collated to
-    ``width`` (a multiple of 128); ``real_tokens`` the samples' own (the attention mask), ``loss_tokens`` those that
-    carry loss (the useful tokens); ``packed_tokens`` is ``T`` of the packed form (rows x the step's padded width, one
-    THD segment per row), ``padded_tokens`` the padded form's slots (rows x seq_length); ``patches`` (the
-    ``image_grid_thw`` products summed) and ``images`` (frames); ``tight_tokens`` ``T'`` of the packed form tightly
-    packed (each row's extent rounded up to 16, :mod:`bridge_cudagraph.capture.tight`), 0 where unknown."""
+    """One collated micro-batch's numbers (``T``: ``packed_tokens``, ``T'``: ``tight_tokens``, 0 if unknown)."""
 
     rows: int
     width: int
@@ -381,9 +297,7 @@ class MicroBatch:
 def token_slots(
     variant: str, mb: MicroBatch, budgets: Sequence[int] = (), max_sequences: int = 0, *, tight: bool = False
 ) -> int:
-    """Token slots the language model computes for ``mb`` in ``variant``: padded forms rows x seq_length; eager packed
-    ``T``; packed graphs the budget ``T`` replays in (:meth:`bridge_cudagraph.plan.budgets.PackedLayout.budget_for`;
-    ``T`` where it falls back to eager), with ``tight`` (tight packing on) the budget of the kept tokens ``T'``."""
+    """Token slots computed for ``mb``: padded rows x seq_length; eager ``T``; packed graphs the budget ``T`` fits."""
     if FORM[variant] == PADDED:
         return mb.padded_tokens
     if variant in PACKED_GRAPHED:
@@ -456,19 +370,8 @@ def paired_names(paired: Mapping[str, Any] | None) -> tuple[str, ...]:
     return tuple((paired or {}).get("variants") or PAIRED)
 
 
-def step_noise_floor(variants: Mapping[str, Any]) -> float | None:
-    """How far eager_packed_repeat's median step lies from eager_packed's, relative (None unless both finished)."""
-    base, control = variants.get(BASELINE), variants.get(CONTROL)
-    if not _ok(base) or not _ok(control):
-        return None
-    a, b = _num(base.get("step_ms_median")), _num(control.get("step_ms_median"))
-    return abs(b / a - 1.0) if a and b is not None else None
-
-
 def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[str, Any]:
-    """ours_packed against eager_packed: separate runs, the paired phase (where it compared these two), and whether the
-    target (default :func:`target_of`) is met, on the paired interval's lower end where the phase ran, else on the
-    separate runs (None when neither measured it); and the noise floors of eager_packed_repeat's tokens/s and step."""
+    """ours_packed against eager_packed (separate, paired), the target met on the paired interval or separate runs."""
     variants = data.get("variants") or {}
     base = variants.get(BASELINE)
     target = target_of(data) if target is None else target
@@ -486,8 +389,8 @@ def summarize(data: Mapping[str, Any], *, target: float | None = None) -> dict[s
         out["met"], out["met_on"] = None, None
     control = speedup(variants.get(CONTROL), base)
     out["noise_floor"] = None if control is None else abs(control - 1.0)
-    out["step_noise_floor"] = step_noise_floor(variants)
-    # The padded graphs against both eager forms (on an MoE model, the form its padded recipes train).
+    a, b = (_num(rec.get("step_ms_median")) if _ok(rec) else None for rec in (base, variants.get(CONTROL)))
+    out["step_noise_floor"] = abs(b / a - 1.0) if a and b is not None else None
     out["ours_padded"] = {ref: speedup(variants.get("ours_padded"), variants.get(ref)) for ref in REFERENCE.values()}
     return out
 
@@ -520,10 +423,7 @@ def _fmt_parity(name: str, rec: Mapping[str, Any]) -> str:
 
 
 def fmt_grad_parity(fixed: Mapping[str, Any], *, control: bool = False) -> str:
-    """A fixed-batch record's per-parameter gradient comparison as computed (never a default): the share bit-exact, the
-    largest relative difference against the floor's, the verdict; "gradients not compared" without one. A
-    ``control`` (a second eager model) is itself an eager-vs-eager distance: beyond the floor that the first model
-    measured against itself, it says the floor is tighter than two eager models' spread, not that anything failed."""
+    """A fixed-batch record's gradient comparison: share bit-exact, max relative difference, floor, verdict."""
     grads = fixed.get("grads")
     if not grads:
         return "gradients not compared"
@@ -538,8 +438,7 @@ def fmt_grad_parity(fixed: Mapping[str, Any], *, control: bool = False) -> str:
 
 
 def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """What a graphed variant's counters say against its graphs being the ones timed: a submodule without graphs,
-    without a replay, or whose capture failed (it trained on eagerly); empty when every one captured and replayed."""
+    """Each submodule of a graphed variant without graphs, without a replay, or whose capture failed."""
     out = []
     for sub, c in sorted(counters.items()):
         if c.get("failed"):
@@ -553,21 +452,17 @@ def counter_problems(counters: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
     """One row of the table (a failed or missing variant says so)."""
-    if not rec or rec.get("status") != "ok":
-        if not rec:
-            why = "not run"
-        elif rec.get("status") == REFUSED:
-            why = f"refused: {rec.get('reason') or '?'}"
-        else:
-            why = f"failed: {_line(rec.get('error') or 'failed')}"
+    if not rec:
+        return [name, "not run", *["n/a"] * (len(COLUMNS) - 2)]
+    if not _ok(rec):
+        refused = rec.get("status") == REFUSED
+        why = f"refused: {rec.get('reason') or '?'}" if refused else f"failed: {_line(rec.get('error') or 'failed')}"
         return [name, why.replace("|", "/"), *["n/a"] * (len(COLUMNS) - 2)]
     graphed, step_kernel = name in GRAPHED, fmt_ratio(step_over_kernel(rec), "x")
-    # Where the profiler missed graph kernels, GPU busy is the estimate from eager's kernel time: both cells carry †.
-    if kernel_time_missed(rec):
-        busy = _fmt(rec.get("gpu_busy"), ".2f")
-        busy, step_kernel = (busy + "†" if busy != "n/a" else busy), step_kernel + "†"
-    else:
-        busy = _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f")
+    busy = _fmt(rec.get("gpu_busy_in_profiled_steps"), ".2f")
+    if kernel_time_missed(rec):  # GPU busy estimated from eager's kernel time: both cells carry †
+        busy, step_kernel = _fmt(rec.get("gpu_busy"), ".2f"), step_kernel + "†"
+        busy += "†" if busy != "n/a" else ""
     counters = sorted((rec.get("counters") or {}).items())
     return [
         name,
@@ -579,7 +474,7 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
         fmt_ms(rec.get("kernel_ms_per_step")),
         step_kernel,
         _fmt(rec.get("graph_memory_gib"), ".1f") if graphed else "-",
-        _fmt_peak(rec),
+        f"{_gib(rec.get('peak_memory_bytes'))} / {_gib(rec.get('peak_reserved_bytes'))}",
         fmt_ratio(rec.get("capture_s")) if graphed else "-",
         ", ".join(f"{sub} {c.get('replays', 0)} / {c.get('eager_fallbacks', 0)}" for sub, c in counters) or "-",
         _fmt_parity(name, rec),
@@ -587,7 +482,7 @@ def variant_row(name: str, rec: Mapping[str, Any] | None) -> list[str]:
 
 
 def shown(data: Mapping[str, Any]) -> list[str]:
-    """The table's rows in run order: every default variant, the others that ran, then the control."""
+    """The table's rows in run order: the default variants, the others that ran, the control."""
     present = data.get("variants") or {}
     return [*(v for v in ORDER if v in VARIANTS or v in present), *([CONTROL] if CONTROL in present else [])]
 
@@ -601,100 +496,77 @@ def _finished(data: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 def table(data: Mapping[str, Any]) -> list[str]:
     """The markdown table of every variant."""
     variants = data.get("variants") or {}
-    return _table(COLUMNS, [variant_row(name, variants.get(name)) for name in shown(data)])
+    return _table(COLUMNS, [variant_row(name, variants.get(name)) for name in shown(data)])[:-1]
 
 
 def memory_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Memory``: every variant's peaks against eager_packed's, ours_packed's ladders rung by rung (reserved
-    growth, and of it kept alive), and :mod:`bridge_cudagraph.plan.memory`'s estimate against the measured pools."""
+    """``## Memory``: peaks, ours_packed's ladders rung by rung, the plan's estimate against the measured pools."""
     variants = data.get("variants") or {}
     base_reserved = _num((variants.get(BASELINE) or {}).get("peak_reserved_bytes"))
-    out = ["## Memory", ""]
-    rows = [
-        [
-            name,
-            *_fmt_peak(rec).split(" / "),
-            fmt_ratio(_over(rec.get("peak_reserved_bytes"), base_reserved), "x"),
-            _fmt(rec.get("graph_memory_gib"), ".1f") if name in GRAPHED else "-",
-            _fmt(_gib(rec.get("outside_allocator_bytes")), ".1f"),
-        ]
-        for name, rec in _finished(data)
-    ]
-    if rows:
-        header = (
-            "variant | peak allocated GiB | peak reserved GiB | reserved vs eager_packed | graph GiB | "
-            "outside the allocator GiB"
-        )
-        out += [*_table(header, rows), ""]
-        out.append(
-            "- *Outside the allocator*: the process's GPU memory beyond PyTorch's reserved pool after the measured "
-            "steps (CUDA context, library handles and buffers). The peaks and `--gpu-memory` leave it out; on a card "
-            "of the peak's size it comes on top."
-        )
-        for name, rec in _finished(data):
-            if (start := _num(rec.get("allocated_at_start_bytes")) or 0) > LEFTOVER_NOTED_BYTES:
-                own = (_num(rec.get("peak_memory_bytes")) or 0) - start
-                own_reserved = (_num(rec.get("peak_reserved_bytes")) or 0) - (
-                    _num(rec.get("reserved_at_start_bytes")) or start
-                )
-                out.append(
-                    f"- {name} started with {start / GIB:.1f} GiB that earlier variants left allocated (in its peaks "
-                    f"above); its own: {own / GIB:.1f} / {own_reserved / GIB:.1f} GiB allocated / reserved."
-                )
+    rows, notes = [], []
+    for name, rec in _finished(data):
+        allocated, reserved = _num(rec.get("peak_memory_bytes")), _num(rec.get("peak_reserved_bytes"))
+        graph = _fmt(rec.get("graph_memory_gib"), ".1f") if name in GRAPHED else "-"
+        rows.append([name, _gib(allocated), _gib(reserved), fmt_ratio(_over(reserved, base_reserved), "x"), graph])
+        rows[-1].append(_gib(rec.get("outside_allocator_bytes")))
+        if (start := _num(rec.get("allocated_at_start_bytes")) or 0) > LEFTOVER_NOTED_BYTES:
+            own = (reserved or 0) - (_num(rec.get("reserved_at_start_bytes")) or start)
+            own_peaks = f"{_gib((allocated or 0) - start)} / {_gib(own)} GiB allocated / reserved"
+            notes.append(
+                f"- {name} started with {_gib(start)} GiB earlier variants left allocated; its own: {own_peaks}."
+            )
+    header = "variant | peak allocated GiB | peak reserved GiB | reserved vs eager_packed | graph GiB | outside the "
+    header += "allocator GiB"
+    out = ["## Memory", "", *(_table(header, rows) if rows else []), *notes]
     ours = variants.get("ours_packed") or {}
     if (ratio := _over(ours.get("peak_reserved_bytes"), base_reserved)) is not None:
-        met = "met" if ratio <= RESERVED_TARGET else "not met"
+        met = _met(ratio <= RESERVED_TARGET)
         out.append(
-            f"- **ours_packed's peak reserved** is {ratio:.2f}x eager_packed's (target at most {RESERVED_TARGET}x: "
-            f"**{met}**)."
+            f"- **ours_packed's peak reserved** is {ratio:.2f}x eager_packed's (at most {RESERVED_TARGET}x: {met})."
         )
-    for submodule, rec in sorted((ours.get("capture") or {}).items()):
+    ladders, rungs, estimates = [], [], []
+    for sub, rec in sorted((ours.get("capture") or {}).items()):
         per_budget = {int(k): int(v) for k, v in (rec.get("per_budget") or {}).items()}
         live = {int(k): int(v) for k, v in (rec.get("per_budget_live") or {}).items()}
-        captured = rec.get("budgets_captured") or sorted(per_budget)
         if not per_budget:
             continue
         top, total = max(per_budget), sum(per_budget.values())
         ratio = total / per_budget[top] if per_budget[top] else float("nan")
-        met = "met" if ratio <= LADDER_TARGET else "not met"
         # ``rec`` is the helper's stats at the capture; rungs captured after it are in ours["late_captures"].
-        late = sum(
-            len(g.get("budgets") or []) for g in ours.get("late_captures") or [] if g.get("submodule") == submodule
-        )
-        out.append(
-            f"- **{submodule} ladder**: budgets {list(captured)} captured "
-            f"(up to {rec.get('budget_source') or 'n/a'}); "
-            f"their pools take {total / GIB:.2f} GiB, {ratio:.2f}x the largest rung alone "
-            f"({per_budget[top] / GIB:.2f} GiB; target at most {LADDER_TARGET}x: **{met}**); "
-            f"{max(late, rec.get('late_captures', 0))} rungs captured later for larger micro-batches (each ran "
-            "eagerly until then: the eager fallbacks of the table above)."
-        )
-        cells = [
-            [str(b), f"{per_budget[b] / 2**20:,.0f}", f"{live.get(b, 0) / 2**20:,.0f}"]
+        late = sum(len(g.get("budgets") or []) for g in ours.get("late_captures") or [] if g.get("submodule") == sub)
+        captured = f"{list(rec.get('budgets_captured') or sorted(per_budget))} (up to {rec.get('budget_source')})"
+        met = f"{_met(ratio <= LADDER_TARGET)} (at most {LADDER_TARGET}x)"
+        ladders.append([sub, captured, _gib(total, ".2f"), f"{ratio:.2f}x", _gib(per_budget[top], ".2f"), met])
+        ladders[-1].append(str(max(late, rec.get("late_captures", 0))))
+        rungs += [
+            [sub, str(b), f"{per_budget[b] / 2**20:,.0f}", f"{live.get(b, 0) / 2**20:,.0f}"]
             for b in sorted(per_budget, reverse=True)
         ]
-        out += ["", *_table((f"{submodule} budget", "reserved growth MiB", "of it kept alive MiB"), cells), ""]
-    for submodule, est in sorted((ours.get("memory_estimate") or {}).items()):
+    for sub, est in sorted((ours.get("memory_estimate") or {}).items()):
         ratio = _num(est.get("measured_over_estimate"))
-        out.append(
-            f"- **{submodule} estimate** (bridge_cudagraph/plan/memory.py) at the captured top {est.get('top')}: "
-            f"{est.get('estimate_bytes', 0) / GIB:.2f} GiB, measured {est.get('measured_bytes', 0) / GIB:.2f} GiB "
-            f"({fmt_ratio(ratio, 'x')} of the estimate; within 20%: "
-            f"**{'yes' if ratio and abs(ratio - 1) <= 0.2 else 'no'}**)."
+        within = "**yes**" if ratio and abs(ratio - 1) <= 0.2 else "**no**"
+        estimates.append([sub, str(est.get("top")), _gib(est.get("estimate_bytes"), ".2f")])
+        estimates[-1] += [_gib(est.get("measured_bytes"), ".2f"), fmt_ratio(ratio, "x"), f"{within} (within 20%)"]
+    if ladders:
+        header = (
+            "ladder | budgets captured | pools GiB | x largest rung | largest rung GiB | target | rungs captured later"
         )
-    out += [
-        f"- before step {g.get('step')}: {g.get('submodule')} budgets {g.get('budgets')} captured."
-        for g in ours.get("late_captures") or []
-    ]
-    cap = ((data.get("meta") or {}).get("config") or {}).get("gpu_memory_cap_gib")
-    if cap:
-        out.append(f"- The process was capped at {cap:g} GiB (`--gpu-memory`, torch's per-process memory fraction).")
+        out += [
+            "",
+            *_table(header, ladders),
+            *_table("ladder | budget | reserved growth MiB | of it kept alive MiB", rungs),
+        ]
+    if estimates:
+        out += _table("pool | top | plan/memory.py estimate GiB | measured GiB | x estimate | verdict", estimates)
+    for g in ours.get("late_captures") or []:
+        out.append(f"- before step {g.get('step')}: {g.get('submodule')} budgets {g.get('budgets')} captured (late).")
+    if cap := ((data.get("meta") or {}).get("config") or {}).get("gpu_memory_cap_gib"):
+        out.append(f"- The process was capped at {cap:g} GiB (`--gpu-memory`).")
     return [*out, ""]
 
 
 def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Vision encoder and MFU``: each variant's encoder time per micro-batch (CUDA events, measured steps) and for
-    padded rows the MFU of the measured steps and at the profiled steps' kernel time."""
+    """``## Vision encoder and MFU``: encoder ms per micro-batch; MFU of padded rows (-: not taken)."""
     rows = [
         [name, *(fmt_ms(rec.get(k)) for k in ("vision_fwd_ms", "vision_bwd_ms", "vision_ms"))]
         + [fmt_ratio(rec.get("vision_microbatches_per_step"))]
@@ -702,33 +574,22 @@ def encoder_and_mfu_section(data: Mapping[str, Any]) -> list[str]:
         for name, rec in _finished(data)
         if rec.get("vision_calls") is not None
     ]
-    if not rows:
-        return []
-    header = (
-        "variant | vision fwd ms/mb | vision bwd ms/mb | vision ms/mb | encoder calls/step | MFU | MFU at kernel time"
-    )
-    note = "(MFU: padded rows only, every position counted, dense BF16 peak of `benchmarks/flops.py`; -: not taken.)"
-    return ["## Vision encoder and MFU", "", *_table(header, rows), "", note, ""]
+    header = "variant | vision fwd ms/mb | vision bwd ms/mb | vision ms/mb | calls/step | MFU | MFU at kernel time"
+    return ["## Vision encoder and MFU", "", *_table(header, rows)] if rows else []
 
 
 def host_syncs_section(data: Mapping[str, Any]) -> list[str]:
-    """``## Host waits on the GPU``: per variant of :data:`HOST_SYNC_VARIANTS` that recorded a census, its waits in
-    one training step and the sites that ask for most of them (:func:`benchmarks.host_syncs.census_lines`)."""
+    """``## Host waits on the GPU``: the census of each of :data:`HOST_SYNC_VARIANTS` that took one."""
     variants = data.get("variants") or {}
     lines = census_lines(variants, [n for n in shown(data) if n in HOST_SYNC_VARIANTS])
-    errors = [
-        f"- {n}: census failed: {variants[n]['host_syncs_error']}"
-        for n in shown(data)
-        if (variants.get(n) or {}).get("host_syncs_error")
-    ]
-    if not lines and not errors:
-        return []
-    return ["## Host waits on the GPU (one training step)", "", *lines, *errors, ""]
+    for n in shown(data):
+        if error := (variants.get(n) or {}).get("host_syncs_error"):
+            lines.append(f"- {n}: census failed: {error}")
+    return ["## Host waits on the GPU (one training step)", "", *lines, ""] if lines else []
 
 
 def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
-    """The paired phase in one clause: its pair's median per-pair ratio (first's step ms over second's: the
-    second's useful-tokens/s ratio), its interval and verdict, or why it did not run."""
+    """The paired phase in one clause: its median per-pair ratio, interval and verdict, or why it did not run."""
     if not paired:
         return "paired phase not run"
     if paired.get("status") == "skipped":
@@ -738,13 +599,9 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
     judged = paired_verdict(paired.get("ratios") or [])
     if judged["ci"] is None:
         return f"paired {fmt_ratio(judged['median'], 'x')} over {judged['pairs']} pairs (too few for an interval)"
-    lo, hi = judged["ci"]
-    first, second = paired_names(paired)
-    peak, reserved = _num(paired.get("peak_memory_bytes")), _num(paired.get("peak_reserved_bytes"))
-    memory = ""
-    if peak is not None:
-        both = f"{peak / GIB:.1f}" if reserved is None else f"{peak / GIB:.1f} / {reserved / GIB:.1f}"
-        memory = f"; both models' peak {both} GiB allocated{'' if reserved is None else ' / reserved'}"
+    (lo, hi), (first, second) = judged["ci"], paired_names(paired)
+    peaks = f"{_gib(paired.get('peak_memory_bytes'))} / {_gib(paired.get('peak_reserved_bytes'))}"
+    memory = f"; both models' peak {peaks} GiB allocated / reserved" if "peak_memory_bytes" in paired else ""
     return (
         f"paired (both models alive, steps interleaved) median per-pair ratio {first} ms / {second} ms "
         f"{judged['median']:.3f}x, within-call 95% interval [{lo:.3f}, {hi:.3f}] over {judged['pairs']} pairs "
@@ -752,206 +609,90 @@ def _fmt_paired(paired: Mapping[str, Any] | None) -> str:
     )
 
 
-def _headline(data: Mapping[str, Any]) -> tuple[dict[str, Any], Mapping[str, Any] | None, str | None, str | None]:
-    """The summary (recorded, else :func:`summarize`), the paired record, its clause where it paired :data:`PAIRED`
-    (else None), ours_padded's speed-ups (``1.12x vs eager_packed, 1.40x vs eager_padded``; None where neither ran)."""
+def _met(met: bool | None) -> str:
+    return {True: "**met**", False: "**not met**", None: "not measured"}[met]
+
+
+def verdicts(data: Mapping[str, Any]) -> dict[str, str]:
+    """The run's verdicts, ``what: verdict`` (:func:`summarize`, the paired phase, ours_padded, a refusal)."""
     summary, paired = data.get("summary") or summarize(data), data.get("paired")
-    clause = _fmt_paired(paired) if paired_names(paired) == PAIRED else None
+    first, second = paired_names(paired)
+    clause = _fmt_paired(paired) if (first, second) == PAIRED else "not paired in this run"
+    out = {"ours_packed vs eager_packed (useful tokens/s)": f"separate runs {fmt_ratio(summary.get('separate'), 'x')}"}
+    out["ours_packed vs eager_packed (useful tokens/s)"] += f"; {clause}"
+    if (first, second) != PAIRED:
+        out[f"{second} vs {first} (useful tokens/s, `--paired`)"] = _fmt_paired(paired)
     padded = summary.get("ours_padded") or {}
-    if all(x is None for x in padded.values()):
-        return summary, paired, clause, None
-    return summary, paired, clause, ", ".join(f"{fmt_ratio(x, 'x')} vs {ref}" for ref, x in padded.items())
-
-
-def _verdict_lines(data: Mapping[str, Any]) -> list[str]:
-    summary, paired, clause, padded = _headline(data)
-    separate = fmt_ratio(summary.get("separate"), "x")
-    clause_text = clause or "not paired in this run"
-    out = [f"- **ours_packed vs eager_packed (useful tokens/s)**: separate runs {separate}; {clause_text}."]
-    if clause is None:
-        first, second = paired_names(paired)
-        out.append(f"- **{second} vs {first} (useful tokens/s, `--paired`)**: {_fmt_paired(paired)}.")
-    if padded:
-        out.append(
-            f"- **ours_padded (useful tokens/s)**: {padded} (padded graphs against Bridge's packed eager step and "
-            "against the same padded rows eagerly)."
-        )
-    refused = (data.get("variants") or {}).get("ours_packed") or {}
-    if refused.get("status") == REFUSED:
-        out.append(f"- **ours_packed refused by the capture plan**: {refused.get('reason', '?')}")
-    verdict = {True: "**met**", False: "**not met**", None: "not measured"}[summary.get("met")]
+    if any(x is not None for x in padded.values()):
+        out["ours_padded (useful tokens/s)"] = ", ".join(f"{fmt_ratio(x, 'x')} vs {r}" for r, x in padded.items())
+    if (refused := (data.get("variants") or {}).get("ours_packed") or {}).get("status") == REFUSED:
+        out["ours_packed refused by the capture plan"] = refused.get("reason", "?")
     on = f" (judged on the {summary['met_on']})" if summary.get("met_on") else ""
-    target = summary.get("target", TARGET_SPEEDUP)
-    out.append(f"- Target of issue #17 on this shape: ours_packed >= {target:g}x eager_packed: {verdict}{on}.")
-    floor = summary.get("noise_floor")
-    if floor is not None:
-        out.append(
-            f"- Run-to-run noise floor: eager_packed_repeat's useful tokens/s lies {100 * floor:.1f}% from "
-            "eager_packed's (same model, weights, samples and steps, run last)."
-        )
+    target = f"Target of issue #17: ours_packed >= {summary.get('target', TARGET_SPEEDUP):g}x eager_packed"
+    out[target] = _met(summary.get("met")) + on
+    if (floor := summary.get("noise_floor")) is not None:
+        out["Noise floor"] = f"eager_packed_repeat's useful tokens/s {100 * floor:.1f}% from eager_packed's"
     return out
 
 
 def remaining_time(data: Mapping[str, Any]) -> list[str]:
-    """Where ours_packed's step time goes: kernels against idle, padding in the computed slots, kernel time against
-    eager_packed's, and :func:`host_time_section`."""
+    """``## Where ours_packed's step time goes``: kernels, idle, padding, and :func:`host_time_section`."""
     variants = data.get("variants") or {}
     ours, eager = variants.get("ours_packed") or {}, variants.get(BASELINE) or {}
     if ours.get("status") != "ok":
         return []
-    same, step = _num(ours.get("step_ms_same_microbatches")), _step_ms(ours)
-    kernel = _num(ours.get("kernel_ms_per_step"))
-    facts = []
+    step, kernel, rows = _step_ms(ours), _num(ours.get("kernel_ms_per_step")), {}
     if step is not None and kernel is not None:
-        where = "the profiled steps' micro-batches, unprofiled" if same else "median of the measured steps"
-        facts.append(
-            f"per step {fmt_ms(step)} ms wall ({where}), of which the GPU runs kernels {fmt_ms(kernel)} ms "
-            f"({_fmt(kernel / step, '.0%')}) and idles {fmt_ms(max(0.0, step - kernel))} ms: host time the graphs "
-            "did not remove"
-        )
-        useful = ours.get("useful_tokens_per_step") or []
-        if useful and kernel > 0:
-            bound = statistics.fmean(useful) / (kernel / 1e3)
-            base = _num(eager.get("useful_tokens_per_s"))
+        where = "profiled steps' micro-batches" if ours.get("step_ms_same_microbatches") else "median step"
+        share = f"{fmt_ms(kernel)} ({_fmt(kernel / step, '.0%')}), {fmt_ms(max(0.0, step - kernel))}"
+        rows[f"wall ms ({where}): kernels (share), idle"] = f"{fmt_ms(step)}: {share}"
+        if (useful := ours.get("useful_tokens_per_step") or []) and kernel > 0:
+            bound, base = statistics.fmean(useful) / (kernel / 1e3), _num(eager.get("useful_tokens_per_s"))
             ratio = f" ({bound / base:.2f}x eager_packed)" if base else ""
-            facts.append(f"with the GPU never idle it would deliver {bound:,.0f} useful tok/s{ratio}")
+            rows["useful tok/s, the GPU never idle"] = f"{bound:,.0f}{ratio}"
     if (fill := _num(ours.get("fill_fraction"))) is not None:
-        facts.append(
-            f"{_fmt(1 - fill, '.0%')} of the token slots it computes are padding (each micro-batch, its rows' tails "
-            "dropped where tight packing is on, is padded to the smallest language budget of "
-            f"{data.get('data', {}).get('language_budgets')} that holds it; eager_packed "
-            f"computes {_fmt(1 - (_num(eager.get('fill_fraction')) or 1), '.0%')} padding)"
-        )
-    cuda_only = ours.get("cuda_only_profile") or {}
-    if _num(cuda_only.get("busy")) is not None:
+        eager_pad = _fmt(1 - (_num(eager.get("fill_fraction")) or 1), ".0%")
+        budgets = (data.get("data") or {}).get("language_budgets")
+        rows[f"padding of the slots (budgets {budgets})"] = f"{_fmt(1 - fill, '.0%')} (eager_packed {eager_pad})"
+    if (busy := _num((cuda := ours.get("cuda_only_profile") or {}).get("busy"))) is not None:
         eager_busy = _num((eager.get("cuda_only_profile") or {}).get("busy"))
-        facts.append(
-            f"under a profiler that records CUDA kernels only (no CPU ops, markers or stacks), the GPU is busy "
-            f"{cuda_only['busy']:.2f} of the same micro-batches' steps ({fmt_ms(cuda_only.get('kernel_ms_per_step'))} "
-            f"ms of kernels in {fmt_ms(cuda_only.get('window_ms_per_step'))} ms per step"
-            + (f"; eager_packed {eager_busy:.2f}" if eager_busy is not None else "")
-            + ")"
-        )
+        theirs = f"; eager_packed {eager_busy:.2f}" if eager_busy is not None else ""
+        kernels = f"{fmt_ms(cuda.get('kernel_ms_per_step'))} of {fmt_ms(cuda.get('window_ms_per_step'))} ms per step"
+        rows["GPU busy, CUDA-only profile"] = f"{busy:.2f} ({kernels}{theirs})"
     if kernel is not None and (ek := _num(eager.get("kernel_ms_per_step"))):
-        facts.append(f"its kernel time is {kernel / ek:.2f}x eager_packed's ({fmt_ms(ek)} ms) for the same samples")
-    return ["## Where ours_packed's step time goes", "", *_sentences(facts), *host_time_section(ours, eager)]
-
-
-def render_markdown(data: Mapping[str, Any]) -> str:
-    """The whole ``useful_tokens.md``."""
-    meta = data.get("meta") or {}
-    config = meta.get("config") or {}
-    out = ["# Useful tokens per second: Bridge's packed eager step vs padded and packed graphs", ""]
-    out.append(
-        f"Measured on {meta.get('gpu', '?')}, {meta.get('date', '?')}; torch {meta.get('torch', '?')}, Transformer "
-        f"Engine {meta.get('transformer_engine', '?')}, megatron-core {meta.get('megatron_core', '?')}, "
-        f"Megatron-Bridge {meta.get('megatron_bridge', '?')}."
-    )
-    if meta.get("command"):
-        out.append(f"Command: `{meta['command']}`.")
-    out.append("")
-    out.append(
-        f"Model {config.get('model', '?')} ({config.get('description', '')}), sequence {config.get('seq_length')}, "
-        f"micro-batch {config.get('micro_batch_size')}, {config.get('num_microbatches')} micro-batches per step; "
-        f"one GPU, the same initial weights and samples for every variant; {config.get('warmup_steps')} eager "
-        f"warm-up steps, capture, {config.get('measured_steps')} measured steps (Megatron's schedule and the "
-        f"distributed optimizer; wall time between synchronizes). Data: {(data.get('data') or {}).get('source', '?')}."
-    )
-    out += ["", *table(data), "", "![useful tokens per second per variant](useful_tokens.png)", ""]
-    out += [*_verdict_lines(data), *_notes(data), ""]
-    for section in (memory_section, encoder_and_mfu_section, remaining_time, host_syncs_section):
-        out += section(data)
-    out += ["## How it is measured", "", *HOW, ""]
-    return "\n".join(out)
-
-
-HOW = (
-    "- **useful tok/s**: tokens that carry loss (`loss_mask` summed over each step's micro-batches; the same for "
-    "every variant) over the measured steps' total wall time. **x vs eager_packed**: its ratio to eager_packed's.",
-    "- **fill**: real tokens (the samples' own) over the token slots the language model computes: eager_packed rows x "
-    "the step's padded width; ours_packed the packed graph budget it replays in (with tight packing, the budget of "
-    "each row's kept prefix, its extent rounded up to 16, summed over the rows; ours_packed_rows, tight packing off, "
-    "the budget of the rows' full width); padded variants rows x seq_length.",
-    "- **kernel ms/step**: union of CUDA kernel intervals (over streams) in a few profiled steps after the measured "
-    "ones (`torch.profiler`, benchmarks/trace.py), per step. **GPU busy (in profiled steps)**: that kernel time over "
-    "the profiled steps' own wall time (`gpu_busy_in_profiled_steps`: kernels and idle of the same steps; dividing by "
-    "the unprofiled median instead mixes two runs of the steps and read lower). **step / kernel**: the unprofiled "
-    "median wall time of the profiled steps' own micro-batches over their kernel time per step "
-    "(`step_ms_same_microbatches`: the same micro-batches on both sides; 1.00x: the GPU never waits for the host). † "
-    "the profiler missed the variant's graph kernels: GPU busy is the eager variant's kernel time over the unprofiled "
-    "median step, and step / kernel uses the (too low) profiled kernel time. The step-time section also gives the GPU "
-    "busy under a profiler that records CUDA kernels only (the profiled steps' micro-batches again, between two "
-    "marker kernels: `cuda_only_profile`, benchmarks/trace.py `busy_between_marks`), which recording every CPU op "
-    "does not stretch; its two steps' losses are not kept.",
-    "- **vision ms/mb**: CUDA events around each vision-encoder call of the measured steps (forward, backward). "
-    "**MFU**: model FLOPs (`benchmarks/flops.py`, every position of a padded row) over the measured steps' wall time "
-    "and the GPU's dense BF16 peak, padded rows of the dense models only; at kernel time: over the profiled steps' "
-    "kernel time.",
-    "- **graph GiB / capture s**: growth of the caching allocator's reserved memory across all captures, and their "
-    "wall time (GiB = 2^30 bytes). **replays / eager fallbacks**: per submodule, over the whole run.",
-    "- **parity**: per-token loss of one fixed micro-batch (the one with the most tokens) with the initial weights "
-    "copied back in, against the graphs-off variant of the same form (packed vs eager_packed, padded vs eager_padded; "
-    "ours_packed_fused vs eager_packed_fused); NaN-safe (a non-finite value is never a match); and every parameter's "
-    "gradient, computed for this run, against the reference's and against the reference's own second pass (the "
-    "floor): a graphed variant of ours beyond twice the floor, or without the comparison, is failed. Every step's "
-    "loss and grad norm must be finite, else the variant is failed. On an MoE model these losses are the language "
-    "model's cross-entropy only (the router's load-balancing loss reaches the gradients, so the grad norm, not the "
-    "losses).",
-    "- **capture counters**: per submodule of a graphed variant, graphs captured, replays and a failed capture; a "
-    "submodule without graphs, without replays or with a failed capture is named in the notes.",
-    "- **paired phase**: two variants (`--paired A,B`, default eager_packed,ours_packed) alive at once, their "
-    "measured steps interleaved (the first of each pair alternating); the per-pair ratio A ms / B ms is B's "
-    "useful-tokens/s ratio over A (same samples per pair); median and a 95% interval, the wider of the sign test's "
-    "and a moving-block bootstrap's (`report.paired_verdict`): the spread within this call, not between calls; both "
-    "models' peak memory beside it. The target is judged on it only where it paired eager_packed and ours_packed.",
-    "- **levers** (opt-in with `--variants`): ours_packed_rows is ours_packed with tight packing off (each "
-    "micro-batch replays in the budget of its rows' full width); eager_packed_fused and ours_packed_fused train with "
-    "`model.gradient_accumulation_fusion=true` (without APEX only Transformer Engine's layers fuse, "
-    "bridge_cudagraph/host/wgrad_fusion.py; a fused variant in which no TE module fuses is failed). "
-    "ours_packed_fused's parity reference is eager_packed_fused (the same numbers); eager_packed_fused's is "
-    "eager_packed, from which its step losses differ slightly (the fused sum rounds once per micro-batch in fp32). "
-    "The lever table compares each pair; its noise floor is eager_packed_repeat's median step against eager_packed's "
-    "(one pair of runs).",
-    "- **host waits**: one more training step after the profiled ones, on the first profiled step's micro-batches, "
-    "under torch's sync debug mode (benchmarks/host_syncs.py): each synchronizing call and the Python line that asked "
-    "for it (eager_packed and the packed graph variants).",
-)
+        rows["kernel time against eager_packed's"] = f"{kernel / ek:.2f}x ({fmt_ms(ek)} ms)"
+    table = _table("ours_packed per step | ", list(rows.items())) if rows else []
+    return ["## Where ours_packed's step time goes", "", *table, *host_time_section(ours, eager)]
 
 
 def _notes(data: Mapping[str, Any]) -> list[str]:
-    info = data.get("data") or {}
-    micro = [MicroBatch(**m) for m in info.get("microbatches") or []]
+    info, variants = data.get("data") or {}, data.get("variants") or {}
     notes = []
-    if micro:
+    if micro := [MicroBatch(**m) for m in info.get("microbatches") or []]:
         keys = ("real_tokens", "loss_tokens", "packed_tokens", "patches")
         real, loss, packed, patches = (f"{min(v)}-{max(v)}" for v in ([getattr(m, k) for m in micro] for k in keys))
         notes.append(
-            f"- Data: {len(micro)} distinct micro-batches of {micro[0].rows} samples, cycled; real tokens per "
-            f"micro-batch {real}, loss tokens {loss}, packed width x rows {packed}, vision patches {patches}."
+            f"- Data: {len(micro)} distinct micro-batches of {micro[0].rows} samples, cycled; per micro-batch real "
+            f"tokens {real}, loss tokens {loss}, packed width x rows {packed}, vision patches {patches}."
         )
     if info.get("language_budgets"):
         notes.append(
-            f"- Packed language graphs: budgets {info['language_budgets']} tokens, at most "
-            f"{info.get('max_sequences')} sequences, max_seqlen {info.get('max_seqlen')}; vision graphs (ours) "
-            f"{info.get('vision_budgets')} patches; upstream's vision graphs one length of "
-            f"{info.get('upstream_vision_seq_length')} patches."
+            f"- Graphs: packed language budgets {info['language_budgets']}, at most {info.get('max_sequences')} "
+            f"sequences, max_seqlen {info.get('max_seqlen')}; ours' vision budgets {info.get('vision_budgets')} "
+            f"patches; upstream's vision graphs {info.get('upstream_vision_seq_length')} patches."
         )
-    variants = data.get("variants") or {}
     for name in shown(data):
         rec = variants.get(name) or {}
         parity, ok = rec.get("parity") or {}, rec.get("status") == "ok"
-        steps = parity.get("steps") or {}
-        if ok and steps and parity.get("reference") != name:
+        if ok and (steps := parity.get("steps")) and parity.get("reference") != name:
             notes.append(
                 f"- {name}: step losses vs {parity.get('reference')}: {steps.get('exact_steps')} of "
                 f"{steps.get('steps')} identical, max abs diff {fmt_diff(steps.get('max_abs'))}, max rel diff "
                 f"{_fmt_rel(steps.get('max_rel'))}."
             )
         if ok and (cross := parity.get("vs_eager_packed_loss_tokens")):
-            notes.append(
-                f"- {name}: fixed micro-batch, loss tokens against eager_packed's packed form: max abs "
-                f"{fmt_diff(cross.get('loss_max_abs'))} (padded BSHD vs packed THD kernels)."
-            )
+            max_abs = fmt_diff(cross.get("loss_max_abs"))
+            notes.append(f"- {name}: fixed micro-batch vs eager_packed's packed form: loss tokens' max abs {max_abs}.")
         if ok and (problems := counter_problems(rec.get("counters") or {})):
             notes.append(f"- **{name}: its graphs were not what was timed**: {'; '.join(problems)}.")
         if rec.get("gpu_busy_note"):
@@ -961,89 +702,67 @@ def _notes(data: Mapping[str, Any]) -> list[str]:
     return notes
 
 
-def text_table(data: Mapping[str, Any]) -> str:
-    """The short table printed on stdout at the end of a run."""
-    variants = data.get("variants") or {}
-    columns = ("variant", "useful tok/s", "x", "step ms", "fill", "busy", "graph GiB", "parity")
-    picked = [COLUMNS.index(c) for c in (*COLUMNS[:6], "graph GiB", COLUMNS[-1])]
-    rows = (variant_row(name, variants.get(name)) for name in shown(data))
-    lines = [" | ".join(columns), *(" | ".join(row[i] for i in picked) for row in rows)]
-    summary, paired, clause, padded = _headline(data)
-    met = {True: "met", False: "not met", None: "not measured"}[summary.get("met")]
-    lines.append(
-        f"ours_packed vs eager_packed: separate {fmt_ratio(summary.get('separate'), 'x')}; "
-        f"{clause or 'not paired'}; target {summary.get('target', TARGET_SPEEDUP):g}x: {met}"
-    )
-    if clause is None:
-        first, second = paired_names(paired)
-        lines.append(f"{second} vs {first}: {_fmt_paired(paired)}")
-    return "\n".join([*lines, *([f"ours_padded: {padded}"] if padded else [])])
+HOW = """\
+- **useful tok/s**: loss-carrying tokens over the measured steps' wall time. **fill**: real tokens over the slots
+  computed (eager_packed rows x the step's width; ours_packed the budget it replays in, tight packing: of each row's
+  kept prefix, its extent rounded up to 16; padded rows x seq_length). **graph GiB**: reserved growth of the captures.
+- **kernel ms/step**: union of kernel intervals per profiled step (`torch.profiler`, benchmarks/trace.py); **GPU busy**
+  over the profiled steps' wall time. **step / kernel**: the same micro-batches' unprofiled step over it (1.00x: the
+  GPU never waits). †: graph kernels missed, busy from eager's kernel time. GiB = 2^30 bytes.
+- **parity**: one fixed micro-batch's per-token loss and every parameter's gradient against the graphs-off variant of
+  its form and its floor (its own second pass): beyond twice the floor, or a non-finite loss or grad norm, fails.
+- **paired**: two variants alive, steps interleaved; per pair A ms / B ms; median, 95% interval (the wider of the sign
+  test's and a moving-block bootstrap's): the spread within this call. Method: benchmarks/README.md.
+"""
 
 
-def render_png(data: Mapping[str, Any], path: str | Path) -> Path | None:
-    """``useful_tokens.png``: one bar per variant (useful tokens/s), annotated with its ratio to eager_packed and
-    its fill; a dashed line at the target (:func:`target_of`). None when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    variants = data.get("variants") or {}
-    names = shown(data)
-    ok = dict(_finished(data))
-    values = [_num(ok[n].get("useful_tokens_per_s")) if n in ok else None for n in names]
-    top = max([v for v in values if v is not None] or [1.0])
-    fig, ax = plt.subplots(figsize=(1.5 * len(names) + 2.0, 4.8))
-    for i, (name, v) in enumerate(zip(names, values, strict=True)):
-        rec = variants.get(name) or {}
-        if v is None:
-            label = REFUSED if rec.get("status") == REFUSED else "failed" if rec else "not run"
-            ax.text(i, top * 0.05, label, ha="center", va="bottom", fontsize=8, rotation=90)
-            continue
-        ax.bar(i, v, color=COLORS.get(name, "#777777"), width=0.7)
-        ratio, fill = fmt_ratio(rec.get("speedup_vs_eager_packed"), "x"), _fmt(rec.get("fill_fraction"), ".0%")
-        ax.text(i, v + top * 0.02, f"{v:,.0f}\n{ratio}\nfill {fill}", ha="center", va="bottom", fontsize=8)
-    base = _num((variants.get(BASELINE) or {}).get("useful_tokens_per_s"))
-    target = target_of(data)
-    if base:
-        ax.axhline(base * target, color="#c0392b", linestyle="--", linewidth=1)
-        label = f"target {target:g}x eager_packed"
-        ax.text(len(names) - 0.5, base * target, label, color="#c0392b", fontsize=8, ha="right", va="bottom")
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([n.replace("_", "\n", 1) for n in names], fontsize=8)
-    ax.set_ylim(0, top * 1.35)
-    ax.set_ylabel("useful tokens / s (loss-carrying)")
+def render_markdown(data: Mapping[str, Any]) -> str:
+    """The whole ``useful_tokens.md``."""
     meta = data.get("meta") or {}
-    config = meta.get("config") or {}
-    ax.set_title(
-        f"{config.get('model', '?')} Qwen3-VL, seq {config.get('seq_length')}, mbs {config.get('micro_batch_size')} "
-        f"x {config.get('num_microbatches')}, on {meta.get('gpu', '?')}",
-        fontsize=10,
-    )
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    config, versions = meta.get("config") or {}, ("torch", "transformer_engine", "megatron_core", "megatron_bridge")
+    run = ", ".join([meta.get("gpu", "?"), meta.get("date", "?"), *(f"{k} {meta.get(k, '?')}" for k in versions)])
+    out = [
+        "# Useful tokens per second: Bridge's packed eager step vs padded and packed graphs",
+        "",
+        f"{run}. " + (f"`{meta['command']}`" if meta.get("command") else ""),
+        "",
+        f"Model {config.get('model', '?')} ({config.get('description', '')}), sequence {config.get('seq_length')}, "
+        f"micro-batch {config.get('micro_batch_size')} x {config.get('num_microbatches')} per step; one GPU, every "
+        f"variant the same weights and samples; {config.get('warmup_steps')} eager warm-up steps, capture, "
+        f"{config.get('measured_steps')} measured steps. Data: {(data.get('data') or {}).get('source', '?')}.",
+        "",
+        *table(data),
+        "",
+        *(f"- **{what}**: {verdict}." for what, verdict in verdicts(data).items()),
+        *_notes(data),
+        "",
+    ]
+    for section in (memory_section, encoder_and_mfu_section, remaining_time, host_syncs_section):
+        out += section(data)
+    return "\n".join([*out, "## How it is measured", "", HOW])
 
 
-def render(json_path: str | Path) -> dict[str, Path | None]:
-    """Write ``useful_tokens.md`` and ``useful_tokens.png`` next to ``json_path``."""
+def text_table(data: Mapping[str, Any]) -> str:
+    """The short table printed on stdout at the end of a run, and the verdicts."""
+    variants = data.get("variants") or {}
+    picked = [COLUMNS.index(c) for c in (*COLUMNS[:6], "graph GiB", COLUMNS[-1])]
+    rows = [variant_row(name, variants.get(name)) for name in shown(data)]
+    lines = [" | ".join(COLUMNS[i].split(" (")[0] for i in picked), *(" | ".join(r[i] for i in picked) for r in rows)]
+    return "\n".join([*lines, *(f"{what}: {verdict}".replace("**", "") for what, verdict in verdicts(data).items())])
+
+
+def render(json_path: str | Path) -> dict[str, Path]:
+    """Write ``useful_tokens.md`` next to ``json_path``; returns ``{"md": its path}``."""
     json_path = Path(json_path)
-    data = json.loads(json_path.read_text())
     md = json_path.with_name("useful_tokens.md")
-    md.write_text(render_markdown(data))
-    return {"md": md, "png": render_png(data, json_path.with_name("useful_tokens.png"))}
+    md.write_text(render_markdown(json.loads(json_path.read_text())))
+    return {"md": md}
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
     parser.add_argument("json", help="a useful_tokens.json")
-    paths = render(parser.parse_args(argv).json)
-    print("\n".join(str(p) for p in paths.values() if p))
+    print(render(parser.parse_args(argv).json)["md"])
     return 0
 
 

@@ -62,9 +62,8 @@ def test_host_time_section_for_ours_under_the_target():
     assert report.host_time_section(*_host_config(0.96)) == []  # at the target: nothing to say
     assert "Ours' GPU busy is 0.70, under the 0.95 target" in text
     assert "the GPU ran no kernel for 50.0 ms per step (28% of the step; eager: 350.0 ms)" in text
-    assert "| forward: forward outside the encoder and the language model's call" in text
-    assert "| 25.0 | 60.0 | 175.0 | 60.0 |" in text  # forward: ours idle, ours wall, eager idle, eager wall
-    assert "| vision_backward: vision encoder backward (autograd thread) | n/a | n/a | 90.0 | 95.0 |" in text
+    assert "| forward | 25.0 | 60.0 | 175.0 | 60.0 |" in text  # forward: ours idle, ours wall, eager idle, eager wall
+    assert "| vision_backward | n/a | n/a | 90.0 | 95.0 |" in text
     assert "| `aten::nonzero` | 12.5 | 2.0 | 12.5 | - |" in text  # not among eager's top ops
     assert "| `aten::copy_` | 4.00 | 2.0 | 4.00 | 40.0 |" in text
     assert "| `cudaGraphLaunch` | 3.25 | 1.0 | 3.25 | - |" in text
@@ -72,7 +71,7 @@ def test_host_time_section_for_ours_under_the_target():
     assert "< 10 us: 2000 gaps, 6.00 ms; >= 1000 us: 3.0 gaps, 20.0 ms" in text
     assert "Caveat" not in text
     estimated = "\n".join(report.host_time_section(*_host_config(0.70, source="eager_kernel_time")))
-    assert "Caveat: ours' GPU-busy fraction was estimated" in estimated
+    assert "Caveat: the profiler missed graph kernels (GPU busy from eager's)" in estimated
 
 
 def test_paired_verdict_takes_the_wider_of_the_sign_test_and_the_block_bootstrap():

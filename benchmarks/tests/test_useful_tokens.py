@@ -1,5 +1,5 @@
 """The useful-tokens benchmark's CPU parts: its arithmetic (token slots, fill, useful tokens/s, step statistics,
-the target verdict), the table, plot and stdout rendering, the command line's errors, and the data path (the
+the target verdict), the table and stdout rendering, the command line's errors, and the data path (the
 photo set through Bridge's dataset provider, collate and Qwen3-VL step functions, under a gloo collection)."""
 
 from __future__ import annotations
@@ -212,26 +212,28 @@ def test_table_rows_say_each_variants_numbers_and_failures():
 def test_markdown_states_the_target_and_where_the_time_goes(tmp_path):
     data = _full()
     md = report.render_markdown(data)
-    assert "ours_packed >= 1.3x eager_packed: **met** (judged on the paired 95% interval's lower end)" in md
+    assert "ours_packed >= 1.3x eager_packed**: **met** (judged on the paired 95% interval's lower end)" in md
     assert "median per-pair ratio eager_packed ms / ours_packed ms 1.500x" in md
     assert "## Where ours_packed's step time goes" in md
     # 666.7 ms wall, 150 ms kernels: the rest is idle; bound 500 tokens / 0.15 s
-    assert "the GPU runs kernels 150.0 ms (22%)" in md and "3,333 useful tok/s (3.33x eager_packed)" in md
-    assert "57% of the token slots it computes are padding" in md
-    assert "0.75x eager_packed's" in md
+    assert "kernels (share), idle | 666.7: 150.0 (22%), 516.7 |" in md
+    assert "| useful tok/s, the GPU never idle | 3,333 (3.33x eager_packed) |" in md
+    assert "| 57% (eager_packed 30%) |" in md  # padding of the slots computed
+    assert "| kernel time against eager_packed's | 0.75x (200.0 ms) |" in md
     path = tmp_path / "useful_tokens.json"
     path.write_text(json.dumps(data))
     out = report.render(path)
     assert out["md"].read_text() == md
-    assert out["png"] is not None and out["png"].stat().st_size > 1000
+    assert set(out) == {"md"}  # no plot: every number is in the markdown
     text = report.text_table(data)
-    assert text.splitlines()[0].startswith("variant | useful tok/s") and "target 1.3x: met" in text
+    assert text.splitlines()[0].startswith("variant | useful tok/s")
+    assert "ours_packed >= 1.3x eager_packed: met (judged on the paired" in text
     ours = next(line for line in text.splitlines() if line.startswith("ours_packed |"))
     assert ours.split(" | ")[5] == "0.74" and ours.endswith(
         "| 0 (exact) vs eager_packed; gradients 25% bit-exact, max rel 3.0e-03 (floor 2.0e-03), within the floor"
     )  # parity, not counters
     assert "## Levers" not in md  # no lever variant ran
-    assert "GPU busy (in profiled steps)**: that kernel time over the profiled steps' own wall time" in md
+    assert "**GPU busy**\n  over the profiled steps' wall time" in md
 
 
 @pytest.mark.fast
@@ -366,15 +368,17 @@ def test_memory_section_judges_the_ladder_and_the_peaks():
         }
     }
     md = "\n".join(report.memory_section(data))
-    assert "ours_packed's peak reserved** is 1.12x eager_packed's (target at most 1.15x: **met**)" in md
-    assert "their pools take 10.75 GiB, 1.07x the largest rung alone (10.00 GiB; target at most 1.1x: **met**)" in md
-    assert "1 rungs captured later for larger micro-batches (each ran eagerly until then" in md
+    assert "ours_packed's peak reserved** is 1.12x eager_packed's (at most 1.15x: **met**)" in md
+    # pools 10.75 GiB, 1.07x the largest rung alone (10.00 GiB; target 1.1x: met), 1 rung captured later
+    ladder = "| language | [1312, 1664, 2112] (up to the largest micro-batch before capture (2048)) | 10.75 | 1.07x"
+    ladder += " | 10.00 |"
+    assert f"{ladder} **met** (at most 1.1x) | 1 |" in md
     # Rungs captured after the capture's snapshot count too (listed by the step that captured them).
     data["variants"]["ours_packed"]["late_captures"] = [
         {"step": 4, "submodule": "language", "budgets": [2656, 3328]},
         {"step": 5, "submodule": "vision", "budgets": [8192]},
     ]
-    assert "2 rungs captured later for larger micro-batches" in "\n".join(report.memory_section(data))
+    assert f"{ladder} **met** (at most 1.1x) | 2 |" in "\n".join(report.memory_section(data))
     assert "| 2112 | 10,240 | 128 |" in md
     # Memory outside the allocator, which the peaks leave out, beside them (n/a where not recorded).
     assert "| eager_packed | 45.0 | 48.0 | 1.00x | - | 14.6 |" in md
@@ -384,8 +388,8 @@ def test_memory_section_judges_the_ladder_and_the_peaks():
         allocated_at_start_bytes=10 * gib, reserved_at_start_bytes=12 * gib, peak_reserved_bytes=54 * gib
     )
     md = "\n".join(report.memory_section(data))
-    assert "ours_packed started with 10.0 GiB that earlier variants left allocated" in md
+    assert "ours_packed started with 10.0 GiB earlier variants left allocated" in md
     assert "its own: 40.0 / 42.0 GiB allocated / reserved" in md
-    assert "measured 11.00 GiB (1.10x of the estimate; within 20%: **yes**)" in md
+    assert "| language | 2112 | 10.00 | 11.00 | 1.10x | **yes** (within 20%) |" in md  # estimate, measured, ratio
     data["variants"]["ours_packed"]["peak_reserved_bytes"] = 60 * gib
-    assert "1.25x eager_packed's (target at most 1.15x: **not met**)" in "\n".join(report.memory_section(data))
+    assert "1.25x eager_packed's (at most 1.15x: **not met**)" in "\n".join(report.memory_section(data))

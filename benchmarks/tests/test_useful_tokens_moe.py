@@ -213,7 +213,7 @@ def test_the_report_reads_a_refusal_the_padded_speedups_and_the_counters():
     assert f"**ours_packed refused by the capture plan**: {reason}" in md
     assert "its graphs were not what was timed" not in md  # every submodule captured and replayed
     text = report.text_table(data)
-    assert "ours_padded: 1.12x vs eager_packed, 2.80x vs eager_padded" in text
+    assert "ours_padded (useful tokens/s): 1.12x vs eager_packed, 2.80x vs eager_padded" in text
     assert "paired phase skipped: ours_packed was refused by the capture plan" in text
     assert report.counter_problems(counters) == []
     bad = {
