@@ -1,17 +1,12 @@
-"""Model FLOPs of a Qwen3-VL training step, for the benchmark's MFU column.
-
-Counted as Megatron's ``num_floating_point_operations`` does: the matrix multiplications, forward x 3 for forward +
-backward, no recomputation. Attention counts what the mask keeps (causal pairs in the language model, full squares per
-image frame in the vision encoder); the language model counts every position of the padded micro-batch.
-"""
+"""Model FLOPs of a Qwen3-VL training step, for the MFU: the matrix multiplications, forward x 3, no recomputation;
+attention over causal pairs (language, every position of a padded row) and full squares per image frame (vision)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-#: Dense BF16 tensor-core peak in TFLOP/s (NVIDIA's data sheets, without sparsity), by a substring of the name
-#: ``torch.cuda.get_device_name`` reports.
+#: Dense BF16 tensor-core peak in TFLOP/s, by a substring of the GPU's name.
 PEAK_BF16_TFLOPS = {"H200": 989.5, "H100": 989.5, "A100": 312.0, "B200": 2250.0}
 
 
@@ -44,8 +39,7 @@ def language_flops(provider: Any, batch_size: int, seq_length: int) -> float:
 
 
 def vision_flops(vision_config: Any, frames: Sequence[int]) -> float:
-    """Forward + backward FLOPs of the vision encoder on frames of ``frames`` patches each (patch embedding,
-    layers, the merger and the deepstack mergers)."""
+    """Forward + backward FLOPs of the vision encoder (and its mergers) on frames of ``frames`` patches each."""
     hv = vision_config.hidden_size
     ffn = vision_config.intermediate_size
     depth = vision_config.depth

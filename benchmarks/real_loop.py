@@ -1,10 +1,7 @@
 """The product's real loop, graphs on and off, one run after another: ``bridge-cudagraph train`` on a recipe.
 
-Runs the product's own path (Bridge's ``pretrain()``, data loader and workers) once per variant and reads the
-end-of-training lines ``train`` prints: useful tokens/s, data wait, peak memory. Runs go one after another (two would
-share the cores the data wait measures), ``--repeats`` alternating. Writes ``OUT/real_loop.json``, ``.md`` and each
-run's log; a failed run is a row with its exit code and last ``error:`` line, never a number.
-"""
+Reads the end-of-training lines ``train`` prints (useful tokens/s, data wait, peak memory) off each run's log; writes
+``OUT/real_loop.json``, ``.md`` and the logs. A failed run is a row with its exit code and last ``error:`` line."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ from pathlib import Path
 
 __all__ = ["Run", "Variant", "main", "parse_log", "plan_runs", "render_table", "train_command"]
 
-#: What a variant switches off (``eager``: Bridge's default, graphs off) or leaves (``graphs``: the recipe's block).
+#: The overrides of the ``eager`` variant (``graphs``: the recipe's block as it is).
 GRAPHS_OFF = ("model.cuda_graph.language.enabled=false", "model.cuda_graph.vision.enabled=false")
 
 _RATE = re.compile(
@@ -35,7 +32,7 @@ _BOUND = "bridge_cudagraph: the data is the limit"
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running the recipe: graphs on or off, with a DataLoader worker count (None: the recipe's)."""
+    """Graphs on or off, with a DataLoader worker count (None: the recipe's)."""
 
     graphs: bool
     workers: int | None = None
@@ -55,7 +52,6 @@ class Run:
     """One run's numbers, read off its log (None: the line was not printed)."""
 
     variant: str
-    """:attr:`Variant.name`."""
     graphs: bool
     workers: int | None
     repeat: int
@@ -73,12 +69,9 @@ class Run:
     log: str = ""
     command: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    """What fails a finished graphed run: a capture summary with a submodule without graphs or replays
-    (:func:`benchmarks.loop_logs.replay_problems`: it would be timed as eager under the graphs' name), or a
-    non-finite loss or grad norm at any iteration."""
+    """What fails a finished graphed run: a submodule without graphs or replays, or a non-finite step."""
     loss_vs_eager: dict | None = None
-    """Its per-iteration loss and grad norm against the eager run of the same workers and repeat
-    (:func:`benchmarks.loop_logs.compare`, at the printed precision; any non-finite step counted)."""
+    """Its loss and grad norm against the eager run of the same workers and repeat (:func:`loop_logs.compare`)."""
 
     @property
     def ok(self) -> bool:
@@ -92,7 +85,7 @@ def train_command(recipe: str, iters: int, variant: Variant, extra: tuple[str, .
 
 
 def plan_runs(variants: list[Variant], repeats: int) -> list[tuple[Variant, int]]:
-    """Every variant once per repeat, the variants alternating (A B A B), so drift over the call spreads evenly."""
+    """Every variant once per repeat, the variants alternating (A B A B)."""
     return [(v, r) for r in range(repeats) for v in variants]
 
 
@@ -130,7 +123,7 @@ def run_one(recipe: str, iters: int, variant: Variant, repeat: int, out: Path, p
         code, text = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         code = 124
-        # TimeoutExpired carries the output so far as bytes, whatever text=True asked for.
+        # TimeoutExpired carries the output so far as bytes.
         text = f"{_decoded(expired.stdout)}{_decoded(expired.stderr)}\nerror: timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
     log.write_text(text)
@@ -145,8 +138,7 @@ def _decoded(output: bytes | str | None) -> str:
 
 
 def check_against_eager(runs: list[Run], out: Path) -> None:
-    """Each finished graphed run: its capture summary checked (graphs and replays in every submodule), and its loss
-    and grad norm per iteration set against the eager run of the same workers and repeat."""
+    """Each finished graphed run's :attr:`Run.problems` and :attr:`Run.loss_vs_eager`, from the logs under ``out``."""
     from benchmarks.loop_logs import compare, read_log, replay_problems
 
     logs = {(r.graphs, r.workers, r.repeat): read_log(out / r.log) for r in runs if r.exit_code == 0}
@@ -167,8 +159,7 @@ def render_table(runs: list[Run]) -> str:
     """The markdown table: one row per run, x against the median of the eager runs of the same workers."""
     base: dict[int | None, list[float]] = {}
     for r in runs:
-        if r.ok and not r.graphs:
-            assert r.useful_tokens_per_s is not None  # r.ok
+        if r.ok and not r.graphs and r.useful_tokens_per_s is not None:
             base.setdefault(r.workers, []).append(r.useful_tokens_per_s)
     rows = [
         "| variant | repeat | useful tok/s | x eager | step ms | data wait ms (share) | peak GiB alloc / reserved | "
@@ -224,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs.append(run)
     check_against_eager(runs, args.out)
-    from benchmarks.runner import (  # after the runs: CUDA initialised here only once they are done
-        command_line,
-        run_meta,
-    )
+    from benchmarks.runner import command_line, run_meta  # after the runs: CUDA initialised here
 
     meta = run_meta(command_line("benchmarks.real_loop", argv), date=started)
     record = {"meta": meta, "recipe": args.recipe, "iters": args.iters, "runs": [asdict(r) for r in runs]}
