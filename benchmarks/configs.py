@@ -40,8 +40,7 @@ class BenchConfig:
         return [sum(t for sample in mb for (t, _, _) in sample) for mb in self.image_sets]
 
     def vision_budgets(self) -> list[int]:
-        """Ours: the plugin's geometric vision ladder from the data's largest micro-batch down to the packed language
-        ladder's floor."""
+        """Ours: the plugin's vision ladder from the data's largest micro-batch down to the language floor."""
         from bridge_cudagraph.plan.budgets import LANGUAGE_LADDER_FLOOR, geometric_ladder, vision_ladder_multiple
 
         top = max([*self.patches_per_microbatch(), MERGE * MERGE])

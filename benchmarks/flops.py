@@ -12,10 +12,7 @@ PEAK_BF16_TFLOPS = {"H200": 989.5, "H100": 989.5, "A100": 312.0, "B200": 2250.0}
 
 def peak_tflops(device_name: str) -> float | None:
     """The dense BF16 peak of ``device_name``, None for a GPU this table does not know."""
-    for key, value in PEAK_BF16_TFLOPS.items():
-        if key in device_name:
-            return value
-    return None
+    return next((value for key, value in PEAK_BF16_TFLOPS.items() if key in device_name), None)
 
 
 def language_flops(provider: Any, batch_size: int, seq_length: int) -> float:
@@ -66,8 +63,7 @@ def step_flops(provider: Any, micro_batches: Sequence[Mapping[str, Any]]) -> flo
     for batch in micro_batches:
         rows, seq = batch["input_ids"].shape
         total += language_flops(provider, int(rows), int(seq))
-        grid = batch.get("image_grid_thw")
-        if grid is not None and len(grid):
+        if (grid := batch.get("image_grid_thw")) is not None and len(grid):
             total += vision_flops(provider.vision_config, frames_of(grid.tolist()))
     return total
 

@@ -74,12 +74,10 @@ def census(fn: Callable[[], Any]) -> dict[str, Any]:
 
 
 def census_lines(variants: Mapping[str, Any], names: Iterable[str], top: int = 6) -> list[str]:
-    """One markdown bullet per variant of ``names`` whose record holds a :func:`census`: its host waits in one step
-    and the ``top`` sites that ask for most of them."""
+    """A markdown bullet per variant of ``names`` with a :func:`census`: its host waits and ``top`` sites."""
     lines = []
     for name in names:
-        syncs = (variants.get(name) or {}).get("host_syncs")
-        if not syncs:
+        if not (syncs := (variants.get(name) or {}).get("host_syncs")):
             continue
         sites = "; ".join(f"{n} x `{site}`" for site, n in (syncs.get("sites") or [])[:top])
         most = f"; most from: {sites}" if sites else ""

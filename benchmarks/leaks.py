@@ -106,8 +106,7 @@ def leak_report(count: int = 2, *, depth: int = 10) -> dict:
 
 
 def training_tensors(model, optimizer) -> list[torch.Tensor]:
-    """The large tensors of a Megatron DDP model and its optimizer: the parameter and gradient buffers, and the inner
-    optimizers' parameters and states."""
+    """A Megatron DDP model's parameter and gradient buffers, and its inner optimizers' parameters and states."""
     tensors: list[torch.Tensor] = []
     for chunk in model or []:
         # DDP's buffers are lists; on a plain module ``buffers`` is a method.
@@ -117,8 +116,7 @@ def training_tensors(model, optimizer) -> list[torch.Tensor]:
             tensors += [t for t in pair if t is not None]
     optimizers = getattr(optimizer, "chained_optimizers", None) or ([optimizer] if optimizer is not None else [])
     for opt in optimizers:
-        inner = getattr(opt, "optimizer", None)
-        if inner is None:
+        if (inner := getattr(opt, "optimizer", None)) is None:
             continue
         tensors += [p for group in inner.param_groups for p in group["params"]]
         tensors += [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v)]
@@ -126,8 +124,7 @@ def training_tensors(model, optimizer) -> list[torch.Tensor]:
 
 
 def release_training_memory(model, optimizer) -> int:
-    """Shrink the CUDA storages of :func:`training_tensors` to nothing (the tensors become unusable); returns the
-    bytes released."""
+    """Shrink the CUDA storages of :func:`training_tensors` to nothing; returns the bytes released."""
     released = 0
     storages: dict[int, torch.UntypedStorage] = {}
     for tensor in training_tensors(model, optimizer):

@@ -75,8 +75,7 @@ def capture_counts(summary: str | None) -> dict[str, dict[str, int]]:
 
 
 def replay_problems(summary: str | None) -> list[str]:
-    """What is wrong with a graphed run's capture by its last summary: none at all, or a submodule without graphs
-    or replays."""
+    """What is wrong with a graphed run's last capture summary: none, or a submodule without graphs or replays."""
     counts = capture_counts(summary)
     if not counts:
         return ["no capture summary in the log: not a graphed run"]

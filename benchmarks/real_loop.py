@@ -42,9 +42,8 @@ class Variant:
         return ("graphs" if self.graphs else "eager") + ("" if self.workers is None else f"_w{self.workers}")
 
     def overrides(self) -> tuple[str, ...]:
-        return (() if self.graphs else GRAPHS_OFF) + (
-            () if self.workers is None else (f"dataset.num_workers={self.workers}",)
-        )
+        workers = () if self.workers is None else (f"dataset.num_workers={self.workers}",)
+        return (() if self.graphs else GRAPHS_OFF) + workers
 
 
 @dataclass
@@ -78,10 +77,10 @@ class Run:
         return self.exit_code == 0 and self.useful_tokens_per_s is not None and not self.problems
 
 
-def train_command(recipe: str, iters: int, variant: Variant, extra: tuple[str, ...] = ()) -> list[str]:
+def train_command(recipe: str, iters: int, variant: Variant) -> list[str]:
     """The user's command: ``python -m bridge_cudagraph train RECIPE`` with the variant's overrides."""
     head = [sys.executable, "-m", "bridge_cudagraph", "train", recipe]
-    return [*head, f"train.train_iters={iters}", *variant.overrides(), *extra]
+    return [*head, f"train.train_iters={iters}", *variant.overrides()]
 
 
 def plan_runs(variants: list[Variant], repeats: int) -> list[tuple[Variant, int]]:
@@ -101,8 +100,7 @@ def parse_log(text: str) -> dict:
     if (m := _last(_PEAK, text)) is not None:
         out["peak_allocated_gib"], out["peak_reserved_gib"] = float(m.group(1)), float(m.group(2))
     out["data_bound"] = _BOUND in text
-    errors = [line.strip() for line in text.splitlines() if line.startswith("error:")]
-    if errors:
+    if errors := [line.strip() for line in text.splitlines() if line.startswith("error:")]:
         out["error"] = errors[-1][:300]
     return out
 
@@ -174,11 +172,8 @@ def render_table(runs: list[Run]) -> str:
         assert r.useful_tokens_per_s is not None  # r.ok
         ref = sorted(base.get(r.workers, []))
         ratio = f"{r.useful_tokens_per_s / ref[len(ref) // 2]:.2f}x" if ref else "n/a"
-        wait = (
-            "n/a"
-            if r.data_wait_ms is None or r.data_wait_share is None
-            else f"{r.data_wait_ms:.1f} ({100 * r.data_wait_share:.0f}%)"
-        )
+        share = r.data_wait_share
+        wait = "n/a" if r.data_wait_ms is None or share is None else f"{r.data_wait_ms:.1f} ({100 * share:.0f}%)"
         peak = "n/a" if r.peak_allocated_gib is None else f"{r.peak_allocated_gib:.1f} / {r.peak_reserved_gib:.1f}"
         loss = "" if r.loss_vs_eager is None else f"{r.loss_vs_eager['loss']['max_rel']:.2e}"
         rows.append(
@@ -193,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.real_loop", description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument(
-        "--workers", default="", help="comma-separated DataLoader worker counts (default: the recipe's)"
-    )
+    parser.add_argument("--workers", default="", help="DataLoader worker counts, comma-separated (default: recipe's)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")

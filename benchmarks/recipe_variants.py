@@ -41,23 +41,19 @@ class RecipeVariant:
 
     @property
     def provider(self) -> Any:
-        """The finalized provider."""
         return self.config.model
 
     def pre_wrap_hook(self):
         """Bridge's PEFT transformation of the recipe, or None for a recipe without ``peft``."""
-        peft = getattr(self.config, "peft", None)
-        if peft is None:
+        if (peft := getattr(self.config, "peft", None)) is None:
             return None
         from bridge_cudagraph.host.compat import peft_transformation
 
         return functools.partial(peft_transformation(), copy.deepcopy(peft))
 
     def register_peft(self, pg_collection: Any) -> None:
-        """Register :meth:`pre_wrap_hook` on the provider as Bridge's setup does, after a hook giving every config
-        without a process group collection ``pg_collection`` (LoRA's adapters read it)."""
-        hook = self.pre_wrap_hook()
-        if hook is None:
+        """Register :meth:`pre_wrap_hook`, after a hook giving every config without groups ``pg_collection``."""
+        if (hook := self.pre_wrap_hook()) is None:
             return
         from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -108,8 +104,8 @@ def load_variant(
     upstream_vision_seq_length: int,
 ) -> RecipeVariant:
     """The recipe of ``--model`` as ``variant`` at ``num_microbatches`` micro-batches per step on one GPU. Raises
-    RuntimeError where ``seq_length`` or ``micro_batch_size`` is not the finalized variant's, KeyError for an unknown
-    variant, CudaGraphConfigError or RecipeError where the plugin or the loader refuses it."""
+    RuntimeError where ``seq_length`` or ``micro_batch_size`` differ from the finalized variant's; KeyError,
+    CudaGraphConfigError or RecipeError where the variant is unknown or refused."""
     from bridge_cudagraph.plan.from_config import finalize_config, plan_config
     from bridge_cudagraph.recipe.load import load_recipe
 
