@@ -48,8 +48,7 @@ FAILED = "failed"
 
 @dataclass
 class StepData:
-    """One form's micro-batches on the GPU, the parity check's fixed one, the step plan (per step, its micro-batches'
-    indices) and the step counts (warm-up, measured, profiled, in that order)."""
+    """One form's GPU micro-batches, the fixed one, the step plan and the warm-up, measured and profiled counts."""
 
     world: Any
     batches: list[dict]
@@ -99,8 +98,7 @@ def say(message: str) -> None:
 
 
 def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
-    """Whether ``torch.profiler`` reports the kernels inside CUDA graph replays: a graph of ``kernels_per_graph``
-    kernels replayed ``replays`` times under it, the kernels counted."""
+    """Whether ``torch.profiler`` sees the kernels of a graph of ``kernels_per_graph`` replayed ``replays`` times."""
     x = torch.randn(1 << 16, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -138,8 +136,7 @@ def _trace_of(body: Callable[[], None], activities: list) -> dict:
 
 
 def _preroll(n: int = 64) -> None:
-    """Tiny kernels at the start of a profiling session, outside every step window (the timestamps of a session's
-    first kernel records can be corrupt)."""
+    """Tiny kernels at a profiling session's start, whose first kernel records' timestamps can be corrupt."""
     t = torch.zeros(8, device="cuda")
     for _ in range(n):
         t.add_(1.0)
@@ -147,8 +144,7 @@ def _preroll(n: int = 64) -> None:
 
 
 class VisionTimer:
-    """CUDA events around every vision-encoder call of a model, forward and backward, while :attr:`active` and not
-    capturing."""
+    """CUDA events around every vision-encoder forward and backward while :attr:`active` and not capturing."""
 
     def __init__(self, model: Sequence[torch.nn.Module]) -> None:
         from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
@@ -157,8 +153,7 @@ class VisionTimer:
         self.records: list[dict[str, torch.cuda.Event]] = []
         self._current: dict | None = None
         self._handles = []
-        self.encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, Qwen3VLVisionModel)]
-        for encoder in self.encoders:
+        for encoder in [m for chunk in model for m in chunk.modules() if isinstance(m, Qwen3VLVisionModel)]:
             self._handles.append(encoder.register_forward_pre_hook(self._pre))
             self._handles.append(encoder.register_forward_hook(self._post))
             embed = getattr(encoder, "patch_embed", None)
@@ -171,11 +166,8 @@ class VisionTimer:
         event.record()
         return event
 
-    def _recording(self) -> bool:
-        return self.active and not torch.cuda.is_current_stream_capturing()
-
     def _pre(self, module, args) -> None:
-        if self._recording():
+        if self.active and not torch.cuda.is_current_stream_capturing():
             self._current = {"fwd0": self._event()}
 
     def _stamp_on_grad(self, tensor: Any, record: dict | None, key: str) -> None:
@@ -211,7 +203,6 @@ class VisionTimer:
         return out
 
     def remove(self) -> None:
-        """Remove every hook."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -239,8 +230,7 @@ def model_flops_utilisation(
     kernel_ms: float | None,
     peak: float | None,
 ) -> dict[str, Any]:
-    """Model FLOPs, TFLOP/s and MFU of the measured steps, and the MFU at the profiled steps' kernel time; ``peak``:
-    dense BF16 TFLOP/s (None: no MFU); {} without FLOPs."""
+    """Model FLOPs, TFLOP/s and MFU of the measured steps, and MFU at the profiled kernel time; {} without FLOPs."""
     if not flops_per_step or not step_ms:
         return {}
     tflops = sum(flops_per_step) / (sum(step_ms) * 1e-3) / 1e12
@@ -267,13 +257,11 @@ def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[t
 
 
 class PhaseMarkers:
-    """``record_function`` ranges ``bcg_phase/<phase>`` around a training step's phases, for
-    :func:`host_time_breakdown`, by hooks and an ``optimizer.step`` wrapper, removed by :meth:`remove`: main-thread
-    ``step_setup``, ``forward``, ``backward``, ``optimizer_step``, ``step_end``; nested ``vision_forward``,
-    ``language_forward``, ``vision_backward``."""
+    """``record_function`` ranges ``bcg_phase/<phase>`` around a training step's phases (``step_setup``, ``forward``,
+    ``backward``, ``optimizer_step``, ``step_end``; nested: ``vision_forward``, ``language_forward``,
+    ``vision_backward``), by hooks and an ``optimizer.step`` wrapper, removed by :meth:`remove`."""
 
-    def __init__(self, model: Sequence[torch.nn.Module], optimizer: Any = None, *, prefix: str = PHASE_PREFIX) -> None:
-        self.prefix = prefix
+    def __init__(self, model: Sequence[torch.nn.Module], optimizer: Any = None) -> None:
         self._open: dict[str, Any] = {}
         self._current: str | None = None
         self._handles: list[Any] = []
@@ -296,14 +284,13 @@ class PhaseMarkers:
     def open(self, phase: str) -> None:
         """Enter ``bcg_phase/<phase>`` (an open one of the same name is closed first)."""
         self.close(phase)
-        marker = torch.profiler.record_function(self.prefix + phase)
+        marker = torch.profiler.record_function(PHASE_PREFIX + phase)
         marker.__enter__()
         self._open[phase] = marker
 
     def close(self, phase: str) -> None:
         """Exit ``bcg_phase/<phase>`` if it is open."""
-        marker = self._open.pop(phase, None)
-        if marker is not None:
+        if (marker := self._open.pop(phase, None)) is not None:
             marker.__exit__(None, None, None)
 
     def switch(self, phase: str) -> None:
@@ -414,8 +401,7 @@ def free_memory() -> None:
 
 
 def fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float, dict]:
-    """Per-token loss, gradient norm and every trainable parameter's gradient (fp32, host) of one forward and backward
-    on ``batch``; gradient buffers zeroed after."""
+    """Per-token loss, grad norm and every trainable parameter's gradient (fp32, host) of one step on ``batch``."""
     from bridge_cudagraph.testing.parity import grad_norm, loss_and_grads
 
     loss, grads = loss_and_grads(model, batch, device="cpu")
@@ -435,15 +421,9 @@ class NonFiniteStepError(RuntimeError):
 
 def require_finite(losses: Sequence[float], grad_norms: Sequence[float] | None = None) -> None:
     """Raise :class:`NonFiniteStepError` when any step's loss or grad norm is not finite."""
-    bad = {
-        name: steps
-        for name, steps in (("loss", non_finite_steps(losses)), ("grad norm", non_finite_steps(grad_norms)))
-        if steps
-    }
-    if bad:
-        raise NonFiniteStepError(
-            "non-finite " + "; ".join(f"{name} at steps {steps[:10]}" for name, steps in bad.items())
-        )
+    series = (("loss", non_finite_steps(losses)), ("grad norm", non_finite_steps(grad_norms)))
+    if bad := [f"{name} at steps {steps[:10]}" for name, steps in series if steps]:
+        raise NonFiniteStepError("non-finite " + "; ".join(bad))
 
 
 #: What :func:`capture_record` keeps of a helper's :class:`~bridge_cudagraph.capture.stats.CaptureStats`, in order.
@@ -471,8 +451,7 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
             if not helper.pending_budgets():
                 continue
             pool_before, before = sum(helper.stats.per_budget.values()), reserved()
-            rungs = helper.capture_pending()
-            if rungs:
+            if rungs := helper.capture_pending():
                 record.setdefault("late_captures", []).append(
                     {
                         "step": i,
@@ -490,8 +469,7 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
 
 
 def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
-    """Capture every helper, measured; ``upstream``: megatron-core's helpers, whose vision capture may fail without
-    failing the variant."""
+    """Capture every helper, measured; ``upstream``'s vision capture may fail without failing the variant."""
     from bridge_cudagraph.capture.device_memory import measure
     from bridge_cudagraph.capture.failure import abandon_capture
     from bridge_cudagraph.capture.stats import CaptureStats
@@ -521,8 +499,7 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
         out["capture_errors"] = errors
     if not upstream:
         out["capture"] = {h.submodule: capture_record(h.stats) for h in helpers}
-        vision = [h for h in helpers if h.submodule == "vision"]
-        if vision:
+        if vision := [h for h in helpers if h.submodule == "vision"]:
             out["vision_graph_memory_per_budget"] = dict(vision[0].stats.per_budget)
     return out
 
@@ -530,8 +507,7 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
 def profile(
     shared: StepData, run_step: Callable[[int], object], first_step: int, *, model: Any, optimizer: Any
 ) -> tuple[dict, dict]:
-    """Profile ``shared.profile_steps`` steps from ``first_step`` with :class:`PhaseMarkers`:
-    ``(kernel_time_per_step, host_time_breakdown or {"error": ...})``."""
+    """``(kernel time per step, host time breakdown or {"error": ...})`` of the profiled steps from ``first_step``."""
     n = shared.profile_steps
     markers = PhaseMarkers(model, optimizer)
 
@@ -573,8 +549,7 @@ def profile_cuda_only(shared: StepData, run_step: Callable[[int], object], first
 
 @contextlib.contextmanager
 def recorded(rec: dict, key: str, *, limit: int = 500, what: str = "") -> Iterator[None]:
-    """The block of a measurement aid: an exception ends it, recorded as ``rec[key]`` (cut at ``limit``) and said
-    after ``what`` when given, never raised."""
+    """A block whose exception is recorded as ``rec[key]`` (and said after ``what``), never raised."""
     try:
         yield
     except Exception as error:
@@ -689,8 +664,7 @@ def cap_gpu_memory(gib: float | None) -> float | None:
 def step_runner(
     shared: StepData, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
-    """``run(i)``: training step ``i`` of the plan on ``objs``' model, its wall ms; the loss and grad norm appended to
-    ``losses`` and ``grad_norms`` when given."""
+    """``run(i)``: training step ``i`` of the plan, its wall ms; loss and grad norm appended to the lists given."""
     from bridge_cudagraph.testing.parity import train_steps
 
     model, optimizer = objs["model"], objs["optimizer"]
@@ -719,8 +693,7 @@ def break_ddp_cycles(model: Any) -> None:
 
 
 def drop_kept_graphs(model: Any) -> None:
-    """Set to None every tensor with a ``grad_fn`` that a module of ``model``, or a plain object on one, keeps from
-    its last forward (its autograd graph holds the model)."""
+    """Drop every tensor with a ``grad_fn`` a module of ``model`` (or a plain object on one) keeps from a forward."""
 
     def drop(holder: Any) -> None:
         for name, value in list(vars(holder).items()):
@@ -737,12 +710,10 @@ def drop_kept_graphs(model: Any) -> None:
 
 
 def teardown(objs: dict) -> dict:
-    """Undo the helpers, graphs, hooks, micro-batch calculator and step-host changes, drop model and optimizer, free
-    the memory; returns what of them is still alive (for :func:`check_freed`)."""
+    """Undo all a variant installed, drop its model and optimizer; returns what of them is still alive."""
     chunk_refs = [weakref.ref(chunk) for chunk in objs.get("model") or []]
     optimizer_ref = weakref.ref(objs["optimizer"]) if objs.get("optimizer") is not None else None
-    timer = objs.get("timer")
-    if timer is not None:
+    if (timer := objs.get("timer")) is not None:
         timer.remove()
     for helper in objs.get("helpers") or []:  # first every decoder's class back
         try:
@@ -772,8 +743,7 @@ def teardown(objs: dict) -> dict:
 
 
 def ours_helpers(objs: dict, plan: Any) -> list:
-    """This plugin's helpers of ``plan`` through the variant's provider, the step host installed first as ``plan``
-    says (undone by :func:`teardown`)."""
+    """This plugin's helpers of ``plan``, the step host installed first (undone by :func:`teardown`)."""
     from bridge_cudagraph.host import step as step_host
 
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
@@ -787,8 +757,7 @@ def ours_helpers(objs: dict, plan: Any) -> list:
 
 
 def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_size: int, num_microbatches: int) -> list:
-    """megatron-core's ``TECudaGraphHelper`` and ``VisionTECudaGraphHelper`` as Bridge's ``train()`` builds them, with
-    the global micro-batch calculator they read."""
+    """megatron-core's TE graph helpers as Bridge's ``train()`` builds them, with the micro-batch calculator."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches, init_num_microbatches_calculator
     from megatron.core.transformer.cuda_graphs import (
         TECudaGraphHelper,
@@ -829,13 +798,9 @@ def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_siz
 
 
 def error_origin(error: BaseException) -> dict[str, str]:
-    """Where ``error`` came from: ``cause``, the end of its ``__cause__``/``__context__`` chain, and ``where``, that
-    cause's innermost frame."""
+    """``cause``: the end of ``error``'s ``__cause__``/``__context__`` chain; ``where``: its innermost frame."""
     root, seen = error, {id(error)}
-    while True:
-        nxt = root.__cause__ or root.__context__
-        if nxt is None or id(nxt) in seen:
-            break
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
         seen.add(id(nxt))
         root = nxt
     lines = str(root).strip().splitlines()

@@ -55,9 +55,9 @@ def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int
     )
 
 
-def _qwen3_vl_shape(cuda_graph, seq_length: int, overrides: dict, deepstack: list, vision: dict, **fields: Any) -> Any:
-    """Qwen3-VL's real language layer (hidden 2048, vocabulary, token ids) with ``fields``, a vision encoder of
-    ``vision``'s fields, deepstack taps after layers ``deepstack``, random weights; ``overrides`` replace any field."""
+def _qwen3_vl_shape(cuda_graph, seq_length: int, overrides: dict, deepstack: list, vision: dict, tied: bool, **fields):
+    """Qwen3-VL's language layer (hidden 2048, vocabulary, token ids) with ``fields``, the output weights ``tied`` to
+    the embedding or not, a vision encoder of ``vision``'s fields tapped after ``deepstack``; ``overrides`` win."""
     from bridge_cudagraph.examples import tiny
 
     fields.update(
@@ -68,6 +68,7 @@ def _qwen3_vl_shape(cuda_graph, seq_length: int, overrides: dict, deepstack: lis
         mrope_section=[24, 20, 20],
         layernorm_epsilon=1e-6,
         **QWEN3_VL_TOKENS,
+        share_embeddings_and_output_weights=tied,
         deepstack_visual_indexes=list(deepstack),
         vision_config=tiny.tiny_vision_config(2048, deepstack_visual_indexes=list(deepstack), **vision),
     )
@@ -77,43 +78,19 @@ def _qwen3_vl_shape(cuda_graph, seq_length: int, overrides: dict, deepstack: lis
 def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: Any):
     """A Qwen3-VL-2B-shaped provider (random weights) with ``cuda_graph``; ``overrides`` replace any field."""
     vision = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, num_position_embeddings=2304)
-    return _qwen3_vl_shape(
-        cuda_graph,
-        seq_length,
-        overrides,
-        [5, 11, 17],
-        vision,
-        share_embeddings_and_output_weights=True,
-        num_layers=28,
-        num_attention_heads=16,
-        num_query_groups=8,
-        spatial_merge_size=MERGE,
-        num_position_embeddings=2304,
-        out_hidden_size=2048,
-    )
+    layers = dict(num_layers=28, num_attention_heads=16, num_query_groups=8, out_hidden_size=2048)
+    merge = dict(spatial_merge_size=MERGE, num_position_embeddings=2304)
+    return _qwen3_vl_shape(cuda_graph, seq_length, overrides, [5, 11, 17], vision, True, **layers, **merge)
 
 
 def qwen3_vl_30b_a3b_shape_provider(
     cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any
 ) -> Any:
-    """Qwen3-VL-30B-A3B's language layer and vision encoder at :data:`MOE_30B_LAYERS` language layers (random
-    weights, EP 1, TP 1) with ``cuda_graph``; ``overrides`` replace any field."""
-    return _qwen3_vl_shape(
-        cuda_graph,
-        seq_length,
-        overrides,
-        [8, 16, 24],
-        dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16),
-        moe=True,
-        num_layers=MOE_30B_LAYERS,
-        moe_ffn_hidden_size=768,
-        num_moe_experts=128,
-        moe_router_topk=8,
-        moe_grouped_gemm=True,
-        num_attention_heads=32,
-        num_query_groups=4,
-        share_embeddings_and_output_weights=False,
-    )
+    """Qwen3-VL-30B-A3B's shape at :data:`MOE_30B_LAYERS` language layers; ``overrides`` replace any field."""
+    vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16)
+    layers = dict(num_layers=MOE_30B_LAYERS, num_attention_heads=32, num_query_groups=4)
+    experts = dict(moe=True, moe_ffn_hidden_size=768, num_moe_experts=128, moe_router_topk=8, moe_grouped_gemm=True)
+    return _qwen3_vl_shape(cuda_graph, seq_length, overrides, [8, 16, 24], vision, False, **layers, **experts)
 
 
 @dataclass(frozen=True)
@@ -194,8 +171,7 @@ def fill_shape(args: argparse.Namespace) -> str | None:
         return None
     seq, mbs, gbs = recipe_variants.recipe_shape(args.model)
     for name, value in (("seq", seq), ("mbs", mbs)):
-        given = getattr(args, name)
-        if given is not None and given != value:
+        if (given := getattr(args, name)) not in (None, value):
             return (
                 f"--{name} {given}: the {args.model} recipe ({recipe_variants.RECIPES[args.model]}) trains at "
                 f"{value}; leave --{name} out"
@@ -222,8 +198,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.variants is not None:
         chosen = [v for v in args.variants.split(",") if v]
         allowed = (*MODELS[args.model].variants, *MODELS[args.model].optional)
-        unknown = [v for v in chosen if v not in allowed]
-        if unknown or not chosen:
+        if not chosen or any(v not in allowed for v in chosen):
             return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
         if (reference := report.REFERENCE[PACKED]) not in chosen:
             return f"--variants {args.variants}: include {reference}, the reference of every packed variant"
@@ -262,8 +237,7 @@ def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
 def photo_microbatches(
     count: int, micro_batch_size: int, seq_length: int, *, cache=None, spec=None
 ) -> tuple[Any, list[dict]]:
-    """``(processor, collated micro-batches)``: the first ``count x micro_batch_size`` training samples of the photo
-    set through Bridge's dataset provider and ``collate_fn``, on the CPU."""
+    """``(processor, collated micro-batches)`` of the photo set's first training samples, by Bridge, on the CPU."""
     from megatron.bridge.data.utils import get_dataset_provider
 
     from bridge_cudagraph.examples.photo_recipe import build_photo_data, photo_dataset_config
@@ -285,8 +259,7 @@ def token_ids(processor) -> dict[str, int]:
 
 
 def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> report.MicroBatch:
-    """The numbers of one collated micro-batch and its two forms (``visual_ids``: the image and video token ids);
-    raises where a form lost a loss token."""
+    """The numbers of one collated micro-batch and its two forms; raises where a form lost a loss token."""
     rows, width = collated["input_ids"].shape
     loss = round(float(collated["loss_mask"].sum()))
     for form, batch in ((PACKED, packed), (PADDED, padded)):
@@ -420,8 +393,7 @@ def variant_provider(run: BenchRun, variant: str):
 
 
 def packed_plan(run: BenchRun, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
-    """The plan of ``provider``'s block for Bridge's Qwen3-VL step (memory estimate of ``training``, if given);
-    raises :class:`~bridge_cudagraph.config.CudaGraphConfigError` on a refusal."""
+    """The plan of ``provider``'s block for Bridge's Qwen3-VL step; CudaGraphConfigError on a refusal."""
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.facts import PackingFacts, model_facts
 
@@ -437,8 +409,7 @@ def packed_plan(run: BenchRun, provider: Any, training: TrainingFacts | None = N
 
 
 def refusal(run: BenchRun, variant: str) -> str | None:
-    """The first line of the plan's refusal of a packed graph variant on this model, or None (a padded or recipe
-    variant's refusal fails it instead)."""
+    """The first line of the plan's refusal of a packed graph variant of a non-recipe model, or None."""
     from bridge_cudagraph.config import CudaGraphConfigError
 
     if variant not in PACKED_GRAPHED or run.from_recipe:
@@ -475,8 +446,7 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
 
 
 def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
-    """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them, ours from the
-    product's plan."""
+    """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them, or ours."""
     if variant == "upstream_padded":
         return runner.upstream_helpers(
             objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
@@ -504,8 +474,7 @@ def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
 
 
 def packs_tightly(variant: str, plan: CapturePlan) -> bool:
-    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: a packed graph variant,
-    except on an MoE model (its router's losses count each row's padding)."""
+    """Whether ``variant``'s packed helper must pack its rows tightly (not on an MoE model)."""
     return variant in PACKED_GRAPHED and not plan.facts.num_moe_experts
 
 
@@ -523,8 +492,7 @@ def memory_estimates(run: BenchRun, objs: dict, capture: dict) -> dict[str, dict
     plan = packed_plan(run, objs["provider"], TrainingFacts())
     out = {}
     for submodule, rec in capture.items():
-        captured = rec.get("budgets_captured") or []
-        if not captured:
+        if not (captured := rec.get("budgets_captured")):
             continue
         estimate = pool_estimate(plan, submodule, captured[-1])
         measured = rec.get("graph_memory_bytes") or 0
@@ -552,8 +520,7 @@ def _counters(helpers: list) -> dict[str, dict]:
 
 
 def forward_counters(variant: str, model: list) -> dict[str, int]:
-    """How many micro-batches took each part of the product's forward; raises where a packed graph variant's
-    micro-batches were not handed to it flat or it did not read the collate's CPU grids."""
+    """The product's forward counters; raises where a packed graph variant's were not flat or on CPU grids."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
@@ -690,15 +657,10 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
     if profile is not None:
         rec["profile"] = profile
     if FORM[variant] == PADDED and run.flops:
-        rec.update(
-            runner.model_flops_utilisation(
-                report.per_step(shared.plan, measured, run.flops),
-                times,
-                report.per_step(shared.plan, profiled, run.flops),
-                rec.get("kernel_ms_per_step"),
-                peak_tflops(torch.cuda.get_device_name()),
-            )
-        )
+        measured_flops = report.per_step(shared.plan, measured, run.flops)
+        profiled_flops = report.per_step(shared.plan, profiled, run.flops)
+        kernel_ms, peak = rec.get("kernel_ms_per_step"), peak_tflops(torch.cuda.get_device_name())
+        rec.update(runner.model_flops_utilisation(measured_flops, times, profiled_flops, kernel_ms, peak))
     rec.update(losses=losses, grad_norms=grad_norms)
     if variant in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
@@ -712,15 +674,9 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
     fixed_loss, grad_norm, grads = runner.fixed_batch_check(model, shared.fixed_batch)
     after = _counters(helpers)
     mask = shared.fixed_batch["loss_mask"].detach().float().cpu()
+    packed_reference = run.references.get(report.REFERENCE[PACKED])
     rec["parity"] = parity(
-        variant,
-        fixed_loss,
-        mask,
-        grad_norm,
-        losses,
-        run.references.get(reference),
-        run.references.get(report.REFERENCE[PACKED]),
-        grads=grads,
+        variant, fixed_loss, mask, grad_norm, losses, run.references.get(reference), packed_reference, grads=grads
     )
     if before:
         rec["parity"]["fixed_batch_replays"] = {sub: after[sub]["replays"] - n for sub, n in before.items()}
@@ -748,8 +704,7 @@ class GradientParityError(RuntimeError):
 
 
 def grad_floor(model: list, batch: dict, loss: torch.Tensor, grads: dict, mask: torch.Tensor):
-    """The eager-vs-eager floor on the fixed micro-batch: the reference's forward and backward again against its first
-    (``loss``, ``grads``; ``mask``: the loss tokens)."""
+    """The eager-vs-eager floor: the reference's fixed-batch forward and backward again against ``loss``, ``grads``."""
     from bridge_cudagraph.testing.parity import diff
 
     again_loss, _, again = runner.fixed_batch_check(model, batch)
@@ -761,8 +716,7 @@ GRAD_WORST = 12
 
 
 def require_gradient_parity(variant: str, record: dict) -> None:
-    """Raise :class:`GradientParityError` where one of our graphed variants' fixed-batch comparison is missing or
-    beyond the floor (upstream's is not held to it)."""
+    """Raise :class:`GradientParityError` where our graphed variant's gradients are not within the floor."""
     if variant not in report.GRAPHED or variant == "upstream_padded":
         return
     fixed = record.get("fixed_batch") or {}
@@ -789,9 +743,8 @@ def parity(
     packed_reference: dict | None,
     grads: dict | None = None,
 ) -> dict[str, Any]:
-    """One variant's parity record: the fixed micro-batch's per-token loss and every parameter's gradient against its
-    reference's kept numbers (``reference``), its step losses against the reference's, whether every step is finite,
-    and for a padded variant its loss tokens against eager_packed's (``packed_reference``)."""
+    """One variant's parity record: its fixed-batch loss, gradients and step losses against ``reference``'s, whether
+    every step is finite, and for a padded variant its loss tokens against ``packed_reference``'s."""
     from bridge_cudagraph.testing.parity import compare_series, diff, diff_losses, within_floor
 
     form = FORM[variant]
@@ -842,8 +795,7 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
 
 
 def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
-    """The two variants ``names`` built side by side, then their measured steps interleaved, the first of each pair
-    alternating; ``ratios``: the first's step ms over the second's per pair."""
+    """The two variants ``names`` built side by side, steps interleaved; ``ratios``: the first's ms / the second's."""
     from bridge_cudagraph.testing.world import seed_rng
 
     shared = run.shared[FORM[names[0]]]  # the step plan and step counts, which both forms share
@@ -978,18 +930,15 @@ def paired_skip_reason(
     results: dict[str, dict], gpu_memory_bytes: Callable[[], int], names: Sequence[str] = PAIRED
 ) -> str | None:
     """Why the paired phase of ``names`` cannot run (not run, refused, memory), or None."""
-    missing = [name for name in names if name not in results]
-    if missing:
+    if missing := [name for name in names if name not in results]:
         return f"{missing[0]} was not run (--variants)"
-    refused = [name for name in names if (results.get(name) or {}).get("status") == report.REFUSED]
-    if refused:
+    if refused := [name for name in names if (results.get(name) or {}).get("status") == report.REFUSED]:
         return f"{refused[0]} was refused by the capture plan"
     return runner.paired_memory_check(results, gpu_memory_bytes(), names=tuple(names))
 
 
 def failed_variants(data: dict, chosen: Sequence[str] | None = None) -> list[str]:
-    """Of the variants asked for (``chosen``, else eager_packed, ours_packed and the padded graph variants that ran),
-    those that neither finished nor were refused by the plan."""
+    """Of the variants asked for (or the run's main ones), those that neither finished nor were refused."""
     variants = data.get("variants") or {}
     optional = (n for n in report.PADDED_GRAPHED if n in variants)
     asked = tuple(chosen) if chosen is not None else (report.BASELINE, "ours_packed", *optional)
@@ -1018,9 +967,8 @@ def run_all(args: argparse.Namespace, *, world, command: str | None = None) -> d
         data["meta"]["profiler_probe"] = probe
         run.profiler_sees_graph_kernels = probe.get("sees_graph_kernels")
     write()
-    model = MODELS[args.model]
     chosen = chosen_variants(args)
-    if model.provider is not None:  # made once before any model: a lazy import's pinned frames (leaks.py)
+    if MODELS[args.model].provider is not None:  # made once before any model: a lazy import's pinned frames (leaks.py)
         for name in chosen:
             with contextlib.suppress(Exception):  # a variant that cannot be made fails, recorded, when it runs
                 variant_provider(run, name)
