@@ -1,11 +1,10 @@
-"""The static shapes of a benchmark run: Qwen3-VL's real vocabulary and special ids, and the vision ladders
-:class:`BenchConfig` derives from the micro-batches' images. Pure (no torch, no GPU)."""
+"""The static shapes of a benchmark run: Qwen3-VL's vocabulary and special ids, and :class:`BenchConfig`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Qwen3-VL's real vocabulary and special token ids (HF ``Qwen/Qwen3-VL-2B-Instruct`` config).
+#: Qwen3-VL's vocabulary and special token ids (HF ``Qwen/Qwen3-VL-2B-Instruct`` config).
 QWEN3_VL_VOCAB = 151936
 QWEN3_VL_TOKENS = {
     "image_token_id": 151655,
@@ -41,9 +40,7 @@ class BenchConfig:
         return [sum(t for sample in mb for (t, _, _) in sample) for mb in self.image_sets]
 
     def vision_budgets(self) -> list[int]:
-        """Ours: the plugin's vision ladder (:func:`bridge_cudagraph.plan.budgets.geometric_ladder`) from the data's
-        largest micro-batch, down to the packed language ladder's floor: the top is what the data carries, not the
-        sequence bound, whose 64th would add rungs far below any micro-batch, each captured for nothing."""
+        """Ours: the plugin's vision ladder from the data's largest micro-batch down to the language floor."""
         from bridge_cudagraph.plan.budgets import LANGUAGE_LADDER_FLOOR, geometric_ladder, vision_ladder_multiple
 
         top = max([*self.patches_per_microbatch(), MERGE * MERGE])
@@ -56,6 +53,5 @@ class BenchConfig:
         return max(derive_max_segments(self.vision_budgets(), MERGE), *self.frames_per_microbatch())
 
     def upstream_vision_seq_length(self) -> int:
-        """Upstream: one ``max_vision_cuda_graph_seq_length`` holding the largest micro-batch, our ladder's top, so
-        both variants capture the same largest shape."""
+        """Upstream: one ``max_vision_cuda_graph_seq_length``, our ladder's top."""
         return self.vision_budgets()[-1]

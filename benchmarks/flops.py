@@ -1,26 +1,18 @@
-"""Model FLOPs of a Qwen3-VL training step, for the benchmark's MFU column.
-
-Counted as Megatron's ``num_floating_point_operations`` does: the matrix multiplications, forward x 3 for forward +
-backward, no recomputation. Attention counts what the mask keeps (causal pairs in the language model, full squares per
-image frame in the vision encoder); the language model counts every position of the padded micro-batch.
-"""
+"""Model FLOPs of a Qwen3-VL training step, for the MFU: the matrix multiplications, forward x 3, no recomputation;
+attention over causal pairs (language, every position of a padded row) and full squares per image frame (vision)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-#: Dense BF16 tensor-core peak in TFLOP/s (NVIDIA's data sheets, without sparsity), by a substring of the name
-#: ``torch.cuda.get_device_name`` reports.
+#: Dense BF16 tensor-core peak in TFLOP/s, by a substring of the GPU's name.
 PEAK_BF16_TFLOPS = {"H200": 989.5, "H100": 989.5, "A100": 312.0, "B200": 2250.0}
 
 
 def peak_tflops(device_name: str) -> float | None:
     """The dense BF16 peak of ``device_name``, None for a GPU this table does not know."""
-    for key, value in PEAK_BF16_TFLOPS.items():
-        if key in device_name:
-            return value
-    return None
+    return next((value for key, value in PEAK_BF16_TFLOPS.items() if key in device_name), None)
 
 
 def language_flops(provider: Any, batch_size: int, seq_length: int) -> float:
@@ -44,8 +36,7 @@ def language_flops(provider: Any, batch_size: int, seq_length: int) -> float:
 
 
 def vision_flops(vision_config: Any, frames: Sequence[int]) -> float:
-    """Forward + backward FLOPs of the vision encoder on frames of ``frames`` patches each (patch embedding,
-    layers, the merger and the deepstack mergers)."""
+    """Forward + backward FLOPs of the vision encoder (and its mergers) on frames of ``frames`` patches each."""
     hv = vision_config.hidden_size
     ffn = vision_config.intermediate_size
     depth = vision_config.depth
@@ -72,8 +63,7 @@ def step_flops(provider: Any, micro_batches: Sequence[Mapping[str, Any]]) -> flo
     for batch in micro_batches:
         rows, seq = batch["input_ids"].shape
         total += language_flops(provider, int(rows), int(seq))
-        grid = batch.get("image_grid_thw")
-        if grid is not None and len(grid):
+        if (grid := batch.get("image_grid_thw")) is not None and len(grid):
             total += vision_flops(provider.vision_config, frames_of(grid.tolist()))
     return total
 

@@ -1,9 +1,5 @@
-"""Where a training step makes the host wait for the GPU, and who asked.
-
-A graphed step is fast only while the host runs ahead of the GPU; each wait drains the queue. The profiler counts the
-waits but not who asked for them: under torch's sync debug mode, :func:`census` records each warning's site, the
-innermost frame outside torch with two callers (the benchmark's own synchronizes are not reported).
-"""
+"""Where a training step makes the host wait for the GPU, and who asked: :func:`census` records, under torch's sync
+debug mode, each warning's site, the innermost frame outside torch with its callers."""
 
 from __future__ import annotations
 
@@ -15,15 +11,13 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-#: Frames of these standard-library files are not a site (the context manager or warning, not who called it).
+#: Frames of these standard-library files are not a site.
 _STDLIB_PARTS = (f"{os.sep}contextlib.py", f"{os.sep}warnings.py")
 
 
 @functools.cache
 def torch_dir() -> str:
-    """torch's package directory with a trailing separator: a frame under it is torch's own. Matched by the package's
-    own path, not a ``/torch/`` path part, which an environment under ``/opt/torch/.venv`` has in every installed
-    package's path."""
+    """torch's package directory with a trailing separator: a frame under it is torch's own."""
     import torch
 
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -35,9 +29,8 @@ def is_own_frame(filename: str, torch_root: str) -> bool:
 
 
 def frame_site(stack: Iterable[traceback.FrameSummary], *, depth: int = 3, skip: str = "host_syncs.py") -> str:
-    """The innermost frame of ``stack`` (outermost first) outside torch, the standard library's plumbing and the
-    file ending in ``skip`` (the tool's own), with its callers: ``depth`` frames, innermost first, as
-    ``path:line name <- ...`` (paths under site-packages or the working directory shortened)."""
+    """The innermost ``depth`` frames of ``stack`` (outermost first) outside torch, the standard library's plumbing
+    and the file ending in ``skip``, innermost first, as ``path:line name <- ...`` (paths shortened)."""
     root = torch_dir()
     frames = [f for f in stack if not is_own_frame(f.filename, root) and not f.filename.endswith(skip)]
     chain = frames[-depth:]
@@ -81,12 +74,10 @@ def census(fn: Callable[[], Any]) -> dict[str, Any]:
 
 
 def census_lines(variants: Mapping[str, Any], names: Iterable[str], top: int = 6) -> list[str]:
-    """One markdown bullet per variant of ``names`` whose record holds a :func:`census` (``host_syncs``): its host
-    waits on the GPU in one training step and the ``top`` sites that ask for most of them."""
+    """A markdown bullet per variant of ``names`` with a :func:`census`: its host waits and ``top`` sites."""
     lines = []
     for name in names:
-        syncs = (variants.get(name) or {}).get("host_syncs")
-        if not syncs:
+        if not (syncs := (variants.get(name) or {}).get("host_syncs")):
             continue
         sites = "; ".join(f"{n} x `{site}`" for site, n in (syncs.get("sites") or [])[:top])
         most = f"; most from: {sites}" if sites else ""

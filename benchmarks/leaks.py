@@ -1,8 +1,5 @@
-"""Who still holds a deleted model: referrer chains of an object (or of the largest live CUDA tensors).
-
-A model that outlives its variant's teardown counts in every later variant's peak memory; this names its holders in
-the JSON, and :func:`release_training_memory` frees its large storages whatever holds the Python objects.
-"""
+"""Who still holds a deleted model: referrer chains of an object (or of the largest live CUDA tensors), and
+:func:`release_training_memory`, which frees its large storages whatever holds the Python objects."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import torch
 def _nbytes(tensor: torch.Tensor) -> int:
     try:
         return tensor.untyped_storage().nbytes()
-    except Exception:  # a tensor without storage (meta, sparse, a subclass): it holds no device memory we can see
+    except Exception:  # a tensor without storage (meta, sparse, a subclass)
         return 0
 
 
@@ -29,7 +26,7 @@ def largest_cuda_tensors(count: int = 3) -> list[torch.Tensor]:
         try:
             if isinstance(obj, torch.Tensor) and obj.is_cuda:
                 seen.setdefault(obj.untyped_storage().data_ptr(), obj)
-        except Exception:  # objects whose isinstance or attributes raise
+        except Exception:  # an object whose isinstance or attributes raise
             continue
     return sorted(seen.values(), key=_nbytes, reverse=True)[:count]
 
@@ -50,7 +47,7 @@ def _describe(obj: object, child: object | None) -> str:
         return f"module {obj.__name__}"
     if isinstance(obj, types.CellType):
         return "closure cell"
-    if isinstance(obj, types.FrameType):  # a frame outlives its call when a traceback or generator holds it
+    if isinstance(obj, types.FrameType):
         return f"frame of {obj.f_code.co_qualname} ({obj.f_code.co_filename}:{obj.f_lineno})"
     if isinstance(obj, types.TracebackType):
         return "traceback"
@@ -69,8 +66,7 @@ def _rank(obj: object) -> int:
 
 def holder_chains(target: object, *, depth: int = 10, width: int = 3, ignore: Iterable[object] = ()) -> list[str]:
     """Referrer chains from ``target`` up to ``depth`` levels (at most ``width`` referrers per level), each as
-    ``"Tensor <- dict['x'] <- pkg.Owner <- ..."``; a chain ends early at a module (a global) or at an object nothing
-    else refers to (a stack frame's local, or a C-level owner gc cannot see)."""
+    ``"Tensor <- dict['x'] <- pkg.Owner <- ..."``, ending early at a module or at an object nothing else refers to."""
     skip = {id(target), id(sys._getframe()), *map(id, ignore)}
     chains: list[str] = []
 
@@ -97,36 +93,30 @@ def holder_chains(target: object, *, depth: int = 10, width: int = 3, ignore: It
 
 
 def leak_report(count: int = 2, *, depth: int = 10) -> dict:
-    """What is still allocated on the current CUDA device and, for the ``count`` largest live tensors, who holds
-    them (:func:`holder_chains`). Call after the objects expected to be freed are gone and ``gc.collect()`` ran."""
+    """What is still allocated on the current CUDA device and who holds the ``count`` largest live tensors."""
     gc.collect()
     tensors = largest_cuda_tensors(count)
-    report: dict[str, Any] = {
-        "allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0,
-        "largest": [],
-    }
-    for tensor in tensors:
-        report["largest"].append(
-            {"mib": round(_nbytes(tensor) / 2**20, 1), "holders": holder_chains(tensor, depth=depth, ignore=[tensors])}
-        )
+    report: dict[str, Any] = {"allocated_bytes": torch.cuda.memory_allocated() if torch.cuda.is_available() else 0}
+    report["largest"] = [
+        {"mib": round(_nbytes(t) / 2**20, 1), "holders": holder_chains(t, depth=depth, ignore=[tensors])}
+        for t in tensors
+    ]
     del tensors
     return report
 
 
 def training_tensors(model, optimizer) -> list[torch.Tensor]:
-    """The large tensors of a Megatron DDP model and its (chained, distributed) optimizer: the contiguous parameter
-    and gradient buffers, and the inner optimizer's parameters (fp32 main copies) and states (Adam moments)."""
+    """A Megatron DDP model's parameter and gradient buffers, and its inner optimizers' parameters and states."""
     tensors: list[torch.Tensor] = []
     for chunk in model or []:
-        # Megatron's DDP keeps its buffers in list attributes; on a plain module ``buffers`` is nn.Module's method.
+        # DDP's buffers are lists; on a plain module ``buffers`` is a method.
         lists = [getattr(chunk, name, None) for name in ("buffers", "expert_parallel_buffers")]
         for buffer in [b for bufs in lists if isinstance(bufs, list) for b in bufs]:
             pair = (getattr(buffer, "param_data", None), getattr(buffer, "grad_data", None))
             tensors += [t for t in pair if t is not None]
     optimizers = getattr(optimizer, "chained_optimizers", None) or ([optimizer] if optimizer is not None else [])
     for opt in optimizers:
-        inner = getattr(opt, "optimizer", None)
-        if inner is None:
+        if (inner := getattr(opt, "optimizer", None)) is None:
             continue
         tensors += [p for group in inner.param_groups for p in group["params"]]
         tensors += [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v)]
@@ -134,9 +124,7 @@ def training_tensors(model, optimizer) -> list[torch.Tensor]:
 
 
 def release_training_memory(model, optimizer) -> int:
-    """Shrink the CUDA storages of :func:`training_tensors` to nothing (the tensors become unusable); returns the
-    bytes released. For a model and optimizer about to be dropped: if something outside our reach still refers to
-    them, it keeps a few Python objects, not gigabytes."""
+    """Shrink the CUDA storages of :func:`training_tensors` to nothing; returns the bytes released."""
     released = 0
     storages: dict[int, torch.UntypedStorage] = {}
     for tensor in training_tensors(model, optimizer):

@@ -1,11 +1,9 @@
 """Compare Bridge ``pretrain()`` runs by their logs: per-iteration loss and grad norm, NaN-safe.
 
 ``python -m benchmarks.loop_logs --out X.json --reference eager.log [--floor eager_again.log] [--from-iteration N]
-LOG ...`` compares each run with the reference (:func:`bridge_cudagraph.testing.parity.compare_series`); the logs
-print 7 and 5 significant digits, so "identical" means at the printed precision. With ``--floor`` (a second eager run,
-the noise floor) every run is a graphed run that must stay finite, within ``parity.FLOOR_FACTOR`` times the floor,
-and show graphs and replays in every submodule (one that fell back to eager would match trivially); else exit 1.
-"""
+LOG ...``: "identical" means at the printed precision. With ``--floor`` (a second eager run) every run is a graphed
+run that must stay finite, within ``FLOOR_FACTOR`` times the floor, with graphs and replays in every submodule, else
+exit 1."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from bridge_cudagraph.testing.parity import FLOOR_FACTOR
+from bridge_cudagraph.testing.parity import FLOOR_FACTOR, capture_problems, compare_series, noise_floor
 
 _NUMBER = r"([-+0-9.eEnaif]+)"
 ITERATION = re.compile(rf"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: {_NUMBER} \|.*?grad norm: {_NUMBER} \|")
@@ -35,8 +33,6 @@ def read_log(path: str | Path) -> dict:
 
 def compare(run: dict, reference: dict, first: int) -> dict:
     """Both series of ``run`` against ``reference`` over the run's iterations from ``first`` on."""
-    from bridge_cudagraph.testing.parity import compare_series
-
     out = {}
     for key in ("loss", "grad_norm"):
         steps = sorted(i for i in run[key] if i >= first)
@@ -59,8 +55,6 @@ def compare(run: dict, reference: dict, first: int) -> dict:
 
 def noise_floors(eager_again: dict, reference: dict, first: int) -> dict[str, float]:
     """Per series, the largest difference between two eager runs (NaN-safe: a non-finite step raises)."""
-    from bridge_cudagraph.testing.parity import noise_floor
-
     out = {}
     for key in ("loss", "grad_norm"):
         steps = sorted(i for i in reference[key] if i >= first)
@@ -81,10 +75,7 @@ def capture_counts(summary: str | None) -> dict[str, dict[str, int]]:
 
 
 def replay_problems(summary: str | None) -> list[str]:
-    """What is wrong with a graphed run's capture, by its last summary: none at all, or a submodule without graphs
-    or replays (:func:`~bridge_cudagraph.testing.parity.capture_problems`)."""
-    from bridge_cudagraph.testing.parity import capture_problems
-
+    """What is wrong with a graphed run's last capture summary: none, or a submodule without graphs or replays."""
     counts = capture_counts(summary)
     if not counts:
         return ["no capture summary in the log: not a graphed run"]
@@ -92,8 +83,7 @@ def replay_problems(summary: str | None) -> list[str]:
 
 
 def within_floor(row: dict, floors: dict[str, float]) -> bool:
-    """Both series finite at every step and at most ``FLOOR_FACTOR`` times the eager floor from the reference, and
-    the run's graphs captured and replayed."""
+    """Both series finite and within ``FLOOR_FACTOR`` times the eager floor, and the graphs captured and replayed."""
     return not row["capture_problems"] and all(
         not row[key]["nonfinite_steps"] and row[key]["max_abs"] <= FLOOR_FACTOR * floors[key] for key in floors
     )
@@ -113,8 +103,7 @@ def main(argv=None) -> int:
     rows = {}
     for log in args.logs:
         run = read_log(log)
-        rows[Path(log).name] = {**compare(run, reference, args.from_iteration), "capture": run["capture"]}
-        r = rows[Path(log).name]
+        r = rows[Path(log).name] = {**compare(run, reference, args.from_iteration), "capture": run["capture"]}
         if floors is not None:
             r["capture_problems"] = replay_problems(run["capture"])
             r["within_floor"] = within_floor(r, floors)

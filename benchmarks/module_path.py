@@ -1,16 +1,14 @@
 """Which product modules a ``bridge-cudagraph train`` call runs before its first graph replay, in the order it first
 enters each, and which folders its way returns to after leaving them.
 
-``python -m benchmarks.module_path RECIPE --out OUT [key=value ...]`` runs ``train`` in this process under a hook
-(:class:`ModuleWay`) that records every call from one product module into another (an import is not a call). At the
-first call of :func:`bridge_cudagraph.capture.block_replay.replay_segments` (every replay's layer loop) it writes
-``OUT/module_path.json`` (:func:`summarize`) and stops recording; a run that never replays writes ``"replayed":
-false`` and the way as far as it went. Needs a GPU; forked DataLoader workers are not seen.
-"""
+``python -m benchmarks.module_path RECIPE --out OUT [key=value ...]`` runs ``train`` in this process under
+:class:`ModuleWay` and writes ``OUT/module_path.json`` (:func:`summarize`) at the first replay; a run that never
+replays writes ``"replayed": false`` and the way as far as it went."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import runpy
@@ -30,11 +28,10 @@ HOST = "host"
 
 class ModuleWay:
     """The hook: records, for every call whose callee lies in ``root`` (the package's folder), the callee's module
-    when its caller's module differs, until :data:`FIRST_REPLAY` is called. Through :mod:`sys.monitoring`, not
-    :func:`sys.setprofile`: a function outside the package is disabled at its first call, so ``train`` keeps pace."""
+    when its caller's module differs (an import is not a call), until :data:`FIRST_REPLAY` is called."""
 
     TOOL = sys.monitoring.PROFILER_ID
-    #: A function's start and a generator's resumption: what :func:`sys.setprofile` reports as ``call``.
+    #: A function's start and a generator's resumption.
     EVENTS = (sys.monitoring.events.PY_START, sys.monitoring.events.PY_RESUME)
 
     def __init__(self, root: Path, on_replay) -> None:
@@ -87,12 +84,9 @@ def _folder(module: str) -> str:
 
 
 def summarize(entries: Sequence[str]) -> dict[str, Any]:
-    """The way as the issue's targets read it: the distinct modules in first-entry order with how often the way entered
-    each from another module; the folders in the order the way walks them (consecutive entries of one folder are one
-    visit, and a trip into ``host`` and back does not leave a folder); and the folders it visits more than once."""
-    modules: dict[str, int] = {}
-    for module in entries:
-        modules[module] = modules.get(module, 0) + 1
+    """The distinct modules in first-entry order with how often the way entered each from another module; the folders
+    in the order the way walks them (a trip into ``host`` and back does not leave one); the folders it returns to."""
+    modules = collections.Counter(entries)  # in first-entry order
     visits: list[str] = []
     for module in entries:
         folder = _folder(module)

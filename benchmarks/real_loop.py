@@ -1,10 +1,7 @@
 """The product's real loop, graphs on and off, one run after another: ``bridge-cudagraph train`` on a recipe.
 
-Runs the product's own path (Bridge's ``pretrain()``, data loader and workers) once per variant and reads the
-end-of-training lines ``train`` prints: useful tokens/s, data wait, peak memory. Runs go one after another (two would
-share the cores the data wait measures), ``--repeats`` alternating. Writes ``OUT/real_loop.json``, ``.md`` and each
-run's log; a failed run is a row with its exit code and last ``error:`` line, never a number.
-"""
+Reads the end-of-training lines ``train`` prints (useful tokens/s, data wait, peak memory) off each run's log; writes
+``OUT/real_loop.json``, ``.md`` and the logs. A failed run is a row with its exit code and last ``error:`` line."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ from pathlib import Path
 
 __all__ = ["Run", "Variant", "main", "parse_log", "plan_runs", "render_table", "train_command"]
 
-#: What a variant switches off (``eager``: Bridge's default, graphs off) or leaves (``graphs``: the recipe's block).
+#: The overrides of the ``eager`` variant (``graphs``: the recipe's block as it is).
 GRAPHS_OFF = ("model.cuda_graph.language.enabled=false", "model.cuda_graph.vision.enabled=false")
 
 _RATE = re.compile(
@@ -35,7 +32,7 @@ _BOUND = "bridge_cudagraph: the data is the limit"
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running the recipe: graphs on or off, with a DataLoader worker count (None: the recipe's)."""
+    """Graphs on or off, with a DataLoader worker count (None: the recipe's)."""
 
     graphs: bool
     workers: int | None = None
@@ -45,9 +42,8 @@ class Variant:
         return ("graphs" if self.graphs else "eager") + ("" if self.workers is None else f"_w{self.workers}")
 
     def overrides(self) -> tuple[str, ...]:
-        return (() if self.graphs else GRAPHS_OFF) + (
-            () if self.workers is None else (f"dataset.num_workers={self.workers}",)
-        )
+        workers = () if self.workers is None else (f"dataset.num_workers={self.workers}",)
+        return (() if self.graphs else GRAPHS_OFF) + workers
 
 
 @dataclass
@@ -55,7 +51,6 @@ class Run:
     """One run's numbers, read off its log (None: the line was not printed)."""
 
     variant: str
-    """:attr:`Variant.name`."""
     graphs: bool
     workers: int | None
     repeat: int
@@ -73,26 +68,23 @@ class Run:
     log: str = ""
     command: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    """What fails a finished graphed run: a capture summary with a submodule without graphs or replays
-    (:func:`benchmarks.loop_logs.replay_problems`: it would be timed as eager under the graphs' name), or a
-    non-finite loss or grad norm at any iteration."""
+    """What fails a finished graphed run: a submodule without graphs or replays, or a non-finite step."""
     loss_vs_eager: dict | None = None
-    """Its per-iteration loss and grad norm against the eager run of the same workers and repeat
-    (:func:`benchmarks.loop_logs.compare`, at the printed precision; any non-finite step counted)."""
+    """Its loss and grad norm against the eager run of the same workers and repeat (:func:`loop_logs.compare`)."""
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and self.useful_tokens_per_s is not None and not self.problems
 
 
-def train_command(recipe: str, iters: int, variant: Variant, extra: tuple[str, ...] = ()) -> list[str]:
+def train_command(recipe: str, iters: int, variant: Variant) -> list[str]:
     """The user's command: ``python -m bridge_cudagraph train RECIPE`` with the variant's overrides."""
     head = [sys.executable, "-m", "bridge_cudagraph", "train", recipe]
-    return [*head, f"train.train_iters={iters}", *variant.overrides(), *extra]
+    return [*head, f"train.train_iters={iters}", *variant.overrides()]
 
 
 def plan_runs(variants: list[Variant], repeats: int) -> list[tuple[Variant, int]]:
-    """Every variant once per repeat, the variants alternating (A B A B), so drift over the call spreads evenly."""
+    """Every variant once per repeat, the variants alternating (A B A B)."""
     return [(v, r) for r in range(repeats) for v in variants]
 
 
@@ -108,8 +100,7 @@ def parse_log(text: str) -> dict:
     if (m := _last(_PEAK, text)) is not None:
         out["peak_allocated_gib"], out["peak_reserved_gib"] = float(m.group(1)), float(m.group(2))
     out["data_bound"] = _BOUND in text
-    errors = [line.strip() for line in text.splitlines() if line.startswith("error:")]
-    if errors:
+    if errors := [line.strip() for line in text.splitlines() if line.startswith("error:")]:
         out["error"] = errors[-1][:300]
     return out
 
@@ -130,7 +121,7 @@ def run_one(recipe: str, iters: int, variant: Variant, repeat: int, out: Path, p
         code, text = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         code = 124
-        # TimeoutExpired carries the output so far as bytes, whatever text=True asked for.
+        # TimeoutExpired carries the output so far as bytes.
         text = f"{_decoded(expired.stdout)}{_decoded(expired.stderr)}\nerror: timed out after {timeout:.0f} s"
     seconds = time.perf_counter() - start
     log.write_text(text)
@@ -145,8 +136,7 @@ def _decoded(output: bytes | str | None) -> str:
 
 
 def check_against_eager(runs: list[Run], out: Path) -> None:
-    """Each finished graphed run: its capture summary checked (graphs and replays in every submodule), and its loss
-    and grad norm per iteration set against the eager run of the same workers and repeat."""
+    """Each finished graphed run's :attr:`Run.problems` and :attr:`Run.loss_vs_eager`, from the logs under ``out``."""
     from benchmarks.loop_logs import compare, read_log, replay_problems
 
     logs = {(r.graphs, r.workers, r.repeat): read_log(out / r.log) for r in runs if r.exit_code == 0}
@@ -167,8 +157,7 @@ def render_table(runs: list[Run]) -> str:
     """The markdown table: one row per run, x against the median of the eager runs of the same workers."""
     base: dict[int | None, list[float]] = {}
     for r in runs:
-        if r.ok and not r.graphs:
-            assert r.useful_tokens_per_s is not None  # r.ok
+        if r.ok and not r.graphs and r.useful_tokens_per_s is not None:
             base.setdefault(r.workers, []).append(r.useful_tokens_per_s)
     rows = [
         "| variant | repeat | useful tok/s | x eager | step ms | data wait ms (share) | peak GiB alloc / reserved | "
@@ -183,11 +172,8 @@ def render_table(runs: list[Run]) -> str:
         assert r.useful_tokens_per_s is not None  # r.ok
         ref = sorted(base.get(r.workers, []))
         ratio = f"{r.useful_tokens_per_s / ref[len(ref) // 2]:.2f}x" if ref else "n/a"
-        wait = (
-            "n/a"
-            if r.data_wait_ms is None or r.data_wait_share is None
-            else f"{r.data_wait_ms:.1f} ({100 * r.data_wait_share:.0f}%)"
-        )
+        share = r.data_wait_share
+        wait = "n/a" if r.data_wait_ms is None or share is None else f"{r.data_wait_ms:.1f} ({100 * share:.0f}%)"
         peak = "n/a" if r.peak_allocated_gib is None else f"{r.peak_allocated_gib:.1f} / {r.peak_reserved_gib:.1f}"
         loss = "" if r.loss_vs_eager is None else f"{r.loss_vs_eager['loss']['max_rel']:.2e}"
         rows.append(
@@ -202,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.real_loop", description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument(
-        "--workers", default="", help="comma-separated DataLoader worker counts (default: the recipe's)"
-    )
+    parser.add_argument("--workers", default="", help="DataLoader worker counts, comma-separated (default: recipe's)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
@@ -224,10 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs.append(run)
     check_against_eager(runs, args.out)
-    from benchmarks.runner import (  # after the runs: CUDA initialised here only once they are done
-        command_line,
-        run_meta,
-    )
+    from benchmarks.runner import command_line, run_meta  # after the runs: CUDA initialised here
 
     meta = run_meta(command_line("benchmarks.real_loop", argv), date=started)
     record = {"meta": meta, "recipe": args.recipe, "iters": args.iters, "runs": [asdict(r) for r in runs]}

@@ -1,9 +1,5 @@
-"""The useful-tokens benchmark's variants of a recipe file (``--model peft8b``: Bridge's Qwen3-VL 8B LoRA recipe).
-
-So that every variant is the recipe a user runs, each is the file loaded with :data:`VARIANT_OVERRIDES`, finalized
-and planned as ``bridge-cudagraph train`` does, its LoRA applied by Bridge's PEFT transformation (random, shared
-weights). The schedule, optimizer, DDP settings and micro-batches stay the benchmark's.
-"""
+"""The useful-tokens benchmark's variants of a recipe file (``--model peft8b``): the file loaded with
+:data:`VARIANT_OVERRIDES`, finalized and planned as ``bridge-cudagraph train`` does, with Bridge's PEFT."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ from benchmarks.real_loop import GRAPHS_OFF as _GRAPHS_OFF
 #: ``--model`` names that come from a recipe file, and the file (relative to the repository root).
 RECIPES = {"peft8b": "recipes/qwen3_vl_8b_peft_photos_graphs.yaml"}
 
-#: Every row padded to seq_length: Bridge's data path without in-batch packing. The language graphs then plan one
-#: static BSHD shape (micro batch x seq_length), so the packed budget ladder of the file is dropped.
+#: Every row padded to seq_length (no in-batch packing), the file's packed budget ladder dropped.
 _PADDED = (
     "dataset.enable_in_batch_packing=false",
     "dataset.defer_in_batch_packing_to_step=false",
@@ -39,33 +34,26 @@ VARIANT_OVERRIDES: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class RecipeVariant:
-    """One variant: its finalized config, the capture plan (None where no graph of ours is captured) and LoRA."""
+    """One variant: its finalized config and capture plan (None where no graph of ours is captured)."""
 
     config: Any
     plan: Any | None
 
     @property
     def provider(self) -> Any:
-        """The finalized provider (``tiny.build`` finalizes it again, which is idempotent)."""
         return self.config.model
 
     def pre_wrap_hook(self):
         """Bridge's PEFT transformation of the recipe, or None for a recipe without ``peft``."""
-        peft = getattr(self.config, "peft", None)
-        if peft is None:
+        if (peft := getattr(self.config, "peft", None)) is None:
             return None
         from bridge_cudagraph.host.compat import peft_transformation
 
         return functools.partial(peft_transformation(), copy.deepcopy(peft))
 
     def register_peft(self, pg_collection: Any) -> None:
-        """Register :meth:`pre_wrap_hook` on the provider as Bridge's setup does (after the provider's own hooks).
-
-        Bridge's adapters take their groups from the wrapped module's config, else from parallel_state's globals, which
-        the benchmark's world never initialises: every config without a collection gets ``pg_collection`` (the language
-        one, as the globals would give it) before LoRA runs."""
-        hook = self.pre_wrap_hook()
-        if hook is None:
+        """Register :meth:`pre_wrap_hook`, after a hook giving every config without groups ``pg_collection``."""
+        if (hook := self.pre_wrap_hook()) is None:
             return
         from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -84,8 +72,7 @@ class RecipeVariant:
 
 
 def upstream_graphs_provider(provider: Any, vision_seq_length: int) -> Any:
-    """``provider`` as Bridge's host provider with megatron-core's TE graphs on, the vision graphs at one length of
-    ``vision_seq_length`` patches (upstream_padded)."""
+    """``provider`` as Bridge's host provider with megatron-core's TE graphs on, vision at ``vision_seq_length``."""
     from bridge_cudagraph.examples import tiny
 
     plain = tiny.upstream_provider(provider)
@@ -96,7 +83,7 @@ def upstream_graphs_provider(provider: Any, vision_seq_length: int) -> Any:
 
 def recipe_path(model: str) -> Path:
     """The recipe file of ``--model``."""
-    return Path(__file__).resolve().parent.parent / RECIPES[model]
+    return Path(__file__).resolve().parents[1] / RECIPES[model]
 
 
 def recipe_shape(model: str) -> tuple[int, int, int]:
@@ -116,10 +103,9 @@ def load_variant(
     num_microbatches: int,
     upstream_vision_seq_length: int,
 ) -> RecipeVariant:
-    """The recipe of ``--model`` as ``variant`` at ``num_microbatches`` micro-batches per step on one GPU;
-    ``seq_length`` and ``micro_batch_size`` (:func:`recipe_shape`'s) must be the finalized variant's. Raises KeyError
-    for an unknown variant, CudaGraphConfigError or RecipeError where the plugin or the loader refuses it."""
-
+    """The recipe of ``--model`` as ``variant`` at ``num_microbatches`` micro-batches per step on one GPU. Raises
+    RuntimeError where ``seq_length`` or ``micro_batch_size`` differ from the finalized variant's; KeyError,
+    CudaGraphConfigError or RecipeError where the variant is unknown or refused."""
     from bridge_cudagraph.plan.from_config import finalize_config, plan_config
     from bridge_cudagraph.recipe.load import load_recipe
 

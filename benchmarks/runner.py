@@ -9,8 +9,11 @@ import json
 import logging
 import math
 import os
+import platform
 import re
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 import traceback
@@ -21,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity
 
+from benchmarks import leaks
+from benchmarks.flops import mfu
 from benchmarks.trace import (
     PHASE_PREFIX,
     STEP_MARK,
@@ -42,8 +48,7 @@ FAILED = "failed"
 
 @dataclass
 class StepData:
-    """One form's step data: the micro-batches on the GPU, the parity check's fixed micro-batch, the step plan (per
-    step, its micro-batches' indices) and the step counts (warm-up, measured, profiled, in that order)."""
+    """One form's GPU micro-batches, the fixed one, the step plan and the warm-up, measured and profiled counts."""
 
     world: Any
     batches: list[dict]
@@ -63,9 +68,7 @@ class StepData:
 
 
 def environment() -> dict[str, Any]:
-    """The GPU and the stack's versions (None for what is not there): what every result says it ran on."""
-    import platform
-
+    """The GPU and the stack's versions (None for what is not there)."""
     from bridge_cudagraph.host.compat import installed_version
 
     return {
@@ -81,9 +84,6 @@ def environment() -> dict[str, Any]:
 
 def command_line(module: str, argv: Sequence[str] | None = None) -> str:
     """``python -m MODULE ARGS`` as a user types it (``argv``, default this process's arguments), shell-quoted."""
-    import shlex
-    import sys
-
     return " ".join([f"python -m {module}", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
 
 
@@ -93,15 +93,12 @@ def run_meta(command: str, date: str | None = None) -> dict[str, Any]:
 
 
 def say(message: str) -> None:
-    """A progress line on stdout, flushed (the device machine returns only the log's tail)."""
+    """A progress line on stdout, flushed."""
     print(f"[bench] {message}", flush=True)
 
 
 def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int = 3) -> dict:
-    """Whether ``torch.profiler`` reports the kernels inside CUDA graph replays here: a graph of
-    ``kernels_per_graph`` known kernels replayed ``replays`` times under it, the kernels counted."""
-    from torch.profiler import ProfilerActivity
-
+    """Whether ``torch.profiler`` sees the kernels of a graph of ``kernels_per_graph`` replayed ``replays`` times."""
     x = torch.randn(1 << 16, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -128,10 +125,8 @@ def probe_profiler_sees_graph_kernels(kernels_per_graph: int = 16, replays: int 
 
 def _trace_of(body: Callable[[], None], activities: list) -> dict:
     """The chrome trace of ``body`` under ``torch.profiler`` recording ``activities``, after :func:`_preroll`."""
-    from torch.profiler import profile
-
     with tempfile.TemporaryDirectory() as tmp:
-        with profile(activities=activities) as prof:
+        with torch.profiler.profile(activities=activities) as prof:
             _preroll()
             body()
         path = os.path.join(tmp, "trace.json")
@@ -141,8 +136,7 @@ def _trace_of(body: Callable[[], None], activities: list) -> dict:
 
 
 def _preroll(n: int = 64) -> None:
-    """Tiny kernels at the start of a profiling session, outside every step window: kineto's per-session CUPTI
-    re-registration can corrupt the timestamps of a session's first kernel records."""
+    """Tiny kernels at a profiling session's start, whose first kernel records' timestamps can be corrupt."""
     t = torch.zeros(8, device="cuda")
     for _ in range(n):
         t.add_(1.0)
@@ -150,8 +144,7 @@ def _preroll(n: int = 64) -> None:
 
 
 class VisionTimer:
-    """CUDA events around every vision-encoder call of a model: forward (module hooks) and backward (the gradient
-    reaching the encoder's output, then its patch embedding's output); only while :attr:`active`, not in a capture."""
+    """CUDA events around every vision-encoder forward and backward while :attr:`active` and not capturing."""
 
     def __init__(self, model: Sequence[torch.nn.Module]) -> None:
         from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.vision_model import Qwen3VLVisionModel
@@ -160,8 +153,7 @@ class VisionTimer:
         self.records: list[dict[str, torch.cuda.Event]] = []
         self._current: dict | None = None
         self._handles = []
-        self.encoders = [m for chunk in model for m in chunk.modules() if isinstance(m, Qwen3VLVisionModel)]
-        for encoder in self.encoders:
+        for encoder in [m for chunk in model for m in chunk.modules() if isinstance(m, Qwen3VLVisionModel)]:
             self._handles.append(encoder.register_forward_pre_hook(self._pre))
             self._handles.append(encoder.register_forward_hook(self._post))
             embed = getattr(encoder, "patch_embed", None)
@@ -174,11 +166,8 @@ class VisionTimer:
         event.record()
         return event
 
-    def _recording(self) -> bool:
-        return self.active and not torch.cuda.is_current_stream_capturing()
-
     def _pre(self, module, args) -> None:
-        if self._recording():
+        if self.active and not torch.cuda.is_current_stream_capturing():
             self._current = {"fwd0": self._event()}
 
     def _stamp_on_grad(self, tensor: Any, record: dict | None, key: str) -> None:
@@ -214,7 +203,6 @@ class VisionTimer:
         return out
 
     def remove(self) -> None:
-        """Remove every hook."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -242,10 +230,7 @@ def model_flops_utilisation(
     kernel_ms: float | None,
     peak: float | None,
 ) -> dict[str, Any]:
-    """Model FLOPs, TFLOP/s and MFU of the measured steps (``flops_per_step``, ``step_ms``), and the MFU at the
-    profiled steps' kernel time (``profiled_flops``); ``peak``: dense BF16 TFLOP/s (None: no MFU); {} without FLOPs."""
-    from benchmarks.flops import mfu
-
+    """Model FLOPs, TFLOP/s and MFU of the measured steps, and MFU at the profiled kernel time; {} without FLOPs."""
     if not flops_per_step or not step_ms:
         return {}
     tflops = sum(flops_per_step) / (sum(step_ms) * 1e-3) / 1e12
@@ -272,21 +257,15 @@ def submodules_named(model: Sequence[torch.nn.Module], attribute: str) -> list[t
 
 
 class PhaseMarkers:
-    """``record_function`` ranges ``bcg_phase/<phase>`` around a training step's phases, for
-    :func:`host_time_breakdown`; hooks and a per-instance ``optimizer.step`` wrapper, removed by :meth:`remove`.
+    """``record_function`` ranges ``bcg_phase/<phase>`` around a training step's phases (``step_setup``, ``forward``,
+    ``backward``, ``optimizer_step``, ``step_end``; nested: ``vision_forward``, ``language_forward``,
+    ``vision_backward``), by hooks and an ``optimizer.step`` wrapper, removed by :meth:`remove`."""
 
-    Main-thread phases follow one another and cover the step: ``step_setup``, ``forward``, ``backward``,
-    ``optimizer_step``, ``step_end``; nested: ``vision_forward``, ``language_forward``, ``vision_backward`` (autograd
-    thread). Ranges are entered and exited by hand, since hooks need not nest."""
-
-    def __init__(self, model: Sequence[torch.nn.Module], optimizer: Any = None, *, prefix: str = PHASE_PREFIX) -> None:
-        self.prefix = prefix
+    def __init__(self, model: Sequence[torch.nn.Module], optimizer: Any = None) -> None:
         self._open: dict[str, Any] = {}
         self._current: str | None = None
         self._handles: list[Any] = []
         self._optimizer = optimizer
-        self._had_step_attr = False
-        self._old_step: Any = None
         for chunk in model:
             self._handles.append(chunk.register_forward_pre_hook(lambda *_: self.switch("forward")))
             self._handles.append(chunk.register_forward_hook(lambda *_: self.switch("backward")))
@@ -305,14 +284,13 @@ class PhaseMarkers:
     def open(self, phase: str) -> None:
         """Enter ``bcg_phase/<phase>`` (an open one of the same name is closed first)."""
         self.close(phase)
-        marker = torch.profiler.record_function(self.prefix + phase)
+        marker = torch.profiler.record_function(PHASE_PREFIX + phase)
         marker.__enter__()
         self._open[phase] = marker
 
     def close(self, phase: str) -> None:
         """Exit ``bcg_phase/<phase>`` if it is open."""
-        marker = self._open.pop(phase, None)
-        if marker is not None:
+        if (marker := self._open.pop(phase, None)) is not None:
             marker.__exit__(None, None, None)
 
     def switch(self, phase: str) -> None:
@@ -348,7 +326,7 @@ class PhaseMarkers:
 
     def _wrap_step(self, optimizer: Any) -> None:
         self._had_step_attr = "step" in vars(optimizer)
-        self._old_step = vars(optimizer).get("step")
+        self._old_step: Any = vars(optimizer).get("step")
         inner = optimizer.step
 
         def step(*args: Any, **kwargs: Any) -> Any:
@@ -372,15 +350,14 @@ class PhaseMarkers:
 
 
 def _named_tensors(chunk: torch.nn.Module, *, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
-    """A chunk's parameters and buffers by name, the tensors themselves (Bridge's LoRA ``AdapterWrapper.state_dict``
-    drops the ``to_wrap.`` its ``load_state_dict`` expects)."""
+    """A chunk's parameters and buffers by name, the tensors themselves (not ``state_dict``'s names)."""
     out: dict[str, torch.Tensor] = dict(chunk.named_parameters(remove_duplicate=remove_duplicate))
     out.update(chunk.named_buffers(remove_duplicate=remove_duplicate))
     return out
 
 
 def snapshot(model) -> list[dict]:
-    """Every parameter and buffer of the model chunks, on the CPU (pinned: each variant copies them back twice)."""
+    """Every parameter and buffer of the model chunks, on the CPU (pinned)."""
 
     def pinned(value: torch.Tensor) -> torch.Tensor:
         host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda)
@@ -389,15 +366,13 @@ def snapshot(model) -> list[dict]:
     return [{key: pinned(value) for key, value in _named_tensors(chunk).items()} for chunk in model]
 
 
-#: Names only a graphs-on upstream Qwen3-VL has (the language model's decoder and rotary embedding registered on the
-#: root too): they alias the language model's tensors.
+#: Names only a graphs-on upstream Qwen3-VL has: they alias the language model's tensors.
 _UPSTREAM_ALIAS_KEY = re.compile(r"^(module\.)*(decoder|rotary_pos_emb)(\.|$)")
 
 
 def load_weights(model, state: list[dict], *, aliases_allowed: bool) -> None:
-    """Copy ``state`` (:func:`snapshot`'s) into the model's tensors in place (captured graphs keep pointing at them).
-    Parameters must match both ways, save upstream's aliases; a buffer made after the snapshot (a rotary table built at
-    the first forward) is a function of the config and is left as it is."""
+    """Copy ``state`` (:func:`snapshot`'s) into the model's tensors in place; raises where the parameters do not match
+    both ways (save upstream's aliases) or a shape differs. A buffer made after the snapshot is left as it is."""
     for chunk, chunk_state in zip(model, state, strict=True):
         target = _named_tensors(chunk, remove_duplicate=False)
         params = {k for k, _ in chunk.named_parameters(remove_duplicate=False)}
@@ -426,8 +401,7 @@ def free_memory() -> None:
 
 
 def fixed_batch_check(model, batch: dict) -> tuple[torch.Tensor, float, dict]:
-    """Per-token loss, gradient norm and every trainable parameter's gradient (fp32, host) of one forward/backward on
-    ``batch``; gradient buffers zeroed after."""
+    """Per-token loss, grad norm and every trainable parameter's gradient (fp32, host) of one step on ``batch``."""
     from bridge_cudagraph.testing.parity import grad_norm, loss_and_grads
 
     loss, grads = loss_and_grads(model, batch, device="cpu")
@@ -442,20 +416,14 @@ def non_finite_steps(values: Sequence[float] | None) -> list[int]:
 
 
 class NonFiniteStepError(RuntimeError):
-    """A variant's run had a NaN or infinite loss or grad norm: it is failed, never compared."""
+    """A variant's run had a NaN or infinite loss or grad norm."""
 
 
 def require_finite(losses: Sequence[float], grad_norms: Sequence[float] | None = None) -> None:
     """Raise :class:`NonFiniteStepError` when any step's loss or grad norm is not finite."""
-    bad = {
-        name: steps
-        for name, steps in (("loss", non_finite_steps(losses)), ("grad norm", non_finite_steps(grad_norms)))
-        if steps
-    }
-    if bad:
-        raise NonFiniteStepError(
-            "non-finite " + "; ".join(f"{name} at steps {steps[:10]}" for name, steps in bad.items())
-        )
+    series = (("loss", non_finite_steps(losses)), ("grad norm", non_finite_steps(grad_norms)))
+    if bad := [f"{name} at steps {steps[:10]}" for name, steps in series if steps]:
+        raise NonFiniteStepError("non-finite " + "; ".join(bad))
 
 
 #: What :func:`capture_record` keeps of a helper's :class:`~bridge_cudagraph.capture.stats.CaptureStats`, in order.
@@ -472,9 +440,8 @@ def capture_record(stats) -> dict[str, Any]:
 
 
 def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Callable[[int], float]:
-    """``run_step`` with the budgets a micro-batch above a ladder's captured top asked for captured before each step,
-    untimed (as :meth:`GraphLifecycle.grow` does in Bridge's loop); each growth in ``record["late_captures"]`` with the
-    reserved and pool bytes before and after."""
+    """``run_step`` with the budgets a ladder's pending micro-batches asked for captured untimed before each step;
+    each growth in ``record["late_captures"]`` with the reserved and pool bytes before and after."""
     from bridge_cudagraph.capture.device_memory import held_reserved as reserved
 
     ladders = [h for h in helpers if hasattr(h, "capture_pending")]
@@ -484,8 +451,7 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
             if not helper.pending_budgets():
                 continue
             pool_before, before = sum(helper.stats.per_budget.values()), reserved()
-            rungs = helper.capture_pending()
-            if rungs:
+            if rungs := helper.capture_pending():
                 record.setdefault("late_captures", []).append(
                     {
                         "step": i,
@@ -503,8 +469,7 @@ def growing(run_step: Callable[[int], float], helpers: list, record: dict) -> Ca
 
 
 def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
-    """Capture every helper as Bridge's loop does at the warm-up step, measured like our own capture; ``upstream``:
-    megatron-core's helpers, whose vision capture may fail without failing the variant."""
+    """Capture every helper, measured; ``upstream``'s vision capture may fail without failing the variant."""
     from bridge_cudagraph.capture.device_memory import measure
     from bridge_cudagraph.capture.failure import abandon_capture
     from bridge_cudagraph.capture.stats import CaptureStats
@@ -519,7 +484,6 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
             except Exception as error:
                 if not upstream_vision:
                     raise
-                # If upstream's vision capture fails, keep measuring its language graphs (vision runs eagerly).
                 errors["vision"] = abandon_capture(helper.flattened_callables, helper.model, error, "upstream vision")
                 gc.unfreeze()  # megatron-core's _start_capturing may have frozen the collector
                 continue
@@ -535,8 +499,7 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
         out["capture_errors"] = errors
     if not upstream:
         out["capture"] = {h.submodule: capture_record(h.stats) for h in helpers}
-        vision = [h for h in helpers if h.submodule == "vision"]
-        if vision:
+        if vision := [h for h in helpers if h.submodule == "vision"]:
             out["vision_graph_memory_per_budget"] = dict(vision[0].stats.per_budget)
     return out
 
@@ -544,10 +507,7 @@ def capture(variant: str, helpers: list, *, upstream: bool = False) -> dict:
 def profile(
     shared: StepData, run_step: Callable[[int], object], first_step: int, *, model: Any, optimizer: Any
 ) -> tuple[dict, dict]:
-    """Profile ``shared.profile_steps`` steps from ``first_step`` with :class:`PhaseMarkers` on ``model`` and
-    ``optimizer``: ``(kernel_time_per_step, host_time_breakdown or {"error": ...})`` of exactly these steps."""
-    from torch.profiler import ProfilerActivity
-
+    """``(kernel time per step, host time breakdown or {"error": ...})`` of the profiled steps from ``first_step``."""
     n = shared.profile_steps
     markers = PhaseMarkers(model, optimizer)
 
@@ -574,9 +534,7 @@ def profile(
 
 
 def profile_cuda_only(shared: StepData, run_step: Callable[[int], object], first_step: int) -> dict:
-    """The profiled steps again, CUDA kernels only (:func:`~benchmarks.trace.busy_between_marks`): recording every
-    CPU op stretches a graphed step of many small host calls, which :func:`profile`'s busy fraction reads as idle."""
-    from torch.profiler import ProfilerActivity
+    """The profiled steps again, CUDA kernels only (:func:`~benchmarks.trace.busy_between_marks`)."""
 
     def steps() -> None:
         torch.cuda._sleep(1)
@@ -591,8 +549,7 @@ def profile_cuda_only(shared: StepData, run_step: Callable[[int], object], first
 
 @contextlib.contextmanager
 def recorded(rec: dict, key: str, *, limit: int = 500, what: str = "") -> Iterator[None]:
-    """The block of a measurement aid: an exception ends it, recorded as ``rec[key]`` (type and message, cut at
-    ``limit``) and said after ``what`` when given, never raised: an aid is never a reason to lose the numbers."""
+    """A block whose exception is recorded as ``rec[key]`` (and said after ``what``), never raised."""
     try:
         yield
     except Exception as error:
@@ -619,8 +576,7 @@ def record_peaks(rec: dict) -> None:
 
 
 def outside_allocator_bytes() -> int:
-    """GPU memory in use beyond what PyTorch's caching allocator has reserved (the CUDA context, library handles and
-    buffers, other allocators): on a card of the peaks' size it comes on top of them. Counts other processes too."""
+    """GPU memory in use beyond what PyTorch's caching allocator has reserved (other processes' included)."""
     free, total = torch.cuda.mem_get_info()
     return total - free - torch.cuda.memory_reserved()
 
@@ -631,35 +587,31 @@ def record_failure(rec: dict, error: Exception, what: str) -> None:
     rec["error"] = f"{type(error).__name__}: {error}"
     rec.update(error_origin(error))
     rec["traceback"] = traceback.format_exc()[-4000:]
-    if torch.cuda.is_available():  # an out-of-memory error's own share of the card
+    if torch.cuda.is_available():
         with recorded(rec, "outside_allocator_error"):
             rec["outside_allocator_bytes"] = outside_allocator_bytes()
     say(f"{what}: FAILED {rec['error'][:300]}")
 
 
-#: Memory a deleted variant may leave allocated (its batches' share, allocator slack) before who holds it is recorded.
+#: Memory a deleted variant may leave allocated before who holds it is recorded.
 LEAK_TOLERANCE_BYTES = 512 * 2**20
 
 
 def check_freed(rec: dict, survivors: dict) -> None:
-    """Record what the deleted variant left allocated: where its model or optimizer outlived :func:`teardown`
-    (``survivors``), who holds them, then free their storages; past :data:`LEAK_TOLERANCE_BYTES` without survivors, who
-    holds the largest tensors (a leak counts in every later variant's peak)."""
-    from benchmarks import leaks
-
+    """Record what the deleted variant left allocated: who holds its model or optimizer if they outlived
+    :func:`teardown` (``survivors``, then freed); past :data:`LEAK_TOLERANCE_BYTES`, who holds the largest tensors."""
     rec["left_allocated_bytes"] = left = torch.cuda.memory_allocated()
     try:
         if survivors:
             target = survivors.get("optimizer") or survivors["model"][0]
-            # The survivors' own containers are not holders (without the list, a model's chain stopped at it).
             ignore = [survivors, *([survivors["model"]] if "model" in survivors else [])]
             rec["leak"] = {"survivors": sorted(survivors), "holders": leaks.holder_chains(target, ignore=ignore)}
         elif left - rec["allocated_at_start_bytes"] > LEAK_TOLERANCE_BYTES:
             rec["leak"] = leaks.leak_report()
-    except Exception as error:  # a diagnosis aid, never a reason to lose the variant
+    except Exception as error:
         rec["leak"] = {"error": f"{type(error).__name__}: {error}"[:500]}
     if survivors:
-        with recorded(rec["leak"], "release_error"):  # else the next variant starts with this memory taken
+        with recorded(rec["leak"], "release_error"):
             released = leaks.release_training_memory(survivors.get("model"), survivors.get("optimizer"))
             rec["leak"]["released_bytes"] = released
         survivors.clear()
@@ -712,8 +664,7 @@ def cap_gpu_memory(gib: float | None) -> float | None:
 def step_runner(
     shared: StepData, objs: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> Callable[[int], float]:
-    """``run(i)``: training step ``i`` of the plan on ``objs``' model, its wall ms between two synchronizes; the loss
-    and grad norm appended to ``losses`` and ``grad_norms`` when given."""
+    """``run(i)``: training step ``i`` of the plan, its wall ms; loss and grad norm appended to the lists given."""
     from bridge_cudagraph.testing.parity import train_steps
 
     model, optimizer = objs["model"], objs["optimizer"]
@@ -734,8 +685,7 @@ def step_runner(
 
 
 def break_ddp_cycles(model: Any) -> None:
-    """Drop Megatron DDP's ``grad_accs``: their hooks close over the DDP module through C++ autograd nodes that
-    Python's collector cannot see, so without this every deleted DDP model stays alive."""
+    """Drop Megatron DDP's ``grad_accs``, whose hooks keep the DDP module alive out of the collector's sight."""
     for chunk in model or []:
         grad_accs = getattr(chunk, "grad_accs", None)
         if isinstance(grad_accs, list):
@@ -743,13 +693,12 @@ def break_ddp_cycles(model: Any) -> None:
 
 
 def drop_kept_graphs(model: Any) -> None:
-    """Set to None every tensor with a ``grad_fn`` that a module of ``model``, or a plain object on one, keeps from
-    its last forward (the MoE dispatcher's ``probs``): its autograd graph holds DDP's hooks, which hold the model."""
+    """Drop every tensor with a ``grad_fn`` a module of ``model`` (or a plain object on one) keeps from a forward."""
 
     def drop(holder: Any) -> None:
         for name, value in list(vars(holder).items()):
             if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-                with contextlib.suppress(AttributeError, TypeError):  # a read-only slot: teardown goes on
+                with contextlib.suppress(AttributeError, TypeError):  # a read-only slot
                     setattr(holder, name, None)
 
     for chunk in model or []:
@@ -761,14 +710,12 @@ def drop_kept_graphs(model: Any) -> None:
 
 
 def teardown(objs: dict) -> dict:
-    """Undo the helpers, graphs, hooks, micro-batch calculator and step-host changes, delete model and optimizer and
-    give the memory back; returns what of them is still alive (for :func:`check_freed`)."""
+    """Undo all a variant installed, drop its model and optimizer; returns what of them is still alive."""
     chunk_refs = [weakref.ref(chunk) for chunk in objs.get("model") or []]
     optimizer_ref = weakref.ref(objs["optimizer"]) if objs.get("optimizer") is not None else None
-    timer = objs.get("timer")
-    if timer is not None:
+    if (timer := objs.get("timer")) is not None:
         timer.remove()
-    for helper in objs.get("helpers") or []:  # first every decoder's class back (packed and padded replay)
+    for helper in objs.get("helpers") or []:  # first every decoder's class back
         try:
             if getattr(helper, "uninstall", None) is not None:
                 helper.uninstall()
@@ -785,7 +732,7 @@ def teardown(objs: dict) -> dict:
 
         destroy_num_microbatches_calculator()
     if objs.get("exits") is not None:
-        objs["exits"].close()  # the step host's changes undone
+        objs["exits"].close()
     drop_kept_graphs(objs.get("model"))
     break_ddp_cycles(objs.get("model"))
     objs.clear()
@@ -796,23 +743,21 @@ def teardown(objs: dict) -> dict:
 
 
 def ours_helpers(objs: dict, plan: Any) -> list:
-    """This plugin's helpers of ``plan`` through the variant's provider, as ``bridge-cudagraph train`` builds them,
-    the step host installed first as ``plan`` says (undone by :func:`teardown`)."""
+    """This plugin's helpers of ``plan``, the step host installed first (undone by :func:`teardown`)."""
     from bridge_cudagraph.host import step as step_host
 
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
     if plan.cached_walks.grad_finalize:
         from bridge_cudagraph.testing.parity import prepare_finalize
 
-        prepare_finalize(model)  # the finalisation function Bridge's set-up gives the config
+        prepare_finalize(model)
     installed = step_host.install_planned(plan, model, optimizer)
     objs.setdefault("exits", contextlib.ExitStack()).callback(step_host.uninstall, installed)
     return provider.make_graph_helpers(model, plan=plan)
 
 
 def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_size: int, num_microbatches: int) -> list:
-    """megatron-core's ``TECudaGraphHelper`` and ``VisionTECudaGraphHelper`` as Megatron-Bridge's ``train()`` builds
-    them for ``cuda_graph_impl="transformer_engine"``, with the global micro-batch calculator they read."""
+    """megatron-core's TE graph helpers as Bridge's ``train()`` builds them, with the micro-batch calculator."""
     from megatron.core.num_microbatches_calculator import get_num_microbatches, init_num_microbatches_calculator
     from megatron.core.transformer.cuda_graphs import (
         TECudaGraphHelper,
@@ -824,53 +769,38 @@ def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_siz
     from bridge_cudagraph.host import compat
 
     model, optimizer, provider = objs["model"], objs["optimizer"], objs["provider"]
-    init_num_microbatches_calculator(
-        0, None, micro_batch_size * num_microbatches, micro_batch_size, world.language.dp.size()
-    )
+    global_batch_size = micro_batch_size * num_microbatches
+    init_num_microbatches_calculator(0, None, global_batch_size, micro_batch_size, world.language.dp.size())
     objs["calculator"] = True
     helpers = []
     model_config = get_model_config(model[0])
     if model_config.cuda_graph_impl == "transformer_engine":
-        kwargs: dict[str, Any] = dict(
-            model=model,
-            config=model_config,
-            seq_length=seq_length,
-            micro_batch_size=micro_batch_size,
-            optimizers=[optimizer],
-        )
-        if compat.helper_accepts_pg_collection():
-            kwargs["pg_collection"] = world.language
-        helpers.append(TECudaGraphHelper(**kwargs))
+        kwargs: dict[str, Any] = {"pg_collection": world.language} if compat.helper_accepts_pg_collection() else {}
+        kwargs.update(model=model, config=model_config, seq_length=seq_length, micro_batch_size=micro_batch_size)
+        helpers.append(TECudaGraphHelper(optimizers=[optimizer], **kwargs))
     if getattr(provider, "vision_cuda_graph_impl", None) == "transformer_engine":
-        for chunk in model:
-            unwrapped = get_attr_wrapped_model(chunk, "vision_model", allow_none=True, return_model_obj=True)
-            if unwrapped is not None and getattr(unwrapped, "vision_model", None) is not None:
-                vision_config = unwrapped.vision_model.config
-                if vision_config.cuda_graph_impl == "transformer_engine":
-                    vkwargs: dict[str, Any] = dict(
-                        model=model,
-                        vision_config=vision_config,
-                        vision_seq_length=get_vision_cuda_graph_seq_length(vision_config),
-                        micro_batch_size=micro_batch_size,
-                        num_microbatches=get_num_microbatches(),
-                    )
-                    if compat.vision_helper_accepts_pg_collection():
-                        vkwargs["pg_collection"] = world.language
-                    helper = VisionTECudaGraphHelper(**vkwargs)
-                    helper.bench_submodule = "vision"
-                    helpers.append(helper)
-                break
+        unwrapped = get_attr_wrapped_model(model[0], "vision_model", allow_none=True, return_model_obj=True)
+        vision_model = getattr(unwrapped, "vision_model", None)
+        if vision_model is not None and vision_model.config.cuda_graph_impl == "transformer_engine":
+            config = vision_model.config
+            pg = {"pg_collection": world.language} if compat.vision_helper_accepts_pg_collection() else {}
+            helper = VisionTECudaGraphHelper(
+                model=model,
+                vision_config=config,
+                vision_seq_length=get_vision_cuda_graph_seq_length(config),
+                micro_batch_size=micro_batch_size,
+                num_microbatches=get_num_microbatches(),
+                **pg,
+            )
+            helper.bench_submodule = "vision"
+            helpers.append(helper)
     return helpers
 
 
 def error_origin(error: BaseException) -> dict[str, str]:
-    """Where ``error`` came from: its root cause (the end of the ``__cause__``/``__context__`` chain: a failed capture
-    surfaces as the capture's end failing) as ``cause``, and ``where``, that cause's innermost frame."""
+    """``cause``: the end of ``error``'s ``__cause__``/``__context__`` chain; ``where``: its innermost frame."""
     root, seen = error, {id(error)}
-    while True:
-        nxt = root.__cause__ or root.__context__
-        if nxt is None or id(nxt) in seen:
-            break
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
         seen.add(id(nxt))
         root = nxt
     lines = str(root).strip().splitlines()

@@ -1,9 +1,7 @@
 """Useful tokens per second on Bridge's own Qwen3-VL fine-tuning data path: packed eager vs padded and packed graphs.
 
-Every variant trains in this process, one at a time, from the same initial weights on the same photo SFT
-micro-batches (:mod:`benchmarks.runner`); then the paired phase and the eager control. Writes ``useful_tokens.json``
-after every variant (layout: :mod:`benchmarks.report`), then ``.md`` and ``.png``; method: ``benchmarks/README.md``.
-"""
+Every variant trains in this process from the same initial weights on the same photo micro-batches, then the paired
+phase and the control; ``useful_tokens.json`` is written after each (layout: :mod:`benchmarks.report`)."""
 
 from __future__ import annotations
 
@@ -25,6 +23,8 @@ import torch
 
 from benchmarks import recipe_variants, report, runner
 from benchmarks.configs import MERGE, QWEN3_VL_TOKENS, QWEN3_VL_VOCAB, BenchConfig
+from benchmarks.flops import peak_tflops, step_flops
+from benchmarks.host_syncs import census
 from benchmarks.report import CONTROL, FORM, PACKED, PACKED_GRAPHED, PADDED, PADDED_CONTROL, PAIRED
 from benchmarks.runner import OK, json_safe, say, write_json
 from benchmarks.trace import gpu_busy_summary
@@ -37,28 +37,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("benchmarks.useful_tokens")
 
-#: Defaults sized so that the 2B run at sequence 4096, micro-batch 2 fits one 10-minute device call (~7 min).
-DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MICROBATCHES, DEFAULT_PROFILE_STEPS = 15, 3, 8, 2
-#: Training samples in the photo set's train split (:class:`bridge_cudagraph.examples.photos.PhotoSetSpec`).
+#: Training samples in the photo set's train split.
 PHOTO_TRAIN_SAMPLES = 256
 JSON_NAME = "useful_tokens.json"
 #: The variants an MoE model measures (not upstream's, which would need an MoE scope of its own).
 MOE_VARIANTS: tuple[str, ...] = ("eager_packed", "eager_padded", "ours_padded", "ours_packed")
-#: Language layers of the 30B-A3B shape: its own 48 at 128 experts need EP; 4 hold the layer's shape on one GPU.
+#: Language layers of the 30B-A3B shape (its own 48 need EP; 4 hold the layer's shape on one GPU).
 MOE_30B_LAYERS = 4
-
-
-def _qwen3_vl_layer() -> dict[str, Any]:
-    """The language layer fields both Qwen3-VL shapes share (the 2B's and the 30B-A3B's), with the real vocabulary."""
-    return dict(
-        hidden_size=2048,
-        ffn_hidden_size=6144,
-        kv_channels=128,
-        vocab_size=QWEN3_VL_VOCAB,
-        mrope_section=[24, 20, 20],
-        layernorm_epsilon=1e-6,
-        **QWEN3_VL_TOKENS,
-    )
 
 
 def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any) -> Any:
@@ -70,63 +55,42 @@ def _tiny_provider(cuda_graph: CudaGraphConfig | None = None, *, seq_length: int
     )
 
 
-def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: Any):
-    """A Qwen3-VL-2B-like provider (real shapes and token ids, random weights) with our ``cuda_graph`` block and
-    the tiny provider's settings; ``overrides`` replace any field (e.g. another tokenizer's special ids)."""
+def _qwen3_vl_shape(cuda_graph, seq_length: int, overrides: dict, deepstack: list, vision: dict, tied: bool, **fields):
+    """Qwen3-VL's language layer (hidden 2048, vocabulary, token ids) with ``fields``, the output weights ``tied`` to
+    the embedding or not, a vision encoder of ``vision``'s fields tapped after ``deepstack``; ``overrides`` win."""
     from bridge_cudagraph.examples import tiny
 
-    deepstack = [5, 11, 17]
-    vision = tiny.tiny_vision_config(
-        2048,
-        depth=24,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_heads=16,
-        num_position_embeddings=2304,
+    fields.update(
+        hidden_size=2048,
+        ffn_hidden_size=6144,
+        kv_channels=128,
+        vocab_size=QWEN3_VL_VOCAB,
+        mrope_section=[24, 20, 20],
+        layernorm_epsilon=1e-6,
+        **QWEN3_VL_TOKENS,
+        share_embeddings_and_output_weights=tied,
         deepstack_visual_indexes=list(deepstack),
-    )
-    fields = dict(
-        _qwen3_vl_layer(),
-        share_embeddings_and_output_weights=True,
-        num_layers=28,
-        num_attention_heads=16,
-        num_query_groups=8,
-        vision_config=vision,
-        spatial_merge_size=MERGE,
-        num_position_embeddings=2304,
-        out_hidden_size=2048,
-        deepstack_visual_indexes=list(deepstack),
+        vision_config=tiny.tiny_vision_config(2048, deepstack_visual_indexes=list(deepstack), **vision),
     )
     return _tiny_provider(cuda_graph, seq_length=seq_length, **{**fields, **overrides})
+
+
+def small_qwen3_vl_provider(cuda_graph=None, *, seq_length: int, **overrides: Any):
+    """A Qwen3-VL-2B-shaped provider (random weights) with ``cuda_graph``; ``overrides`` replace any field."""
+    vision = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, num_position_embeddings=2304)
+    layers = dict(num_layers=28, num_attention_heads=16, num_query_groups=8, out_hidden_size=2048)
+    merge = dict(spatial_merge_size=MERGE, num_position_embeddings=2304)
+    return _qwen3_vl_shape(cuda_graph, seq_length, overrides, [5, 11, 17], vision, True, **layers, **merge)
 
 
 def qwen3_vl_30b_a3b_shape_provider(
     cuda_graph: CudaGraphConfig | None = None, *, seq_length: int, **overrides: Any
 ) -> Any:
-    """Qwen3-VL-30B-A3B's language layer and vision encoder at :data:`MOE_30B_LAYERS` language layers, random
-    weights: Bridge's own provider's shapes (the unit test compares them field by field) with the tiny provider's
-    settings, on one GPU at EP 1, TP 1. Depth is the one change: the layer's shape is kept, while the embedding,
-    output layer and vision encoder weigh more in the step."""
-    from bridge_cudagraph.examples import tiny
-
-    deepstack = [8, 16, 24]
-    fields: dict[str, Any] = dict(
-        _qwen3_vl_layer(),
-        moe=True,
-        num_layers=MOE_30B_LAYERS,
-        moe_ffn_hidden_size=768,
-        num_moe_experts=128,
-        moe_router_topk=8,
-        moe_grouped_gemm=True,
-        num_attention_heads=32,
-        num_query_groups=4,
-        share_embeddings_and_output_weights=False,
-        deepstack_visual_indexes=list(deepstack),
-        vision_config=tiny.tiny_vision_config(
-            2048, depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, deepstack_visual_indexes=deepstack
-        ),
-    )
-    return _tiny_provider(cuda_graph, seq_length=seq_length, **{**fields, **overrides})
+    """Qwen3-VL-30B-A3B's shape at :data:`MOE_30B_LAYERS` language layers; ``overrides`` replace any field."""
+    vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16)
+    layers = dict(num_layers=MOE_30B_LAYERS, num_attention_heads=32, num_query_groups=4)
+    experts = dict(moe=True, moe_ffn_hidden_size=768, num_moe_experts=128, moe_router_topk=8, moe_grouped_gemm=True)
+    return _qwen3_vl_shape(cuda_graph, seq_length, overrides, [8, 16, 24], vision, False, **layers, **experts)
 
 
 @dataclass(frozen=True)
@@ -135,15 +99,14 @@ class ModelDef:
 
     description: str
     provider: Callable[..., Any] | None = None
-    """``provider(cuda_graph, *, seq_length, **fields)``, not finalized; None for a recipe model (its variants are
-    the recipe file's, :mod:`benchmarks.recipe_variants`)."""
+    """``provider(cuda_graph, *, seq_length, **fields)``, not finalized; None for a recipe model."""
     variants: tuple[str, ...] = report.VARIANTS
-    """What runs when ``--variants`` is left out (the control besides, unless ``--no-control``)."""
+    """What runs when ``--variants`` is left out (besides the control)."""
     optional: tuple[str, ...] = ()
-    """What ``--variants`` may add to :attr:`variants`."""
+    """What ``--variants`` may add."""
 
 
-#: Every ``--model``; the MoE ones answer what MoE users get from graphs against Bridge's packed eager step.
+#: Every ``--model``.
 MODELS: dict[str, ModelDef] = {
     "tiny": ModelDef("tiny Qwen3-VL (4 + 4 layers)", _tiny_provider, optional=(*report.PADDED_PARTS, PADDED_CONTROL)),
     "small": ModelDef(
@@ -178,41 +141,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
-    add(
-        "--model",
-        choices=tuple(MODELS),
-        default="small",
-        help="tiny: smoke test; small: the 2B shape; tiny-moe: the MoE tiny; moe-30b-a3b-shape: Qwen3-VL-30B-A3B's "
-        "layer at reduced depth; peft8b: Bridge's 8B LoRA recipe (benchmarks/recipe_variants.py)",
-    )
+    add("--model", choices=tuple(MODELS), default="small", help="small: the 2B shape; tiny: a smoke test")
     add("--seq", type=int, help="seq_length (default 4096; a recipe model: its own)")
     add("--mbs", type=int, help="micro-batch size (default 2; a recipe: its own)")
     add("--num-mb", type=int, help="micro-batches per optimizer step (default 2; a recipe: its own)")
-    add("--steps", type=int, default=DEFAULT_STEPS, help="measured steps per variant")
-    add("--warmup", type=int, default=DEFAULT_WARMUP, help="eager steps before capture")
-    add("--microbatches", type=int, default=DEFAULT_MICROBATCHES, help="distinct micro-batches (cycled)")
-    add("--profile-steps", type=int, default=DEFAULT_PROFILE_STEPS, help="0: no profiler")
+    add("--steps", type=int, default=15, help="measured steps per variant")
+    add("--warmup", type=int, default=3, help="eager steps before capture")
+    add("--microbatches", type=int, default=8, help="distinct micro-batches (cycled)")
+    add("--profile-steps", type=int, default=2, help="0: no profiler")
     add("--no-paired", action="store_true", help="skip the paired phase")
-    add(
-        "--paired",
-        metavar="A,B",
-        help="the two variants the paired phase builds side by side and interleaves (ratios: A ms / B ms); both "
-        f"must be among the run's variants (default {','.join(PAIRED)}, skipped where --variants leaves one out)",
-    )
+    add("--paired", metavar="A,B", help=f"the paired phase's two variants, A ms / B ms (default {','.join(PAIRED)})")
     add("--no-control", action="store_true", help="skip eager_packed_repeat (the noise floor)")
-    add(
-        "--variants",
-        metavar="A,B",
-        help=f"run only these variants, in the usual order (default: the model's, all of {','.join(report.VARIANTS)} "
-        f"for a dense one, {','.join(MOE_VARIANTS)} for an MoE one); a dense model of the benchmark's shape also "
-        f"runs {','.join(report.PADDED_PARTS)} when named here",
-    )
-    add(
-        "--gpu-memory",
-        type=float,
-        metavar="GIB",
-        help="cap the process at GIB of GPU memory (80: an 80 GB H100 on a larger GPU), as train --gpu-memory does",
-    )
+    add("--variants", metavar="A,B", help="run only these variants, in the usual order (default: the model's)")
+    add("--gpu-memory", type=float, metavar="GIB", help="cap the process at GIB of GPU memory, as train does")
     return parser.parse_args(argv)
 
 
@@ -221,9 +162,8 @@ SHAPE_DEFAULTS = {"seq": 4096, "mbs": 2, "num_mb": 2}
 
 
 def fill_shape(args: argparse.Namespace) -> str | None:
-    """Fill ``--seq``, ``--mbs`` and ``--num-mb`` left out: :data:`SHAPE_DEFAULTS`, or a recipe model's own; a recipe
-    trains at its sequence and micro-batch (another one given is refused, one sentence), ``--num-mb`` defaulting to
-    its global batch over its micro-batch."""
+    """Fill ``--seq``, ``--mbs`` and ``--num-mb`` left out (:data:`SHAPE_DEFAULTS`, or a recipe model's own); the
+    refusal (one sentence) of a recipe model's ``--seq`` or ``--mbs`` other than its own, else None."""
     if args.model not in recipe_variants.RECIPES:
         for name, value in SHAPE_DEFAULTS.items():
             if getattr(args, name) is None:
@@ -231,8 +171,7 @@ def fill_shape(args: argparse.Namespace) -> str | None:
         return None
     seq, mbs, gbs = recipe_variants.recipe_shape(args.model)
     for name, value in (("seq", seq), ("mbs", mbs)):
-        given = getattr(args, name)
-        if given is not None and given != value:
+        if (given := getattr(args, name)) not in (None, value):
             return (
                 f"--{name} {given}: the {args.model} recipe ({recipe_variants.RECIPES[args.model]}) trains at "
                 f"{value}; leave --{name} out"
@@ -252,17 +191,14 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.seq < 1024 or args.seq % 128:
         return f"--seq {args.seq}: use a multiple of 128 of at least 1024 (the photo samples run to ~1.2k tokens)"
     for name, least in (("num_mb", 1), ("steps", 1), ("microbatches", 1), ("warmup", 0), ("profile_steps", 0)):
-        if getattr(args, name) < least:
-            return (
-                f"--{name.replace('_', '-')} {getattr(args, name)}: must be {'at least 1' if least else '0 or more'}"
-            )
+        if (value := getattr(args, name)) < least:
+            return f"--{name.replace('_', '-')} {value}: must be {'at least 1' if least else '0 or more'}"
     if args.gpu_memory is not None and not args.gpu_memory > 0:
         return f"--gpu-memory {args.gpu_memory:g}: give the GiB to cap the process at (80 for an 80 GB H100)"
     if args.variants is not None:
         chosen = [v for v in args.variants.split(",") if v]
         allowed = (*MODELS[args.model].variants, *MODELS[args.model].optional)
-        unknown = [v for v in chosen if v not in allowed]
-        if unknown or not chosen:
+        if not chosen or any(v not in allowed for v in chosen):
             return f"--variants {args.variants}: the {args.model} model measures {','.join(allowed)}; choose from them"
         if (reference := report.REFERENCE[PACKED]) not in chosen:
             return f"--variants {args.variants}: include {reference}, the reference of every packed variant"
@@ -301,8 +237,7 @@ def paired_pair(args: argparse.Namespace) -> tuple[str, str]:
 def photo_microbatches(
     count: int, micro_batch_size: int, seq_length: int, *, cache=None, spec=None
 ) -> tuple[Any, list[dict]]:
-    """``(processor, collated micro-batches)``: the first ``count x micro_batch_size`` training samples of the photo
-    set through Bridge's dataset provider and ``collate_fn``, on the CPU (``cache``, ``spec``: build_photo_data's)."""
+    """``(processor, collated micro-batches)`` of the photo set's first training samples, by Bridge, on the CPU."""
     from megatron.bridge.data.utils import get_dataset_provider
 
     from bridge_cudagraph.examples.photo_recipe import build_photo_data, photo_dataset_config
@@ -318,14 +253,13 @@ def photo_microbatches(
 
 
 def token_ids(processor) -> dict[str, int]:
-    """The processor's special ids, as provider fields (the 2B provider's defaults are Qwen3-VL's real ids)."""
+    """The processor's special ids, as provider fields."""
     names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     return {name: getattr(processor, name) for name in names}
 
 
 def microbatch_stats(collated: dict, packed: dict, padded: dict, visual_ids: Sequence[int] = ()) -> report.MicroBatch:
-    """The numbers of one collated micro-batch and its two forms, which must keep every loss token (``visual_ids``:
-    the image and video token ids, where a row's extent ends at the latest)."""
+    """The numbers of one collated micro-batch and its two forms; raises where a form lost a loss token."""
     rows, width = collated["input_ids"].shape
     loss = round(float(collated["loss_mask"].sum()))
     for form, batch in ((PACKED, packed), (PADDED, padded)):
@@ -353,7 +287,7 @@ def image_grid(collated: dict) -> torch.Tensor | None:
 
 
 def tight_tokens(packed: dict, visual_ids: Sequence[int]) -> int:
-    """``T'`` of the packed form as the replay packs it tightly (0 where its rows are not the step's rows)."""
+    """Tokens of the packed form as the replay packs it tightly (0 where its rows are not the step's rows)."""
     from bridge_cudagraph.capture.tight import tight_rows
     from bridge_cudagraph.micro_batch import row_extents
 
@@ -380,8 +314,7 @@ def image_sets(collated: Sequence[dict]) -> tuple:
 
 @dataclass
 class BenchRun:
-    """What every variant of one run shares: the world, both forms' step data, the initial weights, the references'
-    kept numbers and the finished records."""
+    """What every variant of one run shares, and the finished records."""
 
     args: argparse.Namespace
     world: Any
@@ -393,22 +326,22 @@ class BenchRun:
     """Per form, a :class:`benchmarks.runner.StepData`."""
     initial_state: list[dict] | None = None
     references: dict[str, dict] = field(default_factory=dict)
-    """Per reference variant: its profile, fixed-batch loss, loss mask, grad norm and step losses."""
+    """Per reference variant: its profile and fixed-batch and step numbers."""
     results: dict[str, dict] = field(default_factory=dict)
     profiler_sees_graph_kernels: bool | None = None
     flops: list[float] = field(default_factory=list)
-    """Model FLOPs of each padded micro-batch (every position of a padded row), for the MFU; empty for a recipe."""
+    """Model FLOPs of each padded micro-batch, for the MFU; empty for a recipe or MoE model."""
     data: dict[str, Any] = field(default_factory=dict)
     """``useful_tokens.json``'s ``data``."""
 
     @property
     def from_recipe(self) -> bool:
-        """The variants are a recipe file's (:mod:`benchmarks.recipe_variants`), not the benchmark's own shape."""
+        """The variants are a recipe file's (:mod:`benchmarks.recipe_variants`)."""
         return self.args.model in recipe_variants.RECIPES
 
 
 def recipe_variant(args: argparse.Namespace, cfg: BenchConfig, variant: str) -> recipe_variants.RecipeVariant:
-    """``variant`` loaded from the recipe file of ``--model`` afresh (each build gets a provider of its own)."""
+    """``variant`` loaded afresh from the recipe file of ``--model``."""
     return recipe_variants.load_variant(
         args.model,
         variant,
@@ -419,13 +352,14 @@ def recipe_variant(args: argparse.Namespace, cfg: BenchConfig, variant: str) -> 
     )
 
 
-def ours_graph_config(cfg: BenchConfig) -> CudaGraphConfig:
-    """ours_padded's block: language graphs of whole layers (of an MoE layer, its attention: ``modules`` null) and
-    vision graphs with the data's budgets; failures raised, never timed as eager."""
+def ours_graph_config(cfg: BenchConfig, language_budgets: Sequence[int] | None = None) -> CudaGraphConfig:
+    """ours_padded's block (language graphs of whole layers, of an MoE layer its attention; vision graphs with the
+    data's budgets; capture failures raised), or ours_packed's with ``language_budgets``, the run's ladder."""
     from bridge_cudagraph.config import CudaGraphConfig, LanguageGraphConfig, VisionGraphConfig
 
+    budgets = None if language_budgets is None else list(language_budgets)
     return CudaGraphConfig(
-        language=LanguageGraphConfig(enabled=True),
+        language=LanguageGraphConfig(enabled=True, token_budgets=budgets),
         vision=VisionGraphConfig(
             enabled=True, token_budgets=cfg.vision_budgets(), max_images_per_microbatch=cfg.vision_max_segments()
         ),
@@ -434,16 +368,9 @@ def ours_graph_config(cfg: BenchConfig) -> CudaGraphConfig:
     )
 
 
-def packed_graph_config(run: BenchRun) -> CudaGraphConfig:
-    """ours_packed's block: ours_padded's with the run's language budget ladder (planned by :func:`packed_plan`)."""
-    block = ours_graph_config(run.cfg)
-    language = dataclasses.replace(block.language, token_budgets=list(run.layout.budgets))
-    return dataclasses.replace(block, language=language)
-
-
 def variant_provider(run: BenchRun, variant: str):
-    """The provider of ``variant`` (not finalized) with the processor's token ids: the model's with graphs off,
-    ours_padded's (a part replaced) or ours_packed's block, or upstream's host provider with megatron-core's graphs."""
+    """The provider of ``variant`` (not finalized) with the run's token ids and the variant's graph block (upstream's:
+    the host provider with megatron-core's graphs); ValueError for a variant the model has no provider of."""
     model = MODELS[run.args.model]
     unknown = f"no provider of {variant!r} for --model {run.args.model}; known: {[*report.ORDER, CONTROL]}"
     if model.provider is None:
@@ -455,7 +382,7 @@ def variant_provider(run: BenchRun, variant: str):
     blocks: dict[str, CudaGraphConfig | None] = {
         **dict.fromkeys(("eager_packed", "eager_padded", PADDED_CONTROL, CONTROL)),
         "ours_padded": padded,
-        "ours_packed": packed_graph_config(run),
+        "ours_packed": ours_graph_config(run.cfg, run.layout.budgets),
     }
     for name, parts in report.PADDED_PARTS.items():
         replaced = {sub: dataclasses.replace(getattr(padded, sub), **fields) for sub, fields in parts.items()}
@@ -466,8 +393,7 @@ def variant_provider(run: BenchRun, variant: str):
 
 
 def packed_plan(run: BenchRun, provider: Any, training: TrainingFacts | None = None) -> CapturePlan:
-    """The plan of ``provider``'s block for Bridge's Qwen3-VL step, as ``bridge-cudagraph train`` plans it (memory
-    estimate of ``training``, if given); raises :class:`~bridge_cudagraph.config.CudaGraphConfigError` on a refusal."""
+    """The plan of ``provider``'s block for Bridge's Qwen3-VL step; CudaGraphConfigError on a refusal."""
     from bridge_cudagraph.plan.build import build_plan
     from bridge_cudagraph.plan.facts import PackingFacts, model_facts
 
@@ -483,8 +409,7 @@ def packed_plan(run: BenchRun, provider: Any, training: TrainingFacts | None = N
 
 
 def refusal(run: BenchRun, variant: str) -> str | None:
-    """Why the plan refuses a packed graph variant on this model (its first line), or None: asked before the build so
-    that it is recorded as refused, not failed (the padded and recipe variants' refusals fail them)."""
+    """The first line of the plan's refusal of a packed graph variant of a non-recipe model, or None."""
     from bridge_cudagraph.config import CudaGraphConfigError
 
     if variant not in PACKED_GRAPHED or run.from_recipe:
@@ -497,8 +422,7 @@ def refusal(run: BenchRun, variant: str) -> str | None:
 
 
 def _build(run: BenchRun, variant: str, objs: dict) -> None:
-    """Build the model, load the initial weights (the first build snapshots them) and make the optimizer; a recipe
-    variant brings its plan and its PEFT."""
+    """Build the model into ``objs``, load the initial weights (the first build snapshots them), make the optimizer."""
     from bridge_cudagraph.examples import tiny
     from bridge_cudagraph.host.wgrad_fusion import te_modules_fusing
     from bridge_cudagraph.testing.parity import megatron_optimizer
@@ -511,7 +435,7 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
         loaded.register_peft(run.world.language)
     else:
         provider = objs["provider"] = variant_provider(run, variant)
-    vision_pg_collection = tiny.DERIVE if upstream else run.world.vision  # upstream's: tiny.build's default
+    vision_pg_collection = tiny.DERIVE if upstream else run.world.vision
     model = objs["model"] = tiny.build(provider, run.world.language, vision_pg_collection=vision_pg_collection)
     objs["te_modules_fusing"] = sum(te_modules_fusing(chunk) for chunk in model)
     if run.initial_state is None:
@@ -522,18 +446,18 @@ def _build(run: BenchRun, variant: str, objs: dict) -> None:
 
 
 def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
-    """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them; ours from the
-    product's plan as ``bridge-cudagraph train`` builds them."""
+    """The variant's graph helpers, language first: upstream's as Bridge's ``train()`` builds them, or ours."""
     if variant == "upstream_padded":
         return runner.upstream_helpers(
             objs, run.world, seq_length=run.args.seq, micro_batch_size=run.args.mbs, num_microbatches=run.args.num_mb
         )
     if variant not in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         return []
-    if run.from_recipe:  # the recipe's own plan, as `bridge-cudagraph train` builds the helpers
+    if run.from_recipe:  # the recipe's own plan
         return objs["provider"].make_graph_helpers(objs["model"], plan=objs["plan"])
-    plan = packed_plan(run, objs["provider"]) if variant in PACKED_GRAPHED else None
-    if plan is None:  # the provider's own plan for padded micro-batches
+    if variant in PACKED_GRAPHED:
+        plan = packed_plan(run, objs["provider"])
+    else:  # the provider's own plan for padded micro-batches
         from bridge_cudagraph.testing.plans import plan_for
 
         world_size = torch.distributed.get_world_size()
@@ -544,16 +468,13 @@ def _helpers(run: BenchRun, variant: str, objs: dict) -> list:
     if variant in PACKED_GRAPHED:
         from bridge_cudagraph.capture.packed import PackedLanguageGraphHelper
 
-        # The product's helpers from the product's plan, tight as the variant's name says.
         if not isinstance(helpers[0], PackedLanguageGraphHelper) or helpers[0].tight != packs_tightly(variant, plan):
             raise RuntimeError(f"{variant}: the plan built {type(helpers[0]).__name__}, tight {plan.language.packed}")
     return helpers
 
 
 def packs_tightly(variant: str, plan: CapturePlan) -> bool:
-    """Whether the packed helper ``plan`` builds for ``variant`` must pack its rows tightly: a packed graph variant,
-    except on an MoE model, whose plan keeps tight packing off (its router's losses count each row's padding, as
-    Bridge's step routes it)."""
+    """Whether ``variant``'s packed helper must pack its rows tightly (not on an MoE model)."""
     return variant in PACKED_GRAPHED and not plan.facts.num_moe_experts
 
 
@@ -571,8 +492,7 @@ def memory_estimates(run: BenchRun, objs: dict, capture: dict) -> dict[str, dict
     plan = packed_plan(run, objs["provider"], TrainingFacts())
     out = {}
     for submodule, rec in capture.items():
-        captured = rec.get("budgets_captured") or []
-        if not captured:
+        if not (captured := rec.get("budgets_captured")):
             continue
         estimate = pool_estimate(plan, submodule, captured[-1])
         measured = rec.get("graph_memory_bytes") or 0
@@ -586,26 +506,21 @@ def memory_estimates(run: BenchRun, objs: dict, capture: dict) -> dict[str, dict
 
 
 def _counters(helpers: list) -> dict[str, dict]:
-    return {
-        h.submodule: {
-            "replays": h.stats.replays,
-            "eager_fallbacks": h.stats.eager_fallbacks,
-            "graphs": h.stats.graphs,
-            "failed": h.stats.failed,
-            **({"tight_replays": h.tight_replays} if hasattr(h, "tight_replays") else {}),
-            # packed MoE layers: the tail tokens kept out of their MLP halves, per rung
-            **(
-                {"moe_tail_tokens": dict(h.stats.moe_tail_tokens)} if getattr(h.stats, "moe_tail_tokens", None) else {}
-            ),
+    """Per submodule, its helper's replay, fallback, graph and failure counts (and tight replays, MoE tail tokens)."""
+    out: dict[str, dict] = {}
+    for h in (h for h in helpers if hasattr(h, "stats")):
+        counts = out[h.submodule] = {
+            key: getattr(h.stats, key) for key in ("replays", "eager_fallbacks", "graphs", "failed")
         }
-        for h in helpers
-        if hasattr(h, "stats")
-    }
+        if hasattr(h, "tight_replays"):
+            counts["tight_replays"] = h.tight_replays
+        if getattr(h.stats, "moe_tail_tokens", None):  # packed MoE layers: tail tokens kept out of their MLP halves
+            counts["moe_tail_tokens"] = dict(h.stats.moe_tail_tokens)
+    return out
 
 
 def forward_counters(variant: str, model: list) -> dict[str, int]:
-    """How many micro-batches took each part of ``model.cuda_graph.forward``; raises where a packed graph variant's
-    micro-batches were not handed to the forward flat or its forwards did not read the collate's CPU grids."""
+    """The product's forward counters; raises where a packed graph variant's were not flat or on CPU grids."""
     from bridge_cudagraph.host import forward as forward_host
 
     counts = forward_host.counts_in(model)
@@ -618,8 +533,7 @@ def forward_counters(variant: str, model: list) -> dict[str, int]:
 
 
 def run_variant(run: BenchRun, variant: str) -> dict:
-    """Build, warm up, capture, time, profile and check one variant, always freed; one the plan refuses is recorded
-    ``refused`` with the reason, not built."""
+    """Build, warm up, capture, time, profile and check one variant, always freed (a refused one is not built)."""
     from bridge_cudagraph.testing.world import seed_rng
 
     rec: dict[str, Any] = {"status": "running", "form": FORM[variant], "graphed": variant in report.GRAPHED}
@@ -648,8 +562,7 @@ def _start(
     run: BenchRun, variant: str, objs: dict, grown: dict, *, losses: list | None = None, grad_norms: list | None = None
 ) -> tuple[Callable[[int], float], dict[str, Any]]:
     """Build ``variant``, run its eager warm-up and capture its helpers: ``(run_step, record)``, the step runner of its
-    measured steps (later rungs captured as needed, listed in ``grown``) and its build, warm-up and capture figures.
-    A separate run and the paired phase both start a variant here."""
+    measured steps (later rungs captured as needed, listed in ``grown``) and its build, warm-up and capture figures."""
     data = run.shared[FORM[variant]]
     t0 = time.perf_counter()
     _build(run, variant, objs)
@@ -722,8 +635,7 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
         if "profile_error" in rec:  # the profiled steps it did not run, unprofiled
             for i in range(p_first + max(0, len(losses) - p_first), profiled.stop):
                 run_step(i)
-        if variant in report.GRAPHED or variant in report.REFERENCES:
-            # The same micro-batches again, kernels only (the busy figure without the CPU ops' cost); losses not kept.
+        if variant in report.GRAPHED or variant in report.REFERENCES:  # the same steps, kernels only, losses dropped
             kept = len(losses), len(grad_norms)
             with runner.recorded(rec, "cuda_only_profile_error"):
                 rec["cuda_only_profile"] = runner.profile_cuda_only(shared, run_step, p_first)
@@ -745,17 +657,10 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
     if profile is not None:
         rec["profile"] = profile
     if FORM[variant] == PADDED and run.flops:
-        from benchmarks.flops import peak_tflops
-
-        rec.update(
-            runner.model_flops_utilisation(
-                report.per_step(shared.plan, measured, run.flops),
-                times,
-                report.per_step(shared.plan, profiled, run.flops),
-                rec.get("kernel_ms_per_step"),
-                peak_tflops(torch.cuda.get_device_name()),
-            )
-        )
+        measured_flops = report.per_step(shared.plan, measured, run.flops)
+        profiled_flops = report.per_step(shared.plan, profiled, run.flops)
+        kernel_ms, peak = rec.get("kernel_ms_per_step"), peak_tflops(torch.cuda.get_device_name())
+        rec.update(runner.model_flops_utilisation(measured_flops, times, profiled_flops, kernel_ms, peak))
     rec.update(losses=losses, grad_norms=grad_norms)
     if variant in (*report.PADDED_GRAPHED, *PACKED_GRAPHED):
         rec["counters"] = _counters(helpers)
@@ -763,21 +668,15 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
         rec["forward_counts"] = forward_counters(variant, model)
 
     # Parity: the fixed micro-batch with the initial weights copied back in (in place: the graphs stay valid).
-    assert run.initial_state is not None  # the variant's start snapshotted or loaded it
+    assert run.initial_state is not None
     runner.load_weights(model, run.initial_state, aliases_allowed=variant == "upstream_padded")
     before = {sub: c["replays"] for sub, c in _counters(helpers).items()}
     fixed_loss, grad_norm, grads = runner.fixed_batch_check(model, shared.fixed_batch)
     after = _counters(helpers)
     mask = shared.fixed_batch["loss_mask"].detach().float().cpu()
+    packed_reference = run.references.get(report.REFERENCE[PACKED])
     rec["parity"] = parity(
-        variant,
-        fixed_loss,
-        mask,
-        grad_norm,
-        losses,
-        run.references.get(reference),
-        run.references.get(report.REFERENCE[PACKED]),
-        grads=grads,
+        variant, fixed_loss, mask, grad_norm, losses, run.references.get(reference), packed_reference, grads=grads
     )
     if before:
         rec["parity"]["fixed_batch_replays"] = {sub: after[sub]["replays"] - n for sub, n in before.items()}
@@ -793,11 +692,7 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
         )
     del grads
     runner.require_finite(losses, grad_norms)
-    if variant in report.HOST_SYNC_VARIANTS:
-        # Last, so the compared losses are untouched: one more step under torch's sync debug mode, by a runner of
-        # its own (no recorded series); its failure is recorded, never the variant's.
-        from benchmarks.host_syncs import census
-
+    if variant in report.HOST_SYNC_VARIANTS:  # last, one more step by a runner of its own: the losses untouched
         census_step = runner.step_runner(shared, objs)
         with runner.recorded(rec, "host_syncs_error", limit=300, what=f"{variant}: host-sync census failed"):
             rec["host_syncs"] = census(lambda: census_step(min(p_first, len(shared.plan) - 1)))
@@ -805,25 +700,23 @@ def _run_variant_body(run: BenchRun, variant: str, rec: dict, objs: dict) -> Non
 
 
 class GradientParityError(RuntimeError):
-    """A graphed variant of ours whose fixed-batch gradients are beyond the eager floor: failed, its numbers kept."""
+    """A graphed variant of ours whose fixed-batch gradients are beyond the eager floor."""
 
 
 def grad_floor(model: list, batch: dict, loss: torch.Tensor, grads: dict, mask: torch.Tensor):
-    """The eager-vs-eager floor on the fixed micro-batch: the reference's forward and backward again, same weights,
-    against its first (``loss``, ``grads``; ``mask``: the loss tokens)."""
+    """The eager-vs-eager floor: the reference's fixed-batch forward and backward again against ``loss``, ``grads``."""
     from bridge_cudagraph.testing.parity import diff
 
     again_loss, _, again = runner.fixed_batch_check(model, batch)
     return diff((again_loss, again), (loss, grads), worst=GRAD_WORST, loss_mask=mask)
 
 
-#: Parameters listed per compared variant, furthest apart first (name, relative L2 difference, both norms).
+#: Parameters listed per compared variant, furthest apart first.
 GRAD_WORST = 12
 
 
 def require_gradient_parity(variant: str, record: dict) -> None:
-    """Raise :class:`GradientParityError` where one of our graphed variants' fixed-batch comparison is missing or
-    beyond the floor; upstream's graphs are measured, not held to it (they drop mRoPE)."""
+    """Raise :class:`GradientParityError` where our graphed variant's gradients are not within the floor."""
     if variant not in report.GRAPHED or variant == "upstream_padded":
         return
     fixed = record.get("fixed_batch") or {}
@@ -850,11 +743,8 @@ def parity(
     packed_reference: dict | None,
     grads: dict | None = None,
 ) -> dict[str, Any]:
-    """One variant's parity record: the fixed micro-batch's per-token loss (all tokens and loss tokens, NaN-safe) and
-    every parameter's gradient against its reference (:func:`~benchmarks.report.reference_of`; ``reference``: its kept
-    numbers), its step losses against the reference's, whether every step is finite, and for a padded variant its loss
-    tokens against eager_packed's. On an MoE model the losses are the cross-entropy alone (the router's auxiliary loss
-    reaches only the gradients)."""
+    """One variant's parity record: its fixed-batch loss, gradients and step losses against ``reference``'s, whether
+    every step is finite, and for a padded variant its loss tokens against ``packed_reference``'s."""
     from bridge_cudagraph.testing.parity import compare_series, diff, diff_losses, within_floor
 
     form = FORM[variant]
@@ -865,9 +755,7 @@ def parity(
         "nonfinite_steps": runner.non_finite_steps(losses),
     }
     out["losses_finite"] = not out["nonfinite_steps"]
-    if variant == report.reference_of(variant):
-        return out
-    if reference is None or reference.get("fixed_loss") is None:
+    if variant == out["reference"] or reference is None or reference.get("fixed_loss") is None:
         return out
     if mask.numel() != fixed_loss.numel():
         raise RuntimeError(
@@ -880,7 +768,6 @@ def parity(
         "grad_norm_rel_diff": abs(grad_norm - reference["grad_norm"]) / max(abs(reference["grad_norm"]), 1e-12),
     }
     if grads is not None and reference.get("grads") is not None:
-        # Every parameter's gradient against the reference's, computed here; and the reference's own floor.
         compared = diff(
             (fixed_loss, grads), (reference["fixed_loss"], reference["grads"]), worst=GRAD_WORST, loss_mask=mask
         )
@@ -904,13 +791,11 @@ def cross_form_diff(padded_loss: torch.Tensor, packed_reference: dict):
     rows = padded_loss.size(0)
     packed = packed_reference["fixed_loss"].reshape(rows, -1)
     keep = packed_reference["mask"].reshape(rows, -1) > 0
-    width = packed.size(1)
-    return diff_losses(padded_loss[:, :width][keep], packed[keep])
+    return diff_losses(padded_loss[:, : packed.size(1)][keep], packed[keep])
 
 
 def _run_paired(run: BenchRun, names: tuple[str, str] = PAIRED) -> dict:
-    """The two variants ``names`` built side by side, each started (:func:`_start`), then their measured steps
-    interleaved, the first of each pair alternating. ``ratios``: the first's step ms over the second's per pair."""
+    """The two variants ``names`` built side by side, steps interleaved; ``ratios``: the first's ms / the second's."""
     from bridge_cudagraph.testing.world import seed_rng
 
     shared = run.shared[FORM[names[0]]]  # the step plan and step counts, which both forms share
@@ -1015,26 +900,14 @@ def prepare(args: argparse.Namespace, world) -> BenchRun:
     fixed = max(range(len(micro)), key=lambda i: micro[i].packed_tokens)
     total = args.warmup + args.steps + args.profile_steps
     plan = [[(i * args.num_mb + j) % len(collated) for j in range(args.num_mb)] for i in range(total)]
-    shared = {
-        form: runner.StepData(
-            world=world,
-            batches=batches,
-            fixed_batch=batches[fixed],
-            plan=plan,
-            warmup_steps=args.warmup,
-            measured_steps=args.steps,
-            profile_steps=args.profile_steps,
-        )
-        for form, batches in forms.items()
-    }
+    steps = (args.warmup, args.steps, args.profile_steps)
+    shared = {form: runner.StepData(world, batches, batches[fixed], plan, *steps) for form, batches in forms.items()}
     run = BenchRun(
         args=args, world=world, cfg=cfg, layout=layout, ids=token_ids(processor), micro=micro, shared=shared
     )
     make_provider = MODELS[args.model].provider
     provider = None if make_provider is None else make_provider(None, seq_length=args.seq)
     if provider is not None and not getattr(provider, "num_moe_experts", None):  # the FLOPs of dense layers only
-        from benchmarks.flops import step_flops
-
         run.flops = [step_flops(provider, [batch]) for batch in forms[PADDED]]
     run.data = {
         "source": "the photo SFT set (bridge_cudagraph/examples/photo_recipe.py) through Bridge's "
@@ -1057,31 +930,23 @@ def paired_skip_reason(
     results: dict[str, dict], gpu_memory_bytes: Callable[[], int], names: Sequence[str] = PAIRED
 ) -> str | None:
     """Why the paired phase of ``names`` cannot run (not run, refused, memory), or None."""
-    missing = [name for name in names if name not in results]
-    if missing:
+    if missing := [name for name in names if name not in results]:
         return f"{missing[0]} was not run (--variants)"
-    refused = [name for name in names if (results.get(name) or {}).get("status") == report.REFUSED]
-    if refused:
+    if refused := [name for name in names if (results.get(name) or {}).get("status") == report.REFUSED]:
         return f"{refused[0]} was refused by the capture plan"
     return runner.paired_memory_check(results, gpu_memory_bytes(), names=tuple(names))
 
 
 def failed_variants(data: dict, chosen: Sequence[str] | None = None) -> list[str]:
-    """Of the variants asked for, those that did not finish (a refusal by the plan answers what was asked: not a
-    failure). Asked: ``chosen`` (``--variants``); without it eager_packed, ours_packed and the padded graph variants
-    that ran, so a run that ended before ours_packed still fails."""
+    """Of the variants asked for (or the run's main ones), those that neither finished nor were refused."""
     variants = data.get("variants") or {}
     optional = (n for n in report.PADDED_GRAPHED if n in variants)
     asked = tuple(chosen) if chosen is not None else (report.BASELINE, "ours_packed", *optional)
     return [n for n in asked if (variants.get(n) or {}).get("status") not in (OK, report.REFUSED)]
 
 
-def run_all(args: argparse.Namespace, *, world=None, command: str | None = None) -> dict:
+def run_all(args: argparse.Namespace, *, world, command: str | None = None) -> dict:
     """Every variant, the paired phase and the control; writes the JSON after each, then the .md and .png."""
-    from bridge_cudagraph.parallel.layout import VisionLayout
-    from bridge_cudagraph.testing.world import init_world
-
-    world = world or init_world(vision=VisionLayout(), seed=runner.SEED)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = prepare(args, world)
@@ -1102,9 +967,8 @@ def run_all(args: argparse.Namespace, *, world=None, command: str | None = None)
         data["meta"]["profiler_probe"] = probe
         run.profiler_sees_graph_kernels = probe.get("sees_graph_kernels")
     write()
-    model = MODELS[args.model]
     chosen = chosen_variants(args)
-    if model.provider is not None:  # made once before any model: a lazy import's pinned frames (leaks.py)
+    if MODELS[args.model].provider is not None:  # made once before any model: a lazy import's pinned frames (leaks.py)
         for name in chosen:
             with contextlib.suppress(Exception):  # a variant that cannot be made fails, recorded, when it runs
                 variant_provider(run, name)
