@@ -140,7 +140,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (checked by :func:`check_args`)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.useful_tokens", description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--out", required=True, help="output folder for useful_tokens.json/.md/.png")
+    add("--out", required=True, help="output folder for useful_tokens.json and .md")
     add("--model", choices=tuple(MODELS), default="small", help="small: the 2B shape; tiny: a smoke test")
     add("--seq", type=int, help="seq_length (default 4096; a recipe model: its own)")
     add("--mbs", type=int, help="micro-batch size (default 2; a recipe: its own)")
@@ -946,7 +946,7 @@ def failed_variants(data: dict, chosen: Sequence[str] | None = None) -> list[str
 
 
 def run_all(args: argparse.Namespace, *, world, command: str | None = None) -> dict:
-    """Every variant, the paired phase and the control; writes the JSON after each, then the .md and .png."""
+    """Every variant, the paired phase and the control; writes the JSON after each, then the .md."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = prepare(args, world)
