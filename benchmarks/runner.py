@@ -136,7 +136,8 @@ def _trace_of(body: Callable[[], None], activities: list) -> dict:
 
 
 def _preroll(n: int = 64) -> None:
-    """Tiny kernels at a profiling session's start, whose first kernel records' timestamps can be corrupt."""
+    """Tiny kernels at a profiling session's start, outside every step window: kineto's per-session CUPTI
+    re-registration can corrupt the timestamps of a session's first kernel records."""
     t = torch.zeros(8, device="cuda")
     for _ in range(n):
         t.add_(1.0)
@@ -350,7 +351,8 @@ class PhaseMarkers:
 
 
 def _named_tensors(chunk: torch.nn.Module, *, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
-    """A chunk's parameters and buffers by name, the tensors themselves (not ``state_dict``'s names)."""
+    """A chunk's parameters and buffers by name, the tensors themselves (not ``state_dict``: Bridge's LoRA
+    ``AdapterWrapper.state_dict`` drops the ``to_wrap.`` its ``load_state_dict`` expects)."""
     out: dict[str, torch.Tensor] = dict(chunk.named_parameters(remove_duplicate=remove_duplicate))
     out.update(chunk.named_buffers(remove_duplicate=remove_duplicate))
     return out
@@ -534,7 +536,8 @@ def profile(
 
 
 def profile_cuda_only(shared: StepData, run_step: Callable[[int], object], first_step: int) -> dict:
-    """The profiled steps again, CUDA kernels only (:func:`~benchmarks.trace.busy_between_marks`)."""
+    """The profiled steps again, CUDA kernels only (:func:`~benchmarks.trace.busy_between_marks`): recording every
+    CPU op stretches a graphed step of many small host calls, which :func:`profile`'s busy fraction reads as idle."""
 
     def steps() -> None:
         torch.cuda._sleep(1)
@@ -549,7 +552,8 @@ def profile_cuda_only(shared: StepData, run_step: Callable[[int], object], first
 
 @contextlib.contextmanager
 def recorded(rec: dict, key: str, *, limit: int = 500, what: str = "") -> Iterator[None]:
-    """A block whose exception is recorded as ``rec[key]`` (and said after ``what``), never raised."""
+    """A block whose exception is recorded as ``rec[key]`` (and said after ``what``), never raised: a measurement
+    aid is never a reason to lose the numbers."""
     try:
         yield
     except Exception as error:
@@ -693,7 +697,8 @@ def break_ddp_cycles(model: Any) -> None:
 
 
 def drop_kept_graphs(model: Any) -> None:
-    """Drop every tensor with a ``grad_fn`` a module of ``model`` (or a plain object on one) keeps from a forward."""
+    """Drop every tensor with a ``grad_fn`` a module of ``model`` (or a plain object on one) keeps from a forward
+    (the MoE dispatcher's ``probs``): its autograd graph holds DDP's hooks, which hold the model."""
 
     def drop(holder: Any) -> None:
         for name, value in list(vars(holder).items()):
@@ -798,7 +803,8 @@ def upstream_helpers(objs: dict, world: Any, *, seq_length: int, micro_batch_siz
 
 
 def error_origin(error: BaseException) -> dict[str, str]:
-    """``cause``: the end of ``error``'s ``__cause__``/``__context__`` chain; ``where``: its innermost frame."""
+    """``cause``: the end of ``error``'s ``__cause__``/``__context__`` chain (a failed capture surfaces as the
+    capture's end failing); ``where``: its innermost frame."""
     root, seen = error, {id(error)}
     while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
         seen.add(id(nxt))
