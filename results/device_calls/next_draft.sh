@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# Draft of the next device calls (not yet run), on run114.sh's cases. Runs 114-115 (2026-12-06, one H100) measured
-# cuDNN's deterministic workspace law and the deterministic 2B padded language graphs bit-exact:
-#   B  #46: the 2B set without deterministic kernels at the final code (eager_packed, eager_padded, ours_padded,
-#      ours_packed, eager_padded_repeat and the packed control): every graphed variant's per-parameter comparison
-#      against its reference and the floor, on the card that comes (80 GB holds it: run 96);
-#   S  every one-GPU suite in eight lanes, the workspace test (the new law) in the deterministic lane;
-#   D  the 2B padded set under deterministic kernels with ours_padded: needs the H200 (needs_h200, kind nvidia-h200);
-#   P  the 2B packed headline with its paired phase (89 GiB for both models: the H200), once per call.
+# Draft of the next device calls (not yet run in full). Run 117 (2026-12-06, one H100) ran case H only, cut after
+# three variants of each lane; the session's other nineteen asks found no machine. Still to run:
+#   F  every one-GPU suite in eight lanes (as run 116), and two more lanes that run the tiny and the tiny MoE
+#      benchmark under deterministic kernels with the benchmarks of c2c7ead (.snap/bench_head, before the trim) and
+#      with the trimmed ones: the same JSON keys and the same non-timing numbers are the trim's proof on a GPU;
+#   B  the 2B set without deterministic kernels at the final code, through the trimmed benchmark.
 # Keep results/ out of the call (`git rm -r --cached -q results; echo /results/ >> .git/info/exclude`, undone with
 # `git reset -q -- results` and that line removed; commit nothing in between), copy this file to .snap/next.sh, then
-#   bash .devwheels/install.sh >/dev/null 2>&1; timeout 575 bash .snap/next.sh CASE   (files come back in $OUT/all.tgz)
+#   bash .devwheels/install.sh >/dev/null 2>&1; timeout 590 bash .snap/next.sh CASE   (files come back in $OUT/all.tgz)
 set +e
 export LOGS=/tmp/dl_next_$1
 source scripts/device_lib.sh
@@ -19,6 +17,12 @@ DET=NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
 headline() {
     R "p_ut_2b_$1" 450 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_$1 --model small --seq 4096 --mbs 2 --num-mb 2 --steps 8 --warmup 3 --profile-steps 2 --variants eager_packed,ours_packed"
     grep -h "^| eager\|^| ours\|paired" "$LOGS/ut_$1/useful_tokens.md" 2>/dev/null | cut -c1-300 | head -8
+}
+bench_pair() {  # $1: head or new; the tiny and the tiny MoE benchmark, deterministic, all their variants
+    local path=$PWD
+    [ "$1" = head ] && path=$PWD/.snap/bench_head:$PWD
+    R "u_tiny_$1" 240 "$DET PYTHONPATH=$path python3 -P -m benchmarks.useful_tokens --out \$LOGS/ut_tiny_$1 --model tiny --warmup 2 --steps 6 --profile-steps 1"
+    R "u_moe_$1" 240 "$DET PYTHONPATH=$path python3 -P -m benchmarks.useful_tokens --out \$LOGS/ut_moe_$1 --model tiny-moe --warmup 2 --steps 6 --profile-steps 1"
 }
 suites() {
     ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c1
@@ -47,6 +51,8 @@ suites() {
       R l7_qwen35_det 240 "FLA_FLASH_QLA=0 $DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_qwen35_det.json $PYT tests/gpu/test_qwen35_vl_reference.py" ) &
     ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c8
       R l8_padded_moe_det 300 "$DET BRIDGE_CUDAGRAPH_RESULTS=\$LOGS/gpu_padded_moe_det.json $PYT tests/gpu/test_bridge_loop.py -k padded_moe" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c9; bench_pair head ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c10; bench_pair new ) &
     wait
     grep -H " passed\| failed\| error" "$LOGS"/l*.log | grep -v "PASSED\|FAILED" | cut -c1-200
     grep -h "^FAILED\|^ERROR\|^E  " "$LOGS"/l*.log | cut -c1-300 | head -30
@@ -54,7 +60,25 @@ suites() {
     head -c 400 "$LOGS/module_path/module_path.json"
 }
 case "$1" in
-S) suites ;;
+H)  # the least: the dense tiny benchmark before and after the trim, side by side
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c9
+      R u_tiny_head 170 "$DET PYTHONPATH=$PWD/.snap/bench_head:$PWD python3 -P -m benchmarks.useful_tokens --out \$LOGS/ut_tiny_head --model tiny --warmup 2 --steps 4 --profile-steps 1" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c10
+      R u_tiny_new 170 "$DET PYTHONPATH=$PWD python3 -P -m benchmarks.useful_tokens --out \$LOGS/ut_tiny_new --model tiny --warmup 2 --steps 4 --profile-steps 1" ) &
+    wait ;;
+F) suites ;;
+G)  # little device time left: the dense tiny benchmark before and after the trim, the module path, the photo recipe
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c9
+      R u_tiny_head 200 "$DET PYTHONPATH=$PWD/.snap/bench_head:$PWD python3 -P -m benchmarks.useful_tokens --out \$LOGS/ut_tiny_head --model tiny --warmup 2 --steps 6 --profile-steps 1" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c10
+      R u_tiny_new 200 "$DET PYTHONPATH=$PWD python3 -P -m benchmarks.useful_tokens --out \$LOGS/ut_tiny_new --model tiny --warmup 2 --steps 6 --profile-steps 1" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c7
+      R l7_module_path 200 "MASTER_ADDR=127.0.0.1 MASTER_PORT=29681 python3 -m benchmarks.module_path recipes/tiny_qwen3_vl_photos.yaml --out \$LOGS/module_path train.train_iters=6" ) &
+    ( export BRIDGE_CUDAGRAPH_CACHE=/tmp/c6 $DET
+      R l6_train_photos_det 200 "MASTER_ADDR=127.0.0.1 MASTER_PORT=29671 python3 -m bridge_cudagraph train recipes/tiny_qwen3_vl_photos.yaml train.train_iters=12" ) &
+    wait
+    head -c 300 "$LOGS/module_path/module_path.json"; echo
+    grep -h "capture failed\|eager fallbacks" "$LOGS/l6_train_photos_det.log" | cut -c1-250 | tail -3 ;;
 B)
     export BRIDGE_CUDAGRAPH_CACHE=/tmp/c_2b
     R b_ut_2b 540 "python3 -m benchmarks.useful_tokens --out \$LOGS/ut_2b --model small --seq 4096 --mbs 2 --num-mb 2 --steps 6 --warmup 3 --profile-steps 0 --no-paired --variants eager_packed,eager_padded,ours_padded,ours_packed,eager_padded_repeat"
