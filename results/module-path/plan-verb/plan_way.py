@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import runpy
+import shlex
 import sys
 from pathlib import Path
 
 from benchmarks.module_path import ModuleWay, summarize
+from benchmarks.runner import run_meta
 
 
 class CallingWay(ModuleWay):
@@ -44,6 +47,8 @@ def main(recipe: str, out: str) -> int:
     """Plan ``recipe`` under the hook; write the summary and the calls to ``out``."""
     import bridge_cudagraph
 
+    meta = run_meta(f"PYTHONPATH=. python {shlex.join([os.path.relpath(__file__), recipe, out])}")
+    meta["gpu"] = meta["gpu"] or "none: a CPU run"
     way = CallingWay(Path(bridge_cudagraph.__file__).resolve().parent)
     sys.argv = ["bridge-cudagraph", "plan", recipe]
     way.start()
@@ -54,7 +59,8 @@ def main(recipe: str, out: str) -> int:
     finally:
         way.stop()
     calls = [{"call": list(key), "count": count} for key, count in way.calls.most_common()]
-    record = {"recipe": recipe, **summarize(way.entries), "without_data_calls": summarize(way.control), "calls": calls}
+    record = {"meta": meta, "recipe": recipe, **summarize(way.entries)}
+    record.update(without_data_calls=summarize(way.control), calls=calls)
     Path(out).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
