@@ -266,9 +266,10 @@ def host_time_section(
         theirs = {r.get("name"): r for r in eager.get(key) or []}
         rows = []
         for r in host.get(key) or []:
+            name = f"`{str(r.get('name')).replace('|', '/')}`"
+            idle, cpu = fmt_ms(r.get("idle_ms_per_step")), fmt_ms(r.get("cpu_ms_per_step"))
             eager_ms = fmt_ms(e.get("idle_ms_per_step")) if (e := theirs.get(r.get("name"))) else "-"
-            rows.append([f"`{str(r.get('name')).replace('|', '/')}`", fmt_ms(r.get("idle_ms_per_step"))])
-            rows[-1] += [fmt_count(r.get("calls_per_step")), fmt_ms(r.get("cpu_ms_per_step")), eager_ms]
+            rows.append([name, idle, fmt_count(r.get("calls_per_step")), cpu, eager_ms])
         if rows:
             out += _table(f"{title} | ours GPU-idle overlap ms/step | calls/step | CPU ms/step | eager's", rows)
     if host.get("top_cpu_ops") or host.get("top_runtime"):
@@ -507,8 +508,8 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     for name, rec in _finished(data):
         allocated, reserved = _num(rec.get("peak_memory_bytes")), _num(rec.get("peak_reserved_bytes"))
         graph = _fmt(rec.get("graph_memory_gib"), ".1f") if name in GRAPHED else "-"
-        rows.append([name, _gib(allocated), _gib(reserved), fmt_ratio(_over(reserved, base_reserved), "x"), graph])
-        rows[-1].append(_gib(rec.get("outside_allocator_bytes")))
+        vs_eager, outside = fmt_ratio(_over(reserved, base_reserved), "x"), _gib(rec.get("outside_allocator_bytes"))
+        rows.append([name, _gib(allocated), _gib(reserved), vs_eager, graph, outside])
         if (start := _num(rec.get("allocated_at_start_bytes")) or 0) > LEFTOVER_NOTED_BYTES:
             own = (reserved or 0) - (_num(rec.get("reserved_at_start_bytes")) or start)
             own_peaks = f"{_gib((allocated or 0) - start)} / {_gib(own)} GiB allocated / reserved"
@@ -536,8 +537,9 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
         late = sum(len(g.get("budgets") or []) for g in ours.get("late_captures") or [] if g.get("submodule") == sub)
         captured = f"{list(rec.get('budgets_captured') or sorted(per_budget))} (up to {rec.get('budget_source')})"
         met = f"{_met(ratio <= LADDER_TARGET)} (at most {LADDER_TARGET}x)"
-        ladders.append([sub, captured, _gib(total, ".2f"), f"{ratio:.2f}x", _gib(per_budget[top], ".2f"), met])
-        ladders[-1].append(str(max(late, rec.get("late_captures", 0))))
+        pools, top_gib = _gib(total, ".2f"), _gib(per_budget[top], ".2f")
+        later = str(max(late, rec.get("late_captures", 0)))
+        ladders.append([sub, captured, pools, f"{ratio:.2f}x", top_gib, met, later])
         rungs += [
             [sub, str(b), f"{per_budget[b] / 2**20:,.0f}", f"{live.get(b, 0) / 2**20:,.0f}"]
             for b in sorted(per_budget, reverse=True)
@@ -545,8 +547,8 @@ def memory_section(data: Mapping[str, Any]) -> list[str]:
     for sub, est in sorted((ours.get("memory_estimate") or {}).items()):
         ratio = _num(est.get("measured_over_estimate"))
         within = "**yes**" if ratio and abs(ratio - 1) <= 0.2 else "**no**"
-        estimates.append([sub, str(est.get("top")), _gib(est.get("estimate_bytes"), ".2f")])
-        estimates[-1] += [_gib(est.get("measured_bytes"), ".2f"), fmt_ratio(ratio, "x"), f"{within} (within 20%)"]
+        sizes = [_gib(est.get(key), ".2f") for key in ("estimate_bytes", "measured_bytes")]
+        estimates.append([sub, str(est.get("top")), *sizes, fmt_ratio(ratio, "x"), f"{within} (within 20%)"])
     if ladders:
         header = (
             "ladder | budgets captured | pools GiB | x largest rung | largest rung GiB | target | rungs captured later"
@@ -618,8 +620,8 @@ def verdicts(data: Mapping[str, Any]) -> dict[str, str]:
     summary, paired = data.get("summary") or summarize(data), data.get("paired")
     first, second = paired_names(paired)
     clause = _fmt_paired(paired) if (first, second) == PAIRED else "not paired in this run"
-    out = {"ours_packed vs eager_packed (useful tokens/s)": f"separate runs {fmt_ratio(summary.get('separate'), 'x')}"}
-    out["ours_packed vs eager_packed (useful tokens/s)"] += f"; {clause}"
+    separate = f"separate runs {fmt_ratio(summary.get('separate'), 'x')}; {clause}"
+    out = {"ours_packed vs eager_packed (useful tokens/s)": separate}
     if (first, second) != PAIRED:
         out[f"{second} vs {first} (useful tokens/s, `--paired`)"] = _fmt_paired(paired)
     padded = summary.get("ours_padded") or {}
